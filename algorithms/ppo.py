@@ -1,0 +1,422 @@
+"""Proximal Policy Optimisation (Schulman et al. 2017, "Proximal Policy Optimization
+Algorithms", arXiv:1707.06347), CleanRL-equivalent (vwxyzjn/cleanrl, ``ppo.py`` and
+``ppo_continuous_action.py``).
+
+Read top to bottom: hyperparameters, the actor-critic network, the actor (rollout inference),
+the rollout buffer, the learner (GAE, clipped surrogate, value loss, entropy bonus, epochs of
+shuffled minibatches, advantage normalisation, LR annealing, grad-norm clipping), and the
+trainer whose ``train_step`` msrl traces. Written only against msrl's public API.
+
+Discrete action spaces use a Categorical policy; Box action spaces a diagonal Gaussian with a
+state-independent log standard deviation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping
+
+import gymnasium
+import numpy as np
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+from msrl.advantages import gae
+from msrl.api import Actor, AlgorithmSpec, Buffer, BuildContext, Learner, Trainer
+
+__all__ = ["PPOConfig", "ActorCritic", "PPOActor", "RolloutBuffer", "PPOLearner", "PPOTrainer", "ALGORITHM"]
+
+
+@dataclasses.dataclass
+class PPOConfig:
+    """PPO's hyperparameters (CleanRL's names and defaults unless noted)."""
+
+    num_steps: int = 128
+    """rollout length per env per iteration (T)"""
+    learning_rate: float = 2.5e-4
+    """Adam learning rate at the start of training"""
+    anneal_lr: bool = True
+    """anneal the learning rate linearly to 0 over training"""
+    gamma: float = 0.99
+    """discount factor"""
+    gae_lambda: float = 0.95
+    """GAE lambda"""
+    num_minibatches: int = 4
+    """minibatches per epoch (minibatch size = T * total envs / num_minibatches)"""
+    update_epochs: int = 4
+    """epochs over each rollout"""
+    norm_adv: bool = True
+    """normalise advantages per minibatch"""
+    clip_coef: float = 0.2
+    """surrogate clipping coefficient"""
+    anneal_clip: bool = False
+    """anneal the clipping coefficient linearly to 0 (rl-zoo's `lin_0.2`)"""
+    clip_vloss: bool = True
+    """clip the value loss around the rollout's values"""
+    ent_coef: float = 0.01
+    """entropy bonus coefficient"""
+    vf_coef: float = 0.5
+    """value loss coefficient"""
+    max_grad_norm: float = 0.5
+    """global gradient-norm clip"""
+    target_kl: float | None = None
+    """stop the epochs of an iteration early when the approximate KL exceeds this"""
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    """hidden layer widths of the actor and of the critic MLPs"""
+
+    def __post_init__(self) -> None:
+        for name in ("num_steps", "num_minibatches", "update_epochs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.gamma <= 1.0 or not 0.0 <= self.gae_lambda <= 1.0:
+            raise ValueError("gamma and gae_lambda must lie in [0, 1]")
+        self.hidden_sizes = tuple(self.hidden_sizes)
+
+
+def _layer(n_in: int, n_out: int, std: float = math.sqrt(2), bias: float = 0.0) -> nn.Linear:
+    layer = nn.Linear(n_in, n_out)
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.constant_(layer.bias, bias)
+    return layer
+
+
+def _mlp(n_in: int, hidden: tuple[int, ...], n_out: int, out_std: float) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for h in hidden:
+        layers += [_layer(n_in, h), nn.Tanh()]
+        n_in = h
+    layers.append(_layer(n_in, n_out, std=out_std))
+    return nn.Sequential(*layers)
+
+
+class ActorCritic(nn.Module):
+    """Separate actor and critic MLPs with tanh activations and orthogonal init (CleanRL).
+
+    Args:
+        observation_space: a Box; observations are flattened to ``obs_dim``.
+        action_space: Discrete (logits over ``n``) or Box (Gaussian mean over its flat size).
+        hidden_sizes: widths of the hidden layers.
+
+    Raises:
+        ValueError: another kind of space.
+    """
+
+    def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space, hidden_sizes: tuple[int, ...]) -> None:
+        super().__init__()
+        if not isinstance(observation_space, gymnasium.spaces.Box):
+            raise ValueError(f"PPO needs a Box observation space, got {observation_space}")
+        obs_dim = int(np.prod(observation_space.shape))
+        self.discrete = isinstance(action_space, gymnasium.spaces.Discrete)
+        if self.discrete:
+            n_out = int(action_space.n)
+        elif isinstance(action_space, gymnasium.spaces.Box):
+            n_out = int(np.prod(action_space.shape))
+            self.action_shape = tuple(action_space.shape)
+            self.actor_logstd = nn.Parameter(torch.zeros(1, n_out))
+        else:
+            raise ValueError(f"PPO supports Discrete and Box action spaces, got {action_space}")
+        self.critic = _mlp(obs_dim, hidden_sizes, 1, out_std=1.0)
+        self.actor = _mlp(obs_dim, hidden_sizes, n_out, out_std=0.01)
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        """``V(s)`` for observations ``(B, *obs_shape)`` -> ``(B,)``."""
+        return self.critic(obs.flatten(1)).squeeze(-1)
+
+    def distribution(self, obs: torch.Tensor) -> torch.distributions.Distribution:
+        """The policy's action distribution for ``(B, *obs_shape)`` observations."""
+        out = self.actor(obs.flatten(1))
+        if self.discrete:
+            return torch.distributions.Categorical(logits=out)
+        return torch.distributions.Normal(out, self.actor_logstd.expand_as(out).exp())
+
+    def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(log_prob, entropy, value)`` of ``action`` under the current policy, each ``(B,)``."""
+        dist = self.distribution(obs)
+        if self.discrete:
+            return dist.log_prob(action), dist.entropy(), self.value(obs)
+        flat = action.flatten(1)
+        return dist.log_prob(flat).sum(-1), dist.entropy().sum(-1), self.value(obs)
+
+
+def _build_net(ctx: BuildContext) -> ActorCritic:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(ctx.seed)
+        net = ActorCritic(ctx.env_spec.observation_space, ctx.env_spec.action_space, ctx.hparams.hidden_sizes)
+    return net.to(ctx.device)
+
+
+class PPOActor(Actor):
+    """Samples actions from the current policy during rollouts.
+
+    Sampling draws from the actor's own ``torch.Generator`` (seeded by ``ctx.seed``), so
+    replicas running side by side stay reproducible.
+    """
+
+    def __init__(self, ctx: BuildContext) -> None:
+        self.net = _build_net(ctx)
+        self.generator = torch.Generator(device=ctx.device)
+        self.generator.manual_seed(ctx.seed)
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Chooses actions.
+
+        Args:
+            obs: ``(N, *obs_shape)`` float32.
+            deterministic: take the mode (argmax / mean) instead of sampling.
+
+        Returns:
+            ``(action, log_prob, value)``: action ``(N,)`` int64 (Discrete) or
+            ``(N, *action_shape)`` float32 (Box, unclipped); log_prob and value ``(N,)`` float32.
+        """
+        net = self.net
+        out = net.actor(obs.flatten(1))
+        value = net.value(obs)
+        if net.discrete:
+            log_probs = torch.log_softmax(out, dim=-1)
+            if deterministic:
+                action = out.argmax(-1)
+            else:
+                action = torch.multinomial(log_probs.exp(), 1, generator=self.generator).squeeze(-1)
+            return action, log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1), value
+        std = net.actor_logstd.expand_as(out).exp()
+        flat = out if deterministic else out + std * torch.randn(out.shape, generator=self.generator, device=out.device)
+        log_prob = torch.distributions.Normal(out, std).log_prob(flat).sum(-1)
+        return flat.view(-1, *net.action_shape), log_prob, value
+
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        """The actor-critic's state dict (detached tensors)."""
+        return {k: v.detach() for k, v in self.net.state_dict().items()}
+
+    def set_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Copies ``weights`` into the actor-critic (in place)."""
+        self.net.load_state_dict(weights)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"net": self.net.state_dict(), "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.net.load_state_dict(state["net"])
+        self.generator.set_state(state["generator"])
+
+
+class RolloutBuffer(Buffer):
+    """Preallocated ``(T, N, ...)`` storage for one rollout of ``T = num_steps`` steps.
+
+    Keys: ``obs`` ``(T, N, *obs_shape)`` float32, ``action`` ``(T, N, *action_shape)``,
+    ``log_prob``, ``value``, ``reward`` ``(T, N)`` float32, ``terminated``, ``truncated``
+    ``(T, N)`` bool, ``next_obs`` (the true next observation: the final one where an episode
+    ended) ``(T, N, *obs_shape)`` float32.
+    """
+
+    KEYS = ("obs", "action", "log_prob", "value", "reward", "terminated", "truncated", "next_obs")
+
+    def __init__(self, ctx: BuildContext) -> None:
+        spec, T, N = ctx.env_spec, ctx.hparams.num_steps, ctx.env_spec.num_envs
+        obs_shape = tuple(spec.observation_space.shape)
+        discrete = isinstance(spec.action_space, gymnasium.spaces.Discrete)
+        act_shape = () if discrete else tuple(spec.action_space.shape)
+        f32, dev = torch.float32, ctx.device
+        self.storage = TensorDict(
+            {
+                "obs": torch.zeros(T, N, *obs_shape, dtype=f32, device=dev),
+                "action": torch.zeros(T, N, *act_shape, dtype=torch.int64 if discrete else f32, device=dev),
+                "log_prob": torch.zeros(T, N, dtype=f32, device=dev),
+                "value": torch.zeros(T, N, dtype=f32, device=dev),
+                "reward": torch.zeros(T, N, dtype=f32, device=dev),
+                "terminated": torch.zeros(T, N, dtype=torch.bool, device=dev),
+                "truncated": torch.zeros(T, N, dtype=torch.bool, device=dev),
+                "next_obs": torch.zeros(T, N, *obs_shape, dtype=f32, device=dev),
+            },
+            batch_size=[T, N],
+            device=dev,
+        )
+        self.t = 0
+
+    def insert(self, **step: torch.Tensor) -> None:
+        """Stores step ``t`` (each tensor ``(N, ...)``, keys exactly :attr:`KEYS`).
+
+        Raises:
+            KeyError: missing or unknown keys.
+            IndexError: the buffer already holds ``T`` steps.
+        """
+        if set(step) != set(self.KEYS):
+            raise KeyError(f"RolloutBuffer.insert takes exactly {self.KEYS}, got {sorted(step)}")
+        if self.t >= self.storage.batch_size[0]:
+            raise IndexError(f"RolloutBuffer is full ({self.t} steps); call gather() first")
+        row = self.storage[self.t]
+        for k, v in step.items():
+            row[k].copy_(v)
+        self.t += 1
+
+    def gather(self) -> TensorDict:
+        """Returns the rollout, a TensorDict of batch size ``(T, N)``, and empties the buffer.
+
+        The returned tensors are the buffer's storage: valid until the next :meth:`insert`.
+
+        Raises:
+            RuntimeError: fewer than ``T`` steps were inserted.
+        """
+        T = self.storage.batch_size[0]
+        if self.t != T:
+            raise RuntimeError(f"RolloutBuffer holds {self.t} of {T} steps")
+        self.t = 0
+        return self.storage
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"t": self.t}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.t = int(state["t"])
+
+
+class PPOLearner(Learner):
+    """PPO's update on a ``(T, N)`` rollout (CleanRL ``ppo.py``, lines "bootstrap value" to
+    "explained variance")."""
+
+    def __init__(self, ctx: BuildContext) -> None:
+        self.hp: PPOConfig = ctx.hparams
+        self.net = _build_net(ctx)
+        self.parameters = list(self.net.parameters())
+        self.optimizer = torch.optim.Adam(self.parameters, lr=self.hp.learning_rate, eps=1e-5)
+        steps_per_iteration = self.hp.num_steps * ctx.total_num_envs
+        self.num_iterations = max(1, ctx.total_env_steps // steps_per_iteration)
+        self.iteration = 0
+        self.generator = torch.Generator(device=ctx.device)
+        self.generator.manual_seed(ctx.seed + 1)
+
+    def learn(self, batch: TensorDict) -> dict[str, float]:
+        """Runs ``update_epochs`` epochs of shuffled minibatches on one rollout.
+
+        Args:
+            batch: TensorDict of batch size ``(T, N)`` with :attr:`RolloutBuffer.KEYS`.
+
+        Returns:
+            ``losses/value_loss``, ``losses/policy_loss``, ``losses/entropy``,
+            ``losses/old_approx_kl``, ``losses/approx_kl``, ``losses/clipfrac``,
+            ``losses/explained_variance``, ``losses/grad_norm``, ``charts/learning_rate``.
+
+        Raises:
+            FloatingPointError: a loss became NaN or infinite (no step is taken).
+        """
+        hp, net = self.hp, self.net
+        frac = 1.0 - self.iteration / self.num_iterations
+        lr = frac * hp.learning_rate if hp.anneal_lr else hp.learning_rate
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        clip = frac * hp.clip_coef if hp.anneal_clip else hp.clip_coef
+        self.iteration += 1
+
+        T, N = batch.batch_size
+        with torch.no_grad():
+            next_values = net.value(batch["next_obs"].flatten(0, 1)).view(T, N)
+        advantages, returns = gae(
+            batch["reward"], batch["value"], next_values, batch["terminated"], batch["truncated"], hp.gamma, hp.gae_lambda
+        )
+        b_obs = batch["obs"].flatten(0, 1)
+        b_actions = batch["action"].flatten(0, 1)
+        b_logprobs = batch["log_prob"].flatten()
+        b_values = batch["value"].flatten()
+        b_advantages, b_returns = advantages.flatten(), returns.flatten()
+        batch_size = T * N
+        minibatch_size = max(1, batch_size // hp.num_minibatches)
+
+        clipfracs: list[float] = []
+        stats: dict[str, float] = {}
+        for _epoch in range(hp.update_epochs):
+            perm = torch.randperm(batch_size, generator=self.generator, device=b_obs.device)
+            for start in range(0, batch_size - minibatch_size + 1, minibatch_size):
+                mb = perm[start : start + minibatch_size]
+                newlogprob, entropy, newvalue = net.evaluate(b_obs[mb], b_actions[mb])
+                logratio = newlogprob - b_logprobs[mb]
+                ratio = logratio.exp()
+                with torch.no_grad():
+                    old_approx_kl = (-logratio).mean()
+                    approx_kl = ((ratio - 1) - logratio).mean()
+                    clipfracs.append(((ratio - 1.0).abs() > clip).float().mean().item())
+                mb_adv = b_advantages[mb]
+                if hp.norm_adv and mb_adv.numel() > 1:
+                    mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
+                pg_loss = torch.max(-mb_adv * ratio, -mb_adv * torch.clamp(ratio, 1 - clip, 1 + clip)).mean()
+                if hp.clip_vloss:
+                    v_unclipped = (newvalue - b_returns[mb]) ** 2
+                    v_clipped = b_values[mb] + torch.clamp(newvalue - b_values[mb], -clip, clip)
+                    v_loss = 0.5 * torch.max(v_unclipped, (v_clipped - b_returns[mb]) ** 2).mean()
+                else:
+                    v_loss = 0.5 * ((newvalue - b_returns[mb]) ** 2).mean()
+                entropy_loss = entropy.mean()
+                loss = pg_loss - hp.ent_coef * entropy_loss + v_loss * hp.vf_coef
+                grad_norm = self.apply_gradients(loss, hp.max_grad_norm)
+                stats = {
+                    "losses/value_loss": v_loss.item(),
+                    "losses/policy_loss": pg_loss.item(),
+                    "losses/entropy": entropy_loss.item(),
+                    "losses/old_approx_kl": old_approx_kl.item(),
+                    "losses/approx_kl": approx_kl.item(),
+                    "losses/grad_norm": grad_norm,
+                }
+            if hp.target_kl is not None and stats["losses/approx_kl"] > hp.target_kl:
+                break
+        y_pred, y_true = b_values, b_returns
+        var_y = torch.var(y_true).item()
+        stats["losses/explained_variance"] = float("nan") if var_y == 0 else 1 - torch.var(y_true - y_pred).item() / var_y
+        stats["losses/clipfrac"] = float(np.mean(clipfracs)) if clipfracs else 0.0
+        stats["charts/learning_rate"] = lr
+        return stats
+
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        """The actor-critic's state dict (detached tensors)."""
+        return {k: v.detach() for k, v in self.net.state_dict().items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "net": self.net.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "iteration": self.iteration,
+            "generator": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.net.load_state_dict(state["net"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.iteration = int(state["iteration"])
+        self.generator.set_state(state["generator"])
+
+
+class PPOTrainer(Trainer):
+    """PPO's loop body: a rollout of ``num_steps`` steps, one learning update, weight sync."""
+
+    def reset(self) -> None:
+        self.obs = self.env.reset(seed=self.seed)
+        self.actor.set_weights(self.learner.get_weights())
+
+    def train_step(self) -> dict[str, float]:
+        for _step in range(self.hparams.num_steps):
+            action, log_prob, value = self.actor.act(self.obs)
+            next_obs, reward, terminated, truncated, info = self.env.step(action)
+            self.buffer.insert(
+                obs=self.obs,
+                action=action,
+                log_prob=log_prob,
+                value=value,
+                reward=reward,
+                terminated=terminated,
+                truncated=truncated,
+                next_obs=info["final_obs"],
+            )
+            self.obs = next_obs
+        trajectory = self.buffer.gather()
+        metrics = self.learner.learn(trajectory)
+        self.actor.set_weights(self.learner.get_weights())
+        return metrics
+
+
+ALGORITHM = AlgorithmSpec(
+    name="ppo",
+    hparams=PPOConfig,
+    trainer=PPOTrainer,
+    components={"actor": PPOActor, "buffer": RolloutBuffer, "learner": PPOLearner},
+    env_steps_per_iteration=lambda hp, total_num_envs: hp.num_steps * total_num_envs,
+)

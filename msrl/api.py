@@ -1,0 +1,334 @@
+"""The component API: the roles an RL algorithm is made of (DESIGN.md §1).
+
+An algorithm is a set of components, each with a role, and a :class:`Trainer` whose
+``train_step()`` is the body of the training loop. The tracer reads ``train_step`` (and
+``reset``) and never executes them; the components' methods are the units the distribution
+policy places on fragments. The loop of a trainer in one process reads::
+
+    trainer.reset()                  # self.obs = self.env.reset(seed=...)
+    while env_steps < total:
+        metrics = trainer.train_step()   # rollout -> learn -> sync weights
+
+Roles:
+
+* :class:`Environment` -- batched env on tensors with a leading env dimension ``(N, ...)``.
+* :class:`Actor` -- policy inference; holds networks; ``get_weights``/``set_weights``.
+* :class:`Learner` -- ``learn(batch) -> metrics``; owns networks and optimiser. Its gradient
+  step goes through :meth:`Learner.apply_gradients`, the point where ``multi_learner``
+  all-reduces gradients.
+* :class:`Buffer` -- rollout or replay storage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping
+
+import gymnasium
+import torch
+
+__all__ = [
+    "ROLES",
+    "Component",
+    "Environment",
+    "Actor",
+    "Learner",
+    "Buffer",
+    "Trainer",
+    "EnvSpec",
+    "BuildContext",
+    "AlgorithmSpec",
+    "EpisodeStats",
+]
+
+#: The component roles a trainer may hold, in the order the partitioner reports them.
+ROLES: tuple[str, ...] = ("env", "actor", "buffer", "learner")
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvSpec:
+    """What a component needs to know of the environment it serves.
+
+    Attributes:
+        env_id: the registered id (e.g. ``"CartPole-v1"``).
+        observation_space: the space of one env's observation (unbatched).
+        action_space: the space of one env's action (unbatched).
+        num_envs: envs in this replica's batch (``N`` of the ``(N, ...)`` tensors).
+    """
+
+    env_id: str
+    observation_space: gymnasium.Space
+    action_space: gymnasium.Space
+    num_envs: int
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildContext:
+    """Everything a component factory receives; nothing else is shared between components.
+
+    Attributes:
+        hparams: the algorithm's validated hyperparameter dataclass.
+        env_spec: spaces and the per-replica env count.
+        replica: index of the fragment replica this component is built for, ``0 <= replica <
+            num_replicas``.
+        num_replicas: replicas of the fragment that holds the component.
+        total_num_envs: envs summed over every replica of the env role.
+        total_env_steps: the training budget in env steps (for annealing schedules).
+        seed: the seed of this replica (already offset by the replica index).
+        device: torch device the component's tensors live on.
+    """
+
+    hparams: Any
+    env_spec: EnvSpec
+    replica: int
+    num_replicas: int
+    total_num_envs: int
+    total_env_steps: int
+    seed: int
+    device: torch.device
+
+
+class Component:
+    """Base of every role. Components are plain objects; their state is saved by
+    :meth:`state_dict` and restored by :meth:`load_state_dict` for exact resume."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Returns everything needed to continue exactly (weights, optimiser, RNG states)."""
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores what :meth:`state_dict` returned.
+
+        Raises:
+            KeyError: when ``state`` lacks an entry this component saved.
+        """
+        del state
+
+
+@dataclasses.dataclass
+class EpisodeStats:
+    """Finished episodes since the last :meth:`Environment.pop_episode_stats`.
+
+    Attributes:
+        returns: undiscounted return of each finished episode, float.
+        lengths: its length in env steps, int.
+    """
+
+    returns: list[float]
+    lengths: list[int]
+
+
+class Environment(Component):
+    """A batch of ``N`` environments stepped together, on torch tensors.
+
+    Autoreset contract (gymnasium's ``SAME_STEP`` mode): when env ``i`` terminates or is
+    truncated at a step, the returned observation row ``i`` is already the first observation
+    of its next episode, and ``info["final_obs"]`` row ``i`` is the last observation of the
+    finished episode. Rows of envs that did not finish hold the same value in both. The final
+    observation is therefore never the start of the next episode, and is there to bootstrap
+    truncated episodes.
+    """
+
+    spec: EnvSpec
+
+    def reset(self, seed: int | None = None) -> torch.Tensor:
+        """Resets every env.
+
+        Args:
+            seed: env ``i`` is seeded with ``seed + i``; ``None`` keeps the RNG streams.
+
+        Returns:
+            observations ``(N, *obs_shape)``.
+        """
+        raise NotImplementedError
+
+    def step(
+        self, action: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """Steps every env once.
+
+        Args:
+            action: ``(N, *action_shape)``; int64 for discrete spaces, float32 for boxes.
+
+        Returns:
+            ``(obs, reward, terminated, truncated, info)``: obs ``(N, *obs_shape)``, reward
+            ``(N,)`` float32, terminated and truncated ``(N,)`` bool, and info with
+            ``"final_obs"`` ``(N, *obs_shape)`` as described in the class docstring.
+        """
+        raise NotImplementedError
+
+    def pop_episode_stats(self) -> EpisodeStats:
+        """Returns and forgets the episodes finished since the last call."""
+        raise NotImplementedError
+
+    @property
+    def env_steps(self) -> int:
+        """Env steps taken so far, summed over the batch (``N`` per :meth:`step`)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Releases the envs' resources."""
+
+
+class Actor(Component):
+    """Policy inference. Typical use inside ``train_step``::
+
+        action, log_prob, value = self.actor.act(self.obs)
+        ...
+        self.actor.set_weights(self.learner.get_weights())
+    """
+
+    def act(self, obs: torch.Tensor, deterministic: bool = False) -> Any:
+        """Chooses actions for a batch of observations ``(N, *obs_shape)``."""
+        raise NotImplementedError
+
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        """Returns the policy's parameters (a state dict of detached tensors)."""
+        raise NotImplementedError
+
+    def set_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Copies ``weights`` (as returned by ``Learner.get_weights``) into the policy."""
+        raise NotImplementedError
+
+
+class Learner(Component):
+    """Owns the trained networks and their optimiser. Typical use::
+
+        metrics = self.learner.learn(batch)
+
+    Subclasses set ``self.parameters`` (list of tensors) and ``self.optimizer`` and take
+    every gradient step through :meth:`apply_gradients`.
+    """
+
+    parameters: list[torch.Tensor]
+    optimizer: torch.optim.Optimizer
+    #: Called on the gradients between backward and the optimiser step; the ``multi_learner``
+    #: policy installs an all-reduce here. ``None`` in one process.
+    gradient_hook: Callable[[list[torch.Tensor]], None] | None = None
+
+    def learn(self, batch: Any) -> dict[str, float]:
+        """Updates the networks from ``batch``; returns scalar metrics keyed ``losses/...``."""
+        raise NotImplementedError
+
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        """Returns the parameters the actor needs (a state dict of detached tensors)."""
+        raise NotImplementedError
+
+    def apply_gradients(self, loss: torch.Tensor, max_grad_norm: float | None = None) -> float:
+        """One optimiser step on ``loss``: zero grads, backward, gradient hook, clip, step.
+
+        Args:
+            loss: scalar tensor.
+            max_grad_norm: clip the global L2 norm of the gradients to this value (``None``:
+                no clipping).
+
+        Returns:
+            the global gradient norm before clipping (float; ``nan`` when not clipped).
+
+        Raises:
+            FloatingPointError: when the loss is not finite (the step is not taken).
+        """
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"loss is {loss.item()}; the optimiser step was not taken")
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.gradient_hook is not None:
+            self.gradient_hook([p.grad for p in self.parameters if p.grad is not None])
+        norm = float("nan")
+        if max_grad_norm is not None:
+            norm = float(torch.nn.utils.clip_grad_norm_(self.parameters, max_grad_norm))
+        self.optimizer.step()
+        return norm
+
+
+class Buffer(Component):
+    """Rollout or replay storage: ``insert(...)`` each step, ``gather()``/``sample()`` to read."""
+
+    def insert(self, **step: torch.Tensor) -> None:
+        """Stores one step of ``(N, ...)`` tensors."""
+        raise NotImplementedError
+
+    def gather(self) -> Any:
+        """Returns what was stored as a batch (e.g. a ``TensorDict`` of batch size ``(T, N)``)."""
+        raise NotImplementedError
+
+
+class Trainer:
+    """The loop body of an algorithm.
+
+    Subclasses implement :meth:`train_step` (and optionally :meth:`reset`) in the subset of
+    Python the tracer reads (see :mod:`msrl.tracer`): calls of ``self.<role>.<method>(...)``,
+    assignments, ``for ... in range(...)`` loops, expressions on local values, trainer state
+    as ``self.<attr>``, and calls of other trainer methods written in the same subset.
+
+    Args:
+        components: role name -> component; roles not held by this fragment are absent.
+        hparams: the algorithm's hyperparameters, readable in traced code as ``self.hparams``.
+        seed: this replica's seed, readable as ``self.seed``.
+    """
+
+    def __init__(self, components: Mapping[str, Component], hparams: Any, seed: int) -> None:
+        self._components = dict(components)
+        self.hparams = hparams
+        self.seed = seed
+
+    @property
+    def env(self) -> Environment:
+        return self._component("env")
+
+    @property
+    def actor(self) -> Actor:
+        return self._component("actor")
+
+    @property
+    def learner(self) -> Learner:
+        return self._component("learner")
+
+    @property
+    def buffer(self) -> Buffer:
+        return self._component("buffer")
+
+    @property
+    def components(self) -> dict[str, Component]:
+        """Role -> component held by this trainer."""
+        return dict(self._components)
+
+    def _component(self, role: str) -> Any:
+        try:
+            return self._components[role]
+        except KeyError:
+            raise AttributeError(
+                f"component '{role}' is not held by this trainer (it holds "
+                f"{sorted(self._components)}); it lives in another fragment"
+            ) from None
+
+    def reset(self) -> None:
+        """Initialises trainer state (e.g. ``self.obs = self.env.reset(seed=self.seed)``)."""
+
+    def train_step(self) -> Any:
+        """One iteration of the algorithm; returns its metrics (a dict of scalars)."""
+        raise NotImplementedError
+
+
+ComponentFactory = Callable[[BuildContext], Component]
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmSpec:
+    """How msrl builds an algorithm: registered by the module-level ``ALGORITHM`` of a file
+    in ``algorithms/``.
+
+    Attributes:
+        name: the YAML value ``algorithm.name``.
+        hparams: a dataclass type; its fields (with a one-line doc each) are the keys of
+            ``algorithm.hparams``.
+        trainer: the :class:`Trainer` subclass.
+        components: role -> factory for every role except ``env`` (msrl builds envs).
+        env_steps_per_iteration: ``hparams, total_num_envs -> env steps per train_step``.
+    """
+
+    name: str
+    hparams: type
+    trainer: type[Trainer]
+    components: Mapping[str, ComponentFactory]
+    env_steps_per_iteration: Callable[[Any, int], int]

@@ -1,0 +1,16 @@
+"""The FDG's intermediate representation: nodes (:mod:`msrl.graph.node`) and regions
+(:mod:`msrl.graph.graph`)."""
+
+from msrl.graph.graph import Graph, GraphLintError
+from msrl.graph.node import COMM_KINDS, IMPURE_KINDS, CommTarget, Const, Node, NodeKind
+
+__all__ = [
+    "Graph",
+    "GraphLintError",
+    "Node",
+    "NodeKind",
+    "CommTarget",
+    "Const",
+    "COMM_KINDS",
+    "IMPURE_KINDS",
+]

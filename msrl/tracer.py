@@ -1,0 +1,522 @@
+"""The tracer: reads ``Trainer.train_step`` with :mod:`ast` and builds the FDG (DESIGN.md §2).
+
+The tracer never runs the loop. It reads the method's source and turns each statement into
+nodes of a :class:`~msrl.graph.Graph`. The supported subset of Python:
+
+* ``x = e``, ``a, b = e``, ``x += e``, ``self.attr = e`` (trainer state);
+* ``self.<role>.<method>(args, key=value)`` calls of the components (roles
+  ``env``/``actor``/``buffer``/``learner``), as statements or inside expressions;
+* calls of other trainer methods written in the same subset (inlined; one final ``return``);
+* ``for i in range(...)`` loops whose trip count does not depend on a component's results;
+* expressions on local values, trainer attributes (``self.hparams.num_steps``) and module
+  globals (``torch``), including comprehensions that call no component;
+* one ``return e`` as the method's last statement.
+
+Anything else -- ``if``/``while``/``try``/``with``, ``break``/``continue``, component calls in
+comprehensions or lambdas, loops over data -- raises :class:`TraceError` with ``file:line`` and
+what to write instead.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import inspect
+import itertools
+import textwrap
+from typing import Any, Callable
+
+from msrl.api import ROLES, Trainer
+from msrl.graph import Const, Graph, Node, NodeKind
+
+__all__ = ["TraceError", "trace", "state_name", "MAX_INLINE_DEPTH"]
+
+#: Nesting limit of inlined trainer helper methods (guards against recursion).
+MAX_INLINE_DEPTH = 8
+
+
+class TraceError(Exception):
+    """Traced code outside the supported subset.
+
+    Attributes:
+        file: the user source file; ``line``: its line; ``advice``: what to write instead.
+    """
+
+    def __init__(self, file: str, line: int, message: str, advice: str = "") -> None:
+        self.file, self.line, self.message, self.advice = file, line, message, advice
+        text = f"{file}:{line}: {message}"
+        if advice:
+            text += f". {advice}"
+        super().__init__(text)
+
+
+def state_name(attr: str) -> str:
+    """The IR value name of trainer attribute ``attr`` (``"obs"`` -> ``"self.obs"``)."""
+    return f"self.{attr}"
+
+
+class _Scope:
+    """The value names defined so far in one region, chained to the enclosing region."""
+
+    def __init__(self, graph: Graph, parent: _Scope | None) -> None:
+        self.graph, self.parent = graph, parent
+        self.names: set[str] = set()
+
+    def has(self, name: str) -> bool:
+        return name in self.names or (self.parent is not None and self.parent.has(name))
+
+    def top(self) -> _Scope:
+        return self if self.parent is None else self.parent.top()
+
+
+class _Tracer:
+    def __init__(self, cls: type) -> None:
+        if not (isinstance(cls, type) and issubclass(cls, Trainer)):
+            raise TypeError(f"trace() takes a Trainer subclass, got {cls!r}")
+        self.cls = cls
+        self.ids = itertools.count()
+        self.tmp = itertools.count()
+        self.inline = itertools.count()
+        self.state_ins = 0
+        self.written: list[str] = []
+        self.tainted: set[str] = set()
+        self.file = "<unknown>"
+        self.depth = 0
+
+    # -- helpers ----------------------------------------------------------------------------
+    def err(self, node: ast.AST, message: str, advice: str = "") -> TraceError:
+        return TraceError(self.file, getattr(node, "lineno", 0), message, advice)
+
+    def new_tmp(self) -> str:
+        return f"_t{next(self.tmp)}"
+
+    def emit(self, scope: _Scope, node: Node, at: ast.AST | None) -> Node:
+        node.id = next(self.ids)
+        if at is not None:
+            node.meta.setdefault("file", self.file)
+            node.meta.setdefault("line", at.lineno)
+        scope.graph.append(node)
+        scope.names.update(node.outputs)
+        if node.kind is NodeKind.CALL or any(n in self.tainted for n in node.inputs):
+            self.tainted.update(node.outputs)
+        return node
+
+    def is_method(self, attr: str) -> bool:
+        member = inspect.getattr_static(self.cls, attr, None)
+        return inspect.isfunction(member)
+
+    def component_call(self, e: ast.AST) -> tuple[str, str] | None:
+        """``self.role.method(...)`` -> (role, method)."""
+        if (
+            isinstance(e, ast.Call)
+            and isinstance(e.func, ast.Attribute)
+            and isinstance(e.func.value, ast.Attribute)
+            and isinstance(e.func.value.value, ast.Name)
+            and e.func.value.value.id == "self"
+            and e.func.value.attr in ROLES
+        ):
+            return e.func.value.attr, e.func.attr
+        return None
+
+    def helper_call(self, e: ast.AST) -> str | None:
+        """``self.helper(...)`` where ``helper`` is a method of the trainer -> its name."""
+        if (
+            isinstance(e, ast.Call)
+            and isinstance(e.func, ast.Attribute)
+            and isinstance(e.func.value, ast.Name)
+            and e.func.value.id == "self"
+            and e.func.attr not in ROLES
+            and self.is_method(e.func.attr)
+        ):
+            return e.func.attr
+        return None
+
+    # -- entry ------------------------------------------------------------------------------
+    def trace(self, method: str) -> Graph:
+        fn = getattr(self.cls, method, None)
+        if not inspect.isfunction(fn):
+            raise TypeError(f"{self.cls.__name__}.{method} is not a method")
+        funcdef, self.file = self.parse(fn)
+        args = funcdef.args
+        if len(args.args) != 1 or args.vararg or args.kwarg or args.kwonlyargs:
+            raise self.err(funcdef, f"{method} must take only self", "pass values as trainer state")
+        graph = Graph(f"{self.cls.__name__}.{method}")
+        scope = _Scope(graph, None)
+        body = list(funcdef.body)
+        ret = None
+        if body and isinstance(body[-1], ast.Return):
+            ret = body.pop()
+        self.stmts(body, scope)
+        out_value = None
+        if ret is not None and ret.value is not None:
+            out_value = self.value_of(ret.value, scope)
+            if isinstance(out_value, Const):
+                out_value = self.compute(ast.Constant(out_value.value), scope, [self.new_tmp()], ret)
+        for attr in self.written:
+            self.emit(scope, Node(NodeKind.STATE_OUT, attr, inputs=[state_name(attr)]), None)
+        self.emit(
+            scope,
+            Node(NodeKind.OUTPUT, None, inputs=[out_value] if out_value else []),
+            ret,
+        )
+        for i, node in enumerate(graph.walk()):
+            node.id = i  # number in program order, for reading
+        graph.set_id_base(i + 1)
+        graph.lint(defined=set())
+        return graph
+
+    def parse(self, fn: Callable[..., Any]) -> tuple[ast.FunctionDef, str]:
+        try:
+            lines, first = inspect.getsourcelines(fn)
+            file = inspect.getsourcefile(fn) or "<unknown>"
+        except (OSError, TypeError) as e:
+            raise TypeError(f"cannot read the source of {fn.__qualname__}: {e}") from e
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+        ast.increment_lineno(tree, first - 1)
+        funcdef = tree.body[0]
+        assert isinstance(funcdef, ast.FunctionDef)
+        return funcdef, file
+
+    # -- statements -------------------------------------------------------------------------
+    def stmts(self, stmts: list[ast.stmt], scope: _Scope) -> None:
+        for s in stmts:
+            self.stmt(s, scope)
+
+    def stmt(self, s: ast.stmt, scope: _Scope) -> None:
+        if isinstance(s, ast.Assign):
+            if len(s.targets) != 1:
+                raise self.err(s, "chained assignment is not traced", "write one assignment per line")
+            self.assign(s.targets[0], s.value, scope, s)
+        elif isinstance(s, ast.AnnAssign):
+            if s.value is None:
+                return
+            self.assign(s.target, s.value, scope, s)
+        elif isinstance(s, ast.AugAssign):
+            if not isinstance(s.target, (ast.Name, ast.Attribute)):
+                raise self.err(s, "augmented assignment to a subscript is not traced", "assign a new value")
+            load = ast.copy_location(_as_load(s.target), s)
+            self.assign(s.target, ast.copy_location(ast.BinOp(load, s.op, s.value), s), scope, s)
+        elif isinstance(s, ast.Expr):
+            self.expr_stmt(s, scope)
+        elif isinstance(s, ast.For):
+            self.for_loop(s, scope)
+        elif isinstance(s, ast.Pass):
+            return
+        elif isinstance(s, ast.If):
+            raise self.err(
+                s,
+                "`if` statements are not traced (control flow in train_step must not depend on data)",
+                "compute both branches with torch.where, or move the branch inside a component method",
+            )
+        elif isinstance(s, ast.While):
+            raise self.err(s, "`while` loops are not traced", "use `for _ in range(n)` with a fixed n")
+        elif isinstance(s, ast.Try):
+            raise self.err(s, "`try` is not traced", "handle errors inside a component method")
+        elif isinstance(s, (ast.With, ast.AsyncWith)):
+            raise self.err(s, "`with` is not traced", "move the context manager inside a component method")
+        elif isinstance(s, ast.Return):
+            raise self.err(s, "`return` is only traced as the last statement of a method", "return once, at the end")
+        elif isinstance(s, (ast.Break, ast.Continue)):
+            raise self.err(s, f"`{type(s).__name__.lower()}` is not traced", "loops run a fixed trip count")
+        else:
+            raise self.err(
+                s,
+                f"`{type(s).__name__}` statements are not traced",
+                "train_step may hold assignments, component calls, `for ... in range(...)` and a final return",
+            )
+
+    def expr_stmt(self, s: ast.Expr, scope: _Scope) -> None:
+        e = s.value
+        if isinstance(e, ast.Constant):
+            return  # a docstring or a bare literal
+        if self.component_call(e):
+            self.call(e, scope, [])
+        elif self.helper_call(e):
+            self.inline_helper(e, scope)
+        else:
+            raise self.err(
+                s,
+                "an expression statement that is not a component call has no traced effect",
+                "assign its value, or call a component method",
+            )
+
+    def assign(self, target: ast.expr, value: ast.expr, scope: _Scope, at: ast.stmt) -> None:
+        names, unpack = self.targets(target)
+        if self.component_call(value):
+            self.call(value, scope, names, unpack=unpack)
+        elif self.helper_call(value) and not unpack:
+            result = self.inline_helper(value, scope)
+            self.compute(ast.Name(result) if isinstance(result, str) else ast.Constant(result.value), scope, names, at)
+        else:
+            self.compute(value, scope, names, at, unpack=unpack)
+        for n in names:
+            if n.startswith("self.") and n[5:] not in self.written:
+                self.written.append(n[5:])
+
+    def targets(self, t: ast.expr) -> tuple[list[str], bool]:
+        if isinstance(t, ast.Name):
+            return [t.id], False
+        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+            if t.attr in ROLES or t.attr in ("hparams", "seed"):
+                raise self.err(t, f"self.{t.attr} cannot be reassigned in a traced method")
+            return [state_name(t.attr)], False
+        if isinstance(t, (ast.Tuple, ast.List)):
+            names: list[str] = []
+            for elt in t.elts:
+                sub, nested = self.targets(elt)
+                if nested:
+                    raise self.err(t, "nested unpacking is not traced", "unpack in two steps")
+                names.extend(sub)
+            return names, True
+        raise self.err(
+            t,
+            "only assignments to local names, tuples of them, or self.<attr> are traced",
+            "assign to a local name; to store into a container, call a Buffer method",
+        )
+
+    def for_loop(self, s: ast.For, scope: _Scope) -> None:
+        it = s.iter
+        if not (
+            isinstance(it, ast.Call)
+            and isinstance(it.func, ast.Name)
+            and it.func.id == "range"
+            and 1 <= len(it.args) <= 3
+            and not it.keywords
+        ):
+            raise self.err(s, "only `for <name> in range(...)` loops are traced", "loop over an index with range(n)")
+        if s.orelse:
+            raise self.err(s, "`for ... else` is not traced", "remove the else clause")
+        if not isinstance(s.target, ast.Name):
+            raise self.err(s, "the loop variable must be a plain name")
+        range_args = [self.value_of(a, scope) for a in it.args]
+        for a in range_args:
+            if isinstance(a, str) and a in self.tainted:
+                raise self.err(
+                    s,
+                    f"the loop's trip count depends on {a!r}, a result of a component call "
+                    "(data-dependent control flow)",
+                    "use a trip count from self.hparams or a constant",
+                )
+        var = s.target.id
+        body = Graph(f"loop@{s.lineno}")
+        inner = _Scope(body, scope)
+        inner.names.add(var)
+        self.stmts(s.body, inner)
+        free = [n for n in body.free_values() if n != var]
+        written = body.written_values()
+        node = Node(
+            NodeKind.LOOP,
+            var,
+            inputs=[a for a in range_args if isinstance(a, str)] + [n for n in free if n not in range_args],
+            outputs=written + ([var] if var not in written else []),
+            args=range_args,
+            body=body,
+        )
+        node.meta["carried"] = [n for n in free if n in written]
+        self.emit(scope, node, s)
+
+    # -- expressions ------------------------------------------------------------------------
+    def call(self, e: ast.Call, scope: _Scope, outputs: list[str], unpack: bool = False) -> Node:
+        role, method = self.component_call(e)  # type: ignore[misc]
+        args: list[Any] = []
+        for a in e.args:
+            if isinstance(a, ast.Starred):
+                raise self.err(e, "*args in a component call is not traced", "pass arguments one by one")
+            args.append(self.value_of(a, scope))
+        kwargs: dict[str, Any] = {}
+        for k in e.keywords:
+            if k.arg is None:
+                raise self.err(e, "**kwargs in a component call is not traced", "pass keyword arguments one by one")
+            kwargs[k.arg] = self.value_of(k.value, scope)
+        inputs: list[str] = []
+        for a in list(args) + list(kwargs.values()):
+            if isinstance(a, str) and a not in inputs:
+                inputs.append(a)
+        node = Node(NodeKind.CALL, (role, method), inputs=inputs, outputs=list(outputs), args=args, kwargs=kwargs, unpack=unpack)
+        return self.emit(scope, node, e)
+
+    def value_of(self, e: ast.expr, scope: _Scope) -> str | Const:
+        """Flattens ``e`` into nodes; returns the value name holding it (or a constant)."""
+        if isinstance(e, ast.Constant):
+            return Const(e.value)
+        if isinstance(e, ast.Name) and scope.has(e.id):
+            return e.id
+        if self.component_call(e):
+            tmp = self.new_tmp()
+            self.call(e, scope, [tmp])
+            return tmp
+        if self.helper_call(e):
+            return self.inline_helper(e, scope)
+        attr = _self_attr(e)
+        if attr is not None and attr not in ROLES and not self.is_method(attr):
+            return self.state_value(attr, scope, e)
+        tmp = self.new_tmp()
+        self.compute(e, scope, [tmp], e)
+        return tmp
+
+    def state_value(self, attr: str, scope: _Scope, at: ast.AST) -> str:
+        name = state_name(attr)
+        if not scope.has(name):
+            top = scope.top()
+            node = Node(NodeKind.STATE_IN, attr, outputs=[name])
+            node.id = next(self.ids)
+            node.meta.update(file=self.file, line=getattr(at, "lineno", 0))
+            top.graph.insert(self.state_ins, node)
+            top.names.add(name)
+            self.state_ins += 1
+        return name
+
+    def compute(
+        self, e: ast.expr, scope: _Scope, outputs: list[str], at: ast.AST, unpack: bool = False
+    ) -> str:
+        rewritten = _Rewriter(self, scope).visit(copy.deepcopy(e))
+        inputs: list[str] = []
+        for sub in ast.walk(rewritten):
+            if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load) and scope.has(sub.id):
+                if sub.id not in inputs:
+                    inputs.append(sub.id)
+        node = Node(NodeKind.COMPUTE, rewritten, inputs=inputs, outputs=list(outputs), unpack=unpack)
+        self.emit(scope, node, at)
+        return outputs[0] if outputs else ""
+
+    def inline_helper(self, e: ast.Call, scope: _Scope) -> str | Const:
+        name = self.helper_call(e)
+        assert name is not None
+        if self.depth >= MAX_INLINE_DEPTH:
+            raise self.err(e, f"trainer methods nest deeper than {MAX_INLINE_DEPTH} (recursion?)", "flatten the helpers")
+        fn = getattr(self.cls, name)
+        funcdef, file = self.parse(fn)
+        params = [a.arg for a in funcdef.args.args[1:]]
+        if funcdef.args.vararg or funcdef.args.kwarg or funcdef.args.kwonlyargs or funcdef.args.defaults:
+            raise self.err(funcdef, f"helper {name} may only take plain positional parameters")
+        if len(e.args) != len(params) or e.keywords:
+            raise self.err(e, f"helper {name} takes {len(params)} positional arguments")
+        k = next(self.inline)
+        local = set(params)
+        for sub in ast.walk(funcdef):
+            if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+                local.add(sub.id)
+        prefix = f"_{name}{k}_"
+        renamed = _Renamer({n: prefix + n for n in local}).visit(funcdef)
+        values = [self.value_of(a, scope) for a in e.args]
+        outer_file = self.file
+        for p, v in zip(params, values):
+            src = ast.Name(v, ast.Load()) if isinstance(v, str) else ast.Constant(v.value)
+            self.compute(ast.copy_location(src, e), scope, [prefix + p], e)
+        self.file = file
+        self.depth += 1
+        try:
+            body = list(renamed.body)
+            ret = body.pop() if body and isinstance(body[-1], ast.Return) else None
+            self.stmts(body, scope)
+            result: str | Const = Const(None)
+            if ret is not None and ret.value is not None:
+                result = self.value_of(ret.value, scope)
+        finally:
+            self.depth -= 1
+            self.file = outer_file
+        return result
+
+
+class _Rewriter(ast.NodeTransformer):
+    """Replaces component calls, helper calls and ``self.<attr>`` inside an expression by the
+    value names the tracer emitted for them."""
+
+    def __init__(self, tracer: _Tracer, scope: _Scope) -> None:
+        self.t, self.scope = tracer, scope
+
+    def visit_Call(self, e: ast.Call) -> ast.AST:
+        if self.t.component_call(e) or self.t.helper_call(e):
+            v = self.t.value_of(e, self.scope)
+            return ast.copy_location(
+                ast.Name(v, ast.Load()) if isinstance(v, str) else ast.Constant(v.value), e
+            )
+        return self.generic_visit(e)
+
+    def visit_Attribute(self, e: ast.Attribute) -> ast.AST:
+        attr = _self_attr(e)
+        if attr is not None:
+            if attr in ROLES:
+                raise self.t.err(e, f"component self.{attr} is used as a value", f"call a method of self.{attr}")
+            if self.t.is_method(attr):
+                raise self.t.err(e, f"method self.{attr} is used as a value", "call it")
+            return ast.copy_location(ast.Name(self.t.state_value(attr, self.scope, e), ast.Load()), e)
+        return self.generic_visit(e)
+
+    def visit_Name(self, e: ast.Name) -> ast.AST:
+        if e.id == "self":
+            raise self.t.err(e, "`self` is used as a value", "read trainer attributes as self.<attr>")
+        return e
+
+    def _no_calls(self, e: ast.AST, what: str) -> ast.AST:
+        for sub in ast.walk(e):
+            if self.t.component_call(sub) or self.t.helper_call(sub):
+                raise self.t.err(
+                    sub,
+                    f"a component or trainer method is called inside a {what}",
+                    "call it in a `for ... in range(...)` loop and collect results in a Buffer",
+                )
+            if _self_attr(sub) is not None:
+                raise self.t.err(sub, f"self.<attr> is read inside a {what}", "read it into a local name first")
+        return e
+
+    def visit_Lambda(self, e: ast.Lambda) -> ast.AST:
+        return self._no_calls(e, "lambda")
+
+    def visit_ListComp(self, e: ast.AST) -> ast.AST:
+        return self._no_calls(e, "comprehension")
+
+    visit_SetComp = visit_DictComp = visit_GeneratorExp = visit_ListComp
+
+    def visit_NamedExpr(self, e: ast.NamedExpr) -> ast.AST:
+        raise self.t.err(e, "the walrus operator is not traced", "assign on its own line")
+
+    def visit_Await(self, e: ast.Await) -> ast.AST:
+        raise self.t.err(e, "await is not traced")
+
+    def visit_Yield(self, e: ast.AST) -> ast.AST:
+        raise self.t.err(e, "yield is not traced")
+
+    visit_YieldFrom = visit_Yield
+
+
+class _Renamer(ast.NodeTransformer):
+    def __init__(self, mapping: dict[str, str]) -> None:
+        self.mapping = mapping
+
+    def visit_Name(self, e: ast.Name) -> ast.AST:
+        if e.id in self.mapping:
+            return ast.copy_location(ast.Name(self.mapping[e.id], e.ctx), e)
+        return e
+
+
+def _self_attr(e: ast.AST) -> str | None:
+    if isinstance(e, ast.Attribute) and isinstance(e.value, ast.Name) and e.value.id == "self":
+        return e.attr
+    return None
+
+
+def _as_load(t: ast.expr) -> ast.expr:
+    """The load form of an assignment target (``x`` or ``self.x``)."""
+    if isinstance(t, ast.Name):
+        return ast.Name(t.id, ast.Load())
+    assert isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
+    return ast.Attribute(ast.Name(t.value.id, ast.Load()), t.attr, ast.Load())
+
+
+def trace(trainer_cls: type[Trainer], method: str = "train_step") -> Graph:
+    """Builds the FDG of ``trainer_cls.<method>`` from its source.
+
+    Args:
+        trainer_cls: a :class:`~msrl.api.Trainer` subclass.
+        method: ``"train_step"`` or ``"reset"`` (any method of the traced subset).
+
+    Returns:
+        a linted :class:`~msrl.graph.Graph`: ``state_in`` nodes first, the body in program
+        order, ``state_out`` for every trainer attribute written, and one ``output`` node.
+
+    Raises:
+        TraceError: code outside the supported subset, with ``file:line`` and advice.
+        TypeError: ``trainer_cls`` is not a Trainer subclass, or the method's source is unreadable.
+    """
+    return _Tracer(trainer_cls).trace(method)

@@ -1,0 +1,44 @@
+"""Installs msrl: the top-level folders become sub-packages of one ``msrl`` namespace."""
+
+from setuptools import setup
+
+setup(
+    name="msrl",
+    version="0.1.0",
+    description="Distributed reinforcement learning on a fragmented dataflow graph",
+    python_requires=">=3.10",
+    packages=[
+        "msrl",
+        "msrl.graph",
+        "msrl.envs",
+        "msrl.runtime",
+        "msrl.algorithms",
+        "msrl.distribution_policies",
+        "msrl.fragments",
+        "msrl.cluster",
+    ],
+    package_dir={
+        "msrl": "msrl",
+        "msrl.algorithms": "algorithms",
+        "msrl.distribution_policies": "distribution_policies",
+        "msrl.fragments": "fragments",
+        "msrl.cluster": "cluster",
+    },
+    install_requires=[
+        "torch>=2.2",
+        "numpy>=1.24",
+        "gymnasium>=1.0",
+        "networkx>=3.0",
+        "pyyaml>=6.0",
+        "pydantic>=2.5",
+        "tensordict>=0.5",
+        "tqdm>=4.60",
+        "tensorboard>=2.14",
+        "matplotlib>=3.7",
+    ],
+    extras_require={
+        "test": ["pytest>=7", "ruff"],
+        "bench": ["stable-baselines3>=2.3"],
+    },
+    entry_points={"console_scripts": ["msrl=msrl.cli:main"]},
+)
