@@ -1,0 +1,64 @@
+"""``torch_graph``: a fragment run in one process on one torch device, eagerly.
+
+Component methods run as ordinary torch code on the fragment's device; comm ops call the
+fragment replica's channel endpoint. Eager execution is the reference. Capturing the loop body
+(``torch.compile``) is not used: on this project's 2-core CPU machines the PPO step is bound by
+per-call overhead of tiny MLPs and env stepping, where compilation measured no gain (see
+bench/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+from msrl.backend import Backend
+from msrl.codegen import CodegenContext, Lowering
+from msrl.graph import Node, NodeKind
+
+__all__ = ["BACKEND", "LOWERING"]
+
+
+def _state_in(node: Node, ctx: CodegenContext) -> list[str]:
+    return [f"{ctx.var(node.outputs[0])} = self.{node.target}"]
+
+
+def _call(node: Node, ctx: CodegenContext) -> list[str]:
+    role, method = node.target
+    args = [ctx.arg(a) for a in node.args] + [f"{k}={ctx.arg(v)}" for k, v in node.kwargs.items()]
+    call = f"self.{role}.{method}({', '.join(args)})"
+    return [f"{ctx.targets(node)} = {call}" if node.outputs else call]
+
+
+def _compute(node: Node, ctx: CodegenContext) -> list[str]:
+    return [f"{ctx.targets(node)} = {ctx.expr(node.target)}"]
+
+
+def _state_out(node: Node, ctx: CodegenContext) -> list[str]:
+    return [f"self.{node.target} = {ctx.var(node.inputs[0])}"]
+
+
+def _output(node: Node, ctx: CodegenContext) -> list[str]:
+    return [f"return {ctx.var(node.inputs[0])}" if node.inputs else "return None"]
+
+
+def _comm(node: Node, ctx: CodegenContext) -> list[str]:
+    t = node.target
+    if t.side == "src":
+        return [f"{ctx.comm}.{node.kind.value}({t.boundary!r}, {ctx.var(t.value)})"]
+    return [f"{ctx.var(t.value)} = {ctx.comm}.{node.kind.value}({t.boundary!r})"]
+
+
+LOWERING = Lowering(
+    backend="torch_graph",
+    rules={
+        NodeKind.STATE_IN: _state_in,
+        NodeKind.CALL: _call,
+        NodeKind.COMPUTE: _compute,
+        NodeKind.STATE_OUT: _state_out,
+        NodeKind.OUTPUT: _output,
+        **{k: _comm for k in (
+            NodeKind.SEND, NodeKind.RECV, NodeKind.GATHER, NodeKind.SCATTER,
+            NodeKind.BROADCAST, NodeKind.ALLREDUCE, NodeKind.PUT, NodeKind.GET,
+        )},
+    },
+)
+
+BACKEND = Backend(name="torch_graph", lowering=LOWERING, devices=("cpu", "cuda"))

@@ -1,0 +1,267 @@
+"""A job: one algorithm on one environment under one distribution policy, assembled through
+the whole pipeline (DESIGN.md "The flow of one job")::
+
+    trace(reset, train_step) -> probe -> partition(policy) -> build replicas -> generate
+    programs (backend) -> runtime
+
+:class:`Job` is what the CLI, the tests and the benchmarks run; the same calls will build the
+Ray runtime's fragments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+import sys
+from typing import Any, Mapping
+
+import gymnasium
+import torch
+
+from msrl.api import AlgorithmSpec, BuildContext, EnvSpec, EpisodeStats, Trainer
+from msrl.backend import load_backend
+from msrl.codegen import Program, generate
+from msrl.envs.gymnasium_env import GymnasiumEnv, check_env_id
+from msrl.graph import Graph
+from msrl.partition import FragmentGraph, partition
+from msrl.policy import DistributionPolicy
+from msrl.runtime.local import LocalRuntime
+from msrl.tracer import trace
+
+__all__ = ["JobSpec", "Job", "UnknownAlgorithmError", "load_algorithm", "available_algorithms", "METHODS"]
+
+#: The traced trainer methods, in the order a job runs them.
+METHODS = ("reset", "train_step")
+
+
+class UnknownAlgorithmError(ValueError):
+    """An algorithm name with no file in ``algorithms/``."""
+
+
+def available_algorithms() -> list[str]:
+    """Names of the algorithm files in ``algorithms/`` that define ``ALGORITHM``."""
+    import msrl.algorithms as pkg
+
+    return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_"))
+
+
+def load_algorithm(name: str) -> AlgorithmSpec:
+    """The ``ALGORITHM`` of ``algorithms/<name>.py``.
+
+    Raises:
+        UnknownAlgorithmError: the message lists the algorithms that exist.
+    """
+    known = available_algorithms()
+    if name not in known:
+        raise UnknownAlgorithmError(f"unknown algorithm {name!r}; available: {', '.join(known)}")
+    return importlib.import_module(f"msrl.algorithms.{name}").ALGORITHM
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSpec:
+    """Everything that defines a job.
+
+    Attributes:
+        algorithm: the algorithm's spec; ``hparams``: an instance of its hyperparameter class.
+        env_id: gymnasium id; ``num_envs``: envs summed over the env fragment's replicas;
+        vectorization: gymnasium vectorisation mode; ``env_kwargs``: for ``gymnasium.make``.
+        policy: the distribution policy, overrides applied.
+        seed: base seed; ``total_env_steps``: training budget in env steps.
+    """
+
+    algorithm: AlgorithmSpec
+    hparams: Any
+    env_id: str
+    num_envs: int
+    policy: DistributionPolicy
+    seed: int = 1
+    total_env_steps: int = 100_000
+    vectorization: str = "sync"
+    env_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def env_steps_per_iteration(self) -> int:
+        """Env steps one ``train_step`` takes, over every replica."""
+        return self.algorithm.env_steps_per_iteration(self.hparams, self.num_envs)
+
+    @property
+    def num_iterations(self) -> int:
+        """``train_step`` calls within ``total_env_steps`` (at least 1)."""
+        return max(1, self.total_env_steps // self.env_steps_per_iteration)
+
+    def envs_per_replica(self) -> int:
+        """Envs of each replica of the fragment holding the env role.
+
+        Raises:
+            ValueError: ``num_envs`` does not divide evenly over those replicas.
+        """
+        r = self.policy.fragment(self.policy.fragment_of_role("env")).replicas
+        if self.num_envs % r:
+            raise ValueError(f"env.num_envs={self.num_envs} does not split evenly over {r} env replicas")
+        return self.num_envs // r
+
+
+def env_spaces(env_id: str, env_kwargs: Mapping[str, Any]) -> tuple[gymnasium.Space, gymnasium.Space]:
+    """The single-env observation and action spaces of ``env_id``."""
+    check_env_id(env_id)
+    env = gymnasium.make(env_id, **dict(env_kwargs))
+    try:
+        return env.observation_space, env.action_space
+    finally:
+        env.close()
+
+
+class Job:
+    """A job assembled through the pipeline and ready to run on the local runtime.
+
+    Args:
+        spec: the job.
+        probe: annotate shapes and sharded/replicated values by a probe run (needed when
+            fragments have different replica counts; see :mod:`msrl.probe`).
+
+    Attributes:
+        graphs: traced graph per method; ``fragment_graph``: the partition;
+        programs: ``(fragment, method) -> Program``; ``trainers``: ``(fragment, replica) -> Trainer``.
+
+    Raises:
+        TraceError, PartitionError, UnknownBackendError, ValueError: as the stages raise them.
+    """
+
+    def __init__(self, spec: JobSpec, probe: bool = True) -> None:
+        self.spec = spec
+        self.graphs: dict[str, Graph] = {m: trace(spec.algorithm.trainer, m) for m in METHODS}
+        if probe:
+            from msrl.probe import probe as run_probe
+
+            run_probe(self.graphs, spec)
+        self.fragment_graph: FragmentGraph = partition(self.graphs, spec.policy)
+        self.programs: dict[tuple[str, str], Program] = compile_programs(self.fragment_graph, spec.algorithm)
+        self.trainers: dict[tuple[str, int], Trainer] = build_trainers(spec)
+        self.runtime = LocalRuntime(self.fragment_graph, self.programs, self.trainers)
+        self.iteration = 0
+
+    # -- running ----------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Runs every replica's ``reset`` program (initial state, initial weight sync)."""
+        self.runtime.run("reset")
+
+    def train_step(self) -> dict[str, float]:
+        """Runs one ``train_step`` on every replica; returns the learner's metrics."""
+        out = self.runtime.run("train_step")
+        self.iteration += 1
+        return out
+
+    @property
+    def env_steps(self) -> int:
+        """Env steps taken so far, over every env replica."""
+        return sum(t.env.env_steps for t in self.replicas_with("env"))
+
+    def pop_episode_stats(self) -> EpisodeStats:
+        """Episodes finished on every env replica since the last call, replica 0 first."""
+        out = EpisodeStats([], [])
+        for t in self.replicas_with("env"):
+            s = t.env.pop_episode_stats()
+            out.returns += s.returns
+            out.lengths += s.lengths
+        return out
+
+    def replicas_with(self, role: str) -> list[Trainer]:
+        """The trainers (one per replica) of the fragment holding ``role``."""
+        frag = self.spec.policy.fragment_of_role(role)
+        return [t for (f, _), t in sorted(self.trainers.items()) if f == frag]
+
+    def component(self, role: str, replica: int = 0) -> Any:
+        """The ``role`` component of replica ``replica`` of its fragment."""
+        return self.replicas_with(role)[replica].components[role]
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Every replica's components and trainer state (the attributes the traced methods
+        write), the iteration count and torch's global RNG state."""
+        state_attrs = sorted({n.target for g in self.graphs.values() for n in g.walk() if n.kind.value == "state_out"})
+        replicas = {}
+        for (frag, r), t in self.trainers.items():
+            replicas[f"{frag}/{r}"] = {
+                "components": {role: c.state_dict() for role, c in t.components.items()},
+                "state": {a: getattr(t, a) for a in state_attrs if a in vars(t)},
+            }
+        return {"iteration": self.iteration, "replicas": replicas, "torch_rng": torch.get_rng_state()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores :meth:`state_dict`'s output into a job built from the same spec.
+
+        Raises:
+            KeyError: the checkpoint's replicas differ from this job's.
+        """
+        saved = state["replicas"]
+        mine = {f"{frag}/{r}" for frag, r in self.trainers}
+        if set(saved) != mine:
+            raise KeyError(f"checkpoint holds replicas {sorted(saved)}, this job has {sorted(mine)}")
+        for (frag, r), t in self.trainers.items():
+            entry = saved[f"{frag}/{r}"]
+            for role, c in t.components.items():
+                c.load_state_dict(entry["components"][role])
+            for a, v in entry["state"].items():
+                setattr(t, a, v)
+        self.iteration = int(state["iteration"])
+        torch.set_rng_state(state["torch_rng"])
+
+    def close(self) -> None:
+        """Closes envs and runtime threads."""
+        self.runtime.close()
+        for t in self.replicas_with("env"):
+            t.env.close()
+
+
+def compile_programs(fg: FragmentGraph, algorithm: AlgorithmSpec) -> dict[tuple[str, str], Program]:
+    """Generates every fragment's program with its backend.
+
+    Raises:
+        UnknownBackendError: a fragment names a backend that does not exist.
+    """
+    module_globals = vars(sys.modules[algorithm.trainer.__module__])
+    programs = {}
+    for fr in fg.fragments:
+        backend = load_backend(fr.spec.backend)
+        for method, g in fr.programs.items():
+            programs[(fr.name, method)] = generate(g, fr.name, method, backend.lowering, module_globals)
+    return programs
+
+
+def build_trainers(spec: JobSpec) -> dict[tuple[str, int], Trainer]:
+    """Builds one trainer per fragment replica holding that fragment's components.
+
+    Replica ``r`` of the env fragment steps envs ``r*n .. r*n+n-1`` of the job (``n`` envs
+    per replica) and is seeded with ``seed + r*n``, so its env ``i`` gets seed ``seed + r*n + i``
+    exactly as env ``r*n + i`` would in one process.
+
+    Raises:
+        ValueError: envs do not split evenly over replicas.
+    """
+    n = spec.envs_per_replica()
+    obs_space, act_space = env_spaces(spec.env_id, spec.env_kwargs)
+    env_spec = EnvSpec(spec.env_id, obs_space, act_space, n)
+    trainers: dict[tuple[str, int], Trainer] = {}
+    for frag in spec.policy.fragments:
+        for r in range(frag.replicas):
+            seed = spec.seed + r * n
+            device = torch.device(frag.device)
+            ctx = BuildContext(
+                hparams=spec.hparams,
+                env_spec=env_spec,
+                replica=r,
+                num_replicas=frag.replicas,
+                total_num_envs=spec.num_envs,
+                total_env_steps=spec.total_env_steps,
+                seed=seed,
+                device=device,
+            )
+            components: dict[str, Any] = {}
+            for role in frag.roles:
+                if role == "env":
+                    components[role] = GymnasiumEnv(spec.env_id, n, spec.vectorization, device, spec.env_kwargs)
+                else:
+                    components[role] = spec.algorithm.components[role](ctx)
+            trainers[(frag.name, r)] = spec.algorithm.trainer(components, spec.hparams, seed)
+    return trainers

@@ -1,0 +1,155 @@
+"""Distribution policies: which fragment each node belongs to, by role (DESIGN.md §3).
+
+A policy is declared in one file of ``distribution_policies/`` as a module-level ``POLICY``.
+It names its fragments, the roles each holds, default replicas, backend, device and
+resources, and which boundaries are asynchronous. The partitioner (:mod:`msrl.partition`)
+does the rest generically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+from typing import Mapping
+
+from msrl.api import ROLES
+from msrl.graph import Node, NodeKind
+
+__all__ = ["FragmentSpec", "DistributionPolicy", "UnknownPolicyError", "load_policy", "available_policies"]
+
+
+class UnknownPolicyError(ValueError):
+    """A policy name with no file in ``distribution_policies/``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FragmentSpec:
+    """One fragment of a policy.
+
+    Attributes:
+        name: fragment name (``"actor"``, ``"learner"``, ``"main"``).
+        roles: the component roles whose calls this fragment runs.
+        replicas: how many copies run side by side (each with its own share of envs).
+        backend: the fragment backend in ``fragments/`` (``"torch_graph"``).
+        device: torch device of the fragment's tensors (``"cpu"``, ``"cuda:0"``).
+        resources: per-replica resources for a Ray placement-group bundle (``{"CPU": 1}``).
+    """
+
+    name: str
+    roles: tuple[str, ...]
+    replicas: int = 1
+    backend: str = "torch_graph"
+    device: str = "cpu"
+    resources: Mapping[str, float] = dataclasses.field(default_factory=lambda: {"CPU": 1.0})
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributionPolicy:
+    """A named split of the component roles into fragments.
+
+    Attributes:
+        name: the YAML value ``distribution_policy.name``.
+        description: one line shown by ``msrl graph``.
+        fragments: the fragments, each role in exactly one.
+        async_boundaries: ``(src fragment, dst fragment)`` pairs whose boundaries are queues
+            (``put``/``get``) instead of synchronous collectives.
+
+    Raises:
+        ValueError: a role in no fragment or in two, an unknown role, replicas < 1.
+    """
+
+    name: str
+    description: str
+    fragments: tuple[FragmentSpec, ...]
+    async_boundaries: frozenset[tuple[str, str]] = frozenset()
+
+    def __post_init__(self) -> None:
+        seen: dict[str, str] = {}
+        for f in self.fragments:
+            if f.replicas < 1:
+                raise ValueError(f"policy {self.name}: fragment {f.name} has replicas={f.replicas}; must be >= 1")
+            for r in f.roles:
+                if r not in ROLES:
+                    raise ValueError(f"policy {self.name}: unknown role {r!r}; roles are {ROLES}")
+                if r in seen:
+                    raise ValueError(f"policy {self.name}: role {r!r} is in fragments {seen[r]} and {f.name}")
+                seen[r] = f.name
+        missing = [r for r in ROLES if r not in seen]
+        if missing:
+            raise ValueError(f"policy {self.name}: roles {missing} are in no fragment")
+
+    def fragment(self, name: str) -> FragmentSpec:
+        """The fragment called ``name``.
+
+        Raises:
+            KeyError: naming the fragments that exist.
+        """
+        for f in self.fragments:
+            if f.name == name:
+                return f
+        raise KeyError(f"policy {self.name} has no fragment {name!r}; fragments: {[f.name for f in self.fragments]}")
+
+    def fragment_of_role(self, role: str) -> str:
+        """The name of the fragment that runs ``role``'s calls."""
+        for f in self.fragments:
+            if role in f.roles:
+                return f.name
+        raise KeyError(role)
+
+    def assign(self, node: Node) -> str:
+        """The fragment of a ``call`` node (by its role).
+
+        Raises:
+            ValueError: ``node`` is not a call node.
+        """
+        if node.kind is not NodeKind.CALL:
+            raise ValueError(f"assign() places call nodes; got {node.kind}")
+        return self.fragment_of_role(node.role)
+
+    def with_overrides(
+        self,
+        replicas: Mapping[str, int] | None = None,
+        backends: Mapping[str, str] | None = None,
+        devices: Mapping[str, str] | None = None,
+    ) -> "DistributionPolicy":
+        """A copy with per-fragment replicas, backends or devices replaced.
+
+        Raises:
+            KeyError: an override names a fragment the policy lacks (listing those it has).
+        """
+        names = [f.name for f in self.fragments]
+        for table in (replicas, backends, devices):
+            for key in table or {}:
+                if key not in names:
+                    raise KeyError(f"policy {self.name} has no fragment {key!r}; fragments: {names}")
+        frags = tuple(
+            dataclasses.replace(
+                f,
+                replicas=(replicas or {}).get(f.name, f.replicas),
+                backend=(backends or {}).get(f.name, f.backend),
+                device=(devices or {}).get(f.name, f.device),
+            )
+            for f in self.fragments
+        )
+        return dataclasses.replace(self, fragments=frags)
+
+
+def available_policies() -> list[str]:
+    """Names of the policies in ``distribution_policies/``."""
+    import msrl.distribution_policies as pkg
+
+    return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_"))
+
+
+def load_policy(name: str) -> DistributionPolicy:
+    """The ``POLICY`` of ``distribution_policies/<name>.py``.
+
+    Raises:
+        UnknownPolicyError: no such policy; the message lists those that exist.
+    """
+    known = available_policies()
+    if name not in known:
+        raise UnknownPolicyError(f"unknown distribution policy {name!r}; available: {', '.join(known)}")
+    module = importlib.import_module(f"msrl.distribution_policies.{name}")
+    return module.POLICY
