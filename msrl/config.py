@@ -1,0 +1,279 @@
+"""Job configuration: YAML validated with a schema, dotted overrides, semantic checks.
+
+A config file reads::
+
+    name: ppo_cartpole                 # run directory: <runs_dir>/<name>[-k]
+    seed: 1
+    algorithm: {name: ppo, hparams: {num_steps: 32, ...}}
+    env: {id: CartPole-v1, num_envs: 8, vectorization: sync}
+    distribution_policy: {name: single, replicas: {actor: 2}}
+    train: {total_env_steps: 200000, eval_every: 20000, stop_at_return: null}
+    eval: {episodes: 20, seed: 10000}
+
+Every error is a :class:`ConfigError` raised before anything runs or is written: an unknown
+key names the valid keys at its level; an unknown algorithm, env id, policy, fragment or
+backend lists what exists; a bad override names the override.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Any, Literal, Mapping, Sequence
+
+import pydantic
+import torch
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["ConfigError", "RunConfig", "load_config", "apply_overrides", "parse_overrides", "validate", "build_job_spec"]
+
+
+class ConfigError(ValueError):
+    """A config, override or name that cannot run; the message says what is valid."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class AlgorithmConfig(_Strict):
+    """``algorithm``: which file of ``algorithms/`` and its hyperparameters."""
+
+    name: str = Field(description="an algorithm in algorithms/ (e.g. ppo)")
+    hparams: dict[str, Any] = Field(default_factory=dict, description="fields of the algorithm's hyperparameter dataclass")
+
+
+class EnvConfig(_Strict):
+    """``env``: the gymnasium environment and how many copies step together."""
+
+    id: str = Field(description="a registered gymnasium env id")
+    num_envs: int = Field(8, gt=0, description="envs in total, split evenly over env replicas")
+    vectorization: Literal["sync", "async"] = Field("sync", description="gymnasium vectorisation mode")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of gymnasium.make")
+
+
+class PolicyConfig(_Strict):
+    """``distribution_policy``: a file of ``distribution_policies/`` and per-fragment overrides."""
+
+    name: str = Field("single", description="a policy in distribution_policies/")
+    replicas: dict[str, int] = Field(default_factory=dict, description="fragment -> replicas")
+    backends: dict[str, str] = Field(default_factory=dict, description="fragment -> backend in fragments/")
+    devices: dict[str, str] = Field(default_factory=dict, description="fragment -> torch device")
+
+
+class TrainConfig(_Strict):
+    """``train``: budget, checkpoints, periodic evaluation."""
+
+    total_env_steps: int = Field(gt=0, description="training budget in env steps")
+    checkpoint_every: int = Field(10, gt=0, description="iterations between checkpoints")
+    eval_every: int = Field(0, ge=0, description="env steps between evaluations during training (0: only at the end)")
+    stop_at_return: float | None = Field(None, description="stop once an evaluation's mean return reaches this")
+    torch_threads: int = Field(1, gt=0, description="torch intra-op threads")
+    progress: bool = Field(True, description="show a progress bar")
+
+
+class EvalConfig(_Strict):
+    """``eval``: deterministic evaluation episodes."""
+
+    episodes: int = Field(20, gt=0, description="episodes per evaluation")
+    seed: int = Field(10_000, description="seed of the evaluation envs")
+
+
+class RunConfig(_Strict):
+    """A whole job (see the module docstring)."""
+
+    name: str = Field(description="run name; the run directory is <runs_dir>/<name>")
+    seed: int = Field(1, description="base seed")
+    runs_dir: str = Field("runs", description="where run directories are made")
+    algorithm: AlgorithmConfig
+    env: EnvConfig
+    distribution_policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    train: TrainConfig
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+
+
+def _model_at(model: type[BaseModel], loc: Sequence[Any]) -> type[BaseModel] | None:
+    for key in loc:
+        field = model.model_fields.get(str(key))
+        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+            return None
+        model = field.annotation
+    return model
+
+
+def _format(e: pydantic.ValidationError, root: type[BaseModel], prefix: str = "") -> str:
+    lines = []
+    for err in e.errors():
+        loc = [str(x) for x in err["loc"]]
+        path = ".".join([prefix] + loc if prefix else loc)
+        if err["type"] == "extra_forbidden":
+            parent = _model_at(root, loc[:-1])
+            valid = ", ".join(parent.model_fields) if parent else "?"
+            level = ".".join(([prefix] if prefix else []) + loc[:-1]) or "top level"
+            lines.append(f"unknown key {path!r}; valid keys at {level}: {valid}")
+        elif err["type"] == "missing":
+            lines.append(f"missing key {path!r}")
+        else:
+            lines.append(f"{path}: {err['msg']} (got {err.get('input')!r})")
+    return "; ".join(lines)
+
+
+def parse_overrides(overrides: Sequence[str]) -> list[tuple[list[str], Any]]:
+    """Parses ``key.sub=value`` strings (values read as YAML: ``3``, ``true``, ``[64, 64]``).
+
+    Raises:
+        ConfigError: an override without ``=``, with an empty key part, or an unreadable value.
+    """
+    out = []
+    for o in overrides:
+        key, sep, raw = o.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ConfigError(f"bad override {o!r}: expected key.sub=value (e.g. train.total_env_steps=100000)")
+        try:
+            value = yaml.safe_load(raw) if raw else None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"bad override {o!r}: the value is not valid YAML ({e})") from None
+        out.append((key.split("."), value))
+    return out
+
+
+def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Returns a copy of ``raw`` with dotted overrides set (validation happens later).
+
+    Raises:
+        ConfigError: a malformed override, or one that descends into a plain value.
+    """
+    import copy
+
+    data = copy.deepcopy(dict(raw))
+    for path, value in parse_overrides(overrides):
+        node = data
+        for i, part in enumerate(path[:-1]):
+            nxt = node.get(part)
+            if nxt is None:
+                nxt = node[part] = {}
+            if not isinstance(nxt, dict):
+                where = ".".join(path[: i + 1])
+                raise ConfigError(f"bad override {'.'.join(path)}={value!r}: {where!r} is a value, not a section")
+            node = nxt
+        node[path[-1]] = value
+    return data
+
+
+def load_config(path: str | pathlib.Path, overrides: Sequence[str] = ()) -> RunConfig:
+    """Reads, overrides and fully validates a config file (see :func:`validate`).
+
+    Raises:
+        ConfigError: unreadable file, invalid YAML, or any validation error.
+    """
+    p = pathlib.Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read config {str(p)!r}: {e.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: invalid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping of keys, got {type(raw).__name__}")
+    return validate(apply_overrides(raw, overrides))
+
+
+def _hparams(cfg: RunConfig, algorithm: Any) -> Any:
+    cls = algorithm.hparams
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = [k for k in cfg.algorithm.hparams if k not in fields]
+    if unknown:
+        raise ConfigError(
+            f"unknown key 'algorithm.hparams.{unknown[0]}'; valid keys at algorithm.hparams ({cfg.algorithm.name}): "
+            + ", ".join(fields)
+        )
+    try:
+        return pydantic.TypeAdapter(cls).validate_python(dict(cfg.algorithm.hparams))
+    except pydantic.ValidationError as e:
+        msgs = [f"algorithm.hparams.{'.'.join(map(str, x['loc']))}: {x['msg']} (got {x.get('input')!r})" for x in e.errors()]
+        raise ConfigError("; ".join(msgs)) from None
+    except ValueError as e:
+        raise ConfigError(f"algorithm.hparams: {e}") from None
+
+
+def validate(raw: Mapping[str, Any]) -> RunConfig:
+    """Validates a config mapping: schema, names of things that must exist, and consistency.
+
+    Checks that the algorithm, env id, policy, the fragments named in overrides and their
+    backends exist; that hyperparameters are fields of the algorithm's dataclass; that
+    devices parse and exist; and that envs split evenly over env replicas.
+
+    Raises:
+        ConfigError: the first problem found, saying what is valid.
+    """
+    try:
+        cfg = RunConfig.model_validate(raw)
+    except pydantic.ValidationError as e:
+        raise ConfigError(_format(e, RunConfig)) from None
+    build_job_spec(cfg)  # raises ConfigError on unknown names and bad combinations
+    return cfg
+
+
+def build_job_spec(cfg: RunConfig) -> Any:
+    """The :class:`msrl.job.JobSpec` of a validated config.
+
+    Raises:
+        ConfigError: an unknown algorithm, env id, policy, fragment, backend or device; envs
+            that do not split over replicas; hyperparameters the algorithm rejects.
+    """
+    from msrl.backend import UnknownBackendError, load_backend
+    from msrl.envs.gymnasium_env import UnknownEnvError, check_env_id
+    from msrl.job import JobSpec, UnknownAlgorithmError, load_algorithm
+    from msrl.policy import UnknownPolicyError, load_policy
+
+    try:
+        algorithm = load_algorithm(cfg.algorithm.name)
+        check_env_id(cfg.env.id)
+        policy = load_policy(cfg.distribution_policy.name)
+    except (UnknownAlgorithmError, UnknownEnvError, UnknownPolicyError) as e:
+        raise ConfigError(str(e)) from None
+    dp = cfg.distribution_policy
+    for key, table in (("replicas", dp.replicas), ("backends", dp.backends), ("devices", dp.devices)):
+        names = [f.name for f in policy.fragments]
+        for frag in table:
+            if frag not in names:
+                raise ConfigError(
+                    f"distribution_policy.{key}.{frag}: policy {policy.name} has no fragment {frag!r}; fragments: {', '.join(names)}"
+                )
+    for frag, n in dp.replicas.items():
+        if n < 1:
+            raise ConfigError(f"distribution_policy.replicas.{frag}: must be >= 1, got {n}")
+    policy = policy.with_overrides(dp.replicas, dp.backends, dp.devices)
+    for frag in policy.fragments:
+        try:
+            backend = load_backend(frag.backend)
+        except UnknownBackendError as e:
+            raise ConfigError(f"fragment {frag.name}: {e}") from None
+        try:
+            device = torch.device(frag.device)
+        except RuntimeError:
+            raise ConfigError(f"fragment {frag.name}: invalid device {frag.device!r} (e.g. cpu, cuda:0)") from None
+        if device.type not in backend.devices:
+            raise ConfigError(f"fragment {frag.name}: backend {backend.name} runs on {backend.devices}, not {device.type}")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"fragment {frag.name}: device {frag.device} requested but no CUDA device is available")
+    hparams = _hparams(cfg, algorithm)
+    spec = JobSpec(
+        algorithm=algorithm,
+        hparams=hparams,
+        env_id=cfg.env.id,
+        num_envs=cfg.env.num_envs,
+        policy=policy,
+        seed=cfg.seed,
+        total_env_steps=cfg.train.total_env_steps,
+        vectorization=cfg.env.vectorization,
+        env_kwargs=dict(cfg.env.kwargs),
+    )
+    try:
+        spec.envs_per_replica()
+    except ValueError as e:
+        raise ConfigError(f"env.num_envs: {e}") from None
+    return spec

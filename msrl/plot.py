@@ -1,0 +1,67 @@
+"""Learning curves of a run directory as PNG."""
+
+from __future__ import annotations
+
+import csv
+import math
+import pathlib
+
+__all__ = ["plot_run"]
+
+
+def plot_run(run_dir: str | pathlib.Path, out: str | pathlib.Path | None = None) -> pathlib.Path:
+    """Plots episodic return (per iteration, and its 10-iteration moving mean) and evaluation
+    returns against env steps.
+
+    Args:
+        run_dir: a run directory with ``metrics.csv``.
+        out: PNG path; default ``run_dir/learning_curve.png``.
+
+    Returns:
+        the PNG's path.
+
+    Raises:
+        FileNotFoundError: ``run_dir`` has no ``metrics.csv``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run_dir = pathlib.Path(run_dir)
+    path = run_dir / "metrics.csv"
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir} has no metrics.csv")
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+
+    def col(name: str) -> list[tuple[float, float]]:
+        pts = []
+        for r in rows:
+            v = r.get(name, "")
+            if v not in ("", None) and math.isfinite(float(v)):
+                pts.append((float(r["env_steps"]), float(v)))
+        return pts
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+    train = col("charts/episodic_return")
+    if train:
+        xs, ys = zip(*train)
+        ax.plot(xs, ys, color="tab:blue", alpha=0.3, lw=1, label="episodic return (per iteration)")
+        k = 10
+        smooth = [sum(ys[max(0, i - k + 1) : i + 1]) / len(ys[max(0, i - k + 1) : i + 1]) for i in range(len(ys))]
+        ax.plot(xs, smooth, color="tab:blue", lw=2, label=f"moving mean ({k} iterations)")
+    ev = col("eval/mean_return")
+    if ev:
+        xs, ys = zip(*ev)
+        ax.plot(xs, ys, "o-", color="tab:orange", label="evaluation (deterministic)")
+    ax.set_xlabel("env steps")
+    ax.set_ylabel("return")
+    ax.set_title(run_dir.name)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    target = pathlib.Path(out) if out is not None else run_dir / "learning_curve.png"
+    fig.savefig(target)
+    plt.close(fig)
+    return target

@@ -1,0 +1,143 @@
+"""Human-readable forms of a job's FDG: text (``msrl graph``) and a picture."""
+
+from __future__ import annotations
+
+import pathlib
+
+from msrl.graph import COMM_KINDS, Graph, Node, NodeKind
+from msrl.job import METHODS, Job
+
+__all__ = ["format_graph", "format_job", "draw_fragments"]
+
+
+def _fmt_values(node: Node) -> str:
+    vals = node.meta.get("values", {})
+    parts = []
+    for name in node.outputs:
+        info = vals.get(name)
+        if info is None:
+            continue
+        shape = info["shape"]
+        if isinstance(shape, dict):
+            shape = "{" + ", ".join(f"{k}: {v}" for k, v in list(shape.items())[:3]) + (", ..." if len(shape) > 3 else "") + "}"
+        dtype = f" {info['dtype']}" if info.get("dtype") else ""
+        parts.append(f"{name}: {info['type']}{shape if shape is not None else ''}{dtype} {info['kind']}")
+    return f"    [{'; '.join(parts)}]" if parts else ""
+
+
+def format_graph(graph: Graph, indent: int = 0) -> str:
+    """One line per node (``%id kind ... -> outputs  file:line``), loop bodies indented, with
+    probe info (shape, dtype, sharded/replicated) where present."""
+    lines = []
+    pad = "  " * indent
+    for node in graph:
+        lines.append(f"{pad}{node.describe()}    # {node.where()}{_fmt_values(node)}")
+        if node.kind is NodeKind.LOOP:
+            lines.append(format_graph(node.body, indent + 1))
+    return "\n".join(lines)
+
+
+def format_job(job: Job) -> str:
+    """The traced graphs, the fragments with their programs' graphs, the boundaries and the
+    generated programs: everything ``msrl graph`` prints."""
+    fg = job.fragment_graph
+    out = [f"# msrl graph: algorithm {job.spec.algorithm.name}, env {job.spec.env_id}, policy {fg.policy.name}"]
+    out.append(f"# {fg.policy.description}")
+    for method in METHODS:
+        out.append(f"\n## traced graph: {fg.graphs[method].name}")
+        out.append(format_graph(fg.graphs[method]))
+    out.append("\n## fragments")
+    for fr in fg.fragments:
+        s = fr.spec
+        out.append(f"- {fr.name}: roles {', '.join(s.roles)}; replicas {s.replicas}; backend {s.backend}; device {s.device}")
+    out.append("\n## boundaries")
+    if not fg.boundaries:
+        out.append("(none)")
+    for b in fg.boundaries:
+        axis = f", axis {b.axis}" if b.axis is not None else ""
+        out.append(f"- {b.name}: {b.op.value} {b.value} {b.src} (x{b.src_replicas}) -> {b.dst} (x{b.dst_replicas}), {b.kind}{axis}")
+    for fr in fg.fragments:
+        for method in METHODS:
+            out.append(f"\n## fragment {fr.name}: {method}")
+            out.append(format_graph(fr.programs[method]))
+            out.append(f"\n### generated program ({fr.spec.backend})")
+            out.append(job.programs[(fr.name, method)].source.rstrip())
+    return "\n".join(out) + "\n"
+
+
+def draw_fragments(job: Job, path: str | pathlib.Path, method: str = "train_step") -> pathlib.Path:
+    """Draws ``method``'s fragmented graph as PNG: one column per fragment, nodes in program
+    order (loop bodies framed), data edges grey, boundaries red.
+
+    Returns:
+        the PNG's path.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fg = job.fragment_graph
+    cols = {fr.name: i for i, fr in enumerate(fg.fragments)}
+    pos: dict[tuple[str, int], tuple[float, float]] = {}
+    rows: dict[str, list[tuple[Node, int]]] = {}
+    for fr in fg.fragments:
+        items: list[tuple[Node, int]] = []
+
+        def walk(g: Graph, depth: int) -> None:
+            for n in g:
+                items.append((n, depth))
+                if n.kind is NodeKind.LOOP:
+                    walk(n.body, depth + 1)
+
+        walk(fr.programs[method], 0)
+        rows[fr.name] = items
+    height = max((len(v) for v in rows.values()), default=1)
+    fig, ax = plt.subplots(figsize=(5.5 * len(cols), 0.42 * height + 1.5), dpi=110)
+    colors = {NodeKind.CALL: "#cfe2ff", NodeKind.LOOP: "#fff3cd", NodeKind.COMPUTE: "#e2e3e5"}
+    for frag, items in rows.items():
+        x0 = cols[frag] * 6.0
+        ax.text(x0 + 2.2, 1.0, f"{frag} (x{fg.fragment(frag).spec.replicas})", ha="center", fontsize=11, weight="bold")
+        for i, (n, depth) in enumerate(items):
+            x, y = x0 + 0.4 * depth, -i
+            pos[(frag, n.id)] = (x, y)
+            fc = "#f8d7da" if n.kind in COMM_KINDS else colors.get(n.kind, "#ffffff")
+            label = n.describe()
+            label = label if len(label) < 60 else label[:57] + "..."
+            ax.text(x, y, label, fontsize=7, family="monospace", va="center",
+                    bbox={"boxstyle": "round,pad=0.25", "fc": fc, "ec": "#888888", "lw": 0.5})
+    # data edges within each fragment (by value name, nearest previous writer)
+    for frag, items in rows.items():
+        last: dict[str, Node] = {}
+        for n, _ in items:
+            for v in n.inputs:
+                if v in last:
+                    (x1, y1), (x2, y2) = pos[(frag, last[v].id)], pos[(frag, n.id)]
+                    ax.annotate("", xy=(x2 - 0.1, y2), xytext=(x1 - 0.1, y1),
+                                arrowprops={"arrowstyle": "->", "color": "#999999", "lw": 0.5, "connectionstyle": "arc3,rad=0.3"})
+            for v in n.outputs:
+                last[v] = n
+    # boundaries: src comm node -> dst comm node
+    comm: dict[tuple[str, str], tuple[str, int]] = {}
+    for frag, items in rows.items():
+        for n, _ in items:
+            if n.kind in COMM_KINDS:
+                comm[(n.target.boundary, n.target.side)] = (frag, n.id)
+    for b in fg.boundaries:
+        if b.method != method:
+            continue
+        s, d = comm.get((b.name, "src")), comm.get((b.name, "dst"))
+        if s and d:
+            (x1, y1), (x2, y2) = pos[s], pos[d]
+            ax.annotate("", xy=(x2, y2), xytext=(x1 + 4.0, y1),
+                        arrowprops={"arrowstyle": "->", "color": "tab:red", "lw": 1.5})
+            ax.text((x1 + 4.0 + x2) / 2, (y1 + y2) / 2 + 0.25, f"{b.op.value} {b.value}", color="tab:red", fontsize=8, ha="center")
+    ax.set_xlim(-0.5, 6.0 * len(cols))
+    ax.set_ylim(-height, 1.6)
+    ax.axis("off")
+    ax.set_title(f"{fg.policy.name}: {method}")
+    fig.tight_layout()
+    path = pathlib.Path(path)
+    fig.savefig(path)
+    plt.close(fig)
+    return path

@@ -1,0 +1,319 @@
+"""Training runs: the loop around a :class:`~msrl.job.Job`, with its run directory.
+
+A run directory ``<runs_dir>/<name>[-k]/`` holds:
+
+* ``config.yaml`` -- the resolved config (overrides applied);
+* ``metrics.csv`` -- one row per iteration: ``iteration``, ``env_steps``, ``time_s`` (training
+  wall time, s), ``charts/SPS`` (env steps/s), ``charts/episodic_return`` (mean over episodes
+  finished in the iteration), ``charts/episodic_length``, the learner's ``losses/...``, and
+  ``eval/mean_return`` on evaluation iterations;
+* ``tb/`` -- the same scalars as TensorBoard events;
+* ``checkpoints/latest.pt`` -- written atomically (temp file + rename) every
+  ``train.checkpoint_every`` iterations and at the end;
+* ``eval.json`` -- the final deterministic evaluation; ``learning_curve.png``.
+
+Nothing is written before the job has been traced, partitioned and built, so a config that
+cannot run leaves no directory behind.
+"""
+
+from __future__ import annotations
+
+import collections
+import csv
+import dataclasses
+import json
+import math
+import os
+import pathlib
+import time
+from typing import Any
+
+import torch
+import yaml
+
+from msrl.config import ConfigError, RunConfig, build_job_spec, validate
+from msrl.evaluate import evaluate
+from msrl.job import Job, JobSpec
+from msrl.runtime.local import FragmentError
+
+__all__ = ["TrainResult", "TrainingStopped", "train", "load_run_config", "CHECKPOINT", "latest_checkpoint"]
+
+CHECKPOINT = "checkpoints/latest.pt"
+_TIME_COLUMNS = ("time_s", "charts/SPS")
+
+
+class TrainingStopped(RuntimeError):
+    """Training stopped on an error (e.g. a NaN); the last good checkpoint is kept.
+
+    Attributes:
+        iteration: the iteration that failed; ``env_steps``: env steps before it;
+        checkpoint: path of the last good checkpoint (or ``None``).
+    """
+
+    def __init__(self, message: str, iteration: int, env_steps: int, checkpoint: pathlib.Path | None) -> None:
+        super().__init__(message)
+        self.iteration, self.env_steps, self.checkpoint = iteration, env_steps, checkpoint
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """What a finished run reports.
+
+    Attributes:
+        run_dir: the run directory; ``iterations``, ``env_steps``: work done;
+        time_s: training wall time (s, evaluations excluded); ``eval_returns``: the final
+        evaluation's episode returns; ``time_to_threshold_s``/``steps_to_threshold``: when an
+        evaluation first reached ``train.stop_at_return`` (``None`` if never).
+    """
+
+    run_dir: pathlib.Path
+    iterations: int
+    env_steps: int
+    time_s: float
+    eval_returns: list[float]
+    time_to_threshold_s: float | None = None
+    steps_to_threshold: int | None = None
+
+    @property
+    def eval_mean(self) -> float:
+        """Mean of the final evaluation's returns."""
+        return sum(self.eval_returns) / len(self.eval_returns)
+
+
+def load_run_config(run_dir: str | pathlib.Path) -> RunConfig:
+    """The resolved config saved in a run directory.
+
+    Raises:
+        ConfigError: no run directory, or no ``config.yaml`` in it.
+    """
+    p = pathlib.Path(run_dir) / "config.yaml"
+    if not p.is_file():
+        raise ConfigError(f"{run_dir} is not a run directory (no config.yaml)")
+    return validate(yaml.safe_load(p.read_text()))
+
+
+def latest_checkpoint(run_dir: str | pathlib.Path) -> pathlib.Path:
+    """``run_dir/checkpoints/latest.pt``.
+
+    Raises:
+        FileNotFoundError: the run has no checkpoint yet.
+    """
+    p = pathlib.Path(run_dir) / CHECKPOINT
+    if not p.is_file():
+        raise FileNotFoundError(f"{run_dir} has no checkpoint ({CHECKPOINT})")
+    return p
+
+
+def _new_run_dir(cfg: RunConfig) -> pathlib.Path:
+    base = pathlib.Path(cfg.runs_dir)
+    base.mkdir(parents=True, exist_ok=True)
+    for k in range(10_000):
+        p = base / (cfg.name if k == 0 else f"{cfg.name}-{k}")
+        try:
+            p.mkdir()
+            return p
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"no free run directory name for {cfg.name} in {base}")
+
+
+def _atomic_save(obj: Any, path: pathlib.Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(obj, tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class _Metrics:
+    """CSV + TensorBoard writer; on resume, rows past the checkpoint are dropped."""
+
+    def __init__(self, run_dir: pathlib.Path, resume_iteration: int | None) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.path = run_dir / "metrics.csv"
+        self.rows: list[dict[str, Any]] = []
+        if resume_iteration is not None and self.path.is_file():
+            with open(self.path, newline="") as f:
+                self.rows = [r for r in csv.DictReader(f) if int(r["iteration"]) <= resume_iteration]
+        self.columns: list[str] = list(self.rows[0].keys()) if self.rows else []
+        self._rewrite()
+        purge = resume_iteration + 1 if resume_iteration is not None else None
+        self.tb = SummaryWriter(log_dir=str(run_dir / "tb"), purge_step=purge)
+
+    def _rewrite(self) -> None:
+        if not self.columns:
+            return
+        with open(self.path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=self.columns)
+            w.writeheader()
+            w.writerows(self.rows)
+
+    def log(self, row: dict[str, Any]) -> None:
+        new = [k for k in row if k not in self.columns]
+        self.rows.append(row)
+        if new:
+            self.columns += new
+            self._rewrite()
+        else:
+            with open(self.path, "a", newline="") as f:
+                csv.DictWriter(f, fieldnames=self.columns).writerow(row)
+        step = int(row["env_steps"])
+        for k, v in row.items():
+            if k not in ("iteration", "env_steps") and isinstance(v, (int, float)) and math.isfinite(v):
+                self.tb.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        self.tb.close()
+
+
+def _evaluate(job: Job, cfg: RunConfig) -> list[float]:
+    actor = job.component("actor")
+    return evaluate(actor, cfg.env.id, cfg.eval.episodes, cfg.eval.seed, cfg.env.kwargs)
+
+
+def train(cfg: RunConfig, resume: str | pathlib.Path | None = None) -> TrainResult:
+    """Trains ``cfg``'s job on the local runtime, in a new run directory or resuming one.
+
+    Args:
+        cfg: a validated config. With ``resume``, it must equal the run's saved config.
+        resume: a run directory with a checkpoint; training continues exactly where the
+            checkpoint left it (same metrics as an uninterrupted run).
+
+    Returns:
+        a :class:`TrainResult`.
+
+    Raises:
+        ConfigError: ``resume`` is not a run directory or its config differs from ``cfg``.
+        TrainingStopped: a fragment raised (e.g. a NaN loss or observation); the last good
+            checkpoint is kept and named in the message.
+    """
+    spec: JobSpec = build_job_spec(cfg)
+    resume_state = None
+    if resume is not None:
+        saved = load_run_config(resume)
+        if saved != cfg:
+            a, b = saved.model_dump(), cfg.model_dump()
+            diff = [k for k in _flatten(a) if _flatten(a).get(k) != _flatten(b).get(k)]
+            raise ConfigError(f"--resume {resume}: the config differs from the run's config.yaml at {', '.join(diff)}")
+        try:
+            resume_state = torch.load(latest_checkpoint(resume), weights_only=False)
+        except FileNotFoundError as e:
+            raise ConfigError(str(e)) from None
+    torch.set_num_threads(cfg.train.torch_threads)
+    job = Job(spec)
+    if resume is None:
+        run_dir = _new_run_dir(cfg)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
+        job.reset()
+        time_s, done_eval, threshold = 0.0, 0, (None, None)
+        recent: collections.deque[float] = collections.deque(maxlen=20)
+    else:
+        run_dir = pathlib.Path(resume)
+        job.load_state_dict(resume_state["job"])
+        time_s, done_eval = resume_state["time_s"], resume_state["done_eval"]
+        threshold = tuple(resume_state["threshold"])
+        recent = collections.deque(resume_state["recent_returns"], maxlen=20)
+    metrics = _Metrics(run_dir, job.iteration if resume is not None else None)
+    ckpt_path = run_dir / CHECKPOINT
+
+    def checkpoint() -> None:
+        _atomic_save(
+            {
+                "job": job.state_dict(),
+                "actor_weights": job.component("actor").get_weights(),
+                "time_s": time_s,
+                "done_eval": done_eval,
+                "threshold": list(threshold),
+                "recent_returns": list(recent),
+                "env_steps": job.env_steps,
+            },
+            ckpt_path,
+        )
+
+    bar = None
+    if cfg.train.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=spec.num_iterations * spec.env_steps_per_iteration, initial=job.env_steps, unit="step", dynamic_ncols=True)
+    try:
+        while job.iteration < spec.num_iterations:
+            t0 = time.perf_counter()
+            try:
+                learner_metrics = job.train_step()
+            except FragmentError as e:
+                good = ckpt_path if ckpt_path.is_file() else None
+                raise TrainingStopped(
+                    f"training stopped at iteration {job.iteration + 1} (after env step {job.env_steps}): {e}\n"
+                    f"last good checkpoint: {good or 'none'}",
+                    job.iteration + 1,
+                    job.env_steps,
+                    good,
+                ) from e
+            dt = time.perf_counter() - t0
+            time_s += dt
+            stats = job.pop_episode_stats()
+            recent.extend(stats.returns)
+            row: dict[str, Any] = {
+                "iteration": job.iteration,
+                "env_steps": job.env_steps,
+                "time_s": round(time_s, 4),
+                "charts/SPS": round(spec.env_steps_per_iteration / dt, 1),
+                "charts/episodic_return": sum(stats.returns) / len(stats.returns) if stats.returns else float("nan"),
+                "charts/episodic_length": sum(stats.lengths) / len(stats.lengths) if stats.lengths else float("nan"),
+                **(learner_metrics or {}),
+            }
+            if cfg.train.eval_every and job.env_steps // cfg.train.eval_every > done_eval:
+                done_eval = job.env_steps // cfg.train.eval_every
+                mean = sum(r := _evaluate(job, cfg)) / len(r)
+                row["eval/mean_return"] = mean
+                if cfg.train.stop_at_return is not None and mean >= cfg.train.stop_at_return and threshold[0] is None:
+                    threshold = (time_s, job.env_steps)
+            metrics.log(row)
+            if bar is not None:
+                bar.update(spec.env_steps_per_iteration)
+                mean_ret = sum(recent) / len(recent) if recent else float("nan")
+                bar.set_postfix({"steps/s": f"{job.env_steps / max(time_s, 1e-9):.0f}", "return": f"{mean_ret:.1f}"})
+            stop = threshold[0] is not None
+            if job.iteration % cfg.train.checkpoint_every == 0 or stop or job.iteration == spec.num_iterations:
+                checkpoint()
+            if stop:
+                break
+    finally:
+        if bar is not None:
+            bar.close()
+        metrics.close()
+    returns = _evaluate(job, cfg)
+    result = TrainResult(run_dir, job.iteration, job.env_steps, time_s, returns, threshold[0], threshold[1])
+    (run_dir / "eval.json").write_text(
+        json.dumps(
+            {
+                "episodes": len(returns),
+                "mean_return": result.eval_mean,
+                "returns": returns,
+                "env_steps": job.env_steps,
+                "iterations": job.iteration,
+                "time_s": time_s,
+                "time_to_threshold_s": threshold[0],
+                "steps_to_threshold": threshold[1],
+            },
+            indent=2,
+        )
+    )
+    job.close()
+    from msrl.plot import plot_run
+
+    plot_run(run_dir)
+    return result
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
