@@ -280,7 +280,7 @@ class PPOLearner(Learner):
         self.hp: PPOConfig = ctx.hparams
         self.net = _build_net(ctx)
         self.parameters = list(self.net.parameters())
-        self.optimizer = torch.optim.Adam(self.parameters, lr=self.hp.learning_rate, eps=1e-5)
+        self.optimizer = torch.optim.Adam(self.parameters, lr=self.hp.learning_rate, eps=1e-5, fused=True)
         steps_per_iteration = self.hp.num_steps * ctx.total_num_envs
         self.num_iterations = max(1, ctx.total_env_steps // steps_per_iteration)
         self.iteration = 0

@@ -236,7 +236,7 @@ class Learner(Component):
             self.gradient_hook([p.grad for p in self.parameters if p.grad is not None])
         norm = float("nan")
         if max_grad_norm is not None:
-            norm = float(torch.nn.utils.clip_grad_norm_(self.parameters, max_grad_norm))
+            norm = float(torch.nn.utils.clip_grad_norm_(self.parameters, max_grad_norm, foreach=True))
         self.optimizer.step()
         return norm
 

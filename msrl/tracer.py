@@ -246,7 +246,7 @@ class _Tracer:
             self.call(value, scope, names, unpack=unpack)
         elif self.helper_call(value) and not unpack:
             result = self.inline_helper(value, scope)
-            self.compute(ast.Name(result) if isinstance(result, str) else ast.Constant(result.value), scope, names, at)
+            self.compute(ast.Name(result, ast.Load()) if isinstance(result, str) else ast.Constant(result.value), scope, names, at)
         else:
             self.compute(value, scope, names, at, unpack=unpack)
         for n in names:

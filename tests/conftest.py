@@ -1,0 +1,21 @@
+"""Shared fixtures: small PPO job specs on CartPole-v1."""
+
+import pytest
+import torch
+
+from msrl.algorithms.ppo import ALGORITHM, PPOConfig
+from msrl.job import JobSpec
+from msrl.policy import load_policy
+
+torch.set_num_threads(1)
+
+
+def ppo_spec(policy: str = "single", num_envs: int = 4, seed: int = 3, total: int = 10_000, **hp) -> JobSpec:
+    """A small PPO job: T=16 steps, 2 epochs of 2 minibatches."""
+    hparams = PPOConfig(**{"num_steps": 16, "update_epochs": 2, "num_minibatches": 2, **hp})
+    return JobSpec(ALGORITHM, hparams, "CartPole-v1", num_envs, load_policy(policy), seed=seed, total_env_steps=total)
+
+
+@pytest.fixture
+def spec_factory():
+    return ppo_spec

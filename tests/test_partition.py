@@ -1,0 +1,128 @@
+"""The partitioner: fragments, comm ops and their placement, for both policies."""
+
+import dataclasses
+
+import pytest
+
+from msrl.graph import COMM_KINDS, NodeKind
+from msrl.job import Job
+from msrl.partition import PartitionError, partition
+from msrl.policy import load_policy
+from msrl.tracer import trace
+from msrl.algorithms.ppo import PPOTrainer
+
+
+def comm_nodes(graph):
+    return [n for n in graph.walk() if n.kind in COMM_KINDS]
+
+
+def calls(graph):
+    return [n.target for n in graph.walk() if n.kind is NodeKind.CALL]
+
+
+@pytest.fixture(scope="module")
+def coarse_job():
+    from conftest import ppo_spec
+
+    job = Job(ppo_spec("single_learner_coarse", num_envs=4))
+    yield job
+    job.close()
+
+
+def test_single_has_one_fragment_and_no_boundaries(spec_factory):
+    job = Job(spec_factory("single"), probe=False)
+    fg = job.fragment_graph
+    assert [f.name for f in fg.fragments] == ["main"] and fg.boundaries == []
+    main = fg.fragments[0].programs["train_step"]
+    assert calls(main) == calls(fg.graphs["train_step"])
+    assert comm_nodes(main) == []
+    job.close()
+
+
+def test_coarse_gathers_trajectories_and_broadcasts_weights(coarse_job):
+    fg = coarse_job.fragment_graph
+    assert [f.name for f in fg.fragments] == ["actor", "learner"]
+    actor, learner = fg.fragment("actor").programs["train_step"], fg.fragment("learner").programs["train_step"]
+    # components land where the policy puts them
+    assert {r for r, _ in calls(actor)} == {"actor", "env", "buffer"}
+    assert {r for r, _ in calls(learner)} == {"learner"}
+    # the rollout loop lives in the actor fragment only
+    assert [n.kind for n in actor].count(NodeKind.LOOP) == 1
+    assert [n.kind for n in learner].count(NodeKind.LOOP) == 0
+    (b_traj, b_w) = [b for b in fg.boundaries if b.method == "train_step"]
+    assert (b_traj.op, b_traj.value, b_traj.src, b_traj.dst, b_traj.kind, b_traj.axis) == (
+        NodeKind.GATHER, "trajectory", "actor", "learner", "sharded", 1)
+    assert (b_w.op, b_w.src, b_w.dst, b_w.kind, b_w.axis) == (NodeKind.BROADCAST, "learner", "actor", "replicated", None)
+    assert (b_traj.src_replicas, b_traj.dst_replicas) == (2, 1)
+    # each side's comm node sits right after the producer / right before the consumer
+    a_nodes = [n for n in actor]
+    i = next(k for k, n in enumerate(a_nodes) if n.kind is NodeKind.CALL and n.target == ("buffer", "gather"))
+    g_src = a_nodes[i + 1]
+    assert g_src.kind is NodeKind.GATHER and g_src.target.side == "src" and g_src.inputs == ["trajectory"]
+    bc_dst = a_nodes[i + 2]
+    assert bc_dst.kind is NodeKind.BROADCAST and bc_dst.target.side == "dst"
+    assert a_nodes[i + 3].target == ("actor", "set_weights") and a_nodes[i + 3].inputs == bc_dst.outputs
+    l_nodes = [n for n in learner]
+    assert l_nodes[0].kind is NodeKind.GATHER and l_nodes[0].target.side == "dst" and l_nodes[0].outputs == ["trajectory"]
+    assert l_nodes[1].target == ("learner", "learn")
+    assert l_nodes[3].kind is NodeKind.BROADCAST and l_nodes[3].target.side == "src"
+    # the metrics are returned by the learner fragment only
+    assert l_nodes[-1].kind is NodeKind.OUTPUT and l_nodes[-1].inputs == ["metrics"]
+    assert not any(n.kind is NodeKind.OUTPUT and n.inputs for n in actor)
+    # reset: the initial weights are broadcast too
+    (b_reset,) = [b for b in fg.boundaries if b.method == "reset"]
+    assert b_reset.op is NodeKind.BROADCAST and (b_reset.src, b_reset.dst) == ("learner", "actor")
+
+
+def test_generated_programs_hold_the_comm_ops(coarse_job):
+    src = coarse_job.programs[("actor", "train_step")].source
+    assert "_msrl_comm.gather('train_step/b0:trajectory', trajectory)" in src
+    assert "= _msrl_comm.broadcast('train_step/b1:_t2')" in src
+    assert "self.learner" not in src
+    lsrc = coarse_job.programs[("learner", "train_step")].source
+    assert "trajectory = _msrl_comm.gather('train_step/b0:trajectory')" in lsrc
+    assert "self.env" not in lsrc and "for " not in lsrc
+
+
+def test_probe_marks_sharded_and_replicated_values(coarse_job):
+    g = coarse_job.graphs["train_step"]
+    gather = next(n for n in g.walk() if n.kind is NodeKind.CALL and n.target == ("buffer", "gather"))
+    info = gather.meta["values"]["trajectory"]
+    assert info["kind"] == "sharded" and info["axis"] == 1 and info["shape"] == (16, "N")
+    weights = next(n for n in g.walk() if n.kind is NodeKind.CALL and n.target == ("learner", "get_weights"))
+    assert weights.meta["values"]["_t2"]["kind"] == "replicated"
+    act = next(n for n in g.walk() if n.kind is NodeKind.CALL and n.target == ("actor", "act"))
+    assert act.meta["values"]["action"] == {"type": "Tensor", "shape": ("N",), "dtype": "int64", "kind": "sharded", "axis": 0}
+
+
+def test_boundary_fitting_no_rule_names_the_edge(coarse_job):
+    graphs = {m: trace(PPOTrainer, m) for m in ("reset", "train_step")}
+    # copy probe info from the probed graphs, then pretend the trajectory is replicated
+    for m in graphs:
+        for a, b in zip(graphs[m].walk(), coarse_job.graphs[m].walk()):
+            a.meta["values"] = {k: dict(v) for k, v in b.meta.get("values", {}).items()}
+    gather = next(n for n in graphs["train_step"].walk() if n.kind is NodeKind.CALL and n.target == ("buffer", "gather"))
+    gather.meta["values"]["trajectory"]["kind"] = "replicated"
+    with pytest.raises(PartitionError, match=r"value 'trajectory' written by %\d+ at .*ppo.py:\d+ in fragment actor \(x2\) and read in fragment learner \(x1\): a replicated value cannot be gathered"):
+        partition(graphs, coarse_job.spec.policy)
+
+
+def test_unprobed_boundary_between_replica_counts_is_an_error():
+    graphs = {m: trace(PPOTrainer, m) for m in ("reset", "train_step")}
+    with pytest.raises(PartitionError, match="no probe info"):
+        partition(graphs, load_policy("single_learner_coarse"))
+
+
+def test_equal_replica_counts_use_send_recv():
+    policy = load_policy("single_learner_coarse").with_overrides(replicas={"actor": 1})
+    graphs = {m: trace(PPOTrainer, m) for m in ("reset", "train_step")}
+    fg = partition(graphs, policy)
+    ops = {(b.value, b.op) for b in fg.boundaries if b.method == "train_step"}
+    assert ops == {("trajectory", NodeKind.SEND), ("_t2", NodeKind.SEND)}
+    kinds = [n.kind for n in comm_nodes(fg.fragment("learner").programs["train_step"])]
+    assert kinds == [NodeKind.RECV, NodeKind.SEND]
+
+
+def test_policy_overrides_reject_unknown_fragments():
+    with pytest.raises(KeyError, match="has no fragment 'learners'"):
+        load_policy("single_learner_coarse").with_overrides(replicas={"learners": 2})
