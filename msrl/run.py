@@ -240,15 +240,16 @@ def train(cfg: RunConfig, resume: str | pathlib.Path | None = None) -> TrainResu
     try:
         while job.iteration < spec.num_iterations:
             t0 = time.perf_counter()
+            steps_before = job.env_steps
             try:
                 learner_metrics = job.train_step()
             except FragmentError as e:
                 good = ckpt_path if ckpt_path.is_file() else None
                 raise TrainingStopped(
-                    f"training stopped at iteration {job.iteration + 1} (after env step {job.env_steps}): {e}\n"
+                    f"training stopped at iteration {job.iteration + 1} (after env step {steps_before}): {e}\n"
                     f"last good checkpoint: {good or 'none'}",
                     job.iteration + 1,
-                    job.env_steps,
+                    steps_before,
                     good,
                 ) from e
             dt = time.perf_counter() - t0

@@ -1,0 +1,93 @@
+"""Config validation, overrides and their error messages; nothing is written on errors."""
+
+import pathlib
+
+import pytest
+import yaml
+
+from msrl.cli import main
+from msrl.config import ConfigError, apply_overrides, load_config, validate
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+MAIN = ROOT / "configs" / "ppo_cartpole.yaml"
+
+
+def raw():
+    return yaml.safe_load(MAIN.read_text())
+
+
+def test_main_config_validates():
+    cfg = load_config(MAIN)
+    assert cfg.env.id == "CartPole-v1" and cfg.algorithm.name == "ppo" and cfg.distribution_policy.name == "single"
+
+
+def test_overrides_are_applied_and_typed():
+    cfg = load_config(MAIN, ["train.total_env_steps=2048", "algorithm.hparams.hidden_sizes=[32, 32]", "distribution_policy.replicas.actor=4",
+                             "distribution_policy.name=single_learner_coarse"])
+    assert cfg.train.total_env_steps == 2048
+    assert cfg.algorithm.hparams["hidden_sizes"] == [32, 32]
+    assert cfg.distribution_policy.replicas == {"actor": 4}
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["train.total_env_step=5"], "unknown key 'train.total_env_step'; valid keys at train: total_env_steps, checkpoint_every, eval_every, stop_at_return, torch_threads, progress"),
+        (["bogus=1"], "unknown key 'bogus'; valid keys at top level: name, seed, runs_dir, algorithm, env, distribution_policy, train, eval"),
+        (["algorithm.hparams.lr=0.1"], "unknown key 'algorithm.hparams.lr'; valid keys at algorithm.hparams (ppo): num_steps, learning_rate"),
+        (["env.id=CartPole-v9"], "unknown env id 'CartPole-v9'. Did you mean 'CartPole-v1', 'CartPole-v0'"),
+        (["algorithm.name=ppp"], "unknown algorithm 'ppp'; available: ppo"),
+        (["distribution_policy.name=multi"], "unknown distribution policy 'multi'; available: single, single_learner_coarse"),
+        (["distribution_policy.backends.main=jax"], "fragment main: unknown fragment backend 'jax'; available: torch_graph"),
+        (["distribution_policy.replicas.learner=2"], "distribution_policy.replicas.learner: policy single has no fragment 'learner'; fragments: main"),
+        (["distribution_policy.name=single_learner_coarse", "env.num_envs=7"], "env.num_envs=7 does not split evenly over 2 env replicas"),
+        (["env.num_envs=0"], "env.num_envs: Input should be greater than 0"),
+        (["algorithm.hparams.num_steps=many"], "algorithm.hparams.num_steps: Input should be a valid integer"),
+        (["algorithm.hparams.num_steps=0"], "num_steps must be >= 1"),
+        (["env.vectorization=gpu"], "env.vectorization: Input should be 'sync' or 'async'"),
+        (["distribution_policy.devices.main=cuda:0"], "device cuda:0 requested but no CUDA device is available"),
+        (["train"], "bad override 'train': expected key.sub=value"),
+        (["train..x=1"], "bad override 'train..x=1'"),
+        (["seed.x=1"], "'seed' is a value, not a section"),
+        (["name=[unclosed"], "the value is not valid YAML"),
+    ],
+)
+def test_bad_config_and_overrides_give_clear_errors(overrides, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(MAIN, overrides)
+    assert message in str(info.value)
+
+
+def test_missing_required_key():
+    r = raw()
+    del r["env"]
+    with pytest.raises(ConfigError, match="missing key 'env'"):
+        validate(r)
+
+
+def test_unreadable_and_invalid_files(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [x\n")
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_config(bad)
+    bad.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(bad)
+
+
+def test_apply_overrides_does_not_touch_the_input():
+    r = raw()
+    out = apply_overrides(r, ["train.total_env_steps=3"])
+    assert r["train"]["total_env_steps"] != 3 and out["train"]["total_env_steps"] == 3
+
+
+@pytest.mark.parametrize("override", ["env.id=Nope-v0", "train.bogus=1", "distribution_policy.name=nope", "train"])
+def test_cli_errors_write_nothing(tmp_path, capsys, override):
+    runs = tmp_path / "runs"
+    code = main(["train", str(MAIN), f"runs_dir={runs}", override])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("msrl: error: ")
+    assert not runs.exists()

@@ -1,0 +1,149 @@
+"""Training runs end to end: the CLI, the run directory, resume, NaN handling."""
+
+import csv
+import json
+import pathlib
+
+import gymnasium
+import numpy as np
+import pytest
+
+from msrl.cli import main
+from msrl.config import ConfigError, load_config
+from msrl.job import Job
+from msrl.run import TrainingStopped, train
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+MAIN = ROOT / "configs" / "ppo_cartpole.yaml"
+TINY = ["train.total_env_steps=2048", "train.progress=false", "env.num_envs=4", "algorithm.hparams.num_steps=64",
+        "train.eval_every=512", "eval.episodes=3"]
+
+
+def rows(run_dir):
+    with open(pathlib.Path(run_dir) / "metrics.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_cli_train_eval_plot_graph_end_to_end(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", str(MAIN), "runs_dir=runs", "name=tiny", *TINY]) == 0
+    out = capsys.readouterr().out
+    assert "run runs/tiny: 8 iterations, 2048 env steps" in out and "evaluation: mean return" in out
+    run = tmp_path / "runs" / "tiny"
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.yaml", "eval.json", "learning_curve.png", "metrics.csv", "tb"]
+    assert (run / "checkpoints" / "latest.pt").is_file() and not list((run / "checkpoints").glob("*.tmp"))
+    assert list((run / "tb").glob("events.out.tfevents.*"))
+    r = rows(run)
+    assert [int(x["iteration"]) for x in r] == list(range(1, 9))
+    assert int(r[-1]["env_steps"]) == 2048
+    assert {"charts/episodic_return", "charts/SPS", "losses/value_loss", "losses/approx_kl", "charts/learning_rate", "eval/mean_return"} <= set(r[0])
+    assert sum(1 for x in r if x["eval/mean_return"]) == 4  # every 512 steps
+    ev = json.loads((run / "eval.json").read_text())
+    assert ev["episodes"] == 3 and len(ev["returns"]) == 3 and ev["env_steps"] == 2048
+    # the resolved config round-trips
+    saved = load_config(run / "config.yaml")
+    assert saved.train.total_env_steps == 2048 and saved.name == "tiny"
+    # a second run with the same name gets its own directory
+    assert main(["train", str(MAIN), "runs_dir=runs", "name=tiny", *TINY]) == 0
+    assert (tmp_path / "runs" / "tiny-1" / "eval.json").is_file()
+    capsys.readouterr()
+
+    assert main(["eval", str(run), "--episodes", "3"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["episodes"] == 3 and res["mean_return"] == pytest.approx(ev["mean_return"])  # same seeds, same policy
+
+    (run / "learning_curve.png").unlink()
+    assert main(["plot", str(run)]) == 0
+    assert (run / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    assert main(["graph", str(MAIN), "distribution_policy.name=single_learner_coarse", "--out", "fdg.png"]) == 0
+    text = capsys.readouterr().out
+    assert "## boundaries" in text and "gather trajectory actor (x2) -> learner (x1), sharded, axis 1" in text
+    assert (tmp_path / "fdg.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_graph_prints_the_generated_programs(capsys):
+    from msrl.config import build_job_spec
+    from msrl.printer import format_job
+
+    assert main(["graph", str(MAIN), "distribution_policy.name=single_learner_coarse", "--out", "/dev/null"]) == 0
+    printed = capsys.readouterr().out
+    job = Job(build_job_spec(load_config(MAIN, ["distribution_policy.name=single_learner_coarse"])))
+    for (frag, method), program in job.programs.items():
+        assert program.source.rstrip() in printed, (frag, method)
+    assert format_job(job) in printed
+    job.close()
+
+
+def test_resume_continues_exactly(tmp_path, monkeypatch):
+    over = [*TINY, f"runs_dir={tmp_path}", "train.checkpoint_every=2"]
+    full = train(load_config(MAIN, over + ["name=full"]))
+
+    cfg = load_config(MAIN, over + ["name=crash"])
+    real = Job.train_step
+    calls = {"n": 0}
+
+    def crashing(self):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt  # killed during iteration 4; the checkpoint is at 2
+        return real(self)
+
+    monkeypatch.setattr(Job, "train_step", crashing)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg)
+    monkeypatch.setattr(Job, "train_step", real)
+    crash_dir = tmp_path / "crash"
+    assert [int(r["iteration"]) for r in rows(crash_dir)] == [1, 2, 3]
+    resumed = train(cfg, resume=crash_dir)
+
+    def strip(rs):
+        return [{k: v for k, v in r.items() if k not in ("time_s", "charts/SPS")} for r in rs]
+
+    assert strip(rows(crash_dir)) == strip(rows(full.run_dir))
+    assert resumed.eval_returns == full.eval_returns
+    assert resumed.env_steps == full.env_steps == 2048
+
+
+def test_resume_rejects_a_different_config(tmp_path):
+    cfg = load_config(MAIN, [*TINY, f"runs_dir={tmp_path}", "name=a"])
+    r = train(cfg)
+    other = load_config(MAIN, [*TINY, f"runs_dir={tmp_path}", "name=a", "seed=5"])
+    with pytest.raises(ConfigError, match="differs from the run's config.yaml at seed"):
+        train(other, resume=r.run_dir)
+    with pytest.raises(ConfigError, match="not a run directory"):
+        train(cfg, resume=tmp_path / "nothing")
+
+
+class NaNCartPole(gymnasium.Wrapper):
+    """CartPole whose observations turn NaN after ``after`` steps."""
+
+    def __init__(self, after: int = 300):
+        super().__init__(gymnasium.make("CartPole-v1"))
+        self.after, self.t = after, 0
+
+    def step(self, action):
+        obs, r, te, tr, info = self.env.step(action)
+        self.t += 1
+        if self.t > self.after:
+            obs = np.full_like(obs, np.nan)
+        return obs, r, te, tr, info
+
+
+gymnasium.register("msrl-test/NaNCartPole-v0", entry_point=NaNCartPole)
+
+
+def test_nan_from_env_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, capsys):
+    code = main(["train", str(MAIN), f"runs_dir={tmp_path}", "name=nan", "env.id=msrl-test/NaNCartPole-v0", "env.num_envs=1",
+                 "algorithm.hparams.num_steps=64", "train.checkpoint_every=1", "train.total_env_steps=4096", "train.progress=false"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "training stopped at iteration 5 (after env step 256)" in err
+    assert "FloatingPointError: env 'msrl-test/NaNCartPole-v0' returned a non-finite observation or reward at env step 301" in err
+    assert "env.step(action)" in err and "ppo.py" in err
+    assert f"last good checkpoint: {tmp_path}/nan/checkpoints/latest.pt" in err
+    import torch
+
+    ckpt = torch.load(tmp_path / "nan" / "checkpoints" / "latest.pt", weights_only=False)
+    assert ckpt["job"]["iteration"] == 4 and ckpt["env_steps"] == 256
+    assert not (tmp_path / "nan" / "eval.json").exists()
