@@ -37,7 +37,7 @@ setup(
         "matplotlib>=3.7",
     ],
     extras_require={
-        "test": ["pytest>=7", "ruff"],
+        "test": ["pytest>=7", "ruff==0.17.6"],
         "bench": ["stable-baselines3>=2.3"],
     },
     entry_points={"console_scripts": ["msrl=msrl.cli:main"]},

@@ -133,7 +133,8 @@ def main() -> None:
     med = {k: {m: _median([r[m] for r in v]) for m in ("time_to_475", "steps_to_475", "sps")} for k, v in results.items()}
     t_ratio = med["msrl"]["time_to_475"] / med["sb3"]["time_to_475"] if med["msrl"]["time_to_475"] and med["sb3"]["time_to_475"] else None
     s_ratio = med["msrl"]["sps"] / med["sb3"]["sps"]
-    print(f"\nmachine: {platform.processor() or platform.machine()}, torch {torch.__version__}, 1 torch thread, seeds {args.seeds}, policy {args.policy}")
+    machine = platform.processor() or platform.machine()
+    print(f"\nmachine: {machine}, torch {torch.__version__}, 1 torch thread, seeds {args.seeds}, policy {args.policy}")
     print("| system | time to 475 (s, median) | env steps to 475 (median) | env steps/s (median) |")
     print("| --- | --- | --- | --- |")
     for k in ("msrl", "sb3"):

@@ -284,7 +284,10 @@ class _CommPlanner:
 
 def _choose_op(policy: DistributionPolicy, c: _Comm, info: dict[str, Any] | None) -> tuple[NodeKind, NodeKind, int | None]:
     src, dst = policy.fragment(c.src), policy.fragment(c.dst)
-    edge = f"value {c.value!r} written by %{c.producer.id} at {c.producer.where()} in fragment {src.name} (x{src.replicas}) and read in fragment {dst.name} (x{dst.replicas})"
+    edge = (
+        f"value {c.value!r} written by %{c.producer.id} at {c.producer.where()} in fragment {src.name} (x{src.replicas}) "
+        f"and read in fragment {dst.name} (x{dst.replicas})"
+    )
     if (src.name, dst.name) in policy.async_boundaries:
         return NodeKind.PUT, NodeKind.GET, None
     if src.replicas == dst.replicas:

@@ -10,6 +10,12 @@ from msrl.job import METHODS, Job
 __all__ = ["format_graph", "format_job", "draw_fragments"]
 
 
+def _shape(shape: object) -> str:
+    if isinstance(shape, tuple):
+        return "(" + ", ".join(_shape(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+    return "" if shape is None else str(shape)
+
+
 def _fmt_values(node: Node) -> str:
     vals = node.meta.get("values", {})
     parts = []
@@ -19,9 +25,11 @@ def _fmt_values(node: Node) -> str:
             continue
         shape = info["shape"]
         if isinstance(shape, dict):
-            shape = "{" + ", ".join(f"{k}: {v}" for k, v in list(shape.items())[:3]) + (", ..." if len(shape) > 3 else "") + "}"
+            shape = "{" + ", ".join(f"{k}: {_shape(v) or 'scalar'}" for k, v in list(shape.items())[:3]) + (", ..." if len(shape) > 3 else "") + "}"
+        else:
+            shape = _shape(shape)
         dtype = f" {info['dtype']}" if info.get("dtype") else ""
-        parts.append(f"{name}: {info['type']}{shape if shape is not None else ''}{dtype} {info['kind']}")
+        parts.append(f"{name}: {info['type']}{shape}{dtype} {info['kind']}")
     return f"    [{'; '.join(parts)}]" if parts else ""
 
 
@@ -81,17 +89,16 @@ def draw_fragments(job: Job, path: str | pathlib.Path, method: str = "train_step
     cols = {fr.name: i for i, fr in enumerate(fg.fragments)}
     pos: dict[tuple[str, int], tuple[float, float]] = {}
     rows: dict[str, list[tuple[Node, int]]] = {}
+
+    def walk(g: Graph, depth: int, items: list[tuple[Node, int]]) -> list[tuple[Node, int]]:
+        for n in g:
+            items.append((n, depth))
+            if n.kind is NodeKind.LOOP:
+                walk(n.body, depth + 1, items)
+        return items
+
     for fr in fg.fragments:
-        items: list[tuple[Node, int]] = []
-
-        def walk(g: Graph, depth: int) -> None:
-            for n in g:
-                items.append((n, depth))
-                if n.kind is NodeKind.LOOP:
-                    walk(n.body, depth + 1)
-
-        walk(fr.programs[method], 0)
-        rows[fr.name] = items
+        rows[fr.name] = walk(fr.programs[method], 0, [])
     height = max((len(v) for v in rows.values()), default=1)
     fig, ax = plt.subplots(figsize=(5.5 * len(cols), 0.42 * height + 1.5), dpi=110)
     colors = {NodeKind.CALL: "#cfe2ff", NodeKind.LOOP: "#fff3cd", NodeKind.COMPUTE: "#e2e3e5"}

@@ -84,7 +84,7 @@ def _instrumented(lowering: Lowering) -> Lowering:
     return Lowering(lowering.backend + "+probe", {k: wrap(r) for k, r in lowering.rules.items()})
 
 
-def _run(graphs: dict[str, Graph], spec: Any, num_envs: int) -> dict[tuple[int, str], dict[str, Any]]:
+def _run(graphs: dict[str, Graph], spec: Any, num_envs: int) -> dict[tuple[str, int, str], dict[str, Any]]:
     import sys
 
     from msrl.fragments.torch_graph import LOWERING
@@ -93,14 +93,17 @@ def _run(graphs: dict[str, Graph], spec: Any, num_envs: int) -> dict[tuple[int, 
     single = load_policy("single")
     pspec = dataclasses.replace(spec, policy=single, num_envs=num_envs)
     fg = partition(graphs, single)
-    seen: dict[tuple[int, str], dict[str, Any]] = {}
+    seen: dict[tuple[str, int, str], dict[str, Any]] = {}
     module_globals = dict(vars(sys.modules[spec.algorithm.trainer.__module__]))
-    module_globals["_msrl_probe"] = lambda nid, name, value: seen.__setitem__((nid, name), describe_value(value))
     trainer = build_trainers(pspec)[("main", 0)]
     main = fg.fragment("main")
     try:
         with torch.random.fork_rng(devices=[]):
             for method in METHODS:
+                def record(nid: int, name: str, value: Any, method: str = method) -> None:
+                    seen[(method, nid, name)] = describe_value(value)
+
+                module_globals["_msrl_probe"] = record
                 prog = generate(main.programs[method], "main", method, _instrumented(LOWERING), module_globals)
                 prog.fn(trainer, None)
     finally:
@@ -123,10 +126,10 @@ def probe(graphs: dict[str, Graph], spec: Any) -> None:
     """
     a = _run(graphs, spec, PROBE_NUM_ENVS[0])
     b = _run(graphs, spec, PROBE_NUM_ENVS[1])
-    for g in graphs.values():
+    for method, g in graphs.items():
         for node in g.walk():
             for name in node.outputs:
-                key = (node.id, name)
+                key = (method, node.id, name)
                 if key not in a:
                     continue
                 axis = _env_axis(a[key]["shape"], b.get(key, a[key])["shape"])

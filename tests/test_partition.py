@@ -1,15 +1,14 @@
 """The partitioner: fragments, comm ops and their placement, for both policies."""
 
-import dataclasses
 
 import pytest
 
+from msrl.algorithms.ppo import PPOTrainer
 from msrl.graph import COMM_KINDS, NodeKind
 from msrl.job import Job
 from msrl.partition import PartitionError, partition
 from msrl.policy import load_policy
 from msrl.tracer import trace
-from msrl.algorithms.ppo import PPOTrainer
 
 
 def comm_nodes(graph):

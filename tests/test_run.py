@@ -11,7 +11,7 @@ import pytest
 from msrl.cli import main
 from msrl.config import ConfigError, load_config
 from msrl.job import Job
-from msrl.run import TrainingStopped, train
+from msrl.run import train
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MAIN = ROOT / "configs" / "ppo_cartpole.yaml"

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
 
-from msrl.api import EnvSpec, Environment, EpisodeStats
+from msrl.api import Environment, EnvSpec, EpisodeStats
 
 __all__ = ["GymnasiumEnv", "UnknownEnvError", "check_env_id", "VECTORIZATION_MODES"]
 
