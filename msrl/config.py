@@ -49,7 +49,9 @@ class EnvConfig(_Strict):
 
     id: str = Field(description="a registered gymnasium env id")
     num_envs: int = Field(8, gt=0, description="envs in total, split evenly over env replicas")
-    vectorization: Literal["sync", "async"] = Field("sync", description="gymnasium vectorisation mode")
+    vectorization: Literal["sync"] = Field(
+        "sync", description="gymnasium vectorisation mode; sync only, since exact checkpoints pickle the envs"
+    )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of gymnasium.make")
 
 

@@ -87,8 +87,10 @@ class _Tracer:
     def err(self, node: ast.AST, message: str, advice: str = "") -> TraceError:
         return TraceError(self.file, getattr(node, "lineno", 0), message, advice)
 
-    def new_tmp(self) -> str:
-        return f"_t{next(self.tmp)}"
+    def new_tmp(self, hint: str = "t") -> str:
+        """A fresh value name; component results are named after the call
+        (``_learner_get_weights2``) so boundaries read well in ``msrl graph``."""
+        return f"_{hint}{next(self.tmp)}"
 
     def emit(self, scope: _Scope, node: Node, at: ast.AST | None) -> Node:
         node.id = next(self.ids)
@@ -342,7 +344,8 @@ class _Tracer:
         if isinstance(e, ast.Name) and scope.has(e.id):
             return e.id
         if self.component_call(e):
-            tmp = self.new_tmp()
+            role, method = self.component_call(e)  # type: ignore[misc]
+            tmp = self.new_tmp(f"{role}_{method}")
             self.call(e, scope, [tmp])
             return tmp
         if self.helper_call(e):

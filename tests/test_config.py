@@ -44,7 +44,7 @@ def test_overrides_are_applied_and_typed():
         (["env.num_envs=0"], "env.num_envs: Input should be greater than 0"),
         (["algorithm.hparams.num_steps=many"], "algorithm.hparams.num_steps: Input should be a valid integer"),
         (["algorithm.hparams.num_steps=0"], "num_steps must be >= 1"),
-        (["env.vectorization=gpu"], "env.vectorization: Input should be 'sync' or 'async'"),
+        (["env.vectorization=gpu"], "env.vectorization: Input should be 'sync'"),
         (["distribution_policy.devices.main=cuda:0"], "device cuda:0 requested but no CUDA device is available"),
         (["train"], "bad override 'train': expected key.sub=value"),
         (["train..x=1"], "bad override 'train..x=1'"),

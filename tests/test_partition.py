@@ -76,7 +76,7 @@ def test_coarse_gathers_trajectories_and_broadcasts_weights(coarse_job):
 def test_generated_programs_hold_the_comm_ops(coarse_job):
     src = coarse_job.programs[("actor", "train_step")].source
     assert "_msrl_comm.gather('train_step/b0:trajectory', trajectory)" in src
-    assert "= _msrl_comm.broadcast('train_step/b1:_t2')" in src
+    assert "= _msrl_comm.broadcast('train_step/b1:_learner_get_weights2')" in src
     assert "self.learner" not in src
     lsrc = coarse_job.programs[("learner", "train_step")].source
     assert "trajectory = _msrl_comm.gather('train_step/b0:trajectory')" in lsrc
@@ -89,7 +89,7 @@ def test_probe_marks_sharded_and_replicated_values(coarse_job):
     info = gather.meta["values"]["trajectory"]
     assert info["kind"] == "sharded" and info["axis"] == 1 and info["shape"] == (16, "N")
     weights = next(n for n in g.walk() if n.kind is NodeKind.CALL and n.target == ("learner", "get_weights"))
-    assert weights.meta["values"]["_t2"]["kind"] == "replicated"
+    assert weights.meta["values"]["_learner_get_weights2"]["kind"] == "replicated"
     act = next(n for n in g.walk() if n.kind is NodeKind.CALL and n.target == ("actor", "act"))
     assert act.meta["values"]["action"] == {"type": "Tensor", "shape": ("N",), "dtype": "int64", "kind": "sharded", "axis": 0}
 
@@ -117,7 +117,7 @@ def test_equal_replica_counts_use_send_recv():
     graphs = {m: trace(PPOTrainer, m) for m in ("reset", "train_step")}
     fg = partition(graphs, policy)
     ops = {(b.value, b.op) for b in fg.boundaries if b.method == "train_step"}
-    assert ops == {("trajectory", NodeKind.SEND), ("_t2", NodeKind.SEND)}
+    assert ops == {("trajectory", NodeKind.SEND), ("_learner_get_weights2", NodeKind.SEND)}
     kinds = [n.kind for n in comm_nodes(fg.fragment("learner").programs["train_step"])]
     assert kinds == [NodeKind.RECV, NodeKind.SEND]
 

@@ -38,7 +38,7 @@ def test_ppo_train_step_graph():
     # data edges: gather -> learn -> (weights) -> set_weights
     edges = {(p.target, c.target, v) for p, c, v in g.edges() if p.kind is NodeKind.CALL and c.kind is NodeKind.CALL}
     assert (("buffer", "gather"), ("learner", "learn"), "trajectory") in edges
-    assert (("learner", "get_weights"), ("actor", "set_weights"), "_t2") in edges
+    assert (("learner", "get_weights"), ("actor", "set_weights"), "_learner_get_weights2") in edges
     g.lint(defined=set())
 
 
