@@ -274,18 +274,38 @@ class Trainer:
 
     @property
     def env(self) -> Environment:
+        """This trainer's ``env`` component.
+
+        Raises:
+            AttributeError: the fragment running this trainer does not hold the ``env`` role.
+        """
         return self._component("env")
 
     @property
     def actor(self) -> Actor:
+        """This trainer's ``actor`` component.
+
+        Raises:
+            AttributeError: the fragment running this trainer does not hold the ``actor`` role.
+        """
         return self._component("actor")
 
     @property
     def learner(self) -> Learner:
+        """This trainer's ``learner`` component.
+
+        Raises:
+            AttributeError: the fragment running this trainer does not hold the ``learner`` role.
+        """
         return self._component("learner")
 
     @property
     def buffer(self) -> Buffer:
+        """This trainer's ``buffer`` component.
+
+        Raises:
+            AttributeError: the fragment running this trainer does not hold the ``buffer`` role.
+        """
         return self._component("buffer")
 
     @property

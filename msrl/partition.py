@@ -17,7 +17,11 @@ Generic over policies; a policy only answers which fragment each ``call`` node b
    program order, so every fragment meets its boundaries in the same global order and
    lockstep execution cannot deadlock. A boundary that fits no rule raises
    :class:`PartitionError` naming the edge.
-4. **Order.** Fragments are ordered by their first node in program order.
+4. **Order.** Fragments are ordered by their first node in program order. Fragment replicas
+   run concurrently, so instead of rejecting cycles between fragments (which a training loop
+   always has: trajectories go one way, weights the other) the partitioner checks that any two
+   fragments meet their shared boundaries in the same order (:meth:`FragmentGraph.check_schedule`),
+   which is what rules out a deadlock.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import dataclasses
 from collections import defaultdict
 from typing import Any
 
-from msrl.graph import CommTarget, Graph, Node, NodeKind
+from msrl.graph import COMM_KINDS, CommTarget, Graph, Node, NodeKind
 from msrl.policy import DistributionPolicy, FragmentSpec
 
 __all__ = ["PartitionError", "Boundary", "Fragment", "FragmentGraph", "partition", "value_info"]
@@ -105,6 +109,34 @@ class FragmentGraph:
         """The fragment running ``role``'s calls."""
         return self.fragment(self.policy.fragment_of_role(role))
 
+    def check_schedule(self) -> None:
+        """Checks that any two fragments meet their shared boundaries in the same order.
+
+        Fragments run concurrently and block at boundaries, so this is what rules out a
+        deadlock (the role a "cycle between fragments" check plays for partitions run one
+        after another). The partitioner guarantees it by placing both sides of a boundary at
+        the producer's position in program order; this re-checks the result.
+
+        Raises:
+            PartitionError: naming the two fragments and their differing boundary orders.
+        """
+        for method in self.graphs:
+            seqs = {
+                fr.name: [n.target.boundary for n in fr.programs[method].walk() if n.kind in COMM_KINDS]
+                for fr in self.fragments
+            }
+            for a in seqs:
+                for b in seqs:
+                    if a >= b:
+                        continue
+                    shared_a = [x for x in seqs[a] if any(x == y for y in seqs[b])]
+                    shared_b = [x for x in seqs[b] if any(x == y for y in seqs[a])]
+                    if shared_a != shared_b:
+                        raise PartitionError(
+                            f"{method}: fragments {a} and {b} meet their boundaries in different orders "
+                            f"({shared_a} vs {shared_b}); running them concurrently would deadlock"
+                        )
+
 
 def value_info(node: Node, name: str) -> dict[str, Any] | None:
     """Probe info (``kind``, ``axis``, ``shape``, ``dtype``) of value ``name`` written by
@@ -122,6 +154,7 @@ class _Assigner:
         self.F: dict[int, set[str]] = {}
         self.floating: list[Node] = []
         self.deferred: list[Node] = []
+        self.deferred_srcs: dict[int, dict[str, list[str]]] = {}
         self.readers: dict[str, list[Node]] = defaultdict(list)
         self.order = [f.name for f in policy.fragments]
 
@@ -151,7 +184,7 @@ class _Assigner:
         for node in self.deferred:
             users = self.users_frags(node)
             if len(users) != 1:
-                ins = {n: sorted(self.where_written(n)) for n in node.inputs}
+                ins = self.deferred_srcs[node.id]
                 raise PartitionError(
                     f"compute node %{node.id} at {node.where()} ({ast.unparse(node.target)}) combines values "
                     f"of several fragments {ins} and is used in {sorted(users) or 'no fragment'}; "
@@ -168,11 +201,7 @@ class _Assigner:
                     out |= self.F.get(r.id, set())
         return out
 
-    def where_written(self, name: str) -> set[str]:
-        return self._written.get(name, set())
-
     def region(self, graph: Graph, written: dict[str, set[str]]) -> None:
-        self._written = written
         for node in graph:
             k = node.kind
             if k is NodeKind.CALL:
@@ -186,7 +215,6 @@ class _Assigner:
             elif k is NodeKind.LOOP:
                 inner = dict(written)
                 self.region(node.body, inner)
-                self._written = written
                 fs = {f for n in node.body.walk() for f in self.F[n.id]}
                 for name in node.outputs:
                     written[name] = set(inner.get(name, fs))
@@ -205,6 +233,7 @@ class _Assigner:
                 else:
                     fs = set()
                     self.deferred.append(node)
+                    self.deferred_srcs[node.id] = {n: sorted(written.get(n, set())) for n in node.inputs}
             elif k in (NodeKind.STATE_OUT, NodeKind.OUTPUT):
                 srcs = set().union(*[written.get(n, set()) for n in node.inputs]) if node.inputs else set()
                 fs = {min(srcs, key=self.order.index)} if srcs else {self.order[0]}
@@ -423,4 +452,5 @@ def partition(graphs: dict[str, Graph], policy: DistributionPolicy) -> FragmentG
         for method, g in fr.programs.items():
             g.name = f"{fr.name}.{method}"
             g.lint(defined=set())
+    fg.check_schedule()
     return fg

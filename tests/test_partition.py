@@ -125,3 +125,34 @@ def test_equal_replica_counts_use_send_recv():
 def test_policy_overrides_reject_unknown_fragments():
     with pytest.raises(KeyError, match="has no fragment 'learners'"):
         load_policy("single_learner_coarse").with_overrides(replicas={"learners": 2})
+
+
+def test_schedule_check_rejects_boundaries_met_in_different_orders(coarse_job):
+    import copy
+
+    fg = copy.deepcopy(coarse_job.fragment_graph)
+    fg.check_schedule()  # the partitioner's own result passes
+    learner = fg.fragment("learner").programs["train_step"]
+    nodes = learner.nodes
+    gather_dst, bcast_src = nodes[0], nodes[3]
+    learner._nodes[0], learner._nodes[3] = bcast_src, gather_dst  # broadcast weights before receiving trajectories
+    with pytest.raises(PartitionError, match="fragments actor and learner meet their boundaries in different orders"):
+        fg.check_schedule()
+
+
+def test_compute_mixing_fragments_goes_to_its_user():
+    from msrl.api import Trainer
+
+    class MixTrainer(Trainer):
+        def train_step(self):
+            a = self.env.reset()
+            w = self.learner.get_weights()
+            both = (a, w)
+            self.actor.set_weights(both)
+
+    graphs = {"train_step": trace(MixTrainer, "train_step")}
+    policy = load_policy("single_learner_coarse").with_overrides(replicas={"actor": 1})
+    fg = partition(graphs, policy)
+    actor = fg.fragment("actor").programs["train_step"]
+    assert any(n.kind is NodeKind.COMPUTE and n.outputs == ["both"] for n in actor)
+    assert [b.value for b in fg.boundaries] == ["w"]
