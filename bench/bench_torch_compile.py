@@ -52,8 +52,8 @@ def main() -> None:
             trainer.actor.act(trainer.obs)
             trainer.learner.learn(batch)
             compile_s = time.perf_counter() - t
-        act_us = timed(lambda: trainer.actor.act(trainer.obs), 2000) * 1e6
-        learn_ms = timed(lambda: trainer.learner.learn(batch), 50) * 1e3
+        act_us = timed(lambda t=trainer: t.actor.act(t.obs), 2000) * 1e6
+        learn_ms = timed(lambda t=trainer, b=batch: t.learner.learn(b), 50) * 1e3
         results[variant] = (act_us, learn_ms, compile_s)
     e, c = results["eager"], results["compiled"]
     print(f"torch {torch.__version__}, 1 thread, compile mode {args.mode!r}")

@@ -25,7 +25,8 @@ def _fmt_values(node: Node) -> str:
             continue
         shape = info["shape"]
         if isinstance(shape, dict):
-            shape = "{" + ", ".join(f"{k}: {_shape(v) or 'scalar'}" for k, v in list(shape.items())[:3]) + (", ..." if len(shape) > 3 else "") + "}"
+            items = [f"{k}: {_shape(v) or 'scalar'}" for k, v in list(shape.items())[:3]]
+            shape = "{" + ", ".join(items) + (", ..." if len(shape) > 3 else "") + "}"
         else:
             shape = _shape(shape)
         dtype = f" {info['dtype']}" if info.get("dtype") else ""
