@@ -27,11 +27,11 @@ setup(
     install_requires=[
         "torch>=2.2",
         "numpy>=1.24",
-        "gymnasium>=1.0",
+        "gymnasium>=1.1",
         "networkx>=3.0",
         "pyyaml>=6.0",
         "pydantic>=2.5",
-        "tensordict>=0.5",
+        "tensordict>=0.5,<0.16",
         "tqdm>=4.60",
         "tensorboard>=2.14",
         "matplotlib>=3.7",

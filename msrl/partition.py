@@ -385,7 +385,7 @@ class _Builder:
                 target,
                 inputs=[c.value] if side == "src" else [],
                 outputs=[c.value] if side == "dst" else [],
-                meta={"file": c.producer.meta.get("file", "<generated>"), "line": c.producer.meta.get("line", 0)},
+                meta={"file": c.producer.meta.get("file", "<generated>"), "line": c.producer.meta.get("line", 0), "fragment": frag},
             )
             node.id = self.next_id + list(self.boundaries).index((c.producer.id, c.value, c.src, c.dst)) * 2 + (side == "dst")
             out.append(node)
@@ -400,6 +400,7 @@ class _Builder:
         for node in graph:
             if frag in self.F[node.id]:
                 copy = _copy(node)
+                copy.meta["fragment"] = frag
                 if node.kind is NodeKind.LOOP:
                     copy.body = self.build(node.body, frag, in_loop=True)
                     free = [n for n in copy.body.free_values() if n != node.target]

@@ -156,3 +156,9 @@ def test_compute_mixing_fragments_goes_to_its_user():
     actor = fg.fragment("actor").programs["train_step"]
     assert any(n.kind is NodeKind.COMPUTE and n.outputs == ["both"] for n in actor)
     assert [b.value for b in fg.boundaries] == ["w"]
+
+
+def test_every_fragment_node_records_its_fragment(coarse_job):
+    for fr in coarse_job.fragment_graph.fragments:
+        for method, g in fr.programs.items():
+            assert {n.meta["fragment"] for n in g.walk()} == {fr.name}, method
