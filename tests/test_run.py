@@ -75,8 +75,9 @@ def test_graph_prints_the_generated_programs(capsys):
     job.close()
 
 
-def test_resume_continues_exactly(tmp_path, monkeypatch):
-    over = [*TINY, f"runs_dir={tmp_path}", "train.checkpoint_every=2"]
+@pytest.mark.parametrize("policy", ["single", "single_learner_coarse"])
+def test_resume_continues_exactly(tmp_path, monkeypatch, policy):
+    over = [*TINY, f"runs_dir={tmp_path}", "train.checkpoint_every=2", f"distribution_policy.name={policy}"]
     full = train(load_config(MAIN, over + ["name=full"]))
 
     cfg = load_config(MAIN, over + ["name=crash"])
