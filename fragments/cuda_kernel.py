@@ -1,0 +1,292 @@
+"""``cuda_kernel``: environment ops of native envs run as CUDA C kernels (DESIGN.md §4).
+
+The same ``.cu`` source runs in two builds:
+
+* **GPU** -- compiled with CuPy (NVRTC) into a cached module and launched on the memory of the
+  torch tensors (``cupy.asarray`` over ``__cuda_array_interface__``: no copies), one block per
+  env and one thread per agent, or one thread per env for single-agent envs.
+* **Host** -- compiled by ``g++ -O3 -fopenmp`` through ``fragments/cuda_host_shim.h``, which maps
+  the CUDA built-ins to loops over blocks (OpenMP across blocks) and threads, and loaded with
+  ctypes; the kernels then run on CPU tensors. This is what runs and is tested on machines
+  without a GPU.
+
+Sizes (envs, agents) are kernel arguments, so a new number of envs never recompiles. Compiled
+modules are cached: in memory per process, and host builds on disk under
+``$MSRL_CACHE_DIR`` (default ``~/.cache/msrl/kernels``) keyed by a hash of source, shim and flags.
+
+Fragment programs call component methods exactly as ``torch_graph`` does; a native env built
+in a ``cuda_kernel`` fragment runs its ``reset``/``step`` through these kernels instead of its
+torch reference.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import hashlib
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import threading
+from typing import Any, Sequence
+
+import torch
+
+from msrl.backend import Backend
+from msrl.codegen import Lowering
+
+__all__ = [
+    "BACKEND",
+    "KernelCompileError",
+    "KernelSignature",
+    "KernelModule",
+    "HostKernelModule",
+    "DeviceKernelModule",
+    "load_kernels",
+    "parse_kernels",
+    "nvcc_compile",
+    "SHIM",
+    "HOST_FLAGS",
+]
+
+SHIM = pathlib.Path(__file__).with_name("cuda_host_shim.h")
+#: g++ flags of the host build; ``-ffp-contract=off`` keeps a*b+c unfused, as gymnasium's
+#: NumPy/Python arithmetic is.
+HOST_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-ffp-contract=off")
+#: NVRTC options of the GPU build (``--fmad=false``: the same unfused arithmetic).
+DEVICE_FLAGS = ("--std=c++17", "--fmad=false")
+
+
+class KernelCompileError(RuntimeError):
+    """A kernel source that does not compile, or no compiler to compile it with."""
+
+
+_CTYPES = {
+    "int": ctypes.c_int,
+    "unsigned int": ctypes.c_uint,
+    "long long": ctypes.c_longlong,
+    "unsigned long long": ctypes.c_ulonglong,
+    "float": ctypes.c_float,
+    "double": ctypes.c_double,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSignature:
+    """A ``extern "C" __global__ void name(params)`` kernel found in a source.
+
+    Attributes:
+        name: kernel name; ``params``: ``(type, name, is_pointer)`` per parameter, the type
+            of a pointer being its full C type (``"const long long *"``).
+    """
+
+    name: str
+    params: tuple[tuple[str, str, bool], ...]
+
+
+_KERNEL_RE = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(([^)]*)\)', re.S)
+
+
+def parse_kernels(source: str) -> dict[str, KernelSignature]:
+    """Finds the kernels of a CUDA C source.
+
+    Raises:
+        KernelCompileError: a parameter type the launcher cannot pass (valid: pointers, and
+            ``int``, ``unsigned int``, ``long long``, ``unsigned long long``, ``float``, ``double``).
+    """
+    out = {}
+    for m in _KERNEL_RE.finditer(source):
+        params = []
+        for raw in m.group(2).split(","):
+            raw = " ".join(raw.replace("__restrict__", "").split())
+            if not raw:
+                continue
+            pointer = "*" in raw
+            decl = raw.replace("*", " * ").split()
+            pname = decl[-1]
+            if pointer:  # keep the C pointer type, e.g. "const long long *"
+                ptype = " ".join(decl[:-1])
+            else:
+                ptype = " ".join(t for t in decl[:-1] if t != "const")
+            if not pointer and ptype not in _CTYPES:
+                raise KernelCompileError(
+                    f"kernel {m.group(1)}: parameter {raw!r} has type {ptype!r}; scalar types: {', '.join(_CTYPES)}"
+                )
+            params.append((ptype, pname, pointer))
+        out[m.group(1)] = KernelSignature(m.group(1), tuple(params))
+    return out
+
+
+class KernelModule:
+    """Compiled kernels of one source; ``launch(name, grid, block, *args)`` runs one.
+
+    Tensor arguments must be contiguous and on the module's device; scalars are Python numbers.
+    """
+
+    signatures: dict[str, KernelSignature]
+
+    def launch(self, name: str, grid: int, block: int, *args: Any) -> None:
+        raise NotImplementedError
+
+    def _check(self, name: str, args: Sequence[Any], device: torch.device) -> KernelSignature:
+        sig = self.signatures.get(name)
+        if sig is None:
+            raise KeyError(f"no kernel {name!r}; kernels: {sorted(self.signatures)}")
+        if len(args) != len(sig.params):
+            raise TypeError(f"kernel {name} takes {len(sig.params)} arguments, got {len(args)}")
+        for (ptype, pname, pointer), a in zip(sig.params, args):
+            if pointer:
+                if not isinstance(a, torch.Tensor):
+                    raise TypeError(f"kernel {name}: {pname} must be a tensor, got {type(a).__name__}")
+                if not a.is_contiguous():
+                    raise ValueError(f"kernel {name}: {pname} must be contiguous")
+                if a.device.type != device.type:
+                    raise ValueError(f"kernel {name}: {pname} is on {a.device}, the module runs on {device}")
+        return sig
+
+
+class HostKernelModule(KernelModule):
+    """The host build: g++ through the shim, loaded with ctypes.
+
+    Raises:
+        KernelCompileError: no ``g++`` on PATH (install it, e.g. ``apt-get install g++``), or
+            the source does not compile (the compiler's message is included).
+    """
+
+    def __init__(self, source_path: pathlib.Path) -> None:
+        source = source_path.read_text()
+        self.signatures = parse_kernels(source)
+        cxx = os.environ.get("CXX") or shutil.which("g++")
+        if cxx is None:
+            raise KernelCompileError("no C++ compiler found to build kernels for the host: install g++ or set $CXX")
+        wrappers = []
+        for sig in self.signatures.values():
+            decl = ", ".join(f"{'void*' if p else t} {n}" for t, n, p in sig.params)
+            call = ", ".join(f"({t}){n}" if p else n for t, n, p in sig.params)
+            wrappers.append(
+                f'extern "C" void msrl_launch_{sig.name}(int msrl_grid, int msrl_block{", " if decl else ""}{decl}) {{\n'
+                f"    msrl_host_launch(msrl_grid, msrl_block, [&]() {{ {sig.name}({call}); }});\n}}\n"
+            )
+        unit = f'#include "{SHIM}"\n#include "{source_path.resolve()}"\n\n' + "\n".join(wrappers)
+        key = hashlib.sha256((unit + source + SHIM.read_text() + " ".join(HOST_FLAGS) + cxx).encode()).hexdigest()[:20]
+        cache = pathlib.Path(os.environ.get("MSRL_CACHE_DIR", pathlib.Path.home() / ".cache" / "msrl" / "kernels"))
+        cache.mkdir(parents=True, exist_ok=True)
+        lib = cache / f"{source_path.stem}-{key}.so"
+        if not lib.is_file():
+            src = cache / f"{source_path.stem}-{key}.cpp"
+            src.write_text(unit)
+            tmp = lib.with_suffix(f".{os.getpid()}.tmp")
+            proc = subprocess.run([cxx, *HOST_FLAGS, str(src), "-o", str(tmp)], capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise KernelCompileError(f"host build of {source_path.name} failed:\n{proc.stderr[-4000:]}")
+            os.replace(tmp, lib)
+        self._lib = ctypes.CDLL(str(lib))
+        self._fns = {}
+        for sig in self.signatures.values():
+            fn = getattr(self._lib, f"msrl_launch_{sig.name}")
+            fn.argtypes = [ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p if p else _CTYPES[t] for t, _, p in sig.params]
+            fn.restype = None
+            self._fns[sig.name] = fn
+
+    def launch(self, name: str, grid: int, block: int, *args: Any) -> None:
+        """Runs kernel ``name`` over ``grid`` blocks of ``block`` threads on CPU tensors."""
+        sig = self._check(name, args, torch.device("cpu"))
+        cargs = [a.data_ptr() if p else a for (_, _, p), a in zip(sig.params, args)]
+        self._fns[name](grid, block, *cargs)
+
+
+class DeviceKernelModule(KernelModule):
+    """The GPU build: NVRTC through CuPy; launches on torch CUDA tensors without copies.
+
+    Raises:
+        KernelCompileError: CuPy is not installed, or NVRTC rejects the source.
+    """
+
+    def __init__(self, source_path: pathlib.Path, device: torch.device) -> None:
+        source = source_path.read_text()
+        self.signatures = parse_kernels(source)
+        self.device = device
+        try:
+            import cupy
+        except ImportError as e:
+            raise KernelCompileError("the GPU build of kernels needs CuPy: pip install cupy-cuda12x") from e
+        self._cupy = cupy
+        with cupy.cuda.Device(device.index or 0):
+            try:
+                self._module = cupy.RawModule(code=source, options=DEVICE_FLAGS, name_expressions=None)
+                self._kernels = {n: self._module.get_function(n) for n in self.signatures}
+            except cupy.cuda.compiler.CompileException as e:
+                raise KernelCompileError(f"NVRTC build of {source_path.name} failed:\n{e}") from e
+
+    def launch(self, name: str, grid: int, block: int, *args: Any) -> None:
+        """Runs kernel ``name`` on the current torch CUDA stream."""
+        sig = self._check(name, args, self.device)
+        cupy = self._cupy
+        cargs = []
+        for (ptype, _, p), a in zip(sig.params, args):
+            if p:
+                cargs.append(cupy.asarray(a))  # zero-copy view through __cuda_array_interface__
+            else:
+                cargs.append({"int": cupy.int32, "unsigned int": cupy.uint32, "long long": cupy.int64,
+                              "unsigned long long": cupy.uint64, "float": cupy.float32, "double": cupy.float64}[ptype](a))
+        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(self.device).cuda_stream)
+        with cupy.cuda.Device(self.device.index or 0):
+            self._kernels[name]((grid,), (block,), tuple(cargs), stream=stream)
+
+
+_cache: dict[tuple[str, str], KernelModule] = {}
+_lock = threading.Lock()
+
+
+def load_kernels(source_path: str | pathlib.Path, device: str | torch.device = "cpu") -> KernelModule:
+    """The compiled kernels of ``source_path`` for ``device`` (cached per process).
+
+    Args:
+        source_path: a ``.cu`` file.
+        device: ``cpu`` for the host build, ``cuda[:k]`` for the GPU build.
+
+    Raises:
+        KernelCompileError: see :class:`HostKernelModule` and :class:`DeviceKernelModule`.
+    """
+    path = pathlib.Path(source_path)
+    dev = torch.device(device)
+    key = (str(path.resolve()), str(dev))
+    with _lock:
+        if key not in _cache:
+            _cache[key] = HostKernelModule(path) if dev.type == "cpu" else DeviceKernelModule(path, dev)
+        return _cache[key]
+
+
+def nvcc_compile(source_path: str | pathlib.Path, arch: str, out_dir: str | pathlib.Path) -> pathlib.Path:
+    """Compiles a ``.cu`` file for a GPU architecture with ``nvcc`` (a CI check; no GPU needed).
+
+    Args:
+        arch: e.g. ``"sm_80"``, ``"sm_90"``.
+
+    Returns:
+        the cubin's path.
+
+    Raises:
+        KernelCompileError: no ``nvcc`` on PATH, or the compile fails.
+    """
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        raise KernelCompileError("nvcc not found on PATH")
+    path = pathlib.Path(source_path)
+    out = pathlib.Path(out_dir) / f"{path.stem}.{arch}.cubin"
+    proc = subprocess.run([nvcc, "--cubin", f"-arch={arch}", "--fmad=false", "-std=c++17", str(path), "-o", str(out)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise KernelCompileError(f"nvcc -arch={arch} {path.name} failed:\n{proc.stderr[-4000:]}")
+    return out
+
+
+def _lowering() -> Lowering:
+    from msrl.fragments.torch_graph import LOWERING
+
+    return Lowering(backend="cuda_kernel", rules=LOWERING.rules)
+
+
+BACKEND = Backend(name="cuda_kernel", lowering=_lowering(), devices=("cpu", "cuda"))

@@ -1,0 +1,153 @@
+"""Native batched environments: state in tensors on one device, stepped by a CUDA C kernel
+(GPU or host build, see :mod:`msrl.fragments.cuda_kernel`) or by a torch reference
+implementation of the same rules.
+
+Episode statistics stay on the device during an iteration (one ``(N,)`` row per step, NaN where
+no episode finished) and are read back once, by :meth:`NativeEnv.pop_episode_stats`.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any, Mapping
+
+import torch
+
+from msrl.api import EnvSpec, Environment, EpisodeStats
+
+__all__ = ["NativeEnv", "IMPLS", "splitmix64", "uniform"]
+
+#: Implementations of a native env's rules.
+IMPLS = ("torch", "kernel")
+
+_MASK64 = (1 << 64) - 1
+
+
+def _signed(x: int) -> int:
+    x &= _MASK64
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+def _srl(z: torch.Tensor, s: int) -> torch.Tensor:
+    """Logical right shift of int64 bit patterns."""
+    return (z >> s) & ((1 << (64 - s)) - 1)
+
+
+def splitmix64(x: torch.Tensor) -> torch.Tensor:
+    """splitmix64 (Steele, Lea, Flood 2014) on int64 tensors holding uint64 bit patterns;
+    bit-identical to ``msrl_splitmix64`` in the kernels."""
+    z = x + _signed(0x9E3779B97F4A7C15)
+    z = (z ^ _srl(z, 30)) * _signed(0xBF58476D1CE4E5B9)
+    z = (z ^ _srl(z, 27)) * _signed(0x94D049BB133111EB)
+    return z ^ _srl(z, 31)
+
+
+def uniform(seed: int, env: torch.Tensor, episode: torch.Tensor, k: int) -> torch.Tensor:
+    """U[0, 1) float64 per env from (seed, env index, episode count, draw k), as the kernels'
+    ``msrl_uniform`` computes it."""
+    h = splitmix64(_signed(seed) ^ splitmix64(env ^ splitmix64(episode * 4 + k)))
+    return _srl(h, 11).to(torch.float64) * (1.0 / 9007199254740992.0)
+
+
+class NativeEnv(Environment):
+    """Base of native envs.
+
+    Args:
+        num_envs: ``N``.
+        device: where state and outputs live.
+        impl: ``"kernel"`` (the CUDA C source: NVRTC on a GPU, the host build on CPU) or
+            ``"torch"`` (the reference implementation, any device).
+
+    Raises:
+        ValueError: ``num_envs < 1`` or an unknown ``impl``.
+    """
+
+    #: the kernels' source file, beside the subclass's module.
+    KERNEL_SOURCE: pathlib.Path
+    #: threads per block of single-agent kernels.
+    BLOCK = 256
+
+    def __init__(self, num_envs: int, device: str | torch.device = "cpu", impl: str = "kernel") -> None:
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        if impl not in IMPLS:
+            raise ValueError(f"unknown native env implementation {impl!r}; valid: {', '.join(IMPLS)}")
+        self.num_envs, self.device, self.impl = num_envs, torch.device(device), impl
+        self._kernels = None
+        if impl == "kernel":
+            from msrl.fragments.cuda_kernel import load_kernels
+
+            self._kernels = load_kernels(self.KERNEL_SOURCE, self.device)
+        self.seed = 0
+        self._episode_return = torch.zeros(num_envs, dtype=torch.float64, device=self.device)
+        self._episode_length = torch.zeros(num_envs, dtype=torch.int64, device=self.device)
+        self._finished: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._env_steps = 0
+
+    @property
+    def grid(self) -> int:
+        """Blocks of a one-thread-per-env launch."""
+        return (self.num_envs + self.BLOCK - 1) // self.BLOCK
+
+    def _track(self, reward: torch.Tensor, done: torch.Tensor) -> None:
+        """Updates episode returns/lengths on the device; logs finished ones without a sync."""
+        self._env_steps += self.num_envs
+        self._episode_return += reward.to(torch.float64)
+        self._episode_length += 1
+        nan = torch.full_like(self._episode_return, float("nan"))
+        self._finished.append((torch.where(done, self._episode_return, nan), torch.where(done, self._episode_length, -1)))
+        self._episode_return.masked_fill_(done, 0.0)
+        self._episode_length.masked_fill_(done, 0)
+
+    def _reset_tracking(self) -> None:
+        self._episode_return.zero_()
+        self._episode_length.zero_()
+
+    def pop_episode_stats(self) -> EpisodeStats:
+        """Episodes finished since the last call (one device-to-host copy)."""
+        if not self._finished:
+            return EpisodeStats([], [])
+        rets = torch.stack([r for r, _ in self._finished]).cpu()
+        lens = torch.stack([n for _, n in self._finished]).cpu()
+        self._finished = []
+        mask = lens >= 0
+        return EpisodeStats(rets[mask].tolist(), lens[mask].tolist())
+
+    @property
+    def env_steps(self) -> int:
+        """Env steps taken so far, summed over the batch."""
+        return self._env_steps
+
+    def _tensors(self) -> dict[str, torch.Tensor]:
+        """The env's state tensors (saved by :meth:`state_dict`)."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        """State tensors, seed and episode trackers (exact resume)."""
+        return {
+            "tensors": {k: v.clone() for k, v in self._tensors().items()},
+            "seed": self.seed,
+            "episode_return": self._episode_return.clone(),
+            "episode_length": self._episode_length.clone(),
+            "env_steps": self._env_steps,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores :meth:`state_dict`'s output (same ``N``).
+
+        Raises:
+            ValueError: the saved state has another shape.
+        """
+        for k, v in self._tensors().items():
+            saved = state["tensors"][k]
+            if saved.shape != v.shape:
+                raise ValueError(f"checkpoint's {k} has shape {tuple(saved.shape)}, this env's {tuple(v.shape)}")
+            v.copy_(saved)
+        self.seed = int(state["seed"])
+        self._episode_return.copy_(state["episode_return"])
+        self._episode_length.copy_(state["episode_length"])
+        self._env_steps = int(state["env_steps"])
+
+    def make_spec(self, env_id: str, observation_space: Any, action_space: Any) -> EnvSpec:
+        """The :class:`~msrl.api.EnvSpec` of this batch."""
+        return EnvSpec(env_id, observation_space, action_space, self.num_envs)

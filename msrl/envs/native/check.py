@@ -1,0 +1,143 @@
+"""Consistency checker: native env implementations against each other and against gymnasium.
+
+Like WarpDrive's CPU-vs-GPU checker, but stricter: every implementation (the kernel -- host
+build on CPU, NVRTC build on a GPU -- and the torch reference) is stepped side by side with
+gymnasium's own env, step by step, over many episodes with random actions and fixed seeds.
+Where an episode starts, gymnasium's start state is copied into the native envs (their start
+states come from another generator), so every step afterwards is compared: observations,
+final observations, rewards, terminated and truncated flags.
+
+Tolerances, per implementation, in float32 observation units (``max |obs - gymnasium obs|``):
+
+* ``kernel`` on CPU: **0** -- the host build computes in float64 with the same operations and
+  libm as gymnasium (``-ffp-contract=off``), so results are bitwise equal;
+* ``torch``: **0** as measured here; ``TORCH_TOL`` (1e-6) is allowed because torch's vectorised
+  float64 sin/cos may differ from libm by an ulp;
+* ``kernel`` on a GPU: ``GPU_TOL`` (1e-5): CUDA's sin/cos differ from libm by a few ulp.
+
+Flags (terminated/truncated) and rewards must match exactly for every implementation.
+
+    python -m msrl.envs.native.check --steps 5000
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+import gymnasium
+import numpy as np
+import torch
+
+from msrl.envs.native.cartpole import CartPole
+
+__all__ = ["CheckReport", "check_cartpole", "TOLERANCES"]
+
+TORCH_TOL = 1e-6
+GPU_TOL = 1e-5
+#: (impl, device type) -> allowed max abs observation difference.
+TOLERANCES = {("kernel", "cpu"): 0.0, ("torch", "cpu"): TORCH_TOL, ("kernel", "cuda"): GPU_TOL, ("torch", "cuda"): GPU_TOL}
+
+
+@dataclasses.dataclass
+class CheckReport:
+    """The outcome for one implementation.
+
+    Attributes:
+        impl, device: what was checked; ``steps``: batch steps compared; ``episodes``: episodes
+        finished; ``max_obs_diff``: max abs difference of (final) observations vs gymnasium;
+        ``truncations``: episodes that ended by the time limit; ``flag_mismatches``: steps x envs where terminated/truncated/reward differed;
+        ``tolerance``: the allowed ``max_obs_diff``.
+    """
+
+    impl: str
+    device: str
+    steps: int
+    episodes: int
+    truncations: int
+    max_obs_diff: float
+    flag_mismatches: int
+    tolerance: float
+
+    @property
+    def ok(self) -> bool:
+        """Whether the implementation is within tolerance and every flag and reward matched."""
+        return self.flag_mismatches == 0 and self.max_obs_diff <= self.tolerance
+
+
+def check_cartpole(num_envs: int = 8, steps: int = 2000, seed: int = 0, device: str = "cpu",
+                   impls: tuple[str, ...] = ("kernel", "torch"), controller: str = "random") -> list[CheckReport]:
+    """Steps native CartPole (each impl) and gymnasium's CartPole-v1 side by side.
+
+    Args:
+        num_envs: envs per batch; ``steps``: batch steps; ``seed``: gymnasium env ``i`` is
+        reset with ``seed + i``, actions come from ``numpy.random.default_rng(seed)``;
+        ``device``: where the native envs run; ``controller``: ``"random"`` actions (short
+        episodes, terminations) or ``"balance"`` (push toward the falling side 90% of the time,
+        random otherwise: long episodes that reach the 500-step truncation).
+
+    Raises:
+        ValueError: an unknown ``controller``.
+
+    Returns:
+        one :class:`CheckReport` per implementation.
+    """
+    refs = [gymnasium.make("CartPole-v1") for _ in range(num_envs)]
+    ref_obs = np.stack([r.reset(seed=seed + i)[0] for i, r in enumerate(refs)])
+    natives = {impl: CartPole(num_envs, device=device, impl=impl) for impl in impls}
+    for env in natives.values():
+        env.reset(seed=seed)
+        for i, r in enumerate(refs):
+            env.set_state(i, r.unwrapped.state)
+    stats = {impl: {"diff": 0.0, "flags": 0} for impl in impls}
+    rng = np.random.default_rng(seed)
+    episodes = truncations = 0
+    if controller not in ("random", "balance"):
+        raise ValueError(f"unknown controller {controller!r}; valid: random, balance")
+    for _ in range(steps):
+        action = rng.integers(0, 2, size=num_envs)
+        if controller == "balance":
+            st = np.stack([r.unwrapped.state for r in refs])
+            push = (st[:, 2] + 0.5 * st[:, 3] > 0).astype(np.int64)
+            action = np.where(rng.random(num_envs) < 0.9, push, action)
+        outs = {impl: env.step(torch.as_tensor(action, device=device)) for impl, env in natives.items()}
+        for i, r in enumerate(refs):
+            o, rew, te, tr, _ = r.step(int(action[i]))
+            for impl, (obs, reward, term, trunc, info) in outs.items():
+                s = stats[impl]
+                s["diff"] = max(s["diff"], float(np.abs(info["final_obs"][i].cpu().numpy() - o).max()))
+                if bool(term[i]) != te or bool(trunc[i]) != tr or float(reward[i]) != rew:
+                    s["flags"] += 1
+            if te or tr:
+                episodes += 1
+                truncations += int(tr)
+                o, _ = r.reset()
+                for env in natives.values():
+                    env.set_state(i, r.unwrapped.state)
+            else:
+                for impl, (obs, *_rest) in outs.items():
+                    stats[impl]["diff"] = max(stats[impl]["diff"], float(np.abs(obs[i].cpu().numpy() - o).max()))
+    dev = torch.device(device).type
+    return [
+        CheckReport(impl, device, steps, episodes, truncations, stats[impl]["diff"], stats[impl]["flags"], TOLERANCES[(impl, dev)])
+        for impl in impls
+    ]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description="native CartPole vs gymnasium, step by step")
+    p.add_argument("--num-envs", type=int, default=8)
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--controller", default="random", choices=["random", "balance"])
+    args = p.parse_args()
+    reports = check_cartpole(args.num_envs, args.steps, args.seed, args.device, controller=args.controller)
+    for r in reports:
+        print(json.dumps({**dataclasses.asdict(r), "ok": r.ok}))
+    raise SystemExit(0 if all(r.ok for r in reports) else 1)
+
+
+if __name__ == "__main__":
+    main()

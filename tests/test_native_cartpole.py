@@ -1,0 +1,121 @@
+"""Native CartPole: host kernel vs torch reference vs gymnasium; kernel build machinery."""
+
+import pathlib
+import shutil
+
+import pytest
+import torch
+
+from msrl.envs.native import CartPole
+from msrl.envs.native.check import check_cartpole
+from msrl.fragments.cuda_kernel import KernelCompileError, load_kernels, nvcc_compile, parse_kernels
+
+CU_FILES = sorted(pathlib.Path(__file__).resolve().parents[1].glob("msrl/envs/native/*.cu"))
+
+
+@pytest.mark.parametrize("controller", ["random", "balance"])
+def test_host_kernel_and_torch_reference_equal_gymnasium_exactly(controller):
+    reports = check_cartpole(num_envs=6, steps=1500, seed=4, controller=controller)
+    for r in reports:
+        assert r.ok, r
+        assert r.max_obs_diff == 0.0 and r.flag_mismatches == 0  # bitwise, on this machine
+    assert reports[0].episodes > (40 if controller == "random" else 10)
+    if controller == "balance":
+        assert reports[0].truncations > 5  # the 500-step time limit is exercised
+
+
+def test_kernel_and_torch_agree_bitwise_including_their_own_resets():
+    a, b = CartPole(33, impl="kernel"), CartPole(33, impl="torch")
+    assert torch.equal(a.reset(seed=9), b.reset(seed=9))
+    g = torch.Generator().manual_seed(1)
+    for _ in range(400):
+        act = torch.randint(0, 2, (33,), generator=g)
+        for x, y in zip(a.step(act)[:4], b.step(act)[:4]):
+            assert torch.equal(x, y)
+    assert torch.equal(a.state, b.state) and torch.equal(a.episode, b.episode)
+    sa, sb = a.pop_episode_stats(), b.pop_episode_stats()
+    assert sa == sb and len(sa.returns) > 300 and all(r == n for r, n in zip(sa.returns, sa.lengths))
+
+
+def test_seeds_give_distinct_reproducible_starts_and_sizes_need_no_rebuild():
+    x = CartPole(4).reset(seed=1)
+    assert torch.equal(x, CartPole(4).reset(seed=1))
+    assert not torch.equal(x, CartPole(4).reset(seed=2))
+    assert len(set(map(tuple, x.tolist()))) == 4  # envs differ
+    assert x.abs().max() < 0.05
+    # a 4-env and a 1000-env batch share one compiled module
+    assert CartPole(1000)._kernels is CartPole(4)._kernels
+
+
+def test_state_dict_round_trip():
+    a = CartPole(5)
+    a.reset(seed=0)
+    for _ in range(30):
+        a.step(torch.ones(5, dtype=torch.int64))
+    a.pop_episode_stats()
+    b = CartPole(5)
+    b.reset(seed=123)
+    b.load_state_dict(a.state_dict())
+    for _ in range(50):
+        assert torch.equal(a.step(torch.zeros(5, dtype=torch.int64))[0], b.step(torch.zeros(5, dtype=torch.int64))[0])
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="unknown native env implementation 'cuda'; valid: torch, kernel"):
+        CartPole(2, impl="cuda")
+    env = CartPole(2)
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match=r"action has shape \(3,\), expected \(2,\)"):
+        env.step(torch.zeros(3, dtype=torch.int64))
+
+
+def test_kernel_launcher_checks_arguments():
+    mod = load_kernels(CartPole.KERNEL_SOURCE)
+    with pytest.raises(KeyError, match="no kernel 'nope'"):
+        mod.launch("nope", 1, 1)
+    with pytest.raises(TypeError, match="takes 6 arguments, got 1"):
+        mod.launch("cartpole_reset", 1, 1, 3)
+    with pytest.raises(ValueError, match="must be contiguous"):
+        mod.launch("cartpole_reset", 1, 1, torch.zeros(4, 2, dtype=torch.float64).t(), torch.zeros(1, dtype=torch.int32),
+                   torch.zeros(1, dtype=torch.int64), torch.zeros(1, 4), 0, 1)
+
+
+def test_unsupported_parameter_types_and_compile_errors(tmp_path, monkeypatch):
+    with pytest.raises(KernelCompileError, match="has type 'short'"):
+        parse_kernels('extern "C" __global__ void k(short x) {}')
+    bad = tmp_path / "bad.cu"
+    bad.write_text('extern "C" __global__ void k(int n) { this is not C++; }\n')
+    monkeypatch.setenv("MSRL_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(KernelCompileError, match="host build of bad.cu failed"):
+        load_kernels(bad)
+    sync = tmp_path / "sync.cu"
+    sync.write_text('extern "C" __global__ void k(int n) { __syncthreads(); }\n')
+    with pytest.raises(KernelCompileError, match="MSRL_HOST_BUILD_DOES_NOT_SUPPORT___syncthreads"):
+        load_kernels(sync)
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.delenv("CXX")
+    other = tmp_path / "other.cu"
+    other.write_text('extern "C" __global__ void k(int n) {}\n')
+    with pytest.raises(KernelCompileError, match="no C\\+\\+ compiler found"):
+        load_kernels(other)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("source", CU_FILES, ids=[p.name for p in CU_FILES])
+def test_every_kernel_compiles_for_the_gpu_with_nvcc(tmp_path, source, arch):
+    out = nvcc_compile(source, arch, tmp_path)
+    assert out.stat().st_size > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_gpu_kernel_matches_host_build():
+    host, gpu = CartPole(64, impl="kernel"), CartPole(64, device="cuda", impl="kernel")
+    torch.testing.assert_close(host.reset(seed=3), gpu.reset(seed=3).cpu(), rtol=0, atol=0)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        act = torch.randint(0, 2, (64,), generator=g)
+        h, d = host.step(act), gpu.step(act.cuda())
+        torch.testing.assert_close(h[0], d[0].cpu(), rtol=0, atol=1e-5)
+        assert torch.equal(h[2], d[2].cpu()) and torch.equal(h[3], d[3].cpu())
