@@ -136,7 +136,7 @@ class KernelModule:
             raise KeyError(f"no kernel {name!r}; kernels: {sorted(self.signatures)}")
         if len(args) != len(sig.params):
             raise TypeError(f"kernel {name} takes {len(sig.params)} arguments, got {len(args)}")
-        for (ptype, pname, pointer), a in zip(sig.params, args):
+        for (_ptype, pname, pointer), a in zip(sig.params, args):
             if pointer:
                 if not isinstance(a, torch.Tensor):
                     raise TypeError(f"kernel {name}: {pname} must be a tensor, got {type(a).__name__}")

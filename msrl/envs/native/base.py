@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 import torch
 
-from msrl.api import EnvSpec, Environment, EpisodeStats
+from msrl.api import Environment, EnvSpec, EpisodeStats
 
 __all__ = ["NativeEnv", "IMPLS", "splitmix64", "uniform"]
 

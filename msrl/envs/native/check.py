@@ -37,7 +37,12 @@ __all__ = ["CheckReport", "check_cartpole", "TOLERANCES"]
 TORCH_TOL = 1e-6
 GPU_TOL = 1e-5
 #: (impl, device type) -> allowed max abs observation difference.
-TOLERANCES = {("kernel", "cpu"): 0.0, ("torch", "cpu"): TORCH_TOL, ("kernel", "cuda"): GPU_TOL, ("torch", "cuda"): GPU_TOL}
+TOLERANCES = {
+    ("kernel", "cpu"): 0.0,
+    ("torch", "cpu"): TORCH_TOL,
+    ("kernel", "cuda"): GPU_TOL,
+    ("torch", "cuda"): GPU_TOL,
+}
 
 
 @dataclasses.dataclass
@@ -47,7 +52,8 @@ class CheckReport:
     Attributes:
         impl, device: what was checked; ``steps``: batch steps compared; ``episodes``: episodes
         finished; ``max_obs_diff``: max abs difference of (final) observations vs gymnasium;
-        ``truncations``: episodes that ended by the time limit; ``flag_mismatches``: steps x envs where terminated/truncated/reward differed;
+        ``truncations``: episodes that ended by the time limit; ``flag_mismatches``: steps x envs
+        where terminated/truncated/reward differed;
         ``tolerance``: the allowed ``max_obs_diff``.
     """
 
@@ -84,7 +90,8 @@ def check_cartpole(num_envs: int = 8, steps: int = 2000, seed: int = 0, device: 
         one :class:`CheckReport` per implementation.
     """
     refs = [gymnasium.make("CartPole-v1") for _ in range(num_envs)]
-    ref_obs = np.stack([r.reset(seed=seed + i)[0] for i, r in enumerate(refs)])
+    for i, r in enumerate(refs):
+        r.reset(seed=seed + i)
     natives = {impl: CartPole(num_envs, device=device, impl=impl) for impl in impls}
     for env in natives.values():
         env.reset(seed=seed)
@@ -104,7 +111,7 @@ def check_cartpole(num_envs: int = 8, steps: int = 2000, seed: int = 0, device: 
         outs = {impl: env.step(torch.as_tensor(action, device=device)) for impl, env in natives.items()}
         for i, r in enumerate(refs):
             o, rew, te, tr, _ = r.step(int(action[i]))
-            for impl, (obs, reward, term, trunc, info) in outs.items():
+            for impl, (_obs, reward, term, trunc, info) in outs.items():
                 s = stats[impl]
                 s["diff"] = max(s["diff"], float(np.abs(info["final_obs"][i].cpu().numpy() - o).max()))
                 if bool(term[i]) != te or bool(trunc[i]) != tr or float(reward[i]) != rew:
