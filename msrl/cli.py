@@ -40,9 +40,9 @@ def _eval(args: argparse.Namespace) -> int:
 
     from msrl.api import BuildContext, EnvSpec
     from msrl.config import build_job_spec
+    from msrl.envs import env_spaces
     from msrl.evaluate import evaluate
-    from msrl.job import env_spaces
-    from msrl.run import latest_checkpoint, load_run_config
+    from msrl.run import evaluation_env, latest_checkpoint, load_run_config
 
     cfg = load_run_config(args.run_dir)
     spec = build_job_spec(cfg)
@@ -57,7 +57,8 @@ def _eval(args: argparse.Namespace) -> int:
                        spec.num_envs, spec.total_env_steps, spec.seed, torch.device("cpu"))
     actor = spec.algorithm.components["actor"](ctx)
     actor.set_weights(ckpt["actor_weights"])
-    returns = evaluate(actor, spec.env_id, args.episodes, args.seed if args.seed is not None else cfg.eval.seed, spec.env_kwargs)
+    env_id, kwargs = evaluation_env(cfg)
+    returns = evaluate(actor, env_id, args.episodes, args.seed if args.seed is not None else cfg.eval.seed, kwargs)
     mean = sum(returns) / len(returns)
     print(json.dumps({"run_dir": str(args.run_dir), "episodes": len(returns), "mean_return": mean,
                       "min_return": min(returns), "max_return": max(returns)}))

@@ -79,6 +79,9 @@ class EvalConfig(_Strict):
     """``eval``: deterministic evaluation episodes."""
 
     episodes: int = Field(20, gt=0, description="episodes per evaluation")
+    env_id: str | None = Field(
+        None, description="gymnasium env to evaluate on (default: the training env, or a native env's gymnasium twin)"
+    )
     seed: int = Field(10_000, description="seed of the evaluation envs")
 
 
@@ -219,6 +222,13 @@ def validate(raw: Mapping[str, Any]) -> RunConfig:
     return cfg
 
 
+def resolve_device(device: str) -> str:
+    """``"auto"`` -> ``"cuda:0"`` when torch sees a CUDA device, else ``"cpu"``; other names as given."""
+    if device == "auto":
+        return "cuda:0" if torch.cuda.is_available() else "cpu"
+    return device
+
+
 def build_job_spec(cfg: RunConfig) -> Any:
     """The :class:`msrl.job.JobSpec` of a validated config.
 
@@ -227,7 +237,7 @@ def build_job_spec(cfg: RunConfig) -> Any:
             that do not split over replicas; hyperparameters the algorithm rejects.
     """
     from msrl.backend import UnknownBackendError, load_backend
-    from msrl.envs.gymnasium_env import UnknownEnvError, check_env_id
+    from msrl.envs import UnknownEnvError, check_env_id, is_native
     from msrl.job import JobSpec, UnknownAlgorithmError, load_algorithm
     from msrl.policy import UnknownPolicyError, load_policy
 
@@ -249,6 +259,7 @@ def build_job_spec(cfg: RunConfig) -> Any:
         if n < 1:
             raise ConfigError(f"distribution_policy.replicas.{frag}: must be >= 1, got {n}")
     policy = policy.with_overrides(dp.replicas, dp.backends, dp.devices)
+    policy = policy.with_overrides(devices={f.name: resolve_device(f.device) for f in policy.fragments})
     for frag in policy.fragments:
         try:
             backend = load_backend(frag.backend)
@@ -262,6 +273,19 @@ def build_job_spec(cfg: RunConfig) -> Any:
             raise ConfigError(f"fragment {frag.name}: backend {backend.name} runs on {backend.devices}, not {device.type}")
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ConfigError(f"fragment {frag.name}: device {frag.device} requested but no CUDA device is available")
+    env_frag = policy.fragment(policy.fragment_of_role("env"))
+    if env_frag.backend == "cuda_kernel" and not is_native(cfg.env.id):
+        raise ConfigError(
+            f"env.id={cfg.env.id!r} is a gymnasium env, but fragment {env_frag.name} runs the env on the cuda_kernel "
+            "backend, which steps native envs only (e.g. msrl/CartPole-v1)"
+        )
+    if cfg.eval.env_id is not None:
+        if is_native(cfg.eval.env_id):
+            raise ConfigError(f"eval.env_id={cfg.eval.env_id!r}: evaluations run on gymnasium envs, not native ones")
+        try:
+            check_env_id(cfg.eval.env_id)
+        except UnknownEnvError as e:
+            raise ConfigError(f"eval.env_id: {e}") from None
     hparams = _hparams(cfg, algorithm)
     spec = JobSpec(
         algorithm=algorithm,

@@ -16,20 +16,19 @@ import pkgutil
 import sys
 from typing import Any, Mapping
 
-import gymnasium
 import torch
 
 from msrl.api import AlgorithmSpec, BuildContext, EnvSpec, EpisodeStats, Trainer
 from msrl.backend import load_backend
 from msrl.codegen import Program, generate
-from msrl.envs.gymnasium_env import GymnasiumEnv, check_env_id
+from msrl.envs import env_spaces, make_env
 from msrl.graph import Graph
 from msrl.partition import FragmentGraph, partition
 from msrl.policy import DistributionPolicy
 from msrl.runtime.local import LocalRuntime
 from msrl.tracer import trace
 
-__all__ = ["JobSpec", "Job", "UnknownAlgorithmError", "load_algorithm", "available_algorithms", "METHODS"]
+__all__ = ["JobSpec", "Job", "UnknownAlgorithmError", "load_algorithm", "available_algorithms", "METHODS", "env_spaces"]
 
 #: The traced trainer methods, in the order a job runs them.
 METHODS = ("reset", "train_step")
@@ -102,16 +101,6 @@ class JobSpec:
         return self.num_envs // r
 
 
-def env_spaces(env_id: str, env_kwargs: Mapping[str, Any]) -> tuple[gymnasium.Space, gymnasium.Space]:
-    """The single-env observation and action spaces of ``env_id``."""
-    check_env_id(env_id)
-    env = gymnasium.make(env_id, **dict(env_kwargs))
-    try:
-        return env.observation_space, env.action_space
-    finally:
-        env.close()
-
-
 class Job:
     """A job assembled through the pipeline and ready to run on the local runtime.
 
@@ -147,9 +136,15 @@ class Job:
         self.runtime.run("reset")
 
     def train_step(self) -> dict[str, float]:
-        """Runs one ``train_step`` on every replica; returns the learner's metrics."""
+        """Runs one ``train_step`` on every replica; returns the learner's metrics as floats.
+
+        Metrics may come back as device tensors (so the iteration itself makes no host copy);
+        they are read back here, once, after the iteration.
+        """
         out = self.runtime.run("train_step")
         self.iteration += 1
+        if isinstance(out, dict):
+            out = {k: float(v) if isinstance(v, (torch.Tensor, int, float)) else v for k, v in out.items()}
         return out
 
     @property
@@ -260,7 +255,7 @@ def build_trainers(spec: JobSpec) -> dict[tuple[str, int], Trainer]:
             components: dict[str, Any] = {}
             for role in frag.roles:
                 if role == "env":
-                    components[role] = GymnasiumEnv(spec.env_id, n, spec.vectorization, device, spec.env_kwargs)
+                    components[role] = make_env(spec.env_id, n, device, frag.backend, spec.vectorization, spec.env_kwargs)
                 else:
                     components[role] = spec.algorithm.components[role](ctx)
             trainers[(frag.name, r)] = spec.algorithm.trainer(components, spec.hparams, seed)

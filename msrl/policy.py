@@ -32,7 +32,8 @@ class FragmentSpec:
         roles: the component roles whose calls this fragment runs.
         replicas: how many copies run side by side (each with its own share of envs).
         backend: the fragment backend in ``fragments/`` (``"torch_graph"``).
-        device: torch device of the fragment's tensors (``"cpu"``, ``"cuda:0"``).
+        device: torch device of the fragment's tensors (``"cpu"``, ``"cuda:0"``, or ``"auto"``:
+            the first GPU when there is one, else the CPU).
         resources: per-replica resources for a Ray placement-group bundle (``{"CPU": 1}``).
     """
 

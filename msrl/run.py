@@ -36,7 +36,7 @@ from msrl.evaluate import evaluate
 from msrl.job import Job, JobSpec
 from msrl.runtime.local import FragmentError
 
-__all__ = ["TrainResult", "TrainingStopped", "train", "load_run_config", "CHECKPOINT", "latest_checkpoint"]
+__all__ = ["TrainResult", "TrainingStopped", "train", "load_run_config", "CHECKPOINT", "latest_checkpoint", "evaluation_env"]
 
 CHECKPOINT = "checkpoints/latest.pt"
 _TIME_COLUMNS = ("time_s", "charts/SPS")
@@ -170,7 +170,25 @@ class _Metrics:
 
 def _evaluate(job: Job, cfg: RunConfig) -> list[float]:
     actor = job.component("actor")
-    return evaluate(actor, cfg.env.id, cfg.eval.episodes, cfg.eval.seed, cfg.env.kwargs)
+    env_id, kwargs = evaluation_env(cfg)
+    return evaluate(actor, env_id, cfg.eval.episodes, cfg.eval.seed, kwargs, device=actor_device(actor))
+
+
+def evaluation_env(cfg: RunConfig) -> tuple[str, dict[str, Any]]:
+    """The gymnasium env id and ``gymnasium.make`` kwargs evaluations run on: ``eval.env_id``
+    if set, else the training env, or a native env's gymnasium counterpart."""
+    from msrl.envs import eval_env_id, is_native
+
+    if cfg.eval.env_id:
+        return cfg.eval.env_id, {}
+    return eval_env_id(cfg.env.id), ({} if is_native(cfg.env.id) else dict(cfg.env.kwargs))
+
+
+def actor_device(actor: Any) -> torch.device:
+    """The device of an actor's first parameter (CPU when it has none)."""
+    for v in actor.get_weights().values():
+        return v.device
+    return torch.device("cpu")
 
 
 def train(cfg: RunConfig, resume: str | pathlib.Path | None = None) -> TrainResult:

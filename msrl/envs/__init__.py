@@ -1,0 +1,88 @@
+"""Environments: the gymnasium adapter and msrl's native batched envs, behind one factory.
+
+Env ids in the ``msrl/`` namespace (``msrl/CartPole-v1``) are native envs; every other id is a
+registered gymnasium id wrapped by :class:`~msrl.envs.gymnasium_env.GymnasiumEnv`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import gymnasium
+import torch
+
+from msrl.api import Environment
+from msrl.envs.gymnasium_env import GymnasiumEnv, UnknownEnvError
+from msrl.envs.gymnasium_env import check_env_id as check_gymnasium_id
+from msrl.envs.native import NATIVE_ENVS, is_native, make_native
+
+__all__ = ["check_env_id", "make_env", "env_spaces", "eval_env_id", "UnknownEnvError", "is_native"]
+
+
+def check_env_id(env_id: str) -> None:
+    """Checks that ``env_id`` is a native env or a registered gymnasium env.
+
+    Raises:
+        UnknownEnvError: naming close gymnasium ids, the native ids and every gymnasium id.
+    """
+    if is_native(env_id):
+        return
+    if env_id.startswith("msrl/"):
+        raise UnknownEnvError(f"unknown native env id {env_id!r}; native envs: {', '.join(NATIVE_ENVS)}")
+    try:
+        check_gymnasium_id(env_id)
+    except UnknownEnvError as e:
+        raise UnknownEnvError(f"{e}; native envs: {', '.join(NATIVE_ENVS)}") from None
+
+
+def make_env(
+    env_id: str,
+    num_envs: int,
+    device: str | torch.device = "cpu",
+    backend: str = "torch_graph",
+    vectorization: str = "sync",
+    env_kwargs: Mapping[str, Any] | None = None,
+) -> Environment:
+    """Builds the env role of a fragment.
+
+    A native env runs its CUDA C kernels in a ``cuda_kernel`` fragment and its torch reference
+    in any other; a gymnasium env runs in ``torch_graph`` fragments only.
+
+    Raises:
+        UnknownEnvError: unknown id.
+        ValueError: a gymnasium env in a ``cuda_kernel`` fragment.
+    """
+    check_env_id(env_id)
+    if is_native(env_id):
+        return make_native(env_id, num_envs, device=device, impl="kernel" if backend == "cuda_kernel" else "torch",
+                           **dict(env_kwargs or {}))
+    if backend == "cuda_kernel":
+        raise ValueError(
+            f"env {env_id!r} is a gymnasium env; the cuda_kernel backend runs native envs only ({', '.join(NATIVE_ENVS)})"
+        )
+    return GymnasiumEnv(env_id, num_envs, vectorization, device, env_kwargs)
+
+
+def env_spaces(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> tuple[gymnasium.Space, gymnasium.Space]:
+    """The single-env observation and action spaces of ``env_id``.
+
+    Raises:
+        UnknownEnvError: unknown id.
+    """
+    check_env_id(env_id)
+    if is_native(env_id):
+        spec = make_native(env_id, 1, impl="torch", **dict(env_kwargs or {})).spec
+        return spec.observation_space, spec.action_space
+    env = gymnasium.make(env_id, **dict(env_kwargs or {}))
+    try:
+        return env.observation_space, env.action_space
+    finally:
+        env.close()
+
+
+def eval_env_id(env_id: str) -> str:
+    """The gymnasium env a policy trained on ``env_id`` is evaluated on: a native env's
+    gymnasium counterpart (``msrl/CartPole-v1`` -> ``CartPole-v1``), else ``env_id``."""
+    if is_native(env_id):
+        return NATIVE_ENVS[env_id].GYMNASIUM_ID
+    return env_id

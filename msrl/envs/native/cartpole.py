@@ -40,6 +40,8 @@ class CartPole(NativeEnv):
 
     KERNEL_SOURCE = pathlib.Path(__file__).with_name("cartpole.cu")
     ENV_ID = "msrl/CartPole-v1"
+    #: the gymnasium env with the same rules (evaluations run there)
+    GYMNASIUM_ID = "CartPole-v1"
 
     def __init__(self, num_envs: int, device: str | torch.device = "cpu", impl: str = "kernel", max_episode_steps: int = 500) -> None:
         super().__init__(num_envs, device, impl)
