@@ -295,8 +295,11 @@ class PPOLearner(Learner):
 
         Returns:
             ``losses/value_loss``, ``losses/policy_loss``, ``losses/entropy``,
-            ``losses/old_approx_kl``, ``losses/approx_kl``, ``losses/clipfrac``,
-            ``losses/explained_variance``, ``losses/grad_norm``, ``charts/learning_rate``.
+            ``losses/old_approx_kl``, ``losses/approx_kl`` (of the last minibatch, as CleanRL
+            logs them), ``losses/clipfrac`` (mean over minibatches), ``losses/explained_variance``,
+            ``losses/grad_norm``: 0-d tensors on the learner's device, so an update on a GPU
+            copies nothing to the host (``target_kl`` early stopping is the exception: it reads
+            the KL once per epoch); ``charts/learning_rate``: float.
 
         Raises:
             FloatingPointError: a loss became NaN or infinite (no step is taken).
@@ -323,8 +326,9 @@ class PPOLearner(Learner):
         batch_size = T * N
         minibatch_size = max(1, batch_size // hp.num_minibatches)
 
-        clipfracs: list[float] = []
-        stats: dict[str, float] = {}
+        clipfrac_sum = torch.zeros((), device=b_obs.device)
+        n_minibatches = 0
+        stats: dict[str, Any] = {}
         for _epoch in range(hp.update_epochs):
             perm = torch.randperm(batch_size, generator=self.generator, device=b_obs.device)
             for start in range(0, batch_size - minibatch_size + 1, minibatch_size):
@@ -335,7 +339,8 @@ class PPOLearner(Learner):
                 with torch.no_grad():
                     old_approx_kl = (-logratio).mean()
                     approx_kl = ((ratio - 1) - logratio).mean()
-                    clipfracs.append(((ratio - 1.0).abs() > clip).float().mean().item())
+                    clipfrac_sum += ((ratio - 1.0).abs() > clip).float().mean()
+                    n_minibatches += 1
                 mb_adv = b_advantages[mb]
                 if hp.norm_adv and mb_adv.numel() > 1:
                     mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
@@ -350,19 +355,19 @@ class PPOLearner(Learner):
                 loss = pg_loss - hp.ent_coef * entropy_loss + v_loss * hp.vf_coef
                 grad_norm = self.apply_gradients(loss, hp.max_grad_norm)
                 stats = {
-                    "losses/value_loss": v_loss.item(),
-                    "losses/policy_loss": pg_loss.item(),
-                    "losses/entropy": entropy_loss.item(),
-                    "losses/old_approx_kl": old_approx_kl.item(),
-                    "losses/approx_kl": approx_kl.item(),
+                    "losses/value_loss": v_loss.detach(),
+                    "losses/policy_loss": pg_loss.detach(),
+                    "losses/entropy": entropy_loss.detach(),
+                    "losses/old_approx_kl": old_approx_kl,
+                    "losses/approx_kl": approx_kl,
                     "losses/grad_norm": grad_norm,
                 }
             if hp.target_kl is not None and stats["losses/approx_kl"] > hp.target_kl:
                 break
         y_pred, y_true = b_values, b_returns
-        var_y = torch.var(y_true).item()
-        stats["losses/explained_variance"] = float("nan") if var_y == 0 else 1 - torch.var(y_true - y_pred).item() / var_y
-        stats["losses/clipfrac"] = float(np.mean(clipfracs)) if clipfracs else 0.0
+        var_y = torch.var(y_true)
+        stats["losses/explained_variance"] = torch.where(var_y == 0, float("nan"), 1 - torch.var(y_true - y_pred) / var_y)
+        stats["losses/clipfrac"] = clipfrac_sum / max(n_minibatches, 1)
         stats["charts/learning_rate"] = lr
         return stats
 

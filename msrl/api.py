@@ -214,7 +214,7 @@ class Learner(Component):
         """Returns the parameters the actor needs (a state dict of detached tensors)."""
         raise NotImplementedError
 
-    def apply_gradients(self, loss: torch.Tensor, max_grad_norm: float | None = None) -> float:
+    def apply_gradients(self, loss: torch.Tensor, max_grad_norm: float | None = None) -> torch.Tensor:
         """One optimiser step on ``loss``: zero grads, backward, gradient hook, clip, step.
 
         Args:
@@ -223,22 +223,27 @@ class Learner(Component):
                 no clipping).
 
         Returns:
-            the global gradient norm before clipping (float; ``nan`` when not clipped).
+            the global gradient norm before clipping, a 0-d tensor on the loss's device
+            (``nan`` when not clipped). Nothing is copied to the host.
 
         Raises:
-            FloatingPointError: when the loss is not finite (the step is not taken).
+            FloatingPointError: the loss is not finite, for losses on the CPU (the step is not
+                taken). On a GPU the check would copy to the host at every step; there a
+                non-finite loss shows in the step's metrics, which :meth:`msrl.job.Job.train_step`
+                checks after the iteration.
         """
-        if not torch.isfinite(loss):
+        if loss.device.type == "cpu" and not torch.isfinite(loss):
             raise FloatingPointError(f"loss is {loss.item()}; the optimiser step was not taken")
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.gradient_hook is not None:
             self.gradient_hook([p.grad for p in self.parameters if p.grad is not None])
-        norm = float("nan")
         if max_grad_norm is not None:
-            norm = float(torch.nn.utils.clip_grad_norm_(self.parameters, max_grad_norm, foreach=True))
+            norm = torch.nn.utils.clip_grad_norm_(self.parameters, max_grad_norm, foreach=True)
+        else:
+            norm = torch.full((), float("nan"), device=loss.device)
         self.optimizer.step()
-        return norm
+        return norm.detach()
 
 
 class Buffer(Component):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import pkgutil
 import sys
 from typing import Any, Mapping
@@ -140,11 +141,18 @@ class Job:
 
         Metrics may come back as device tensors (so the iteration itself makes no host copy);
         they are read back here, once, after the iteration.
+
+        Raises:
+            FragmentError: a fragment raised.
+            FloatingPointError: a metric named ``*_loss`` is NaN or infinite.
         """
         out = self.runtime.run("train_step")
         self.iteration += 1
         if isinstance(out, dict):
             out = {k: float(v) if isinstance(v, (torch.Tensor, int, float)) else v for k, v in out.items()}
+            bad = {k: v for k, v in out.items() if k.endswith("_loss") and isinstance(v, float) and not math.isfinite(v)}
+            if bad:
+                raise FloatingPointError(f"non-finite loss in iteration {self.iteration}: {bad}")
         return out
 
     @property

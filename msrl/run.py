@@ -261,7 +261,7 @@ def train(cfg: RunConfig, resume: str | pathlib.Path | None = None) -> TrainResu
             steps_before = job.env_steps
             try:
                 learner_metrics = job.train_step()
-            except FragmentError as e:
+            except (FragmentError, FloatingPointError) as e:
                 good = ckpt_path if ckpt_path.is_file() else None
                 raise TrainingStopped(
                     f"training stopped at iteration {job.iteration + 1} (after env step {steps_before}): {e}\n"

@@ -13,7 +13,7 @@ def test_single_program_reproduces_eager_train_step_bitwise(spec_factory):
     spec = spec_factory("single", num_envs=4, seed=7)
     eager = build_trainers(spec)[("main", 0)]
     eager.reset()
-    eager_metrics = [eager.train_step() for _ in range(4)]
+    eager_metrics = [{k: float(v) for k, v in eager.train_step().items()} for _ in range(4)]
 
     job = Job(spec)
     job.reset()
