@@ -12,12 +12,15 @@
 struct dim3 {
     unsigned int x, y, z;
 };
-static thread_local dim3 threadIdx = {0, 0, 0};
-static thread_local dim3 blockIdx = {0, 0, 0};
-static thread_local dim3 blockDim = {1, 1, 1};
-static thread_local dim3 gridDim = {1, 1, 1};
+// initial-exec: the built-ins are read in every kernel body; the default TLS model of a shared
+// library would call __tls_get_addr for each read.
+#define MSRL_TLS static thread_local __attribute__((tls_model("initial-exec")))
+MSRL_TLS dim3 threadIdx = {0, 0, 0};
+MSRL_TLS dim3 blockIdx = {0, 0, 0};
+MSRL_TLS dim3 blockDim = {1, 1, 1};
+MSRL_TLS dim3 gridDim = {1, 1, 1};
 
-#define __global__
+#define __global__ inline __attribute__((always_inline))
 #define __device__
 #define __host__
 #define __forceinline__ inline

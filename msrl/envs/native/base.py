@@ -90,14 +90,18 @@ class NativeEnv(Environment):
         return (self.num_envs + self.BLOCK - 1) // self.BLOCK
 
     def _track(self, reward: torch.Tensor, done: torch.Tensor) -> None:
-        """Updates episode returns/lengths on the device; logs finished ones without a sync."""
+        """Torch reference of the kernels' episode tracking: updates running returns/lengths
+        on the device and logs finished episodes (length -1 where none) without a sync."""
+        ret = self._episode_return + reward.to(torch.float64)
+        length = self._episode_length + 1
+        self._log_finished(torch.where(done, ret, 0.0), torch.where(done, length, -1))
+        self._episode_return.copy_(torch.where(done, 0.0, ret))
+        self._episode_length.copy_(torch.where(done, 0, length))
+
+    def _log_finished(self, done_return: torch.Tensor, done_length: torch.Tensor) -> None:
+        """Keeps one step's finished episodes, ``(N,)`` each, until :meth:`pop_episode_stats`."""
         self._env_steps += self.num_envs
-        self._episode_return += reward.to(torch.float64)
-        self._episode_length += 1
-        nan = torch.full_like(self._episode_return, float("nan"))
-        self._finished.append((torch.where(done, self._episode_return, nan), torch.where(done, self._episode_length, -1)))
-        self._episode_return.masked_fill_(done, 0.0)
-        self._episode_length.masked_fill_(done, 0)
+        self._finished.append((done_return, done_length))
 
     def _reset_tracking(self) -> None:
         self._episode_return.zero_()

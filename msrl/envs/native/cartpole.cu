@@ -36,7 +36,7 @@ __device__ __forceinline__ void cartpole_start(double* s, unsigned long long see
 }
 
 // state (N, 4) float64; steps (N,) int32; episode (N,) int64 (episodes started); obs (N, 4) float32.
-extern "C" __global__ void cartpole_reset(double* state, int* steps, long long* episode, float* obs,
+extern "C" __global__ void cartpole_reset(double* __restrict__ state, int* __restrict__ steps, long long* __restrict__ episode, float* __restrict__ obs,
                                           unsigned long long seed, int num_envs) {
     int env = blockIdx.x * blockDim.x + threadIdx.x;
     if (env >= num_envs) return;
@@ -48,10 +48,14 @@ extern "C" __global__ void cartpole_reset(double* state, int* steps, long long* 
 }
 
 // action (N,) int64 in {0, 1}; outputs obs/final_obs (N, 4) float32, reward (N,) float32,
-// terminated/truncated (N,) bool.
-extern "C" __global__ void cartpole_step(double* state, int* steps, long long* episode, const long long* action,
-                                         float* obs, float* final_obs, float* reward, bool* terminated,
-                                         bool* truncated, unsigned long long seed, int num_envs, int max_steps) {
+// terminated/truncated (N,) bool. Episode tracking: ep_return (N,) float64 and ep_length (N,)
+// int64 accumulate the running episode; done_return/done_length (N,) receive a finished
+// episode's return and length (length -1 where none finished).
+extern "C" __global__ void cartpole_step(double* __restrict__ state, int* __restrict__ steps, long long* __restrict__ episode, const long long* __restrict__ action,
+                                         float* __restrict__ obs, float* __restrict__ final_obs, float* __restrict__ reward, bool* __restrict__ terminated,
+                                         bool* __restrict__ truncated, double* __restrict__ ep_return, long long* __restrict__ ep_length,
+                                         double* __restrict__ done_return, long long* __restrict__ done_length,
+                                         unsigned long long seed, int num_envs, int max_steps) {
     int env = blockIdx.x * blockDim.x + threadIdx.x;
     if (env >= num_envs) return;
     double* s = state + 4 * env;
@@ -75,7 +79,14 @@ extern "C" __global__ void cartpole_step(double* state, int* steps, long long* e
     terminated[env] = term;
     truncated[env] = trunc;
     for (int k = 0; k < 4; ++k) final_obs[4 * env + k] = (float)s[k];
-    if (term || trunc) {
+    double ret = ep_return[env] + 1.0;
+    long long len = ep_length[env] + 1;
+    bool done = term || trunc;
+    done_return[env] = done ? ret : 0.0;
+    done_length[env] = done ? len : -1;
+    ep_return[env] = done ? 0.0 : ret;
+    ep_length[env] = done ? 0 : len;
+    if (done) {
         long long ep = episode[env] + 1;
         episode[env] = ep;
         cartpole_start(s, seed, (unsigned long long)env, (unsigned long long)ep);

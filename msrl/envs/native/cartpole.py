@@ -99,12 +99,15 @@ class CartPole(NativeEnv):
             reward = torch.empty(n, dtype=torch.float32, device=dev)
             terminated = torch.empty(n, dtype=torch.bool, device=dev)
             truncated = torch.empty(n, dtype=torch.bool, device=dev)
-            self._kernels.launch("cartpole_step", self.grid, self.BLOCK, self.state, self.steps, self.episode, action,
-                                 obs, final_obs, reward, terminated, truncated, self.seed & ((1 << 64) - 1), n,
-                                 self.max_episode_steps)
+            done_return = torch.empty(n, dtype=torch.float64, device=dev)
+            done_length = torch.empty(n, dtype=torch.int64, device=dev)
+            self._kernels.launch_unchecked("cartpole_step", self.grid, self.BLOCK, self.state, self.steps, self.episode, action,
+                                 obs, final_obs, reward, terminated, truncated, self._episode_return, self._episode_length,
+                                 done_return, done_length, self.seed & ((1 << 64) - 1), n, self.max_episode_steps)
+            self._log_finished(done_return, done_length)
         else:
             obs, final_obs, reward, terminated, truncated = self._step_torch(action)
-        self._track(reward, terminated | truncated)
+            self._track(reward, terminated | truncated)
         return obs, reward, terminated, truncated, {"final_obs": final_obs}
 
     def _step_torch(self, action: torch.Tensor) -> tuple[torch.Tensor, ...]:
