@@ -32,20 +32,21 @@ EVAL_EPISODES = 20
 EVAL_SEED = 10_000
 
 
-def run_msrl(seed: int, eval_every: int, budget: int, policy: str, runs_dir: str) -> dict:
+def run_msrl(seed: int, eval_every: int, budget: int, policy: str, runs_dir: str,
+             config: str = "configs/ppo_cartpole.yaml") -> dict:
     from msrl.config import load_config
     from msrl.run import train
 
+    over = [] if policy is None else [f"distribution_policy.name={policy}"]
     cfg = load_config(
-        "configs/ppo_cartpole.yaml",
-        [
+        config,
+        over + [
             f"seed={seed}",
             f"runs_dir={runs_dir}",
             "train.progress=false",
             f"train.eval_every={eval_every}",
             f"train.stop_at_return={THRESHOLD}",
             f"train.total_env_steps={budget}",
-            f"distribution_policy.name={policy}",
             f"eval.episodes={EVAL_EPISODES}",
             f"eval.seed={EVAL_SEED}",
         ],
@@ -120,28 +121,38 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--eval-every", type=int, default=5000)
     p.add_argument("--budget", type=int, default=300_000)
-    p.add_argument("--policy", default="single")
+    p.add_argument("--policy", default="single", help="policy of the main job's row")
+    p.add_argument("--gpu-only", action="store_true",
+                   help="add a row for configs/ppo_cartpole_gpu_only.yaml (native CartPole under gpu_only; host kernels on CPU)")
     p.add_argument("--json", default=None, help="also write the raw results here")
     args = p.parse_args()
     torch.set_num_threads(1)
     results: dict[str, list[dict]] = {"msrl": [], "sb3": []}
+    if args.gpu_only:
+        results = {"msrl": [], "msrl gpu_only": [], "sb3": []}
     with tempfile.TemporaryDirectory() as runs_dir:
         for seed in args.seeds:
             results["msrl"].append(run_msrl(seed, args.eval_every, args.budget, args.policy, runs_dir))
+            if args.gpu_only:
+                results["msrl gpu_only"].append(
+                    run_msrl(seed, args.eval_every, args.budget, None, runs_dir, "configs/ppo_cartpole_gpu_only.yaml"))
             results["sb3"].append(run_sb3(seed, args.eval_every, args.budget))
-            print(f"seed {seed}: msrl {results['msrl'][-1]}  sb3 {results['sb3'][-1]}", flush=True)
+            print(f"seed {seed}: " + "  ".join(f"{k} {v[-1]}" for k, v in results.items()), flush=True)
     med = {k: {m: _median([r[m] for r in v]) for m in ("time_to_475", "steps_to_475", "sps")} for k, v in results.items()}
-    t_ratio = med["msrl"]["time_to_475"] / med["sb3"]["time_to_475"] if med["msrl"]["time_to_475"] and med["sb3"]["time_to_475"] else None
-    s_ratio = med["msrl"]["sps"] / med["sb3"]["sps"]
     machine = platform.processor() or platform.machine()
     print(f"\nmachine: {machine}, torch {torch.__version__}, 1 torch thread, seeds {args.seeds}, policy {args.policy}")
     print("| system | time to 475 (s, median) | env steps to 475 (median) | env steps/s (median) |")
     print("| --- | --- | --- | --- |")
-    for k in ("msrl", "sb3"):
+    for k in results:
         m = med[k]
         tt = f"{m['time_to_475']:.2f}" if m["time_to_475"] is not None else "not reached"
         print(f"| {k} | {tt} | {m['steps_to_475']} | {m['sps']:.0f} |")
-    print(f"| msrl / sb3 | {t_ratio:.2f}x time | | {s_ratio:.2f}x throughput |" if t_ratio else f"| msrl / sb3 | n/a | | {s_ratio:.2f}x |")
+    for k in results:
+        if k == "sb3":
+            continue
+        a, b = med[k], med["sb3"]
+        t_ratio = f"{a['time_to_475'] / b['time_to_475']:.2f}x time" if a["time_to_475"] and b["time_to_475"] else "n/a"
+        print(f"| {k} / sb3 | {t_ratio} | | {a['sps'] / b['sps']:.2f}x throughput |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"results": results, "medians": med}, f, indent=2)
