@@ -1,4 +1,5 @@
-"""Consistency checker: native env implementations against each other and against gymnasium.
+"""Consistency checker: native env implementations against each other and against gymnasium
+(CartPole-v1, Pendulum-v1).
 
 Like WarpDrive's CPU-vs-GPU checker, but stricter: every implementation (the kernel -- host
 build on CPU, NVRTC build on a GPU -- and the torch reference) is stepped side by side with
@@ -17,7 +18,8 @@ Tolerances, per implementation, in float32 observation units (``max |obs - gymna
 
 Flags (terminated/truncated) and rewards must match exactly for every implementation.
 
-    python -m msrl.envs.native.check --steps 5000
+    python -m msrl.envs.native.check --env cartpole --controller balance --steps 5000
+    python -m msrl.envs.native.check --env pendulum --steps 2000
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ import numpy as np
 import torch
 
 from msrl.envs.native.cartpole import CartPole
+from msrl.envs.native.pendulum import Pendulum
 
-__all__ = ["CheckReport", "check_cartpole", "TOLERANCES"]
+__all__ = ["CheckReport", "check_cartpole", "check_pendulum", "TOLERANCES"]
 
 TORCH_TOL = 1e-6
 GPU_TOL = 1e-5
@@ -83,16 +86,47 @@ def check_cartpole(num_envs: int = 8, steps: int = 2000, seed: int = 0, device: 
         episodes, terminations) or ``"balance"`` (push toward the falling side 90% of the time,
         random otherwise: long episodes that reach the 500-step truncation).
 
-    Raises:
-        ValueError: an unknown ``controller``.
-
     Returns:
         one :class:`CheckReport` per implementation.
+
+    Raises:
+        ValueError: an unknown ``controller``.
     """
-    refs = [gymnasium.make("CartPole-v1") for _ in range(num_envs)]
+    if controller not in ("random", "balance"):
+        raise ValueError(f"unknown controller {controller!r}; valid: random, balance")
+
+    def actions(rng: np.random.Generator, refs: list) -> tuple[np.ndarray, list]:
+        action = rng.integers(0, 2, size=num_envs)
+        if controller == "balance":
+            st = np.stack([r.unwrapped.state for r in refs])
+            push = (st[:, 2] + 0.5 * st[:, 3] > 0).astype(np.int64)
+            action = np.where(rng.random(num_envs) < 0.9, push, action)
+        return action, [int(a) for a in action]
+
+    return _check(CartPole, "CartPole-v1", actions, num_envs, steps, seed, device, impls)
+
+
+def check_pendulum(num_envs: int = 8, steps: int = 1000, seed: int = 0, device: str = "cpu",
+                   impls: tuple[str, ...] = ("kernel", "torch")) -> list[CheckReport]:
+    """Steps native Pendulum (each impl) and gymnasium's Pendulum-v1 side by side, with float32
+    torques drawn from U[-2.5, 2.5) (so clipping to [-2, 2] is exercised).
+
+    Returns:
+        one :class:`CheckReport` per implementation (rewards compared as float32).
+    """
+
+    def actions(rng: np.random.Generator, refs: list) -> tuple[np.ndarray, list]:
+        u = rng.uniform(-2.5, 2.5, size=(num_envs, 1)).astype(np.float32)
+        return u, [u[i] for i in range(num_envs)]
+
+    return _check(Pendulum, "Pendulum-v1", actions, num_envs, steps, seed, device, impls)
+
+
+def _check(cls, gym_id, actions, num_envs, steps, seed, device, impls) -> list[CheckReport]:
+    refs = [gymnasium.make(gym_id) for _ in range(num_envs)]
     for i, r in enumerate(refs):
         r.reset(seed=seed + i)
-    natives = {impl: CartPole(num_envs, device=device, impl=impl) for impl in impls}
+    natives = {impl: cls(num_envs, device=device, impl=impl) for impl in impls}
     for env in natives.values():
         env.reset(seed=seed)
         for i, r in enumerate(refs):
@@ -100,21 +134,15 @@ def check_cartpole(num_envs: int = 8, steps: int = 2000, seed: int = 0, device: 
     stats = {impl: {"diff": 0.0, "flags": 0} for impl in impls}
     rng = np.random.default_rng(seed)
     episodes = truncations = 0
-    if controller not in ("random", "balance"):
-        raise ValueError(f"unknown controller {controller!r}; valid: random, balance")
     for _ in range(steps):
-        action = rng.integers(0, 2, size=num_envs)
-        if controller == "balance":
-            st = np.stack([r.unwrapped.state for r in refs])
-            push = (st[:, 2] + 0.5 * st[:, 3] > 0).astype(np.int64)
-            action = np.where(rng.random(num_envs) < 0.9, push, action)
-        outs = {impl: env.step(torch.as_tensor(action, device=device)) for impl, env in natives.items()}
+        batch, per_env = actions(rng, refs)
+        outs = {impl: env.step(torch.as_tensor(batch, device=device)) for impl, env in natives.items()}
         for i, r in enumerate(refs):
-            o, rew, te, tr, _ = r.step(int(action[i]))
+            o, rew, te, tr, _ = r.step(per_env[i])
             for impl, (_obs, reward, term, trunc, info) in outs.items():
                 s = stats[impl]
                 s["diff"] = max(s["diff"], float(np.abs(info["final_obs"][i].cpu().numpy() - o).max()))
-                if bool(term[i]) != te or bool(trunc[i]) != tr or float(reward[i]) != rew:
+                if bool(term[i]) != te or bool(trunc[i]) != tr or float(reward[i]) != float(np.float32(rew)):
                     s["flags"] += 1
             if te or tr:
                 episodes += 1
@@ -133,14 +161,18 @@ def check_cartpole(num_envs: int = 8, steps: int = 2000, seed: int = 0, device: 
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description="native CartPole vs gymnasium, step by step")
+    p = argparse.ArgumentParser(description="native envs vs gymnasium, step by step")
+    p.add_argument("--env", default="cartpole", choices=["cartpole", "pendulum"])
     p.add_argument("--num-envs", type=int, default=8)
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
     p.add_argument("--controller", default="random", choices=["random", "balance"])
     args = p.parse_args()
-    reports = check_cartpole(args.num_envs, args.steps, args.seed, args.device, controller=args.controller)
+    if args.env == "cartpole":
+        reports = check_cartpole(args.num_envs, args.steps, args.seed, args.device, controller=args.controller)
+    else:
+        reports = check_pendulum(args.num_envs, args.steps, args.seed, args.device)
     for r in reports:
         print(json.dumps({**dataclasses.asdict(r), "ok": r.ok}))
     raise SystemExit(0 if all(r.ok for r in reports) else 1)

@@ -1,4 +1,4 @@
-"""Native CartPole: host kernel vs torch reference vs gymnasium; kernel build machinery."""
+"""Native envs (CartPole, Pendulum): host kernel vs torch reference vs gymnasium; kernel build machinery."""
 
 import pathlib
 import shutil
@@ -119,3 +119,21 @@ def test_gpu_kernel_matches_host_build():
         h, d = host.step(act), gpu.step(act.cuda())
         torch.testing.assert_close(h[0], d[0].cpu(), rtol=0, atol=1e-5)
         assert torch.equal(h[2], d[2].cpu()) and torch.equal(h[3], d[3].cpu())
+
+
+def test_native_pendulum_equals_gymnasium_exactly_and_its_kernel_equals_its_reference():
+    from msrl.envs.native import Pendulum
+    from msrl.envs.native.check import check_pendulum
+
+    reports = check_pendulum(num_envs=5, steps=500, seed=2)
+    for r in reports:
+        assert r.ok and r.max_obs_diff == 0.0 and r.flag_mismatches == 0, r
+    assert reports[0].truncations == 10  # 5 envs x 2 episodes of 200 steps
+    a, b = Pendulum(9, impl="kernel"), Pendulum(9, impl="torch")
+    assert torch.equal(a.reset(seed=5), b.reset(seed=5))
+    g = torch.Generator().manual_seed(0)
+    for _ in range(450):
+        u = torch.rand(9, 1, generator=g) * 6 - 3
+        for x, y in zip(a.step(u)[:4], b.step(u)[:4]):
+            assert torch.equal(x, y)
+    assert a.pop_episode_stats() == b.pop_episode_stats()

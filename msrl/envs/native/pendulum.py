@@ -1,0 +1,141 @@
+"""Native Pendulum-v1: gymnasium's ``PendulumEnv`` (continuous torque) under ``TimeLimit(200)``,
+batched, with same-step autoreset.
+
+The arithmetic follows gymnasium's under NumPy 2's promotion rules: the clipped torque ``u`` is
+float32 and the terms made from it alone (``0.001 * u**2``, ``3 * u``) are float32; the state
+(theta, theta_dot) is float64; the angle is normalised with NumPy's floored remainder.
+Start states: theta ~ U[-pi, pi), theta_dot ~ U[-1, 1), per env and episode from splitmix64.
+"""
+
+from __future__ import annotations
+
+import math
+import pathlib
+
+import gymnasium
+import numpy as np
+import torch
+
+from msrl.envs.native.base import NativeEnv, uniform
+
+__all__ = ["Pendulum"]
+
+G, DT, MAX_SPEED, MAX_TORQUE = 10.0, 0.05, 8.0, 2.0
+
+
+def _remainder(a: torch.Tensor, b: float) -> torch.Tensor:
+    """NumPy's float remainder (floored modulo via fmod), bitwise."""
+    mod = torch.fmod(a, b)
+    adjust = (mod != 0) & ((mod < 0) != (b < 0))
+    return torch.where(adjust, mod + b, torch.where(mod == 0, torch.copysign(torch.zeros_like(mod), torch.tensor(b)), mod))
+
+
+class Pendulum(NativeEnv):
+    """``N`` Pendulum-v1 envs in tensors (see the module docstring).
+
+    Observations ``(N, 3)`` float32 ``(cos theta, sin theta, theta_dot)``; actions ``(N, 1)``
+    float32 torques, clipped to [-2, 2]; rewards ``-(theta^2 + 0.1 theta_dot^2 + 0.001 u^2)``.
+    """
+
+    KERNEL_SOURCE = pathlib.Path(__file__).with_name("pendulum.cu")
+    ENV_ID = "msrl/Pendulum-v1"
+    GYMNASIUM_ID = "Pendulum-v1"
+
+    def __init__(self, num_envs: int, device: str | torch.device = "cpu", impl: str = "kernel", max_episode_steps: int = 200) -> None:
+        super().__init__(num_envs, device, impl)
+        self.max_episode_steps = max_episode_steps
+        high = np.array([1.0, 1.0, MAX_SPEED], dtype=np.float32)
+        self.spec = self.make_spec(
+            self.ENV_ID,
+            gymnasium.spaces.Box(-high, high, dtype=np.float32),
+            gymnasium.spaces.Box(-MAX_TORQUE, MAX_TORQUE, shape=(1,), dtype=np.float32),
+        )
+        dev = self.device
+        self.state = torch.zeros(num_envs, 2, dtype=torch.float64, device=dev)
+        self.steps = torch.zeros(num_envs, dtype=torch.int32, device=dev)
+        self.episode = torch.zeros(num_envs, dtype=torch.int64, device=dev)
+        self._env_index = torch.arange(num_envs, dtype=torch.int64, device=dev)
+
+    def _tensors(self) -> dict[str, torch.Tensor]:
+        return {"state": self.state, "steps": self.steps, "episode": self.episode}
+
+    def _start(self, episode: torch.Tensor) -> torch.Tensor:
+        th = -math.pi + 2.0 * math.pi * uniform(self.seed, self._env_index, episode, 0)
+        thdot = -1.0 + 2.0 * uniform(self.seed, self._env_index, episode, 1)
+        return torch.stack([th, thdot], dim=1)
+
+    @staticmethod
+    def _obs(state: torch.Tensor) -> torch.Tensor:
+        return torch.stack([torch.cos(state[:, 0]), torch.sin(state[:, 0]), state[:, 1]], dim=1).to(torch.float32)
+
+    def reset(self, seed: int | None = None) -> torch.Tensor:
+        """Starts episode 0 of every env from ``seed``; returns observations ``(N, 3)`` float32."""
+        if seed is not None:
+            self.seed = int(seed)
+        self._reset_tracking()
+        if self._kernels is not None:
+            obs = torch.empty(self.num_envs, 3, dtype=torch.float32, device=self.device)
+            self._kernels.launch("pendulum_reset", self.grid, self.BLOCK, self.state, self.steps, self.episode, obs,
+                                 self.seed & ((1 << 64) - 1), self.num_envs)
+            return obs
+        self.episode.zero_()
+        self.steps.zero_()
+        self.state.copy_(self._start(self.episode))
+        return self._obs(self.state)
+
+    def step(self, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """One step of every env (same-step autoreset; episodes end by truncation only).
+
+        Args:
+            action: ``(N, 1)`` or ``(N,)`` torques (converted to float32).
+
+        Raises:
+            ValueError: wrong shape.
+        """
+        if action.shape not in ((self.num_envs, 1), (self.num_envs,)):
+            raise ValueError(f"action has shape {tuple(action.shape)}, expected ({self.num_envs}, 1)")
+        u = action.reshape(self.num_envs).to(device=self.device, dtype=torch.float32).contiguous()
+        n, dev = self.num_envs, self.device
+        if self._kernels is not None:
+            obs = torch.empty(n, 3, dtype=torch.float32, device=dev)
+            final_obs = torch.empty(n, 3, dtype=torch.float32, device=dev)
+            reward = torch.empty(n, dtype=torch.float32, device=dev)
+            terminated = torch.empty(n, dtype=torch.bool, device=dev)
+            truncated = torch.empty(n, dtype=torch.bool, device=dev)
+            done_return = torch.empty(n, dtype=torch.float64, device=dev)
+            done_length = torch.empty(n, dtype=torch.int64, device=dev)
+            self._kernels.launch_unchecked("pendulum_step", self.grid, self.BLOCK, self.state, self.steps, self.episode, u,
+                                           obs, final_obs, reward, terminated, truncated, self._episode_return,
+                                           self._episode_length, done_return, done_length, self.seed & ((1 << 64) - 1), n,
+                                           self.max_episode_steps)
+            self._log_finished(done_return, done_length)
+        else:
+            obs, final_obs, reward, terminated, truncated = self._step_torch(u)
+            self._track(reward, truncated)
+        return obs, reward, terminated, truncated, {"final_obs": final_obs}
+
+    def _step_torch(self, u: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The torch reference of ``pendulum_step``."""
+        th, thdot = self.state[:, 0], self.state[:, 1]
+        u = u.clamp(-MAX_TORQUE, MAX_TORQUE)
+        thn = _remainder(th + math.pi, 2.0 * math.pi) - math.pi
+        cost = (thn * thn + 0.1 * (thdot * thdot)) + (0.001 * (u * u)).to(torch.float64)
+        newthdot = thdot + (3.0 * G / 2.0 * torch.sin(th) + (3.0 * u).to(torch.float64)) * DT
+        newthdot = newthdot.clamp(-MAX_SPEED, MAX_SPEED)
+        new = torch.stack([th + newthdot * DT, newthdot], dim=1)
+        steps = self.steps + 1
+        truncated = steps >= self.max_episode_steps
+        final_obs = self._obs(new)
+        self.episode += truncated.to(torch.int64)
+        new = torch.where(truncated.unsqueeze(1), self._start(self.episode), new)
+        self.state.copy_(new)
+        self.steps.copy_(torch.where(truncated, 0, steps).to(torch.int32))
+        reward = (-cost).to(torch.float32)
+        terminated = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
+        return self._obs(new), final_obs, reward, terminated, truncated
+
+    def set_state(self, index: int, state: np.ndarray | torch.Tensor, steps: int = 0) -> torch.Tensor:
+        """Overwrites env ``index``'s (theta, theta_dot); returns its observation ``(3,)``."""
+        self.state[index] = torch.as_tensor(np.asarray(state, dtype=np.float64), device=self.device)
+        self.steps[index] = steps
+        return self._obs(self.state[index : index + 1])[0]
