@@ -15,7 +15,7 @@ import torch
 
 from msrl.api import Environment, EnvSpec, EpisodeStats
 
-__all__ = ["NativeEnv", "IMPLS", "splitmix64", "uniform"]
+__all__ = ["NativeEnv", "IMPLS", "splitmix64", "uniform", "uniform_many"]
 
 #: Implementations of a native env's rules.
 IMPLS = ("torch", "kernel")
@@ -46,6 +46,12 @@ def uniform(seed: int, env: torch.Tensor, episode: torch.Tensor, k: int) -> torc
     """U[0, 1) float64 per env from (seed, env index, episode count, draw k), as the kernels'
     ``msrl_uniform`` computes it."""
     h = splitmix64(_signed(seed) ^ splitmix64(env ^ splitmix64(episode * 4 + k)))
+    return _srl(h, 11).to(torch.float64) * (1.0 / 9007199254740992.0)
+
+
+def uniform_many(seed: int, stream: torch.Tensor, episode: torch.Tensor, k: int) -> torch.Tensor:
+    """Like :func:`uniform` for any number of draws ``k`` per episode (Tag's ``tg_uniform``)."""
+    h = splitmix64(_signed(seed) ^ splitmix64(stream ^ splitmix64(splitmix64(episode) + k)))
     return _srl(h, 11).to(torch.float64) * (1.0 / 9007199254740992.0)
 
 

@@ -1,0 +1,233 @@
+// msrl native Tag (continuous): WarpDrive's tag_continuous game, following the rules written out
+// in shared/specs/tag_continuous.md (reference: WarpDrive's NumPy env). One block per env, one
+// thread per agent (a thread-stride loop when agents outnumber threads). Phases that need every
+// agent of the previous phase are separate kernels (a launch boundary is a grid-wide barrier),
+// so the source needs no __syncthreads and runs unchanged through the host build.
+//
+// Arrays are (E, N) row-major for per-agent values (E envs, N agents), (E,) per env.
+// Reductions written by several threads (a tagger's reward, the runner count) use atomicAdd.
+
+#define TG_PI 3.14159265358979f
+#define TG_TWO_PI 6.28318530717959f
+
+__device__ __forceinline__ unsigned long long tg_splitmix64(unsigned long long x) {
+    unsigned long long z = x + 0x9E3779B97F4A7C15ULL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+// U[0, 1) from (seed, stream, episode, k); any number of draws k per episode.
+__device__ __forceinline__ double tg_uniform(unsigned long long seed, unsigned long long stream,
+                                             unsigned long long episode, unsigned long long k) {
+    unsigned long long h = tg_splitmix64(seed ^ tg_splitmix64(stream ^ tg_splitmix64(tg_splitmix64(episode) + k)));
+    return (double)(h >> 11) * (1.0 / 9007199254740992.0);
+}
+
+// NumPy's float32 remainder (floored modulo built on fmod).
+__device__ __forceinline__ float tg_remainder(float a, float b) {
+    float mod = fmodf(a, b);
+    if (mod != 0.0f) {
+        if ((b < 0.0f) != (mod < 0.0f)) mod += b;
+    } else {
+        mod = copysignf(0.0f, b);
+    }
+    return mod;
+}
+
+// Per env: choose the taggers (Floyd's sampling of num_taggers ids out of N), reset the clock and
+// the runner count. One thread per env. only_done: reset only envs with done[e].
+extern "C" __global__ void tag_reset_env(float* __restrict__ agent_type, int* __restrict__ t,
+                                         int* __restrict__ runners_left, long long* __restrict__ episode,
+                                         const bool* __restrict__ done, int only_done, unsigned long long seed,
+                                         int num_envs, int num_agents, int num_taggers) {
+    int e = blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= num_envs) return;
+    if (only_done && !done[e]) return;
+    long long ep = only_done ? episode[e] + 1 : 0;
+    episode[e] = ep;
+    float* type = agent_type + (long long)e * num_agents;
+    for (int a = 0; a < num_agents; ++a) type[a] = 0.0f;
+    int k = 0;
+    for (int j = num_agents - num_taggers; j < num_agents; ++j, ++k) {
+        int r = (int)(tg_uniform(seed, (unsigned long long)e, (unsigned long long)ep, (unsigned long long)k) * (double)(j + 1));
+        if (r > j) r = j;
+        if (type[r] == 1.0f) r = j;
+        type[r] = 1.0f;
+    }
+    t[e] = 0;
+    runners_left[e] = num_agents - num_taggers;
+}
+
+// Per agent: start position U[0, L)^2, heading in {0, pi/2, pi, 3pi/2}, at rest, in the game.
+extern "C" __global__ void tag_reset_agents(float* __restrict__ x, float* __restrict__ y, float* __restrict__ dir,
+                                            float* __restrict__ speed, float* __restrict__ acc, float* __restrict__ in_game,
+                                            const long long* __restrict__ episode, const bool* __restrict__ done,
+                                            int only_done, unsigned long long seed, int num_envs, int num_agents,
+                                            float grid_length) {
+    int e = blockIdx.x;
+    if (e >= num_envs) return;
+    if (only_done && !done[e]) return;
+    unsigned long long ep = (unsigned long long)episode[e];
+    for (int a = threadIdx.x; a < num_agents; a += blockDim.x) {
+        long long i = (long long)e * num_agents + a;
+        unsigned long long stream = 0x100000000ULL + (unsigned long long)i;
+        x[i] = (float)(tg_uniform(seed, stream, ep, 0ULL) * (double)grid_length);
+        y[i] = (float)(tg_uniform(seed, stream, ep, 1ULL) * (double)grid_length);
+        dir[i] = (float)(int)(tg_uniform(seed, stream, ep, 2ULL) * 4.0) * (TG_PI / 2.0f);
+        speed[i] = 0.0f;
+        acc[i] = 0.0f;
+        in_game[i] = 1.0f;
+    }
+}
+
+// Per agent, steps 1-6 of the rules; writes each agent's reward so far (edge penalty + step
+// term for agents in the game, 0 otherwise). action: (E, N, 2) int64 indices into the tables.
+extern "C" __global__ void tag_dynamics(float* __restrict__ x, float* __restrict__ y, float* __restrict__ dir,
+                                        float* __restrict__ speed, float* __restrict__ acc,
+                                        const float* __restrict__ in_game, const float* __restrict__ agent_type,
+                                        const long long* __restrict__ action, const float* __restrict__ acc_table,
+                                        const float* __restrict__ turn_table, float* __restrict__ reward,
+                                        int num_envs, int num_agents, float grid_length, float max_speed,
+                                        float skill_tagger, float skill_runner, float edge_hit_penalty,
+                                        float step_penalty_tagger, float step_reward_runner) {
+    int e = blockIdx.x;
+    if (e >= num_envs) return;
+    for (int a = threadIdx.x; a < num_agents; a += blockDim.x) {
+        long long i = (long long)e * num_agents + a;
+        float g = in_game[i];
+        bool tagger = agent_type[i] == 1.0f;
+        float d = tg_remainder(dir[i] + turn_table[action[2 * i + 1]], TG_TWO_PI) * g;
+        float ac = acc[i] + acc_table[action[2 * i]];
+        float max_i = max_speed * (tagger ? skill_tagger : skill_runner);
+        float sp = fminf(fmaxf(speed[i] + ac, 0.0f), max_i) * g;
+        ac = ac * (float)(sp > 0.0f) * (float)(sp < max_i);
+        float nx = x[i] + sp * cosf(d);
+        float ny = y[i] + sp * sinf(d);
+        bool crossed = nx < 0.0f || nx > grid_length || ny < 0.0f || ny > grid_length;
+        x[i] = fminf(fmaxf(nx, 0.0f), grid_length);
+        y[i] = fminf(fmaxf(ny, 0.0f), grid_length);
+        dir[i] = d;
+        speed[i] = sp;
+        acc[i] = ac;
+        float r = (crossed ? edge_hit_penalty : 0.0f) + (tagger ? step_penalty_tagger : step_reward_runner);
+        reward[i] = g != 0.0f ? r : 0.0f;
+    }
+}
+
+// Per agent: the observation (feature-major, 7M + 1 values) of step 7. full_observation: M = N-1
+// others in id order; else the K nearest in-game others (ties by id), zero-padded. only_done:
+// observe only agents of envs with done[e].
+extern "C" __global__ void tag_observe(const float* __restrict__ x, const float* __restrict__ y,
+                                       const float* __restrict__ dir, const float* __restrict__ speed,
+                                       const float* __restrict__ acc, const float* __restrict__ in_game,
+                                       const float* __restrict__ agent_type, const int* __restrict__ t,
+                                       float* __restrict__ obs, const bool* __restrict__ done, int only_done,
+                                       int num_envs, int num_agents, int full_observation, int num_observed,
+                                       int episode_length, float grid_length, float max_speed) {
+    int e = blockIdx.x;
+    if (e >= num_envs) return;
+    if (only_done && !done[e]) return;
+    int M = full_observation ? num_agents - 1 : num_observed;
+    int width = 7 * M + 1;
+    long long base = (long long)e * num_agents;
+    float pos_scale = sqrtf(2.0f) * grid_length;
+    float vel_scale = max_speed + 1e-10f;
+    float time_frac = (float)t[e] / (float)episode_length;
+    for (int a = threadIdx.x; a < num_agents; a += blockDim.x) {
+        long long i = base + a;
+        float* o = obs + i * width;
+        bool self_in = in_game[i] != 0.0f;
+        if (full_observation) {
+            for (int m = 0, j = 0; j < num_agents; ++j) {
+                if (j == a) continue;
+                long long q = base + j;
+                float live = self_in ? 1.0f : 0.0f;
+                o[0 * M + m] = live * (x[q] - x[i]) / pos_scale;
+                o[1 * M + m] = live * (y[q] - y[i]) / pos_scale;
+                o[2 * M + m] = live * (speed[q] - speed[i]) / vel_scale;
+                o[3 * M + m] = live * (acc[q] - acc[i]) / vel_scale;
+                o[4 * M + m] = live * (dir[q] - dir[i]) / TG_TWO_PI;
+                o[5 * M + m] = agent_type[q];
+                o[6 * M + m] = in_game[q];
+                ++m;
+            }
+            o[7 * M] = self_in ? time_frac : 0.0f;
+            continue;
+        }
+        for (int k = 0; k < width; ++k) o[k] = 0.0f;
+        if (!self_in || t[e] == 0) continue;
+        // K nearest in-game others: repeated selection of the next (distance, id) in order.
+        float last_d = -1.0f;
+        int last_j = -1;
+        for (int m = 0; m < M; ++m) {
+            float best_d = 0.0f;
+            int best_j = -1;
+            for (int j = 0; j < num_agents; ++j) {
+                long long q = base + j;
+                if (j == a || in_game[q] == 0.0f) continue;
+                float dx = x[q] - x[i], dy = y[q] - y[i];
+                float dd = sqrtf(dx * dx + dy * dy);
+                bool after_last = dd > last_d || (dd == last_d && j > last_j);
+                bool better = best_j < 0 || dd < best_d || (dd == best_d && j < best_j);
+                if (after_last && better) {
+                    best_d = dd;
+                    best_j = j;
+                }
+            }
+            if (best_j < 0) break;
+            long long q = base + best_j;
+            o[0 * M + m] = (x[q] - x[i]) / pos_scale;
+            o[1 * M + m] = (y[q] - y[i]) / pos_scale;
+            o[2 * M + m] = (speed[q] - speed[i]) / vel_scale;
+            o[3 * M + m] = (acc[q] - acc[i]) / vel_scale;
+            o[4 * M + m] = (dir[q] - dir[i]) / TG_TWO_PI;
+            o[5 * M + m] = agent_type[q];
+            o[6 * M + m] = in_game[q];
+            last_d = best_d;
+            last_j = best_j;
+        }
+        o[7 * M] = time_frac;
+    }
+}
+
+// Per in-game runner: its nearest tagger (lowest id on ties); a tag within tagging_distance * L
+// penalises the runner, rewards that tagger (atomicAdd: several runners may be tagged by one
+// tagger in one step), and takes the runner out of the game (runner count: atomicAdd). At
+// t = T every runner still in the game gets the end-of-game reward.
+extern "C" __global__ void tag_rewards(const float* __restrict__ x, const float* __restrict__ y,
+                                       float* __restrict__ in_game, const float* __restrict__ agent_type,
+                                       float* __restrict__ reward, int* __restrict__ runners_left,
+                                       const int* __restrict__ t, int num_envs, int num_agents, float grid_length,
+                                       float tagging_distance, float tag_reward_tagger, float tag_penalty_runner,
+                                       float end_of_game_reward_runner, int runner_exits, int episode_length) {
+    int e = blockIdx.x;
+    if (e >= num_envs) return;
+    long long base = (long long)e * num_agents;
+    for (int a = threadIdx.x; a < num_agents; a += blockDim.x) {
+        long long i = base + a;
+        if (agent_type[i] == 1.0f || in_game[i] == 0.0f) continue;
+        float best_d = 0.0f;
+        int best_j = -1;
+        for (int j = 0; j < num_agents; ++j) {
+            long long q = base + j;
+            if (agent_type[q] != 1.0f) continue;
+            float dx = x[q] - x[i], dy = y[q] - y[i];
+            float dd = sqrtf(dx * dx + dy * dy);
+            if (best_j < 0 || dd < best_d) {
+                best_d = dd;
+                best_j = j;
+            }
+        }
+        bool tagged = best_j >= 0 && best_d < tagging_distance * grid_length;
+        if (tagged) {
+            reward[i] += tag_penalty_runner;
+            atomicAdd(&reward[base + best_j], tag_reward_tagger);
+            if (runner_exits) {
+                in_game[i] = 0.0f;
+                atomicAdd(&runners_left[e], -1);
+            }
+        }
+        if (t[e] >= episode_length && in_game[i] != 0.0f) reward[i] += end_of_game_reward_runner;
+    }
+}

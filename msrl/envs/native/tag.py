@@ -1,0 +1,379 @@
+"""Native Tag (continuous): WarpDrive's ``tag_continuous`` game as a batched multi-agent env,
+following the rules in ``shared/specs/tag_continuous.md`` (the reference is WarpDrive's NumPy
+env, ``TagContinuous(env_backend="cpu")``).
+
+Taggers chase runners on an ``L x L`` grid; agents steer by choosing an acceleration and a turn
+from tables; a runner within ``tagging_distance * L`` of its nearest tagger is tagged (penalty
+for it, reward for that tagger) and leaves the game; the game ends after ``episode_length``
+steps (runners still in it get a bonus) or when no runner is left.
+
+Shapes (``E`` envs, ``N = num_taggers + num_runners`` agents, ``D = 7 M + 1`` observation
+values with ``M = N - 1`` (full observation) or ``K`` (partial)):
+
+* observations ``(E, N, D)`` float32, feature-major per agent (see the spec);
+* actions ``(E, N, 2)`` int64: (acceleration index, turn index), index 0 a no-op;
+* rewards ``(E, N)`` float32; ``terminated`` ``(E,)`` bool (the game ended: time is up or no
+  runner is left; both are ends of the game, not truncations); ``truncated`` always False;
+* ``info["agent_type"]`` ``(E, N)`` float32, 1 for taggers: tagger ids are drawn per env and per
+  episode (``num_taggers`` of ``N``, not the first ones).
+
+Start states come from splitmix64 streams keyed by (seed, env, agent, episode): one seed gives
+one trajectory, on the CPU (host build) and on a GPU alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import pathlib
+from typing import Any
+
+import gymnasium
+import numpy as np
+import torch
+
+from msrl.envs.native.base import NativeEnv
+from msrl.envs.native.base import uniform_many as uniform
+
+__all__ = ["Tag", "TagParams"]
+
+_TWO_PI = np.float32(6.28318530717959)
+_HALF_PI = np.float32(3.14159265358979) / np.float32(2.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class TagParams:
+    """The game's parameters (WarpDrive's constructor defaults; ``tag_continuous.yaml``'s in
+    brackets in the spec)."""
+
+    num_taggers: int = 1
+    num_runners: int = 10
+    grid_length: float = 10.0
+    episode_length: int = 100
+    max_speed: float = 1.0
+    skill_level_runner: float = 1.0
+    skill_level_tagger: float = 1.0
+    max_acceleration: float = 1.0
+    min_acceleration: float = -1.0
+    max_turn: float = math.pi / 2
+    min_turn: float = -math.pi / 2
+    num_acceleration_levels: int = 10
+    num_turn_levels: int = 10
+    edge_hit_penalty: float = -0.0
+    use_full_observation: bool = True
+    num_other_agents_observed: int = 2
+    tagging_distance: float = 0.01
+    tag_reward_for_tagger: float = 1.0
+    step_penalty_for_tagger: float = -0.0
+    tag_penalty_for_runner: float = -1.0
+    step_reward_for_runner: float = 0.0
+    end_of_game_reward_for_runner: float = 1.0
+    runner_exits_game_after_tagged: bool = True
+
+    def __post_init__(self) -> None:
+        if self.num_taggers < 1 or self.num_runners < 1:
+            raise ValueError("Tag needs at least one tagger and one runner")
+        if not self.use_full_observation and not 1 <= self.num_other_agents_observed <= self.num_agents - 1:
+            raise ValueError(f"num_other_agents_observed must lie in [1, {self.num_agents - 1}]")
+
+    @property
+    def num_agents(self) -> int:
+        return self.num_taggers + self.num_runners
+
+    @property
+    def num_observed(self) -> int:
+        """``M``: other agents in each observation."""
+        return self.num_agents - 1 if self.use_full_observation else self.num_other_agents_observed
+
+
+class Tag(NativeEnv):
+    """``E`` Tag games in tensors (see the module docstring).
+
+    Args:
+        num_envs: ``E``; device; impl: ``"kernel"`` or ``"torch"``; ``**params``: any field of
+            :class:`TagParams`.
+
+    Raises:
+        TypeError: an unknown parameter; ValueError: inconsistent parameters.
+    """
+
+    KERNEL_SOURCE = pathlib.Path(__file__).with_name("tag.cu")
+    ENV_ID = "msrl/Tag-v0"
+    GYMNASIUM_ID = None
+    #: threads per block: one per agent, up to this many (then a thread-stride loop)
+    MAX_BLOCK = 1024
+
+    def __init__(self, num_envs: int, device: str | torch.device = "cpu", impl: str = "kernel", **params: Any) -> None:
+        super().__init__(num_envs, device, impl)
+        fields = {f.name for f in dataclasses.fields(TagParams)}
+        unknown = sorted(set(params) - fields)
+        if unknown:
+            raise TypeError(f"unknown Tag parameters {unknown}; valid: {', '.join(sorted(fields))}")
+        self.params = p = TagParams(**params)
+        E, N, dev = num_envs, p.num_agents, self.device
+        self.num_agents = N
+        self.obs_dim = 7 * p.num_observed + 1
+        self.spec = self.make_spec(
+            self.ENV_ID,
+            gymnasium.spaces.Box(-np.inf, np.inf, shape=(self.obs_dim,), dtype=np.float32),
+            gymnasium.spaces.MultiDiscrete([p.num_acceleration_levels + 1, p.num_turn_levels + 1]),
+        )
+        f32 = dict(dtype=torch.float32, device=dev)
+        self.x, self.y, self.dir, self.speed, self.acc = (torch.zeros(E, N, **f32) for _ in range(5))
+        self.in_game = torch.zeros(E, N, **f32)
+        self.agent_type = torch.zeros(E, N, **f32)
+        self.t = torch.zeros(E, dtype=torch.int32, device=dev)
+        self.runners_left = torch.zeros(E, dtype=torch.int32, device=dev)
+        self.episode = torch.zeros(E, dtype=torch.int64, device=dev)
+        self.acc_table = torch.tensor(
+            [0.0] + np.linspace(p.min_acceleration, p.max_acceleration, p.num_acceleration_levels).tolist(), **f32)
+        self.turn_table = torch.tensor([0.0] + np.linspace(p.min_turn, p.max_turn, p.num_turn_levels).tolist(), **f32)
+        self._episode_return = torch.zeros(E, N, dtype=torch.float64, device=dev)
+        self._episode_length = torch.zeros(E, dtype=torch.int64, device=dev)
+        self._agent_index = torch.arange(N, device=dev)
+        self._env_index = torch.arange(E, dtype=torch.int64, device=dev)
+        self._no_done = torch.zeros(E, dtype=torch.bool, device=dev)
+
+    @property
+    def block(self) -> int:
+        """Threads per block (one per agent, capped)."""
+        return min(self.num_agents, self.MAX_BLOCK)
+
+    def _tensors(self) -> dict[str, torch.Tensor]:
+        return {"x": self.x, "y": self.y, "dir": self.dir, "speed": self.speed, "acc": self.acc, "in_game": self.in_game,
+                "agent_type": self.agent_type, "t": self.t, "runners_left": self.runners_left, "episode": self.episode}
+
+    def _reset_tracking(self) -> None:
+        self._episode_return.zero_()
+        self._episode_length.zero_()
+
+    # -- reset ------------------------------------------------------------------------------
+    def reset(self, seed: int | None = None) -> torch.Tensor:
+        """Starts episode 0 of every game; returns observations ``(E, N, D)`` float32."""
+        if seed is not None:
+            self.seed = int(seed)
+        self._reset_tracking()
+        obs = torch.empty(self.num_envs, self.num_agents, self.obs_dim, dtype=torch.float32, device=self.device)
+        self._reset(self._no_done, only_done=False)
+        self._observe(obs, self._no_done, only_done=False)
+        return obs
+
+    def _reset(self, done: torch.Tensor, only_done: bool) -> None:
+        p, seed = self.params, self.seed & ((1 << 64) - 1)
+        if self._kernels is not None:
+            k = self._kernels
+            k.launch_unchecked("tag_reset_env", (self.num_envs + 255) // 256, 256, self.agent_type, self.t, self.runners_left,
+                               self.episode, done, int(only_done), seed, self.num_envs, self.num_agents, p.num_taggers)
+            k.launch_unchecked("tag_reset_agents", self.num_envs, self.block, self.x, self.y, self.dir, self.speed, self.acc,
+                               self.in_game, self.episode, done, int(only_done), seed, self.num_envs, self.num_agents,
+                               float(p.grid_length))
+            return
+        self._reset_torch(done, only_done)
+
+    def _reset_torch(self, done: torch.Tensor, only_done: bool) -> None:
+        """Torch reference of ``tag_reset_env`` + ``tag_reset_agents``."""
+        p, E, N = self.params, self.num_envs, self.num_agents
+        sel = done if only_done else torch.ones_like(done)
+        episode = torch.where(sel, self.episode + 1 if only_done else torch.zeros_like(self.episode), self.episode)
+        # Floyd's sampling of the taggers, vectorised over envs
+        types = torch.zeros(E, N, dtype=torch.float32, device=self.device)
+        for k, j in enumerate(range(N - p.num_taggers, N)):
+            u = uniform(self.seed, self._env_index, episode, k)
+            r = (u * float(j + 1)).to(torch.int64).clamp(max=j)
+            taken = types.gather(1, r[:, None])[:, 0] == 1.0
+            r = torch.where(taken, torch.full_like(r, j), r)
+            types.scatter_(1, r[:, None], 1.0)
+        stream = (1 << 32) + self._env_index[:, None] * N + self._agent_index[None, :]
+        ep = episode[:, None].expand(E, N)
+        x = (uniform(self.seed, stream, ep, 0) * float(p.grid_length)).to(torch.float32)
+        y = (uniform(self.seed, stream, ep, 1) * float(p.grid_length)).to(torch.float32)
+        d = (uniform(self.seed, stream, ep, 2) * 4.0).to(torch.int32).to(torch.float32) * torch.tensor(_HALF_PI)
+        m = sel[:, None]
+        for name, new in (("agent_type", types), ("x", x), ("y", y), ("dir", d), ("speed", torch.zeros_like(x)),
+                          ("acc", torch.zeros_like(x)), ("in_game", torch.ones_like(x))):
+            getattr(self, name).copy_(torch.where(m, new, getattr(self, name)))
+        self.t.copy_(torch.where(sel, 0, self.t))
+        self.runners_left.copy_(torch.where(sel, p.num_runners, self.runners_left))
+        self.episode.copy_(episode)
+
+    # -- observe ----------------------------------------------------------------------------
+    def _observe(self, obs: torch.Tensor, done: torch.Tensor, only_done: bool) -> None:
+        p = self.params
+        if self._kernels is not None:
+            self._kernels.launch_unchecked(
+                "tag_observe", self.num_envs, self.block, self.x, self.y, self.dir, self.speed, self.acc, self.in_game,
+                self.agent_type, self.t, obs, done, int(only_done), self.num_envs, self.num_agents,
+                int(p.use_full_observation), p.num_observed, p.episode_length, float(p.grid_length), float(p.max_speed))
+            return
+        new = self._observe_torch()
+        obs.copy_(torch.where(done[:, None, None], new, obs) if only_done else new)
+
+    def _observe_torch(self) -> torch.Tensor:
+        """Torch reference of ``tag_observe``: ``(E, N, D)``."""
+        p, E, N = self.params, self.num_envs, self.num_agents
+        pos_scale = torch.sqrt(torch.tensor(2.0)) * torch.tensor(float(p.grid_length))
+        vel_scale = torch.tensor(float(p.max_speed)) + torch.tensor(1e-10)
+        time_frac = self.t.to(torch.float32) / float(p.episode_length)
+        self_in = self.in_game != 0.0
+
+        def features(j: torch.Tensor) -> list[torch.Tensor]:
+            """The 7 features of agents ``j`` ``(E, N, M)`` relative to each agent."""
+            g = lambda v: v.gather(1, j.reshape(E, -1)).reshape(j.shape)  # noqa: E731
+            me = lambda v: v[:, :, None]  # noqa: E731
+            return [
+                (g(self.x) - me(self.x)) / pos_scale,
+                (g(self.y) - me(self.y)) / pos_scale,
+                (g(self.speed) - me(self.speed)) / vel_scale,
+                (g(self.acc) - me(self.acc)) / vel_scale,
+                (g(self.dir) - me(self.dir)) / torch.tensor(_TWO_PI),
+                g(self.agent_type),
+                g(self.in_game),
+            ]
+
+        if p.use_full_observation:
+            others = torch.stack([torch.cat([self._agent_index[:i], self._agent_index[i + 1:]]) for i in range(N)])
+            j = others[None].expand(E, N, N - 1)
+            f = features(j)
+            live = self_in.to(torch.float32)[:, :, None]
+            f = [live * v for v in f[:5]] + f[5:]
+            return torch.cat([torch.cat(f, dim=2), torch.where(self_in, time_frac[:, None], 0.0)[:, :, None]], dim=2)
+        K = p.num_observed
+        dx = self.x[:, None, :] - self.x[:, :, None]
+        dy = self.y[:, None, :] - self.y[:, :, None]
+        dist = torch.sqrt(dx * dx + dy * dy)
+        eye = torch.eye(N, dtype=torch.bool, device=self.device)[None]
+        valid = ~eye & (self.in_game != 0.0)[:, None, :]
+        dist = torch.where(valid, dist, torch.inf)
+        order = torch.sort(dist, dim=2, stable=True).indices[:, :, :K]
+        keep = torch.isfinite(dist.gather(2, order))
+        f = [torch.where(keep, v, 0.0) for v in features(order)]
+        out = torch.cat(f + [time_frac[:, None, None].expand(E, N, 1)], dim=2)
+        on = (self_in & (self.t != 0)[:, None])[:, :, None]
+        return torch.where(on, out, 0.0)
+
+    # -- step -------------------------------------------------------------------------------
+    def step(self, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """One step of every game, then same-step autoreset of the games that ended.
+
+        Args:
+            action: ``(E, N, 2)`` int64 indices (acceleration, turn).
+
+        Returns:
+            ``(obs, reward, terminated, truncated, info)``; ``info["final_obs"]`` holds the
+            observations of the ending step, ``info["agent_type"]`` the types of that step.
+
+        Raises:
+            ValueError: wrong action shape.
+        """
+        E, N, p = self.num_envs, self.num_agents, self.params
+        if action.shape != (E, N, 2):
+            raise ValueError(f"action has shape {tuple(action.shape)}, expected ({E}, {N}, 2)")
+        action = action.to(device=self.device, dtype=torch.int64).contiguous()
+        self.t += 1  # the clock first (rule "t is incremented first")
+        reward = torch.empty(E, N, dtype=torch.float32, device=self.device)
+        final_obs = torch.empty(E, N, self.obs_dim, dtype=torch.float32, device=self.device)
+        if self._kernels is not None:
+            k = self._kernels
+            k.launch_unchecked("tag_dynamics", E, self.block, self.x, self.y, self.dir, self.speed, self.acc, self.in_game,
+                               self.agent_type, action, self.acc_table, self.turn_table, reward, E, N, float(p.grid_length),
+                               float(p.max_speed), float(p.skill_level_tagger), float(p.skill_level_runner),
+                               float(p.edge_hit_penalty), float(p.step_penalty_for_tagger), float(p.step_reward_for_runner))
+            self._observe(final_obs, self._no_done, only_done=False)
+            k.launch_unchecked("tag_rewards", E, self.block, self.x, self.y, self.in_game, self.agent_type, reward,
+                               self.runners_left, self.t, E, N, float(p.grid_length), float(p.tagging_distance),
+                               float(p.tag_reward_for_tagger), float(p.tag_penalty_for_runner),
+                               float(p.end_of_game_reward_for_runner), int(p.runner_exits_game_after_tagged), p.episode_length)
+        else:
+            reward.copy_(self._dynamics_torch(action))
+            final_obs.copy_(self._observe_torch())
+            reward.copy_(self._rewards_torch(reward))
+        agent_type = self.agent_type.clone()
+        terminated = (self.t >= p.episode_length) | (self.runners_left <= 0)
+        self._track_agents(reward, terminated)
+        obs = final_obs.clone()
+        self._reset(terminated, only_done=True)
+        self._observe(obs, terminated, only_done=True)
+        truncated = torch.zeros(E, dtype=torch.bool, device=self.device)
+        return obs, reward, terminated, truncated, {"final_obs": final_obs, "agent_type": agent_type}
+
+    def _dynamics_torch(self, action: torch.Tensor) -> torch.Tensor:
+        """Torch reference of ``tag_dynamics``; returns the rewards so far ``(E, N)``."""
+        p = self.params
+        g = self.in_game
+        tagger = self.agent_type == 1.0
+        d = _remainder32(self.dir + self.turn_table[action[..., 1]], _TWO_PI) * g
+        ac = self.acc + self.acc_table[action[..., 0]]
+        max_i = torch.where(tagger, np.float32(p.max_speed) * np.float32(p.skill_level_tagger),
+                            np.float32(p.max_speed) * np.float32(p.skill_level_runner))
+        sp = torch.minimum(torch.clamp(self.speed + ac, min=0.0), max_i) * g
+        ac = ac * (sp > 0.0).to(torch.float32) * (sp < max_i).to(torch.float32)
+        nx = self.x + sp * torch.cos(d)
+        ny = self.y + sp * torch.sin(d)
+        L = float(p.grid_length)
+        crossed = (nx < 0.0) | (nx > L) | (ny < 0.0) | (ny > L)
+        self.x.copy_(nx.clamp(0.0, L))
+        self.y.copy_(ny.clamp(0.0, L))
+        self.dir.copy_(d)
+        self.speed.copy_(sp)
+        self.acc.copy_(ac)
+        r = torch.where(crossed, np.float32(p.edge_hit_penalty), np.float32(0.0)) + torch.where(
+            tagger, np.float32(p.step_penalty_for_tagger), np.float32(p.step_reward_for_runner))
+        return torch.where(g != 0.0, r, 0.0)
+
+    def _rewards_torch(self, reward: torch.Tensor) -> torch.Tensor:
+        """Torch reference of ``tag_rewards``."""
+        p = self.params
+        tagger = self.agent_type == 1.0
+        runner_in = ~tagger & (self.in_game != 0.0)
+        dx = self.x[:, None, :] - self.x[:, :, None]
+        dy = self.y[:, None, :] - self.y[:, :, None]
+        dist = torch.where(tagger[:, None, :], torch.sqrt(dx * dx + dy * dy), torch.inf)
+        best_d, best_j = dist.min(dim=2)  # first minimum: lowest id on ties
+        tagged = runner_in & (best_d < np.float32(p.tagging_distance) * np.float32(p.grid_length))
+        reward = reward + torch.where(tagged, np.float32(p.tag_penalty_for_runner), np.float32(0.0))
+        gains = torch.zeros_like(reward).scatter_add_(1, best_j, tagged.to(torch.float32) * np.float32(p.tag_reward_for_tagger))
+        reward = reward + gains
+        if p.runner_exits_game_after_tagged:
+            self.in_game.copy_(torch.where(tagged, 0.0, self.in_game))
+            self.runners_left.sub_(tagged.sum(1).to(torch.int32))
+        end = (self.t >= p.episode_length)[:, None] & ~tagger & (self.in_game != 0.0)
+        return reward + torch.where(end, np.float32(p.end_of_game_reward_for_runner), np.float32(0.0))
+
+    # -- statistics -------------------------------------------------------------------------
+    def _track_agents(self, reward: torch.Tensor, done: torch.Tensor) -> None:
+        """Per-agent episode returns ``(E, N)``; a finished game logs its agents' returns."""
+        ret = self._episode_return + reward.to(torch.float64)
+        length = self._episode_length + 1
+        self._finished.append((torch.where(done[:, None], ret, 0.0), torch.where(done, length, -1),
+                               self.agent_type.clone()))
+        self._env_steps += self.num_envs
+        self._episode_return.copy_(torch.where(done[:, None], 0.0, ret))
+        self._episode_length.copy_(torch.where(done, 0, length))
+
+    def pop_episode_stats(self):
+        """Games finished since the last call: each game's return summed over its agents,
+        its length, and per-type mean returns in :attr:`last_type_returns`."""
+        from msrl.api import EpisodeStats
+
+        if not self._finished:
+            self.last_type_returns = {"tagger": [], "runner": []}
+            return EpisodeStats([], [])
+        rets = torch.stack([r for r, _, _ in self._finished]).cpu()
+        lens = torch.stack([n for _, n, _ in self._finished]).cpu()
+        types = torch.stack([t for _, _, t in self._finished]).cpu()
+        self._finished = []
+        mask = lens >= 0
+        game_rets, game_types = rets[mask], types[mask]
+        taggers = game_types == 1.0
+        self.last_type_returns = {
+            "tagger": ((game_rets * taggers).sum(1) / taggers.sum(1)).tolist(),
+            "runner": ((game_rets * ~taggers).sum(1) / (~taggers).sum(1)).tolist(),
+        }
+        return EpisodeStats(game_rets.sum(1).tolist(), lens[mask].tolist())
+
+
+def _remainder32(a: torch.Tensor, b: np.float32) -> torch.Tensor:
+    """NumPy's float32 remainder (floored modulo via fmod)."""
+    mod = torch.fmod(a, float(b))
+    adjust = (mod != 0) & ((mod < 0) != (b < 0))
+    return torch.where(adjust, mod + float(b), torch.where(mod == 0, torch.zeros_like(mod), mod))
