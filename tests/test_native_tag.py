@@ -52,7 +52,7 @@ def test_end_of_game_bonus_and_time_limit(impl):
     env = Tag(2, impl=impl, num_taggers=1, num_runners=2, episode_length=3, end_of_game_reward_for_runner=1.0)
     env.reset(seed=1)
     types = env.agent_type.clone()
-    for step in range(3):
+    for _step in range(3):
         obs, reward, terminated, truncated, info = env.step(torch.zeros(2, 3, 2, dtype=torch.int64))
     assert terminated.tolist() == [True, True] and truncated.tolist() == [False, False]
     runners = info["agent_type"] == 0.0
