@@ -23,6 +23,7 @@ def _place(env, xs, ys, types):
     env.x[0] = torch.tensor(xs)
     env.y[0] = torch.tensor(ys)
     env.agent_type[0] = torch.tensor(types)
+    env.tagger_ids[0] = torch.tensor([i for i, t in enumerate(types) if t == 1.0], dtype=torch.int32)
     env.speed.zero_(), env.acc.zero_(), env.dir.zero_()
     env.in_game.fill_(1.0)
     env.runners_left[0] = int(sum(1 for t in types if t == 0))

@@ -8,6 +8,7 @@
 // Reductions written by several threads (a tagger's reward, the runner count) use atomicAdd.
 
 #define TG_PI 3.14159265358979f
+#define TG_MAX_OBSERVED 64  // most other agents in a partial observation
 #define TG_TWO_PI 6.28318530717959f
 
 __device__ __forceinline__ unsigned long long tg_splitmix64(unsigned long long x) {
@@ -35,9 +36,9 @@ __device__ __forceinline__ float tg_remainder(float a, float b) {
     return mod;
 }
 
-// Per env: choose the taggers (Floyd's sampling of num_taggers ids out of N), reset the clock and
-// the runner count. One thread per env. only_done: reset only envs with done[e].
-extern "C" __global__ void tag_reset_env(float* __restrict__ agent_type, int* __restrict__ t,
+// Per env: choose the taggers (Floyd's sampling of num_taggers ids out of N), list them, reset
+// the clock and the runner count. One thread per env. only_done: reset only envs with done[e].
+extern "C" __global__ void tag_reset_env(float* __restrict__ agent_type, int* __restrict__ tagger_ids, int* __restrict__ t,
                                          int* __restrict__ runners_left, long long* __restrict__ episode,
                                          const bool* __restrict__ done, int only_done, unsigned long long seed,
                                          int num_envs, int num_agents, int num_taggers) {
@@ -55,6 +56,10 @@ extern "C" __global__ void tag_reset_env(float* __restrict__ agent_type, int* __
         if (type[r] == 1.0f) r = j;
         type[r] = 1.0f;
     }
+    // the taggers' ids in ascending order (tag_rewards scans them; ties go to the lowest id)
+    int* ids = tagger_ids + (long long)e * num_taggers;
+    for (int a = 0, m = 0; a < num_agents; ++a)
+        if (type[a] == 1.0f) ids[m++] = a;
     t[e] = 0;
     runners_left[e] = num_agents - num_taggers;
 }
@@ -157,26 +162,29 @@ extern "C" __global__ void tag_observe(const float* __restrict__ x, const float*
         }
         for (int k = 0; k < width; ++k) o[k] = 0.0f;
         if (!self_in || t[e] == 0) continue;
-        // K nearest in-game others: repeated selection of the next (distance, id) in order.
-        float last_d = -1.0f;
-        int last_j = -1;
-        for (int m = 0; m < M; ++m) {
-            float best_d = 0.0f;
-            int best_j = -1;
-            for (int j = 0; j < num_agents; ++j) {
-                long long q = base + j;
-                if (j == a || in_game[q] == 0.0f) continue;
-                float dx = x[q] - x[i], dy = y[q] - y[i];
-                float dd = sqrtf(dx * dx + dy * dy);
-                bool after_last = dd > last_d || (dd == last_d && j > last_j);
-                bool better = best_j < 0 || dd < best_d || (dd == best_d && j < best_j);
-                if (after_last && better) {
-                    best_d = dd;
-                    best_j = j;
-                }
+        // K nearest in-game others, (distance, id) ascending: one pass with insertion into a
+        // sorted list of at most K (ids visited in ascending order keep ties by id).
+        float bd[TG_MAX_OBSERVED];
+        int bj[TG_MAX_OBSERVED];
+        int count = 0;
+        for (int j = 0; j < num_agents; ++j) {
+            long long q = base + j;
+            if (j == a || in_game[q] == 0.0f) continue;
+            float dx = x[q] - x[i], dy = y[q] - y[i];
+            float dd = sqrtf(dx * dx + dy * dy);
+            if (count == M && !(dd < bd[M - 1])) continue;
+            int pos = count < M ? count : M - 1;
+            while (pos > 0 && dd < bd[pos - 1]) {
+                bd[pos] = bd[pos - 1];
+                bj[pos] = bj[pos - 1];
+                --pos;
             }
-            if (best_j < 0) break;
-            long long q = base + best_j;
+            bd[pos] = dd;
+            bj[pos] = j;
+            if (count < M) ++count;
+        }
+        for (int m = 0; m < count; ++m) {
+            long long q = base + bj[m];
             o[0 * M + m] = (x[q] - x[i]) / pos_scale;
             o[1 * M + m] = (y[q] - y[i]) / pos_scale;
             o[2 * M + m] = (speed[q] - speed[i]) / vel_scale;
@@ -184,8 +192,6 @@ extern "C" __global__ void tag_observe(const float* __restrict__ x, const float*
             o[4 * M + m] = (dir[q] - dir[i]) / TG_TWO_PI;
             o[5 * M + m] = agent_type[q];
             o[6 * M + m] = in_game[q];
-            last_d = best_d;
-            last_j = best_j;
         }
         o[7 * M] = time_frac;
     }
@@ -197,6 +203,7 @@ extern "C" __global__ void tag_observe(const float* __restrict__ x, const float*
 // t = T every runner still in the game gets the end-of-game reward.
 extern "C" __global__ void tag_rewards(const float* __restrict__ x, const float* __restrict__ y,
                                        float* __restrict__ in_game, const float* __restrict__ agent_type,
+                                       const int* __restrict__ tagger_ids, int num_taggers,
                                        float* __restrict__ reward, int* __restrict__ runners_left,
                                        const int* __restrict__ t, int num_envs, int num_agents, float grid_length,
                                        float tagging_distance, float tag_reward_tagger, float tag_penalty_runner,
@@ -209,9 +216,9 @@ extern "C" __global__ void tag_rewards(const float* __restrict__ x, const float*
         if (agent_type[i] == 1.0f || in_game[i] == 0.0f) continue;
         float best_d = 0.0f;
         int best_j = -1;
-        for (int j = 0; j < num_agents; ++j) {
+        for (int k = 0; k < num_taggers; ++k) {
+            int j = tagger_ids[(long long)e * num_taggers + k];
             long long q = base + j;
-            if (agent_type[q] != 1.0f) continue;
             float dx = x[q] - x[i], dy = y[q] - y[i];
             float dd = sqrtf(dx * dx + dy * dy);
             if (best_j < 0 || dd < best_d) {

@@ -73,8 +73,8 @@ class TagParams:
     def __post_init__(self) -> None:
         if self.num_taggers < 1 or self.num_runners < 1:
             raise ValueError("Tag needs at least one tagger and one runner")
-        if not self.use_full_observation and not 1 <= self.num_other_agents_observed <= self.num_agents - 1:
-            raise ValueError(f"num_other_agents_observed must lie in [1, {self.num_agents - 1}]")
+        if not self.use_full_observation and not 1 <= self.num_other_agents_observed <= min(self.num_agents - 1, 64):
+            raise ValueError(f"num_other_agents_observed must lie in [1, {min(self.num_agents - 1, 64)}] (kernels keep at most 64)")
 
     @property
     def num_agents(self) -> int:
@@ -122,6 +122,7 @@ class Tag(NativeEnv):
         self.x, self.y, self.dir, self.speed, self.acc = (torch.zeros(E, N, **f32) for _ in range(5))
         self.in_game = torch.zeros(E, N, **f32)
         self.agent_type = torch.zeros(E, N, **f32)
+        self.tagger_ids = torch.zeros(E, p.num_taggers, dtype=torch.int32, device=dev)
         self.t = torch.zeros(E, dtype=torch.int32, device=dev)
         self.runners_left = torch.zeros(E, dtype=torch.int32, device=dev)
         self.episode = torch.zeros(E, dtype=torch.int64, device=dev)
@@ -141,7 +142,8 @@ class Tag(NativeEnv):
 
     def _tensors(self) -> dict[str, torch.Tensor]:
         return {"x": self.x, "y": self.y, "dir": self.dir, "speed": self.speed, "acc": self.acc, "in_game": self.in_game,
-                "agent_type": self.agent_type, "t": self.t, "runners_left": self.runners_left, "episode": self.episode}
+                "agent_type": self.agent_type, "tagger_ids": self.tagger_ids, "t": self.t, "runners_left": self.runners_left,
+                "episode": self.episode}
 
     def _reset_tracking(self) -> None:
         self._episode_return.zero_()
@@ -162,7 +164,8 @@ class Tag(NativeEnv):
         p, seed = self.params, self.seed & ((1 << 64) - 1)
         if self._kernels is not None:
             k = self._kernels
-            k.launch_unchecked("tag_reset_env", (self.num_envs + 255) // 256, 256, self.agent_type, self.t, self.runners_left,
+            k.launch_unchecked("tag_reset_env", (self.num_envs + 255) // 256, 256, self.agent_type, self.tagger_ids, self.t,
+                               self.runners_left,
                                self.episode, done, int(only_done), seed, self.num_envs, self.num_agents, p.num_taggers)
             k.launch_unchecked("tag_reset_agents", self.num_envs, self.block, self.x, self.y, self.dir, self.speed, self.acc,
                                self.in_game, self.episode, done, int(only_done), seed, self.num_envs, self.num_agents,
@@ -192,6 +195,8 @@ class Tag(NativeEnv):
         for name, new in (("agent_type", types), ("x", x), ("y", y), ("dir", d), ("speed", torch.zeros_like(x)),
                           ("acc", torch.zeros_like(x)), ("in_game", torch.ones_like(x))):
             getattr(self, name).copy_(torch.where(m, new, getattr(self, name)))
+        ids = torch.sort(torch.where(types == 1.0, self._agent_index, N), dim=1).values[:, : p.num_taggers].to(torch.int32)
+        self.tagger_ids.copy_(torch.where(m, ids, self.tagger_ids))
         self.t.copy_(torch.where(sel, 0, self.t))
         self.runners_left.copy_(torch.where(sel, p.num_runners, self.runners_left))
         self.episode.copy_(episode)
@@ -279,7 +284,8 @@ class Tag(NativeEnv):
                                float(p.max_speed), float(p.skill_level_tagger), float(p.skill_level_runner),
                                float(p.edge_hit_penalty), float(p.step_penalty_for_tagger), float(p.step_reward_for_runner))
             self._observe(final_obs, self._no_done, only_done=False)
-            k.launch_unchecked("tag_rewards", E, self.block, self.x, self.y, self.in_game, self.agent_type, reward,
+            k.launch_unchecked("tag_rewards", E, self.block, self.x, self.y, self.in_game, self.agent_type, self.tagger_ids,
+                               p.num_taggers, reward,
                                self.runners_left, self.t, E, N, float(p.grid_length), float(p.tagging_distance),
                                float(p.tag_reward_for_tagger), float(p.tag_penalty_for_runner),
                                float(p.end_of_game_reward_for_runner), int(p.runner_exits_game_after_tagged), p.episode_length)
