@@ -11,6 +11,7 @@ setup(
         "msrl",
         "msrl.graph",
         "msrl.envs",
+        "msrl.envs.native",
         "msrl.runtime",
         "msrl.algorithms",
         "msrl.distribution_policies",
@@ -24,6 +25,7 @@ setup(
         "msrl.fragments": "fragments",
         "msrl.cluster": "cluster",
     },
+    package_data={"msrl.envs.native": ["*.cu"], "msrl.fragments": ["*.h"]},
     install_requires=[
         "torch>=2.2",
         "numpy>=1.24",
