@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import gymnasium
 import numpy as np
@@ -278,7 +278,7 @@ class PPOLearner(Learner):
 
     def __init__(self, ctx: BuildContext) -> None:
         self.hp: PPOConfig = ctx.hparams
-        self.net = _build_net(ctx)
+        self.net = self.build_net(ctx)
         self.parameters = list(self.net.parameters())
         self.optimizer = torch.optim.Adam(self.parameters, lr=self.hp.learning_rate, eps=1e-5, fused=True)
         steps_per_iteration = self.hp.num_steps * ctx.total_num_envs
@@ -286,6 +286,10 @@ class PPOLearner(Learner):
         self.iteration = 0
         self.generator = torch.Generator(device=ctx.device)
         self.generator.manual_seed(ctx.seed + 1)
+
+    def build_net(self, ctx: BuildContext) -> nn.Module:
+        """The trained network (an :class:`ActorCritic`); subclasses build others."""
+        return _build_net(ctx)
 
     def learn(self, batch: TensorDict) -> dict[str, float]:
         """Runs ``update_epochs`` epochs of shuffled minibatches on one rollout.
@@ -305,13 +309,7 @@ class PPOLearner(Learner):
             FloatingPointError: a loss became NaN or infinite (no step is taken).
         """
         hp, net = self.hp, self.net
-        frac = 1.0 - self.iteration / self.num_iterations
-        lr = frac * hp.learning_rate if hp.anneal_lr else hp.learning_rate
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        clip = frac * hp.clip_coef if hp.anneal_clip else hp.clip_coef
-        self.iteration += 1
-
+        lr, clip = self.schedule()
         T, N = batch.batch_size
         with torch.no_grad():
             next_values = net.value(batch["next_obs"].flatten(0, 1)).view(T, N)
@@ -320,20 +318,62 @@ class PPOLearner(Learner):
         )
         b_obs = batch["obs"].flatten(0, 1)
         b_actions = batch["action"].flatten(0, 1)
-        b_logprobs = batch["log_prob"].flatten()
-        b_values = batch["value"].flatten()
-        b_advantages, b_returns = advantages.flatten(), returns.flatten()
-        batch_size = T * N
+        return self.update(
+            lambda mb: net.evaluate(b_obs[mb], b_actions[mb]),
+            batch["log_prob"].flatten(),
+            batch["value"].flatten(),
+            advantages.flatten(),
+            returns.flatten(),
+            lr,
+            clip,
+        )
+
+    def schedule(self) -> tuple[float, float]:
+        """Sets this iteration's learning rate (linearly annealed when ``anneal_lr``) and
+        returns it with the clip coefficient (annealed when ``anneal_clip``)."""
+        hp = self.hp
+        frac = 1.0 - self.iteration / self.num_iterations
+        lr = frac * hp.learning_rate if hp.anneal_lr else hp.learning_rate
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.iteration += 1
+        return lr, (frac * hp.clip_coef if hp.anneal_clip else hp.clip_coef)
+
+    def update(
+        self,
+        evaluate: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+        b_logprobs: torch.Tensor,
+        b_values: torch.Tensor,
+        b_advantages: torch.Tensor,
+        b_returns: torch.Tensor,
+        lr: float,
+        clip: float,
+    ) -> dict[str, Any]:
+        """``update_epochs`` epochs of shuffled minibatches of the clipped PPO objective
+        (Schulman et al. 2017, Eq. 7 and 9) on a flattened batch of ``B`` samples.
+
+        Args:
+            evaluate: minibatch indices ``(b,)`` -> ``(log_prob, entropy, value)``, each ``(b,)``,
+                under the current networks.
+            b_logprobs, b_values, b_advantages, b_returns: ``(B,)`` float32 from the rollout.
+            lr: the learning rate (reported); clip: the clipping coefficient.
+
+        Returns:
+            the metrics documented in :meth:`learn`.
+        """
+        hp = self.hp
+        batch_size = b_logprobs.shape[0]
         minibatch_size = max(1, batch_size // hp.num_minibatches)
 
-        clipfrac_sum = torch.zeros((), device=b_obs.device)
+        device = b_logprobs.device
+        clipfrac_sum = torch.zeros((), device=device)
         n_minibatches = 0
         stats: dict[str, Any] = {}
         for _epoch in range(hp.update_epochs):
-            perm = torch.randperm(batch_size, generator=self.generator, device=b_obs.device)
+            perm = torch.randperm(batch_size, generator=self.generator, device=device)
             for start in range(0, batch_size - minibatch_size + 1, minibatch_size):
                 mb = perm[start : start + minibatch_size]
-                newlogprob, entropy, newvalue = net.evaluate(b_obs[mb], b_actions[mb])
+                newlogprob, entropy, newvalue = evaluate(mb)
                 logratio = newlogprob - b_logprobs[mb]
                 ratio = logratio.exp()
                 with torch.no_grad():

@@ -54,12 +54,15 @@ class EnvSpec:
         observation_space: the space of one env's observation (unbatched).
         action_space: the space of one env's action (unbatched).
         num_envs: envs in this replica's batch (``N`` of the ``(N, ...)`` tensors).
+        num_agents: agents per env (1 for single-agent envs; multi-agent envs return
+            ``(N, num_agents, ...)`` observations and ``(N, num_agents)`` rewards).
     """
 
     env_id: str
     observation_space: gymnasium.Space
     action_space: gymnasium.Space
     num_envs: int
+    num_agents: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,12 +113,16 @@ class EpisodeStats:
     """Finished episodes since the last :meth:`Environment.pop_episode_stats`.
 
     Attributes:
-        returns: undiscounted return of each finished episode, float.
+        returns: undiscounted return of each finished episode, float (multi-agent envs: summed
+            over the agents).
         lengths: its length in env steps, int.
+        extra: further per-episode series by name (e.g. ``tagger_return``), logged as
+            ``charts/<name>``.
     """
 
     returns: list[float]
     lengths: list[int]
+    extra: dict[str, list[float]] = dataclasses.field(default_factory=dict)
 
 
 class Environment(Component):

@@ -167,6 +167,8 @@ class Job:
             s = t.env.pop_episode_stats()
             out.returns += s.returns
             out.lengths += s.lengths
+            for k, v in s.extra.items():
+                out.extra.setdefault(k, []).extend(v)
         return out
 
     def replicas_with(self, role: str) -> list[Trainer]:

@@ -281,6 +281,7 @@ def train(cfg: RunConfig, resume: str | pathlib.Path | None = None) -> TrainResu
                 "charts/SPS": round(spec.env_steps_per_iteration / dt, 1),
                 "charts/episodic_return": sum(stats.returns) / len(stats.returns) if stats.returns else float("nan"),
                 "charts/episodic_length": sum(stats.lengths) / len(stats.lengths) if stats.lengths else float("nan"),
+                **{f"charts/{k}": sum(v) / len(v) for k, v in stats.extra.items() if v},
                 **(learner_metrics or {}),
             }
             if cfg.train.eval_every and job.env_steps // cfg.train.eval_every > done_eval:

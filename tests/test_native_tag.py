@@ -56,8 +56,9 @@ def test_end_of_game_bonus_and_time_limit(impl):
     for _step in range(3):
         obs, reward, terminated, truncated, info = env.step(torch.zeros(2, 3, 2, dtype=torch.int64))
     assert terminated.tolist() == [True, True] and truncated.tolist() == [False, False]
-    runners = info["agent_type"] == 0.0
-    assert torch.equal(info["agent_type"], types)
+    runners = info["final_agent_type"] == 0.0
+    assert torch.equal(info["final_agent_type"], types)
+    assert torch.equal(info["agent_type"], env.agent_types())  # the new games' types
     assert (reward[runners] == 1.0).all() and (reward[~runners] == 0.0).all()
     stats = env.pop_episode_stats()
     assert stats.lengths == [3, 3] and env.last_type_returns["runner"] == [1.0, 1.0]

@@ -3,11 +3,12 @@
 from msrl.envs.native.base import IMPLS, NativeEnv
 from msrl.envs.native.cartpole import CartPole
 from msrl.envs.native.pendulum import Pendulum
+from msrl.envs.native.tag import Tag
 
-__all__ = ["NATIVE_ENVS", "NativeEnv", "CartPole", "Pendulum", "IMPLS", "is_native", "make_native"]
+__all__ = ["NATIVE_ENVS", "NativeEnv", "CartPole", "Pendulum", "Tag", "IMPLS", "is_native", "make_native"]
 
 #: native env id -> class
-NATIVE_ENVS = {CartPole.ENV_ID: CartPole, Pendulum.ENV_ID: Pendulum}
+NATIVE_ENVS = {CartPole.ENV_ID: CartPole, Pendulum.ENV_ID: Pendulum, Tag.ENV_ID: Tag}
 
 
 def is_native(env_id: str) -> bool:

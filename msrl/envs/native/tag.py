@@ -113,10 +113,13 @@ class Tag(NativeEnv):
         E, N, dev = num_envs, p.num_agents, self.device
         self.num_agents = N
         self.obs_dim = 7 * p.num_observed + 1
-        self.spec = self.make_spec(
-            self.ENV_ID,
-            gymnasium.spaces.Box(-np.inf, np.inf, shape=(self.obs_dim,), dtype=np.float32),
-            gymnasium.spaces.MultiDiscrete([p.num_acceleration_levels + 1, p.num_turn_levels + 1]),
+        self.spec = dataclasses.replace(
+            self.make_spec(
+                self.ENV_ID,
+                gymnasium.spaces.Box(-np.inf, np.inf, shape=(self.obs_dim,), dtype=np.float32),
+                gymnasium.spaces.MultiDiscrete([p.num_acceleration_levels + 1, p.num_turn_levels + 1]),
+            ),
+            num_agents=N,
         )
         f32 = dict(dtype=torch.float32, device=dev)
         self.x, self.y, self.dir, self.speed, self.acc = (torch.zeros(E, N, **f32) for _ in range(5))
@@ -134,6 +137,10 @@ class Tag(NativeEnv):
         self._agent_index = torch.arange(N, device=dev)
         self._env_index = torch.arange(E, dtype=torch.int64, device=dev)
         self._no_done = torch.zeros(E, dtype=torch.bool, device=dev)
+
+    def agent_types(self) -> torch.Tensor:
+        """The agents' types ``(E, N)`` float32 (1 = tagger) for the current observations."""
+        return self.agent_type.clone()
 
     @property
     def block(self) -> int:
@@ -265,7 +272,9 @@ class Tag(NativeEnv):
 
         Returns:
             ``(obs, reward, terminated, truncated, info)``; ``info["final_obs"]`` holds the
-            observations of the ending step, ``info["agent_type"]`` the types of that step.
+            observations of this step (before autoreset) and ``info["final_agent_type"]`` the
+            types during it; ``info["agent_type"]`` the types that go with ``obs`` (a new game's
+            for games that were reset).
 
         Raises:
             ValueError: wrong action shape.
@@ -300,7 +309,8 @@ class Tag(NativeEnv):
         self._reset(terminated, only_done=True)
         self._observe(obs, terminated, only_done=True)
         truncated = torch.zeros(E, dtype=torch.bool, device=self.device)
-        return obs, reward, terminated, truncated, {"final_obs": final_obs, "agent_type": agent_type}
+        info = {"final_obs": final_obs, "final_agent_type": agent_type, "agent_type": self.agent_type.clone()}
+        return obs, reward, terminated, truncated, info
 
     def _dynamics_torch(self, action: torch.Tensor) -> torch.Tensor:
         """Torch reference of ``tag_dynamics``; returns the rewards so far ``(E, N)``."""
@@ -357,13 +367,14 @@ class Tag(NativeEnv):
         self._episode_length.copy_(torch.where(done, 0, length))
 
     def pop_episode_stats(self):
-        """Games finished since the last call: each game's return summed over its agents,
-        its length, and per-type mean returns in :attr:`last_type_returns`."""
+        """Games finished since the last call: each game's return summed over its agents, its
+        length, and per game the mean return of its taggers and of its runners (``extra``
+        ``tagger_return``/``runner_return``, also in :attr:`last_type_returns`)."""
         from msrl.api import EpisodeStats
 
         if not self._finished:
             self.last_type_returns = {"tagger": [], "runner": []}
-            return EpisodeStats([], [])
+            return EpisodeStats([], [], {"tagger_return": [], "runner_return": []})
         rets = torch.stack([r for r, _, _ in self._finished]).cpu()
         lens = torch.stack([n for _, n, _ in self._finished]).cpu()
         types = torch.stack([t for _, _, t in self._finished]).cpu()
@@ -375,7 +386,8 @@ class Tag(NativeEnv):
             "tagger": ((game_rets * taggers).sum(1) / taggers.sum(1)).tolist(),
             "runner": ((game_rets * ~taggers).sum(1) / (~taggers).sum(1)).tolist(),
         }
-        return EpisodeStats(game_rets.sum(1).tolist(), lens[mask].tolist())
+        extra = {"tagger_return": self.last_type_returns["tagger"], "runner_return": self.last_type_returns["runner"]}
+        return EpisodeStats(game_rets.sum(1).tolist(), lens[mask].tolist(), extra)
 
 
 def _remainder32(a: torch.Tensor, b: np.float32) -> torch.Tensor:
