@@ -27,10 +27,11 @@ def _train(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.overrides)
     result = train(cfg, resume=args.resume)
+    evaluation = (f"evaluation: mean return {result.eval_mean:.1f} over {len(result.eval_returns)} episodes"
+                  if result.eval_returns else "no evaluation (no gymnasium twin)")
     print(
         f"run {result.run_dir}: {result.iterations} iterations, {result.env_steps} env steps, "
-        f"{result.time_s:.1f} s training ({result.env_steps / max(result.time_s, 1e-9):.0f} steps/s); "
-        f"evaluation: mean return {result.eval_mean:.1f} over {len(result.eval_returns)} episodes"
+        f"{result.time_s:.1f} s training ({result.env_steps / max(result.time_s, 1e-9):.0f} steps/s); {evaluation}"
     )
     return 0
 
@@ -38,9 +39,9 @@ def _train(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     import torch
 
-    from msrl.api import BuildContext, EnvSpec
+    from msrl.api import BuildContext
     from msrl.config import build_job_spec
-    from msrl.envs import env_spaces
+    from msrl.envs import env_spec
     from msrl.evaluate import evaluate
     from msrl.run import evaluation_env, latest_checkpoint, load_run_config
 
@@ -52,12 +53,15 @@ def _eval(args: argparse.Namespace) -> int:
         from msrl.config import ConfigError
 
         raise ConfigError(str(e)) from None
-    obs_space, act_space = env_spaces(spec.env_id, spec.env_kwargs)
-    ctx = BuildContext(spec.hparams, EnvSpec(spec.env_id, obs_space, act_space, args.episodes), 0, 1,
+    ctx = BuildContext(spec.hparams, env_spec(spec.env_id, args.episodes, spec.env_kwargs), 0, 1,
                        spec.num_envs, spec.total_env_steps, spec.seed, torch.device("cpu"))
     actor = spec.algorithm.components["actor"](ctx)
     actor.set_weights(ckpt["actor_weights"])
     env_id, kwargs = evaluation_env(cfg)
+    if env_id is None:
+        from msrl.config import ConfigError
+
+        raise ConfigError(f"{spec.env_id} has no gymnasium twin to evaluate on; its run's metrics.csv holds the training returns")
     returns = evaluate(actor, env_id, args.episodes, args.seed if args.seed is not None else cfg.eval.seed, kwargs)
     mean = sum(returns) / len(returns)
     print(json.dumps({"run_dir": str(args.run_dir), "episodes": len(returns), "mean_return": mean,

@@ -19,17 +19,18 @@ from typing import Any, Mapping
 
 import torch
 
-from msrl.api import AlgorithmSpec, BuildContext, EnvSpec, EpisodeStats, Trainer
+from msrl.api import AlgorithmSpec, BuildContext, EpisodeStats, Trainer
 from msrl.backend import load_backend
 from msrl.codegen import Program, generate
-from msrl.envs import env_spaces, make_env
+from msrl.envs import env_spec as make_env_spec
+from msrl.envs import make_env
 from msrl.graph import Graph
 from msrl.partition import FragmentGraph, partition
 from msrl.policy import DistributionPolicy
 from msrl.runtime.local import LocalRuntime
 from msrl.tracer import trace
 
-__all__ = ["JobSpec", "Job", "UnknownAlgorithmError", "load_algorithm", "available_algorithms", "METHODS", "env_spaces"]
+__all__ = ["JobSpec", "Job", "UnknownAlgorithmError", "load_algorithm", "available_algorithms", "METHODS"]
 
 #: The traced trainer methods, in the order a job runs them.
 METHODS = ("reset", "train_step")
@@ -245,8 +246,7 @@ def build_trainers(spec: JobSpec) -> dict[tuple[str, int], Trainer]:
         ValueError: envs do not split evenly over replicas.
     """
     n = spec.envs_per_replica()
-    obs_space, act_space = env_spaces(spec.env_id, spec.env_kwargs)
-    env_spec = EnvSpec(spec.env_id, obs_space, act_space, n)
+    env_spec = make_env_spec(spec.env_id, n, spec.env_kwargs)
     trainers: dict[tuple[str, int], Trainer] = {}
     for frag in spec.policy.fragments:
         for r in range(frag.replicas):

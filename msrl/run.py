@@ -76,8 +76,8 @@ class TrainResult:
 
     @property
     def eval_mean(self) -> float:
-        """Mean of the final evaluation's returns."""
-        return sum(self.eval_returns) / len(self.eval_returns)
+        """Mean of the final evaluation's returns (NaN when there was no evaluation)."""
+        return sum(self.eval_returns) / len(self.eval_returns) if self.eval_returns else float("nan")
 
 
 def load_run_config(run_dir: str | pathlib.Path) -> RunConfig:
@@ -171,12 +171,15 @@ class _Metrics:
 def _evaluate(job: Job, cfg: RunConfig) -> list[float]:
     actor = job.component("actor")
     env_id, kwargs = evaluation_env(cfg)
+    if env_id is None:
+        return []  # no gymnasium env to evaluate on (e.g. Tag): the training curves tell
     return evaluate(actor, env_id, cfg.eval.episodes, cfg.eval.seed, kwargs, device=actor_device(actor))
 
 
-def evaluation_env(cfg: RunConfig) -> tuple[str, dict[str, Any]]:
+def evaluation_env(cfg: RunConfig) -> tuple[str | None, dict[str, Any]]:
     """The gymnasium env id and ``gymnasium.make`` kwargs evaluations run on: ``eval.env_id``
-    if set, else the training env, or a native env's gymnasium counterpart."""
+    if set, else the training env, or a native env's gymnasium counterpart (``None`` when a
+    native env has none)."""
     from msrl.envs import eval_env_id, is_native
 
     if cfg.eval.env_id:

@@ -6,17 +6,18 @@ registered gymnasium id wrapped by :class:`~msrl.envs.gymnasium_env.GymnasiumEnv
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping
 
 import gymnasium
 import torch
 
-from msrl.api import Environment
+from msrl.api import Environment, EnvSpec
 from msrl.envs.gymnasium_env import GymnasiumEnv, UnknownEnvError
 from msrl.envs.gymnasium_env import check_env_id as check_gymnasium_id
 from msrl.envs.native import NATIVE_ENVS, is_native, make_native
 
-__all__ = ["check_env_id", "make_env", "env_spaces", "eval_env_id", "UnknownEnvError", "is_native"]
+__all__ = ["check_env_id", "make_env", "env_spec", "eval_env_id", "UnknownEnvError", "is_native"]
 
 
 def check_env_id(env_id: str) -> None:
@@ -63,8 +64,9 @@ def make_env(
     return GymnasiumEnv(env_id, num_envs, vectorization, device, env_kwargs)
 
 
-def env_spaces(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> tuple[gymnasium.Space, gymnasium.Space]:
-    """The single-env observation and action spaces of ``env_id``.
+def env_spec(env_id: str, num_envs: int, env_kwargs: Mapping[str, Any] | None = None) -> EnvSpec:
+    """The :class:`~msrl.api.EnvSpec` of a batch of ``num_envs`` envs ``env_id``: single-env
+    (single-agent) spaces, and the agents per env.
 
     Raises:
         UnknownEnvError: unknown id.
@@ -72,17 +74,18 @@ def env_spaces(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> tupl
     check_env_id(env_id)
     if is_native(env_id):
         spec = make_native(env_id, 1, impl="torch", **dict(env_kwargs or {})).spec
-        return spec.observation_space, spec.action_space
+        return dataclasses.replace(spec, num_envs=num_envs)
     env = gymnasium.make(env_id, **dict(env_kwargs or {}))
     try:
-        return env.observation_space, env.action_space
+        return EnvSpec(env_id, env.observation_space, env.action_space, num_envs)
     finally:
         env.close()
 
 
-def eval_env_id(env_id: str) -> str:
+def eval_env_id(env_id: str) -> str | None:
     """The gymnasium env a policy trained on ``env_id`` is evaluated on: a native env's
-    gymnasium counterpart (``msrl/CartPole-v1`` -> ``CartPole-v1``), else ``env_id``."""
+    gymnasium counterpart (``msrl/CartPole-v1`` -> ``CartPole-v1``; ``None`` if it has none,
+    like Tag), else ``env_id``."""
     if is_native(env_id):
         return NATIVE_ENVS[env_id].GYMNASIUM_ID
     return env_id

@@ -1,0 +1,281 @@
+"""Multi-agent PPO with one shared policy per agent type (parameter-sharing PPO, as studied by
+Yu et al. 2022, "The Surprising Effectiveness of PPO in Cooperative Multi-Agent Games",
+arXiv:2103.01955), for envs with ``(E, N, D)`` observations and per-agent rewards, such as
+msrl's Tag (taggers and runners).
+
+Every agent of type ``k`` acts with the type's actor and is valued by the type's critic from its
+own observation; agent types come from the env (they change from game to game in Tag). The
+update is PPO's (:class:`msrl.algorithms.ppo.PPOLearner`): GAE per agent, the clipped surrogate,
+value loss, entropy bonus, epochs of shuffled minibatches over all agent-steps.
+
+MultiDiscrete actions (Tag: acceleration index, turn index) are independent Categoricals, one
+per component; log-probabilities and entropies add up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import gymnasium
+import numpy as np
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+from msrl.advantages import gae
+from msrl.algorithms.ppo import PPOConfig, PPOLearner, _mlp
+from msrl.api import Actor, AlgorithmSpec, Buffer, BuildContext, Trainer
+
+__all__ = ["MAPPOConfig", "TypedActorCritic", "MAPPOActor", "MultiAgentRolloutBuffer", "MAPPOLearner", "MAPPOTrainer", "ALGORITHM"]
+
+
+@dataclasses.dataclass
+class MAPPOConfig(PPOConfig):
+    """PPO's hyperparameters (see :class:`msrl.algorithms.ppo.PPOConfig`) plus the number of agent
+    types."""
+
+    num_agent_types: int = 2
+    """agent types, each with its own actor and critic (Tag: runners = 0, taggers = 1)"""
+
+
+class TypedActorCritic(nn.Module):
+    """One actor MLP and one critic MLP per agent type.
+
+    Args:
+        observation_space: a Box of one agent's observation ``(D,)``.
+        action_space: MultiDiscrete ``[n_1, ..., n_k]`` of one agent.
+        hidden_sizes: widths of the hidden layers; num_types: agent types.
+
+    Raises:
+        ValueError: other kinds of spaces.
+    """
+
+    def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space, hidden_sizes: tuple[int, ...],
+                 num_types: int) -> None:
+        super().__init__()
+        if not isinstance(action_space, gymnasium.spaces.MultiDiscrete):
+            raise ValueError(f"multi-agent PPO needs a MultiDiscrete action space, got {action_space}")
+        obs_dim = int(np.prod(observation_space.shape))
+        self.nvec = [int(n) for n in action_space.nvec]
+        self.actors = nn.ModuleList(_mlp(obs_dim, hidden_sizes, sum(self.nvec), out_std=0.01) for _ in range(num_types))
+        self.critics = nn.ModuleList(_mlp(obs_dim, hidden_sizes, 1, out_std=1.0) for _ in range(num_types))
+
+    def _by_type(self, nets: nn.ModuleList, obs: torch.Tensor, agent_type: torch.Tensor) -> torch.Tensor:
+        """Each row through its type's network: ``(B, D), (B,) -> (B, out)``."""
+        out = torch.stack([net(obs) for net in nets])  # (types, B, out): every row through every net
+        index = agent_type.to(torch.int64).clamp(0, len(nets) - 1)
+        return out.gather(0, index.view(1, -1, 1).expand(1, -1, out.shape[-1]))[0]
+
+    def value(self, obs: torch.Tensor, agent_type: torch.Tensor) -> torch.Tensor:
+        """``V(o)`` of observations ``(B, D)`` by type ``(B,)`` -> ``(B,)``."""
+        return self._by_type(self.critics, obs, agent_type).squeeze(-1)
+
+    def logits(self, obs: torch.Tensor, agent_type: torch.Tensor) -> list[torch.Tensor]:
+        """Per action component, logits ``(B, n_k)``."""
+        return list(torch.split(self._by_type(self.actors, obs, agent_type), self.nvec, dim=-1))
+
+    def evaluate(self, obs: torch.Tensor, agent_type: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``(log_prob, entropy, value)``, each ``(B,)``, of actions ``(B, k)``."""
+        log_prob = torch.zeros(obs.shape[0], device=obs.device)
+        entropy = torch.zeros(obs.shape[0], device=obs.device)
+        for i, lg in enumerate(self.logits(obs, agent_type)):
+            dist = torch.distributions.Categorical(logits=lg)
+            log_prob = log_prob + dist.log_prob(action[:, i])
+            entropy = entropy + dist.entropy()
+        return log_prob, entropy, self.value(obs, agent_type)
+
+
+def _build_net(ctx: BuildContext) -> TypedActorCritic:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(ctx.seed)
+        net = TypedActorCritic(ctx.env_spec.observation_space, ctx.env_spec.action_space, ctx.hparams.hidden_sizes,
+                               ctx.hparams.num_agent_types)
+    return net.to(ctx.device)
+
+
+class MAPPOActor(Actor):
+    """Acts for every agent of every env; samples from its own generator."""
+
+    def __init__(self, ctx: BuildContext) -> None:
+        self.net = _build_net(ctx)
+        self.generator = torch.Generator(device=ctx.device)
+        self.generator.manual_seed(ctx.seed)
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor, agent_type: torch.Tensor, deterministic: bool = False) -> tuple[torch.Tensor, ...]:
+        """Chooses actions.
+
+        Args:
+            obs: ``(E, N, D)`` float32; agent_type: ``(E, N)`` (type index as float or int).
+            deterministic: argmax instead of sampling.
+
+        Returns:
+            ``(action, log_prob, value)``: action ``(E, N, k)`` int64, log_prob and value ``(E, N)``.
+        """
+        E, N = obs.shape[:2]
+        flat, types = obs.reshape(E * N, -1), agent_type.reshape(E * N)
+        actions, log_prob = [], torch.zeros(E * N, device=obs.device)
+        for lg in self.net.logits(flat, types):
+            lp = torch.log_softmax(lg, dim=-1)
+            a = lg.argmax(-1) if deterministic else torch.multinomial(lp.exp(), 1, generator=self.generator).squeeze(-1)
+            actions.append(a)
+            log_prob = log_prob + lp.gather(-1, a.unsqueeze(-1)).squeeze(-1)
+        value = self.net.value(flat, types)
+        return torch.stack(actions, dim=-1).view(E, N, -1), log_prob.view(E, N), value.view(E, N)
+
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        """The networks' state dict (detached tensors)."""
+        return {k: v.detach() for k, v in self.net.state_dict().items()}
+
+    def set_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Copies ``weights`` into the networks."""
+        self.net.load_state_dict(weights)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"net": self.net.state_dict(), "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.net.load_state_dict(state["net"])
+        self.generator.set_state(state["generator"])
+
+
+class MultiAgentRolloutBuffer(Buffer):
+    """Preallocated ``(T, E, N, ...)`` storage: ``obs``/``next_obs`` ``(T, E, N, D)``,
+    ``agent_type``/``next_agent_type``, ``log_prob``, ``value``, ``reward`` ``(T, E, N)``,
+    ``action`` ``(T, E, N, k)`` int64, ``terminated``/``truncated`` ``(T, E)`` bool."""
+
+    KEYS = ("obs", "agent_type", "action", "log_prob", "value", "reward", "terminated", "truncated", "next_obs",
+            "next_agent_type")
+
+    def __init__(self, ctx: BuildContext) -> None:
+        spec, T = ctx.env_spec, ctx.hparams.num_steps
+        E, N, D = spec.num_envs, spec.num_agents, int(np.prod(spec.observation_space.shape))
+        k = len(spec.action_space.nvec)
+        f32, dev = torch.float32, ctx.device
+        self.storage = TensorDict(
+            {
+                "obs": torch.zeros(T, E, N, D, dtype=f32, device=dev),
+                "agent_type": torch.zeros(T, E, N, dtype=f32, device=dev),
+                "action": torch.zeros(T, E, N, k, dtype=torch.int64, device=dev),
+                "log_prob": torch.zeros(T, E, N, dtype=f32, device=dev),
+                "value": torch.zeros(T, E, N, dtype=f32, device=dev),
+                "reward": torch.zeros(T, E, N, dtype=f32, device=dev),
+                "terminated": torch.zeros(T, E, dtype=torch.bool, device=dev),
+                "truncated": torch.zeros(T, E, dtype=torch.bool, device=dev),
+                "next_obs": torch.zeros(T, E, N, D, dtype=f32, device=dev),
+                "next_agent_type": torch.zeros(T, E, N, dtype=f32, device=dev),
+            },
+            batch_size=[T, E],
+            device=dev,
+        )
+        self.t = 0
+
+    def insert(self, **step: torch.Tensor) -> None:
+        """Stores step ``t`` (keys exactly :attr:`KEYS`).
+
+        Raises:
+            KeyError: missing or unknown keys; IndexError: the buffer is full.
+        """
+        if set(step) != set(self.KEYS):
+            raise KeyError(f"MultiAgentRolloutBuffer.insert takes exactly {self.KEYS}, got {sorted(step)}")
+        if self.t >= self.storage.batch_size[0]:
+            raise IndexError(f"MultiAgentRolloutBuffer is full ({self.t} steps); call gather() first")
+        row = self.storage[self.t]
+        for k, v in step.items():
+            row[k].copy_(v)
+        self.t += 1
+
+    def gather(self) -> TensorDict:
+        """The rollout, batch size ``(T, E)``; empties the buffer (storage valid until the next insert).
+
+        Raises:
+            RuntimeError: fewer than ``T`` steps were inserted.
+        """
+        T = self.storage.batch_size[0]
+        if self.t != T:
+            raise RuntimeError(f"MultiAgentRolloutBuffer holds {self.t} of {T} steps")
+        self.t = 0
+        return self.storage
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"t": self.t}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.t = int(state["t"])
+
+
+class MAPPOLearner(PPOLearner):
+    """PPO's update over all agent-steps of a ``(T, E, N)`` rollout."""
+
+    def build_net(self, ctx: BuildContext) -> nn.Module:
+        return _build_net(ctx)
+
+    def learn(self, batch: TensorDict) -> dict[str, Any]:
+        """One PPO update (see :meth:`msrl.algorithms.ppo.PPOLearner.learn` for the metrics).
+
+        Args:
+            batch: TensorDict of batch size ``(T, E)`` with :attr:`MultiAgentRolloutBuffer.KEYS`.
+        """
+        hp, net = self.hp, self.net
+        lr, clip = self.schedule()
+        T, E, N, D = batch["obs"].shape
+        with torch.no_grad():
+            next_values = net.value(batch["next_obs"].reshape(-1, D), batch["next_agent_type"].reshape(-1)).view(T, E * N)
+        term = batch["terminated"][:, :, None].expand(T, E, N).reshape(T, E * N)
+        trunc = batch["truncated"][:, :, None].expand(T, E, N).reshape(T, E * N)
+        advantages, returns = gae(batch["reward"].reshape(T, E * N), batch["value"].reshape(T, E * N), next_values, term, trunc,
+                                  hp.gamma, hp.gae_lambda)
+        b_obs = batch["obs"].reshape(-1, D)
+        b_types = batch["agent_type"].reshape(-1)
+        b_actions = batch["action"].reshape(T * E * N, -1)
+        return self.update(
+            lambda mb: net.evaluate(b_obs[mb], b_types[mb], b_actions[mb]),
+            batch["log_prob"].reshape(-1),
+            batch["value"].reshape(-1),
+            advantages.reshape(-1),
+            returns.reshape(-1),
+            lr,
+            clip,
+        )
+
+
+class MAPPOTrainer(Trainer):
+    """The loop body: a rollout of every agent of every env, one update, weight sync."""
+
+    def reset(self) -> None:
+        self.obs = self.env.reset(seed=self.seed)
+        self.agent_type = self.env.agent_types()
+        self.actor.set_weights(self.learner.get_weights())
+
+    def train_step(self) -> dict[str, Any]:
+        for _step in range(self.hparams.num_steps):
+            action, log_prob, value = self.actor.act(self.obs, self.agent_type)
+            next_obs, reward, terminated, truncated, info = self.env.step(action)
+            self.buffer.insert(
+                obs=self.obs,
+                agent_type=self.agent_type,
+                action=action,
+                log_prob=log_prob,
+                value=value,
+                reward=reward,
+                terminated=terminated,
+                truncated=truncated,
+                next_obs=info["final_obs"],
+                next_agent_type=info["final_agent_type"],
+            )
+            self.obs = next_obs
+            self.agent_type = info["agent_type"]
+        trajectory = self.buffer.gather()
+        metrics = self.learner.learn(trajectory)
+        self.actor.set_weights(self.learner.get_weights())
+        return metrics
+
+
+ALGORITHM = AlgorithmSpec(
+    name="ma_ppo",
+    hparams=MAPPOConfig,
+    trainer=MAPPOTrainer,
+    components={"actor": MAPPOActor, "buffer": MultiAgentRolloutBuffer, "learner": MAPPOLearner},
+    env_steps_per_iteration=lambda hp, total_num_envs: hp.num_steps * total_num_envs,
+)
