@@ -120,21 +120,63 @@ extern "C" __global__ void tag_dynamics(float* __restrict__ x, float* __restrict
     }
 }
 
+// The partial observation of agent a (global index i) into o: the K = M nearest in-game others.
+__device__ __forceinline__ void tag_observe_nearest(const float* __restrict__ x, const float* __restrict__ y,
+                                                    const float* __restrict__ dir, const float* __restrict__ speed,
+                                                    const float* __restrict__ acc, const float* __restrict__ in_game,
+                                                    const float* __restrict__ agent_type, float* __restrict__ o,
+                                                    long long base, int a, long long i, int num_agents, int M,
+                                                    float pos_scale, float vel_scale, float time_frac) {
+    // K nearest in-game others, (distance, id) ascending: one pass with insertion into a
+    // sorted list of at most K (ids visited in ascending order keep ties by id).
+    float bd[TG_MAX_OBSERVED];
+    int bj[TG_MAX_OBSERVED];
+    int count = 0;
+    for (int j = 0; j < num_agents; ++j) {
+        long long q = base + j;
+        if (j == a || in_game[q] == 0.0f) continue;
+        float dx = x[q] - x[i], dy = y[q] - y[i];
+        float dd = sqrtf(dx * dx + dy * dy);
+        if (count == M && !(dd < bd[M - 1])) continue;
+        int pos = count < M ? count : M - 1;
+        while (pos > 0 && dd < bd[pos - 1]) {
+            bd[pos] = bd[pos - 1];
+            bj[pos] = bj[pos - 1];
+            --pos;
+        }
+        bd[pos] = dd;
+        bj[pos] = j;
+        if (count < M) ++count;
+    }
+    for (int m = 0; m < count; ++m) {
+        long long q = base + bj[m];
+        o[0 * M + m] = (x[q] - x[i]) / pos_scale;
+        o[1 * M + m] = (y[q] - y[i]) / pos_scale;
+        o[2 * M + m] = (speed[q] - speed[i]) / vel_scale;
+        o[3 * M + m] = (acc[q] - acc[i]) / vel_scale;
+        o[4 * M + m] = (dir[q] - dir[i]) / TG_TWO_PI;
+        o[5 * M + m] = agent_type[q];
+        o[6 * M + m] = in_game[q];
+    }
+    o[7 * M] = time_frac;
+}
+
 // Per agent: the observation (feature-major, 7M + 1 values) of step 7. full_observation: M = N-1
 // others in id order; else the K nearest in-game others (ties by id), zero-padded. only_done:
-// observe only agents of envs with done[e].
+// observe only agents of envs with done[e]. observe_self (msrl's extension, off in WarpDrive's
+// rules) appends the agent's own x/L, y/L, speed, acceleration, cos/sin heading and type.
 extern "C" __global__ void tag_observe(const float* __restrict__ x, const float* __restrict__ y,
                                        const float* __restrict__ dir, const float* __restrict__ speed,
                                        const float* __restrict__ acc, const float* __restrict__ in_game,
                                        const float* __restrict__ agent_type, const int* __restrict__ t,
                                        float* __restrict__ obs, const bool* __restrict__ done, int only_done,
                                        int num_envs, int num_agents, int full_observation, int num_observed,
-                                       int episode_length, float grid_length, float max_speed) {
+                                       int observe_self, int episode_length, float grid_length, float max_speed) {
     int e = blockIdx.x;
     if (e >= num_envs) return;
     if (only_done && !done[e]) return;
     int M = full_observation ? num_agents - 1 : num_observed;
-    int width = 7 * M + 1;
+    int width = 7 * M + 1 + (observe_self ? 7 : 0);
     long long base = (long long)e * num_agents;
     float pos_scale = sqrtf(2.0f) * grid_length;
     float vel_scale = max_speed + 1e-10f;
@@ -158,44 +200,26 @@ extern "C" __global__ void tag_observe(const float* __restrict__ x, const float*
                 ++m;
             }
             o[7 * M] = self_in ? time_frac : 0.0f;
-            continue;
+        } else {
+            for (int k = 0; k < width; ++k) o[k] = 0.0f;
+            if (self_in && t[e] != 0) tag_observe_nearest(x, y, dir, speed, acc, in_game, agent_type, o, base, a, i,
+                                                          num_agents, M, pos_scale, vel_scale, time_frac);
         }
-        for (int k = 0; k < width; ++k) o[k] = 0.0f;
-        if (!self_in || t[e] == 0) continue;
-        // K nearest in-game others, (distance, id) ascending: one pass with insertion into a
-        // sorted list of at most K (ids visited in ascending order keep ties by id).
-        float bd[TG_MAX_OBSERVED];
-        int bj[TG_MAX_OBSERVED];
-        int count = 0;
-        for (int j = 0; j < num_agents; ++j) {
-            long long q = base + j;
-            if (j == a || in_game[q] == 0.0f) continue;
-            float dx = x[q] - x[i], dy = y[q] - y[i];
-            float dd = sqrtf(dx * dx + dy * dy);
-            if (count == M && !(dd < bd[M - 1])) continue;
-            int pos = count < M ? count : M - 1;
-            while (pos > 0 && dd < bd[pos - 1]) {
-                bd[pos] = bd[pos - 1];
-                bj[pos] = bj[pos - 1];
-                --pos;
-            }
-            bd[pos] = dd;
-            bj[pos] = j;
-            if (count < M) ++count;
+        if (observe_self) {  // msrl's extension: the agent's own state (not in WarpDrive's rules)
+            float* s = o + 7 * M + 1;
+            float live = self_in ? 1.0f : 0.0f;
+            s[0] = live * x[i] / grid_length;
+            s[1] = live * y[i] / grid_length;
+            s[2] = live * speed[i] / vel_scale;
+            s[3] = live * acc[i] / vel_scale;
+            s[4] = live * cosf(dir[i]);
+            s[5] = live * sinf(dir[i]);
+            s[6] = agent_type[i];
         }
-        for (int m = 0; m < count; ++m) {
-            long long q = base + bj[m];
-            o[0 * M + m] = (x[q] - x[i]) / pos_scale;
-            o[1 * M + m] = (y[q] - y[i]) / pos_scale;
-            o[2 * M + m] = (speed[q] - speed[i]) / vel_scale;
-            o[3 * M + m] = (acc[q] - acc[i]) / vel_scale;
-            o[4 * M + m] = (dir[q] - dir[i]) / TG_TWO_PI;
-            o[5 * M + m] = agent_type[q];
-            o[6 * M + m] = in_game[q];
-        }
-        o[7 * M] = time_frac;
     }
 }
+
+
 
 // Per in-game runner: its nearest tagger (lowest id on ties); a tag within tagging_distance * L
 // penalises the runner, rewards that tagger (atomicAdd: several runners may be tagged by one

@@ -69,6 +69,10 @@ class TagParams:
     step_reward_for_runner: float = 0.0
     end_of_game_reward_for_runner: float = 1.0
     runner_exits_game_after_tagged: bool = True
+    observe_self: bool = False
+    """msrl's extension, not in WarpDrive's rules: append each agent's own x/L, y/L, speed,
+    acceleration, cos/sin heading and type to its observation (7 more values). WarpDrive's
+    observation holds only differences to others, so an agent cannot tell its own heading."""
 
     def __post_init__(self) -> None:
         if self.num_taggers < 1 or self.num_runners < 1:
@@ -112,7 +116,7 @@ class Tag(NativeEnv):
         self.params = p = TagParams(**params)
         E, N, dev = num_envs, p.num_agents, self.device
         self.num_agents = N
-        self.obs_dim = 7 * p.num_observed + 1
+        self.obs_dim = 7 * p.num_observed + 1 + (7 if p.observe_self else 0)
         self.spec = dataclasses.replace(
             self.make_spec(
                 self.ENV_ID,
@@ -215,13 +219,26 @@ class Tag(NativeEnv):
             self._kernels.launch_unchecked(
                 "tag_observe", self.num_envs, self.block, self.x, self.y, self.dir, self.speed, self.acc, self.in_game,
                 self.agent_type, self.t, obs, done, int(only_done), self.num_envs, self.num_agents,
-                int(p.use_full_observation), p.num_observed, p.episode_length, float(p.grid_length), float(p.max_speed))
+                int(p.use_full_observation), p.num_observed, int(p.observe_self), p.episode_length, float(p.grid_length),
+                float(p.max_speed))
             return
         new = self._observe_torch()
         obs.copy_(torch.where(done[:, None, None], new, obs) if only_done else new)
 
     def _observe_torch(self) -> torch.Tensor:
         """Torch reference of ``tag_observe``: ``(E, N, D)``."""
+        out = self._observe_others_torch()
+        if not self.params.observe_self:
+            return out
+        p = self.params
+        live = (self.in_game != 0.0).to(torch.float32)
+        vel_scale = torch.tensor(float(p.max_speed)) + torch.tensor(1e-10)
+        own = [live * self.x / float(p.grid_length), live * self.y / float(p.grid_length), live * self.speed / vel_scale,
+               live * self.acc / vel_scale, live * torch.cos(self.dir), live * torch.sin(self.dir), self.agent_type]
+        return torch.cat([out, torch.stack(own, dim=2)], dim=2)
+
+    def _observe_others_torch(self) -> torch.Tensor:
+        """The spec's part of the observation: ``(E, N, 7M + 1)``."""
         p, E, N = self.params, self.num_envs, self.num_agents
         pos_scale = torch.sqrt(torch.tensor(2.0)) * torch.tensor(float(p.grid_length))
         vel_scale = torch.tensor(float(p.max_speed)) + torch.tensor(1e-10)
