@@ -37,6 +37,9 @@ class MAPPOConfig(PPOConfig):
 
     num_agent_types: int = 2
     """agent types, each with its own actor and critic (Tag: runners = 0, taggers = 1)"""
+    trained_types: tuple[int, ...] | None = None
+    """agent types whose networks learn (None: all); the others keep their initial, near-uniform
+    policy, i.e. act at random"""
 
 
 class TypedActorCritic(nn.Module):
@@ -229,12 +232,18 @@ class MAPPOLearner(PPOLearner):
         b_obs = batch["obs"].reshape(-1, D)
         b_types = batch["agent_type"].reshape(-1)
         b_actions = batch["action"].reshape(T * E * N, -1)
+        b_logprobs, b_values = batch["log_prob"].reshape(-1), batch["value"].reshape(-1)
+        b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
+        if hp.trained_types is not None:  # only the agent-steps of trained types enter the loss
+            keep = torch.isin(b_types.to(torch.int64), torch.tensor(list(hp.trained_types), device=b_types.device))
+            b_obs, b_types, b_actions = b_obs[keep], b_types[keep], b_actions[keep]
+            b_logprobs, b_values, b_advantages, b_returns = b_logprobs[keep], b_values[keep], b_advantages[keep], b_returns[keep]
         return self.update(
             lambda mb: net.evaluate(b_obs[mb], b_types[mb], b_actions[mb]),
-            batch["log_prob"].reshape(-1),
-            batch["value"].reshape(-1),
-            advantages.reshape(-1),
-            returns.reshape(-1),
+            b_logprobs,
+            b_values,
+            b_advantages,
+            b_returns,
             lr,
             clip,
         )
