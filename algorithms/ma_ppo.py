@@ -24,8 +24,8 @@ from tensordict import TensorDict
 from torch import nn
 
 from msrl.advantages import gae
-from msrl.algorithms.ppo import PPOConfig, PPOLearner, _mlp
-from msrl.api import Actor, AlgorithmSpec, Buffer, BuildContext, Trainer
+from msrl.algorithms.ppo import PPOActor, PPOConfig, PPOLearner, _mlp
+from msrl.api import AlgorithmSpec, Buffer, BuildContext, Trainer
 
 __all__ = ["MAPPOConfig", "TypedActorCritic", "MAPPOActor", "MultiAgentRolloutBuffer", "MAPPOLearner", "MAPPOTrainer", "ALGORITHM"]
 
@@ -97,13 +97,12 @@ def _build_net(ctx: BuildContext) -> TypedActorCritic:
     return net.to(ctx.device)
 
 
-class MAPPOActor(Actor):
-    """Acts for every agent of every env; samples from its own generator."""
+class MAPPOActor(PPOActor):
+    """Acts for every agent of every env; samples from its own generator (weights and state
+    handling as :class:`msrl.algorithms.ppo.PPOActor`)."""
 
-    def __init__(self, ctx: BuildContext) -> None:
-        self.net = _build_net(ctx)
-        self.generator = torch.Generator(device=ctx.device)
-        self.generator.manual_seed(ctx.seed)
+    def build_net(self, ctx: BuildContext) -> nn.Module:
+        return _build_net(ctx)
 
     @torch.no_grad()
     def act(self, obs: torch.Tensor, agent_type: torch.Tensor, deterministic: bool = False) -> tuple[torch.Tensor, ...]:
@@ -126,21 +125,6 @@ class MAPPOActor(Actor):
             log_prob = log_prob + lp.gather(-1, a.unsqueeze(-1)).squeeze(-1)
         value = self.net.value(flat, types)
         return torch.stack(actions, dim=-1).view(E, N, -1), log_prob.view(E, N), value.view(E, N)
-
-    def get_weights(self) -> dict[str, torch.Tensor]:
-        """The networks' state dict (detached tensors)."""
-        return {k: v.detach() for k, v in self.net.state_dict().items()}
-
-    def set_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
-        """Copies ``weights`` into the networks."""
-        self.net.load_state_dict(weights)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"net": self.net.state_dict(), "generator": self.generator.get_state()}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.net.load_state_dict(state["net"])
-        self.generator.set_state(state["generator"])
 
 
 class MultiAgentRolloutBuffer(Buffer):

@@ -155,9 +155,13 @@ class PPOActor(Actor):
     """
 
     def __init__(self, ctx: BuildContext) -> None:
-        self.net = _build_net(ctx)
+        self.net = self.build_net(ctx)
         self.generator = torch.Generator(device=ctx.device)
         self.generator.manual_seed(ctx.seed)
+
+    def build_net(self, ctx: BuildContext) -> nn.Module:
+        """The policy network (an :class:`ActorCritic`); subclasses build others."""
+        return _build_net(ctx)
 
     @torch.no_grad()
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

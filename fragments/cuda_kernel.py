@@ -174,7 +174,8 @@ class HostKernelModule(KernelModule):
                 f"    msrl_host_launch(msrl_grid, msrl_block, [&]() {{ {sig.name}({call}); }});\n}}\n"
             )
         unit = f'#include "{SHIM}"\n#include "{source_path.resolve()}"\n\n' + "\n".join(wrappers)
-        key = hashlib.sha256((unit + source + SHIM.read_text() + " ".join(HOST_FLAGS) + cxx).encode()).hexdigest()[:20]
+        headers = "".join(h.read_text() for h in _local_includes(source_path))
+        key = hashlib.sha256((unit + source + headers + SHIM.read_text() + " ".join(HOST_FLAGS) + cxx).encode()).hexdigest()[:20]
         cache = pathlib.Path(os.environ.get("MSRL_CACHE_DIR", pathlib.Path.home() / ".cache" / "msrl" / "kernels"))
         cache.mkdir(parents=True, exist_ok=True)
         lib = cache / f"{source_path.stem}-{key}.so"
@@ -210,6 +211,12 @@ class HostKernelModule(KernelModule):
         self._fns[name](grid, block, *[a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args])
 
 
+def _local_includes(source_path: pathlib.Path) -> list[pathlib.Path]:
+    """Files a source pulls in with ``#include "name"`` from its own folder (for cache keys)."""
+    names = re.findall(r'^\s*#\s*include\s+"([^"]+)"', source_path.read_text(), re.M)
+    return [source_path.parent / n for n in names if (source_path.parent / n).is_file()]
+
+
 class DeviceKernelModule(KernelModule):
     """The GPU build: NVRTC through CuPy; launches on torch CUDA tensors without copies.
 
@@ -228,7 +235,8 @@ class DeviceKernelModule(KernelModule):
         self._cupy = cupy
         with cupy.cuda.Device(device.index or 0):
             try:
-                self._module = cupy.RawModule(code=source, options=DEVICE_FLAGS, name_expressions=None)
+                options = (*DEVICE_FLAGS, f"-I{source_path.resolve().parent}")
+                self._module = cupy.RawModule(code=source, options=options, name_expressions=None)
                 self._kernels = {n: self._module.get_function(n) for n in self.signatures}
             except cupy.cuda.compiler.CompileException as e:
                 raise KernelCompileError(f"NVRTC build of {source_path.name} failed:\n{e}") from e

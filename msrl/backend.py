@@ -6,9 +6,8 @@ generation plus how the fragment's components are placed (device)."""
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import pkgutil
 
+from msrl import registry
 from msrl.codegen import Lowering
 
 __all__ = ["Backend", "UnknownBackendError", "load_backend", "available_backends"]
@@ -35,9 +34,7 @@ class Backend:
 
 def available_backends() -> list[str]:
     """Names of the backends in ``fragments/``."""
-    import msrl.fragments as pkg
-
-    return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_"))
+    return registry.names("msrl.fragments")
 
 
 def load_backend(name: str) -> Backend:
@@ -46,7 +43,4 @@ def load_backend(name: str) -> Backend:
     Raises:
         UnknownBackendError: no such backend; the message lists those that exist.
     """
-    known = available_backends()
-    if name not in known:
-        raise UnknownBackendError(f"unknown fragment backend {name!r}; available: {', '.join(known)}")
-    return importlib.import_module(f"msrl.fragments.{name}").BACKEND
+    return registry.load("msrl.fragments", name, "BACKEND", UnknownBackendError, "fragment backend")

@@ -11,14 +11,13 @@ Ray runtime's fragments.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
-import pkgutil
 import sys
 from typing import Any, Mapping
 
 import torch
 
+from msrl import registry
 from msrl.api import AlgorithmSpec, BuildContext, EpisodeStats, Trainer
 from msrl.backend import load_backend
 from msrl.codegen import Program, generate
@@ -41,10 +40,8 @@ class UnknownAlgorithmError(ValueError):
 
 
 def available_algorithms() -> list[str]:
-    """Names of the algorithm files in ``algorithms/`` that define ``ALGORITHM``."""
-    import msrl.algorithms as pkg
-
-    return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_"))
+    """Names of the algorithm files in ``algorithms/``."""
+    return registry.names("msrl.algorithms")
 
 
 def load_algorithm(name: str) -> AlgorithmSpec:
@@ -53,10 +50,7 @@ def load_algorithm(name: str) -> AlgorithmSpec:
     Raises:
         UnknownAlgorithmError: the message lists the algorithms that exist.
     """
-    known = available_algorithms()
-    if name not in known:
-        raise UnknownAlgorithmError(f"unknown algorithm {name!r}; available: {', '.join(known)}")
-    return importlib.import_module(f"msrl.algorithms.{name}").ALGORITHM
+    return registry.load("msrl.algorithms", name, "ALGORITHM", UnknownAlgorithmError, "algorithm")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,10 +9,9 @@ does the rest generically.
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import pkgutil
 from typing import Mapping
 
+from msrl import registry
 from msrl.api import ROLES
 from msrl.graph import Node, NodeKind
 
@@ -138,9 +137,7 @@ class DistributionPolicy:
 
 def available_policies() -> list[str]:
     """Names of the policies in ``distribution_policies/``."""
-    import msrl.distribution_policies as pkg
-
-    return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_"))
+    return registry.names("msrl.distribution_policies")
 
 
 def load_policy(name: str) -> DistributionPolicy:
@@ -149,8 +146,4 @@ def load_policy(name: str) -> DistributionPolicy:
     Raises:
         UnknownPolicyError: no such policy; the message lists those that exist.
     """
-    known = available_policies()
-    if name not in known:
-        raise UnknownPolicyError(f"unknown distribution policy {name!r}; available: {', '.join(known)}")
-    module = importlib.import_module(f"msrl.distribution_policies.{name}")
-    return module.POLICY
+    return registry.load("msrl.distribution_policies", name, "POLICY", UnknownPolicyError, "distribution policy")

@@ -132,6 +132,37 @@ class NativeEnv(Environment):
         """The env's state tensors (saved by :meth:`state_dict`)."""
         raise NotImplementedError
 
+    # -- the single-agent kernels' common calling convention --------------------------------
+    # ``<env>_reset(state, steps, episode, obs, seed, num_envs)`` and ``<env>_step(state, steps,
+    # episode, action, obs, final_obs, reward, terminated, truncated, ep_return, ep_length,
+    # done_return, done_length, seed, num_envs, max_steps)``, one thread per env.
+    def _kernel_reset(self, name: str, obs_dim: int) -> torch.Tensor:
+        """Launches a reset kernel; returns observations ``(N, obs_dim)`` float32."""
+        obs = torch.empty(self.num_envs, obs_dim, dtype=torch.float32, device=self.device)
+        self._kernels.launch(name, self.grid, self.BLOCK, self.state, self.steps, self.episode, obs,
+                             self.seed & ((1 << 64) - 1), self.num_envs)
+        return obs
+
+    def _kernel_step(self, name: str, obs_dim: int, action: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Launches a step kernel on fresh output tensors; logs finished episodes.
+
+        Returns:
+            ``(obs, final_obs, reward, terminated, truncated)``.
+        """
+        n, dev = self.num_envs, self.device
+        obs = torch.empty(n, obs_dim, dtype=torch.float32, device=dev)
+        final_obs = torch.empty(n, obs_dim, dtype=torch.float32, device=dev)
+        reward = torch.empty(n, dtype=torch.float32, device=dev)
+        terminated = torch.empty(n, dtype=torch.bool, device=dev)
+        truncated = torch.empty(n, dtype=torch.bool, device=dev)
+        done_return = torch.empty(n, dtype=torch.float64, device=dev)
+        done_length = torch.empty(n, dtype=torch.int64, device=dev)
+        self._kernels.launch_unchecked(name, self.grid, self.BLOCK, self.state, self.steps, self.episode, action, obs,
+                                       final_obs, reward, terminated, truncated, self._episode_return, self._episode_length,
+                                       done_return, done_length, self.seed & ((1 << 64) - 1), n, self.max_episode_steps)
+        self._log_finished(done_return, done_length)
+        return obs, final_obs, reward, terminated, truncated
+
     def state_dict(self) -> dict[str, Any]:
         """State tensors, seed and episode trackers (exact resume)."""
         return {

@@ -4,6 +4,8 @@
 // new number of envs needs no recompilation. Compiled by NVRTC/nvcc for GPUs and, through
 // fragments/cuda_host_shim.h, by g++ for the CPU.
 
+#include "msrl_rng.cuh"
+
 #define CP_GRAVITY 9.8
 #define CP_MASSCART 1.0
 #define CP_MASSPOLE 0.1
@@ -14,21 +16,6 @@
 #define CP_TAU 0.02
 #define CP_THETA_THRESHOLD (12.0 * 2.0 * 3.141592653589793 / 360.0)
 #define CP_X_THRESHOLD 2.4
-
-// splitmix64 (Steele et al. 2014): counter-based, identical on host and device.
-__device__ __forceinline__ unsigned long long msrl_splitmix64(unsigned long long x) {
-    unsigned long long z = x + 0x9E3779B97F4A7C15ULL;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
-// U[0, 1) from (seed, env, episode, k), 53 random bits.
-__device__ __forceinline__ double msrl_uniform(unsigned long long seed, unsigned long long env,
-                                               unsigned long long episode, unsigned long long k) {
-    unsigned long long h = msrl_splitmix64(seed ^ msrl_splitmix64(env ^ msrl_splitmix64(episode * 4ULL + k)));
-    return (double)(h >> 11) * (1.0 / 9007199254740992.0);
-}
 
 __device__ __forceinline__ void cartpole_start(double* s, unsigned long long seed, unsigned long long env,
                                                unsigned long long episode) {

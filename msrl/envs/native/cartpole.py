@@ -69,11 +69,8 @@ class CartPole(NativeEnv):
         if seed is not None:
             self.seed = int(seed)
         self._reset_tracking()
-        obs = torch.empty(self.num_envs, 4, dtype=torch.float32, device=self.device)
         if self._kernels is not None:
-            self._kernels.launch("cartpole_reset", self.grid, self.BLOCK, self.state, self.steps, self.episode, obs,
-                                 self.seed & ((1 << 64) - 1), self.num_envs)
-            return obs
+            return self._kernel_reset("cartpole_reset", 4)
         self.episode.zero_()
         self.state.copy_(self._start(self.episode))
         self.steps.zero_()
@@ -92,19 +89,8 @@ class CartPole(NativeEnv):
         if action.shape != (self.num_envs,):
             raise ValueError(f"action has shape {tuple(action.shape)}, expected ({self.num_envs},)")
         action = action.to(device=self.device, dtype=torch.int64).contiguous()
-        n, dev = self.num_envs, self.device
         if self._kernels is not None:
-            obs = torch.empty(n, 4, dtype=torch.float32, device=dev)
-            final_obs = torch.empty(n, 4, dtype=torch.float32, device=dev)
-            reward = torch.empty(n, dtype=torch.float32, device=dev)
-            terminated = torch.empty(n, dtype=torch.bool, device=dev)
-            truncated = torch.empty(n, dtype=torch.bool, device=dev)
-            done_return = torch.empty(n, dtype=torch.float64, device=dev)
-            done_length = torch.empty(n, dtype=torch.int64, device=dev)
-            self._kernels.launch_unchecked("cartpole_step", self.grid, self.BLOCK, self.state, self.steps, self.episode, action,
-                                 obs, final_obs, reward, terminated, truncated, self._episode_return, self._episode_length,
-                                 done_return, done_length, self.seed & ((1 << 64) - 1), n, self.max_episode_steps)
-            self._log_finished(done_return, done_length)
+            obs, final_obs, reward, terminated, truncated = self._kernel_step("cartpole_step", 4, action)
         else:
             obs, final_obs, reward, terminated, truncated = self._step_torch(action)
             self._track(reward, terminated | truncated)

@@ -3,39 +3,17 @@
 // Arithmetic follows gymnasium's NumPy 2 promotion exactly: the torque u is float32 and the
 // terms computed from it alone (0.001 * u^2, 3 * u) stay float32; the state is float64.
 
+#include "msrl_rng.cuh"
+
 #define PD_G 10.0
 #define PD_DT 0.05
 #define PD_MAX_SPEED 8.0
 #define PD_MAX_TORQUE 2.0f
 #define PD_PI 3.141592653589793
 
-__device__ __forceinline__ unsigned long long pd_splitmix64(unsigned long long x) {
-    unsigned long long z = x + 0x9E3779B97F4A7C15ULL;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
-__device__ __forceinline__ double pd_uniform(unsigned long long seed, unsigned long long env,
-                                             unsigned long long episode, unsigned long long k) {
-    unsigned long long h = pd_splitmix64(seed ^ pd_splitmix64(env ^ pd_splitmix64(episode * 4ULL + k)));
-    return (double)(h >> 11) * (1.0 / 9007199254740992.0);
-}
-
-// NumPy's float remainder (npy_divmod): floored modulo built on fmod.
-__device__ __forceinline__ double pd_remainder(double a, double b) {
-    double mod = fmod(a, b);
-    if (mod != 0.0) {
-        if ((b < 0.0) != (mod < 0.0)) mod += b;
-    } else {
-        mod = copysign(0.0, b);
-    }
-    return mod;
-}
-
 __device__ __forceinline__ void pd_start(double* s, unsigned long long seed, unsigned long long env, unsigned long long episode) {
-    s[0] = -PD_PI + 2.0 * PD_PI * pd_uniform(seed, env, episode, 0ULL);  // theta ~ U[-pi, pi)
-    s[1] = -1.0 + 2.0 * pd_uniform(seed, env, episode, 1ULL);            // theta_dot ~ U[-1, 1)
+    s[0] = -PD_PI + 2.0 * PD_PI * msrl_uniform(seed, env, episode, 0ULL);  // theta ~ U[-pi, pi)
+    s[1] = -1.0 + 2.0 * msrl_uniform(seed, env, episode, 1ULL);            // theta_dot ~ U[-1, 1)
 }
 
 __device__ __forceinline__ void pd_obs(const double* s, float* o) {
@@ -68,7 +46,7 @@ extern "C" __global__ void pendulum_step(double* __restrict__ state, int* __rest
     double* s = state + 2 * env;
     double th = s[0], thdot = s[1];
     float u = fminf(fmaxf(action[env], -PD_MAX_TORQUE), PD_MAX_TORQUE);
-    double thn = pd_remainder(th + PD_PI, 2.0 * PD_PI) - PD_PI;
+    double thn = msrl_remainder(th + PD_PI, 2.0 * PD_PI) - PD_PI;
     double cost = (thn * thn + 0.1 * (thdot * thdot)) + (double)(0.001f * (u * u));
     double newthdot = thdot + (3.0 * PD_G / 2.0 * sin(th) + (double)(3.0f * u)) * PD_DT;
     newthdot = fmin(fmax(newthdot, -PD_MAX_SPEED), PD_MAX_SPEED);

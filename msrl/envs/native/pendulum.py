@@ -74,10 +74,7 @@ class Pendulum(NativeEnv):
             self.seed = int(seed)
         self._reset_tracking()
         if self._kernels is not None:
-            obs = torch.empty(self.num_envs, 3, dtype=torch.float32, device=self.device)
-            self._kernels.launch("pendulum_reset", self.grid, self.BLOCK, self.state, self.steps, self.episode, obs,
-                                 self.seed & ((1 << 64) - 1), self.num_envs)
-            return obs
+            return self._kernel_reset("pendulum_reset", 3)
         self.episode.zero_()
         self.steps.zero_()
         self.state.copy_(self._start(self.episode))
@@ -95,20 +92,8 @@ class Pendulum(NativeEnv):
         if action.shape not in ((self.num_envs, 1), (self.num_envs,)):
             raise ValueError(f"action has shape {tuple(action.shape)}, expected ({self.num_envs}, 1)")
         u = action.reshape(self.num_envs).to(device=self.device, dtype=torch.float32).contiguous()
-        n, dev = self.num_envs, self.device
         if self._kernels is not None:
-            obs = torch.empty(n, 3, dtype=torch.float32, device=dev)
-            final_obs = torch.empty(n, 3, dtype=torch.float32, device=dev)
-            reward = torch.empty(n, dtype=torch.float32, device=dev)
-            terminated = torch.empty(n, dtype=torch.bool, device=dev)
-            truncated = torch.empty(n, dtype=torch.bool, device=dev)
-            done_return = torch.empty(n, dtype=torch.float64, device=dev)
-            done_length = torch.empty(n, dtype=torch.int64, device=dev)
-            self._kernels.launch_unchecked("pendulum_step", self.grid, self.BLOCK, self.state, self.steps, self.episode, u,
-                                           obs, final_obs, reward, terminated, truncated, self._episode_return,
-                                           self._episode_length, done_return, done_length, self.seed & ((1 << 64) - 1), n,
-                                           self.max_episode_steps)
-            self._log_finished(done_return, done_length)
+            obs, final_obs, reward, terminated, truncated = self._kernel_step("pendulum_step", 3, u)
         else:
             obs, final_obs, reward, terminated, truncated = self._step_torch(u)
             self._track(reward, truncated)

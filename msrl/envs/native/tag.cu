@@ -7,34 +7,11 @@
 // Arrays are (E, N) row-major for per-agent values (E envs, N agents), (E,) per env.
 // Reductions written by several threads (a tagger's reward, the runner count) use atomicAdd.
 
+#include "msrl_rng.cuh"
+
 #define TG_PI 3.14159265358979f
 #define TG_MAX_OBSERVED 64  // most other agents in a partial observation
 #define TG_TWO_PI 6.28318530717959f
-
-__device__ __forceinline__ unsigned long long tg_splitmix64(unsigned long long x) {
-    unsigned long long z = x + 0x9E3779B97F4A7C15ULL;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
-// U[0, 1) from (seed, stream, episode, k); any number of draws k per episode.
-__device__ __forceinline__ double tg_uniform(unsigned long long seed, unsigned long long stream,
-                                             unsigned long long episode, unsigned long long k) {
-    unsigned long long h = tg_splitmix64(seed ^ tg_splitmix64(stream ^ tg_splitmix64(tg_splitmix64(episode) + k)));
-    return (double)(h >> 11) * (1.0 / 9007199254740992.0);
-}
-
-// NumPy's float32 remainder (floored modulo built on fmod).
-__device__ __forceinline__ float tg_remainder(float a, float b) {
-    float mod = fmodf(a, b);
-    if (mod != 0.0f) {
-        if ((b < 0.0f) != (mod < 0.0f)) mod += b;
-    } else {
-        mod = copysignf(0.0f, b);
-    }
-    return mod;
-}
 
 // Per env: choose the taggers (Floyd's sampling of num_taggers ids out of N), list them, reset
 // the clock and the runner count. One thread per env. only_done: reset only envs with done[e].
@@ -51,7 +28,7 @@ extern "C" __global__ void tag_reset_env(float* __restrict__ agent_type, int* __
     for (int a = 0; a < num_agents; ++a) type[a] = 0.0f;
     int k = 0;
     for (int j = num_agents - num_taggers; j < num_agents; ++j, ++k) {
-        int r = (int)(tg_uniform(seed, (unsigned long long)e, (unsigned long long)ep, (unsigned long long)k) * (double)(j + 1));
+        int r = (int)(msrl_uniform_many(seed, (unsigned long long)e, (unsigned long long)ep, (unsigned long long)k) * (double)(j + 1));
         if (r > j) r = j;
         if (type[r] == 1.0f) r = j;
         type[r] = 1.0f;
@@ -77,9 +54,9 @@ extern "C" __global__ void tag_reset_agents(float* __restrict__ x, float* __rest
     for (int a = threadIdx.x; a < num_agents; a += blockDim.x) {
         long long i = (long long)e * num_agents + a;
         unsigned long long stream = 0x100000000ULL + (unsigned long long)i;
-        x[i] = (float)(tg_uniform(seed, stream, ep, 0ULL) * (double)grid_length);
-        y[i] = (float)(tg_uniform(seed, stream, ep, 1ULL) * (double)grid_length);
-        dir[i] = (float)(int)(tg_uniform(seed, stream, ep, 2ULL) * 4.0) * (TG_PI / 2.0f);
+        x[i] = (float)(msrl_uniform_many(seed, stream, ep, 0ULL) * (double)grid_length);
+        y[i] = (float)(msrl_uniform_many(seed, stream, ep, 1ULL) * (double)grid_length);
+        dir[i] = (float)(int)(msrl_uniform_many(seed, stream, ep, 2ULL) * 4.0) * (TG_PI / 2.0f);
         speed[i] = 0.0f;
         acc[i] = 0.0f;
         in_game[i] = 1.0f;
@@ -102,7 +79,7 @@ extern "C" __global__ void tag_dynamics(float* __restrict__ x, float* __restrict
         long long i = (long long)e * num_agents + a;
         float g = in_game[i];
         bool tagger = agent_type[i] == 1.0f;
-        float d = tg_remainder(dir[i] + turn_table[action[2 * i + 1]], TG_TWO_PI) * g;
+        float d = msrl_remainderf(dir[i] + turn_table[action[2 * i + 1]], TG_TWO_PI) * g;
         float ac = acc[i] + acc_table[action[2 * i]];
         float max_i = max_speed * (tagger ? skill_tagger : skill_runner);
         float sp = fminf(fmaxf(speed[i] + ac, 0.0f), max_i) * g;

@@ -1,0 +1,47 @@
+// Shared by msrl's native env kernels: a counter-based random number generator and NumPy's
+// floored remainder, identical on the GPU (NVRTC/nvcc) and in the host build. The torch
+// references mirror them in msrl/envs/native/base.py.
+#pragma once
+
+// splitmix64 (Steele, Lea, Flood 2014).
+__device__ __forceinline__ unsigned long long msrl_splitmix64(unsigned long long x) {
+    unsigned long long z = x + 0x9E3779B97F4A7C15ULL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+// U[0, 1) with 53 random bits from (seed, stream, episode, k); k < 4 draws per episode.
+__device__ __forceinline__ double msrl_uniform(unsigned long long seed, unsigned long long stream,
+                                               unsigned long long episode, unsigned long long k) {
+    unsigned long long h = msrl_splitmix64(seed ^ msrl_splitmix64(stream ^ msrl_splitmix64(episode * 4ULL + k)));
+    return (double)(h >> 11) * (1.0 / 9007199254740992.0);
+}
+
+// U[0, 1) from (seed, stream, episode, k) for any number of draws k per episode.
+__device__ __forceinline__ double msrl_uniform_many(unsigned long long seed, unsigned long long stream,
+                                                    unsigned long long episode, unsigned long long k) {
+    unsigned long long h = msrl_splitmix64(seed ^ msrl_splitmix64(stream ^ msrl_splitmix64(msrl_splitmix64(episode) + k)));
+    return (double)(h >> 11) * (1.0 / 9007199254740992.0);
+}
+
+// NumPy's float remainder (npy_divmod): floored modulo built on fmod, in double and float.
+__device__ __forceinline__ double msrl_remainder(double a, double b) {
+    double mod = fmod(a, b);
+    if (mod != 0.0) {
+        if ((b < 0.0) != (mod < 0.0)) mod += b;
+    } else {
+        mod = copysign(0.0, b);
+    }
+    return mod;
+}
+
+__device__ __forceinline__ float msrl_remainderf(float a, float b) {
+    float mod = fmodf(a, b);
+    if (mod != 0.0f) {
+        if ((b < 0.0f) != (mod < 0.0f)) mod += b;
+    } else {
+        mod = copysignf(0.0f, b);
+    }
+    return mod;
+}
