@@ -10,7 +10,8 @@ Reported: env steps/s (games stepped per second) and agent-steps/s. The NumPy pe
 its cost is linear in the number of games, so at 2,000 games it is timed on the first
 ``--numpy-max-envs`` games and its rates per game are reported for the whole batch.
 
-    python bench/bench_tag.py
+    python bench/bench_tag.py                  # host build
+    python bench/bench_tag.py --device cuda    # on a GPU (NVRTC build through CuPy)
 """
 
 from __future__ import annotations
@@ -30,18 +31,22 @@ YAML = dict(grid_length=20.0, episode_length=500, max_acceleration=0.1, min_acce
 SIZES = [(1, 5, 100), (100, 5, 100), (2000, 10, 990)]
 
 
-def bench_kernel(envs: int, taggers: int, runners: int, seconds: float) -> float:
-    env = Tag(envs, impl="kernel", num_taggers=taggers, num_runners=runners, **YAML)
+def bench_kernel(envs: int, taggers: int, runners: int, seconds: float, device: str = "cpu") -> float:
+    env = Tag(envs, device=device, impl="kernel", num_taggers=taggers, num_runners=runners, **YAML)
     env.reset(seed=0)
     g = torch.Generator().manual_seed(0)
-    acts = [torch.randint(0, 21, (envs, taggers + runners, 2), generator=g) for _ in range(4)]
+    acts = [torch.randint(0, 21, (envs, taggers + runners, 2), generator=g).to(device) for _ in range(4)]
     env.step(acts[0])
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    sync()
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds or n < 3:
         env.step(acts[n % 4])
         n += 1
         if len(env._finished) > 16:
             env._finished.clear()
+            sync()
+    sync()
     return envs * n / (time.perf_counter() - t0)
 
 
@@ -64,17 +69,19 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--numpy-max-envs", type=int, default=20)
+    p.add_argument("--device", default="cpu", help="where the kernel runs: cpu (host build) or cuda (NVRTC build)")
     args = p.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "2")
     torch.set_num_threads(2)
     print("| envs x (taggers + runners) | system | env steps/s | agent-steps/s | kernel / NumPy |")
     print("| --- | --- | --- | --- | --- |")
     for envs, taggers, runners in SIZES:
-        k = bench_kernel(envs, taggers, runners, args.seconds)
+        k = bench_kernel(envs, taggers, runners, args.seconds, args.device)
         n = bench_numpy(envs, taggers, runners, args.seconds, args.numpy_max_envs)
         agents = taggers + runners
         size = f"{envs} x ({taggers} + {runners})"
-        print(f"| {size} | msrl host kernel | {k:,.0f} | {k * agents:,.0f} | **{k / n:.0f}x** |")
+        name = "msrl host kernel" if args.device == "cpu" else f"msrl kernel ({args.device})"
+        print(f"| {size} | {name} | {k:,.0f} | {k * agents:,.0f} | **{k / n:.0f}x** |")
         print(f"| {size} | NumPy (per game, looped) | {n:,.1f} | {n * agents:,.0f} | |", flush=True)
 
 

@@ -313,7 +313,7 @@ def train(cfg: RunConfig, resume: str | pathlib.Path | None = None) -> TrainResu
         json.dumps(
             {
                 "episodes": len(returns),
-                "mean_return": result.eval_mean,
+                "mean_return": result.eval_mean if returns else None,
                 "returns": returns,
                 "env_steps": job.env_steps,
                 "iterations": job.iteration,
