@@ -1,10 +1,10 @@
 // msrl host shim: compiles CUDA C kernels for the CPU.
 //
-// Each kernel runs as a loop over blocks (OpenMP across blocks) and, inside a block, over
-// threads, with blockIdx/threadIdx/blockDim/gridDim set per iteration. Kernels therefore must
-// not use __syncthreads(): a grid-wide phase boundary is a separate kernel launch, which both
-// builds honour. atomicAdd maps to GCC atomics, so reductions several threads write stay
-// correct when blocks run in parallel.
+// Each kernel runs as a loop over (block, thread) pairs spread over OpenMP threads, with
+// blockIdx/threadIdx/blockDim/gridDim set per iteration. Kernels therefore must not use
+// __syncthreads() (nor rely on the order of threads): a phase boundary is a separate kernel
+// launch, which both builds honour. atomicAdd maps to GCC atomics, so reductions several
+// threads write stay correct when they run in parallel.
 #pragma once
 #include <math.h>
 #include <stdint.h>
@@ -29,12 +29,14 @@ MSRL_TLS dim3 gridDim = {1, 1, 1};
 
 template <class F>
 static void msrl_host_launch(int grid, int block, F body) {
-#pragma omp parallel for schedule(static)
+    // Every (block, thread) pair is independent (no __syncthreads), so both loops are spread over
+    // the OpenMP threads together: a grid of one block still uses every core.
+#pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < grid; ++b) {
-        blockIdx = {(unsigned)b, 0, 0};
-        blockDim = {(unsigned)block, 1, 1};
-        gridDim = {(unsigned)grid, 1, 1};
         for (int t = 0; t < block; ++t) {
+            blockIdx = {(unsigned)b, 0, 0};
+            blockDim = {(unsigned)block, 1, 1};
+            gridDim = {(unsigned)grid, 1, 1};
             threadIdx = {(unsigned)t, 0, 0};
             body();
         }

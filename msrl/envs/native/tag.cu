@@ -106,22 +106,29 @@ __device__ __forceinline__ void tag_observe_nearest(const float* __restrict__ x,
                                                     float pos_scale, float vel_scale, float time_frac) {
     // K nearest in-game others, (distance, id) ascending: one pass with insertion into a
     // sorted list of at most K (ids visited in ascending order keep ties by id).
-    float bd[TG_MAX_OBSERVED];
+    // Squared distances reject most candidates without a sqrt: sqrt is monotonic, so d2 >= the
+    // K-th best's d2 means d >= its d, and a tie loses to the lower id already kept.
+    float bd[TG_MAX_OBSERVED], bd2[TG_MAX_OBSERVED];
     int bj[TG_MAX_OBSERVED];
     int count = 0;
+    float xi = x[i], yi = y[i];
     for (int j = 0; j < num_agents; ++j) {
         long long q = base + j;
+        float dx = x[q] - xi, dy = y[q] - yi;
+        float d2 = dx * dx + dy * dy;
+        if (count == M && d2 >= bd2[M - 1]) continue;
         if (j == a || in_game[q] == 0.0f) continue;
-        float dx = x[q] - x[i], dy = y[q] - y[i];
-        float dd = sqrtf(dx * dx + dy * dy);
+        float dd = sqrtf(d2);
         if (count == M && !(dd < bd[M - 1])) continue;
         int pos = count < M ? count : M - 1;
         while (pos > 0 && dd < bd[pos - 1]) {
             bd[pos] = bd[pos - 1];
+            bd2[pos] = bd2[pos - 1];
             bj[pos] = bj[pos - 1];
             --pos;
         }
         bd[pos] = dd;
+        bd2[pos] = d2;
         bj[pos] = j;
         if (count < M) ++count;
     }
