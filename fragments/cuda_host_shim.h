@@ -9,6 +9,10 @@
 #include <math.h>
 #include <stdint.h>
 
+#include <algorithm>
+using std::max;  // CUDA's integer min/max built-ins
+using std::min;
+
 struct dim3 {
     unsigned int x, y, z;
 };

@@ -108,3 +108,13 @@ def test_tag_parameters_are_checked():
         Tag(1, num_tagger=3)
     with pytest.raises(ValueError, match="num_other_agents_observed must lie in"):
         Tag(1, use_full_observation=False, num_other_agents_observed=50)
+
+
+def test_spatial_grid_search_is_exact():
+    """Many agents and partial observations switch the kernel to the spatial grid; it must find
+    exactly the nearest agents the reference finds (ties by id included)."""
+    params = dict(num_taggers=5, num_runners=100, use_full_observation=False, num_other_agents_observed=10,
+                  grid_length=20.0, tagging_distance=0.02)
+    assert Tag(40, **params).grid_cells > 0 and Tag(1, **params).grid_cells == 0
+    r = check_tag(num_envs=40, steps=60, seed=7, **params)
+    assert r.ok, r

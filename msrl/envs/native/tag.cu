@@ -97,43 +97,79 @@ extern "C" __global__ void tag_dynamics(float* __restrict__ x, float* __restrict
     }
 }
 
-// The partial observation of agent a (global index i) into o: the K = M nearest in-game others.
+// A sorted list of the K = M best (distance, id) pairs seen so far; pairs may arrive in any order.
+struct TgNearest {
+    float d[TG_MAX_OBSERVED], d2[TG_MAX_OBSERVED];
+    int j[TG_MAX_OBSERVED];
+    int count;
+};
+
+__device__ __forceinline__ void tg_consider(TgNearest& n, int M, int j, float d2) {
+    // Squared distances reject most candidates without a sqrt: sqrt is monotonic, so d2 > the
+    // K-th best's d2 means d >= its d (equal d: decided by id below, after the sqrt).
+    if (n.count == M && d2 > n.d2[M - 1]) return;
+    float dd = sqrtf(d2);
+    if (n.count == M && !(dd < n.d[M - 1] || (dd == n.d[M - 1] && j < n.j[M - 1]))) return;
+    int pos = n.count < M ? n.count : M - 1;
+    while (pos > 0 && (dd < n.d[pos - 1] || (dd == n.d[pos - 1] && j < n.j[pos - 1]))) {
+        n.d[pos] = n.d[pos - 1];
+        n.d2[pos] = n.d2[pos - 1];
+        n.j[pos] = n.j[pos - 1];
+        --pos;
+    }
+    n.d[pos] = dd;
+    n.d2[pos] = d2;
+    n.j[pos] = j;
+    if (n.count < M) ++n.count;
+}
+
+// The partial observation of agent a (global index i) into o: the K = M nearest in-game others,
+// (distance, id) ascending. With a spatial grid (G x G cells of side cell_size, in-game agents
+// bucketed by tag_grid_*), cells are scanned in rings around the agent's cell until no unseen
+// agent can be nearer than the K-th found; without one, all agents are scanned.
 __device__ __forceinline__ void tag_observe_nearest(const float* __restrict__ x, const float* __restrict__ y,
                                                     const float* __restrict__ dir, const float* __restrict__ speed,
                                                     const float* __restrict__ acc, const float* __restrict__ in_game,
                                                     const float* __restrict__ agent_type, float* __restrict__ o,
                                                     long long base, int a, long long i, int num_agents, int M,
-                                                    float pos_scale, float vel_scale, float time_frac) {
-    // K nearest in-game others, (distance, id) ascending: one pass with insertion into a
-    // sorted list of at most K (ids visited in ascending order keep ties by id).
-    // Squared distances reject most candidates without a sqrt: sqrt is monotonic, so d2 >= the
-    // K-th best's d2 means d >= its d, and a tie loses to the lower id already kept.
-    float bd[TG_MAX_OBSERVED], bd2[TG_MAX_OBSERVED];
-    int bj[TG_MAX_OBSERVED];
-    int count = 0;
+                                                    float pos_scale, float vel_scale, float time_frac,
+                                                    const int* __restrict__ cell_start, const int* __restrict__ cell_count,
+                                                    const int* __restrict__ cell_agents, int G, float cell_size) {
+    TgNearest n;
+    n.count = 0;
     float xi = x[i], yi = y[i];
-    for (int j = 0; j < num_agents; ++j) {
-        long long q = base + j;
-        float dx = x[q] - xi, dy = y[q] - yi;
-        float d2 = dx * dx + dy * dy;
-        if (count == M && d2 >= bd2[M - 1]) continue;
-        if (j == a || in_game[q] == 0.0f) continue;
-        float dd = sqrtf(d2);
-        if (count == M && !(dd < bd[M - 1])) continue;
-        int pos = count < M ? count : M - 1;
-        while (pos > 0 && dd < bd[pos - 1]) {
-            bd[pos] = bd[pos - 1];
-            bd2[pos] = bd2[pos - 1];
-            bj[pos] = bj[pos - 1];
-            --pos;
+    if (G <= 0) {
+        for (int j = 0; j < num_agents; ++j) {
+            long long q = base + j;
+            if (j == a || in_game[q] == 0.0f) continue;
+            float dx = x[q] - xi, dy = y[q] - yi;
+            tg_consider(n, M, j, dx * dx + dy * dy);
         }
-        bd[pos] = dd;
-        bd2[pos] = d2;
-        bj[pos] = j;
-        if (count < M) ++count;
+    } else {
+        long long cbase = (base / num_agents) * (long long)G * G;
+        int cx = min((int)(xi / cell_size), G - 1), cy = min((int)(yi / cell_size), G - 1);
+        for (int r = 0; r < G; ++r) {
+            // an agent r rings away is at least r - 1 whole cells away (margin for rounding)
+            if (n.count == M && r >= 2 && n.d[M - 1] < (float)(r - 1) * cell_size * 0.9999f) break;
+            for (int gy = cy - r; gy <= cy + r; ++gy) {
+                if (gy < 0 || gy >= G) continue;
+                bool edge_row = gy == cy - r || gy == cy + r;
+                for (int gx = cx - r; gx <= cx + r; gx += (edge_row || r == 0) ? 1 : 2 * r) {
+                    if (gx < 0 || gx >= G) continue;
+                    long long c = cbase + (long long)gy * G + gx;
+                    for (int k = cell_start[c], end = cell_start[c] + cell_count[c]; k < end; ++k) {
+                        int j = cell_agents[base + k];
+                        if (j == a) continue;
+                        long long q = base + j;
+                        float dx = x[q] - xi, dy = y[q] - yi;
+                        tg_consider(n, M, j, dx * dx + dy * dy);
+                    }
+                }
+            }
+        }
     }
-    for (int m = 0; m < count; ++m) {
-        long long q = base + bj[m];
+    for (int m = 0; m < n.count; ++m) {
+        long long q = base + n.j[m];
         o[0 * M + m] = (x[q] - x[i]) / pos_scale;
         o[1 * M + m] = (y[q] - y[i]) / pos_scale;
         o[2 * M + m] = (speed[q] - speed[i]) / vel_scale;
@@ -143,6 +179,54 @@ __device__ __forceinline__ void tag_observe_nearest(const float* __restrict__ x,
         o[6 * M + m] = in_game[q];
     }
     o[7 * M] = time_frac;
+}
+
+// Spatial grid for partial observations, three phases. Count: each in-game agent's cell.
+extern "C" __global__ void tag_grid_count(const float* __restrict__ x, const float* __restrict__ y,
+                                          const float* __restrict__ in_game, int* __restrict__ cell_of,
+                                          int* __restrict__ cell_count, int num_envs, int num_agents, int G,
+                                          float cell_size) {
+    int e = blockIdx.x;
+    if (e >= num_envs) return;
+    for (int a = threadIdx.x; a < num_agents; a += blockDim.x) {
+        long long i = (long long)e * num_agents + a;
+        if (in_game[i] == 0.0f) {
+            cell_of[i] = -1;
+            continue;
+        }
+        int cx = min((int)(x[i] / cell_size), G - 1), cy = min((int)(y[i] / cell_size), G - 1);
+        cell_of[i] = cy * G + cx;
+        atomicAdd(&cell_count[(long long)e * G * G + cy * G + cx], 1);
+    }
+}
+
+// Scan (one thread per env): cell_start = exclusive prefix sum of cell_count; cursor = cell_start.
+extern "C" __global__ void tag_grid_scan(const int* __restrict__ cell_count, int* __restrict__ cell_start,
+                                         int* __restrict__ cursor, int num_envs, int cells) {
+    int e = blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= num_envs) return;
+    long long b = (long long)e * cells;
+    int total = 0;
+    for (int c = 0; c < cells; ++c) {
+        cell_start[b + c] = total;
+        cursor[b + c] = total;
+        total += cell_count[b + c];
+    }
+}
+
+// Fill: each in-game agent takes a slot of its cell (slot order is free: the search orders by
+// (distance, id) whatever the order it meets agents in).
+extern "C" __global__ void tag_grid_fill(const int* __restrict__ cell_of, int* __restrict__ cursor,
+                                         int* __restrict__ cell_agents, int num_envs, int num_agents, int cells) {
+    int e = blockIdx.x;
+    if (e >= num_envs) return;
+    for (int a = threadIdx.x; a < num_agents; a += blockDim.x) {
+        long long i = (long long)e * num_agents + a;
+        int c = cell_of[i];
+        if (c < 0) continue;
+        int slot = atomicAdd(&cursor[(long long)e * cells + c], 1);
+        cell_agents[(long long)e * num_agents + slot] = a;
+    }
 }
 
 // Per agent: the observation (feature-major, 7M + 1 values) of step 7. full_observation: M = N-1
@@ -155,7 +239,9 @@ extern "C" __global__ void tag_observe(const float* __restrict__ x, const float*
                                        const float* __restrict__ agent_type, const int* __restrict__ t,
                                        float* __restrict__ obs, const bool* __restrict__ done, int only_done,
                                        int num_envs, int num_agents, int full_observation, int num_observed,
-                                       int observe_self, int episode_length, float grid_length, float max_speed) {
+                                       int observe_self, int episode_length, float grid_length, float max_speed,
+                                       const int* __restrict__ cell_start, const int* __restrict__ cell_count,
+                                       const int* __restrict__ cell_agents, int G, float cell_size) {
     int e = blockIdx.x;
     if (e >= num_envs) return;
     if (only_done && !done[e]) return;
@@ -186,8 +272,9 @@ extern "C" __global__ void tag_observe(const float* __restrict__ x, const float*
             o[7 * M] = self_in ? time_frac : 0.0f;
         } else {
             for (int k = 0; k < width; ++k) o[k] = 0.0f;
-            if (self_in && t[e] != 0) tag_observe_nearest(x, y, dir, speed, acc, in_game, agent_type, o, base, a, i,
-                                                          num_agents, M, pos_scale, vel_scale, time_frac);
+            if (self_in && t[e] != 0)
+                tag_observe_nearest(x, y, dir, speed, acc, in_game, agent_type, o, base, a, i, num_agents, M, pos_scale,
+                                    vel_scale, time_frac, cell_start, cell_count, cell_agents, G, cell_size);
         }
         if (observe_self) {  // msrl's extension: the agent's own state (not in WarpDrive's rules)
             float* s = o + 7 * M + 1;

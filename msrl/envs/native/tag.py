@@ -141,6 +141,17 @@ class Tag(NativeEnv):
         self._agent_index = torch.arange(N, device=dev)
         self._env_index = torch.arange(E, dtype=torch.int64, device=dev)
         self._no_done = torch.zeros(E, dtype=torch.bool, device=dev)
+        # spatial grid for partial observations of many agents (exact either way; see tag.cu). Its
+        # three extra launches cost more than they save on small batches (bench/bench_tag.py).
+        i32 = dict(dtype=torch.int32, device=dev)
+        use_grid = not p.use_full_observation and N >= 64 and E * N >= 4096
+        self.grid_cells = int(min(64, max(1, math.isqrt(N // 2)))) if use_grid else 0
+        cells = max(1, self.grid_cells) ** 2
+        self._cell_count = torch.zeros(E, cells, **i32)
+        self._cell_start = torch.zeros(E, cells, **i32)
+        self._cell_cursor = torch.zeros(E, cells, **i32)
+        self._cell_of = torch.zeros(E, N, **i32)
+        self._cell_agents = torch.zeros(E, N, **i32)
 
     def agent_types(self) -> torch.Tensor:
         """The agents' types ``(E, N)`` float32 (1 = tagger) for the current observations."""
@@ -216,11 +227,22 @@ class Tag(NativeEnv):
     def _observe(self, obs: torch.Tensor, done: torch.Tensor, only_done: bool) -> None:
         p = self.params
         if self._kernels is not None:
+            G = self.grid_cells
+            cell_size = float(p.grid_length) / G if G else 1.0
+            if G:
+                k, E, N, cells = self._kernels, self.num_envs, self.num_agents, G * G
+                self._cell_count.zero_()
+                k.launch_unchecked("tag_grid_count", E, self.block, self.x, self.y, self.in_game, self._cell_of,
+                                   self._cell_count, E, N, G, cell_size)
+                k.launch_unchecked("tag_grid_scan", (E + 255) // 256, 256, self._cell_count, self._cell_start,
+                                   self._cell_cursor, E, cells)
+                k.launch_unchecked("tag_grid_fill", E, self.block, self._cell_of, self._cell_cursor, self._cell_agents, E, N,
+                                   cells)
             self._kernels.launch_unchecked(
                 "tag_observe", self.num_envs, self.block, self.x, self.y, self.dir, self.speed, self.acc, self.in_game,
                 self.agent_type, self.t, obs, done, int(only_done), self.num_envs, self.num_agents,
                 int(p.use_full_observation), p.num_observed, int(p.observe_self), p.episode_length, float(p.grid_length),
-                float(p.max_speed))
+                float(p.max_speed), self._cell_start, self._cell_count, self._cell_agents, G, cell_size)
             return
         new = self._observe_torch()
         obs.copy_(torch.where(done[:, None, None], new, obs) if only_done else new)
