@@ -102,6 +102,7 @@ class MAPPOActor(PPOActor):
     handling as :class:`msrl.algorithms.ppo.PPOActor`)."""
 
     def build_net(self, ctx: BuildContext) -> nn.Module:
+        """A :class:`TypedActorCritic`."""
         return _build_net(ctx)
 
     @torch.no_grad()
@@ -196,6 +197,7 @@ class MAPPOLearner(PPOLearner):
     """PPO's update over all agent-steps of a ``(T, E, N)`` rollout."""
 
     def build_net(self, ctx: BuildContext) -> nn.Module:
+        """A :class:`TypedActorCritic`."""
         return _build_net(ctx)
 
     def learn(self, batch: TensorDict) -> dict[str, Any]:
@@ -237,11 +239,13 @@ class MAPPOTrainer(Trainer):
     """The loop body: a rollout of every agent of every env, one update, weight sync."""
 
     def reset(self) -> None:
+        """First observations (and agent types), and the learner's initial weights to the actor."""
         self.obs = self.env.reset(seed=self.seed)
         self.agent_type = self.env.agent_types()
         self.actor.set_weights(self.learner.get_weights())
 
     def train_step(self) -> dict[str, Any]:
+        """Rollout of ``num_steps`` steps, one learner update, weight sync; returns the metrics."""
         for _step in range(self.hparams.num_steps):
             action, log_prob, value = self.actor.act(self.obs, self.agent_type)
             next_obs, reward, terminated, truncated, info = self.env.step(action)

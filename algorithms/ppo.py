@@ -438,10 +438,12 @@ class PPOTrainer(Trainer):
     """PPO's loop body: a rollout of ``num_steps`` steps, one learning update, weight sync."""
 
     def reset(self) -> None:
+        """First observations (and agent types), and the learner's initial weights to the actor."""
         self.obs = self.env.reset(seed=self.seed)
         self.actor.set_weights(self.learner.get_weights())
 
     def train_step(self) -> dict[str, float]:
+        """Rollout of ``num_steps`` steps, one learner update, weight sync; returns the metrics."""
         for _step in range(self.hparams.num_steps):
             action, log_prob, value = self.actor.act(self.obs)
             next_obs, reward, terminated, truncated, info = self.env.step(action)

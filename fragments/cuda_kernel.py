@@ -128,6 +128,14 @@ class KernelModule:
     signatures: dict[str, KernelSignature]
 
     def launch(self, name: str, grid: int, block: int, *args: Any) -> None:
+        """Runs kernel ``name`` over ``grid`` blocks of ``block`` threads.
+
+        Args:
+            args: the kernel's parameters in order: tensors for pointers, numbers for scalars.
+
+        Raises:
+            KeyError, TypeError, ValueError: see :meth:`_check`.
+        """
         raise NotImplementedError
 
     def launch_unchecked(self, name: str, grid: int, block: int, *args: Any) -> None:

@@ -79,6 +79,7 @@ class Fragment:
 
     @property
     def name(self) -> str:
+        """The fragment's name (its spec's)."""
         return self.spec.name
 
 

@@ -197,6 +197,8 @@ def check_tag(num_envs: int = 4, steps: int = 300, seed: int = 0, device: str = 
 
 
 def main() -> None:
+    """``python -m msrl.envs.native.check``: prints one JSON report per implementation; exits 1
+    when any is out of tolerance."""
     p = argparse.ArgumentParser(description="native envs vs gymnasium, step by step")
     p.add_argument("--env", default="cartpole", choices=["cartpole", "pendulum", "tag"])
     p.add_argument("--num-envs", type=int, default=8)

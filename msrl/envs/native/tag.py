@@ -82,6 +82,7 @@ class TagParams:
 
     @property
     def num_agents(self) -> int:
+        """``N = num_taggers + num_runners``."""
         return self.num_taggers + self.num_runners
 
     @property
