@@ -260,9 +260,10 @@ class DeviceKernelModule(KernelModule):
             else:
                 cargs.append({"int": cupy.int32, "unsigned int": cupy.uint32, "long long": cupy.int64,
                               "unsigned long long": cupy.uint64, "float": cupy.float32, "double": cupy.float64}[ptype](a))
+        # launch on torch's current stream, so the kernel is ordered with the surrounding torch ops
         stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(self.device).cuda_stream)
-        with cupy.cuda.Device(self.device.index or 0):
-            self._kernels[name]((grid,), (block,), tuple(cargs), stream=stream)
+        with cupy.cuda.Device(self.device.index or 0), stream:
+            self._kernels[name]((grid,), (block,), tuple(cargs))
 
 
 _cache: dict[tuple[str, str], KernelModule] = {}
