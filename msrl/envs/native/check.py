@@ -168,8 +168,8 @@ def check_tag(num_envs: int = 4, steps: int = 300, seed: int = 0, device: str = 
     Before every step the torch env is given the kernel env's exact state, then both take the
     same random actions; so each step is compared on its own and float32 ulp differences (the
     host build's libm ``sinf``/``cosf`` vs torch's vectorised ones) cannot compound into chaos.
-    Observations must agree to ``TAG_TOL``; rewards, tags (``in_game``), runner counts and
-    ``terminated`` exactly.
+    Observations must agree to ``TAG_TOL``; rewards, tags (``in_game``), runner counts,
+    ``terminated`` and the finished games' statistics exactly.
 
     Returns:
         a :class:`CheckReport` for the kernel (``flag_mismatches`` counts differing rewards,
@@ -193,6 +193,8 @@ def check_tag(num_envs: int = 4, steps: int = 300, seed: int = 0, device: str = 
         mismatches += int((x[1] != y[1]).sum()) + int((x[2] != y[2]).sum())
         mismatches += int((a.in_game != b.in_game).sum()) + int((a.runners_left != b.runners_left).sum())
         games += int(x[2].sum())
+        sa, sb = a.pop_episode_stats(), b.pop_episode_stats()  # per-game returns, lengths, per-type returns
+        mismatches += int(sa != sb)
     return CheckReport("kernel", device, steps, games, 0, diff, mismatches, TAG_TOL)
 
 

@@ -63,18 +63,19 @@ extern "C" __global__ void tag_reset_agents(float* __restrict__ x, float* __rest
     }
 }
 
-// Per agent, steps 1-6 of the rules; writes each agent's reward so far (edge penalty + step
+// Per agent, steps 1-6 of the rules (and the env's clock, t += 1); writes each agent's reward so far (edge penalty + step
 // term for agents in the game, 0 otherwise). action: (E, N, 2) int64 indices into the tables.
 extern "C" __global__ void tag_dynamics(float* __restrict__ x, float* __restrict__ y, float* __restrict__ dir,
                                         float* __restrict__ speed, float* __restrict__ acc,
                                         const float* __restrict__ in_game, const float* __restrict__ agent_type,
                                         const long long* __restrict__ action, const float* __restrict__ acc_table,
                                         const float* __restrict__ turn_table, float* __restrict__ reward,
-                                        int num_envs, int num_agents, float grid_length, float max_speed,
-                                        float skill_tagger, float skill_runner, float edge_hit_penalty,
+                                        int* __restrict__ t, int num_envs, int num_agents, float grid_length,
+                                        float max_speed, float skill_tagger, float skill_runner, float edge_hit_penalty,
                                         float step_penalty_tagger, float step_reward_runner) {
     int e = blockIdx.x;
     if (e >= num_envs) return;
+    if (threadIdx.x == 0) t[e] += 1;  // the clock first; no thread of this kernel reads it
     for (int a = threadIdx.x; a < num_agents; a += blockDim.x) {
         long long i = (long long)e * num_agents + a;
         float g = in_game[i];
@@ -331,5 +332,28 @@ extern "C" __global__ void tag_rewards(const float* __restrict__ x, const float*
             }
         }
         if (t[e] >= episode_length && in_game[i] != 0.0f) reward[i] += end_of_game_reward_runner;
+    }
+}
+
+// Per env (one thread): the game ends when time is up or no runner is left; per-agent returns
+// accumulate over the game, and a finished game logs its agents' returns and its length
+// (done_length -1 where the game goes on).
+extern "C" __global__ void tag_finish(const int* __restrict__ t, const int* __restrict__ runners_left,
+                                      const float* __restrict__ reward, double* __restrict__ ep_return,
+                                      long long* __restrict__ ep_length, bool* __restrict__ terminated,
+                                      double* __restrict__ done_return, long long* __restrict__ done_length,
+                                      int num_envs, int num_agents, int episode_length) {
+    int e = blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= num_envs) return;
+    bool done = t[e] >= episode_length || runners_left[e] <= 0;
+    terminated[e] = done;
+    long long len = ep_length[e] + 1;
+    done_length[e] = done ? len : -1;
+    ep_length[e] = done ? 0 : len;
+    for (int a = 0; a < num_agents; ++a) {
+        long long i = (long long)e * num_agents + a;
+        double r = ep_return[i] + (double)reward[i];
+        done_return[i] = done ? r : 0.0;
+        ep_return[i] = done ? 0.0 : r;
     }
 }

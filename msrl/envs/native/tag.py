@@ -323,28 +323,37 @@ class Tag(NativeEnv):
         if action.shape != (E, N, 2):
             raise ValueError(f"action has shape {tuple(action.shape)}, expected ({E}, {N}, 2)")
         action = action.to(device=self.device, dtype=torch.int64).contiguous()
-        self.t += 1  # the clock first (rule "t is incremented first")
-        reward = torch.empty(E, N, dtype=torch.float32, device=self.device)
-        final_obs = torch.empty(E, N, self.obs_dim, dtype=torch.float32, device=self.device)
+        dev = self.device
+        reward = torch.empty(E, N, dtype=torch.float32, device=dev)
+        final_obs = torch.empty(E, N, self.obs_dim, dtype=torch.float32, device=dev)
+        agent_type = self.agent_type.clone()  # the types during this step
         if self._kernels is not None:
             k = self._kernels
             k.launch_unchecked("tag_dynamics", E, self.block, self.x, self.y, self.dir, self.speed, self.acc, self.in_game,
-                               self.agent_type, action, self.acc_table, self.turn_table, reward, E, N, float(p.grid_length),
-                               float(p.max_speed), float(p.skill_level_tagger), float(p.skill_level_runner),
-                               float(p.edge_hit_penalty), float(p.step_penalty_for_tagger), float(p.step_reward_for_runner))
+                               self.agent_type, action, self.acc_table, self.turn_table, reward, self.t, E, N,
+                               float(p.grid_length), float(p.max_speed), float(p.skill_level_tagger),
+                               float(p.skill_level_runner), float(p.edge_hit_penalty), float(p.step_penalty_for_tagger),
+                               float(p.step_reward_for_runner))
             self._observe(final_obs, self._no_done, only_done=False)
             k.launch_unchecked("tag_rewards", E, self.block, self.x, self.y, self.in_game, self.agent_type, self.tagger_ids,
                                p.num_taggers, reward,
                                self.runners_left, self.t, E, N, float(p.grid_length), float(p.tagging_distance),
                                float(p.tag_reward_for_tagger), float(p.tag_penalty_for_runner),
                                float(p.end_of_game_reward_for_runner), int(p.runner_exits_game_after_tagged), p.episode_length)
+            terminated = torch.empty(E, dtype=torch.bool, device=dev)
+            done_return = torch.empty(E, N, dtype=torch.float64, device=dev)
+            done_length = torch.empty(E, dtype=torch.int64, device=dev)
+            k.launch_unchecked("tag_finish", (E + 255) // 256, 256, self.t, self.runners_left, reward, self._episode_return,
+                               self._episode_length, terminated, done_return, done_length, E, N, p.episode_length)
+            self._finished.append((done_return, done_length, agent_type))
+            self._env_steps += E
         else:
+            self.t += 1  # the clock first (rule "t is incremented first")
             reward.copy_(self._dynamics_torch(action))
             final_obs.copy_(self._observe_torch())
             reward.copy_(self._rewards_torch(reward))
-        agent_type = self.agent_type.clone()
-        terminated = (self.t >= p.episode_length) | (self.runners_left <= 0)
-        self._track_agents(reward, terminated)
+            terminated = (self.t >= p.episode_length) | (self.runners_left <= 0)
+            self._track_agents(reward, terminated, agent_type)
         obs = final_obs.clone()
         self._reset(terminated, only_done=True)
         self._observe(obs, terminated, only_done=True)
@@ -396,12 +405,12 @@ class Tag(NativeEnv):
         return reward + torch.where(end, np.float32(p.end_of_game_reward_for_runner), np.float32(0.0))
 
     # -- statistics -------------------------------------------------------------------------
-    def _track_agents(self, reward: torch.Tensor, done: torch.Tensor) -> None:
-        """Per-agent episode returns ``(E, N)``; a finished game logs its agents' returns."""
+    def _track_agents(self, reward: torch.Tensor, done: torch.Tensor, agent_type: torch.Tensor) -> None:
+        """Torch reference of ``tag_finish``'s tracking: per-agent returns ``(E, N)``; a finished
+        game logs its agents' returns and types."""
         ret = self._episode_return + reward.to(torch.float64)
         length = self._episode_length + 1
-        self._finished.append((torch.where(done[:, None], ret, 0.0), torch.where(done, length, -1),
-                               self.agent_type.clone()))
+        self._finished.append((torch.where(done[:, None], ret, 0.0), torch.where(done, length, -1), agent_type))
         self._env_steps += self.num_envs
         self._episode_return.copy_(torch.where(done[:, None], 0.0, ret))
         self._episode_length.copy_(torch.where(done, 0, length))
