@@ -137,3 +137,19 @@ def test_native_pendulum_equals_gymnasium_exactly_and_its_kernel_equals_its_refe
         for x, y in zip(a.step(u)[:4], b.step(u)[:4]):
             assert torch.equal(x, y)
     assert a.pop_episode_stats() == b.pop_episode_stats()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_gpu_pendulum_matches_host_build():
+    from msrl.envs.native import Pendulum
+
+    host, gpu = Pendulum(64, impl="kernel"), Pendulum(64, device="cuda", impl="kernel")
+    assert torch.equal(host.reset(seed=3), gpu.reset(seed=3).cpu())
+    g = torch.Generator().manual_seed(0)
+    for _ in range(250):
+        u = torch.rand(64, 1, generator=g) * 6 - 3
+        gpu.load_state_dict(host.state_dict())  # compare one step at a time
+        h, d = host.step(u), gpu.step(u.cuda())
+        torch.testing.assert_close(h[0], d[0].cpu(), rtol=0, atol=1e-5)
+        torch.testing.assert_close(h[1], d[1].cpu(), rtol=1e-5, atol=1e-5)
+        assert torch.equal(h[3], d[3].cpu())

@@ -118,3 +118,21 @@ def test_spatial_grid_search_is_exact():
     assert Tag(40, **params).grid_cells > 0 and Tag(1, **params).grid_cells == 0
     r = check_tag(num_envs=40, steps=60, seed=7, **params)
     assert r.ok, r
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("full", [True, False])
+def test_gpu_kernels_match_the_host_build_step_by_step(full):
+    params = dict(num_taggers=5, num_runners=100, use_full_observation=full, num_other_agents_observed=10,
+                  grid_length=20.0, tagging_distance=0.02)
+    host, gpu = Tag(40, impl="kernel", **params), Tag(40, device="cuda", impl="kernel", **params)
+    host.reset(seed=1)
+    gpu.reset(seed=1)
+    assert torch.equal(host.agent_type, gpu.agent_type.cpu()) and torch.equal(host.x, gpu.x.cpu())
+    g = torch.Generator().manual_seed(0)
+    for _ in range(60):
+        gpu.load_state_dict(host.state_dict())
+        act = torch.randint(0, 11, (40, 105, 2), generator=g)
+        h, d = host.step(act), gpu.step(act.cuda())
+        torch.testing.assert_close(h[4]["final_obs"], d[4]["final_obs"].cpu(), rtol=0, atol=1e-5)
+        assert torch.equal(h[1], d[1].cpu()) and torch.equal(h[2], d[2].cpu())
