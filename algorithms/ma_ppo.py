@@ -15,7 +15,7 @@ per component; log-probabilities and entropies add up.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any
 
 import gymnasium
 import numpy as np
@@ -24,8 +24,8 @@ from tensordict import TensorDict
 from torch import nn
 
 from msrl.advantages import gae
-from msrl.algorithms.ppo import PPOActor, PPOConfig, PPOLearner, _mlp
-from msrl.api import AlgorithmSpec, Buffer, BuildContext, Trainer
+from msrl.algorithms.ppo import PPOActor, PPOConfig, PPOLearner, RolloutBuffer, _mlp
+from msrl.api import AlgorithmSpec, BuildContext, Trainer
 
 __all__ = ["MAPPOConfig", "TypedActorCritic", "MAPPOActor", "MultiAgentRolloutBuffer", "MAPPOLearner", "MAPPOTrainer", "ALGORITHM"]
 
@@ -128,10 +128,11 @@ class MAPPOActor(PPOActor):
         return torch.stack(actions, dim=-1).view(E, N, -1), log_prob.view(E, N), value.view(E, N)
 
 
-class MultiAgentRolloutBuffer(Buffer):
+class MultiAgentRolloutBuffer(RolloutBuffer):
     """Preallocated ``(T, E, N, ...)`` storage: ``obs``/``next_obs`` ``(T, E, N, D)``,
     ``agent_type``/``next_agent_type``, ``log_prob``, ``value``, ``reward`` ``(T, E, N)``,
-    ``action`` ``(T, E, N, k)`` int64, ``terminated``/``truncated`` ``(T, E)`` bool."""
+    ``action`` ``(T, E, N, k)`` int64, ``terminated``/``truncated`` ``(T, E)`` bool. ``insert``,
+    ``gather`` and the checkpoint state are :class:`msrl.algorithms.ppo.RolloutBuffer`'s."""
 
     KEYS = ("obs", "agent_type", "action", "log_prob", "value", "reward", "terminated", "truncated", "next_obs",
             "next_agent_type")
@@ -158,39 +159,6 @@ class MultiAgentRolloutBuffer(Buffer):
             device=dev,
         )
         self.t = 0
-
-    def insert(self, **step: torch.Tensor) -> None:
-        """Stores step ``t`` (keys exactly :attr:`KEYS`).
-
-        Raises:
-            KeyError: missing or unknown keys; IndexError: the buffer is full.
-        """
-        if set(step) != set(self.KEYS):
-            raise KeyError(f"MultiAgentRolloutBuffer.insert takes exactly {self.KEYS}, got {sorted(step)}")
-        if self.t >= self.storage.batch_size[0]:
-            raise IndexError(f"MultiAgentRolloutBuffer is full ({self.t} steps); call gather() first")
-        row = self.storage[self.t]
-        for k, v in step.items():
-            row[k].copy_(v)
-        self.t += 1
-
-    def gather(self) -> TensorDict:
-        """The rollout, batch size ``(T, E)``; empties the buffer (storage valid until the next insert).
-
-        Raises:
-            RuntimeError: fewer than ``T`` steps were inserted.
-        """
-        T = self.storage.batch_size[0]
-        if self.t != T:
-            raise RuntimeError(f"MultiAgentRolloutBuffer holds {self.t} of {T} steps")
-        self.t = 0
-        return self.storage
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"t": self.t}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.t = int(state["t"])
 
 
 class MAPPOLearner(PPOLearner):

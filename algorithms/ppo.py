@@ -246,10 +246,11 @@ class RolloutBuffer(Buffer):
             KeyError: missing or unknown keys.
             IndexError: the buffer already holds ``T`` steps.
         """
+        name = type(self).__name__
         if set(step) != set(self.KEYS):
-            raise KeyError(f"RolloutBuffer.insert takes exactly {self.KEYS}, got {sorted(step)}")
+            raise KeyError(f"{name}.insert takes exactly {self.KEYS}, got {sorted(step)}")
         if self.t >= self.storage.batch_size[0]:
-            raise IndexError(f"RolloutBuffer is full ({self.t} steps); call gather() first")
+            raise IndexError(f"{name} is full ({self.t} steps); call gather() first")
         row = self.storage[self.t]
         for k, v in step.items():
             row[k].copy_(v)
@@ -265,7 +266,7 @@ class RolloutBuffer(Buffer):
         """
         T = self.storage.batch_size[0]
         if self.t != T:
-            raise RuntimeError(f"RolloutBuffer holds {self.t} of {T} steps")
+            raise RuntimeError(f"{type(self).__name__} holds {self.t} of {T} steps")
         self.t = 0
         return self.storage
 

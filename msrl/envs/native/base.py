@@ -11,6 +11,7 @@ from __future__ import annotations
 import pathlib
 from typing import Any, Mapping
 
+import numpy as np
 import torch
 
 from msrl.api import Environment, EnvSpec, EpisodeStats
@@ -129,8 +130,29 @@ class NativeEnv(Environment):
         return self._env_steps
 
     def _tensors(self) -> dict[str, torch.Tensor]:
-        """The env's state tensors (saved by :meth:`state_dict`)."""
-        raise NotImplementedError
+        """The env's state tensors (saved by :meth:`state_dict`); single-agent envs' by default."""
+        return {"state": self.state, "steps": self.steps, "episode": self.episode}
+
+    # -- single-agent envs: float64 physical state (N, state_dim), step counters, episode counts --
+    def _init_single_agent_state(self, state_dim: int) -> None:
+        """Allocates ``state`` ``(N, state_dim)`` float64, ``steps`` ``(N,)`` int32 (steps into the
+        episode) and ``episode`` ``(N,)`` int64 (episodes started, the RNG's episode counter)."""
+        dev = self.device
+        self.state = torch.zeros(self.num_envs, state_dim, dtype=torch.float64, device=dev)
+        self.steps = torch.zeros(self.num_envs, dtype=torch.int32, device=dev)
+        self.episode = torch.zeros(self.num_envs, dtype=torch.int64, device=dev)
+        self._env_index = torch.arange(self.num_envs, dtype=torch.int64, device=dev)
+
+    def _observe_state(self, state: torch.Tensor) -> torch.Tensor:
+        """Observations ``(B, obs_dim)`` float32 of physical states ``(B, state_dim)``."""
+        return state.to(torch.float32)
+
+    def set_state(self, index: int, state: Any, steps: int = 0) -> torch.Tensor:
+        """Overwrites env ``index``'s physical state (e.g. with gymnasium's, for the consistency
+        checker) and its step count; returns its observation ``(obs_dim,)`` float32."""
+        self.state[index] = torch.as_tensor(np.asarray(state, dtype=np.float64), device=self.device)
+        self.steps[index] = steps
+        return self._observe_state(self.state[index : index + 1])[0]
 
     # -- the single-agent kernels' common calling convention --------------------------------
     # ``<env>_reset(state, steps, episode, obs, seed, num_envs)`` and ``<env>_step(state, steps,

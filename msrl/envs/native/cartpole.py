@@ -48,14 +48,7 @@ class CartPole(NativeEnv):
         self.max_episode_steps = max_episode_steps
         high = np.array([X_THRESHOLD * 2, np.inf, THETA_THRESHOLD * 2, np.inf], dtype=np.float32)
         self.spec = self.make_spec(self.ENV_ID, gymnasium.spaces.Box(-high, high, dtype=np.float32), gymnasium.spaces.Discrete(2))
-        dev = self.device
-        self.state = torch.zeros(num_envs, 4, dtype=torch.float64, device=dev)
-        self.steps = torch.zeros(num_envs, dtype=torch.int32, device=dev)
-        self.episode = torch.zeros(num_envs, dtype=torch.int64, device=dev)
-        self._env_index = torch.arange(num_envs, dtype=torch.int64, device=dev)
-
-    def _tensors(self) -> dict[str, torch.Tensor]:
-        return {"state": self.state, "steps": self.steps, "episode": self.episode}
+        self._init_single_agent_state(4)
 
     def _start(self, episode: torch.Tensor) -> torch.Tensor:
         return torch.stack([-0.05 + 0.1 * uniform(self.seed, self._env_index, episode, k) for k in range(4)], dim=1)
@@ -116,10 +109,3 @@ class CartPole(NativeEnv):
         self.steps.copy_(torch.where(done, 0, steps).to(torch.int32))
         reward = torch.ones(self.num_envs, dtype=torch.float32, device=self.device)
         return new.to(torch.float32), final_obs, reward, terminated, truncated
-
-    def set_state(self, index: int, state: np.ndarray | torch.Tensor, steps: int = 0) -> torch.Tensor:
-        """Overwrites env ``index``'s physical state (e.g. with gymnasium's start state);
-        returns its float32 observation ``(4,)``. Used by the consistency checker."""
-        self.state[index] = torch.as_tensor(np.asarray(state, dtype=np.float64), device=self.device)
-        self.steps[index] = steps
-        return self.state[index].to(torch.float32)

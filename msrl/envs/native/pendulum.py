@@ -50,22 +50,15 @@ class Pendulum(NativeEnv):
             gymnasium.spaces.Box(-high, high, dtype=np.float32),
             gymnasium.spaces.Box(-MAX_TORQUE, MAX_TORQUE, shape=(1,), dtype=np.float32),
         )
-        dev = self.device
-        self.state = torch.zeros(num_envs, 2, dtype=torch.float64, device=dev)
-        self.steps = torch.zeros(num_envs, dtype=torch.int32, device=dev)
-        self.episode = torch.zeros(num_envs, dtype=torch.int64, device=dev)
-        self._env_index = torch.arange(num_envs, dtype=torch.int64, device=dev)
-
-    def _tensors(self) -> dict[str, torch.Tensor]:
-        return {"state": self.state, "steps": self.steps, "episode": self.episode}
+        self._init_single_agent_state(2)
 
     def _start(self, episode: torch.Tensor) -> torch.Tensor:
         th = -math.pi + 2.0 * math.pi * uniform(self.seed, self._env_index, episode, 0)
         thdot = -1.0 + 2.0 * uniform(self.seed, self._env_index, episode, 1)
         return torch.stack([th, thdot], dim=1)
 
-    @staticmethod
-    def _obs(state: torch.Tensor) -> torch.Tensor:
+    def _observe_state(self, state: torch.Tensor) -> torch.Tensor:
+        """``(cos theta, sin theta, theta_dot)`` float32 of states ``(B, 2)``."""
         return torch.stack([torch.cos(state[:, 0]), torch.sin(state[:, 0]), state[:, 1]], dim=1).to(torch.float32)
 
     def reset(self, seed: int | None = None) -> torch.Tensor:
@@ -78,7 +71,7 @@ class Pendulum(NativeEnv):
         self.episode.zero_()
         self.steps.zero_()
         self.state.copy_(self._start(self.episode))
-        return self._obs(self.state)
+        return self._observe_state(self.state)
 
     def step(self, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         """One step of every env (same-step autoreset; episodes end by truncation only).
@@ -110,17 +103,11 @@ class Pendulum(NativeEnv):
         new = torch.stack([th + newthdot * DT, newthdot], dim=1)
         steps = self.steps + 1
         truncated = steps >= self.max_episode_steps
-        final_obs = self._obs(new)
+        final_obs = self._observe_state(new)
         self.episode += truncated.to(torch.int64)
         new = torch.where(truncated.unsqueeze(1), self._start(self.episode), new)
         self.state.copy_(new)
         self.steps.copy_(torch.where(truncated, 0, steps).to(torch.int32))
         reward = (-cost).to(torch.float32)
         terminated = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
-        return self._obs(new), final_obs, reward, terminated, truncated
-
-    def set_state(self, index: int, state: np.ndarray | torch.Tensor, steps: int = 0) -> torch.Tensor:
-        """Overwrites env ``index``'s (theta, theta_dot); returns its observation ``(3,)``."""
-        self.state[index] = torch.as_tensor(np.asarray(state, dtype=np.float64), device=self.device)
-        self.steps[index] = steps
-        return self._obs(self.state[index : index + 1])[0]
+        return self._observe_state(new), final_obs, reward, terminated, truncated
