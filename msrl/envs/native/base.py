@@ -16,7 +16,7 @@ import torch
 
 from msrl.api import Environment, EnvSpec, EpisodeStats
 
-__all__ = ["NativeEnv", "IMPLS", "splitmix64", "uniform", "uniform_many"]
+__all__ = ["NativeEnv", "IMPLS", "splitmix64", "env_keys", "uniform", "uniform_many"]
 
 #: Implementations of a native env's rules.
 IMPLS = ("torch", "kernel")
@@ -43,16 +43,23 @@ def splitmix64(x: torch.Tensor) -> torch.Tensor:
     return z ^ _srl(z, 31)
 
 
-def uniform(seed: int, env: torch.Tensor, episode: torch.Tensor, k: int) -> torch.Tensor:
-    """U[0, 1) float64 per env from (seed, env index, episode count, draw k), as the kernels'
+def env_keys(seed: int, env_index: torch.Tensor) -> torch.Tensor:
+    """Per-env generator keys ``seed + i`` (int64 bit patterns): env ``i`` is seeded with
+    ``seed + i``, as gymnasium's vector envs seed theirs, so replica ``r`` of ``n`` envs seeded
+    with ``seed + r n`` draws what envs ``r n .. r n + n - 1`` draw in one process."""
+    return _signed(seed) + env_index
+
+
+def uniform(key: torch.Tensor, stream: torch.Tensor | int, episode: torch.Tensor, k: int) -> torch.Tensor:
+    """U[0, 1) float64 from (env key, stream, episode count, draw k < 4), as the kernels'
     ``msrl_uniform`` computes it."""
-    h = splitmix64(_signed(seed) ^ splitmix64(env ^ splitmix64(episode * 4 + k)))
+    h = splitmix64(key ^ splitmix64(stream ^ splitmix64(episode * 4 + k)))
     return _srl(h, 11).to(torch.float64) * (1.0 / 9007199254740992.0)
 
 
-def uniform_many(seed: int, stream: torch.Tensor, episode: torch.Tensor, k: int) -> torch.Tensor:
-    """Like :func:`uniform` for any number of draws ``k`` per episode (Tag's ``tg_uniform``)."""
-    h = splitmix64(_signed(seed) ^ splitmix64(stream ^ splitmix64(splitmix64(episode) + k)))
+def uniform_many(key: torch.Tensor, stream: torch.Tensor | int, episode: torch.Tensor, k: int) -> torch.Tensor:
+    """Like :func:`uniform` for any number of draws ``k`` per episode (``msrl_uniform_many``)."""
+    h = splitmix64(key ^ splitmix64(stream ^ splitmix64(splitmix64(episode) + k)))
     return _srl(h, 11).to(torch.float64) * (1.0 / 9007199254740992.0)
 
 

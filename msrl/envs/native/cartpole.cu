@@ -19,7 +19,7 @@
 
 __device__ __forceinline__ void cartpole_start(double* s, unsigned long long seed, unsigned long long env,
                                                unsigned long long episode) {
-    for (int k = 0; k < 4; ++k) s[k] = -0.05 + 0.1 * msrl_uniform(seed, env, episode, (unsigned long long)k);
+    for (int k = 0; k < 4; ++k) s[k] = -0.05 + 0.1 * msrl_uniform(seed + env, 0ULL, episode, (unsigned long long)k);
 }
 
 // state (N, 4) float64; steps (N,) int32; episode (N,) int64 (episodes started); obs (N, 4) float32.

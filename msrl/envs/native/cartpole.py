@@ -3,8 +3,8 @@
 same-step autoreset. State is float64 as in gymnasium; observations are float32.
 
 Start states are U[-0.05, 0.05)^4 drawn per env and per episode from a counter-based generator
-(splitmix64 of seed, env index and episode count), so one seed gives one trajectory on every
-device and in both implementations. (gymnasium draws them from NumPy's PCG64, so start states
+(splitmix64 of the env's seed ``seed + i`` and its episode count), so one seed gives one
+trajectory on every device and in both implementations. (gymnasium draws them from NumPy's PCG64, so start states
 differ from gymnasium's; the consistency checker copies gymnasium's start states in.)
 """
 
@@ -17,7 +17,7 @@ import gymnasium
 import numpy as np
 import torch
 
-from msrl.envs.native.base import NativeEnv, uniform
+from msrl.envs.native.base import NativeEnv, env_keys, uniform
 
 __all__ = ["CartPole"]
 
@@ -51,7 +51,7 @@ class CartPole(NativeEnv):
         self._init_single_agent_state(4)
 
     def _start(self, episode: torch.Tensor) -> torch.Tensor:
-        return torch.stack([-0.05 + 0.1 * uniform(self.seed, self._env_index, episode, k) for k in range(4)], dim=1)
+        return torch.stack([-0.05 + 0.1 * uniform(env_keys(self.seed, self._env_index), 0, episode, k) for k in range(4)], dim=1)
 
     def reset(self, seed: int | None = None) -> torch.Tensor:
         """Starts episode 0 of every env from ``seed`` (``None``: keep the current seed).

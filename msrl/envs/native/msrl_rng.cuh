@@ -11,14 +11,16 @@ __device__ __forceinline__ unsigned long long msrl_splitmix64(unsigned long long
     return z ^ (z >> 31);
 }
 
-// U[0, 1) with 53 random bits from (seed, stream, episode, k); k < 4 draws per episode.
+// U[0, 1) with 53 random bits from (key, stream, episode, k); k < 4 draws per episode. The key
+// of env i is seed + i (as gymnasium seeds vector envs), so replicas holding slices of the envs
+// draw what one process holding all of them would.
 __device__ __forceinline__ double msrl_uniform(unsigned long long seed, unsigned long long stream,
                                                unsigned long long episode, unsigned long long k) {
     unsigned long long h = msrl_splitmix64(seed ^ msrl_splitmix64(stream ^ msrl_splitmix64(episode * 4ULL + k)));
     return (double)(h >> 11) * (1.0 / 9007199254740992.0);
 }
 
-// U[0, 1) from (seed, stream, episode, k) for any number of draws k per episode.
+// U[0, 1) from (key, stream, episode, k) for any number of draws k per episode.
 __device__ __forceinline__ double msrl_uniform_many(unsigned long long seed, unsigned long long stream,
                                                     unsigned long long episode, unsigned long long k) {
     unsigned long long h = msrl_splitmix64(seed ^ msrl_splitmix64(stream ^ msrl_splitmix64(msrl_splitmix64(episode) + k)));

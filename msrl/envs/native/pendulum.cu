@@ -12,8 +12,8 @@
 #define PD_PI 3.141592653589793
 
 __device__ __forceinline__ void pd_start(double* s, unsigned long long seed, unsigned long long env, unsigned long long episode) {
-    s[0] = -PD_PI + 2.0 * PD_PI * msrl_uniform(seed, env, episode, 0ULL);  // theta ~ U[-pi, pi)
-    s[1] = -1.0 + 2.0 * msrl_uniform(seed, env, episode, 1ULL);            // theta_dot ~ U[-1, 1)
+    s[0] = -PD_PI + 2.0 * PD_PI * msrl_uniform(seed + env, 0ULL, episode, 0ULL);  // theta ~ U[-pi, pi)
+    s[1] = -1.0 + 2.0 * msrl_uniform(seed + env, 0ULL, episode, 1ULL);            // theta_dot ~ U[-1, 1)
 }
 
 __device__ __forceinline__ void pd_obs(const double* s, float* o) {

@@ -16,7 +16,7 @@ import gymnasium
 import numpy as np
 import torch
 
-from msrl.envs.native.base import NativeEnv, uniform
+from msrl.envs.native.base import NativeEnv, env_keys, uniform
 
 __all__ = ["Pendulum"]
 
@@ -53,8 +53,8 @@ class Pendulum(NativeEnv):
         self._init_single_agent_state(2)
 
     def _start(self, episode: torch.Tensor) -> torch.Tensor:
-        th = -math.pi + 2.0 * math.pi * uniform(self.seed, self._env_index, episode, 0)
-        thdot = -1.0 + 2.0 * uniform(self.seed, self._env_index, episode, 1)
+        th = -math.pi + 2.0 * math.pi * uniform(env_keys(self.seed, self._env_index), 0, episode, 0)
+        thdot = -1.0 + 2.0 * uniform(env_keys(self.seed, self._env_index), 0, episode, 1)
         return torch.stack([th, thdot], dim=1)
 
     def _observe_state(self, state: torch.Tensor) -> torch.Tensor:

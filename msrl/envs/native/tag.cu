@@ -28,7 +28,7 @@ extern "C" __global__ void tag_reset_env(float* __restrict__ agent_type, int* __
     for (int a = 0; a < num_agents; ++a) type[a] = 0.0f;
     int k = 0;
     for (int j = num_agents - num_taggers; j < num_agents; ++j, ++k) {
-        int r = (int)(msrl_uniform_many(seed, (unsigned long long)e, (unsigned long long)ep, (unsigned long long)k) * (double)(j + 1));
+        int r = (int)(msrl_uniform_many(seed + (unsigned long long)e, 0ULL, (unsigned long long)ep, (unsigned long long)k) * (double)(j + 1));
         if (r > j) r = j;
         if (type[r] == 1.0f) r = j;
         type[r] = 1.0f;
@@ -53,10 +53,10 @@ extern "C" __global__ void tag_reset_agents(float* __restrict__ x, float* __rest
     unsigned long long ep = (unsigned long long)episode[e];
     for (int a = threadIdx.x; a < num_agents; a += blockDim.x) {
         long long i = (long long)e * num_agents + a;
-        unsigned long long stream = 0x100000000ULL + (unsigned long long)i;
-        x[i] = (float)(msrl_uniform_many(seed, stream, ep, 0ULL) * (double)grid_length);
-        y[i] = (float)(msrl_uniform_many(seed, stream, ep, 1ULL) * (double)grid_length);
-        dir[i] = (float)(int)(msrl_uniform_many(seed, stream, ep, 2ULL) * 4.0) * (TG_PI / 2.0f);
+        unsigned long long key = seed + (unsigned long long)e, stream = 0x100000000ULL + (unsigned long long)a;
+        x[i] = (float)(msrl_uniform_many(key, stream, ep, 0ULL) * (double)grid_length);
+        y[i] = (float)(msrl_uniform_many(key, stream, ep, 1ULL) * (double)grid_length);
+        dir[i] = (float)(int)(msrl_uniform_many(key, stream, ep, 2ULL) * 4.0) * (TG_PI / 2.0f);
         speed[i] = 0.0f;
         acc[i] = 0.0f;
         in_game[i] = 1.0f;

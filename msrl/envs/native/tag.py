@@ -17,8 +17,8 @@ values with ``M = N - 1`` (full observation) or ``K`` (partial)):
 * ``info["agent_type"]`` ``(E, N)`` float32, 1 for taggers: tagger ids are drawn per env and per
   episode (``num_taggers`` of ``N``, not the first ones).
 
-Start states come from splitmix64 streams keyed by (seed, env, agent, episode): one seed gives
-one trajectory, on the CPU (host build) and on a GPU alike.
+Start states come from splitmix64 streams keyed by (env seed ``seed + e``, agent, episode): one
+seed gives one trajectory, on the CPU (host build) and on a GPU alike.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import gymnasium
 import numpy as np
 import torch
 
-from msrl.envs.native.base import NativeEnv
+from msrl.envs.native.base import NativeEnv, env_keys
 from msrl.envs.native.base import uniform_many as uniform
 
 __all__ = ["Tag", "TagParams"]
@@ -201,19 +201,20 @@ class Tag(NativeEnv):
         p, E, N = self.params, self.num_envs, self.num_agents
         sel = done if only_done else torch.ones_like(done)
         episode = torch.where(sel, self.episode + 1 if only_done else torch.zeros_like(self.episode), self.episode)
+        keys = env_keys(self.seed, self._env_index)
         # Floyd's sampling of the taggers, vectorised over envs
         types = torch.zeros(E, N, dtype=torch.float32, device=self.device)
         for k, j in enumerate(range(N - p.num_taggers, N)):
-            u = uniform(self.seed, self._env_index, episode, k)
+            u = uniform(keys, 0, episode, k)
             r = (u * float(j + 1)).to(torch.int64).clamp(max=j)
             taken = types.gather(1, r[:, None])[:, 0] == 1.0
             r = torch.where(taken, torch.full_like(r, j), r)
             types.scatter_(1, r[:, None], 1.0)
-        stream = (1 << 32) + self._env_index[:, None] * N + self._agent_index[None, :]
-        ep = episode[:, None].expand(E, N)
-        x = (uniform(self.seed, stream, ep, 0) * float(p.grid_length)).to(torch.float32)
-        y = (uniform(self.seed, stream, ep, 1) * float(p.grid_length)).to(torch.float32)
-        d = (uniform(self.seed, stream, ep, 2) * 4.0).to(torch.int32).to(torch.float32) * torch.tensor(_HALF_PI)
+        stream = (1 << 32) + self._agent_index[None, :].expand(E, N)
+        ep, key = episode[:, None].expand(E, N), keys[:, None].expand(E, N)
+        x = (uniform(key, stream, ep, 0) * float(p.grid_length)).to(torch.float32)
+        y = (uniform(key, stream, ep, 1) * float(p.grid_length)).to(torch.float32)
+        d = (uniform(key, stream, ep, 2) * 4.0).to(torch.int32).to(torch.float32) * torch.tensor(_HALF_PI)
         m = sel[:, None]
         for name, new in (("agent_type", types), ("x", x), ("y", y), ("dir", d), ("speed", torch.zeros_like(x)),
                           ("acc", torch.zeros_like(x)), ("in_game", torch.ones_like(x))):
@@ -292,7 +293,7 @@ class Tag(NativeEnv):
         K = p.num_observed
         dx = self.x[:, None, :] - self.x[:, :, None]
         dy = self.y[:, None, :] - self.y[:, :, None]
-        dist = torch.sqrt(dx * dx + dy * dy)
+        dist = _sqrtf(dx * dx + dy * dy)
         eye = torch.eye(N, dtype=torch.bool, device=self.device)[None]
         valid = ~eye & (self.in_game != 0.0)[:, None, :]
         dist = torch.where(valid, dist, torch.inf)
@@ -392,7 +393,7 @@ class Tag(NativeEnv):
         runner_in = ~tagger & (self.in_game != 0.0)
         dx = self.x[:, None, :] - self.x[:, :, None]
         dy = self.y[:, None, :] - self.y[:, :, None]
-        dist = torch.where(tagger[:, None, :], torch.sqrt(dx * dx + dy * dy), torch.inf)
+        dist = torch.where(tagger[:, None, :], _sqrtf(dx * dx + dy * dy), torch.inf)
         best_d, best_j = dist.min(dim=2)  # first minimum: lowest id on ties
         tagged = runner_in & (best_d < np.float32(p.tagging_distance) * np.float32(p.grid_length))
         reward = reward + torch.where(tagged, np.float32(p.tag_penalty_for_runner), np.float32(0.0))
@@ -437,6 +438,13 @@ class Tag(NativeEnv):
         }
         extra = {"tagger_return": self.last_type_returns["tagger"], "runner_return": self.last_type_returns["runner"]}
         return EpisodeStats(game_rets.sum(1).tolist(), lens[mask].tolist(), extra)
+
+
+def _sqrtf(x: torch.Tensor) -> torch.Tensor:
+    """IEEE float32 square root, as the kernels' ``sqrtf`` (and NumPy) compute it: torch's
+    vectorised float32 sqrt may round the last bit otherwise, which flips (distance, id) ties.
+    A float64 square root of a float32 rounds to the correctly rounded float32 result."""
+    return torch.sqrt(x.to(torch.float64)).to(torch.float32)
 
 
 def _remainder32(a: torch.Tensor, b: np.float32) -> torch.Tensor:
