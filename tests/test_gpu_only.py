@@ -79,3 +79,14 @@ def test_no_host_device_copies_inside_an_iteration_on_cuda():
     copies = [e.name for e in prof.events() if "Memcpy" in e.name and ("HtoD" in e.name or "DtoH" in e.name)]
     assert copies == [], copies[:10]
     job.close()
+
+
+def test_native_env_replicas_draw_what_one_process_draws():
+    """Env i is seeded with seed + i, so 2 replicas of 4 envs start where 8 envs in one process do."""
+    one = Job(build_job_spec(load_config(CFG, SMALL)))
+    two = Job(build_job_spec(load_config(CFG, SMALL + ["distribution_policy.name=single_learner_coarse",
+                                                       "distribution_policy.replicas.actor=2"])))
+    one.reset(), two.reset()
+    both = torch.cat([two.trainers[("actor", r)].obs for r in range(2)])
+    assert torch.equal(one.trainers[("main", 0)].obs, both)
+    one.close(), two.close()
