@@ -66,16 +66,8 @@ extern "C" __global__ void cartpole_step(double* __restrict__ state, int* __rest
     terminated[env] = term;
     truncated[env] = trunc;
     for (int k = 0; k < 4; ++k) final_obs[4 * env + k] = (float)s[k];
-    double ret = ep_return[env] + 1.0;
-    long long len = ep_length[env] + 1;
-    bool done = term || trunc;
-    done_return[env] = done ? ret : 0.0;
-    done_length[env] = done ? len : -1;
-    ep_return[env] = done ? 0.0 : ret;
-    ep_length[env] = done ? 0 : len;
-    if (done) {
-        long long ep = episode[env] + 1;
-        episode[env] = ep;
+    long long ep = msrl_track_episode(env, 1.0, term || trunc, ep_return, ep_length, done_return, done_length, episode);
+    if (ep >= 0) {
         cartpole_start(s, seed, (unsigned long long)env, (unsigned long long)ep);
         t = 0;
     }

@@ -27,6 +27,24 @@ __device__ __forceinline__ double msrl_uniform_many(unsigned long long seed, uns
     return (double)(h >> 11) * (1.0 / 9007199254740992.0);
 }
 
+// Episode tracking of single-agent kernels: adds this step's reward to the running return and
+// length of env `env`; when the episode ends, logs them in done_return/done_length (length -1
+// where it goes on) and starts the next from zero. Returns the env's next episode count when it
+// ended (the generator's episode counter), else -1.
+__device__ __forceinline__ long long msrl_track_episode(int env, double reward, bool done, double* ep_return,
+                                                        long long* ep_length, double* done_return,
+                                                        long long* done_length, long long* episode) {
+    double ret = ep_return[env] + reward;
+    long long len = ep_length[env] + 1;
+    done_return[env] = done ? ret : 0.0;
+    done_length[env] = done ? len : -1;
+    ep_return[env] = done ? 0.0 : ret;
+    ep_length[env] = done ? 0 : len;
+    if (!done) return -1;
+    episode[env] += 1;
+    return episode[env];
+}
+
 // NumPy's float remainder (npy_divmod): floored modulo built on fmod, in double and float.
 __device__ __forceinline__ double msrl_remainder(double a, double b) {
     double mod = fmod(a, b);

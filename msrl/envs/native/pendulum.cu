@@ -59,15 +59,8 @@ extern "C" __global__ void pendulum_step(double* __restrict__ state, int* __rest
     terminated[env] = false;
     truncated[env] = trunc;
     pd_obs(s, final_obs + 3 * env);
-    double ret = ep_return[env] + (double)r;
-    long long len = ep_length[env] + 1;
-    done_return[env] = trunc ? ret : 0.0;
-    done_length[env] = trunc ? len : -1;
-    ep_return[env] = trunc ? 0.0 : ret;
-    ep_length[env] = trunc ? 0 : len;
-    if (trunc) {
-        long long ep = episode[env] + 1;
-        episode[env] = ep;
+    long long ep = msrl_track_episode(env, (double)r, trunc, ep_return, ep_length, done_return, done_length, episode);
+    if (ep >= 0) {
         pd_start(s, seed, (unsigned long long)env, (unsigned long long)ep);
         t = 0;
     }
