@@ -12,6 +12,7 @@ rl-zoo's CartPole-v1 hyperparameters (n_envs 8, n_steps 32, batch 256, gae_lambd
 gamma 0.98, n_epochs 20, lr 1e-3 linear, clip 0.2 linear, ent 0). Both use one torch thread.
 
     python bench/bench_ppo_cartpole.py --seeds 1 2 3
+    python bench/bench_ppo_cartpole.py --seeds 1 2 3 4 5 6 7 8 9 10 --gpu-only
 """
 
 from __future__ import annotations
@@ -28,16 +29,17 @@ import numpy as np
 import torch
 
 THRESHOLD = 475.0
+GPU_ONLY = "configs/ppo_cartpole_gpu_only.yaml"
 EVAL_EPISODES = 20
 EVAL_SEED = 10_000
 
 
-def run_msrl(seed: int, eval_every: int, budget: int, policy: str, runs_dir: str,
-             config: str = "configs/ppo_cartpole.yaml") -> dict:
+def run_msrl(seed: int, eval_every: int, budget: int, policy: str | None, runs_dir: str,
+             config: str = "configs/ppo_cartpole.yaml", overrides: tuple[str, ...] = ()) -> dict:
     from msrl.config import load_config
     from msrl.run import train
 
-    over = [] if policy is None else [f"distribution_policy.name={policy}"]
+    over = list(overrides) + ([] if policy is None else [f"distribution_policy.name={policy}"])
     cfg = load_config(
         config,
         over + [
@@ -123,19 +125,22 @@ def main() -> None:
     p.add_argument("--budget", type=int, default=300_000)
     p.add_argument("--policy", default="single", help="policy of the main job's row")
     p.add_argument("--gpu-only", action="store_true",
-                   help="add a row for configs/ppo_cartpole_gpu_only.yaml (native CartPole under gpu_only; host kernels on CPU)")
+                   help="add a row for configs/ppo_cartpole_gpu_only.yaml (native CartPole under gpu_only; host kernels on CPU), "
+                        "and one for its hyperparameters on gymnasium's envs under policy single (what the env path alone "
+                        "changes)")
     p.add_argument("--json", default=None, help="also write the raw results here")
     args = p.parse_args()
     torch.set_num_threads(1)
     results: dict[str, list[dict]] = {"msrl": [], "sb3": []}
     if args.gpu_only:
-        results = {"msrl": [], "msrl gpu_only": [], "sb3": []}
+        results = {"msrl": [], "msrl gpu_only hparams, single": [], "msrl gpu_only": [], "sb3": []}
     with tempfile.TemporaryDirectory() as runs_dir:
         for seed in args.seeds:
             results["msrl"].append(run_msrl(seed, args.eval_every, args.budget, args.policy, runs_dir))
             if args.gpu_only:
-                results["msrl gpu_only"].append(
-                    run_msrl(seed, args.eval_every, args.budget, None, runs_dir, "configs/ppo_cartpole_gpu_only.yaml"))
+                results["msrl gpu_only hparams, single"].append(
+                    run_msrl(seed, args.eval_every, args.budget, "single", runs_dir, GPU_ONLY, ("env.id=CartPole-v1",)))
+                results["msrl gpu_only"].append(run_msrl(seed, args.eval_every, args.budget, None, runs_dir, GPU_ONLY))
             results["sb3"].append(run_sb3(seed, args.eval_every, args.budget))
             print(f"seed {seed}: " + "  ".join(f"{k} {v[-1]}" for k, v in results.items()), flush=True)
     med = {k: {m: _median([r[m] for r in v]) for m in ("time_to_475", "steps_to_475", "sps")} for k, v in results.items()}

@@ -42,6 +42,8 @@ __all__ = [
     "KernelCompileError",
     "KernelSignature",
     "KernelModule",
+    "LaunchSequence",
+    "Slot",
     "HostKernelModule",
     "DeviceKernelModule",
     "load_kernels",
@@ -142,13 +144,43 @@ class KernelModule:
         """:meth:`launch` without argument checks (see :meth:`HostKernelModule.launch_unchecked`)."""
         self.launch(name, grid, block, *args)
 
-    def _check(self, name: str, args: Sequence[Any], device: torch.device) -> KernelSignature:
+    def sequence(self, launches: Sequence[tuple[str, int, int, Sequence[Any]]]) -> "LaunchSequence":
+        """Prepares launches that run together, in order, at each call of the result: the
+        arguments are checked and converted once, so a call costs one foreign call on the host
+        (instead of one per launch) and no argument conversion on a GPU.
+
+        Args:
+            launches: ``(name, grid, block, args)`` per launch; an argument is a tensor (bound
+                by address: keep it allocated and update it in place), a number, or a
+                :class:`Slot`, a placeholder bound at each call (per-step outputs, a seed).
+
+        Raises:
+            KeyError, TypeError, ValueError: as :meth:`launch`, for the fixed arguments.
+        """
+        return _CallbackSequence(self, launches)
+
+    def _prepare(self, launches: Sequence[tuple[str, int, int, Sequence[Any]]], device: torch.device) -> dict[str, list]:
+        """Checks a sequence's fixed arguments; returns where each slot is used."""
+        slots: dict[str, list] = {}
+        for k, (name, _grid, _block, args) in enumerate(launches):
+            sig = self._check(name, args, device, allow_slots=True)
+            for j, ((_t, _n, pointer), a) in enumerate(zip(sig.params, args)):
+                if isinstance(a, Slot):
+                    if a.pointer != pointer:
+                        raise TypeError(f"kernel {name}: slot {a.name!r} is a {'tensor' if a.pointer else 'number'}, "
+                                        f"parameter {_n} takes a {'pointer' if pointer else 'number'}")
+                    slots.setdefault(a.name, []).append((k, j))
+        return slots
+
+    def _check(self, name: str, args: Sequence[Any], device: torch.device, allow_slots: bool = False) -> KernelSignature:
         sig = self.signatures.get(name)
         if sig is None:
             raise KeyError(f"no kernel {name!r}; kernels: {sorted(self.signatures)}")
         if len(args) != len(sig.params):
             raise TypeError(f"kernel {name} takes {len(sig.params)} arguments, got {len(args)}")
         for (_ptype, pname, pointer), a in zip(sig.params, args):
+            if allow_slots and isinstance(a, Slot):
+                continue
             if pointer:
                 if not isinstance(a, torch.Tensor):
                     raise TypeError(f"kernel {name}: {pname} must be a tensor, got {type(a).__name__}")
@@ -157,6 +189,114 @@ class KernelModule:
                 if a.device.type != device.type:
                     raise ValueError(f"kernel {name}: {pname} is on {a.device}, the module runs on {device}")
         return sig
+
+
+@dataclasses.dataclass(frozen=True)
+class Slot:
+    """A placeholder argument of a :meth:`KernelModule.sequence`, bound by name at each call.
+
+    Attributes:
+        name: the keyword the sequence is called with; pointer: True for a tensor, False for
+            a number.
+    """
+
+    name: str
+    pointer: bool = True
+
+
+class LaunchSequence:
+    """Prepared kernel launches (see :meth:`KernelModule.sequence`); ``seq(**slots)`` runs them.
+
+    Slots keep their last binding; every slot must be bound before the first call.
+    """
+
+    def __call__(self, **bound: Any) -> None:
+        raise NotImplementedError
+
+    def _unknown(self, bound: dict[str, Any]) -> list:
+        self._unbound(self._slots, bound, set())
+        return []
+
+    @staticmethod
+    def _unbound(slots: dict[str, Any], bound: dict[str, Any], seen: set[str]) -> None:
+        unknown = sorted(set(bound) - set(slots))
+        if unknown:
+            raise TypeError(f"unknown slots {unknown}; this sequence's slots: {sorted(slots)}")
+        seen.update(bound)
+        missing = sorted(set(slots) - seen)
+        if missing:
+            raise TypeError(f"slots {missing} were never bound")
+
+
+class _CallbackSequence(LaunchSequence):
+    """A sequence run launch by launch through :meth:`KernelModule.launch_unchecked`."""
+
+    def __init__(self, module: KernelModule, launches: Sequence[tuple[str, int, int, Sequence[Any]]]) -> None:
+        device = getattr(module, "device", torch.device("cpu"))
+        self._module = module
+        self._slots = module._prepare(launches, device)
+        self._launches = [(name, grid, block, list(args)) for name, grid, block, args in launches]
+        self._seen: set[str] = set()
+
+    def __call__(self, **bound: Any) -> None:
+        if len(self._seen) < len(self._slots):
+            self._unbound(self._slots, bound, self._seen)
+        for name, value in bound.items():
+            for k, j in self._slots.get(name) or self._unknown(bound):
+                self._launches[k][3][j] = value
+        for name, grid, block, args in self._launches:
+            self._module.launch_unchecked(name, grid, block, *args)
+
+
+class _HostSequence(LaunchSequence):
+    """A host sequence: argument vectors built once, one ctypes call per run."""
+
+    def __init__(self, module: "HostKernelModule", launches: Sequence[tuple[str, int, int, Sequence[Any]]]) -> None:
+        self._slots = module._prepare(launches, torch.device("cpu"))
+        self._seen: set[str] = set()
+        self._keep: list[Any] = []  # tensors and scalar cells the vectors point into
+        self._scalar: dict[str, ctypes._SimpleCData] = {}
+        argvs = []
+        for name, _grid, _block, args in launches:
+            sig = module.signatures[name]
+            argv = (ctypes.c_void_p * max(1, len(args)))()
+            for j, ((ptype, _n, pointer), a) in enumerate(zip(sig.params, args)):
+                if isinstance(a, Slot):
+                    if not pointer:
+                        cell = self._scalar.setdefault(a.name, _CTYPES[ptype]())
+                        argv[j] = ctypes.addressof(cell)
+                elif pointer:
+                    self._keep.append(a)
+                    argv[j] = a.data_ptr()
+                else:
+                    cell = _CTYPES[ptype](a)
+                    self._keep.append(cell)
+                    argv[j] = ctypes.addressof(cell)
+            argvs.append(argv)
+        self._keep.append(argvs)
+        n = len(launches)
+        self._argvs = argvs
+        ids = (ctypes.c_int * n)(*[module._index[name] for name, *_ in launches])
+        grids = (ctypes.c_int * n)(*[g for _, g, _, _ in launches])
+        blocks = (ctypes.c_int * n)(*[b for _, _, b, _ in launches])
+        table = (ctypes.c_void_p * n)(*[ctypes.addressof(a) for a in argvs])
+        self._keep += [ids, grids, blocks, table]
+        addr = [ctypes.addressof(a) for a in (ids, grids, blocks, table)]
+        self._call = lambda: module._run(n, *addr)  # noqa: E731
+
+    def __call__(self, **bound: Any) -> None:
+        if len(self._seen) < len(self._slots):
+            self._unbound(self._slots, bound, self._seen)
+        for name, value in bound.items():
+            cell = self._scalar.get(name)
+            if cell is not None:
+                cell.value = value
+                continue
+            uses = self._slots.get(name) or self._unknown(bound)
+            ptr = value.data_ptr()
+            for k, j in uses:
+                self._argvs[k][j] = ptr
+        self._call()
 
 
 class HostKernelModule(KernelModule):
@@ -181,6 +321,25 @@ class HostKernelModule(KernelModule):
                 f'extern "C" void msrl_launch_{sig.name}(int msrl_grid, int msrl_block{", " if decl else ""}{decl}) {{\n'
                 f"    msrl_host_launch(msrl_grid, msrl_block, [&]() {{ {sig.name}({call}); }});\n}}\n"
             )
+            # the same launch from an argument vector (pointers by value, numbers by address),
+            # for sequences: unpacked into locals first, so the kernel body sees plain values
+            unpack = "".join(
+                f"    {'void*' if p else t} {n} = {'msrl_argv[%d]' % j if p else '*(const %s*)msrl_argv[%d]' % (t, j)};\n"
+                for j, (t, n, p) in enumerate(sig.params)
+            )
+            wrappers.append(
+                f"static void msrl_argv_{sig.name}(int msrl_grid, int msrl_block, void* const* msrl_argv) {{\n{unpack}"
+                f"    msrl_launch_{sig.name}(msrl_grid, msrl_block{', ' if sig.params else ''}"
+                f"{', '.join(n for _, n, _ in sig.params)});\n}}\n"
+            )
+        names = list(self.signatures)
+        wrappers.append(
+            "typedef void (*msrl_argv_fn)(int, int, void* const*);\n"
+            f"static const msrl_argv_fn msrl_table[] = {{{', '.join('msrl_argv_' + n for n in names) or '0'}}};\n"
+            'extern "C" void msrl_run_sequence(int n, const int* ids, const int* grids, const int* blocks,\n'
+            "                                  void* const* const* argvs) {\n"
+            "    for (int i = 0; i < n; ++i) msrl_table[ids[i]](grids[i], blocks[i], argvs[i]);\n}\n"
+        )
         unit = f'#include "{SHIM}"\n#include "{source_path.resolve()}"\n\n' + "\n".join(wrappers)
         headers = "".join(h.read_text() for h in _local_includes(source_path))
         key = hashlib.sha256((unit + source + headers + SHIM.read_text() + " ".join(HOST_FLAGS) + cxx).encode()).hexdigest()[:20]
@@ -202,6 +361,14 @@ class HostKernelModule(KernelModule):
             fn.argtypes = [ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p if p else _CTYPES[t] for t, _, p in sig.params]
             fn.restype = None
             self._fns[sig.name] = fn
+        self._index = {n: i for i, n in enumerate(self.signatures)}
+        self._run = self._lib.msrl_run_sequence
+        self._run.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 4
+        self._run.restype = None
+
+    def sequence(self, launches: Sequence[tuple[str, int, int, Sequence[Any]]]) -> LaunchSequence:
+        """See :meth:`KernelModule.sequence`: one ctypes call runs every launch."""
+        return _HostSequence(self, launches)
 
     def launch(self, name: str, grid: int, block: int, *args: Any) -> None:
         """Runs kernel ``name`` over ``grid`` blocks of ``block`` threads on CPU tensors.

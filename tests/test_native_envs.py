@@ -8,7 +8,7 @@ import torch
 
 from msrl.envs.native import CartPole
 from msrl.envs.native.check import check_cartpole
-from msrl.fragments.cuda_kernel import KernelCompileError, load_kernels, nvcc_compile, parse_kernels
+from msrl.fragments.cuda_kernel import KernelCompileError, Slot, load_kernels, nvcc_compile, parse_kernels
 
 CU_FILES = sorted(pathlib.Path(__file__).resolve().parents[1].glob("msrl/envs/native/*.cu"))
 
@@ -78,6 +78,49 @@ def test_kernel_launcher_checks_arguments():
     with pytest.raises(ValueError, match="must be contiguous"):
         mod.launch("cartpole_reset", 1, 1, torch.zeros(4, 2, dtype=torch.float64).t(), torch.zeros(1, dtype=torch.int32),
                    torch.zeros(1, dtype=torch.int64), torch.zeros(1, 4), 0, 1)
+
+
+SEQ_SOURCE = """
+extern "C" __global__ void axpy(float* y, const float* x, float a, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a * x[i] + y[i];
+}
+extern "C" __global__ void count(long long* c, unsigned long long step, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) c[i] += (long long)step;
+}
+"""
+
+
+def test_launch_sequence_equals_launches_one_by_one(tmp_path, monkeypatch):
+    """A prepared sequence (one foreign call) runs its launches in order, with slots rebound
+    per call (tensors and numbers) and fixed tensors updated in place."""
+    monkeypatch.setenv("MSRL_CACHE_DIR", str(tmp_path / "cache"))
+    src = tmp_path / "seq.cu"
+    src.write_text(SEQ_SOURCE)
+    mod = load_kernels(src)
+    n = 1000
+    x = torch.arange(n, dtype=torch.float32)
+    c, c_ref = torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.int64)
+    seq = mod.sequence([("axpy", 4, 256, (Slot("y"), x, 2.0, n)), ("axpy", 4, 256, (Slot("y"), Slot("y"), 1.0, n)),
+                        ("count", 8, 128, (c, Slot("step", pointer=False), n))])
+    for step in range(3):
+        y, y_ref = torch.full((n,), float(step)), torch.full((n,), float(step))
+        seq(y=y, step=(1 << 63) + step)
+        mod.launch("axpy", 4, 256, y_ref, x, 2.0, n)
+        mod.launch("axpy", 4, 256, y_ref, y_ref, 1.0, n)
+        mod.launch("count", 8, 128, c_ref, (1 << 63) + step, n)
+        assert torch.equal(y, y_ref) and torch.equal(c, c_ref)
+    assert torch.equal(y, 2 * (2 * x + 2))
+    with pytest.raises(TypeError, match=r"unknown slots \['z'\]; this sequence's slots: \['step', 'y'\]"):
+        seq(z=y)
+    fresh = mod.sequence([("axpy", 4, 256, (Slot("y"), x, 2.0, n))])
+    with pytest.raises(TypeError, match=r"slots \['y'\] were never bound"):
+        fresh()
+    with pytest.raises(TypeError, match="slot 'a' is a tensor, parameter a takes a number"):
+        mod.sequence([("axpy", 4, 256, (Slot("y"), x, Slot("a"), n))])
+    with pytest.raises(TypeError, match="takes 4 arguments, got 3"):
+        mod.sequence([("axpy", 4, 256, (Slot("y"), x, 2.0))])
 
 
 def test_unsupported_parameter_types_and_compile_errors(tmp_path, monkeypatch):

@@ -182,7 +182,14 @@ __device__ __forceinline__ void tag_observe_nearest(const float* __restrict__ x,
     o[7 * M] = time_frac;
 }
 
-// Spatial grid for partial observations, three phases. Count: each in-game agent's cell.
+// Spatial grid for partial observations, four phases. Clear: zero each env's cell counts.
+extern "C" __global__ void tag_grid_clear(int* __restrict__ cell_count, int num_envs, int cells) {
+    int e = blockIdx.x;
+    if (e >= num_envs) return;
+    for (int c = threadIdx.x; c < cells; c += blockDim.x) cell_count[(long long)e * cells + c] = 0;
+}
+
+// Count: each in-game agent's cell.
 extern "C" __global__ void tag_grid_count(const float* __restrict__ x, const float* __restrict__ y,
                                           const float* __restrict__ in_game, int* __restrict__ cell_of,
                                           int* __restrict__ cell_count, int num_envs, int num_agents, int G,

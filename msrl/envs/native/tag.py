@@ -153,6 +153,7 @@ class Tag(NativeEnv):
         self._cell_cursor = torch.zeros(E, cells, **i32)
         self._cell_of = torch.zeros(E, N, **i32)
         self._cell_agents = torch.zeros(E, N, **i32)
+        self._seqs: dict[str, Any] | None = None
 
     def agent_types(self) -> torch.Tensor:
         """The agents' types ``(E, N)`` float32 (1 = tagger) for the current observations."""
@@ -179,22 +180,74 @@ class Tag(NativeEnv):
             self.seed = int(seed)
         self._reset_tracking()
         obs = torch.empty(self.num_envs, self.num_agents, self.obs_dim, dtype=torch.float32, device=self.device)
-        self._reset(self._no_done, only_done=False)
-        self._observe(obs, self._no_done, only_done=False)
+        if self._kernels is not None:
+            self._sequences()["reset"](obs=obs, seed=self.seed & ((1 << 64) - 1))
+            return obs
+        self._reset_torch(self._no_done, only_done=False)
+        obs.copy_(self._observe_torch())
         return obs
 
-    def _reset(self, done: torch.Tensor, only_done: bool) -> None:
-        p, seed = self.params, self.seed & ((1 << 64) - 1)
-        if self._kernels is not None:
-            k = self._kernels
-            k.launch_unchecked("tag_reset_env", (self.num_envs + 255) // 256, 256, self.agent_type, self.tagger_ids, self.t,
-                               self.runners_left,
-                               self.episode, done, int(only_done), seed, self.num_envs, self.num_agents, p.num_taggers)
-            k.launch_unchecked("tag_reset_agents", self.num_envs, self.block, self.x, self.y, self.dir, self.speed, self.acc,
-                               self.in_game, self.episode, done, int(only_done), seed, self.num_envs, self.num_agents,
-                               float(p.grid_length))
-            return
-        self._reset_torch(done, only_done)
+    # -- the kernels' launches ----------------------------------------------------------------
+    def _sequences(self) -> dict[str, Any]:
+        """The kernel launches of ``reset`` and ``step``, prepared once (one foreign call per
+        sequence on the host): ``reset``; ``step`` (dynamics, observation, rewards, the end of
+        the game, resets of the games that ended); ``observe_done`` (new games' observations)."""
+        if self._seqs is None:
+            from msrl.fragments.cuda_kernel import Slot
+
+            k, p, E, N = self._kernels, self.params, self.num_envs, self.num_agents
+            seed, terminated, reward = Slot("seed", pointer=False), Slot("terminated"), Slot("reward")
+            dynamics = ("tag_dynamics", E, self.block, (
+                self.x, self.y, self.dir, self.speed, self.acc, self.in_game, self.agent_type, Slot("action"),
+                self.acc_table, self.turn_table, reward, self.t, E, N, float(p.grid_length), float(p.max_speed),
+                float(p.skill_level_tagger), float(p.skill_level_runner), float(p.edge_hit_penalty),
+                float(p.step_penalty_for_tagger), float(p.step_reward_for_runner)))
+            rewards = ("tag_rewards", E, self.block, (
+                self.x, self.y, self.in_game, self.agent_type, self.tagger_ids, p.num_taggers, reward, self.runners_left,
+                self.t, E, N, float(p.grid_length), float(p.tagging_distance), float(p.tag_reward_for_tagger),
+                float(p.tag_penalty_for_runner), float(p.end_of_game_reward_for_runner), int(p.runner_exits_game_after_tagged),
+                p.episode_length))
+            finish = ("tag_finish", (E + 255) // 256, 256, (
+                self.t, self.runners_left, reward, self._episode_return, self._episode_length, terminated, Slot("done_return"),
+                Slot("done_length"), E, N, p.episode_length))
+            self._seqs = {
+                "reset": k.sequence(self._reset_launches(self._no_done, False, seed)
+                                    + self._observe_launches(Slot("obs"), self._no_done, False)),
+                "step": k.sequence([dynamics] + self._observe_launches(Slot("final_obs"), self._no_done, False)
+                                   + [rewards, finish] + self._reset_launches(terminated, True, seed)),
+                "observe_done": k.sequence(self._observe_launches(Slot("obs"), terminated, True)),
+            }
+        return self._seqs
+
+    def _reset_launches(self, done: Any, only_done: bool, seed: Any) -> list[tuple]:
+        """``tag_reset_env`` + ``tag_reset_agents`` (of the games with ``done`` if ``only_done``)."""
+        p, E, N = self.params, self.num_envs, self.num_agents
+        return [
+            ("tag_reset_env", (E + 255) // 256, 256, (self.agent_type, self.tagger_ids, self.t, self.runners_left,
+                                                      self.episode, done, int(only_done), seed, E, N, p.num_taggers)),
+            ("tag_reset_agents", E, self.block, (self.x, self.y, self.dir, self.speed, self.acc, self.in_game, self.episode,
+                                                 done, int(only_done), seed, E, N, float(p.grid_length))),
+        ]
+
+    def _observe_launches(self, obs: Any, done: Any, only_done: bool) -> list[tuple]:
+        """``tag_observe`` into ``obs``, after the spatial grid's phases when it is used."""
+        p, E, N, G = self.params, self.num_envs, self.num_agents, self.grid_cells
+        cell_size = float(p.grid_length) / G if G else 1.0
+        out = []
+        if G:
+            cells = G * G
+            out += [
+                ("tag_grid_clear", E, min(cells, self.MAX_BLOCK), (self._cell_count, E, cells)),
+                ("tag_grid_count", E, self.block, (self.x, self.y, self.in_game, self._cell_of, self._cell_count, E, N, G,
+                                                   cell_size)),
+                ("tag_grid_scan", (E + 255) // 256, 256, (self._cell_count, self._cell_start, self._cell_cursor, E, cells)),
+                ("tag_grid_fill", E, self.block, (self._cell_of, self._cell_cursor, self._cell_agents, E, N, cells)),
+            ]
+        out.append(("tag_observe", E, self.block, (
+            self.x, self.y, self.dir, self.speed, self.acc, self.in_game, self.agent_type, self.t, obs, done, int(only_done),
+            E, N, int(p.use_full_observation), p.num_observed, int(p.observe_self), p.episode_length, float(p.grid_length),
+            float(p.max_speed), self._cell_start, self._cell_count, self._cell_agents, G, cell_size)))
+        return out
 
     def _reset_torch(self, done: torch.Tensor, only_done: bool) -> None:
         """Torch reference of ``tag_reset_env`` + ``tag_reset_agents``."""
@@ -226,29 +279,6 @@ class Tag(NativeEnv):
         self.episode.copy_(episode)
 
     # -- observe ----------------------------------------------------------------------------
-    def _observe(self, obs: torch.Tensor, done: torch.Tensor, only_done: bool) -> None:
-        p = self.params
-        if self._kernels is not None:
-            G = self.grid_cells
-            cell_size = float(p.grid_length) / G if G else 1.0
-            if G:
-                k, E, N, cells = self._kernels, self.num_envs, self.num_agents, G * G
-                self._cell_count.zero_()
-                k.launch_unchecked("tag_grid_count", E, self.block, self.x, self.y, self.in_game, self._cell_of,
-                                   self._cell_count, E, N, G, cell_size)
-                k.launch_unchecked("tag_grid_scan", (E + 255) // 256, 256, self._cell_count, self._cell_start,
-                                   self._cell_cursor, E, cells)
-                k.launch_unchecked("tag_grid_fill", E, self.block, self._cell_of, self._cell_cursor, self._cell_agents, E, N,
-                                   cells)
-            self._kernels.launch_unchecked(
-                "tag_observe", self.num_envs, self.block, self.x, self.y, self.dir, self.speed, self.acc, self.in_game,
-                self.agent_type, self.t, obs, done, int(only_done), self.num_envs, self.num_agents,
-                int(p.use_full_observation), p.num_observed, int(p.observe_self), p.episode_length, float(p.grid_length),
-                float(p.max_speed), self._cell_start, self._cell_count, self._cell_agents, G, cell_size)
-            return
-        new = self._observe_torch()
-        obs.copy_(torch.where(done[:, None, None], new, obs) if only_done else new)
-
     def _observe_torch(self) -> torch.Tensor:
         """Torch reference of ``tag_observe``: ``(E, N, D)``."""
         out = self._observe_others_torch()
@@ -329,25 +359,16 @@ class Tag(NativeEnv):
         final_obs = torch.empty(E, N, self.obs_dim, dtype=torch.float32, device=dev)
         agent_type = self.agent_type.clone()  # the types during this step
         if self._kernels is not None:
-            k = self._kernels
-            k.launch_unchecked("tag_dynamics", E, self.block, self.x, self.y, self.dir, self.speed, self.acc, self.in_game,
-                               self.agent_type, action, self.acc_table, self.turn_table, reward, self.t, E, N,
-                               float(p.grid_length), float(p.max_speed), float(p.skill_level_tagger),
-                               float(p.skill_level_runner), float(p.edge_hit_penalty), float(p.step_penalty_for_tagger),
-                               float(p.step_reward_for_runner))
-            self._observe(final_obs, self._no_done, only_done=False)
-            k.launch_unchecked("tag_rewards", E, self.block, self.x, self.y, self.in_game, self.agent_type, self.tagger_ids,
-                               p.num_taggers, reward,
-                               self.runners_left, self.t, E, N, float(p.grid_length), float(p.tagging_distance),
-                               float(p.tag_reward_for_tagger), float(p.tag_penalty_for_runner),
-                               float(p.end_of_game_reward_for_runner), int(p.runner_exits_game_after_tagged), p.episode_length)
             terminated = torch.empty(E, dtype=torch.bool, device=dev)
             done_return = torch.empty(E, N, dtype=torch.float64, device=dev)
             done_length = torch.empty(E, dtype=torch.int64, device=dev)
-            k.launch_unchecked("tag_finish", (E + 255) // 256, 256, self.t, self.runners_left, reward, self._episode_return,
-                               self._episode_length, terminated, done_return, done_length, E, N, p.episode_length)
+            seqs = self._sequences()
+            seqs["step"](action=action, reward=reward, final_obs=final_obs, terminated=terminated, done_return=done_return,
+                         done_length=done_length, seed=self.seed & ((1 << 64) - 1))
             self._finished.append((done_return, done_length, agent_type))
             self._env_steps += E
+            obs = final_obs.clone()
+            seqs["observe_done"](obs=obs, terminated=terminated)
         else:
             self.t += 1  # the clock first (rule "t is incremented first")
             reward.copy_(self._dynamics_torch(action))
@@ -355,9 +376,9 @@ class Tag(NativeEnv):
             reward.copy_(self._rewards_torch(reward))
             terminated = (self.t >= p.episode_length) | (self.runners_left <= 0)
             self._track_agents(reward, terminated, agent_type)
-        obs = final_obs.clone()
-        self._reset(terminated, only_done=True)
-        self._observe(obs, terminated, only_done=True)
+            obs = final_obs.clone()
+            self._reset_torch(terminated, only_done=True)
+            obs.copy_(torch.where(terminated[:, None, None], self._observe_torch(), obs))
         truncated = torch.zeros(E, dtype=torch.bool, device=self.device)
         info = {"final_obs": final_obs, "final_agent_type": agent_type, "agent_type": self.agent_type.clone()}
         return obs, reward, terminated, truncated, info
