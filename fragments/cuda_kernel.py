@@ -159,6 +159,15 @@ class KernelModule:
         """
         return _CallbackSequence(self, launches)
 
+    def _convert_arg(self, param: tuple[str, str, bool], value: Any) -> Any:
+        """A launch argument in the form :meth:`_run_prepared` passes on (as given, here)."""
+        return value
+
+    def _run_prepared(self, launches: Sequence[tuple[str, int, int, Sequence[Any]]]) -> None:
+        """Runs launches whose arguments :meth:`_convert_arg` converted."""
+        for name, grid, block, args in launches:
+            self.launch_unchecked(name, grid, block, *args)
+
     def _prepare(self, launches: Sequence[tuple[str, int, int, Sequence[Any]]], device: torch.device) -> dict[str, list]:
         """Checks a sequence's fixed arguments; returns where each slot is used."""
         slots: dict[str, list] = {}
@@ -229,23 +238,37 @@ class LaunchSequence:
 
 
 class _CallbackSequence(LaunchSequence):
-    """A sequence run launch by launch through :meth:`KernelModule.launch_unchecked`."""
+    """A sequence run launch by launch by its module (:meth:`KernelModule._run_prepared`), with
+    each argument converted once (:meth:`KernelModule._convert_arg`): the fixed ones when
+    prepared, a slot's value once per call that binds it."""
 
     def __init__(self, module: KernelModule, launches: Sequence[tuple[str, int, int, Sequence[Any]]]) -> None:
         device = getattr(module, "device", torch.device("cpu"))
         self._module = module
         self._slots = module._prepare(launches, device)
-        self._launches = [(name, grid, block, list(args)) for name, grid, block, args in launches]
+        self._launches = []
+        self._param: dict[str, tuple[str, str, bool]] = {}
+        for name, grid, block, args in launches:
+            sig = module.signatures[name]
+            converted = []
+            for param, a in zip(sig.params, args):
+                if isinstance(a, Slot):
+                    self._param[a.name] = param
+                    converted.append(None)
+                else:
+                    converted.append(module._convert_arg(param, a))
+            self._launches.append((name, grid, block, converted))
         self._seen: set[str] = set()
 
     def __call__(self, **bound: Any) -> None:
         if len(self._seen) < len(self._slots):
             self._unbound(self._slots, bound, self._seen)
         for name, value in bound.items():
-            for k, j in self._slots.get(name) or self._unknown(bound):
-                self._launches[k][3][j] = value
-        for name, grid, block, args in self._launches:
-            self._module.launch_unchecked(name, grid, block, *args)
+            uses = self._slots.get(name) or self._unknown(bound)
+            converted = self._module._convert_arg(self._param[name], value)
+            for k, j in uses:
+                self._launches[k][3][j] = converted
+        self._module._run_prepared(self._launches)
 
 
 class _HostSequence(LaunchSequence):
@@ -419,18 +442,30 @@ class DeviceKernelModule(KernelModule):
     def launch(self, name: str, grid: int, block: int, *args: Any) -> None:
         """Runs kernel ``name`` on the current torch CUDA stream."""
         sig = self._check(name, args, self.device)
+        self._run_prepared([(name, grid, block, [self._convert_arg(p, a) for p, a in zip(sig.params, args)])])
+
+    def launch_unchecked(self, name: str, grid: int, block: int, *args: Any) -> None:
+        """:meth:`launch` without argument checks."""
+        sig = self.signatures[name]
+        self._run_prepared([(name, grid, block, [self._convert_arg(p, a) for p, a in zip(sig.params, args)])])
+
+    def _convert_arg(self, param: tuple[str, str, bool], value: Any) -> Any:
+        """A CuPy view of a tensor (zero-copy, through ``__cuda_array_interface__``), or a CuPy
+        scalar of the parameter's C type."""
+        cupy, (ptype, _name, pointer) = self._cupy, param
+        if pointer:
+            return cupy.asarray(value)
+        return {"int": cupy.int32, "unsigned int": cupy.uint32, "long long": cupy.int64, "unsigned long long": cupy.uint64,
+                "float": cupy.float32, "double": cupy.float64}[ptype](value)
+
+    def _run_prepared(self, launches: Sequence[tuple[str, int, int, Sequence[Any]]]) -> None:
+        """Launches in order on torch's current stream, so kernels are ordered with the
+        surrounding torch ops."""
         cupy = self._cupy
-        cargs = []
-        for (ptype, _, p), a in zip(sig.params, args):
-            if p:
-                cargs.append(cupy.asarray(a))  # zero-copy view through __cuda_array_interface__
-            else:
-                cargs.append({"int": cupy.int32, "unsigned int": cupy.uint32, "long long": cupy.int64,
-                              "unsigned long long": cupy.uint64, "float": cupy.float32, "double": cupy.float64}[ptype](a))
-        # launch on torch's current stream, so the kernel is ordered with the surrounding torch ops
         stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(self.device).cuda_stream)
         with cupy.cuda.Device(self.device.index or 0), stream:
-            self._kernels[name]((grid,), (block,), tuple(cargs))
+            for name, grid, block, args in launches:
+                self._kernels[name]((grid,), (block,), tuple(args))
 
 
 _cache: dict[tuple[str, str], KernelModule] = {}

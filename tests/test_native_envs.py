@@ -8,7 +8,7 @@ import torch
 
 from msrl.envs.native import CartPole
 from msrl.envs.native.check import check_cartpole
-from msrl.fragments.cuda_kernel import KernelCompileError, Slot, load_kernels, nvcc_compile, parse_kernels
+from msrl.fragments.cuda_kernel import DeviceKernelModule, KernelCompileError, KernelModule, Slot, load_kernels, nvcc_compile, parse_kernels
 
 CU_FILES = sorted(pathlib.Path(__file__).resolve().parents[1].glob("msrl/envs/native/*.cu"))
 
@@ -121,6 +121,75 @@ def test_launch_sequence_equals_launches_one_by_one(tmp_path, monkeypatch):
         mod.sequence([("axpy", 4, 256, (Slot("y"), x, Slot("a"), n))])
     with pytest.raises(TypeError, match="takes 4 arguments, got 3"):
         mod.sequence([("axpy", 4, 256, (Slot("y"), x, 2.0))])
+    # the launch-by-launch sequence (what a GPU module runs) does the same
+    one_by_one = KernelModule.sequence(mod, [("axpy", 4, 256, (Slot("y"), x, 2.0, n)),
+                                             ("count", 8, 128, (c, Slot("step", pointer=False), n))])
+    y_ref, c_ref = y.clone(), c.clone()
+    one_by_one(y=y, step=5)
+    mod.launch("axpy", 4, 256, y_ref, x, 2.0, n)
+    mod.launch("count", 8, 128, c_ref, 5, n)
+    assert torch.equal(y, y_ref) and torch.equal(c, c_ref)
+
+
+def test_gpu_module_converts_arguments_once_and_launches_in_order(tmp_path, monkeypatch):
+    """The GPU build's launch path with CuPy replaced by a recorder whose kernels run the host
+    build: fixed arguments are converted when a sequence is prepared, slots once per call,
+    scalars to CuPy scalars of the parameter's C type, all launches on torch's current stream."""
+    monkeypatch.setenv("MSRL_CACHE_DIR", str(tmp_path / "cache"))
+    src = tmp_path / "seq.cu"
+    src.write_text(SEQ_SOURCE)
+    host = load_kernels(src)
+    log = []
+
+    class View:  # what cupy.asarray returns: a view of the tensor's memory
+        def __init__(self, tensor):
+            log.append("asarray")
+            self.tensor = tensor
+
+    def scalar(kind):
+        return lambda v: (kind, v)
+
+    class Stream:
+        def __init__(self, ptr):
+            log.append(("stream", ptr))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    cupy = type("FakeCupy", (), dict(asarray=View, int32=scalar("int32"), uint32=scalar("uint32"), int64=scalar("int64"),
+                                      uint64=scalar("uint64"), float32=scalar("float32"), float64=scalar("float64")))
+    cupy.cuda = type("cuda", (), dict(ExternalStream=Stream, Device=lambda index: Stream(f"device {index}")))
+
+    def kernel(name):
+        def run(grid, block, args):
+            log.append((name, grid, block, tuple(a if isinstance(a, tuple) else "view" for a in args)))
+            host.launch(name, grid[0], block[0], *[a.tensor if isinstance(a, View) else a[1] for a in args])
+        return run
+
+    gpu = object.__new__(DeviceKernelModule)
+    gpu.signatures, gpu.device, gpu._cupy = host.signatures, torch.device("cpu"), cupy
+    gpu._kernels = {n: kernel(n) for n in host.signatures}
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: type("S", (), {"cuda_stream": 1234})())
+
+    n = 300
+    x, c = torch.arange(n, dtype=torch.float32), torch.zeros(n, dtype=torch.int64)
+    seq = gpu.sequence([("axpy", 2, 256, (Slot("y"), x, 2.0, n)), ("count", 3, 128, (c, Slot("step", pointer=False), n))])
+    assert log == ["asarray", "asarray"]  # x and c, once
+    log.clear()
+    y = torch.ones(n)
+    seq(y=y, step=7)
+    seq(y=y, step=7)
+    assert torch.equal(y, 1 + 4 * x) and torch.equal(c, torch.full((n,), 14))
+    launch_axpy = ("axpy", (2,), (256,), ("view", "view", ("float32", 2.0), ("int32", n)))
+    launch_count = ("count", (3,), (128,), ("view", ("uint64", 7), ("int32", n)))
+    call = ["asarray", ("stream", 1234), ("stream", "device 0"), launch_axpy, launch_count]
+    assert log == call + call
+    log.clear()
+    gpu.launch("count", 3, 128, c, 1, n)
+    assert log == ["asarray", ("stream", 1234), ("stream", "device 0"), ("count", (3,), (128,), ("view", ("uint64", 1), ("int32", n)))]
 
 
 def test_unsupported_parameter_types_and_compile_errors(tmp_path, monkeypatch):
