@@ -1,6 +1,7 @@
 """Native Tag: the rules of shared/specs/tag_continuous.md, host kernel vs torch reference."""
 
 import math
+import pathlib
 
 import pytest
 import torch
@@ -136,3 +137,32 @@ def test_gpu_kernels_match_the_host_build_step_by_step(full):
         h, d = host.step(act), gpu.step(act.cuda())
         torch.testing.assert_close(h[4]["final_obs"], d[4]["final_obs"].cpu(), rtol=0, atol=1e-5)
         assert torch.equal(h[1], d[1].cpu()) and torch.equal(h[2], d[2].cpu())
+
+
+def _thp_eligible(t: torch.Tensor) -> bool:
+    """Whether the mapping holding the middle of ``t`` may use transparent huge pages
+    (/proc/self/smaps)."""
+    ptr, current = t.data_ptr() + t.nbytes // 2, None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(v, 16) for v in head.split("-"))
+                current = lo <= ptr < hi
+            elif current and head == "THPeligible:":
+                return line.split()[1] == "1"
+    raise AssertionError("tensor's mapping not found")
+
+
+def test_large_step_outputs_ask_for_huge_pages():
+    """Large CPU outputs are advised MADV_HUGEPAGE before the kernels fill them; where THP is
+    in ``madvise`` mode, a plain allocation of the same size is not eligible."""
+    thp = pathlib.Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not thp.is_file() or "[never]" in thp.read_text():
+        pytest.skip("transparent huge pages are off here")
+    from msrl.envs.native.base import HUGE_PAGE_MIN_BYTES, empty_output
+
+    big = empty_output(HUGE_PAGE_MIN_BYTES // 4 + 1024, dtype=torch.float32, device=torch.device("cpu"))
+    assert _thp_eligible(big)
+    if "[madvise]" in thp.read_text():
+        assert not _thp_eligible(torch.empty(HUGE_PAGE_MIN_BYTES // 4 + 1024))

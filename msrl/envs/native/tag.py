@@ -32,7 +32,7 @@ import gymnasium
 import numpy as np
 import torch
 
-from msrl.envs.native.base import NativeEnv, env_keys
+from msrl.envs.native.base import NativeEnv, empty_output, env_keys
 from msrl.envs.native.base import uniform_many as uniform
 
 __all__ = ["Tag", "TagParams"]
@@ -179,7 +179,7 @@ class Tag(NativeEnv):
         if seed is not None:
             self.seed = int(seed)
         self._reset_tracking()
-        obs = torch.empty(self.num_envs, self.num_agents, self.obs_dim, dtype=torch.float32, device=self.device)
+        obs = empty_output(self.num_envs, self.num_agents, self.obs_dim, dtype=torch.float32, device=self.device)
         if self._kernels is not None:
             self._sequences()["reset"](obs=obs, seed=self.seed & ((1 << 64) - 1))
             return obs
@@ -356,7 +356,7 @@ class Tag(NativeEnv):
         action = action.to(device=self.device, dtype=torch.int64).contiguous()
         dev = self.device
         reward = torch.empty(E, N, dtype=torch.float32, device=dev)
-        final_obs = torch.empty(E, N, self.obs_dim, dtype=torch.float32, device=dev)
+        final_obs = empty_output(E, N, self.obs_dim, dtype=torch.float32, device=dev)
         agent_type = self.agent_type.clone()  # the types during this step
         if self._kernels is not None:
             terminated = torch.empty(E, dtype=torch.bool, device=dev)
@@ -367,7 +367,8 @@ class Tag(NativeEnv):
                          done_length=done_length, seed=self.seed & ((1 << 64) - 1))
             self._finished.append((done_return, done_length, agent_type))
             self._env_steps += E
-            obs = final_obs.clone()
+            obs = empty_output(E, N, self.obs_dim, dtype=torch.float32, device=dev)
+            obs.copy_(final_obs)
             seqs["observe_done"](obs=obs, terminated=terminated)
         else:
             self.t += 1  # the clock first (rule "t is incremented first")
