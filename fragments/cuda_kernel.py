@@ -8,7 +8,9 @@ The same ``.cu`` source runs in two builds:
 * **Host** -- compiled by ``g++ -O3 -fopenmp`` through ``fragments/cuda_host_shim.h``, which maps
   the CUDA built-ins to loops over blocks (OpenMP across blocks) and threads, and loaded with
   ctypes; the kernels then run on CPU tensors. This is what runs and is tested on machines
-  without a GPU.
+  without a GPU. The library links ``libgomp.so.1``, which resolves to the OpenMP runtime torch
+  already loaded: the kernels share torch's thread pool, and ``torch.set_num_threads`` sets how
+  many threads they use.
 
 Sizes (envs, agents) are kernel arguments, so a new number of envs never recompiles. Compiled
 modules are cached: in memory per process, and host builds on disk under
