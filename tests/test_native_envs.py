@@ -265,3 +265,13 @@ def test_gpu_pendulum_matches_host_build():
         torch.testing.assert_close(h[0], d[0].cpu(), rtol=0, atol=1e-5)
         torch.testing.assert_close(h[1], d[1].cpu(), rtol=1e-5, atol=1e-5)
         assert torch.equal(h[3], d[3].cpu())
+
+
+@pytest.mark.skipif(not pathlib.Path("/proc/self/maps").is_file(), reason="needs /proc (Linux)")
+def test_host_kernels_share_torchs_openmp_runtime():
+    """One OpenMP runtime in the process: the host build's threads are torch's intra-op threads
+    (``torch.set_num_threads`` sets both), not a second pool competing for the cores."""
+    load_kernels(CartPole.KERNEL_SOURCE)
+    with open("/proc/self/maps") as f:
+        runtimes = {line.split()[-1] for line in f if "gomp" in line.rsplit("/", 1)[-1]}
+    assert len(runtimes) == 1, runtimes
