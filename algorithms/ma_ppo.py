@@ -24,7 +24,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from msrl.advantages import gae
-from msrl.algorithms.ppo import PPOActor, PPOConfig, PPOLearner, RolloutBuffer, _mlp
+from msrl.algorithms.ppo import PPOActor, PPOConfig, PPOLearner, RolloutBuffer, _mlp, categorical_log_prob_entropy
 from msrl.api import AlgorithmSpec, BuildContext, Trainer
 
 __all__ = ["MAPPOConfig", "TypedActorCritic", "MAPPOActor", "MultiAgentRolloutBuffer", "MAPPOLearner", "MAPPOTrainer", "ALGORITHM"]
@@ -83,9 +83,9 @@ class TypedActorCritic(nn.Module):
         log_prob = torch.zeros(obs.shape[0], device=obs.device)
         entropy = torch.zeros(obs.shape[0], device=obs.device)
         for i, lg in enumerate(self.logits(obs, agent_type)):
-            dist = torch.distributions.Categorical(logits=lg)
-            log_prob = log_prob + dist.log_prob(action[:, i])
-            entropy = entropy + dist.entropy()
+            lp, ent = categorical_log_prob_entropy(lg, action[:, i])
+            log_prob = log_prob + lp
+            entropy = entropy + ent
         return log_prob, entropy, self.value(obs, agent_type)
 
 

@@ -71,3 +71,17 @@ def test_buffer_checks_its_keys_and_fill():
         buf.insert(obs=torch.zeros(4, 3))
     with pytest.raises(RuntimeError, match="holds 0 of 8 steps"):
         buf.gather()
+
+
+def test_categorical_log_prob_entropy_matches_torch_distributions():
+    from msrl.algorithms.ppo import categorical_log_prob_entropy
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(512, 5, generator=g) * 3
+    logits[0] = torch.tensor([0.0, -float("inf"), -1e4, 2.0, -1e4])  # probabilities of 0
+    action = torch.randint(0, 5, (512,), generator=g)
+    log_prob, entropy = categorical_log_prob_entropy(logits, action)
+    dist = torch.distributions.Categorical(logits=logits)
+    torch.testing.assert_close(log_prob, dist.log_prob(action), rtol=0, atol=1e-5)
+    torch.testing.assert_close(entropy, dist.entropy(), rtol=0, atol=1e-5)
+    assert torch.isfinite(entropy).all()
