@@ -82,8 +82,11 @@ def main() -> None:
         return [statistics.mean(v[max(0, i - k + 1) : i + 1]) for i in range(len(v))]
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
-    ax.plot(steps, smooth(tagger), label="taggers (MA-PPO)", color="tab:red")
-    ax.plot(steps, smooth(runner), label="runners (MA-PPO)", color="tab:blue")
+    trained = cfg.algorithm.hparams.get("trained_types")
+    who = {1: "taggers", 0: "runners"}
+    for t, values, color in ((1, tagger, "tab:red"), (0, runner, "tab:blue")):
+        how = "MA-PPO" if trained is None or t in trained else "untrained policy"
+        ax.plot(steps, smooth(values), label=f"{who[t]} ({how})", color=color)
     ax.axhline(baseline, color="tab:red", ls="--", lw=1, label="taggers (random policy)")
     ax.set_xlabel("env steps")
     ax.set_ylabel("mean return per game (10-iteration moving mean)")
