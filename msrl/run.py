@@ -295,9 +295,11 @@ def train(cfg: RunConfig, resume: str | pathlib.Path | None = None) -> TrainResu
                     threshold = (time_s, job.env_steps)
             metrics.log(row)
             if bar is not None:
-                bar.update(spec.env_steps_per_iteration)
                 mean_ret = sum(recent) / len(recent) if recent else float("nan")
-                bar.set_postfix({"steps/s": f"{job.env_steps / max(time_s, 1e-9):.0f}", "return": f"{mean_ret:.1f}"})
+                # no refresh here: update() redraws at most every 0.1 s (one line per iteration otherwise)
+                bar.set_postfix({"steps/s": f"{job.env_steps / max(time_s, 1e-9):.0f}", "return": f"{mean_ret:.1f}"},
+                                refresh=False)
+                bar.update(spec.env_steps_per_iteration)
             stop = threshold[0] is not None
             if job.iteration % cfg.train.checkpoint_every == 0 or stop or job.iteration == spec.num_iterations:
                 checkpoint()
