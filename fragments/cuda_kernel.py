@@ -173,13 +173,17 @@ class KernelModule:
     def _prepare(self, launches: Sequence[tuple[str, int, int, Sequence[Any]]], device: torch.device) -> dict[str, list]:
         """Checks a sequence's fixed arguments; returns where each slot is used."""
         slots: dict[str, list] = {}
+        types: dict[str, str] = {}
         for k, (name, _grid, _block, args) in enumerate(launches):
             sig = self._check(name, args, device, allow_slots=True)
-            for j, ((_t, _n, pointer), a) in enumerate(zip(sig.params, args)):
+            for j, ((ptype, pname, pointer), a) in enumerate(zip(sig.params, args)):
                 if isinstance(a, Slot):
                     if a.pointer != pointer:
                         raise TypeError(f"kernel {name}: slot {a.name!r} is a {'tensor' if a.pointer else 'number'}, "
-                                        f"parameter {_n} takes a {'pointer' if pointer else 'number'}")
+                                        f"parameter {pname} takes a {'pointer' if pointer else 'number'}")
+                    if not pointer and types.setdefault(a.name, ptype) != ptype:
+                        raise TypeError(f"kernel {name}: slot {a.name!r} is passed as {types[a.name]} elsewhere, "
+                                        f"parameter {pname} takes {ptype}")
                     slots.setdefault(a.name, []).append((k, j))
         return slots
 

@@ -121,6 +121,8 @@ def test_launch_sequence_equals_launches_one_by_one(tmp_path, monkeypatch):
         mod.sequence([("axpy", 4, 256, (Slot("y"), x, Slot("a"), n))])
     with pytest.raises(TypeError, match="takes 4 arguments, got 3"):
         mod.sequence([("axpy", 4, 256, (Slot("y"), x, 2.0))])
+    with pytest.raises(TypeError, match="slot 'k' is passed as float elsewhere, parameter n takes int"):
+        mod.sequence([("axpy", 4, 256, (Slot("y"), x, Slot("k", pointer=False), Slot("k", pointer=False)))])
     # the launch-by-launch sequence (what a GPU module runs) does the same
     one_by_one = KernelModule.sequence(mod, [("axpy", 4, 256, (Slot("y"), x, 2.0, n)),
                                              ("count", 8, 128, (c, Slot("step", pointer=False), n))])
