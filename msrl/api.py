@@ -270,19 +270,34 @@ class Trainer:
 
     Subclasses implement :meth:`train_step` (and optionally :meth:`reset`) in the subset of
     Python the tracer reads (see :mod:`msrl.tracer`): calls of ``self.<role>.<method>(...)``,
-    assignments, ``for ... in range(...)`` loops, expressions on local values, trainer state
-    as ``self.<attr>``, and calls of other trainer methods written in the same subset.
+    assignments, ``for ... in range(...)`` loops, ``if``/``else`` on control values (step
+    counters, hyperparameters), expressions on local values, trainer state as
+    ``self.<attr>``, and calls of other trainer methods written in the same subset.
 
     Args:
         components: role name -> component; roles not held by this fragment are absent.
         hparams: the algorithm's hyperparameters, readable in traced code as ``self.hparams``.
         seed: this replica's seed, readable as ``self.seed``.
+        num_envs: envs of the whole job, summed over every env replica, readable as
+            ``self.num_envs`` (e.g. ``self.global_step += self.num_envs`` counts the job's env
+            steps identically in every fragment).
+        total_env_steps: the job's training budget in env steps, readable as
+            ``self.total_env_steps`` (for schedules).
     """
 
-    def __init__(self, components: Mapping[str, Component], hparams: Any, seed: int) -> None:
+    def __init__(
+        self,
+        components: Mapping[str, Component],
+        hparams: Any,
+        seed: int,
+        num_envs: int = 1,
+        total_env_steps: int = 0,
+    ) -> None:
         self._components = dict(components)
         self.hparams = hparams
         self.seed = seed
+        self.num_envs = num_envs
+        self.total_env_steps = total_env_steps
 
     @property
     def env(self) -> Environment:

@@ -1,6 +1,6 @@
 """Code generation: a fragment's region graph -> a Python program held in memory (DESIGN.md §4).
 
-The program keeps the loop structure of the traced method restricted to the fragment's nodes
+The program keeps the loop and branch structure of the traced method restricted to the fragment's nodes
 plus its comm ops. Each node is lowered by its backend's rule table (:class:`Lowering`), so a
 new op is a new table entry. Generated sources are registered with :mod:`linecache` under
 ``<msrl:fragment.method>`` so tracebacks show them, and every generated line maps back to the
@@ -134,6 +134,15 @@ def generate(
                 lines.append(f"{pad}for {var} in range({rng}):  # %{node.id} {node.where()}")
                 line_nodes[len(lines)] = node
                 emit(node.body, depth + 1)
+                continue
+            if node.kind is NodeKind.BRANCH:
+                lines.append(f"{pad}if {ctx.arg(node.target)}:  # %{node.id} {node.where()}")
+                line_nodes[len(lines)] = node
+                emit(node.body, depth + 1)
+                if len(node.orelse):
+                    lines.append(f"{pad}else:")
+                    line_nodes[len(lines)] = node
+                    emit(node.orelse, depth + 1)
                 continue
             rule = lowering.rules.get(node.kind)
             if rule is None:

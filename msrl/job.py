@@ -262,5 +262,7 @@ def build_trainers(spec: JobSpec) -> dict[tuple[str, int], Trainer]:
                     components[role] = make_env(spec.env_id, n, device, frag.backend, spec.vectorization, spec.env_kwargs)
                 else:
                     components[role] = spec.algorithm.components[role](ctx)
-            trainers[(frag.name, r)] = spec.algorithm.trainer(components, spec.hparams, seed)
+            trainers[(frag.name, r)] = spec.algorithm.trainer(
+                components, spec.hparams, seed, num_envs=spec.num_envs, total_env_steps=spec.total_env_steps
+            )
     return trainers

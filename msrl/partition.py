@@ -1,27 +1,39 @@
-"""The partitioner: splits a traced graph into fragments and inserts comm ops (DESIGN.md §3).
+"""The partitioner: splits traced graphs into fragments and inserts comm ops (DESIGN.md §3).
 
-Generic over policies; a policy only answers which fragment each ``call`` node belongs to.
+Generic over policies; a policy only answers which fragment each ``call`` node belongs to (by
+its role). Everything else follows the graph's **def-use edges**, computed by a reaching-
+definitions pass over the nested regions (loops run zero or more times; a branch takes one
+side), never by value names:
 
-1. **Assign.** ``call`` nodes go to their role's fragment. ``compute`` nodes follow the
-   fragment of the values they use; when those come from several fragments, they go to the
-   fragment of their users. ``state_in`` nodes and computes on them alone (trip counts,
-   hyperparameters) are pure and cheap: they are copied into every fragment that uses them.
-   ``state_out``/``output`` follow the value they read.
-2. **Loops.** A ``loop`` holding nodes of several fragments is copied into each of them, so
-   every fragment runs the same trip count and meets the others at the boundaries in lockstep.
-3. **Boundaries.** Every value a fragment reads that another fragment wrote gets a comm op,
-   chosen by the replica counts and the value's kind (from the probe, :mod:`msrl.probe`):
-   equal counts -> ``send``/``recv``; many -> one -> ``gather`` (sharded values);
-   one -> many -> ``scatter`` (sharded) or ``broadcast`` (replicated); an asynchronous pair
-   of fragments -> ``put``/``get``. Both sides sit at the position of the value's producer in
-   program order, so every fragment meets its boundaries in the same global order and
-   lockstep execution cannot deadlock. A boundary that fits no rule raises
-   :class:`PartitionError` naming the edge.
-4. **Order.** Fragments are ordered by their first node in program order. Fragment replicas
+1. **Assign** (one fixpoint over ``reset`` and ``train_step`` together).
+
+   * ``call`` nodes go to their role's fragment.
+   * *Control* nodes (``meta["control"]``: ``state_in``/``compute``/``state_out`` of control
+     values, see :mod:`msrl.tracer`) are copied into every fragment that uses them; a control
+     trainer attribute is kept by every fragment that reads it, so each fragment computes its
+     own identical copy of a step counter.
+   * A data ``compute`` follows the fragment of the data it reads; when that comes from
+     several fragments it goes to the one fragment that uses its result. A data compute that
+     reads no data (``torch.rand(3)``) runs in the first fragment that uses it.
+   * A data trainer attribute (``self.obs``) is owned by the fragment that writes it: its
+     ``state_in`` and ``state_out`` run there, and another fragment that reads it receives it
+     over a boundary at the start of the method. Writes from two fragments are an error.
+   * A ``loop`` or ``branch`` region is copied into every fragment that has a node in it, so
+     every fragment runs the same trip counts, takes the same sides (their conditions are
+     control values) and meets the others at the boundaries in lockstep.
+2. **Boundaries.** For every def-use edge whose use runs in a fragment the definition does
+   not, a comm op moves the value at the innermost region holding both, right after the
+   definition's node there (after the loop, for a value a loop computes; at the end of an
+   iteration, for a loop-carried value). The op is chosen by the replica counts and the
+   value's kind, declared by the component method (:func:`msrl.api.returns`) or observed by
+   the probe (:mod:`msrl.probe`): equal counts -> ``send``/``recv``; many -> one ->
+   ``gather`` (sharded values and batches); one -> many -> ``scatter`` (sharded, batches) or
+   ``broadcast`` (replicated); an asynchronous pair of fragments -> ``put``/``get``. A
+   boundary that fits no rule raises :class:`PartitionError` naming the edge.
+3. **Order.** Fragments are ordered by their first node in program order. Fragment replicas
    run concurrently, so instead of rejecting cycles between fragments (which a training loop
    always has: trajectories go one way, weights the other) the partitioner checks that any two
-   fragments meet their shared boundaries in the same order (:meth:`FragmentGraph.check_schedule`),
-   which is what rules out a deadlock.
+   fragments meet their shared boundaries in the same order (:meth:`FragmentGraph.check_schedule`).
 """
 
 from __future__ import annotations
@@ -29,12 +41,26 @@ from __future__ import annotations
 import ast
 import dataclasses
 from collections import defaultdict
-from typing import Any
+from typing import Any, Iterable
 
 from msrl.graph import COMM_KINDS, CommTarget, Graph, Node, NodeKind
 from msrl.policy import DistributionPolicy, FragmentSpec
 
-__all__ = ["PartitionError", "Boundary", "Fragment", "FragmentGraph", "partition", "value_info"]
+__all__ = [
+    "PartitionError",
+    "Boundary",
+    "Fragment",
+    "FragmentGraph",
+    "partition",
+    "value_info",
+    "boundary_values",
+    "VALUE_KINDS",
+]
+
+#: How a value relates to the env axis: ``sharded`` (one row per env, split with the envs),
+#: ``batch`` (rows of a fixed-size batch, concatenated when gathered: a replay sample) or
+#: ``replicated`` (the same whole value everywhere: weights, metrics).
+VALUE_KINDS = ("sharded", "batch", "replicated")
 
 
 class PartitionError(ValueError):
@@ -52,9 +78,10 @@ class Boundary:
         op: the comm kind on both sides (``gather``; ``send``/``recv`` and ``put``/``get``
             pairs are recorded by their src kind).
         src, dst: fragment names; ``src_replicas``, ``dst_replicas``: their replica counts.
-        kind: ``"sharded"`` or ``"replicated"`` (``None`` without probe info).
-        axis: env-batch axis of a sharded value.
+        kind: one of :data:`VALUE_KINDS` (``None`` without probe info or declaration).
+        axis: the env (or batch) axis of a sharded value or a batch.
         in_loop: whether the boundary sits inside a loop region.
+        in_branch: whether it sits inside a branch region (met only when the side is taken).
     """
 
     name: str
@@ -68,6 +95,7 @@ class Boundary:
     kind: str | None
     axis: int | None
     in_loop: bool
+    in_branch: bool = False
 
 
 @dataclasses.dataclass
@@ -116,7 +144,8 @@ class FragmentGraph:
         Fragments run concurrently and block at boundaries, so this is what rules out a
         deadlock (the role a "cycle between fragments" check plays for partitions run one
         after another). The partitioner guarantees it by placing both sides of a boundary at
-        the producer's position in program order; this re-checks the result.
+        the same program position; this re-checks the result. Boundaries inside a branch are
+        met only when its side is taken, which every fragment decides identically.
 
         Raises:
             PartitionError: naming the two fragments and their differing boundary orders.
@@ -141,225 +170,398 @@ class FragmentGraph:
 
 def value_info(node: Node, name: str) -> dict[str, Any] | None:
     """Probe info (``kind``, ``axis``, ``shape``, ``dtype``) of value ``name`` written by
-    ``node``; for a loop, from the body node that last writes it. ``None`` if not probed."""
-    if node.kind is NodeKind.LOOP:
-        last = node.body.producers().get(name)
-        return value_info(last, name) if last is not None else None
+    ``node``; for a region node, from the body node that last writes it. ``None`` if neither
+    probed nor declared."""
+    if node.kind in (NodeKind.LOOP, NodeKind.BRANCH):
+        for region in node.regions():
+            last = region.producers().get(name)
+            if last is not None:
+                info = value_info(last, name)
+                if info is not None:
+                    return info
+        return None
     return node.meta.get("values", {}).get(name)
 
 
-# -- 1. assignment ----------------------------------------------------------------------------
-class _Assigner:
-    def __init__(self, policy: DistributionPolicy) -> None:
-        self.policy = policy
-        self.F: dict[int, set[str]] = {}
-        self.floating: list[Node] = []
-        self.deferred: list[Node] = []
-        self.deferred_srcs: dict[int, dict[str, list[str]]] = {}
-        self.readers: dict[str, list[Node]] = defaultdict(list)
-        self.order = [f.name for f in policy.fragments]
+# -- def-use: reaching definitions over nested regions ---------------------------------------
+Env = dict[str, frozenset[int]]
 
-    def run(self, graph: Graph) -> dict[int, set[str]]:
-        for node in graph.walk():
-            for name in node.inputs:
-                self.readers[name].append(node)
-        self.region(graph, {})
-        # floating (pure, copyable) nodes go wherever their values are read; fixpoint because
-        # floating nodes feed each other.
-        changed = True
-        while changed:
-            changed = False
-            for node in self.floating + self.deferred:
-                users = self.users_frags(node)
-                if node in self.deferred and len(users) > 1:
-                    continue
-                if users - self.F[node.id]:
-                    self.F[node.id] |= users
-                    changed = True
-            for node in graph.walk():
-                if node.kind is NodeKind.LOOP:
-                    body = {f for n in node.body.walk() for f in self.F[n.id]}
-                    if body - self.F[node.id]:
-                        self.F[node.id] |= body
-                        changed = True
-        for node in self.deferred:
-            users = self.users_frags(node)
-            if len(users) != 1:
-                ins = self.deferred_srcs[node.id]
-                raise PartitionError(
-                    f"compute node %{node.id} at {node.where()} ({ast.unparse(node.target)}) combines values "
-                    f"of several fragments {ins} and is used in {sorted(users) or 'no fragment'}; "
-                    "split the expression so each part uses one fragment's values"
-                )
-            self.F[node.id] = users
-        return self.F
 
-    def users_frags(self, node: Node) -> set[str]:
-        out: set[str] = set()
-        for name in node.outputs:
-            for r in self.readers.get(name, []):
-                if r is not node:
-                    out |= self.F.get(r.id, set())
+def _merge(a: Env, b: Env) -> Env:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = out.get(k, frozenset()) | v
+    return out
+
+
+class _Flow:
+    """Reaching definitions of one traced method.
+
+    Attributes:
+        nodes: id -> node, for every node of every region.
+        uses: ``(user id, value) -> ids of the definitions reaching that read``. A loop node
+            reads its range arguments, a branch node its condition.
+        after: ``(region id, node id) -> env`` right after a node of a region.
+        chain: node id -> ``[(region, ancestor node in it), ...]`` from the method's top
+            region down to the node itself.
+    """
+
+    def __init__(self, graph: Graph) -> None:
+        self.nodes: dict[int, Node] = {}
+        self.uses: dict[tuple[int, str], frozenset[int]] = {}
+        self.after: dict[tuple[int, int], Env] = {}
+        self.chain: dict[int, list[tuple[Graph, Node]]] = {}
+        self.region_of: dict[int, Graph] = {}
+        self._index(graph, [])
+        self._run(graph, {})
+
+    def _index(self, region: Graph, prefix: list[tuple[Graph, Node]]) -> None:
+        for node in region:
+            self.nodes[node.id] = node
+            self.region_of[node.id] = region
+            self.chain[node.id] = prefix + [(region, node)]
+            for sub in node.regions():
+                self._index(sub, prefix + [(region, node)])
+
+    def _run(self, region: Graph, env: Env) -> Env:
+        env = dict(env)
+        for node in region:
+            if node.kind is NodeKind.LOOP:
+                for a in node.args:
+                    if isinstance(a, str):
+                        self.uses[(node.id, a)] = env.get(a, frozenset())
+                entry = dict(env)
+                if node.target:
+                    entry[node.target] = frozenset({node.id})
+                while True:  # zero or more trips: iterate the body to a fixpoint
+                    out = self._run(node.body, entry)
+                    grown = _merge(entry, out)
+                    if grown == entry:
+                        break
+                    entry = grown
+                env = _merge(env, out)
+                if node.target:
+                    env[node.target] = env.get(node.target, frozenset()) | {node.id}
+            elif node.kind is NodeKind.BRANCH:
+                if isinstance(node.target, str):
+                    self.uses[(node.id, node.target)] = env.get(node.target, frozenset())
+                env = _merge(self._run(node.body, env), self._run(node.orelse, env))
+            else:
+                for name in node.inputs:
+                    self.uses[(node.id, name)] = env.get(name, frozenset())
+                for name in node.outputs:
+                    env[name] = frozenset({node.id})
+            self.after[(id(region), node.id)] = dict(env)
+        return env
+
+    def users(self) -> dict[int, list[tuple[int, str]]]:
+        """Definition id -> ``[(user id, value), ...]``."""
+        out: dict[int, list[tuple[int, str]]] = defaultdict(list)
+        for (u, name), defs in self.uses.items():
+            for d in defs:
+                out[d].append((u, name))
         return out
 
-    def region(self, graph: Graph, written: dict[str, set[str]]) -> None:
-        for node in graph:
-            k = node.kind
-            if k is NodeKind.CALL:
-                try:
-                    fs = {self.policy.assign(node)}
-                except KeyError:
-                    raise PartitionError(
-                        f"node %{node.id} at {node.where()} calls role {node.role!r}, which policy "
-                        f"{self.policy.name} places in no fragment"
-                    ) from None
-            elif k is NodeKind.LOOP:
-                inner = dict(written)
-                self.region(node.body, inner)
-                fs = {f for n in node.body.walk() for f in self.F[n.id]}
-                for name in node.outputs:
-                    written[name] = set(inner.get(name, fs))
-                self.F[node.id] = fs
-                continue
-            elif k is NodeKind.STATE_IN:
-                fs = set()
-                self.floating.append(node)
-            elif k is NodeKind.COMPUTE:
-                srcs = set().union(*[written.get(n, set()) for n in node.inputs]) if node.inputs else set()
-                if not srcs:
-                    fs = set()
-                    self.floating.append(node)
-                elif len(srcs) == 1:
-                    fs = srcs
-                else:
-                    fs = set()
-                    self.deferred.append(node)
-                    self.deferred_srcs[node.id] = {n: sorted(written.get(n, set())) for n in node.inputs}
-            elif k in (NodeKind.STATE_OUT, NodeKind.OUTPUT):
-                srcs = set().union(*[written.get(n, set()) for n in node.inputs]) if node.inputs else set()
-                fs = {min(srcs, key=self.order.index)} if srcs else {self.order[0]}
+    def position(self, d: int, u: int) -> tuple[Graph, Node]:
+        """Where a value defined by ``d`` and read by ``u`` crosses: the innermost region
+        holding both, and the node of that region the definition lies in (the comm goes right
+        after it)."""
+        cd, cu = self.chain[d], self.chain[u]
+        level = 0
+        for i in range(min(len(cd), len(cu))):
+            if cd[i][0] is cu[i][0]:
+                level = i
             else:
-                raise PartitionError(f"node %{node.id} of kind {k} cannot be partitioned (already partitioned?)")
-            self.F[node.id] = fs
-            for name in node.outputs:
-                written[name] = fs
+                break
+        return cd[level]
+
+    def in_regions(self, region: Graph, node_id: int) -> tuple[bool, bool]:
+        """Whether position ``region`` is inside a loop, inside a branch."""
+        in_loop = in_branch = False
+        chain = self.chain[node_id]
+        for r, owner in chain:
+            if r is region:
+                break
+            if owner.kind is NodeKind.LOOP:
+                in_loop = True
+            if owner.kind is NodeKind.BRANCH:
+                in_branch = True
+        return in_loop, in_branch
 
 
-# -- 3. boundaries ----------------------------------------------------------------------------
+# -- 1. assignment ----------------------------------------------------------------------------
 @dataclasses.dataclass
 class _Comm:
-    after: int | None  # producer node id in the region (None: at region start)
+    method: str
+    region: Graph
+    after: Node  # the node of ``region`` the comm follows
     value: str
     src: str
     dst: str
-    producer: Node
+    defs: list[Node]  # the data definitions the value may come from
+    reader: Node  # one node that reads it in ``dst`` (for messages)
 
 
-class _CommPlanner:
-    def __init__(self, F: dict[int, set[str]], order: list[str]) -> None:
-        self.F, self.order = F, order
-        self.plan: dict[int, list[_Comm]] = defaultdict(list)  # region id -> comms
+class _Assigner:
+    """The fixpoint of step 1, over every traced method at once."""
 
-    def region(self, graph: Graph) -> dict[str, list[str]]:
-        """Plans the comms of ``graph``; returns, per fragment, the names its copy reads from
-        outside the region."""
-        have: dict[str, set[str]] = {}
-        producer: dict[str, Node] = {}
-        free: dict[str, list[str]] = defaultdict(list)
-        readers_of_free: dict[str, set[str]] = defaultdict(set)
-        for node in graph:
-            fs = sorted(self.F[node.id], key=self.order.index)
-            if node.kind is NodeKind.LOOP:
-                body_free = self.region(node.body)
-                range_names = [a for a in node.args if isinstance(a, str)]
-                reads = {f: range_names + [n for n in body_free.get(f, []) if n != node.target] for f in fs}
-                writes = {f: self.written_in(node.body, f) + [node.target] for f in fs}
-            else:
-                reads = {f: list(node.inputs) for f in fs}
-                writes = {f: list(node.outputs) for f in fs}
-            for f in fs:
-                for x in reads[f]:
-                    holders = have.get(x)
-                    if holders is None:
-                        if x not in free[f]:
-                            free[f].append(x)
-                        readers_of_free[x].add(f)
-                        continue
-                    if f not in holders:
-                        src = min(holders, key=self.order.index)
-                        self.plan[id(graph)].append(_Comm(producer[x].id, x, src, f, producer[x]))
-                        holders.add(f)
-            for x in {x for f in fs for x in writes[f]}:
-                have[x] = {f for f in fs if x in writes[f]}
-                producer[x] = node
-        # loop-carried values: the next iteration's readers need the value written at the end.
-        for x, readers in readers_of_free.items():
-            if x in have:
-                for f in sorted(readers - have[x], key=self.order.index):
-                    src = min(have[x], key=self.order.index)
-                    self.plan[id(graph)].append(_Comm(producer[x].id, x, src, f, producer[x]))
-        return free
+    def __init__(self, graphs: dict[str, Graph], policy: DistributionPolicy) -> None:
+        self.graphs, self.policy = graphs, policy
+        self.order = [f.name for f in policy.fragments]
+        self.flows = {m: _Flow(g) for m, g in graphs.items()}
+        self.users = {m: fl.users() for m, fl in self.flows.items()}
+        self.F: dict[tuple[str, int], set[str]] = {}
+        self.comms: dict[tuple[str, int, int, str, str], _Comm] = {}
+        # trainer attribute -> its state_in / state_out nodes over every method
+        self.state_in: dict[str, list[tuple[str, Node]]] = defaultdict(list)
+        self.state_out: dict[str, list[tuple[str, Node]]] = defaultdict(list)
+        for m, g in graphs.items():
+            for node in g.walk():
+                if node.kind is NodeKind.STATE_IN:
+                    self.state_in[node.target].append((m, node))
+                elif node.kind is NodeKind.STATE_OUT:
+                    self.state_out[node.target].append((m, node))
 
-    def written_in(self, body: Graph, frag: str) -> list[str]:
-        out: list[str] = []
-        for node in body:
-            if frag in self.F[node.id]:
-                names = node.outputs if node.kind is not NodeKind.LOOP else self.written_in(node.body, frag) + [node.target]
-                out += [n for n in names if n not in out]
-        for c in self.plan.get(id(body), []):
-            if c.dst == frag and c.value not in out:
-                out.append(c.value)
+    # helpers
+    def f(self, m: str, node: Node | int) -> set[str]:
+        nid = node if isinstance(node, int) else node.id
+        return self.F.setdefault((m, nid), set())
+
+    def node(self, m: str, nid: int) -> Node:
+        return self.flows[m].nodes[nid]
+
+    @staticmethod
+    def control(node: Node) -> bool:
+        """Whether a definition is of a control value (a loop node defines its index)."""
+        if node.kind is NodeKind.LOOP:
+            return True
+        return bool(node.meta.get("control")) and node.kind in (NodeKind.STATE_IN, NodeKind.COMPUTE, NodeKind.STATE_OUT)
+
+    def data_defs(self, m: str, defs: Iterable[int]) -> list[Node]:
+        return [self.node(m, d) for d in sorted(defs) if not self.control(self.node(m, d))]
+
+    def frags_of(self, m: str, defs: Iterable[Node]) -> set[str]:
+        out: set[str] = set()
+        for d in defs:
+            out |= self.f(m, d)
         return out
+
+    def first(self, frags: Iterable[str]) -> str:
+        return min(frags, key=self.order.index)
+
+    def owner(self, attr: str) -> set[str]:
+        """Fragments writing data attribute ``attr`` (its own old value excluded)."""
+        out: set[str] = set()
+        for m, so in self.state_out[attr]:
+            defs = [d for d in self.data_defs(m, self.flows[m].uses[(so.id, so.inputs[0])])
+                    if not (d.kind is NodeKind.STATE_IN and d.target == attr)]
+            out |= self.frags_of(m, defs)
+        return out
+
+    def user_frags(self, m: str, node: Node) -> set[str]:
+        out: set[str] = set()
+        for u, _ in self.users[m].get(node.id, []):
+            out |= self.f(m, u)
+        return out
+
+    # the fixpoint
+    def run(self) -> None:
+        for m, g in self.graphs.items():
+            for node in g.walk():
+                if node.kind is NodeKind.CALL:
+                    try:
+                        self.F[(m, node.id)] = {self.policy.assign(node)}
+                    except KeyError:
+                        raise PartitionError(
+                            f"node %{node.id} at {node.where()} calls role {node.role!r}, which policy "
+                            f"{self.policy.name} places in no fragment"
+                        ) from None
+        for _ in range(1000):
+            changed = False
+            for m, g in self.graphs.items():
+                for node in g.walk():
+                    new = self.rule(m, node)
+                    if new is not None and new != self.f(m, node):
+                        self.F[(m, node.id)] = new
+                        changed = True
+            self.comms = {}
+            changed |= self.plan_comms()
+            if not changed:
+                break
+        else:  # pragma: no cover - the rules only grow sets
+            raise PartitionError("the fragment assignment did not settle (a bug in msrl)")
+        self.check()
+
+    def rule(self, m: str, node: Node) -> set[str] | None:
+        k, cur = node.kind, self.f(m, node)
+        if k is NodeKind.CALL:
+            return None
+        if k in (NodeKind.LOOP, NodeKind.BRANCH):
+            return {f for r in node.regions() for n in r for f in self.f(m, n)}
+        if self.control(node):
+            need = cur | self.user_frags(m, node)
+            if k is NodeKind.STATE_OUT:  # every fragment reading the attribute keeps it
+                for m2, si in self.state_in[node.target]:
+                    need |= self.f(m2, si)
+            return need
+        # data nodes: recomputed each round from what they read
+        if k in (NodeKind.STATE_IN, NodeKind.STATE_OUT):
+            return self.owner(node.target)
+        if k is NodeKind.OUTPUT:
+            if not node.inputs:
+                return {self.order[0]}
+            srcs = self.frags_of(m, self.data_defs(m, self.flows[m].uses[(node.id, node.inputs[0])]))
+            return srcs or {self.order[0]}
+        srcs: set[str] = set()
+        for name in node.inputs:
+            srcs |= self.frags_of(m, self.data_defs(m, self.flows[m].uses[(node.id, name)]))
+        if len(srcs) == 1:
+            return srcs
+        users = self.user_frags(m, node)
+        if not srcs:  # reads no data (an impure call on control values): the first user runs it
+            return {self.first(users)} if users else {self.order[0]}
+        return users  # mixes fragments: runs where its result is used
+
+    def plan_comms(self) -> bool:
+        """Finds every cross-fragment def-use edge; makes sure the sending fragment holds every
+        definition that may reach the comm's position. Returns whether an F grew."""
+        grown = False
+        for m, flow in self.flows.items():
+            for (u, name), defs in flow.uses.items():
+                for d in self.data_defs(m, defs):
+                    for dst in sorted(self.f(m, u) - self.f(m, d), key=self.order.index):
+                        region, after = flow.position(d.id, u)
+                        key = (m, id(region), after.id, name, dst)
+                        at = flow.after[(id(region), after.id)].get(name, frozenset())
+                        data = self.data_defs(m, at)
+                        srcs = self.frags_of(m, data)
+                        if len(srcs) != 1:
+                            if not srcs:
+                                continue  # not assigned yet
+                            where = ", ".join(f"%{x.id} at {x.where()} in {sorted(self.f(m, x))}" for x in data)
+                            raise PartitionError(
+                                f"{m}: value {name!r} read by %{u} at {self.node(m, u).where()} in fragment {dst} may "
+                                f"come from several fragments ({where}); assign it in one fragment, or give the "
+                                "values different names"
+                            )
+                        src = next(iter(srcs))
+                        if src == dst:
+                            continue
+                        for c in at:
+                            cn = self.node(m, c)
+                            if self.control(cn) and cn.kind is not NodeKind.LOOP and src not in self.f(m, cn):
+                                self.F[(m, c)] = self.f(m, cn) | {src}
+                                grown = True
+                        if key not in self.comms:
+                            self.comms[key] = _Comm(m, region, after, name, src, dst, data, self.node(m, u))
+        return grown
+
+    def check(self) -> None:
+        for attr, outs in self.state_out.items():
+            if not outs or self.control(outs[0][1]):
+                continue
+            owners = self.owner(attr)
+            if len(owners) > 1:
+                writes = []
+                for m, so in outs:
+                    for d in self.data_defs(m, self.flows[m].uses[(so.id, so.inputs[0])]):
+                        if not (d.kind is NodeKind.STATE_IN and d.target == attr):
+                            writes.append(f"{d.where()} (fragment {', '.join(sorted(self.f(m, d)))})")
+                raise PartitionError(
+                    f"trainer attribute self.{attr} is written by several fragments: {'; '.join(writes)}; "
+                    "a data attribute has one owner: write it in one fragment, or use two attributes"
+                )
+        for m, g in self.graphs.items():
+            for node in g.walk():
+                if node.kind is NodeKind.COMPUTE and not self.control(node) and len(self.f(m, node)) > 1:
+                    srcs = {
+                        n: sorted(self.frags_of(m, self.data_defs(m, self.flows[m].uses[(node.id, n)])))
+                        for n in node.inputs
+                    }
+                    if len({f for v in srcs.values() for f in v}) > 1:
+                        raise PartitionError(
+                            f"compute node %{node.id} at {node.where()} ({ast.unparse(node.target)}) combines values "
+                            f"of several fragments {srcs} and is used in {sorted(self.f(m, node))}; "
+                            "split the expression so each part uses one fragment's values"
+                        )
+        for m, g in self.graphs.items():
+            out = g.nodes[-1]
+            if out.kind is NodeKind.OUTPUT and len(self.f(m, out)) > 1:
+                raise PartitionError(
+                    f"{m}: the value returned at {out.where()} comes from fragments {sorted(self.f(m, out))} "
+                    "depending on the branch taken; return values computed in one fragment"
+                )
+
+
+# -- 2. boundaries ----------------------------------------------------------------------------
+def _info(c: _Comm) -> dict[str, Any] | None:
+    infos = [i for i in (value_info(d, c.value) for d in c.defs) if i is not None]
+    if not infos:
+        return None
+    kinds = {i["kind"] for i in infos}
+    if len(kinds) > 1:
+        where = ", ".join(d.where() for d in c.defs)
+        raise PartitionError(
+            f"value {c.value!r} read in fragment {c.dst} is {' at one definition and '.join(sorted(kinds))} at another "
+            f"({where}); both must relate to the env axis the same way"
+        )
+    return infos[0]
 
 
 def _choose_op(policy: DistributionPolicy, c: _Comm, info: dict[str, Any] | None) -> tuple[NodeKind, NodeKind, int | None]:
     src, dst = policy.fragment(c.src), policy.fragment(c.dst)
+    producer = c.defs[0]
     edge = (
-        f"value {c.value!r} written by %{c.producer.id} at {c.producer.where()} in fragment {src.name} (x{src.replicas}) "
-        f"and read in fragment {dst.name} (x{dst.replicas})"
+        f"value {c.value!r} written by %{producer.id} at {producer.where()} in fragment {src.name} (x{src.replicas}) "
+        f"and read by %{c.reader.id} at {c.reader.where()} in fragment {dst.name} (x{dst.replicas})"
     )
     if (src.name, dst.name) in policy.async_boundaries:
         return NodeKind.PUT, NodeKind.GET, None
     if src.replicas == dst.replicas:
         return NodeKind.SEND, NodeKind.RECV, None
     if info is None:
-        raise PartitionError(f"{edge}: no probe info says whether it is sharded or replicated; run msrl.probe first")
+        raise PartitionError(
+            f"{edge}: no probe run observed it and its method declares no kind, so msrl cannot tell whether it is "
+            "sharded, a batch or replicated; declare it with @msrl.api.returns(...) on the component method"
+        )
     kind, axis = info["kind"], info.get("axis")
     if src.replicas > 1 and dst.replicas == 1:
-        if kind == "sharded":
+        if kind in ("sharded", "batch"):
             return NodeKind.GATHER, NodeKind.GATHER, axis
         raise PartitionError(
             f"{edge}: a replicated value cannot be gathered from many replicas to one; "
-            "reduce it inside a component or make it sharded along the env axis"
+            "reduce it inside a component, make it sharded along the env axis, or declare a batch to concatenate "
+            "with @msrl.api.returns('batch')"
         )
     if src.replicas == 1 and dst.replicas > 1:
-        if kind == "sharded":
+        if kind in ("sharded", "batch"):
             return NodeKind.SCATTER, NodeKind.SCATTER, axis
         return NodeKind.BROADCAST, NodeKind.BROADCAST, None
     raise PartitionError(f"{edge}: no comm op moves a value between {src.replicas} and {dst.replicas} replicas")
 
 
-# -- building the fragments -------------------------------------------------------------------
 def _copy(node: Node) -> Node:
     return dataclasses.replace(node, inputs=list(node.inputs), outputs=list(node.outputs), meta=dict(node.meta))
 
 
 class _Builder:
-    def __init__(self, method: str, F: dict[int, set[str]], planner: _CommPlanner, policy: DistributionPolicy, next_id: int) -> None:
-        self.method, self.F, self.planner, self.policy = method, F, planner, policy
+    def __init__(self, method: str, assigner: _Assigner, policy: DistributionPolicy, next_id: int) -> None:
+        self.method, self.a, self.policy = method, assigner, policy
         self.next_id = next_id
-        self.boundaries: dict[tuple[int, str, str, str], Boundary] = {}
-        self.count = 0
-
-    def boundary(self, c: _Comm, in_loop: bool) -> tuple[Boundary, NodeKind, NodeKind]:
-        key = (c.producer.id, c.value, c.src, c.dst)
-        info = value_info(c.producer, c.value)
-        src_kind, dst_kind, axis = _choose_op(self.policy, c, info)
-        if key not in self.boundaries:
-            s, d = self.policy.fragment(c.src), self.policy.fragment(c.dst)
-            self.boundaries[key] = Boundary(
-                name=f"{self.method}/b{self.count}:{c.value}",
-                method=self.method,
+        self.by_pos: dict[tuple[int, int], list[_Comm]] = defaultdict(list)
+        self.boundaries: dict[int, tuple[Boundary, NodeKind, NodeKind]] = {}
+        comms = [c for (m, *_), c in assigner.comms.items() if m == method]
+        order = {n.id: i for i, n in enumerate(assigner.graphs[method].walk())}
+        comms.sort(key=lambda c: (order[c.after.id], assigner.order.index(c.dst)))
+        flow = assigner.flows[method]
+        for k, c in enumerate(comms):
+            info = _info(c)
+            src_kind, dst_kind, axis = _choose_op(policy, c, info)
+            s, d = policy.fragment(c.src), policy.fragment(c.dst)
+            in_loop, in_branch = flow.in_regions(c.region, c.after.id)
+            b = Boundary(
+                name=f"{method}/b{k}:{c.value}",
+                method=method,
                 value=c.value,
                 op=src_kind,
                 src=c.src,
@@ -369,58 +571,86 @@ class _Builder:
                 kind=info["kind"] if info else None,
                 axis=axis,
                 in_loop=in_loop,
+                in_branch=in_branch,
             )
-            self.count += 1
-        return self.boundaries[key], src_kind, dst_kind
+            self.boundaries[id(c)] = (b, src_kind, dst_kind)
+            self.by_pos[(id(c.region), c.after.id)].append(c)
+        self.index = {id(c): k for k, c in enumerate(comms)}
 
-    def comm_nodes(self, comms: list[_Comm], frag: str, in_loop: bool) -> list[Node]:
+    def comm_nodes(self, comms: list[_Comm], frag: str) -> list[Node]:
         out = []
         for c in comms:
             if frag not in (c.src, c.dst):
                 continue
-            b, src_kind, dst_kind = self.boundary(c, in_loop)
+            b, src_kind, dst_kind = self.boundaries[id(c)]
             side = "src" if frag == c.src else "dst"
             target = CommTarget(b.name, c.value, c.src, c.dst, side, b.axis)
+            producer = c.defs[0]
             node = Node(
                 src_kind if side == "src" else dst_kind,
                 target,
                 inputs=[c.value] if side == "src" else [],
                 outputs=[c.value] if side == "dst" else [],
-                meta={"file": c.producer.meta.get("file", "<generated>"), "line": c.producer.meta.get("line", 0), "fragment": frag},
+                meta={"file": producer.meta.get("file", "<generated>"), "line": producer.meta.get("line", 0), "fragment": frag},
             )
-            node.id = self.next_id + list(self.boundaries).index((c.producer.id, c.value, c.src, c.dst)) * 2 + (side == "dst")
+            node.id = self.next_id + 2 * self.index[id(c)] + (side == "dst")
             out.append(node)
         return out
 
-    def build(self, graph: Graph, frag: str, in_loop: bool = False) -> Graph:
+    def build(self, graph: Graph, frag: str) -> Graph:
         g = Graph(graph.name)
-        comms = self.planner.plan.get(id(graph), [])
-        by_after: dict[int, list[_Comm]] = defaultdict(list)
-        for c in comms:
-            by_after[c.after].append(c)
         for node in graph:
-            if frag in self.F[node.id]:
+            if frag in self.a.f(self.method, node):
                 copy = _copy(node)
                 copy.meta["fragment"] = frag
                 if node.kind is NodeKind.LOOP:
-                    copy.body = self.build(node.body, frag, in_loop=True)
+                    copy.body = self.build(node.body, frag)
+                    written = copy.body.written_values()
                     free = [n for n in copy.body.free_values() if n != node.target]
                     range_names = [a for a in node.args if isinstance(a, str)]
                     copy.inputs = range_names + [n for n in free if n not in range_names]
-                    copy.outputs = copy.body.written_values() + ([node.target] if node.target not in copy.body.written_values() else [])
-                    copy.meta["carried"] = [n for n in free if n in copy.body.written_values()]
+                    copy.outputs = written + ([node.target] if node.target not in written else [])
+                    copy.meta["carried"] = [n for n in free if n in written]
+                elif node.kind is NodeKind.BRANCH:
+                    copy.body = self.build(node.body, frag)
+                    copy.orelse = self.build(node.orelse, frag)
+                    sides = [copy.body, copy.orelse]
+                    cond = [node.target] if isinstance(node.target, str) else []
+                    copy.inputs = list(dict.fromkeys(cond + [n for r in sides for n in r.free_values()]))
+                    copy.outputs = list(dict.fromkeys(n for r in sides for n in r.written_values()))
                 g.append(copy)
-            for cnode in self.comm_nodes(by_after.get(node.id, []), frag, in_loop):
+            for cnode in self.comm_nodes(self.by_pos.get((id(graph), node.id), []), frag):
                 g.append(cnode)
         return g
+
+
+def boundary_values(graphs: dict[str, Graph], policy: DistributionPolicy) -> list[tuple[str, Node, str]]:
+    """The values that cross between fragments with different replica counts: what the probe
+    must observe (or a declaration must describe) before :func:`partition` can choose their
+    comm ops.
+
+    Returns:
+        ``(method, defining node, value name)`` triples.
+
+    Raises:
+        PartitionError: as :func:`partition` does for assignment problems.
+    """
+    assigner = _Assigner(graphs, policy)
+    assigner.run()
+    out = []
+    for (m, *_), c in assigner.comms.items():
+        if policy.fragment(c.src).replicas != policy.fragment(c.dst).replicas:
+            out += [(m, d, c.value) for d in c.defs]
+    return out
 
 
 def partition(graphs: dict[str, Graph], policy: DistributionPolicy) -> FragmentGraph:
     """Splits traced graphs into the fragments of ``policy``.
 
     Args:
-        graphs: method name -> traced graph (``{"reset": ..., "train_step": ...}``), probed
-            (:func:`msrl.probe.probe`) when the policy has fragments with different replica counts.
+        graphs: method name -> traced graph (``{"reset": ..., "train_step": ...}``), traced
+            together (:func:`msrl.tracer.trace_methods`) and probed (:func:`msrl.probe.probe`)
+            when the policy has fragments with different replica counts.
         policy: the distribution policy (with YAML overrides applied).
 
     Returns:
@@ -430,22 +660,22 @@ def partition(graphs: dict[str, Graph], policy: DistributionPolicy) -> FragmentG
         PartitionError: a node or boundary the policy cannot place, naming it.
     """
     order = [f.name for f in policy.fragments]
+    for g in graphs.values():
+        g.lint(defined=set())
+    assigner = _Assigner(graphs, policy)
+    assigner.run()
     boundaries: list[Boundary] = []
     programs: dict[str, dict[str, Graph]] = {f: {} for f in order}
     first_seen: dict[str, int] = {}
     next_id = 1 + max((n.id for g in graphs.values() for n in g.walk()), default=0)
-    for method, graph in graphs.items():
-        graph.lint(defined=set())
-        F = _Assigner(policy).run(graph)
-        planner = _CommPlanner(F, order)
-        planner.region(graph)
-        builder = _Builder(method, F, planner, policy, next_id)
+    for mi, (method, graph) in enumerate(graphs.items()):
+        builder = _Builder(method, assigner, policy, next_id)
         for f in order:
             programs[f][method] = builder.build(graph, f)
         for i, node in enumerate(graph.walk()):
-            for f in F[node.id]:
-                first_seen.setdefault(f, i + 10_000 * list(graphs).index(method))
-        boundaries += list(builder.boundaries.values())
+            for f in assigner.f(method, node):
+                first_seen.setdefault(f, i + 10_000 * mi)
+        boundaries += [b for b, _, _ in builder.boundaries.values()]
         next_id += 2 * len(builder.boundaries)
     fragments = [Fragment(policy.fragment(f), programs[f]) for f in order]
     fragments.sort(key=lambda fr: first_seen.get(fr.name, 10**9))

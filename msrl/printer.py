@@ -35,7 +35,8 @@ def _fmt_values(node: Node) -> str:
 
 
 def format_graph(graph: Graph, indent: int = 0) -> str:
-    """One line per node (``%id kind ... -> outputs  file:line``), loop bodies indented, with
+    """One line per node (``%id kind ... -> outputs  file:line``), loop bodies and the two
+    sides of a branch region indented (``else:`` between them), with
     probe info (shape, dtype, sharded/replicated) where present."""
     lines = []
     pad = "  " * indent
@@ -43,6 +44,12 @@ def format_graph(graph: Graph, indent: int = 0) -> str:
         lines.append(f"{pad}{node.describe()}    # {node.where()}{_fmt_values(node)}")
         if node.kind is NodeKind.LOOP:
             lines.append(format_graph(node.body, indent + 1))
+        elif node.kind is NodeKind.BRANCH:
+            if len(node.body):
+                lines.append(format_graph(node.body, indent + 1))
+            if len(node.orelse):
+                lines.append(f"{pad}else:")
+                lines.append(format_graph(node.orelse, indent + 1))
     return "\n".join(lines)
 
 
@@ -94,15 +101,15 @@ def draw_fragments(job: Job, path: str | pathlib.Path, method: str = "train_step
     def walk(g: Graph, depth: int, items: list[tuple[Node, int]]) -> list[tuple[Node, int]]:
         for n in g:
             items.append((n, depth))
-            if n.kind is NodeKind.LOOP:
-                walk(n.body, depth + 1, items)
+            for region in n.regions():
+                walk(region, depth + 1, items)
         return items
 
     for fr in fg.fragments:
         rows[fr.name] = walk(fr.programs[method], 0, [])
     height = max((len(v) for v in rows.values()), default=1)
     fig, ax = plt.subplots(figsize=(5.5 * len(cols), 0.42 * height + 1.5), dpi=110)
-    colors = {NodeKind.CALL: "#cfe2ff", NodeKind.LOOP: "#fff3cd", NodeKind.COMPUTE: "#e2e3e5"}
+    colors = {NodeKind.CALL: "#cfe2ff", NodeKind.LOOP: "#fff3cd", NodeKind.BRANCH: "#d1e7dd", NodeKind.COMPUTE: "#e2e3e5"}
     for frag, items in rows.items():
         x0 = cols[frag] * 6.0
         ax.text(x0 + 2.2, 1.0, f"{frag} (x{fg.fragment(frag).spec.replicas})", ha="center", fontsize=11, weight="bold")

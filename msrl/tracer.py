@@ -7,14 +7,27 @@ nodes of a :class:`~msrl.graph.Graph`. The supported subset of Python:
 * ``self.<role>.<method>(args, key=value)`` calls of the components (roles
   ``env``/``actor``/``buffer``/``learner``), as statements or inside expressions;
 * calls of other trainer methods written in the same subset (inlined; one final ``return``);
-* ``for i in range(...)`` loops whose trip count does not depend on a component's results;
+* ``for i in range(...)`` loops whose trip count is a control value;
+* ``if``/``elif``/``else`` statements and conditional expressions (``a if c else b``) whose
+  condition is a control value, traced as ``branch`` regions that every fragment takes in
+  step; a component call in a branch runs only when the branch is taken;
 * expressions on local values, trainer attributes (``self.hparams.num_steps``) and module
   globals (``torch``), including comprehensions that call no component;
 * one ``return e`` as the method's last statement.
 
-Anything else -- ``if``/``while``/``try``/``with``, ``break``/``continue``, component calls in
-comprehensions or lambdas, loops over data -- raises :class:`TraceError` with ``file:line`` and
-what to write instead.
+**Control values.** A value computed only from hyperparameters (``self.hparams``), constants,
+loop indices, the job's sizes (``self.num_envs``: envs over every replica;
+``self.total_env_steps``: the budget; ``self.seed``) and other control values, with
+arithmetic, comparisons and the builtins in :data:`PURE_CALLS` (and ``math``), is a control
+value. Trainer attributes are control state when every assignment to them, in ``reset`` and in
+``train_step``, is a control value (``self.global_step += self.num_envs``). Every fragment
+computes its own identical copy of a control value; the result of a component call, and
+anything computed from one, is data. Calls the tracer cannot tell are deterministic (any
+other function: ``torch.rand``, a user helper) make data as well.
+
+Anything else -- ``while``/``try``/``with``, ``break``/``continue``, a condition or trip count
+on data, component calls in comprehensions, lambdas or the right operand of ``and``/``or`` --
+raises :class:`TraceError` with ``file:line`` and what to write instead.
 """
 
 from __future__ import annotations
@@ -29,10 +42,24 @@ from typing import Any, Callable
 from msrl.api import ROLES, Trainer
 from msrl.graph import Const, Graph, Node, NodeKind
 
-__all__ = ["TraceError", "trace", "state_name", "MAX_INLINE_DEPTH"]
+__all__ = ["TraceError", "trace", "trace_methods", "state_name", "MAX_INLINE_DEPTH", "PURE_CALLS", "READ_ONLY_ATTRS"]
 
 #: Nesting limit of inlined trainer helper methods (guards against recursion).
 MAX_INLINE_DEPTH = 8
+
+#: Builtins a control value may call: deterministic functions of their arguments. Calls of
+#: ``math.<name>`` are pure too; any other call makes its result data.
+PURE_CALLS = frozenset(
+    {"abs", "min", "max", "int", "float", "bool", "round", "len", "divmod", "pow", "sum", "str", "tuple",
+     "list", "dict", "set", "frozenset", "sorted", "range", "isinstance", "zip", "enumerate", "any", "all",
+     "reversed"}
+)
+
+#: Trainer attributes set by msrl for the job; readable (as control values), never assigned.
+READ_ONLY_ATTRS = ("hparams", "seed", "num_envs", "total_env_steps")
+
+#: The trainer methods traced together (state written in one is read in the other).
+TRACED_METHODS = ("reset", "train_step")
 
 
 class TraceError(Exception):
@@ -70,7 +97,7 @@ class _Scope:
 
 
 class _Tracer:
-    def __init__(self, cls: type) -> None:
+    def __init__(self, cls: type, tainted: set[str] | None = None) -> None:
         if not (isinstance(cls, type) and issubclass(cls, Trainer)):
             raise TypeError(f"trace() takes a Trainer subclass, got {cls!r}")
         self.cls = cls
@@ -79,7 +106,13 @@ class _Tracer:
         self.inline = itertools.count()
         self.state_ins = 0
         self.written: list[str] = []
-        self.tainted: set[str] = set()
+        # value names that hold data (results of component calls and what is computed from
+        # them); seeded with what earlier passes found, so the analysis is a fixpoint
+        self.tainted: set[str] = set(tainted or ())
+        # why a name is data: name -> (file, line, reason), for error messages
+        self.why: dict[str, str] = {}
+        # names assigned in only one side of a branch and undefined before it
+        self.maybe_undefined: dict[str, str] = {}
         self.file = "<unknown>"
         self.depth = 0
 
@@ -92,16 +125,48 @@ class _Tracer:
         (``_learner_get_weights2``) so boundaries read well in ``msrl graph``."""
         return f"_{hint}{next(self.tmp)}"
 
-    def emit(self, scope: _Scope, node: Node, at: ast.AST | None) -> Node:
+    def emit(self, scope: _Scope, node: Node, at: ast.AST | None, impure: str | None = None) -> Node:
         node.id = next(self.ids)
         if at is not None:
             node.meta.setdefault("file", self.file)
             node.meta.setdefault("line", at.lineno)
         scope.graph.append(node)
         scope.names.update(node.outputs)
-        if node.kind is NodeKind.CALL or any(n in self.tainted for n in node.inputs):
-            self.tainted.update(node.outputs)
+        for name in node.outputs:
+            self.maybe_undefined.pop(name, None)
+        if node.kind in (NodeKind.LOOP, NodeKind.BRANCH):
+            return node  # what their bodies write was tainted there
+        reason = None
+        if node.kind is NodeKind.CALL:
+            reason = f"the result of {node.target[0]}.{node.target[1]}() at {node.where()}"
+        elif impure is not None:
+            reason = f"a call of {impure}() at {node.where()}, which msrl cannot tell is deterministic"
+        else:
+            src = next((n for n in node.inputs if n in self.tainted), None)
+            if src is not None:
+                reason = self.why.get(src, f"{src!r}, which is data")
+        if reason is not None:
+            for name in node.outputs:
+                self.tainted.add(name)
+                self.why.setdefault(name, reason)
         return node
+
+    def check_control(self, value: str | Const, at: ast.AST, what: str, advice: str) -> None:
+        """Raises TraceError when ``value`` is data (depends on a component's result)."""
+        if isinstance(value, str) and value in self.tainted:
+            why = self.why.get(value)
+            because = f" (it comes from {why})" if why else ""
+            raise self.err(at, f"{what} depends on {value!r}, which is data{because}; data-dependent control flow is not traced", advice)
+
+    def read(self, name: str, at: ast.AST) -> None:
+        """Rejects reading a name that an earlier branch may have left unassigned."""
+        if name in self.maybe_undefined:
+            raise self.err(
+                at,
+                f"{name!r} is assigned in only one side of the `if` at {self.maybe_undefined[name]} and has no value "
+                "before it",
+                f"assign {name} before the `if` (e.g. {name} = {{}}) or in both sides",
+            )
 
     def is_method(self, attr: str) -> bool:
         member = inspect.getattr_static(self.cls, attr, None)
@@ -205,10 +270,8 @@ class _Tracer:
         elif isinstance(s, ast.Pass):
             return
         elif isinstance(s, ast.If):
-            raise self.err(
-                s,
-                "`if` statements are not traced (control flow in train_step must not depend on data)",
-                "compute both branches with torch.where, or move the branch inside a component method",
+            self.branch(
+                s.test, lambda inner: self.stmts(s.body, inner), lambda inner: self.stmts(s.orelse, inner), scope, s
             )
         elif isinstance(s, ast.While):
             raise self.err(s, "`while` loops are not traced", "use `for _ in range(n)` with a fixed n")
@@ -259,8 +322,9 @@ class _Tracer:
         if isinstance(t, ast.Name):
             return [t.id], False
         if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
-            if t.attr in ROLES or t.attr in ("hparams", "seed"):
-                raise self.err(t, f"self.{t.attr} cannot be reassigned in a traced method")
+            if t.attr in ROLES or t.attr in READ_ONLY_ATTRS:
+                raise self.err(t, f"self.{t.attr} is set by msrl and cannot be reassigned in a traced method",
+                               f"store your own value under another name (self.my_{t.attr})")
             return [state_name(t.attr)], False
         if isinstance(t, (ast.Tuple, ast.List)):
             names: list[str] = []
@@ -292,13 +356,7 @@ class _Tracer:
             raise self.err(s, "the loop variable must be a plain name")
         range_args = [self.value_of(a, scope) for a in it.args]
         for a in range_args:
-            if isinstance(a, str) and a in self.tainted:
-                raise self.err(
-                    s,
-                    f"the loop's trip count depends on {a!r}, a result of a component call "
-                    "(data-dependent control flow)",
-                    "use a trip count from self.hparams or a constant",
-                )
+            self.check_control(a, s, "the loop's trip count", "use a trip count from self.hparams, the job's sizes or a constant")
         var = s.target.id
         body = Graph(f"loop@{s.lineno}")
         inner = _Scope(body, scope)
@@ -316,6 +374,59 @@ class _Tracer:
         )
         node.meta["carried"] = [n for n in free if n in written]
         self.emit(scope, node, s)
+
+    def branch(
+        self,
+        test: ast.expr,
+        then: Callable[[_Scope], Any],
+        orelse: Callable[[_Scope], Any],
+        scope: _Scope,
+        at: ast.AST,
+    ) -> Node:
+        """Traces ``if test: <then> else: <orelse>`` as a branch region (the condition must be
+        a control value)."""
+        cond = self.value_of(test, scope)
+        self.check_control(
+            cond,
+            at,
+            "the condition",
+            "branch on hyperparameters, step counters or the job's sizes only; compute both sides with "
+            "torch.where, or move the decision inside a component method",
+        )
+        line = getattr(at, "lineno", 0)
+        before = dict(self.maybe_undefined)
+        regions = []
+        for name, fill in ((f"if@{line}", then), (f"else@{line}", orelse)):
+            g = Graph(name)
+            self.maybe_undefined = dict(before)
+            fill(_Scope(g, scope))
+            regions.append(g)
+        body, other = regions
+        w1, w2 = body.written_values(), other.written_values()
+        written = w1 + [n for n in w2 if n not in w1]
+        self.maybe_undefined = dict(before)
+        for n in written:
+            if n.startswith("self.") and not (n in w1 and n in w2):
+                self.state_value(n[5:], scope, at)  # the side that does not write it keeps the old value
+        one_sided = [n for n in written if not (n in w1 and n in w2) and not scope.has(n)]
+        free = [n for r in regions for n in r.free_values()]
+        passthrough = [n for n in written if not (n in w1 and n in w2) and scope.has(n)]
+        inputs = ([cond] if isinstance(cond, str) else []) + free + passthrough
+        node = Node(
+            NodeKind.BRANCH,
+            cond,
+            inputs=list(dict.fromkeys(inputs)),
+            outputs=written,
+            body=body,
+            orelse=other,
+        )
+        for n in written:
+            if n.startswith("self.") and n[5:] not in self.written:
+                self.written.append(n[5:])
+        self.emit(scope, node, at)
+        for n in one_sided:
+            self.maybe_undefined[n] = f"{self.file}:{line}"
+        return node
 
     # -- expressions ------------------------------------------------------------------------
     def call(self, e: ast.Call, scope: _Scope, outputs: list[str], unpack: bool = False) -> Node:
@@ -342,6 +453,7 @@ class _Tracer:
         if isinstance(e, ast.Constant):
             return Const(e.value)
         if isinstance(e, ast.Name) and scope.has(e.id):
+            self.read(e.id, e)
             return e.id
         if self.component_call(e):
             role, method = self.component_call(e)  # type: ignore[misc]
@@ -376,10 +488,11 @@ class _Tracer:
         inputs: list[str] = []
         for sub in ast.walk(rewritten):
             if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load) and scope.has(sub.id):
+                self.read(sub.id, at)
                 if sub.id not in inputs:
                     inputs.append(sub.id)
         node = Node(NodeKind.COMPUTE, rewritten, inputs=inputs, outputs=list(outputs), unpack=unpack)
-        self.emit(scope, node, at)
+        self.emit(scope, node, at, impure=_impure_call(rewritten, set(inputs)))
         return outputs[0] if outputs else ""
 
     def inline_helper(self, e: ast.Call, scope: _Scope) -> str | Const:
@@ -434,6 +547,33 @@ class _Rewriter(ast.NodeTransformer):
             return ast.copy_location(
                 ast.Name(v, ast.Load()) if isinstance(v, str) else ast.Constant(v.value), e
             )
+        return self.generic_visit(e)
+
+    def visit_IfExp(self, e: ast.IfExp) -> ast.AST:
+        if not (_has_call(self.t, e.body) or _has_call(self.t, e.orelse)):
+            return self.generic_visit(e)  # pure on both sides: one compute, exact
+        tmp = self.t.new_tmp("ifexp")
+
+        def side(expr: ast.expr) -> Callable[[_Scope], None]:
+            def fill(inner: _Scope) -> None:
+                v = self.t.value_of(expr, inner)
+                src = ast.Name(v, ast.Load()) if isinstance(v, str) else ast.Constant(v.value)
+                self.t.compute(ast.copy_location(src, expr), inner, [tmp], expr)
+
+            return fill
+
+        self.t.branch(e.test, side(e.body), side(e.orelse), self.scope, e)
+        return ast.copy_location(ast.Name(tmp, ast.Load()), e)
+
+    def visit_BoolOp(self, e: ast.BoolOp) -> ast.AST:
+        for operand in e.values[1:]:
+            if _has_call(self.t, operand):
+                op = "and" if isinstance(e.op, ast.And) else "or"
+                raise self.t.err(
+                    operand,
+                    f"a component or trainer method is called in an operand of `{op}` that runs only sometimes",
+                    "write an `if` statement on a control value",
+                )
         return self.generic_visit(e)
 
     def visit_Attribute(self, e: ast.Attribute) -> ast.AST:
@@ -493,6 +633,29 @@ class _Renamer(ast.NodeTransformer):
         return e
 
 
+def _has_call(tracer: _Tracer, e: ast.AST) -> bool:
+    """Whether ``e`` calls a component or trainer method anywhere inside."""
+    return any(tracer.component_call(sub) or tracer.helper_call(sub) for sub in ast.walk(e))
+
+
+def _impure_call(e: ast.AST, values: set[str]) -> str | None:
+    """The first call in ``e`` that is not known deterministic (see :data:`PURE_CALLS`), as
+    source text; ``None`` when every call is pure. Method calls on a traced value
+    (``metrics.get(...)``) are judged by that value's kind, not here."""
+    for sub in ast.walk(e):
+        if not isinstance(sub, ast.Call):
+            continue
+        f = sub.func
+        if isinstance(f, ast.Name) and f.id in PURE_CALLS:
+            continue
+        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "math":
+            continue
+        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in values:
+            continue
+        return ast.unparse(f)
+    return None
+
+
 def _self_attr(e: ast.AST) -> str | None:
     if isinstance(e, ast.Attribute) and isinstance(e.value, ast.Name) and e.value.id == "self":
         return e.attr
@@ -507,19 +670,66 @@ def _as_load(t: ast.expr) -> ast.expr:
     return ast.Attribute(ast.Name(t.value.id, ast.Load()), t.attr, ast.Load())
 
 
+def trace_methods(trainer_cls: type[Trainer], methods: tuple[str, ...] = TRACED_METHODS) -> dict[str, Graph]:
+    """Builds the FDGs of several trainer methods together.
+
+    Which trainer attributes are control state depends on every method that writes them, and
+    which local names are data depends on writes later in a loop body, so the methods are
+    traced until the set of data names stops growing. Each node's ``meta["control"]`` then
+    says whether it computes control values only (``state_in``, ``compute``, ``state_out``).
+
+    Args:
+        trainer_cls: a :class:`~msrl.api.Trainer` subclass.
+        methods: the methods to trace (those the class does not define trace as empty).
+
+    Returns:
+        method -> linted :class:`~msrl.graph.Graph`: ``state_in`` nodes first, the body in
+        program order, ``state_out`` for every trainer attribute written, one ``output`` node.
+
+    Raises:
+        TraceError: code outside the supported subset, with ``file:line`` and advice.
+        TypeError: ``trainer_cls`` is not a Trainer subclass, or a method's source is unreadable.
+    """
+    tainted: dict[str, set[str]] = {m: set() for m in methods}
+    shared: set[str] = set()
+    while True:
+        tracers = {m: _Tracer(trainer_cls, tainted[m] | shared) for m in methods}
+        graphs = {m: t.trace(m) for m, t in tracers.items()}
+        grown = False
+        for m, t in tracers.items():
+            state = {n for n in t.tainted if n.startswith("self.")}
+            if not t.tainted <= (tainted[m] | shared):
+                grown = True
+            tainted[m] |= t.tainted - state
+            shared |= state
+        if not grown:
+            break
+    for m, g in graphs.items():
+        data = tainted[m] | shared
+        for node in g.walk():
+            if node.kind is NodeKind.STATE_IN:
+                node.meta["control"] = node.outputs[0] not in data
+            elif node.kind is NodeKind.COMPUTE:
+                node.meta["control"] = not any(o in data for o in node.outputs)
+            elif node.kind is NodeKind.STATE_OUT:
+                node.meta["control"] = node.inputs[0] not in data
+    return graphs
+
+
 def trace(trainer_cls: type[Trainer], method: str = "train_step") -> Graph:
-    """Builds the FDG of ``trainer_cls.<method>`` from its source.
+    """Builds the FDG of ``trainer_cls.<method>`` from its source (traced together with the
+    other methods of :data:`TRACED_METHODS`, see :func:`trace_methods`).
 
     Args:
         trainer_cls: a :class:`~msrl.api.Trainer` subclass.
         method: ``"train_step"`` or ``"reset"`` (any method of the traced subset).
 
     Returns:
-        a linted :class:`~msrl.graph.Graph`: ``state_in`` nodes first, the body in program
-        order, ``state_out`` for every trainer attribute written, and one ``output`` node.
+        a linted :class:`~msrl.graph.Graph` (see :func:`trace_methods`).
 
     Raises:
         TraceError: code outside the supported subset, with ``file:line`` and advice.
         TypeError: ``trainer_cls`` is not a Trainer subclass, or the method's source is unreadable.
     """
-    return _Tracer(trainer_cls).trace(method)
+    methods = TRACED_METHODS if method in TRACED_METHODS else (method,)
+    return trace_methods(trainer_cls, methods)[method]

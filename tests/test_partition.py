@@ -102,13 +102,13 @@ def test_boundary_fitting_no_rule_names_the_edge(coarse_job):
             a.meta["values"] = {k: dict(v) for k, v in b.meta.get("values", {}).items()}
     gather = next(n for n in graphs["train_step"].walk() if n.kind is NodeKind.CALL and n.target == ("buffer", "gather"))
     gather.meta["values"]["trajectory"]["kind"] = "replicated"
-    with pytest.raises(PartitionError, match=r"value 'trajectory' written by %\d+ at .*ppo.py:\d+ in fragment actor \(x2\) and read in fragment learner \(x1\): a replicated value cannot be gathered"):
+    with pytest.raises(PartitionError, match=r"value 'trajectory' written by %\d+ at .*ppo.py:\d+ in fragment actor \(x2\) and read by %\d+ at .*ppo.py:\d+ in fragment learner \(x1\): a replicated value cannot be gathered"):
         partition(graphs, coarse_job.spec.policy)
 
 
 def test_unprobed_boundary_between_replica_counts_is_an_error():
     graphs = {m: trace(PPOTrainer, m) for m in ("reset", "train_step")}
-    with pytest.raises(PartitionError, match="no probe info"):
+    with pytest.raises(PartitionError, match="no probe run observed it and its method declares no kind"):
         partition(graphs, load_policy("single_learner_coarse"))
 
 

@@ -146,13 +146,13 @@ class PrintTrainer(Trainer):
 @pytest.mark.parametrize(
     "cls,message,advice",
     [
-        (IfTrainer, "`if` statements are not traced", "torch.where"),
+        (IfTrainer, "the condition depends on 'x', which is data (it comes from the result of env.step()", "torch.where"),
         (WhileTrainer, "`while` loops are not traced", "range(n)"),
         (TryTrainer, "`try` is not traced", "inside a component method"),
         (WithTrainer, "`with` is not traced", "inside a component method"),
         (ComprehensionTrainer, "called inside a comprehension", "collect results in a Buffer"),
         (LambdaTrainer, "called inside a lambda", "collect results in a Buffer"),
-        (DataLoopTrainer, "depends on 'n', a result of a component call", "self.hparams"),
+        (DataLoopTrainer, "trip count depends on 'n', which is data (it comes from the result of buffer.size()", "self.hparams"),
         (IterLoopTrainer, "only `for <name> in range(...)` loops are traced", "range(n)"),
         (EarlyReturnTrainer, "`return` is only traced as the last statement", "return once"),
         (BreakTrainer, "`break` is not traced", "fixed trip count"),

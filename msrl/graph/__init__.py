@@ -2,7 +2,7 @@
 (:mod:`msrl.graph.graph`)."""
 
 from msrl.graph.graph import Graph, GraphLintError
-from msrl.graph.node import COMM_KINDS, IMPURE_KINDS, CommTarget, Const, Node, NodeKind
+from msrl.graph.node import COMM_KINDS, IMPURE_KINDS, REGION_KINDS, CommTarget, Const, Node, NodeKind
 
 __all__ = [
     "Graph",
@@ -13,4 +13,5 @@ __all__ = [
     "Const",
     "COMM_KINDS",
     "IMPURE_KINDS",
+    "REGION_KINDS",
 ]

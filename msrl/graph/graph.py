@@ -1,6 +1,7 @@
 """The graph container of the FDG: nodes in program order plus their data edges.
 
-A :class:`Graph` is one region: the body of a traced method, or the body of a ``loop`` node.
+A :class:`Graph` is one region: the body of a traced method, the body of a ``loop`` node, or
+one side of a ``branch`` node.
 Nodes keep program order (the order the user wrote them); data edges run from the node that
 last wrote a value name to each node that reads it within the region. Values a region reads
 but does not write first come from the enclosing region (``free_values``).
@@ -72,11 +73,12 @@ class Graph:
         return len(self._nodes)
 
     def walk(self) -> Iterator[Node]:
-        """Every node of the region and of nested loop bodies, in program order."""
+        """Every node of the region and of nested regions (loop bodies, both sides of a
+        branch, the true side first), in program order."""
         for node in self._nodes:
             yield node
-            if node.kind is NodeKind.LOOP:
-                yield from node.body.walk()
+            for region in node.regions():
+                yield from region.walk()
 
     def index(self, node: Node) -> int:
         """Position of ``node`` in program order."""
@@ -222,6 +224,19 @@ class Graph:
                     if outside:
                         raise GraphLintError(f"{where}: loop body reads undefined {outside}")
                 node.body._lint(inner, seen_ids)
+            elif k is NodeKind.BRANCH:
+                if not (isinstance(node.body, Graph) and isinstance(node.orelse, Graph)):
+                    raise GraphLintError(f"{where}: branch body and orelse must be Graphs")
+                if not isinstance(node.target, (str, Const)):
+                    raise GraphLintError(f"{where}: branch condition must be a value name or Const")
+                if isinstance(node.target, str) and node.target not in node.inputs:
+                    raise GraphLintError(f"{where}: branch inputs must hold its condition {node.target!r}")
+                for region in node.regions():
+                    if avail is not None:
+                        outside = [n for n in region.free_values() if n not in avail]
+                        if outside:
+                            raise GraphLintError(f"{where}: branch body reads undefined {outside}")
+                    region._lint(set(avail) if avail is not None else None, seen_ids)
             elif k is NodeKind.OUTPUT:
                 if i != len(self._nodes) - 1:
                     raise GraphLintError(f"{where}: output must be the last node")

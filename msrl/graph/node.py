@@ -13,11 +13,19 @@ call           ``(role, method)``                 arg values -> results; ``args`
 compute        an ``ast.expr`` on value names     names it reads -> its result(s)
 loop           loop variable name or ``None``     range args + values read by the body ->
                                                   values the body writes; ``body`` is a Graph
+branch         the condition: a value name or     condition + values the two bodies read ->
+               a :class:`Const`                   values either body writes; ``body`` (taken
+                                                  when true) and ``orelse`` are Graphs
 state_out      trainer attribute name             (``self.obs``,) -> ()
 output         ``None``                           (value returned by the step,) -> ()
 send/recv/     :class:`CommTarget` (boundary,     src side: (value,) -> ()
 gather/...     op, fragments, axis)               dst side: () -> (value,)
 =============  =================================  =========================================
+
+A ``branch`` is an ``if``/``else`` (or a conditional expression) whose condition is a
+*control value* (``meta["control"]``): computed only from hyperparameters, constants, loop
+indices, the job's sizes and other control values, so every fragment computes the same
+condition and takes the same side. A value a body does not write passes through unchanged.
 
 Comm kinds (``send``, ``recv``, ``gather``, ``scatter``, ``broadcast``, ``allreduce``, ``put``,
 ``get``) are inserted only by the partitioner. ``call``, ``state_out``, ``output`` and every comm
@@ -31,7 +39,7 @@ import dataclasses
 import enum
 from typing import Any
 
-__all__ = ["NodeKind", "Node", "CommTarget", "Const", "COMM_KINDS", "IMPURE_KINDS"]
+__all__ = ["NodeKind", "Node", "CommTarget", "Const", "COMM_KINDS", "IMPURE_KINDS", "REGION_KINDS"]
 
 
 class NodeKind(str, enum.Enum):
@@ -41,6 +49,7 @@ class NodeKind(str, enum.Enum):
     CALL = "call"
     COMPUTE = "compute"
     LOOP = "loop"
+    BRANCH = "branch"
     STATE_OUT = "state_out"
     OUTPUT = "output"
     SEND = "send"
@@ -68,7 +77,10 @@ COMM_KINDS = frozenset(
 )
 
 #: Kinds with side effects: kept and kept in program order by every pass.
-IMPURE_KINDS = COMM_KINDS | {NodeKind.CALL, NodeKind.STATE_OUT, NodeKind.OUTPUT, NodeKind.LOOP}
+IMPURE_KINDS = COMM_KINDS | {NodeKind.CALL, NodeKind.STATE_OUT, NodeKind.OUTPUT, NodeKind.LOOP, NodeKind.BRANCH}
+
+#: Kinds that hold nested regions.
+REGION_KINDS = frozenset({NodeKind.LOOP, NodeKind.BRANCH})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,9 +125,13 @@ class Node:
         args: for ``call``: positional arguments, each a value name (str) or :class:`Const`.
         kwargs: for ``call``: keyword arguments likewise.
         unpack: for ``call``/``compute``: the result is unpacked into ``outputs`` (``a, b = f()``).
-        body: for ``loop``: the body's graph.
+        body: for ``loop``: the body's graph; for ``branch``: the region taken when the
+            condition is true.
+        orelse: for ``branch``: the region taken when it is false (may be empty).
         meta: ``file``, ``line`` (user source), ``fragment``, ``values`` (output name -> probe
-            info: shape, dtype, ``sharded``/``replicated``, axis), ``carried`` for loops.
+            info: shape, dtype, ``sharded``/``replicated``/``batch``, axis), ``carried`` for
+            loops, ``control`` (the node computes control values only: copied into every
+            fragment that needs them).
     """
 
     kind: NodeKind
@@ -126,6 +142,7 @@ class Node:
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     unpack: bool = False
     body: Any = None
+    orelse: Any = None
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
     id: int = -1
 
@@ -138,6 +155,14 @@ class Node:
     def is_impure(self) -> bool:
         """Whether the node has side effects (see :data:`IMPURE_KINDS`)."""
         return self.kind in IMPURE_KINDS
+
+    def regions(self) -> list[Any]:
+        """The nested region graphs: ``[body]`` of a loop, ``[body, orelse]`` of a branch."""
+        if self.kind is NodeKind.LOOP:
+            return [self.body]
+        if self.kind is NodeKind.BRANCH:
+            return [self.body, self.orelse]
+        return []
 
     def where(self) -> str:
         """``file:line`` of the user source the node came from (``"<generated>"`` otherwise)."""
@@ -160,6 +185,9 @@ class Node:
             text = f"loop {self.target or '_'} in range({rng})"
             if carried:
                 text += f" carried=({', '.join(carried)})"
+        elif self.kind is NodeKind.BRANCH:
+            cond = self.target if isinstance(self.target, str) else repr(self.target)
+            text = f"branch if {cond}"
         elif self.kind in (NodeKind.STATE_IN, NodeKind.STATE_OUT):
             text = f"{self.kind.value} self.{self.target}"
             if self.kind is NodeKind.STATE_OUT:
