@@ -5,10 +5,11 @@ On a machine without a GPU the same fragment runs on the CPU with the kernels' h
 Needs a native env (``env.id: msrl/...``).
 """
 
-from msrl.policy import DistributionPolicy, FragmentSpec
+from msrl.policy import ONE_LEARNER, DistributionPolicy, FragmentSpec
 
 POLICY = DistributionPolicy(
     name="gpu_only",
     description="one fragment on one device (auto: GPU if present); env as CUDA kernels, rollout in device memory",
+    max_role_replicas={"learner": (1, ONE_LEARNER)},
     fragments=(FragmentSpec("main", roles=("env", "actor", "buffer", "learner"), backend="cuda_kernel", device="auto"),),
 )

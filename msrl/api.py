@@ -39,7 +39,59 @@ __all__ = [
     "BuildContext",
     "AlgorithmSpec",
     "EpisodeStats",
+    "returns",
+    "declared_kinds",
+    "VALUE_KINDS",
 ]
+
+#: How a component method's result relates to the env axis (see :func:`returns`).
+VALUE_KINDS: tuple[str, ...] = ("sharded", "batch", "replicated")
+
+
+def returns(*kinds: str, axis: int = 0) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Declares how a component method's result relates to the env axis.
+
+    The partitioner chooses a boundary's comm op from it (DESIGN.md §3): ``"sharded"`` values
+    have one row per env along ``axis`` and are split and concatenated with the envs (a rollout
+    ``(T, N, ...)`` with ``axis=1``); a ``"batch"`` is a fixed-size batch whose rows are
+    concatenated along ``axis`` when gathered from several replicas (a replay sample of 256
+    transitions: two actor replicas give the learner 512); ``"replicated"`` values are whole on
+    every replica (weights, metrics) and are broadcast, never gathered. Undeclared results are
+    classified by the probe (:mod:`msrl.probe`) from their shapes, which cannot tell a batch
+    from a replicated value; the probe also checks every declaration against what it observes.
+
+    Example::
+
+        class ReplayBuffer(Buffer):
+            @returns("batch")
+            def sample(self) -> TensorDict: ...
+
+    Args:
+        kinds: one kind for the whole result (every element of a tuple result), or one per
+            element of a tuple result, each in :data:`VALUE_KINDS`.
+        axis: the env (or batch) axis of sharded values and batches.
+
+    Raises:
+        ValueError: no kind, or a kind outside :data:`VALUE_KINDS`.
+    """
+    if not kinds:
+        raise ValueError(f"returns() takes at least one kind from {VALUE_KINDS}")
+    for k in kinds:
+        if k not in VALUE_KINDS:
+            raise ValueError(f"unknown value kind {k!r}; kinds are {VALUE_KINDS}")
+
+    def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
+        fn.__msrl_returns__ = (tuple(kinds), int(axis))  # type: ignore[attr-defined]
+        return fn
+
+    return mark
+
+
+def declared_kinds(component: Any, method: str) -> tuple[tuple[str, ...], int] | None:
+    """The ``(kinds, axis)`` declared with :func:`returns` on ``component``'s ``method``
+    (looked up on its class, so subclasses inherit it), or ``None``."""
+    fn = getattr(type(component), method, None)
+    return getattr(fn, "__msrl_returns__", None)
 
 #: The component roles a trainer may hold, in the order the partitioner reports them.
 ROLES: tuple[str, ...] = ("env", "actor", "buffer", "learner")
@@ -199,12 +251,15 @@ class Actor(Component):
 
 
 class Learner(Component):
-    """Owns the trained networks and their optimiser. Typical use::
+    """Owns the trained networks and their optimisers. Typical use::
 
         metrics = self.learner.learn(batch)
 
     Subclasses set ``self.parameters`` (list of tensors) and ``self.optimizer`` and take
-    every gradient step through :meth:`apply_gradients`.
+    every gradient step through :meth:`apply_gradients`. A learner with several optimisers
+    (SAC: actor, twin critics, entropy temperature) passes each step's optimiser:
+    ``self.apply_gradients(critic_loss, optimizer=self.q_optimizer)``, one call per optimiser,
+    so the gradient hook (``multi_learner``'s all-reduce) covers each.
     """
 
     parameters: list[torch.Tensor]
@@ -221,13 +276,21 @@ class Learner(Component):
         """Returns the parameters the actor needs (a state dict of detached tensors)."""
         raise NotImplementedError
 
-    def apply_gradients(self, loss: torch.Tensor, max_grad_norm: float | None = None) -> torch.Tensor:
+    def apply_gradients(
+        self,
+        loss: torch.Tensor,
+        max_grad_norm: float | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+    ) -> torch.Tensor:
         """One optimiser step on ``loss``: zero grads, backward, gradient hook, clip, step.
 
         Args:
             loss: scalar tensor.
-            max_grad_norm: clip the global L2 norm of the gradients to this value (``None``:
-                no clipping).
+            max_grad_norm: clip the global L2 norm of the optimiser's gradients to this value
+                (``None``: no clipping).
+            optimizer: the optimiser to step (default ``self.optimizer``). Only its parameters
+                are zeroed, passed to the gradient hook, clipped and stepped; gradients the loss
+                leaves on other parameters are zeroed by their own optimiser's next step.
 
         Returns:
             the global gradient norm before clipping, a 0-d tensor on the loss's device
@@ -241,15 +304,19 @@ class Learner(Component):
         """
         if loss.device.type == "cpu" and not torch.isfinite(loss):
             raise FloatingPointError(f"loss is {loss.item()}; the optimiser step was not taken")
-        self.optimizer.zero_grad(set_to_none=True)
+        if optimizer is None:
+            optimizer, params = self.optimizer, self.parameters
+        else:
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+        optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.gradient_hook is not None:
-            self.gradient_hook([p.grad for p in self.parameters if p.grad is not None])
+            self.gradient_hook([p.grad for p in params if p.grad is not None])
         if max_grad_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(self.parameters, max_grad_norm, foreach=True)
+            norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm, foreach=True)
         else:
             norm = torch.full((), float("nan"), device=loss.device)
-        self.optimizer.step()
+        optimizer.step()
         return norm.detach()
 
 

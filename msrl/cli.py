@@ -7,8 +7,11 @@
     msrl plot RUN_DIR [--out PNG]
     msrl graph CONFIG [key.sub=value ...] [--out PNG]
 
-Errors in the input print one clear message and exit with status 2, having written nothing;
-a run stopped by an error (e.g. a NaN) exits with status 1 and keeps its last checkpoint.
+Errors in the input -- a config error, code the tracer cannot read (:class:`TraceError`), a
+graph the policy cannot partition (:class:`PartitionError`, a declaration the probe
+contradicts) -- print one line ``msrl: error: ...`` on stderr and exit with status 2, having
+written nothing; a run stopped by an error (e.g. a NaN) exits with status 1 and keeps its last
+checkpoint.
 """
 
 from __future__ import annotations
@@ -121,14 +124,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``msrl``; returns the exit status."""
     from msrl.config import ConfigError
+    from msrl.partition import PartitionError
     from msrl.run import TrainingStopped
     from msrl.tracer import TraceError
 
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (ConfigError, TraceError) as e:
-        print(f"msrl: error: {e}", file=sys.stderr)
+    except (ConfigError, TraceError, PartitionError) as e:
+        one_line = " ".join(str(e).split("\n"))
+        print(f"msrl: error: {one_line}", file=sys.stderr)
         return 2
     except TrainingStopped as e:
         print(f"msrl: {e}", file=sys.stderr)

@@ -62,6 +62,9 @@ class PolicyConfig(_Strict):
     replicas: dict[str, int] = Field(default_factory=dict, description="fragment -> replicas")
     backends: dict[str, str] = Field(default_factory=dict, description="fragment -> backend in fragments/")
     devices: dict[str, str] = Field(default_factory=dict, description="fragment -> torch device")
+    placement: dict[str, str] = Field(
+        default_factory=dict, description="role -> fragment, moving a role from the policy's default fragment"
+    )
 
 
 class TrainConfig(_Strict):
@@ -258,7 +261,24 @@ def build_job_spec(cfg: RunConfig) -> Any:
     for frag, n in dp.replicas.items():
         if n < 1:
             raise ConfigError(f"distribution_policy.replicas.{frag}: must be >= 1, got {n}")
-    policy = policy.with_overrides(dp.replicas, dp.backends, dp.devices)
+    from msrl.api import ROLES
+
+    for role, frag in dp.placement.items():
+        names = [f.name for f in policy.fragments]
+        if role not in ROLES:
+            raise ConfigError(f"distribution_policy.placement.{role}: unknown role {role!r}; roles: {', '.join(ROLES)}")
+        if frag not in names:
+            raise ConfigError(
+                f"distribution_policy.placement.{role}={frag}: policy {policy.name} has no fragment {frag!r}; "
+                f"fragments: {', '.join(names)}"
+            )
+    try:
+        policy = policy.with_overrides(dp.replicas, dp.backends, dp.devices, dp.placement)
+    except ValueError as e:
+        raise ConfigError(f"distribution_policy.placement: {e}") from None
+    for frag_name, problem in policy.replica_problems():
+        n = policy.fragment(frag_name).replicas
+        raise ConfigError(f"distribution_policy.replicas.{frag_name}={n}: {problem}")
     policy = policy.with_overrides(devices={f.name: resolve_device(f.device) for f in policy.fragments})
     for frag in policy.fragments:
         try:

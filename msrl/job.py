@@ -45,12 +45,64 @@ def available_algorithms() -> list[str]:
 
 
 def load_algorithm(name: str) -> AlgorithmSpec:
-    """The ``ALGORITHM`` of ``algorithms/<name>.py``.
+    """The module-level ``ALGORITHM`` of an algorithm module.
+
+    Args:
+        name: a built-in name (``"ppo"``: ``algorithms/ppo.py``), a dotted module path on
+            ``sys.path`` (``"mypkg.my_dqn"``), or the path of a Python file (``"./my_dqn.py"``,
+            relative to the working directory; imported as module ``msrl_user.<stem>``).
 
     Raises:
-        UnknownAlgorithmError: the message lists the algorithms that exist.
+        UnknownAlgorithmError: no such built-in, module or file (the message lists the
+            built-ins), a module that fails to import, or one without an ``AlgorithmSpec``
+            named ``ALGORITHM``.
     """
-    return registry.load("msrl.algorithms", name, "ALGORITHM", UnknownAlgorithmError, "algorithm")
+    import importlib
+    import importlib.util
+    import pathlib
+
+    if name in available_algorithms():
+        return registry.load("msrl.algorithms", name, "ALGORITHM", UnknownAlgorithmError, "algorithm")
+    builtin = ", ".join(available_algorithms())
+    if name.endswith(".py") or "/" in name or "\\" in name:
+        path = pathlib.Path(name).expanduser().resolve()
+        if not path.is_file():
+            raise UnknownAlgorithmError(f"algorithm file {name!r} does not exist (built-in algorithms: {builtin})")
+        import hashlib
+
+        module_name = f"msrl_user.{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+        module = sys.modules.get(module_name)
+        if module is None:
+            spec = importlib.util.spec_from_file_location(module_name, path)
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[module_name] = module  # dataclasses and inspect.getsource look it up
+            try:
+                spec.loader.exec_module(module)
+            except Exception as e:
+                del sys.modules[module_name]
+                raise UnknownAlgorithmError(f"algorithm file {name!r} failed to import: {type(e).__name__}: {e}") from e
+        where = f"file {name!r}"
+    elif "." in name:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            raise UnknownAlgorithmError(
+                f"unknown algorithm {name!r}: no module {e.name!r} on sys.path (built-in algorithms: {builtin})"
+            ) from None
+        except Exception as e:
+            raise UnknownAlgorithmError(f"algorithm module {name!r} failed to import: {type(e).__name__}: {e}") from e
+        where = f"module {name!r}"
+    else:
+        raise UnknownAlgorithmError(
+            f"unknown algorithm {name!r}; available: {builtin} (or a dotted module path, or a .py file)"
+        )
+    algorithm = getattr(module, "ALGORITHM", None)
+    if not isinstance(algorithm, AlgorithmSpec):
+        raise UnknownAlgorithmError(
+            f"algorithm {where} defines no ALGORITHM = msrl.api.AlgorithmSpec(...) (found {type(algorithm).__name__})"
+        )
+    return algorithm
 
 
 @dataclasses.dataclass(frozen=True)

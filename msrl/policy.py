@@ -15,7 +15,11 @@ from msrl import registry
 from msrl.api import ROLES
 from msrl.graph import Node, NodeKind
 
-__all__ = ["FragmentSpec", "DistributionPolicy", "UnknownPolicyError", "load_policy", "available_policies"]
+__all__ = ["ONE_LEARNER", "FragmentSpec", "DistributionPolicy", "UnknownPolicyError", "load_policy", "available_policies"]
+
+
+#: Why a policy runs a single learner (its ``max_role_replicas`` note).
+ONE_LEARNER = "a single learner: several learners without gradient all-reduce would train diverging copies"
 
 
 class UnknownPolicyError(ValueError):
@@ -54,21 +58,28 @@ class DistributionPolicy:
         fragments: the fragments, each role in exactly one.
         async_boundaries: ``(src fragment, dst fragment)`` pairs whose boundaries are queues
             (``put``/``get``) instead of synchronous collectives.
+        max_role_replicas: role -> the most replicas the policy can run of it, with why
+            (``{"learner": (1, "one learner: several would train diverging copies")}``); a
+            config asking for more is an error, never a silent change of meaning.
 
     Raises:
-        ValueError: a role in no fragment or in two, an unknown role, replicas < 1.
+        ValueError: a role in no fragment or in two, an unknown role, replicas < 1, a fragment
+            without roles.
     """
 
     name: str
     description: str
     fragments: tuple[FragmentSpec, ...]
     async_boundaries: frozenset[tuple[str, str]] = frozenset()
+    max_role_replicas: Mapping[str, tuple[int, str]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         seen: dict[str, str] = {}
         for f in self.fragments:
             if f.replicas < 1:
                 raise ValueError(f"policy {self.name}: fragment {f.name} has replicas={f.replicas}; must be >= 1")
+            if not f.roles:
+                raise ValueError(f"policy {self.name}: fragment {f.name} holds no role")
             for r in f.roles:
                 if r not in ROLES:
                     raise ValueError(f"policy {self.name}: unknown role {r!r}; roles are {ROLES}")
@@ -112,20 +123,44 @@ class DistributionPolicy:
         replicas: Mapping[str, int] | None = None,
         backends: Mapping[str, str] | None = None,
         devices: Mapping[str, str] | None = None,
+        placement: Mapping[str, str] | None = None,
     ) -> "DistributionPolicy":
-        """A copy with per-fragment replicas, backends or devices replaced.
+        """A copy with per-fragment replicas, backends or devices replaced, and roles moved.
+
+        Args:
+            replicas, backends, devices: fragment -> value.
+            placement: role -> the fragment that runs it instead of the policy's default (e.g.
+                ``{"buffer": "learner"}``: a replay buffer beside the learner, as in Ape-X).
 
         Raises:
-            KeyError: an override names a fragment the policy lacks (listing those it has).
+            KeyError: an override names a fragment or role the policy lacks (listing those it
+                has).
+            ValueError: a move leaves a fragment without roles.
         """
         names = [f.name for f in self.fragments]
-        for table in (replicas, backends, devices):
+        for table in (replicas, backends, devices, {v: k for k, v in (placement or {}).items()}):
             for key in table or {}:
                 if key not in names:
                     raise KeyError(f"policy {self.name} has no fragment {key!r}; fragments: {names}")
+        for role in placement or {}:
+            if role not in ROLES:
+                raise KeyError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
+        moved = dict(placement or {})
+
+        def roles(f: FragmentSpec) -> tuple[str, ...]:
+            kept = [r for r in f.roles if moved.get(r, f.name) == f.name]
+            return tuple(kept + [r for r in ROLES if moved.get(r) == f.name and r not in kept])
+
+        for f in self.fragments:
+            if not roles(f):
+                raise ValueError(
+                    f"placement {moved} leaves fragment {f.name} of policy {self.name} without roles "
+                    f"(it held {', '.join(f.roles)})"
+                )
         frags = tuple(
             dataclasses.replace(
                 f,
+                roles=roles(f),
                 replicas=(replicas or {}).get(f.name, f.replicas),
                 backend=(backends or {}).get(f.name, f.backend),
                 device=(devices or {}).get(f.name, f.device),
@@ -133,6 +168,17 @@ class DistributionPolicy:
             for f in self.fragments
         )
         return dataclasses.replace(self, fragments=frags)
+
+    def replica_problems(self) -> list[tuple[str, str]]:
+        """``(fragment, why)`` for each fragment whose replica count this policy cannot run
+        (empty when it can run them all)."""
+        out = []
+        for role, (most, why) in self.max_role_replicas.items():
+            frag = self.fragment(self.fragment_of_role(role))
+            if frag.replicas > most:
+                out.append((frag.name, f"policy {self.name} runs at most {most} replica(s) of fragment {frag.name}, "
+                                       f"which holds role {role}: {why}"))
+        return out
 
 
 def available_policies() -> list[str]:
