@@ -1,0 +1,314 @@
+"""Deep Q-Network (Mnih et al. 2015, "Human-level control through deep reinforcement
+learning", Nature 518:529-533), as CleanRL's ``dqn.py`` and Stable-Baselines3's ``DQN`` write
+it, with double Q-learning as an option (van Hasselt et al. 2016, "Deep Reinforcement Learning
+with Double Q-learning", Eq. 4).
+
+Read top to bottom: hyperparameters, the Q-network, the actor (epsilon-greedy), the replay
+buffer, the learner (TD target from a target network, Huber loss, gradient-norm clipping,
+Polyak/hard target update), and the trainer whose ``train_step`` msrl traces. Its decisions --
+the epsilon schedule, when learning starts, when the target network is synced -- are ordinary
+``if``s on step counters: control values every fragment computes identically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import gymnasium
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tensordict import TensorDict
+from torch import nn
+
+from msrl.api import Actor, AlgorithmSpec, Buffer, BuildContext, Learner, Trainer, returns
+
+__all__ = ["DQNConfig", "QNetwork", "DQNActor", "ReplayBuffer", "DQNLearner", "DQNTrainer", "ALGORITHM"]
+
+
+@dataclasses.dataclass
+class DQNConfig:
+    """DQN's hyperparameters (defaults: rl-zoo's CartPole-v1 DQN)."""
+
+    learning_rate: float = 2.3e-3
+    """Adam learning rate"""
+    buffer_size: int = 100_000
+    """replay capacity in transitions (per buffer)"""
+    gamma: float = 0.99
+    """discount factor"""
+    tau: float = 1.0
+    """target update rate: 1.0 copies the Q-network, < 1 is Polyak averaging"""
+    target_network_frequency: int = 10
+    """env steps (over every env of the job) between target updates"""
+    batch_size: int = 64
+    """transitions per gradient step (per replay buffer)"""
+    start_e: float = 1.0
+    """exploration epsilon at the start"""
+    end_e: float = 0.04
+    """exploration epsilon at the end of the schedule"""
+    exploration_fraction: float = 0.16
+    """fraction of the env-step budget over which epsilon falls linearly from start_e to end_e"""
+    learning_starts: int = 1000
+    """env steps collected before the first gradient step"""
+    train_frequency: int = 256
+    """vector-env steps collected per iteration (each steps every env once)"""
+    gradient_steps: int = 128
+    """gradient steps per iteration once learning has started"""
+    double_q: bool = False
+    """choose the next action with the online network and value it with the target network"""
+    max_grad_norm: float = 10.0
+    """global gradient-norm clip"""
+    hidden_sizes: tuple[int, ...] = (256, 256)
+    """hidden layer widths of the Q-network (ReLU)"""
+
+    def __post_init__(self) -> None:
+        for name in ("buffer_size", "target_network_frequency", "batch_size", "train_frequency"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.gradient_steps < 0 or self.learning_starts < 0:
+            raise ValueError("gradient_steps and learning_starts must be >= 0")
+        if not 0.0 < self.tau <= 1.0:
+            raise ValueError(f"tau must lie in (0, 1], got {self.tau}")
+        if not 0.0 < self.exploration_fraction <= 1.0:
+            raise ValueError(f"exploration_fraction must lie in (0, 1], got {self.exploration_fraction}")
+        self.hidden_sizes = tuple(self.hidden_sizes)
+
+
+class QNetwork(nn.Module):
+    """An MLP ``Q(s, .)``: observations ``(B, *obs_shape)`` -> action values ``(B, n)``.
+
+    Raises:
+        ValueError: a non-Box observation space or a non-Discrete action space.
+    """
+
+    def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space, hidden: tuple[int, ...]) -> None:
+        super().__init__()
+        if not isinstance(observation_space, gymnasium.spaces.Box) or not isinstance(action_space, gymnasium.spaces.Discrete):
+            raise ValueError(f"DQN needs Box observations and Discrete actions, got {observation_space} / {action_space}")
+        n_in, layers = int(np.prod(observation_space.shape)), []
+        for h in hidden:
+            layers += [nn.Linear(n_in, h), nn.ReLU()]
+            n_in = h
+        layers.append(nn.Linear(n_in, int(action_space.n)))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """``(B, *obs_shape)`` float32 -> ``(B, n)`` action values."""
+        return self.net(obs.flatten(1))
+
+
+def _build_q(ctx: BuildContext) -> QNetwork:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(ctx.seed)
+        net = QNetwork(ctx.env_spec.observation_space, ctx.env_spec.action_space, ctx.hparams.hidden_sizes)
+    return net.to(ctx.device)
+
+
+class DQNActor(Actor):
+    """Epsilon-greedy actions from a copy of the Q-network; random draws from the actor's own
+    ``torch.Generator`` (seeded by ``ctx.seed``)."""
+
+    def __init__(self, ctx: BuildContext) -> None:
+        self.q = _build_q(ctx)
+        self.n_actions = int(ctx.env_spec.action_space.n)
+        self.generator = torch.Generator(device=ctx.device)
+        self.generator.manual_seed(ctx.seed)
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor, epsilon: float = 0.0, deterministic: bool = False) -> torch.Tensor:
+        """Chooses actions.
+
+        Args:
+            obs: ``(N, *obs_shape)`` float32.
+            epsilon: probability of a uniformly random action per env, in ``[0, 1]``.
+            deterministic: greedy actions (epsilon ignored).
+
+        Returns:
+            actions ``(N,)`` int64.
+        """
+        greedy = self.q(obs).argmax(-1)
+        if deterministic:
+            return greedy
+        n = obs.shape[0]
+        explore = torch.rand(n, generator=self.generator, device=obs.device) < epsilon
+        random = torch.randint(self.n_actions, (n,), generator=self.generator, device=obs.device)
+        return torch.where(explore, random, greedy)
+
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        """The Q-network's state dict (detached tensors)."""
+        return {k: v.detach() for k, v in self.q.state_dict().items()}
+
+    def set_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Copies ``weights`` into the Q-network (in place)."""
+        self.q.load_state_dict(weights)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"q": self.q.state_dict(), "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.q.load_state_dict(state["q"])
+        self.generator.set_state(state["generator"])
+
+
+class ReplayBuffer(Buffer):
+    """A circular replay buffer of ``buffer_size`` transitions, preallocated on first insert.
+
+    Keys: ``obs``/``next_obs`` ``(*obs_shape)`` float32, ``action`` ``(*action_shape)`` (int64
+    for Discrete, float32 for Box), ``reward`` float32, ``terminated`` bool. It takes however
+    many envs' rows each insert brings, so it serves one actor replica or, placed beside the
+    learner, every replica's gathered transitions. Samples are drawn uniformly with the
+    buffer's own generator (seeded ``ctx.seed + 2``).
+    """
+
+    KEYS = ("obs", "action", "reward", "next_obs", "terminated")
+
+    def __init__(self, ctx: BuildContext) -> None:
+        self.capacity, self.batch_size = ctx.hparams.buffer_size, ctx.hparams.batch_size
+        self.device = ctx.device
+        self.storage: TensorDict | None = None
+        self.pos, self.size = 0, 0
+        self.generator = torch.Generator(device=ctx.device)
+        self.generator.manual_seed(ctx.seed + 2)
+
+    def insert(self, **step: torch.Tensor) -> None:
+        """Stores one step of ``N`` transitions (each tensor ``(N, ...)``, keys exactly
+        :attr:`KEYS`), overwriting the oldest when full.
+
+        Raises:
+            KeyError: missing or unknown keys.
+        """
+        if set(step) != set(self.KEYS):
+            raise KeyError(f"{type(self).__name__}.insert takes exactly {self.KEYS}, got {sorted(step)}")
+        n = step["obs"].shape[0]
+        if self.storage is None:
+            self.storage = TensorDict(
+                {k: torch.zeros(self.capacity, *v.shape[1:], dtype=v.dtype, device=self.device) for k, v in step.items()},
+                batch_size=[self.capacity],
+                device=self.device,
+            )
+        idx = (self.pos + torch.arange(n, device=self.device)) % self.capacity
+        for k, v in step.items():
+            self.storage[k][idx] = v
+        self.pos = (self.pos + n) % self.capacity
+        self.size = min(self.size + n, self.capacity)
+
+    @returns("batch")
+    def sample(self) -> TensorDict:
+        """``batch_size`` transitions drawn uniformly with replacement: a TensorDict of batch
+        size ``(batch_size,)``. Gathered from several replicas, the samples concatenate.
+
+        Raises:
+            RuntimeError: the buffer is empty.
+        """
+        if self.storage is None or self.size == 0:
+            raise RuntimeError(f"{type(self).__name__} is empty; learning must start after some steps")
+        idx = torch.randint(self.size, (self.batch_size,), generator=self.generator, device=self.device)
+        return self.storage[idx]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"storage": self.storage, "pos": self.pos, "size": self.size, "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.storage, self.pos, self.size = state["storage"], int(state["pos"]), int(state["size"])
+        self.generator.set_state(state["generator"])
+
+
+class DQNLearner(Learner):
+    """One-step TD learning of ``Q`` against a target network (Mnih et al. 2015, Algorithm 1),
+    with the Huber loss and gradient-norm clipping SB3 uses."""
+
+    def __init__(self, ctx: BuildContext) -> None:
+        self.hp: DQNConfig = ctx.hparams
+        self.q = _build_q(ctx)
+        self.target = _build_q(ctx)
+        self.target.load_state_dict(self.q.state_dict())
+        self.parameters = list(self.q.parameters())
+        self.optimizer = torch.optim.Adam(self.parameters, lr=self.hp.learning_rate, fused=True)
+
+    def learn(self, batch: TensorDict) -> dict[str, torch.Tensor]:
+        """One gradient step on a replay batch.
+
+        ``y = r + gamma * (1 - terminated) * Q_target(s', argmax_a Q(s', a))`` with double Q,
+        ``max_a Q_target(s', a)`` without; loss ``Huber(Q(s, a), y)``.
+
+        Args:
+            batch: TensorDict of batch size ``(B,)`` with :attr:`ReplayBuffer.KEYS`.
+
+        Returns:
+            ``losses/td_loss`` and ``losses/q_values`` (mean ``Q(s, a)``), 0-d tensors.
+        """
+        hp = self.hp
+        with torch.no_grad():
+            next_q = self.target(batch["next_obs"])
+            if hp.double_q:
+                next_a = self.q(batch["next_obs"]).argmax(-1, keepdim=True)
+                next_v = next_q.gather(-1, next_a).squeeze(-1)
+            else:
+                next_v = next_q.max(-1).values
+            target = batch["reward"] + hp.gamma * next_v * (1.0 - batch["terminated"].float())
+        q_sa = self.q(batch["obs"]).gather(-1, batch["action"].long().unsqueeze(-1)).squeeze(-1)
+        loss = F.smooth_l1_loss(q_sa, target)
+        self.apply_gradients(loss, hp.max_grad_norm)
+        return {"losses/td_loss": loss.detach(), "losses/q_values": q_sa.detach().mean()}
+
+    @torch.no_grad()
+    def update_target(self) -> None:
+        """``target <- tau * Q + (1 - tau) * target`` (a copy when ``tau = 1``)."""
+        for t, p in zip(self.target.parameters(), self.q.parameters()):
+            t.lerp_(p, self.hp.tau)
+
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        """The Q-network's state dict (detached tensors)."""
+        return {k: v.detach() for k, v in self.q.state_dict().items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"q": self.q.state_dict(), "target": self.target.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.q.load_state_dict(state["q"])
+        self.target.load_state_dict(state["target"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+class DQNTrainer(Trainer):
+    """DQN's loop body: ``train_frequency`` epsilon-greedy steps into the replay buffer, then,
+    once ``learning_starts`` env steps are collected, a target sync when due and
+    ``gradient_steps`` updates."""
+
+    def reset(self) -> None:
+        """First observations, step counters, the learner's weights to the actor."""
+        self.obs = self.env.reset(seed=self.seed)
+        self.global_step = 0
+        self.target_synced_at = 0
+        self.actor.set_weights(self.learner.get_weights())
+
+    def train_step(self) -> dict[str, Any]:
+        """One iteration; returns the last update's metrics and the exploration epsilon."""
+        hp = self.hparams
+        for _step in range(hp.train_frequency):
+            decay = (hp.start_e - hp.end_e) * self.global_step / (hp.exploration_fraction * self.total_env_steps)
+            epsilon = max(hp.end_e, hp.start_e - decay)
+            action = self.actor.act(self.obs, epsilon)
+            next_obs, reward, terminated, truncated, info = self.env.step(action)
+            self.buffer.insert(obs=self.obs, action=action, reward=reward, next_obs=info["final_obs"], terminated=terminated)
+            self.obs = next_obs
+            self.global_step += self.num_envs
+        metrics = {}
+        if self.global_step >= hp.learning_starts:
+            if self.global_step - self.target_synced_at >= hp.target_network_frequency:
+                self.learner.update_target()
+                self.target_synced_at = self.global_step
+            for _update in range(hp.gradient_steps):
+                metrics = self.learner.learn(self.buffer.sample())
+            self.actor.set_weights(self.learner.get_weights())
+        return {**metrics, "charts/epsilon": epsilon}
+
+
+ALGORITHM = AlgorithmSpec(
+    name="dqn",
+    hparams=DQNConfig,
+    trainer=DQNTrainer,
+    components={"actor": DQNActor, "buffer": ReplayBuffer, "learner": DQNLearner},
+    env_steps_per_iteration=lambda hp, total_num_envs: hp.train_frequency * total_num_envs,
+)
