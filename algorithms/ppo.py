@@ -26,7 +26,7 @@ from torch import nn
 from msrl.advantages import gae
 from msrl.api import Actor, AlgorithmSpec, Buffer, BuildContext, Learner, Trainer
 
-__all__ = ["PPOConfig", "ActorCritic", "categorical_log_prob_entropy", "PPOActor", "RolloutBuffer", "PPOLearner", "PPOTrainer",
+__all__ = ["PPOConfig", "ActorCritic", "build_actor_critic", "categorical_log_prob_entropy", "PPOActor", "RolloutBuffer", "PPOLearner", "PPOTrainer",
            "ALGORITHM"]
 
 
@@ -164,7 +164,10 @@ def categorical_log_prob_entropy(logits: torch.Tensor, action: torch.Tensor) -> 
     return log_prob, entropy
 
 
-def _build_net(ctx: BuildContext) -> ActorCritic:
+def build_actor_critic(ctx: BuildContext) -> ActorCritic:
+    """An :class:`ActorCritic` for ``ctx``'s spaces and ``ctx.hparams.hidden_sizes``, initialised
+    from ``ctx.seed`` (so an actor and a learner built from one seed start equal), on
+    ``ctx.device``."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(ctx.seed)
         net = ActorCritic(ctx.env_spec.observation_space, ctx.env_spec.action_space, ctx.hparams.hidden_sizes)
@@ -185,7 +188,7 @@ class PPOActor(Actor):
 
     def build_net(self, ctx: BuildContext) -> nn.Module:
         """The policy network (an :class:`ActorCritic`); subclasses build others."""
-        return _build_net(ctx)
+        return build_actor_critic(ctx)
 
     @torch.no_grad()
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -318,7 +321,7 @@ class PPOLearner(Learner):
 
     def build_net(self, ctx: BuildContext) -> nn.Module:
         """The trained network (an :class:`ActorCritic`); subclasses build others."""
-        return _build_net(ctx)
+        return build_actor_critic(ctx)
 
     def learn(self, batch: TensorDict) -> dict[str, float]:
         """Runs ``update_epochs`` epochs of shuffled minibatches on one rollout.

@@ -1,0 +1,140 @@
+"""Advantage Actor-Critic (Mnih et al. 2016, "Asynchronous Methods for Deep Reinforcement
+Learning", Algorithm S3, in its synchronous form), as Stable-Baselines3's ``A2C`` writes it:
+short rollouts of every env, n-step returns bootstrapped from the critic (GAE with
+``lambda = 1``), one RMSprop step on policy loss, value loss and entropy bonus per rollout.
+
+The actor-critic network, the rollout actor, the rollout buffer and the trainer's loop body
+are PPO's (:mod:`msrl.algorithms.ppo`); this file holds A2C's hyperparameters and learner.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import torch
+from tensordict import TensorDict
+
+from msrl.advantages import gae
+from msrl.algorithms.ppo import ActorCritic, PPOActor, PPOTrainer, RolloutBuffer, build_actor_critic
+from msrl.api import AlgorithmSpec, BuildContext, Learner
+
+__all__ = ["A2CConfig", "A2CLearner", "A2CTrainer", "ALGORITHM"]
+
+
+@dataclasses.dataclass
+class A2CConfig:
+    """A2C's hyperparameters (SB3's defaults, rl-zoo's CartPole-v1 setting)."""
+
+    num_steps: int = 5
+    """rollout length per env per iteration (T)"""
+    learning_rate: float = 7e-4
+    """RMSprop learning rate"""
+    anneal_lr: bool = False
+    """anneal the learning rate linearly to 0 over training"""
+    gamma: float = 0.99
+    """discount factor"""
+    gae_lambda: float = 1.0
+    """GAE lambda (1.0: n-step returns)"""
+    ent_coef: float = 0.0
+    """entropy bonus coefficient"""
+    vf_coef: float = 0.5
+    """value loss coefficient"""
+    max_grad_norm: float = 0.5
+    """global gradient-norm clip"""
+    rms_prop_eps: float = 1e-5
+    """RMSprop epsilon (SB3's; TensorFlow's RMSprop puts it inside the square root)"""
+    norm_adv: bool = False
+    """normalise the advantages of each rollout"""
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    """hidden layer widths of the actor and of the critic MLPs"""
+
+    def __post_init__(self) -> None:
+        if self.num_steps < 1:
+            raise ValueError(f"num_steps must be >= 1, got {self.num_steps}")
+        if not 0.0 <= self.gamma <= 1.0 or not 0.0 <= self.gae_lambda <= 1.0:
+            raise ValueError("gamma and gae_lambda must lie in [0, 1]")
+        self.hidden_sizes = tuple(self.hidden_sizes)
+
+
+class A2CLearner(Learner):
+    """One gradient step per ``(T, N)`` rollout::
+
+        A_t   = GAE(r, V, lambda)                    (n-step advantage for lambda = 1)
+        loss  = -mean(A_t * log pi(a_t|s_t)) + vf_coef * mean((R_t - V(s_t))^2) - ent_coef * H
+    """
+
+    def __init__(self, ctx: BuildContext) -> None:
+        self.hp: A2CConfig = ctx.hparams
+        self.net: ActorCritic = build_actor_critic(ctx)
+        self.parameters = list(self.net.parameters())
+        self.optimizer = torch.optim.RMSprop(self.parameters, lr=self.hp.learning_rate, alpha=0.99, eps=self.hp.rms_prop_eps)
+        self.num_iterations = max(1, ctx.total_env_steps // (self.hp.num_steps * ctx.total_num_envs))
+        self.iteration = 0
+
+    def learn(self, batch: TensorDict) -> dict[str, Any]:
+        """One update on a rollout.
+
+        Args:
+            batch: TensorDict of batch size ``(T, N)`` with :attr:`RolloutBuffer.KEYS`.
+
+        Returns:
+            ``losses/policy_loss``, ``losses/value_loss``, ``losses/entropy``,
+            ``losses/grad_norm`` (0-d tensors) and ``charts/learning_rate`` (float).
+
+        Raises:
+            FloatingPointError: the loss is NaN or infinite (no step is taken).
+        """
+        hp, net = self.hp, self.net
+        lr = hp.learning_rate * (1.0 - self.iteration / self.num_iterations) if hp.anneal_lr else hp.learning_rate
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.iteration += 1
+        T, N = batch.batch_size
+        with torch.no_grad():
+            next_values = net.value(batch["next_obs"].flatten(0, 1)).view(T, N)
+        advantages, returns = gae(
+            batch["reward"], batch["value"], next_values, batch["terminated"], batch["truncated"], hp.gamma, hp.gae_lambda
+        )
+        b_adv = advantages.flatten()
+        if hp.norm_adv and b_adv.numel() > 1:
+            b_adv = (b_adv - b_adv.mean()) / (b_adv.std() + 1e-8)
+        log_prob, entropy, value = net.evaluate(batch["obs"].flatten(0, 1), batch["action"].flatten(0, 1))
+        pg_loss = -(b_adv * log_prob).mean()
+        v_loss = ((returns.flatten() - value) ** 2).mean()
+        entropy_loss = entropy.mean()
+        loss = pg_loss + hp.vf_coef * v_loss - hp.ent_coef * entropy_loss
+        grad_norm = self.apply_gradients(loss, hp.max_grad_norm)
+        return {
+            "losses/policy_loss": pg_loss.detach(),
+            "losses/value_loss": v_loss.detach(),
+            "losses/entropy": entropy_loss.detach(),
+            "losses/grad_norm": grad_norm,
+            "charts/learning_rate": lr,
+        }
+
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        """The actor-critic's state dict (detached tensors)."""
+        return {k: v.detach() for k, v in self.net.state_dict().items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"net": self.net.state_dict(), "optimizer": self.optimizer.state_dict(), "iteration": self.iteration}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.net.load_state_dict(state["net"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.iteration = int(state["iteration"])
+
+
+class A2CTrainer(PPOTrainer):
+    """A2C's loop body is PPO's: a rollout of ``num_steps`` steps, one learner update, weight
+    sync (see :meth:`PPOTrainer.train_step`); only the learner differs."""
+
+
+ALGORITHM = AlgorithmSpec(
+    name="a2c",
+    hparams=A2CConfig,
+    trainer=A2CTrainer,
+    components={"actor": PPOActor, "buffer": RolloutBuffer, "learner": A2CLearner},
+    env_steps_per_iteration=lambda hp, total_num_envs: hp.num_steps * total_num_envs,
+)
