@@ -26,7 +26,8 @@ from torch import nn
 from msrl.advantages import gae
 from msrl.api import Actor, AlgorithmSpec, Buffer, BuildContext, Learner, Trainer
 
-__all__ = ["PPOConfig", "ActorCritic", "build_actor_critic", "categorical_log_prob_entropy", "PPOActor", "RolloutBuffer", "PPOLearner", "PPOTrainer",
+__all__ = ["PPOConfig", "ActorCritic", "build_actor_critic", "categorical_log_prob_entropy", "PPOActor", "RolloutBuffer",
+           "PPOLearner", "PPOTrainer",
            "ALGORITHM"]
 
 

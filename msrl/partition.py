@@ -426,6 +426,7 @@ class _Assigner:
         """Finds every cross-fragment def-use edge; makes sure the sending fragment holds every
         definition that may reach the comm's position. Returns whether an F grew."""
         grown = False
+        self.check_owners()
         for m, flow in self.flows.items():
             for (u, name), defs in flow.uses.items():
                 for d in self.data_defs(m, defs):
@@ -457,20 +458,7 @@ class _Assigner:
         return grown
 
     def check(self) -> None:
-        for attr, outs in self.state_out.items():
-            if not outs or self.control(outs[0][1]):
-                continue
-            owners = self.owner(attr)
-            if len(owners) > 1:
-                writes = []
-                for m, so in outs:
-                    for d in self.data_defs(m, self.flows[m].uses[(so.id, so.inputs[0])]):
-                        if not (d.kind is NodeKind.STATE_IN and d.target == attr):
-                            writes.append(f"{d.where()} (fragment {', '.join(sorted(self.f(m, d)))})")
-                raise PartitionError(
-                    f"trainer attribute self.{attr} is written by several fragments: {'; '.join(writes)}; "
-                    "a data attribute has one owner: write it in one fragment, or use two attributes"
-                )
+        self.check_owners()
         for m, g in self.graphs.items():
             for node in g.walk():
                 if node.kind is NodeKind.COMPUTE and not self.control(node) and len(self.f(m, node)) > 1:
@@ -490,6 +478,23 @@ class _Assigner:
                 raise PartitionError(
                     f"{m}: the value returned at {out.where()} comes from fragments {sorted(self.f(m, out))} "
                     "depending on the branch taken; return values computed in one fragment"
+                )
+
+    def check_owners(self) -> None:
+        """Raises PartitionError when a data attribute is written by several fragments."""
+        for attr, outs in self.state_out.items():
+            if not outs or self.control(outs[0][1]):
+                continue
+            owners = self.owner(attr)
+            if len(owners) > 1:
+                writes = []
+                for m, so in outs:
+                    for d in self.data_defs(m, self.flows[m].uses[(so.id, so.inputs[0])]):
+                        if not (d.kind is NodeKind.STATE_IN and d.target == attr):
+                            writes.append(f"{d.where()} (fragment {', '.join(sorted(self.f(m, d)))})")
+                raise PartitionError(
+                    f"trainer attribute self.{attr} is written by several fragments: {'; '.join(writes)}; "
+                    "a data attribute has one owner: write it in one fragment, or use two attributes"
                 )
 
 

@@ -148,8 +148,7 @@ class DistributionPolicy:
         moved = dict(placement or {})
 
         def roles(f: FragmentSpec) -> tuple[str, ...]:
-            kept = [r for r in f.roles if moved.get(r, f.name) == f.name]
-            return tuple(kept + [r for r in ROLES if moved.get(r) == f.name and r not in kept])
+            return tuple(r for r in ROLES if moved.get(r, f.name if r in f.roles else None) == f.name)
 
         for f in self.fragments:
             if not roles(f):

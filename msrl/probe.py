@@ -5,7 +5,8 @@ The whole job runs as one fragment (policy ``single``), instrumented after every
 two small throwaway copies with different env counts (``N = 2`` and ``N = 3``). A value whose
 shape changes between the two runs is sharded along the first axis that changed; one whose
 shape does not is replicated -- unless its component method declares otherwise
-(:func:`msrl.api.returns`: a fixed-size replay sample is a ``batch``), which the probe checks. Results land in ``node.meta["values"][name]`` of the traced
+(:func:`msrl.api.returns`: a fixed-size replay sample is a ``batch``), which the probe
+checks. Results land in ``node.meta["values"][name]`` of the traced
 graphs: ``{"kind", "axis", "type", "shape", "dtype"}``, shapes with the env axis shown as
 ``"N"``.
 """

@@ -140,6 +140,7 @@ class _Tracer:
         if node.kind is NodeKind.CALL:
             reason = f"the result of {node.target[0]}.{node.target[1]}() at {node.where()}"
         elif impure is not None:
+            node.meta["impure"] = impure
             reason = f"a call of {impure}() at {node.where()}, which msrl cannot tell is deterministic"
         else:
             src = next((n for n in node.inputs if n in self.tainted), None)
@@ -710,7 +711,9 @@ def trace_methods(trainer_cls: type[Trainer], methods: tuple[str, ...] = TRACED_
             if node.kind is NodeKind.STATE_IN:
                 node.meta["control"] = node.outputs[0] not in data
             elif node.kind is NodeKind.COMPUTE:
-                node.meta["control"] = not any(o in data for o in node.outputs)
+                # a definition's own kind: the name it writes may hold data elsewhere
+                # (``metrics = {}`` before ``metrics = self.learner.learn(...)``)
+                node.meta["control"] = "impure" not in node.meta and not any(i in data for i in node.inputs)
             elif node.kind is NodeKind.STATE_OUT:
                 node.meta["control"] = node.inputs[0] not in data
     return graphs
