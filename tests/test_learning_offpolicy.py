@@ -1,0 +1,36 @@
+"""Acceptance runs of A2C, DQN and SAC (slow: part of the benchmarks, ``pytest -m slow``).
+
+Each reaches its threshold on a 20-episode deterministic evaluation within its env-step
+budget, for seeds 1-3, under ``single`` and under ``single_learner_coarse`` (replay beside
+the learner for DQN and SAC). The configs evaluate periodically and stop at the threshold."""
+
+import pathlib
+
+import pytest
+
+from msrl.config import load_config
+from msrl.run import train
+
+CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
+
+#: algorithm -> (config, threshold, env-step budget, coarse overrides)
+ACCEPTANCE = {
+    "a2c": ("a2c_cartpole.yaml", 475, 200_000, ["distribution_policy.replicas.actor=2"]),
+    "dqn": ("dqn_cartpole.yaml", 475, 100_000, ["distribution_policy.replicas.actor=1",
+                                                 "distribution_policy.placement.buffer=learner"]),
+    "sac": ("sac_pendulum.yaml", -200, 20_000, ["distribution_policy.replicas.actor=1",
+                                                 "distribution_policy.placement.buffer=learner"]),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("policy", ["single", "single_learner_coarse"])
+@pytest.mark.parametrize("algo", list(ACCEPTANCE))
+def test_reaches_threshold_within_budget(tmp_path, algo, policy, seed):
+    config, threshold, budget, coarse = ACCEPTANCE[algo]
+    overrides = [f"runs_dir={tmp_path}", "train.progress=false", f"seed={seed}", f"distribution_policy.name={policy}",
+                 f"train.total_env_steps={budget}", f"train.stop_at_return={threshold}", "eval.episodes=20"]
+    cfg = load_config(CONFIGS / config, overrides + (coarse if policy != "single" else []))
+    r = train(cfg)
+    assert r.steps_to_threshold is not None and r.steps_to_threshold <= budget, (r.env_steps, r.eval_returns)
