@@ -33,4 +33,6 @@ def test_reaches_threshold_within_budget(tmp_path, algo, policy, seed):
                  f"train.total_env_steps={budget}", f"train.stop_at_return={threshold}", "eval.episodes=20"]
     cfg = load_config(CONFIGS / config, overrides + (coarse if policy != "single" else []))
     r = train(cfg)
-    assert r.steps_to_threshold is not None and r.steps_to_threshold <= budget, (r.env_steps, r.eval_returns)
+    assert r.env_steps <= budget
+    # a periodic evaluation reached the threshold, or the final one (at the end of the budget) did
+    assert r.steps_to_threshold is not None or r.eval_mean >= threshold, (r.env_steps, r.eval_returns)
