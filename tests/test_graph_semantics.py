@@ -373,8 +373,11 @@ def test_msrl_graph_prints_branch_regions(capsys):
     assert main(["graph", str(ROOT / "configs" / "dqn_cartpole.yaml"), "distribution_policy.name=single_learner_coarse",
                  "distribution_policy.replicas.actor=1", "--out", "/dev/null"]) == 0
     text = capsys.readouterr().out
-    assert "branch if _t" in text and "else:" not in text.split("## fragments")[0] or "branch if" in text
-    assert "if _t" in text and "_msrl_comm.send(" in text
+    traced = text.split("## fragments")[0]
+    assert "branch if _t" in traced  # the traced graph shows the branch region
+    programs = text.split("### generated program")[1:]
+    assert all("    if _t" in p for p in programs[1::2])  # actor and learner train_step programs branch
+    assert "_msrl_comm.send(" in text
 
 
 def test_comm_nodes_sit_inside_branches_in_both_fragments():
