@@ -274,13 +274,13 @@ def train(cfg: RunConfig, resume: str | pathlib.Path | None = None) -> TrainResu
                     good,
                 ) from e
             dt = time.perf_counter() - t0
-            time_s += dt
+            eval_dt = 0.0
             stats = job.pop_episode_stats()
             recent.extend(stats.returns)
             row: dict[str, Any] = {
                 "iteration": job.iteration,
                 "env_steps": job.env_steps,
-                "time_s": round(time_s, 4),
+                "time_s": round(time_s + dt, 4),
                 "charts/SPS": round(spec.env_steps_per_iteration / dt, 1),
                 "charts/episodic_return": sum(stats.returns) / len(stats.returns) if stats.returns else float("nan"),
                 "charts/episodic_length": sum(stats.lengths) / len(stats.lengths) if stats.lengths else float("nan"),
@@ -289,10 +289,12 @@ def train(cfg: RunConfig, resume: str | pathlib.Path | None = None) -> TrainResu
             }
             if cfg.train.eval_every and job.env_steps // cfg.train.eval_every > done_eval:
                 done_eval = job.env_steps // cfg.train.eval_every
+                eval_t0 = time.perf_counter()
                 mean = sum(r := _evaluate(job, cfg)) / len(r)
+                eval_dt = time.perf_counter() - eval_t0
                 row["eval/mean_return"] = mean
                 if cfg.train.stop_at_return is not None and mean >= cfg.train.stop_at_return and threshold[0] is None:
-                    threshold = (time_s, job.env_steps)
+                    threshold = (time_s + (eval_t0 - t0), job.env_steps)
             metrics.log(row)
             if bar is not None:
                 mean_ret = sum(recent) / len(recent) if recent else float("nan")
@@ -301,8 +303,12 @@ def train(cfg: RunConfig, resume: str | pathlib.Path | None = None) -> TrainResu
                                 refresh=False)
                 bar.update(spec.env_steps_per_iteration)
             stop = threshold[0] is not None
+            # training time: the whole iteration (step, logging, checkpoint), evaluation excluded
+            time_s += time.perf_counter() - t0 - eval_dt
             if job.iteration % cfg.train.checkpoint_every == 0 or stop or job.iteration == spec.num_iterations:
+                ckpt_t0 = time.perf_counter()
                 checkpoint()
+                time_s += time.perf_counter() - ckpt_t0
             if stop:
                 break
     finally:

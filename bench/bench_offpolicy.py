@@ -1,0 +1,270 @@
+"""A2C, DQN and SAC: msrl's algorithms vs Stable-Baselines3 with rl-zoo's hyperparameters, same run.
+
+For each seed, both systems train until a deterministic evaluation (20 episodes, envs seeded
+10000..10019, every ``eval_every`` env steps) reaches the threshold, or the budget runs out:
+
+=====  =============  =========  ===========  ==========
+algo   env            threshold  budget       eval every
+=====  =============  =========  ===========  ==========
+a2c    CartPole-v1    475        200,000      5,000
+dqn    CartPole-v1    475        100,000      5,120
+sac    Pendulum-v1    -200       20,000       1,000
+=====  =============  =========  ===========  ==========
+
+Reported per system as medians over seeds, with the interquartile range:
+
+* ``time to threshold`` -- training wall time (s) until that evaluation, evaluations excluded
+  (for msrl: the whole training loop -- steps, metrics rows -- with periodic checkpoints off,
+  as SB3 takes none);
+* ``env steps to threshold`` and ``env steps/s`` (training env steps over training wall time).
+
+msrl runs ``configs/{a2c_cartpole,dqn_cartpole,sac_pendulum}.yaml`` under ``single`` (or
+``--policy``); SB3 runs rl-zoo's hyperparameters for the same algorithm and env (listed in
+:data:`SB3_KWARGS`). Both use one torch thread. The learning curves (eval return vs env steps, and
+the fraction of seeds at the threshold vs wall time) go to ``--plot``.
+
+    python bench/bench_offpolicy.py dqn --seeds 1 2 3
+    python bench/bench_offpolicy.py a2c --seeds $(seq 1 10) --json a2c.json --plot bench/a2c_cartpole.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import platform
+import statistics
+import tempfile
+import time
+from typing import Any, Callable
+
+import gymnasium
+import numpy as np
+import torch
+
+EVAL_EPISODES = 20
+EVAL_SEED = 10_000
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One benchmark: an msrl config and the SB3 run it is measured against."""
+
+    config: str
+    env_id: str
+    threshold: float
+    budget: int
+    eval_every: int
+    sb3_algo: str
+    n_envs: int
+
+
+TASKS = {
+    "a2c": Task("configs/a2c_cartpole.yaml", "CartPole-v1", 475.0, 200_000, 5_000, "A2C", 8),
+    "dqn": Task("configs/dqn_cartpole.yaml", "CartPole-v1", 475.0, 100_000, 5_120, "DQN", 1),
+    "sac": Task("configs/sac_pendulum.yaml", "Pendulum-v1", -200.0, 20_000, 1_000, "SAC", 1),
+}
+
+# rl-zoo (hyperparams/{a2c,dqn,sac}.yml) for these envs; everything else SB3's defaults.
+SB3_KWARGS: dict[str, dict[str, Any]] = {
+    "a2c": {"ent_coef": 0.0},
+    "dqn": {
+        "learning_rate": 2.3e-3, "batch_size": 64, "buffer_size": 100_000, "learning_starts": 1000, "gamma": 0.99,
+        "target_update_interval": 10, "train_freq": 256, "gradient_steps": 128, "exploration_fraction": 0.16,
+        "exploration_final_eps": 0.04, "policy_kwargs": {"net_arch": [256, 256]},
+    },
+    "sac": {"learning_rate": 1e-3},
+}
+
+
+def run_msrl(task: Task, seed: int, policy: str | None, runs_dir: str) -> dict:
+    """One msrl run; returns time/steps to the threshold, env steps/s and the eval curve."""
+    from msrl.config import load_config
+    from msrl.run import train
+
+    over = [] if policy is None else [f"distribution_policy.name={policy}"]
+    cfg = load_config(
+        task.config,
+        over + [
+            f"seed={seed}",
+            f"runs_dir={runs_dir}",
+            "train.progress=false",
+            f"train.eval_every={task.eval_every}",
+            f"train.stop_at_return={task.threshold}",
+            f"train.total_env_steps={task.budget}",
+            f"train.checkpoint_every={10**9}",
+            f"eval.episodes={EVAL_EPISODES}",
+            f"eval.seed={EVAL_SEED}",
+        ],
+    )
+    r = train(cfg)
+    curve: list[tuple[int, float, float]] = []
+    with open(r.run_dir / "metrics.csv") as f:
+        for row in csv.DictReader(f):
+            if row.get("eval/mean_return"):
+                curve.append((int(row["env_steps"]), float(row["time_s"]), float(row["eval/mean_return"])))
+    return {"time_to_threshold": r.time_to_threshold_s, "steps_to_threshold": r.steps_to_threshold,
+            "sps": r.env_steps / r.time_s, "curve": curve}
+
+
+def _sb3_evaluate(model, env_id: str) -> float:
+    env = gymnasium.make_vec(env_id, num_envs=EVAL_EPISODES, vectorization_mode="sync",
+                             vector_kwargs={"autoreset_mode": gymnasium.vector.AutoresetMode.SAME_STEP})
+    obs, _ = env.reset(seed=EVAL_SEED)
+    ret = np.zeros(EVAL_EPISODES)
+    done = np.zeros(EVAL_EPISODES, dtype=bool)
+    while not done.all():
+        action, _ = model.predict(obs, deterministic=True)
+        obs, r, te, tr, _ = env.step(action)
+        ret += np.where(done, 0.0, r)
+        done |= te | tr
+    env.close()
+    return float(ret.mean())
+
+
+def run_sb3(name: str, task: Task, seed: int) -> dict:
+    """One SB3 run with rl-zoo's hyperparameters; evaluation time is excluded from its clock."""
+    import stable_baselines3
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+
+    class Timer(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.eval_time = 0.0
+            self.done_eval = 0
+            self.hit: tuple[float, int] | None = None
+            self.curve: list[tuple[int, float, float]] = []
+            self.t0 = 0.0
+
+        def _on_training_start(self) -> None:
+            self.t0 = time.perf_counter()
+
+        def _on_step(self) -> bool:
+            if self.num_timesteps // task.eval_every > self.done_eval:
+                self.done_eval = self.num_timesteps // task.eval_every
+                s = time.perf_counter()
+                train_s = s - self.t0 - self.eval_time
+                mean = _sb3_evaluate(self.model, task.env_id)
+                self.eval_time += time.perf_counter() - s
+                self.curve.append((self.num_timesteps, train_s, mean))
+                if mean >= task.threshold:
+                    self.hit = (train_s, self.num_timesteps)
+                    return False
+            return True
+
+    env = make_vec_env(task.env_id, n_envs=task.n_envs, seed=seed)
+    algo: Callable = getattr(stable_baselines3, task.sb3_algo)
+    model = algo("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **SB3_KWARGS[name])
+    cb = Timer()
+    t0 = time.perf_counter()
+    model.learn(task.budget, callback=cb)
+    train_time = time.perf_counter() - t0 - cb.eval_time
+    return {"time_to_threshold": cb.hit[0] if cb.hit else None, "steps_to_threshold": cb.hit[1] if cb.hit else None,
+            "sps": model.num_timesteps / train_time, "curve": cb.curve}
+
+
+def _quartiles(xs: list) -> tuple[float, float, float] | None:
+    """(Q1, median, Q3) with the inclusive method; a run that never reached the threshold
+    (``None``) counts as infinitely slow, so failures move the median instead of vanishing."""
+    xs = sorted(float("inf") if x is None else x for x in xs)
+    if not xs or xs[0] == float("inf"):
+        return None
+    if len(xs) == 1:
+        return xs[0], xs[0], xs[0]
+    if float("inf") in xs:  # statistics.quantiles interpolates: inf - inf is nan
+        n = len(xs) - 1
+        return xs[round(0.25 * n)], statistics.median(xs), xs[round(0.75 * n)]
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return q[0], statistics.median(xs), q[2]
+
+
+def plot(path: str, name: str, task: Task, results: dict[str, list[dict]]) -> None:
+    """Eval return vs env steps (one thin line per seed, median bold) and the fraction of seeds
+    at the threshold vs training wall time, one colour per system."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for (system, runs), colour in zip(results.items(), ("tab:blue", "tab:orange", "tab:green")):
+        grid = np.arange(task.eval_every, task.budget + 1, task.eval_every)
+        rows = []
+        for run in runs:
+            steps = np.array([c[0] for c in run["curve"]])
+            rets = np.array([c[2] for c in run["curve"]])
+            if len(steps) == 0:
+                continue
+            ax1.plot(steps, rets, color=colour, alpha=0.2, lw=0.8)
+            # a run that stopped at the threshold keeps its last evaluation
+            idx = np.clip(np.searchsorted(steps, grid, side="right") - 1, 0, len(steps) - 1)
+            rows.append(np.where(grid >= steps[0], rets[idx], np.nan))
+        if rows:
+            ax1.plot(grid, np.nanmedian(np.array(rows), axis=0), color=colour, lw=2, label=f"{system} (median)")
+        times = sorted(r["time_to_threshold"] for r in runs if r["time_to_threshold"] is not None)
+        if times:
+            ax2.step([0.0, *times], np.arange(len(times) + 1) / len(runs), where="post", color=colour, label=system)
+    ax1.axhline(task.threshold, color="grey", ls="--", lw=0.8)
+    ax1.set(xlabel="env steps", ylabel=f"eval mean return ({EVAL_EPISODES} episodes)", title=f"{name.upper()} on {task.env_id}")
+    ax1.legend()
+    ax2.set(xlabel="training wall time (s, evaluations excluded)", ylabel=f"fraction of seeds at {task.threshold:g}",
+            ylim=(0, 1.05), title="time to threshold")
+    ax2.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("algo", choices=sorted(TASKS))
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    p.add_argument("--policy", default="single", help="msrl's distribution policy")
+    p.add_argument("--budget", type=int, default=None, help="env-step budget (default: the task's)")
+    p.add_argument("--json", default=None, help="also write the raw results here")
+    p.add_argument("--plot", default=None, help="write the learning curves here (PNG)")
+    args = p.parse_args()
+    task = TASKS[args.algo]
+    if args.budget is not None:
+        task = dataclasses.replace(task, budget=args.budget)
+    torch.set_num_threads(1)
+    results: dict[str, list[dict]] = {"msrl": [], "sb3": []}
+    with tempfile.TemporaryDirectory() as runs_dir:
+        for seed in args.seeds:
+            results["msrl"].append(run_msrl(task, seed, args.policy, runs_dir))
+            results["sb3"].append(run_sb3(args.algo, task, seed))
+            print(f"seed {seed}: " + "  ".join(
+                f"{k} t={v[-1]['time_to_threshold']} steps={v[-1]['steps_to_threshold']} sps={v[-1]['sps']:.0f}"
+                for k, v in results.items()), flush=True)
+    import stable_baselines3
+
+    machine = platform.processor() or platform.machine()
+    print(f"\n{args.algo} on {task.env_id}, threshold {task.threshold:g}, budget {task.budget}; machine: {machine}, "
+          f"torch {torch.__version__}, SB3 {stable_baselines3.__version__}, 1 torch thread, seeds {args.seeds}, "
+          f"policy {args.policy}")
+    print(f"| system | reached | time to {task.threshold:g} (s): median [IQR] | env steps to it: median [IQR] | env steps/s (median) |")
+    print("| --- | --- | --- | --- | --- |")
+    q = {k: {m: _quartiles([r[m] for r in v]) for m in ("time_to_threshold", "steps_to_threshold", "sps")}
+         for k, v in results.items()}
+    for k, v in results.items():
+        reached = sum(r["time_to_threshold"] is not None for r in v)
+        t, s = q[k]["time_to_threshold"], q[k]["steps_to_threshold"]
+        ts = f"{t[1]:.2f} [{t[0]:.2f}, {t[2]:.2f}]" if t else "not reached"
+        ss = f"{s[1]:.0f} [{s[0]:.0f}, {s[2]:.0f}]" if s else "-"
+        print(f"| {k} | {reached}/{len(v)} | {ts} | {ss} | {q[k]['sps'][1]:.0f} |")
+    a, b = q["msrl"], q["sb3"]
+    ratio = f"{a['time_to_threshold'][1] / b['time_to_threshold'][1]:.2f}x time" \
+        if a["time_to_threshold"] and b["time_to_threshold"] else "n/a"
+    print(f"| msrl / sb3 | | {ratio} | | {a['sps'][1] / b['sps'][1]:.2f}x throughput |")
+    for k, v in results.items():
+        print(f"{k} per seed (s): " + ", ".join("-" if r["time_to_threshold"] is None else f"{r['time_to_threshold']:.2f}" for r in v))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"algo": args.algo, "task": dataclasses.asdict(task), "seeds": args.seeds, "results": results}, f, indent=1)
+    if args.plot:
+        plot(args.plot, args.algo, task, results)
+
+
+if __name__ == "__main__":
+    main()
