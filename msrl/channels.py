@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 from tensordict import TensorDictBase
 
 from msrl.partition import Boundary
 
-__all__ = ["ChannelClosed", "LocalHub", "LocalComm", "concat", "split", "copy_value"]
+__all__ = ["ChannelClosed", "LocalHub", "LocalComm", "concat", "split", "copy_value", "tensor_leaves"]
 
 _POLL_S = 0.05
 
@@ -48,6 +48,17 @@ def copy_value(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(copy_value(v) for v in value)
     return value
+
+
+def tensor_leaves(value: Any) -> list[torch.Tensor]:
+    """The tensors of a tensor or a (nested) dict/list/tuple of them, in a fixed order."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in tensor_leaves(v)]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in tensor_leaves(v)]
+    return []
 
 
 def concat(values: Sequence[Any], axis: int) -> Any:
@@ -91,10 +102,17 @@ class LocalHub:
 
     Args:
         boundaries: from :class:`msrl.partition.FragmentGraph`.
+        fragment_replicas: fragment -> its replica count (for ``allreduce`` among a fragment's
+            replicas; fragments not listed have one).
     """
 
-    def __init__(self, boundaries: Sequence[Boundary]) -> None:
+    def __init__(self, boundaries: Sequence[Boundary], fragment_replicas: Mapping[str, int] | None = None) -> None:
         self.boundaries = {b.name: b for b in boundaries}
+        self.fragment_replicas = dict(fragment_replicas or {})
+        self._reduce_cond = threading.Condition()
+        self._reduce_parts: dict[str, dict[int, torch.Tensor]] = {}
+        self._reduce_done: dict[str, tuple[int, torch.Tensor]] = {}
+        self._reduce_round: dict[str, int] = {}
         self._queues: dict[tuple[str, int], queue.Queue] = {}
         for b in boundaries:
             for r in range(b.dst_replicas):
@@ -110,6 +128,29 @@ class LocalHub:
         """Wakes every waiting replica with :class:`ChannelClosed` (``reason`` in its message)."""
         self._reason = reason
         self._closed.set()
+        with self._reduce_cond:
+            self._reduce_cond.notify_all()
+
+    def _allreduce(self, fragment: str, replica: int, flat: torch.Tensor) -> torch.Tensor:
+        """The mean of every replica's ``flat`` (summed in replica order), once all arrived."""
+        n = self.fragment_replicas.get(fragment, 1)
+        with self._reduce_cond:
+            round_ = self._reduce_round.get(fragment, 0)
+            parts = self._reduce_parts.setdefault(fragment, {})
+            parts[replica] = flat
+            if len(parts) == n:
+                total = parts[0].clone()
+                for r in range(1, n):
+                    total += parts[r]
+                self._reduce_done[fragment] = (round_, total / n)
+                self._reduce_parts[fragment] = {}
+                self._reduce_round[fragment] = round_ + 1
+                self._reduce_cond.notify_all()
+            while self._reduce_done.get(fragment, (-1, None))[0] != round_:
+                if self._closed.is_set():
+                    raise ChannelClosed(f"allreduce of fragment {fragment}: {self._reason}")
+                self._reduce_cond.wait(_POLL_S)
+            return self._reduce_done[fragment][1].clone()
 
     def _put(self, boundary: str, replica: int, item: Any) -> None:
         self._queues[(boundary, replica)].put(item)
@@ -189,10 +230,18 @@ class LocalComm:
         return self.hub._get(name, self.replica)
 
     def allreduce(self, name: str, value: Any = None) -> Any:
-        """All-reduce across the replicas of one fragment.
+        """The mean over this fragment's replicas of ``value`` (a tensor, or a list/tuple/dict
+        of tensors of one dtype), written into ``value``'s tensors and returned; every replica
+        gets the same bits."""
+        tensors = tensor_leaves(value)
+        if not tensors or self.hub.fragment_replicas.get(self.fragment, 1) == 1:
+            return value
+        flat = self.hub._allreduce(self.fragment, self.replica, torch.cat([t.detach().reshape(-1) for t in tensors]))
+        offset = 0
+        for t in tensors:
+            t.copy_(flat[offset:offset + t.numel()].view_as(t))
+            offset += t.numel()
+        return value
 
-        Raises:
-            NotImplementedError: in-process jobs have no multi-learner fragments; the
-                ``multi_learner`` policy runs on the Ray runtime (torch.distributed).
-        """
-        raise NotImplementedError("allreduce runs on the Ray runtime's torch.distributed process groups")
+    def flush(self) -> None:
+        """Nothing to wait for: in-process puts complete at once."""

@@ -1,4 +1,6 @@
-"""In-process channels: the comm ops' semantics between threads."""
+"""Channel semantics: the comm ops between fragment replicas, one suite for both transports --
+``local`` (threads of one process, LocalHub) and ``dist`` (one process per replica over a Gloo
+process group, DistComm with the codec) -- plus the in-process runtime's failure handling."""
 
 import threading
 
@@ -9,6 +11,10 @@ from tensordict import TensorDict
 from msrl.channels import ChannelClosed, LocalHub
 from msrl.graph import NodeKind
 from msrl.partition import Boundary
+
+from channel_suite import run_dist, run_local
+
+TRANSPORTS = ["local", "dist"]
 
 
 def boundary(name, op, src_r, dst_r, axis=None, kind="sharded"):
@@ -92,3 +98,116 @@ def test_failure_in_one_replica_stops_the_job_with_its_node(spec_factory):
     assert (e.fragment, e.replica) == ("learner", 0)
     assert "learner exploded" in str(e) and "call learner.learn(trajectory)" in str(e) and "ppo.py" in str(e)
     job.close()
+
+
+# -- one suite, both transports ----------------------------------------------------------------
+# Each scenario is (boundaries, (fragment, replica) -> fn(comm)); fns are module-level so the
+# spawned processes of the dist transport can import them. The dist transport runs every
+# scenario in one world of processes (spawning is the slow part).
+
+
+def _td(i):
+    return TensorDict({"r": torch.full((2, 2), float(i)), "n": TensorDict({"k": torch.full((2, 2), i)}, [2, 2])}, [2, 2])
+
+
+def _gather_src0(comm):
+    return comm.gather("g", _td(0))
+
+
+def _gather_src1(comm):
+    return comm.gather("g", _td(1))
+
+
+def _gather_src2(comm):
+    return comm.gather("g", _td(2))
+
+
+def _gather_dst(comm):
+    return comm.gather("g")
+
+
+def _scatter_bcast_src(comm):
+    comm.scatter("s", {"x": torch.arange(4), "y": torch.arange(8.0).view(4, 2)})
+    comm.broadcast("w", {"p": torch.zeros(3), "step": 7})
+    comm.send("t", torch.tensor(10))
+
+
+def _scatter_bcast_src1(comm):
+    comm.send("t", torch.tensor(11))
+
+
+def _scatter_bcast_dst(comm):
+    shard = comm.scatter("s")
+    w = comm.broadcast("w")
+    w["p"] += 1  # a receiver's copy is its own
+    got = comm.recv("t")
+    return shard["x"].tolist(), shard["y"].tolist(), w["p"].tolist(), w["step"], int(got)
+
+
+def _allreduce(comm):
+    r = comm.replica
+    grads = [torch.full((3,), float(r + 1)), torch.full((2, 2), 10.0 * r)]
+    for _ in range(3):  # repeated rounds stay in step
+        comm.allreduce("grads", grads)
+    return [g.tolist() for g in grads]
+
+
+def _many_messages_src(comm):
+    # every send before any receive on the other side, two boundaries interleaved
+    for i in range(50):
+        comm.send("t", torch.tensor(i))
+        comm.broadcast("w", torch.tensor(-i))
+
+
+def _many_messages_dst(comm):
+    return [(int(comm.recv("t")), int(comm.broadcast("w"))) for _ in range(50)]
+
+
+SCENARIOS = {
+    "gather": (
+        [boundary("g", NodeKind.GATHER, 3, 1, axis=1)],
+        {("a", 0): _gather_src0, ("a", 1): _gather_src1, ("a", 2): _gather_src2, ("b", 0): _gather_dst},
+    ),
+    "scatter_broadcast_send": (
+        [boundary("s", NodeKind.SCATTER, 1, 2, axis=0), boundary("w", NodeKind.BROADCAST, 1, 2, kind="replicated"),
+         boundary("t", NodeKind.SEND, 2, 2)],
+        {("a", 0): _scatter_bcast_src, ("a", 1): _scatter_bcast_src1, ("b", 0): _scatter_bcast_dst, ("b", 1): _scatter_bcast_dst},
+    ),
+    "allreduce": ([], {("m", r): _allreduce for r in range(3)}),
+    "ordering": (
+        [boundary("t", NodeKind.SEND, 1, 1), boundary("w", NodeKind.BROADCAST, 1, 1, kind="replicated")],
+        {("a", 0): _many_messages_src, ("b", 0): _many_messages_dst},
+    ),
+}
+
+
+@pytest.fixture(scope="module", params=TRANSPORTS)
+def results(request):
+    """scenario -> (fragment, replica) -> result, for one transport."""
+    if request.param == "local":
+        return {name: run_local(*sc) for name, sc in SCENARIOS.items()}
+    names = list(SCENARIOS)
+    return dict(zip(names, run_dist([SCENARIOS[n] for n in names])))
+
+
+def test_gather_concatenates_replicas_in_order(results):
+    out = results["gather"][("b", 0)]
+    assert out.batch_size == (2, 6)
+    assert out["r"][0].tolist() == [0, 0, 1, 1, 2, 2]
+    assert out["n", "k"].dtype == torch.int64 and out["n", "k"][1].tolist() == [0, 0, 1, 1, 2, 2]
+
+
+def test_scatter_splits_broadcast_copies_send_pairs_replicas(results):
+    out = results["scatter_broadcast_send"]
+    assert out[("b", 0)] == ([0, 1], [[0.0, 1.0], [2.0, 3.0]], [1.0, 1.0, 1.0], 7, 10)
+    assert out[("b", 1)] == ([2, 3], [[4.0, 5.0], [6.0, 7.0]], [1.0, 1.0, 1.0], 7, 11)
+
+
+def test_allreduce_averages_a_fragments_replicas_identically(results):
+    out = results["allreduce"]
+    assert out[("m", 0)] == [[2.0, 2.0, 2.0], [[10.0, 10.0], [10.0, 10.0]]]
+    assert out[("m", 0)] == out[("m", 1)] == out[("m", 2)]
+
+
+def test_two_boundaries_between_one_pair_keep_their_order(results):
+    assert results["ordering"][("b", 0)] == [(i, -i) for i in range(50)]

@@ -1,0 +1,199 @@
+"""The value codec of boundaries between processes: dtype + shape + raw bytes, never pickle.
+
+A value at a boundary is a tensor, a TensorDict, ``None``, a Python scalar or string, or a dict
+(string keys), list or tuple of those, nested. :func:`encode` turns it into one contiguous
+``uint8`` tensor (what torch.distributed and a gRPC stream carry) and :func:`decode` turns such a
+buffer back into an equal value that owns its memory::
+
+    b"MSRL" | version (1 byte) | header length (uint32, little endian) | header (UTF-8 JSON) | payload
+
+The header describes the value's structure; each tensor leaf records its dtype, shape, and the
+offset and length of its raw bytes in the payload. Decoding checks every field against the buffer
+before touching it, so a truncated, corrupt or hostile message is a :class:`CodecError` naming what
+is wrong, never a crash, a huge allocation or code execution.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+__all__ = ["CodecError", "encode", "decode", "MAGIC", "VERSION"]
+
+MAGIC = b"MSRL"
+VERSION = 1
+_PREFIX = struct.Struct("<4sBI")
+
+#: The tensor dtypes a boundary carries, by their names in the header.
+DTYPES: dict[str, torch.dtype] = {
+    str(d).removeprefix("torch."): d
+    for d in (
+        torch.float64, torch.float32, torch.float16, torch.bfloat16,
+        torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
+        torch.complex64, torch.complex128,
+    )
+}
+
+
+class CodecError(ValueError):
+    """A value the codec cannot carry, or a buffer that is not a well-formed message."""
+
+
+def _describe(value: Any, chunks: list[torch.Tensor], offset: list[int], path: str) -> Any:
+    if isinstance(value, torch.Tensor):
+        name = str(value.dtype).removeprefix("torch.")
+        if name not in DTYPES:
+            raise CodecError(f"{path}: tensors of dtype {value.dtype} cannot cross a boundary; dtypes: {', '.join(DTYPES)}")
+        if value.layout is not torch.strided:
+            raise CodecError(f"{path}: {value.layout} tensors cannot cross a boundary; make them dense")
+        flat = value.detach().reshape(-1).contiguous()
+        raw = flat.cpu().view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
+        node = {"t": "tensor", "dtype": name, "shape": list(value.shape), "off": offset[0], "n": raw.numel()}
+        chunks.append(raw)
+        offset[0] += raw.numel()
+        return node
+    if isinstance(value, TensorDictBase):
+        items = {k: _describe(v, chunks, offset, f"{path}.{k}") for k, v in value.items()}
+        return {"t": "td", "batch": list(value.batch_size), "items": items}
+    if value is None:
+        return {"t": "none"}
+    if isinstance(value, bool):
+        return {"t": "bool", "v": value}
+    if isinstance(value, int):
+        return {"t": "int", "v": value}
+    if isinstance(value, float):
+        return {"t": "float", "v": value}
+    if isinstance(value, str):
+        return {"t": "str", "v": value}
+    if isinstance(value, dict):
+        bad = [k for k in value if not isinstance(k, str)]
+        if bad:
+            raise CodecError(f"{path}: dict keys must be strings to cross a boundary, got {bad[0]!r}")
+        return {"t": "dict", "items": {k: _describe(v, chunks, offset, f"{path}.{k}") for k, v in value.items()}}
+    if isinstance(value, (list, tuple)):
+        kind = "list" if isinstance(value, list) else "tuple"
+        return {"t": kind, "items": [_describe(v, chunks, offset, f"{path}[{i}]") for i, v in enumerate(value)]}
+    raise CodecError(
+        f"{path}: a {type(value).__name__} cannot cross a boundary; values are tensors, TensorDicts, None, "
+        "numbers, strings, and dicts/lists/tuples of them"
+    )
+
+
+def encode(value: Any) -> torch.Tensor:
+    """One message holding ``value``.
+
+    Args:
+        value: tensors (any device; copied to the host), TensorDicts, ``None``, ``bool``/``int``/
+            ``float``/``str``, and dicts with string keys, lists and tuples of them.
+
+    Returns:
+        a contiguous 1-D ``uint8`` CPU tensor.
+
+    Raises:
+        CodecError: a leaf of another type (named by its path, e.g. ``value.obs[2]``), a
+            non-string dict key, a sparse tensor or an unsupported dtype.
+    """
+    chunks: list[torch.Tensor] = []
+    header = json.dumps(_describe(value, chunks, [0], "value"), separators=(",", ":")).encode()
+    prefix = torch.frombuffer(bytearray(_PREFIX.pack(MAGIC, VERSION, len(header)) + header), dtype=torch.uint8)
+    return torch.cat([prefix, *chunks]) if chunks else prefix
+
+
+def _fail(what: str) -> CodecError:
+    return CodecError(f"malformed message: {what}")
+
+
+def _build(node: Any, payload: torch.Tensor, device: torch.device | None, depth: int) -> Any:
+    if depth > 64:
+        raise _fail("nested deeper than 64 levels")
+    if not isinstance(node, dict) or not isinstance(node.get("t"), str):
+        raise _fail(f"a header entry is {type(node).__name__}, not an object with a type")
+    t = node["t"]
+    if t == "tensor":
+        dtype = DTYPES.get(node.get("dtype"))  # type: ignore[arg-type]
+        shape, off, n = node.get("shape"), node.get("off"), node.get("n")
+        if dtype is None:
+            raise _fail(f"unknown dtype {node.get('dtype')!r}")
+        if not (isinstance(shape, list) and all(isinstance(s, int) and s >= 0 for s in shape)):
+            raise _fail(f"bad shape {shape!r}")
+        if not (isinstance(off, int) and isinstance(n, int) and 0 <= off and 0 <= n and off + n <= payload.numel()):
+            raise _fail(f"tensor bytes [{off}, {off}+{n}) outside the {payload.numel()}-byte payload")
+        numel = 1
+        for s in shape:
+            numel *= s
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if numel * itemsize != n:
+            raise _fail(f"shape {shape} of {node['dtype']} needs {numel * itemsize} bytes, the header says {n}")
+        raw = payload[off:off + n].clone()
+        out = raw.view(dtype).reshape(shape) if n else torch.empty(shape, dtype=dtype)
+        return out.to(device) if device is not None else out
+    if t == "td":
+        items, batch = node.get("items"), node.get("batch")
+        if not isinstance(items, dict) or not isinstance(batch, list):
+            raise _fail("a TensorDict entry without items or batch size")
+        built = {k: _build(v, payload, device, depth + 1) for k, v in items.items()}
+        try:
+            return TensorDict(built, batch_size=batch, device=device)
+        except (RuntimeError, ValueError) as e:
+            raise _fail(f"TensorDict of batch size {batch}: {e}") from None
+    if t == "none":
+        return None
+    if t in ("bool", "int", "float", "str"):
+        v = node.get("v")
+        ok = {"bool": bool, "int": int, "float": (int, float), "str": str}[t]
+        if not isinstance(v, ok) or (t == "int" and isinstance(v, bool)):
+            raise _fail(f"a {t} entry holds {v!r}")
+        return float(v) if t == "float" else v
+    if t == "dict":
+        items = node.get("items")
+        if not isinstance(items, dict):
+            raise _fail("a dict entry without items")
+        return {k: _build(v, payload, device, depth + 1) for k, v in items.items()}
+    if t in ("list", "tuple"):
+        items = node.get("items")
+        if not isinstance(items, list):
+            raise _fail(f"a {t} entry without items")
+        seq = [_build(v, payload, device, depth + 1) for v in items]
+        return seq if t == "list" else tuple(seq)
+    raise _fail(f"unknown entry type {t!r}")
+
+
+def decode(message: torch.Tensor | bytes | bytearray, device: torch.device | str | None = None) -> Any:
+    """The value :func:`encode` put into ``message``.
+
+    Args:
+        message: a 1-D ``uint8`` tensor (or bytes) as :func:`encode` returned it.
+        device: where the decoded tensors go (default: the CPU).
+
+    Returns:
+        the value; tensors and TensorDicts own their memory (a receiver may modify them).
+
+    Raises:
+        CodecError: not a message (wrong magic or version), truncated, or a header that does not
+            describe the payload (bad JSON, unknown dtype, bytes out of range, a shape that does
+            not match its byte count).
+    """
+    if isinstance(message, (bytes, bytearray)):
+        message = torch.frombuffer(bytearray(message), dtype=torch.uint8) if message else torch.empty(0, dtype=torch.uint8)
+    if message.dtype != torch.uint8 or message.dim() != 1:
+        raise _fail(f"expected a 1-D uint8 buffer, got {message.dtype} of shape {tuple(message.shape)}")
+    message = message.cpu()
+    if message.numel() < _PREFIX.size:
+        raise _fail(f"{message.numel()} bytes, shorter than the {_PREFIX.size}-byte prefix")
+    magic, version, hlen = _PREFIX.unpack(message[:_PREFIX.size].numpy().tobytes())
+    if magic != MAGIC:
+        raise _fail(f"starts with {magic!r}, not {MAGIC!r}")
+    if version != VERSION:
+        raise _fail(f"codec version {version}; this msrl reads version {VERSION}")
+    if _PREFIX.size + hlen > message.numel():
+        raise _fail(f"header of {hlen} bytes runs past the {message.numel()}-byte message (truncated?)")
+    try:
+        header = json.loads(message[_PREFIX.size:_PREFIX.size + hlen].numpy().tobytes().decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise _fail(f"header is not JSON: {e}") from None
+    payload = message[_PREFIX.size + hlen:]
+    return _build(header, payload, torch.device(device) if device is not None else None, 0)

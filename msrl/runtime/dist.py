@@ -1,0 +1,177 @@
+"""Channels between processes over ``torch.distributed``: the comm ops of :mod:`msrl.channels`
+with the same semantics, for fragment replicas that are processes (Ray actors).
+
+Every fragment replica of a job is one rank of one process group (Gloo for CPU tensors). A
+boundary's value travels as one :mod:`codec <msrl.runtime.codec>` message (dtype + shape + raw
+bytes, never pickle) by point-to-point messages tagged with the boundary's index, so two
+boundaries between the same pair of replicas can never be confused:
+
+==========  ================================================================================
+op          messages (``R_s`` src replicas, ``R_d`` dst replicas)
+==========  ================================================================================
+send/recv   src replica ``i`` -> dst replica ``i``
+gather      every src replica -> dst replica 0, which concatenates in replica order
+scatter     src replica 0 splits along the env axis -> one shard to each dst replica
+broadcast   src replica 0 -> every dst replica (one encoding, ``R_d`` sends)
+allreduce   a collective of the fragment's own replicas (``dist.all_reduce`` on their group)
+==========  ================================================================================
+
+Sends are non-blocking (``isend``): a replica never waits for its receiver unless the program
+reads a value back, so no order of sends between two replicas can deadlock; :meth:`DistComm.flush`
+waits until every send has left (the runtime calls it at the end of each iteration, before the
+buffers may be reused).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+
+from msrl.channels import concat, split, tensor_leaves
+from msrl.partition import Boundary
+from msrl.runtime.codec import decode, encode
+
+__all__ = ["DistComm"]
+
+
+class DistComm:
+    """One fragment replica's endpoint over an initialised ``torch.distributed`` process group.
+
+    Args:
+        boundaries: every boundary of the job, in the same order in every process (the
+            fragment graph's order); a boundary's position is its message tag.
+        fragment, replica: who this endpoint is.
+        ranks: ``(fragment, replica) -> rank`` for every replica of the job.
+        fragment_group: the process group of this fragment's replicas (for ``allreduce``;
+            ``None`` when the fragment has one replica).
+        device: where received values go (the fragment's device).
+    """
+
+    def __init__(
+        self,
+        boundaries: Sequence[Boundary],
+        fragment: str,
+        replica: int,
+        ranks: Mapping[tuple[str, int], int],
+        fragment_group: Any = None,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.boundaries = {b.name: b for b in boundaries}
+        self.tags = {b.name: i for i, b in enumerate(boundaries)}
+        self.fragment, self.replica = fragment, replica
+        self.ranks = dict(ranks)
+        self.fragment_group = fragment_group
+        self.device = torch.device(device)
+        self._pending: list[tuple[Any, torch.Tensor]] = []
+        #: bytes sent and received through this endpoint (for the communication share in metrics)
+        self.bytes_sent = 0
+        self.bytes_received = 0
+
+    # -- messages ---------------------------------------------------------------------------
+    def _boundary(self, name: str) -> Boundary:
+        b = self.boundaries.get(name)
+        if b is None:
+            raise KeyError(f"unknown boundary {name!r}")
+        if self.fragment not in (b.src, b.dst):
+            raise RuntimeError(f"fragment {self.fragment} is not an end of boundary {name} ({b.src} -> {b.dst})")
+        return b
+
+    def _send(self, name: str, fragment: str, replica: int, message: torch.Tensor) -> None:
+        rank, tag = self.ranks[(fragment, replica)], self.tags[name]
+        size = torch.tensor([message.numel()], dtype=torch.int64)
+        self._pending.append((dist.isend(size, rank, tag=tag), size))
+        self._pending.append((dist.isend(message, rank, tag=tag), message))
+        self.bytes_sent += message.numel()
+        if len(self._pending) > 256:
+            self.flush()
+
+    def _recv(self, name: str, fragment: str, replica: int) -> Any:
+        rank, tag = self.ranks[(fragment, replica)], self.tags[name]
+        size = torch.empty(1, dtype=torch.int64)
+        dist.recv(size, rank, tag=tag)
+        message = torch.empty(int(size), dtype=torch.uint8)
+        dist.recv(message, rank, tag=tag)
+        self.bytes_received += message.numel()
+        return decode(message, self.device)
+
+    def flush(self) -> None:
+        """Waits until every message this endpoint sent has left (its buffers are free)."""
+        for work, _ in self._pending:
+            work.wait()
+        self._pending.clear()
+
+    # -- the comm ops (same signatures and semantics as msrl.channels.LocalComm) ------------
+    def send(self, name: str, value: Any) -> None:
+        """Src replica ``i`` -> dst replica ``i``."""
+        b = self._boundary(name)
+        self._send(name, b.dst, self.replica, encode(value))
+
+    def recv(self, name: str) -> Any:
+        """Receives what src replica ``i`` sent."""
+        b = self._boundary(name)
+        return self._recv(name, b.src, self.replica)
+
+    def gather(self, name: str, value: Any = None) -> Any:
+        """Src side (with ``value``): contribute a shard. Dst side: returns the shards
+        concatenated along the boundary's axis, replica 0 first."""
+        b = self._boundary(name)
+        if self.fragment == b.src:
+            self._send(name, b.dst, 0, encode(value))
+            return None
+        shards = [self._recv(name, b.src, r) for r in range(b.src_replicas)]
+        return concat(shards, b.axis if b.axis is not None else 0)
+
+    def scatter(self, name: str, value: Any = None) -> Any:
+        """Src side: split ``value`` over the dst replicas. Dst side: returns this replica's shard."""
+        b = self._boundary(name)
+        if self.fragment == b.src:
+            for r, shard in enumerate(split(value, b.dst_replicas, b.axis if b.axis is not None else 0)):
+                self._send(name, b.dst, r, encode(shard))
+            return None
+        return self._recv(name, b.src, 0)
+
+    def broadcast(self, name: str, value: Any = None) -> Any:
+        """Src side: send ``value`` to every dst replica. Dst side: returns it."""
+        b = self._boundary(name)
+        if self.fragment == b.src:
+            message = encode(value)
+            for r in range(b.dst_replicas):
+                self._send(name, b.dst, r, message)
+            return None
+        return self._recv(name, b.src, 0)
+
+    def put(self, name: str, value: Any) -> None:
+        """Asynchronous boundaries are not carried by torch.distributed.
+
+        Raises:
+            NotImplementedError: always; queues between processes are gRPC streams.
+        """
+        raise NotImplementedError(f"boundary {name}: asynchronous queues between processes need the gRPC transport")
+
+    get = put
+
+    def allreduce(self, name: str, value: Any = None) -> Any:
+        """The mean over this fragment's replicas of ``value`` (a tensor, or a list/tuple/dict
+        of tensors of one dtype), reduced in place and returned.
+
+        Every replica passes values of the same structure and shapes; the tensors are flattened
+        into one buffer, summed with ``dist.all_reduce`` on the fragment's group, divided by
+        the replica count and copied back.
+        """
+        tensors = tensor_leaves(value)
+        if not tensors:
+            return value
+        world = dist.get_world_size(self.fragment_group) if self.fragment_group is not None else 1
+        if world == 1:
+            return value
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        dist.all_reduce(flat, group=self.fragment_group)
+        flat /= world
+        offset = 0
+        for t in tensors:
+            t.copy_(flat[offset:offset + t.numel()].view_as(t))
+            offset += t.numel()
+        return value
+

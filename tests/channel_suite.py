@@ -1,0 +1,98 @@
+"""Runs one function per fragment replica over a transport: ``local`` (threads, LocalHub) or
+``dist`` (one spawned process per replica, a Gloo process group, DistComm). Used by
+tests/test_channels.py so both runtimes pass the same channel-semantics tests."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import traceback
+
+import torch
+import torch.multiprocessing as mp
+
+from msrl.channels import LocalHub
+
+
+def _dist_worker(rank, world, init_file, scenarios, q):
+    import torch.distributed as dist
+
+    from msrl.runtime.dist import DistComm
+
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+        for idx, (boundaries, fns) in enumerate(scenarios):
+            keys = sorted(fns)
+            ranks = {k: i for i, k in enumerate(keys)}
+            # every rank creates every group, in the same order (new_group is collective)
+            pgs = {f: dist.new_group(sorted(ranks[k] for k in keys if k[0] == f)) for f in sorted({f for f, _ in keys})}
+            if rank < len(keys):
+                frag, rep = keys[rank]
+                try:
+                    comm = DistComm(boundaries, frag, rep, ranks, pgs.get(frag))
+                    out = fns[keys[rank]](comm)
+                    comm.flush()
+                    q.put((idx, keys[rank], out, None))
+                except BaseException as e:  # noqa: BLE001
+                    q.put((idx, keys[rank], None, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+            dist.barrier()
+        dist.destroy_process_group()
+    except BaseException as e:  # noqa: BLE001
+        q.put((-1, rank, None, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+
+
+def run_local(boundaries, fns, timeout=60.0):
+    """``fns``: ``(fragment, replica) -> fn(comm)``; runs them as threads over a LocalHub.
+    Returns ``(fragment, replica) -> result``; re-raises the first failure."""
+    keys = sorted(fns)
+    frags: dict[str, int] = {}
+    for f, _ in keys:
+        frags[f] = frags.get(f, 0) + 1
+    hub = LocalHub(boundaries, frags)
+    out, errs = {}, []
+
+    def wrap(k):
+        try:
+            out[k] = fns[k](hub.endpoint(*k))
+        except BaseException as e:  # noqa: BLE001
+            errs.append(e)
+            hub.close(str(e))
+
+    ts = [threading.Thread(target=wrap, args=(k,)) for k in keys]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout)
+    if errs:
+        raise errs[0]
+    return out
+
+
+def run_dist(scenarios, timeout=120.0):
+    """Runs every scenario ``(boundaries, fns)`` in one world of spawned processes (as many as
+    the largest scenario has replicas; one Gloo process group, scenarios one after another,
+    module-level ``fns``). Returns one ``(fragment, replica) -> result`` dict per scenario."""
+    world = max(len(fns) for _, fns in scenarios)
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    fd, init_file = tempfile.mkstemp()
+    os.close(fd)
+    os.remove(init_file)
+    procs = [ctx.Process(target=_dist_worker, args=(r, world, init_file, scenarios, q)) for r in range(world)]
+    for p in procs:
+        p.start()
+    outs: list[dict] = [{} for _ in scenarios]
+    try:
+        for _ in range(sum(len(fns) for _, fns in scenarios)):
+            idx, k, v, err = q.get(timeout=timeout)
+            if err:
+                raise RuntimeError(f"scenario {idx}, replica {k}: {err}")
+            outs[idx][k] = v
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+    return outs

@@ -1,0 +1,124 @@
+"""The boundary codec: dtype + shape + raw bytes, round trips exact, malformed messages refused."""
+
+import pickle
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from msrl.runtime.codec import DTYPES, CodecError, decode, encode
+
+
+def _equal(a, b):
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, TensorDict):
+        return isinstance(b, TensorDict) and a.batch_size == b.batch_size and set(a.keys()) == set(b.keys()) \
+            and all(_equal(a[k], b[k]) for k in a.keys())
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and (a == b or (a != a and b != b))
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES.values()), ids=list(DTYPES))
+def test_every_dtype_round_trips_bitwise(dtype):
+    x = (torch.randn(3, 5, dtype=torch.float64) * 100).to(dtype)
+    assert _equal(decode(encode(x)), x)
+
+
+def test_nested_values_round_trip():
+    td = TensorDict({"obs": torch.randn(4, 2, 3), "nested": TensorDict({"a": torch.arange(8).view(4, 2)}, [4, 2])}, [4, 2])
+    value = {
+        "td": td,
+        "weights": {"w": torch.randn(2, 2).t(), "b": torch.zeros(0)},  # non-contiguous; empty
+        "scalar": torch.tensor(3.5),
+        "meta": [1, 2.5, True, None, "x", float("nan")],
+        "pair": (torch.tensor([True, False]), -7),
+    }
+    out = decode(encode(value))
+    assert _equal(out, value)
+    assert out["td"]["nested"]["a"].tolist() == td["nested"]["a"].tolist()
+
+
+def test_decoded_tensors_own_their_memory():
+    x = torch.arange(4.0)
+    msg = encode(x)
+    y = decode(msg)
+    y += 1
+    msg.zero_()
+    assert y.tolist() == [1.0, 2.0, 3.0, 4.0] and x.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_no_pickle_in_the_message():
+    msg = encode({"w": torch.ones(2)}).numpy().tobytes()
+    assert msg.startswith(b"MSRL") and b"pickle" not in msg
+    with pytest.raises(Exception):
+        pickle.loads(msg)
+
+
+@pytest.mark.parametrize(
+    "value, match",
+    [
+        (object(), r"value: a object cannot cross"),
+        ({"a": [1, {2: 3}]}, r"value.a\[1\]: dict keys must be strings"),
+        (torch.ones(2, dtype=torch.uint16), "dtype torch.uint16"),
+        (torch.eye(2).to_sparse(), "sparse"),
+    ],
+)
+def test_unsupported_values_are_named(value, match):
+    with pytest.raises(CodecError, match=match):
+        encode(value)
+
+
+def test_malformed_messages_are_refused_clearly():
+    good = encode({"x": torch.arange(10)})
+    cases = {
+        "shorter than": good[:3],
+        "not b'MSRL'": torch.cat([torch.tensor(list(b"XXXX"), dtype=torch.uint8), good[4:]]),
+        "truncated": good[:12],
+        "outside the": good[:-8],
+    }
+    for match, msg in cases.items():
+        with pytest.raises(CodecError, match=match):
+            decode(msg)
+    wrong_version = good.clone()
+    wrong_version[4] = 9
+    with pytest.raises(CodecError, match="version 9"):
+        decode(wrong_version)
+    with pytest.raises(CodecError, match="uint8"):
+        decode(torch.zeros(3))
+    # a header that lies about the byte count of a shape
+    import json
+    import struct
+
+    header = json.dumps({"t": "tensor", "dtype": "float32", "shape": [1000000], "off": 0, "n": 8}).encode()
+    msg = struct.pack("<4sBI", b"MSRL", 1, len(header)) + header + b"\0" * 8
+    with pytest.raises(CodecError, match="needs 4000000 bytes"):
+        decode(msg)
+    header = b"{not json"
+    with pytest.raises(CodecError, match="not JSON"):
+        decode(struct.pack("<4sBI", b"MSRL", 1, len(header)) + header)
+    torch.manual_seed(0)
+    for _ in range(50):  # random bytes never crash or allocate: a CodecError every time
+        with pytest.raises(CodecError):
+            decode(torch.randint(0, 256, (64,), dtype=torch.uint8))
+
+
+def test_decode_to_a_device():
+    out = decode(encode(TensorDict({"a": torch.ones(2)}, [2])), device="cpu")
+    assert out.device == torch.device("cpu") and out["a"].device == torch.device("cpu")
+
+
+def test_corrupted_bytes_give_a_codec_error_or_a_value_never_another_exception():
+    good = encode({"obs": TensorDict({"a": torch.randn(3, 2)}, [3]), "n": 4, "w": [torch.ones(2, dtype=torch.int64)]})
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        msg = good.clone()
+        i = int(torch.randint(0, msg.numel(), (1,), generator=gen))
+        msg[i] = int(torch.randint(0, 256, (1,), generator=gen))
+        try:
+            decode(msg)
+        except CodecError:
+            pass
