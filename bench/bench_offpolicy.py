@@ -78,12 +78,12 @@ SB3_KWARGS: dict[str, dict[str, Any]] = {
 }
 
 
-def run_msrl(task: Task, seed: int, policy: str | None, runs_dir: str) -> dict:
+def run_msrl(task: Task, seed: int, policy: str | None, runs_dir: str, extra: list[str] = ()) -> dict:
     """One msrl run; returns time/steps to the threshold, env steps/s and the eval curve."""
     from msrl.config import load_config
     from msrl.run import train
 
-    over = [] if policy is None else [f"distribution_policy.name={policy}"]
+    over = ([] if policy is None else [f"distribution_policy.name={policy}"]) + list(extra)
     cfg = load_config(
         task.config,
         over + [
@@ -224,15 +224,23 @@ def main() -> None:
     p.add_argument("--budget", type=int, default=None, help="env-step budget (default: the task's)")
     p.add_argument("--json", default=None, help="also write the raw results here")
     p.add_argument("--plot", default=None, help="write the learning curves here (PNG)")
+    p.add_argument("--variant", nargs="+", default=None, metavar="KEY=VALUE",
+                   help="add a row: msrl with these config overrides (e.g. env.id=msrl/CartPole-v1 "
+                        "distribution_policy.name=gpu_only: native CartPole, host kernels on a CPU)")
     args = p.parse_args()
     task = TASKS[args.algo]
     if args.budget is not None:
         task = dataclasses.replace(task, budget=args.budget)
     torch.set_num_threads(1)
     results: dict[str, list[dict]] = {"msrl": [], "sb3": []}
+    variant = "msrl " + " ".join(args.variant) if args.variant else None
+    if variant:
+        results = {"msrl": [], variant: [], "sb3": []}
     with tempfile.TemporaryDirectory() as runs_dir:
         for seed in args.seeds:
             results["msrl"].append(run_msrl(task, seed, args.policy, runs_dir))
+            if variant:
+                results[variant].append(run_msrl(task, seed, None, runs_dir, args.variant))
             results["sb3"].append(run_sb3(args.algo, task, seed))
             print(f"seed {seed}: " + "  ".join(
                 f"{k} t={v[-1]['time_to_threshold']} steps={v[-1]['steps_to_threshold']} sps={v[-1]['sps']:.0f}"
@@ -253,10 +261,13 @@ def main() -> None:
         ts = f"{t[1]:.2f} [{t[0]:.2f}, {t[2]:.2f}]" if t else "not reached"
         ss = f"{s[1]:.0f} [{s[0]:.0f}, {s[2]:.0f}]" if s else "-"
         print(f"| {k} | {reached}/{len(v)} | {ts} | {ss} | {q[k]['sps'][1]:.0f} |")
-    a, b = q["msrl"], q["sb3"]
-    ratio = f"{a['time_to_threshold'][1] / b['time_to_threshold'][1]:.2f}x time" \
-        if a["time_to_threshold"] and b["time_to_threshold"] else "n/a"
-    print(f"| msrl / sb3 | | {ratio} | | {a['sps'][1] / b['sps'][1]:.2f}x throughput |")
+    for k in results:
+        if k == "sb3":
+            continue
+        a, b = q[k], q["sb3"]
+        ratio = f"{a['time_to_threshold'][1] / b['time_to_threshold'][1]:.2f}x time" \
+            if a["time_to_threshold"] and b["time_to_threshold"] else "n/a"
+        print(f"| {k} / sb3 | | {ratio} | | {a['sps'][1] / b['sps'][1]:.2f}x throughput |")
     for k, v in results.items():
         print(f"{k} per seed (s): " + ", ".join("-" if r["time_to_threshold"] is None else f"{r['time_to_threshold']:.2f}" for r in v))
     if args.json:

@@ -18,15 +18,14 @@ from typing import Any, Mapping
 import torch
 
 from msrl import registry
-from msrl.api import AlgorithmSpec, BuildContext, EpisodeStats, Trainer
+from msrl.api import AlgorithmSpec, EpisodeStats, Trainer
 from msrl.backend import load_backend
 from msrl.codegen import Program, generate
-from msrl.envs import env_spec as make_env_spec
-from msrl.envs import make_env
 from msrl.graph import Graph
 from msrl.partition import FragmentGraph, partition
 from msrl.policy import DistributionPolicy
 from msrl.runtime.local import LocalRuntime
+from msrl.runtime.replica import Replica, build_trainer
 from msrl.tracer import trace
 
 __all__ = ["JobSpec", "Job", "UnknownAlgorithmError", "load_algorithm", "available_algorithms", "METHODS"]
@@ -174,8 +173,14 @@ class Job:
             run_probe(self.graphs, spec)
         self.fragment_graph: FragmentGraph = partition(self.graphs, spec.policy)
         self.programs: dict[tuple[str, str], Program] = compile_programs(self.fragment_graph, spec.algorithm)
-        self.trainers: dict[tuple[str, int], Trainer] = build_trainers(spec)
-        self.runtime = LocalRuntime(self.fragment_graph, self.programs, self.trainers)
+        self.replicas: dict[tuple[str, int], Replica] = {}
+        for frag in spec.policy.fragments:
+            programs = {m: p for (f, m), p in self.programs.items() if f == frag.name}
+            for r in range(frag.replicas):
+                self.replicas[(frag.name, r)] = Replica(spec, self.fragment_graph, frag.name, r, programs)
+        #: ``(fragment, replica) -> Trainer``: the replicas' objects (in-process debugging and tests)
+        self.trainers: dict[tuple[str, int], Trainer] = {k: r.trainer for k, r in self.replicas.items()}
+        self.runtime = LocalRuntime(self.fragment_graph, self.replicas)
         self.iteration = 0
 
     # -- running ----------------------------------------------------------------------------
@@ -205,13 +210,13 @@ class Job:
     @property
     def env_steps(self) -> int:
         """Env steps taken so far, over every env replica."""
-        return sum(t.env.env_steps for t in self.replicas_with("env"))
+        return sum(r.env_steps for r in self.replicas.values())
 
     def pop_episode_stats(self) -> EpisodeStats:
         """Episodes finished on every env replica since the last call, replica 0 first."""
         out = EpisodeStats([], [])
-        for t in self.replicas_with("env"):
-            s = t.env.pop_episode_stats()
+        for key in sorted(self.replicas):
+            s = self.replicas[key].pop_episode_stats()
             out.returns += s.returns
             out.lengths += s.lengths
             for k, v in s.extra.items():
@@ -227,17 +232,15 @@ class Job:
         """The ``role`` component of replica ``replica`` of its fragment."""
         return self.replicas_with(role)[replica].components[role]
 
+    def eval_actor(self) -> Any:
+        """An actor holding the current policy, for evaluation (here: replica 0's own actor)."""
+        return self.component("actor")
+
     # -- checkpoints ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Every replica's components and trainer state (the attributes the traced methods
         write), the iteration count and torch's global RNG state."""
-        state_attrs = sorted({n.target for g in self.graphs.values() for n in g.walk() if n.kind.value == "state_out"})
-        replicas = {}
-        for (frag, r), t in self.trainers.items():
-            replicas[f"{frag}/{r}"] = {
-                "components": {role: c.state_dict() for role, c in t.components.items()},
-                "state": {a: getattr(t, a) for a in state_attrs if a in vars(t)},
-            }
+        replicas = {f"{frag}/{r}": rep.state_dict() for (frag, r), rep in self.replicas.items()}
         return {"iteration": self.iteration, "replicas": replicas, "torch_rng": torch.get_rng_state()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -247,23 +250,19 @@ class Job:
             KeyError: the checkpoint's replicas differ from this job's.
         """
         saved = state["replicas"]
-        mine = {f"{frag}/{r}" for frag, r in self.trainers}
+        mine = {f"{frag}/{r}" for frag, r in self.replicas}
         if set(saved) != mine:
             raise KeyError(f"checkpoint holds replicas {sorted(saved)}, this job has {sorted(mine)}")
-        for (frag, r), t in self.trainers.items():
-            entry = saved[f"{frag}/{r}"]
-            for role, c in t.components.items():
-                c.load_state_dict(entry["components"][role])
-            for a, v in entry["state"].items():
-                setattr(t, a, v)
+        for (frag, r), rep in self.replicas.items():
+            rep.load_state_dict(saved[f"{frag}/{r}"])
         self.iteration = int(state["iteration"])
         torch.set_rng_state(state["torch_rng"])
 
     def close(self) -> None:
         """Closes envs and runtime threads."""
         self.runtime.close()
-        for t in self.replicas_with("env"):
-            t.env.close()
+        for rep in self.replicas.values():
+            rep.close()
 
 
 def compile_programs(fg: FragmentGraph, algorithm: AlgorithmSpec) -> dict[tuple[str, str], Program]:
@@ -282,39 +281,9 @@ def compile_programs(fg: FragmentGraph, algorithm: AlgorithmSpec) -> dict[tuple[
 
 
 def build_trainers(spec: JobSpec) -> dict[tuple[str, int], Trainer]:
-    """Builds one trainer per fragment replica holding that fragment's components.
-
-    Replica ``r`` of the env fragment steps envs ``r*n .. r*n+n-1`` of the job (``n`` envs
-    per replica) and is seeded with ``seed + r*n``, so its env ``i`` gets seed ``seed + r*n + i``
-    exactly as env ``r*n + i`` would in one process.
+    """Builds one trainer per fragment replica (see :func:`msrl.runtime.replica.build_trainer`).
 
     Raises:
         ValueError: envs do not split evenly over replicas.
     """
-    n = spec.envs_per_replica()
-    env_spec = make_env_spec(spec.env_id, n, spec.env_kwargs)
-    trainers: dict[tuple[str, int], Trainer] = {}
-    for frag in spec.policy.fragments:
-        for r in range(frag.replicas):
-            seed = spec.seed + r * n
-            device = torch.device(frag.device)
-            ctx = BuildContext(
-                hparams=spec.hparams,
-                env_spec=env_spec,
-                replica=r,
-                num_replicas=frag.replicas,
-                total_num_envs=spec.num_envs,
-                total_env_steps=spec.total_env_steps,
-                seed=seed,
-                device=device,
-            )
-            components: dict[str, Any] = {}
-            for role in frag.roles:
-                if role == "env":
-                    components[role] = make_env(spec.env_id, n, device, frag.backend, spec.vectorization, spec.env_kwargs)
-                else:
-                    components[role] = spec.algorithm.components[role](ctx)
-            trainers[(frag.name, r)] = spec.algorithm.trainer(
-                components, spec.hparams, seed, num_envs=spec.num_envs, total_env_steps=spec.total_env_steps
-            )
-    return trainers
+    return {(frag.name, r): build_trainer(spec, frag, r) for frag in spec.policy.fragments for r in range(frag.replicas)}

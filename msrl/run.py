@@ -169,7 +169,7 @@ class _Metrics:
 
 
 def _evaluate(job: Job, cfg: RunConfig) -> list[float]:
-    actor = job.component("actor")
+    actor = job.eval_actor()
     env_id, kwargs = evaluation_env(cfg)
     if env_id is None:
         return []  # no gymnasium env to evaluate on (e.g. Tag): the training curves tell
@@ -243,7 +243,7 @@ def train(cfg: RunConfig, resume: str | pathlib.Path | None = None) -> TrainResu
         _atomic_save(
             {
                 "job": job.state_dict(),
-                "actor_weights": job.component("actor").get_weights(),
+                "actor_weights": job.eval_actor().get_weights(),
                 "time_s": time_s,
                 "done_eval": done_eval,
                 "threshold": list(threshold),

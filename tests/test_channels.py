@@ -6,13 +6,12 @@ import threading
 
 import pytest
 import torch
+from channel_suite import run_dist, run_local
 from tensordict import TensorDict
 
 from msrl.channels import ChannelClosed, LocalHub
 from msrl.graph import NodeKind
 from msrl.partition import Boundary
-
-from channel_suite import run_dist, run_local
 
 TRANSPORTS = ["local", "dist"]
 

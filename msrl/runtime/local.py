@@ -8,55 +8,30 @@ boundaries through a :class:`~msrl.channels.LocalHub`. Errors are re-raised as
 
 from __future__ import annotations
 
-import sys
-import traceback
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping
 
-from msrl.api import Trainer
 from msrl.channels import ChannelClosed, LocalHub
-from msrl.codegen import Program
 from msrl.partition import FragmentGraph
+from msrl.runtime.replica import FragmentError, Replica
 
 __all__ = ["FragmentError", "LocalRuntime"]
 
 
-class FragmentError(RuntimeError):
-    """An exception raised inside a fragment program.
-
-    Attributes:
-        fragment, replica: where; ``node``: the FDG node (``None`` if not mapped); ``cause``:
-        the original exception (also ``__cause__``).
-    """
-
-    def __init__(self, fragment: str, replica: int, method: str, node: Any, cause: BaseException) -> None:
-        self.fragment, self.replica, self.method, self.node, self.cause = fragment, replica, method, node, cause
-        where = f"{node.describe()} at {node.where()}" if node is not None else "(outside any node)"
-        super().__init__(
-            f"fragment {fragment} replica {replica}, {method}: {type(cause).__name__}: {cause}\n  in {where}"
-        )
-
-
 class LocalRuntime:
-    """Runs fragment programs of one job in this process.
+    """Runs the fragment replicas of one job in this process.
 
     Args:
         fragment_graph: the partitioned job.
-        programs: ``(fragment, method) -> Program``.
-        trainers: ``(fragment, replica) -> Trainer`` holding that fragment's components.
+        replicas: ``(fragment, replica) -> Replica``.
     """
 
-    def __init__(
-        self,
-        fragment_graph: FragmentGraph,
-        programs: Mapping[tuple[str, str], Program],
-        trainers: Mapping[tuple[str, int], Trainer],
-    ) -> None:
+    def __init__(self, fragment_graph: FragmentGraph, replicas: Mapping[tuple[str, int], Replica]) -> None:
         self.fragment_graph = fragment_graph
-        self.programs = dict(programs)
-        self.trainers = dict(trainers)
-        self._replicas = list(self.trainers)
-        self._pool = ThreadPoolExecutor(max_workers=len(self._replicas)) if len(self._replicas) > 1 else None
+        self.replicas = dict(replicas)
+        self._keys = sorted(self.replicas)
+        self._fragment_replicas = {fr.name: fr.spec.replicas for fr in fragment_graph.fragments}
+        self._pool = ThreadPoolExecutor(max_workers=len(self._keys)) if len(self._keys) > 1 else None
         # The fragment whose program returns the method's output (the fragment holding the
         # output node's value); replica 0's return value is the step's.
         self._output_fragment: dict[str, str] = {}
@@ -72,10 +47,9 @@ class LocalRuntime:
             FragmentError: a replica raised; the others are woken and stopped.
         """
         if self._pool is None:
-            key = self._replicas[0]
-            return self._run_one(method, key, None)
-        hub = LocalHub([b for b in self.fragment_graph.boundaries if b.method == method])
-        futures = {key: self._pool.submit(self._run_one, method, key, hub) for key in self._replicas}
+            return self.replicas[self._keys[0]].run_method(method, None)
+        hub = LocalHub([b for b in self.fragment_graph.boundaries if b.method == method], self._fragment_replicas)
+        futures = {key: self._pool.submit(self._run_one, method, key, hub) for key in self._keys}
         results: dict[tuple[str, int], Any] = {}
         first_error: BaseException | None = None
         for key, fut in futures.items():
@@ -89,20 +63,13 @@ class LocalRuntime:
         out_frag = self._output_fragment.get(method)
         return results.get((out_frag, 0)) if out_frag else None
 
-    def _run_one(self, method: str, key: tuple[str, int], hub: LocalHub | None) -> Any:
+    def _run_one(self, method: str, key: tuple[str, int], hub: LocalHub) -> Any:
         fragment, replica = key
-        program = self.programs[(fragment, method)]
-        comm = hub.endpoint(fragment, replica) if hub is not None else None
         try:
-            return program.fn(self.trainers[key], comm)
-        except BaseException as e:  # noqa: BLE001 - re-raised with the node that failed
-            if hub is not None:
-                hub.close(f"fragment {fragment} replica {replica} failed: {type(e).__name__}: {e}")
-            node = None
-            for frame, lineno in traceback.walk_tb(sys.exc_info()[2]):
-                if frame.f_code.co_filename == program.filename:
-                    node = program.node_at(lineno)
-            raise FragmentError(fragment, replica, method, node, e) from e
+            return self.replicas[key].run_method(method, hub.endpoint(fragment, replica))
+        except FragmentError as e:
+            hub.close(f"fragment {fragment} replica {replica} failed: {type(e.cause).__name__}: {e.cause}")
+            raise
 
     def close(self) -> None:
         """Stops the worker threads."""

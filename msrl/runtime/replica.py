@@ -1,0 +1,177 @@
+"""One fragment replica, built from the job's spec and its (fragment, replica index): what every
+runtime runs, in a thread of one process (:mod:`msrl.runtime.local`) or in its own process (the
+Ray runtime in :mod:`msrl.cluster.ray_runtime`).
+
+A :class:`Replica` owns its trainer (the fragment's components, its envs, its RNG state) and its
+generated programs; a runtime only calls its methods, and gets plain values back (metrics as
+floats, episode statistics, state dicts, weights), so the same calls work across a process
+boundary.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from typing import Any, Mapping
+
+import torch
+
+from msrl.api import BuildContext, EpisodeStats, Trainer
+from msrl.backend import load_backend
+from msrl.codegen import Program, generate
+from msrl.envs import env_spec as make_env_spec
+from msrl.envs import make_env
+from msrl.partition import FragmentGraph
+from msrl.policy import FragmentSpec
+
+__all__ = ["FragmentError", "Replica", "build_trainer", "compile_fragment"]
+
+
+class FragmentError(RuntimeError):
+    """An exception raised inside a fragment program.
+
+    Attributes:
+        fragment, replica: where; ``node``: the FDG node (``None`` if not mapped); ``cause``:
+        the original exception (also ``__cause__``).
+    """
+
+    def __init__(self, fragment: str, replica: int, method: str, node: Any, cause: BaseException) -> None:
+        self.fragment, self.replica, self.method, self.node, self.cause = fragment, replica, method, node, cause
+        where = f"{node.describe()} at {node.where()}" if node is not None else "(outside any node)"
+        super().__init__(
+            f"fragment {fragment} replica {replica}, {method}: {type(cause).__name__}: {cause}\n  in {where}"
+        )
+
+    def __reduce__(self):  # crosses Ray's process boundary with its message intact
+        return (FragmentError, (self.fragment, self.replica, self.method, self.node, self.cause))
+
+
+def build_trainer(spec: Any, frag: FragmentSpec, replica: int) -> Trainer:
+    """The trainer of replica ``replica`` of fragment ``frag``, holding that fragment's components.
+
+    Replica ``r`` of the env fragment steps envs ``r*n .. r*n+n-1`` of the job (``n`` envs per
+    replica) and is seeded with ``seed + r*n``, so its env ``i`` gets seed ``seed + r*n + i``
+    exactly as env ``r*n + i`` would in one process.
+
+    Raises:
+        ValueError: envs do not split evenly over the env replicas.
+    """
+    n = spec.envs_per_replica()
+    seed = spec.seed + replica * n
+    device = torch.device(frag.device)
+    ctx = BuildContext(
+        hparams=spec.hparams,
+        env_spec=make_env_spec(spec.env_id, n, spec.env_kwargs),
+        replica=replica,
+        num_replicas=frag.replicas,
+        total_num_envs=spec.num_envs,
+        total_env_steps=spec.total_env_steps,
+        seed=seed,
+        device=device,
+    )
+    components: dict[str, Any] = {}
+    for role in frag.roles:
+        if role == "env":
+            components[role] = make_env(spec.env_id, n, device, frag.backend, spec.vectorization, spec.env_kwargs)
+        else:
+            components[role] = spec.algorithm.components[role](ctx)
+    return spec.algorithm.trainer(components, spec.hparams, seed, num_envs=spec.num_envs, total_env_steps=spec.total_env_steps)
+
+
+def compile_fragment(fg: FragmentGraph, fragment: str, algorithm: Any) -> dict[str, Program]:
+    """Generates ``fragment``'s program for every traced method with its backend.
+
+    Raises:
+        UnknownBackendError: the fragment names a backend that does not exist.
+    """
+    fr = fg.fragment(fragment)
+    module_globals = vars(sys.modules[algorithm.trainer.__module__])
+    backend = load_backend(fr.spec.backend)
+    return {method: generate(g, fr.name, method, backend.lowering, module_globals) for method, g in fr.programs.items()}
+
+
+class Replica:
+    """One fragment replica: its trainer and its programs.
+
+    Args:
+        spec: the job (:class:`msrl.job.JobSpec`).
+        fragment_graph: the partitioned job.
+        fragment, replica: which replica this is.
+        programs: the fragment's programs when already generated (else generated here).
+        trainer: the trainer when already built (else built here).
+    """
+
+    def __init__(
+        self,
+        spec: Any,
+        fragment_graph: FragmentGraph,
+        fragment: str,
+        replica: int,
+        programs: Mapping[str, Program] | None = None,
+        trainer: Trainer | None = None,
+    ) -> None:
+        self.fragment, self.replica = fragment, replica
+        self.spec = fragment_graph.fragment(fragment).spec
+        self.programs = dict(programs) if programs is not None else compile_fragment(fragment_graph, fragment, spec.algorithm)
+        self.trainer = trainer if trainer is not None else build_trainer(spec, self.spec, replica)
+        self.state_attrs = sorted(
+            {n.target for fr in fragment_graph.fragments for g in fr.programs.values() for n in g.walk() if n.kind.value == "state_out"}
+        )
+
+    @property
+    def has_env(self) -> bool:
+        """Whether this replica steps envs."""
+        return "env" in self.trainer.components
+
+    def run_method(self, method: str, comm: Any) -> Any:
+        """Runs ``method``'s program once with channel endpoint ``comm``; returns its output.
+
+        Raises:
+            FragmentError: the program raised; names the node and the user's ``file:line``.
+        """
+        program = self.programs[method]
+        try:
+            return program.fn(self.trainer, comm)
+        except BaseException as e:  # noqa: BLE001 - re-raised with the node that failed
+            node = None
+            for frame, lineno in traceback.walk_tb(sys.exc_info()[2]):
+                if frame.f_code.co_filename == program.filename:
+                    node = program.node_at(lineno)
+            raise FragmentError(self.fragment, self.replica, method, node, e) from e
+
+    @property
+    def env_steps(self) -> int:
+        """Env steps this replica's envs took (0 without envs)."""
+        return self.trainer.env.env_steps if self.has_env else 0
+
+    def pop_episode_stats(self) -> EpisodeStats:
+        """Episodes this replica's envs finished since the last call."""
+        return self.trainer.env.pop_episode_stats() if self.has_env else EpisodeStats([], [])
+
+    def component(self, role: str) -> Any:
+        """The component of ``role`` (in-process use only)."""
+        return self.trainer.components[role]
+
+    def weights(self, role: str) -> dict[str, torch.Tensor]:
+        """``get_weights()`` of the ``role`` component."""
+        return self.trainer.components[role].get_weights()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The components' state dicts and the trainer state (the attributes the traced methods
+        write) this replica holds."""
+        return {
+            "components": {role: c.state_dict() for role, c in self.trainer.components.items()},
+            "state": {a: getattr(self.trainer, a) for a in self.state_attrs if a in vars(self.trainer)},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores :meth:`state_dict`'s output."""
+        for role, c in self.trainer.components.items():
+            c.load_state_dict(state["components"][role])
+        for a, v in state["state"].items():
+            setattr(self.trainer, a, v)
+
+    def close(self) -> None:
+        """Closes this replica's envs."""
+        if self.has_env:
+            self.trainer.env.close()
