@@ -1,0 +1,360 @@
+"""The Ray runtime: every fragment replica a Ray actor in its own process, boundaries over
+``torch.distributed`` (Gloo) with the codec, one placement-group bundle per replica.
+
+Driver side (:class:`RayJob`): traces, probes and partitions the job once, reserves a placement
+group (one bundle ``{"CPU": c}`` per replica, PACK or SPREAD), starts one :class:`ReplicaActor` per
+replica in its bundle, and sets up one Gloo process group across them (rank 0's node address, a
+free port found on that node). Each actor builds its own :class:`~msrl.runtime.replica.Replica` --
+components, envs, RNG -- from the job spec and its (fragment, replica index), with torch's and
+OpenMP's thread counts set from its bundle's CPUs. From then on the driver only makes Ray calls:
+``run(method, n)`` runs ``n`` iterations inside every replica, each waiting only at its boundaries,
+and returns per-iteration records (the output fragment's metrics as floats, env steps, finished
+episodes, the iteration's time); state dicts and evaluation weights come back the same way.
+Per-iteration data between replicas never goes through Ray.
+
+A replica that raises stops the job: the driver kills every actor (waking peers blocked at a
+boundary) and re-raises the replica's :class:`~msrl.runtime.replica.FragmentError`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from datetime import timedelta
+from typing import Any, Mapping, Sequence
+
+import cloudpickle
+import torch
+
+from msrl.api import EpisodeStats
+
+__all__ = ["RayJob", "ReplicaActor", "ReplicaDied"]
+
+
+class ReplicaDied(RuntimeError):
+    """A replica's process died (killed, out of memory, node lost)."""
+
+
+def _floats(out: Any) -> Any:
+    if isinstance(out, dict):
+        return {k: float(v) if isinstance(v, (torch.Tensor, int, float)) and not isinstance(v, bool) else v for k, v in out.items()}
+    return out
+
+
+class ReplicaActor:
+    """One fragment replica in its own process (wrapped by ``ray.remote`` in :class:`RayJob`).
+
+    Args:
+        algorithm_ref: how to import the algorithm's module in this process before the spec is
+            unpickled (an algorithm file's path, a dotted module; ``None`` for built-ins).
+        spec_bytes, fragment_graph_bytes: the cloudpickled :class:`~msrl.job.JobSpec` and
+            :class:`~msrl.partition.FragmentGraph`.
+        fragment, replica: which replica.
+        threads: torch intra-op (and OpenMP) threads: the bundle's CPUs.
+    """
+
+    def __init__(self, algorithm_ref: str | None, spec_bytes: bytes, fragment_graph_bytes: bytes,
+                 fragment: str, replica: int, threads: int) -> None:
+        torch.set_num_threads(threads)
+        if algorithm_ref is not None:
+            from msrl.job import load_algorithm
+
+            load_algorithm(algorithm_ref)  # registers a file's module before unpickling refers to it
+        from msrl.runtime.replica import Replica
+
+        self.spec = cloudpickle.loads(spec_bytes)
+        self.fragment_graph = cloudpickle.loads(fragment_graph_bytes)
+        self.fragment, self.index = fragment, replica
+        self.replica = Replica(self.spec, self.fragment_graph, fragment, replica)
+        self.comm: Any = None
+        self.output_fragment = None
+        for fr in self.fragment_graph.fragments:
+            if any(n.kind.value == "output" and n.inputs for n in fr.programs["train_step"]):
+                self.output_fragment = fr.name
+
+    def address(self) -> tuple[str, int]:
+        """This node's IP address and a port free on it (for the rendezvous of rank 0)."""
+        import ray
+
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def init_process_group(self, master: tuple[str, int], rank: int, ranks: Mapping[tuple[str, int], int],
+                           timeout_s: float) -> None:
+        """Joins the job's Gloo process group and builds this replica's channel endpoint."""
+        import torch.distributed as dist
+
+        from msrl.runtime.dist import DistComm
+
+        dist.init_process_group("gloo", init_method=f"tcp://{master[0]}:{master[1]}", rank=rank,
+                                world_size=len(ranks), timeout=timedelta(seconds=timeout_s))
+        groups = {}
+        for fr in sorted({f for f, _ in ranks}):  # every rank makes every group, in one order
+            groups[fr] = dist.new_group(sorted(r for (f, _), r in ranks.items() if f == fr))
+        own = groups[self.fragment] if sum(1 for f, _ in ranks if f == self.fragment) > 1 else None
+        self.comm = DistComm(self.fragment_graph.boundaries, self.fragment, self.index, ranks, own,
+                             self.replica.spec.device)
+        if own is not None:
+            learner = self.replica.trainer.components.get("learner")
+            if learner is not None:  # multi_learner: gradients averaged at the gradient step
+                learner.gradient_hook = lambda grads: self.comm.allreduce("gradients", grads)
+
+    def run(self, method: str, n: int) -> list[dict[str, Any]]:
+        """Runs ``method`` ``n`` times; one record per iteration (see the module docstring)."""
+        import time
+
+        records = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            out = self.replica.run_method(method, self.comm)
+            if self.comm is not None:
+                self.comm.flush()
+            stats = self.replica.pop_episode_stats()
+            records.append({
+                "output": _floats(out) if self.fragment == self.output_fragment and self.index == 0 else None,
+                "env_steps": self.replica.env_steps,
+                "returns": stats.returns, "lengths": stats.lengths, "extra": stats.extra,
+                "time_s": time.perf_counter() - t0,
+            })
+        return records
+
+    def weights(self, role: str) -> dict[str, torch.Tensor]:
+        """``get_weights()`` of this replica's ``role`` component, on the CPU."""
+        return {k: v.cpu() for k, v in self.replica.weights(role).items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        """:meth:`Replica.state_dict` and this process's torch RNG state."""
+        return {**self.replica.state_dict(), "torch_rng": torch.get_rng_state()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores :meth:`state_dict`'s output."""
+        self.replica.load_state_dict(state)
+        torch.set_rng_state(state["torch_rng"])
+
+    def close(self) -> None:
+        """Closes the envs and leaves the process group."""
+        self.replica.close()
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class RayJob:
+    """A job whose fragment replicas are Ray actors (see the module docstring); the same calls
+    as :class:`msrl.job.Job` (what :func:`msrl.run.train` uses).
+
+    Args:
+        spec: the job.
+        algorithm_ref: ``algorithm.name`` of the config when the algorithm is loaded from a file
+            or module (so each process can import it); ``None`` for built-ins.
+        address: a Ray cluster's address (``None``: the running Ray instance, or a new local one).
+        cpus_per_replica: the CPUs of each replica's bundle (its torch/OpenMP threads).
+        strategy: the placement group's strategy (``"PACK"`` or ``"SPREAD"``).
+        probe: as for :class:`msrl.job.Job`.
+        timeout_s: how long a replica waits at a boundary before the process group gives up.
+
+    Raises:
+        TraceError, PartitionError, ValueError: as :class:`msrl.job.Job`; ``ValueError`` for a
+        strategy other than PACK/SPREAD; :class:`ReplicaDied` when a replica cannot start.
+    """
+
+    def __init__(self, spec: Any, algorithm_ref: str | None = None, address: str | None = None,
+                 cpus_per_replica: float = 1.0, strategy: str = "PACK", probe: bool = True,
+                 timeout_s: float = 600.0) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from msrl.job import METHODS
+        from msrl.partition import partition
+        from msrl.tracer import trace
+
+        if strategy not in ("PACK", "SPREAD"):
+            raise ValueError(f"cluster.strategy must be PACK or SPREAD, got {strategy!r}")
+        self.spec = spec
+        self.graphs = {m: trace(spec.algorithm.trainer, m) for m in METHODS}
+        if probe:
+            from msrl.probe import probe as run_probe
+
+            run_probe(self.graphs, spec)
+        self.fragment_graph = partition(self.graphs, spec.policy)
+        self.keys = [(f.name, r) for f in spec.policy.fragments for r in range(f.replicas)]
+        self.iteration = 0
+        self._env_steps = 0
+        self._stats = EpisodeStats([], [])
+        self._eval_actor: Any = None
+        if not ray.is_initialized():
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        threads = max(1, int(math.floor(cpus_per_replica)))
+        self.placement_group = placement_group([{"CPU": cpus_per_replica} for _ in self.keys], strategy=strategy)
+        ray.get(self.placement_group.ready())
+        remote = ray.remote(ReplicaActor)
+        spec_bytes, fg_bytes = cloudpickle.dumps(spec), cloudpickle.dumps(self.fragment_graph)
+        env_vars = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        self.actors = [
+            remote.options(
+                num_cpus=cpus_per_replica,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=i),
+                runtime_env={"env_vars": env_vars},
+                name=None,
+            ).remote(algorithm_ref, spec_bytes, fg_bytes, frag, r, threads)
+            for i, (frag, r) in enumerate(self.keys)
+        ]
+        ranks = {k: i for i, k in enumerate(self.keys)}
+        self._wait([self.actors[0].address.remote()])
+        master = ray.get(self.actors[0].address.remote())
+        if len(self.keys) > 1:
+            self._wait([a.init_process_group.remote(master, ranks[k], ranks, timeout_s) for a, k in zip(self.actors, self.keys)])
+        self._has_env = [k[0] == spec.policy.fragment_of_role("env") for k in self.keys]
+
+    # -- running ----------------------------------------------------------------------------
+    def _wait(self, futures: Sequence[Any]) -> list[Any]:
+        """Every future's result; on the first failure, every actor is killed and the
+        replica's error re-raised."""
+        import ray
+
+        pending = list(futures)
+        order = {f: i for i, f in enumerate(futures)}
+        results: list[Any] = [None] * len(futures)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            try:
+                results[order[done[0]]] = ray.get(done[0])
+            except ray.exceptions.RayTaskError as e:
+                self.kill()
+                cause = e.cause if getattr(e, "cause", None) is not None else e
+                raise cause from None
+            except ray.exceptions.RayActorError as e:
+                self.kill()
+                raise ReplicaDied(f"a replica's process died: {e}") from None
+        return results
+
+    def run(self, n: int, method: str = "train_step") -> list[dict[str, Any]]:
+        """Runs ``n`` iterations in every replica, each replica free between its boundaries;
+        returns one record per iteration: ``output`` (metrics as floats), ``env_steps`` (the
+        job's total after it), ``time_s`` (the slowest replica's iteration time).
+
+        Raises:
+            FragmentError: a replica raised (the job is stopped).
+            ReplicaDied: a replica's process died.
+            FloatingPointError: a ``*_loss`` metric is not finite.
+        """
+        per_replica = self._wait([a.run.remote(method, n) for a in self.actors])
+        records = []
+        for i in range(n):
+            rows = [recs[i] for recs in per_replica]
+            out = next((r["output"] for r in rows if r["output"] is not None), None)
+            for row, has_env in zip(rows, self._has_env):
+                if has_env:
+                    self._stats.returns += row["returns"]
+                    self._stats.lengths += row["lengths"]
+                    for k, v in row["extra"].items():
+                        self._stats.extra.setdefault(k, []).extend(v)
+            if method == "train_step":
+                self.iteration += 1
+            self._env_steps = sum(r["env_steps"] for r in rows)
+            if isinstance(out, dict):
+                bad = {k: v for k, v in out.items() if k.endswith("_loss") and isinstance(v, float) and not math.isfinite(v)}
+                if bad:
+                    raise FloatingPointError(f"non-finite loss in iteration {self.iteration}: {bad}")
+            records.append({"output": out, "env_steps": self._env_steps, "time_s": max(r["time_s"] for r in rows)})
+        return records
+
+    def reset(self) -> None:
+        """Runs every replica's ``reset`` program."""
+        self.run(1, "reset")
+
+    def train_step(self) -> dict[str, float] | None:
+        """One iteration on every replica; the learner's metrics."""
+        return self.run(1)[0]["output"]
+
+    @property
+    def env_steps(self) -> int:
+        """Env steps taken so far, over every env replica."""
+        return self._env_steps
+
+    def pop_episode_stats(self) -> EpisodeStats:
+        """Episodes finished since the last call, replica 0 first within each iteration."""
+        out, self._stats = self._stats, EpisodeStats([], [])
+        return out
+
+    def weights(self, role: str, replica: int = 0) -> dict[str, torch.Tensor]:
+        """``get_weights()`` of replica ``replica`` of the fragment holding ``role``."""
+        frag = self.spec.policy.fragment_of_role(role)
+        i = self.keys.index((frag, replica))
+        return self._wait([self.actors[i].weights.remote(role)])[0]
+
+    def eval_actor(self) -> Any:
+        """An actor built on the driver (CPU) holding the job's current policy weights."""
+        if self._eval_actor is None:
+            from msrl.api import BuildContext
+            from msrl.envs import env_spec as make_env_spec
+
+            ctx = BuildContext(self.spec.hparams, make_env_spec(self.spec.env_id, 1, self.spec.env_kwargs), 0, 1,
+                               self.spec.num_envs, self.spec.total_env_steps, self.spec.seed, torch.device("cpu"))
+            self._eval_actor = self.spec.algorithm.components["actor"](ctx)
+        self._eval_actor.set_weights(self.weights("actor"))
+        return self._eval_actor
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Every replica's state (from its process) and the iteration count."""
+        states = self._wait([a.state_dict.remote() for a in self.actors])
+        return {"iteration": self.iteration, "env_steps": self._env_steps,
+                "replicas": {f"{f}/{r}": s for (f, r), s in zip(self.keys, states)}}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores :meth:`state_dict`'s output into every replica.
+
+        Raises:
+            KeyError: the checkpoint's replicas differ from this job's.
+        """
+        saved = state["replicas"]
+        mine = {f"{f}/{r}" for f, r in self.keys}
+        if set(saved) != mine:
+            raise KeyError(f"checkpoint holds replicas {sorted(saved)}, this job has {sorted(mine)}")
+        self._wait([a.load_state_dict.remote(saved[f"{f}/{r}"]) for a, (f, r) in zip(self.actors, self.keys)])
+        self.iteration = int(state["iteration"])
+        self._env_steps = int(state.get("env_steps", 0))
+
+    def kill(self) -> None:
+        """Kills every replica process and frees the placement group (no process left behind)."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for a in self.actors:
+            try:
+                ray.kill(a)
+            except Exception:  # noqa: BLE001 - already dead
+                pass
+        self.actors = []
+        try:
+            remove_placement_group(self.placement_group)
+        except Exception:  # noqa: BLE001
+            pass
+
+    def close(self) -> None:
+        """Closes every replica (envs, process group), then ends their processes."""
+        import ray
+
+        if self.actors:
+            try:
+                ray.get([a.close.remote() for a in self.actors], timeout=30)
+            except Exception:  # noqa: BLE001 - a dead replica has nothing left to close
+                pass
+        self.kill()
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (for tests that no replica outlives its job)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
