@@ -71,6 +71,11 @@ def load_algorithm(name: str) -> AlgorithmSpec:
 
         module_name = f"msrl_user.{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
         module = sys.modules.get(module_name)
+        if "msrl_user" not in sys.modules:  # the namespace of file algorithms (pickle imports it)
+            import types
+
+            sys.modules["msrl_user"] = types.ModuleType("msrl_user", "algorithms loaded from files")
+            sys.modules["msrl_user"].__path__ = []  # type: ignore[attr-defined]
         if module is None:
             spec = importlib.util.spec_from_file_location(module_name, path)
             assert spec is not None and spec.loader is not None

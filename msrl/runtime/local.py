@@ -65,8 +65,13 @@ class LocalRuntime:
 
     def _run_one(self, method: str, key: tuple[str, int], hub: LocalHub) -> Any:
         fragment, replica = key
+        comm = hub.endpoint(fragment, replica)
+        learner = self.replicas[key].trainer.components.get("learner")
+        if learner is not None and self._fragment_replicas[fragment] > 1:
+            # multi_learner: the replicas' gradients are averaged at the gradient step
+            learner.gradient_hook = lambda grads: comm.allreduce("gradients", grads)
         try:
-            return self.replicas[key].run_method(method, hub.endpoint(fragment, replica))
+            return self.replicas[key].run_method(method, comm)
         except FragmentError as e:
             hub.close(f"fragment {fragment} replica {replica} failed: {type(e.cause).__name__}: {e.cause}")
             raise

@@ -10,6 +10,7 @@ boundary.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import traceback
 from typing import Any, Mapping
@@ -51,7 +52,8 @@ def build_trainer(spec: Any, frag: FragmentSpec, replica: int) -> Trainer:
 
     Replica ``r`` of the env fragment steps envs ``r*n .. r*n+n-1`` of the job (``n`` envs per
     replica) and is seeded with ``seed + r*n``, so its env ``i`` gets seed ``seed + r*n + i``
-    exactly as env ``r*n + i`` would in one process.
+    exactly as env ``r*n + i`` would in one process. Learners are built with the job's base seed
+    on every replica (identical initial weights under ``multi_learner``).
 
     Raises:
         ValueError: envs do not split evenly over the env replicas.
@@ -73,6 +75,10 @@ def build_trainer(spec: Any, frag: FragmentSpec, replica: int) -> Trainer:
     for role in frag.roles:
         if role == "env":
             components[role] = make_env(spec.env_id, n, device, frag.backend, spec.vectorization, spec.env_kwargs)
+        elif role == "learner":
+            # every learner replica from the job's base seed: identical initial weights, which
+            # gradient all-reduce keeps identical (one learner: the same seed as before)
+            components[role] = spec.algorithm.components[role](dataclasses.replace(ctx, seed=spec.seed))
         else:
             components[role] = spec.algorithm.components[role](ctx)
     return spec.algorithm.trainer(components, spec.hparams, seed, num_envs=spec.num_envs, total_env_steps=spec.total_env_steps)
