@@ -29,7 +29,11 @@ import torch
 
 from msrl.api import EpisodeStats
 
-__all__ = ["RayJob", "ReplicaActor", "ReplicaDied"]
+__all__ = ["RayJob", "ReplicaActor", "ReplicaDied", "PlacementError"]
+
+
+class PlacementError(RuntimeError):
+    """The Ray cluster cannot place the job's replicas (too few CPUs/GPUs for the bundles)."""
 
 
 class ReplicaDied(RuntimeError):
@@ -156,15 +160,17 @@ class RayJob:
         strategy: the placement group's strategy (``"PACK"`` or ``"SPREAD"``).
         probe: as for :class:`msrl.job.Job`.
         timeout_s: how long a replica waits at a boundary before the process group gives up.
+        placement_timeout_s: how long to wait for the placement group to be placed.
 
     Raises:
         TraceError, PartitionError, ValueError: as :class:`msrl.job.Job`; ``ValueError`` for a
-        strategy other than PACK/SPREAD; :class:`ReplicaDied` when a replica cannot start.
+        strategy other than PACK/SPREAD; :class:`PlacementError` when the cluster cannot hold
+        the bundles; :class:`ReplicaDied` when a replica cannot start.
     """
 
     def __init__(self, spec: Any, algorithm_ref: str | None = None, address: str | None = None,
                  cpus_per_replica: float = 1.0, strategy: str = "PACK", probe: bool = True,
-                 timeout_s: float = 600.0) -> None:
+                 timeout_s: float = 600.0, placement_timeout_s: float = 60.0) -> None:
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -187,11 +193,33 @@ class RayJob:
         self._env_steps = 0
         self._stats = EpisodeStats([], [])
         self._eval_actor: Any = None
+        need = cpus_per_replica * len(self.keys)
         if not ray.is_initialized():
-            ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+            if address is None:
+                # this machine: declare at least the CPUs the bundles ask for (one thread each
+                # when they outnumber the cores; they then share cores, never spin on them)
+                ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(need)), include_dashboard=False,
+                         log_to_driver=False, configure_logging=False)
+            else:
+                ray.init(address=address, log_to_driver=False, configure_logging=False)
+        have = ray.cluster_resources().get("CPU", 0)
+        if need > have:
+            raise PlacementError(
+                f"{len(self.keys)} replicas x cluster.cpus_per_replica={cpus_per_replica:g} need {need:g} CPUs; "
+                f"the Ray cluster has {have:g}"
+            )
         threads = max(1, int(math.floor(cpus_per_replica)))
         self.placement_group = placement_group([{"CPU": cpus_per_replica} for _ in self.keys], strategy=strategy)
-        ray.get(self.placement_group.ready())
+        try:
+            ray.get(self.placement_group.ready(), timeout=placement_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self.placement_group)
+            raise PlacementError(
+                f"the placement group of {len(self.keys)} bundles {{'CPU': {cpus_per_replica:g}}} ({strategy}) was not "
+                f"placed within {placement_timeout_s:g} s; the cluster's free resources: {ray.available_resources()}"
+            ) from None
         remote = ray.remote(ReplicaActor)
         spec_bytes, fg_bytes = cloudpickle.dumps(spec), cloudpickle.dumps(self.fragment_graph)
         env_vars = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}

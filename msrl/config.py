@@ -88,6 +88,14 @@ class EvalConfig(_Strict):
     seed: int = Field(10_000, description="seed of the evaluation envs")
 
 
+class ClusterConfig(_Strict):
+    """``cluster``: where the Ray runtime runs its replicas."""
+
+    address: str | None = Field(None, description="a Ray cluster's address (default: start Ray on this machine)")
+    cpus_per_replica: float = Field(1.0, gt=0, description="CPUs of each replica's placement-group bundle (its torch/OpenMP threads)")
+    strategy: Literal["PACK", "SPREAD"] = Field("PACK", description="placement-group strategy")
+
+
 class RunConfig(_Strict):
     """A whole job (see the module docstring)."""
 
@@ -99,6 +107,10 @@ class RunConfig(_Strict):
     distribution_policy: PolicyConfig = Field(default_factory=PolicyConfig)
     train: TrainConfig
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    runtime: Literal["local", "ray"] = Field(
+        "local", description="local: every fragment replica a thread of this process; ray: each its own process (Ray actor)"
+    )
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
 
 
 def _model_at(model: type[BaseModel], loc: Sequence[Any]) -> type[BaseModel] | None:

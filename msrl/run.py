@@ -168,6 +168,22 @@ class _Metrics:
         self.tb.close()
 
 
+def make_job(spec: JobSpec, cfg: RunConfig) -> Any:
+    """The job of ``cfg`` on its runtime: :class:`~msrl.job.Job` (``runtime: local``) or
+    :class:`~msrl.cluster.ray_runtime.RayJob` (``runtime: ray``; ``cluster.*`` places it)."""
+    if cfg.runtime == "local":
+        return Job(spec)
+    from msrl.cluster.ray_runtime import RayJob
+    from msrl.job import available_algorithms
+
+    name = cfg.algorithm.name
+    ref = None if name in available_algorithms() else (
+        str(pathlib.Path(name).expanduser().resolve()) if name.endswith(".py") or "/" in name else name
+    )
+    return RayJob(spec, algorithm_ref=ref, address=cfg.cluster.address,
+                  cpus_per_replica=cfg.cluster.cpus_per_replica, strategy=cfg.cluster.strategy)
+
+
 def _evaluate(job: Job, cfg: RunConfig) -> list[float]:
     actor = job.eval_actor()
     env_id, kwargs = evaluation_env(cfg)
@@ -223,7 +239,7 @@ def train(cfg: RunConfig, resume: str | pathlib.Path | None = None) -> TrainResu
         except FileNotFoundError as e:
             raise ConfigError(str(e)) from None
     torch.set_num_threads(cfg.train.torch_threads)
-    job = Job(spec)
+    job = make_job(spec, cfg)
     if resume is None:
         run_dir = _new_run_dir(cfg)
         (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
