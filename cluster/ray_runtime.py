@@ -28,16 +28,16 @@ import cloudpickle
 import torch
 
 from msrl.api import EpisodeStats
+from msrl.config import ConfigError
+from msrl.runtime.replica import ReplicaDied
 
 __all__ = ["RayJob", "ReplicaActor", "ReplicaDied", "PlacementError"]
 
 
-class PlacementError(RuntimeError):
-    """The Ray cluster cannot place the job's replicas (too few CPUs/GPUs for the bundles)."""
-
-
-class ReplicaDied(RuntimeError):
-    """A replica's process died (killed, out of memory, node lost)."""
+class PlacementError(ConfigError):
+    """The Ray cluster cannot place the job's replicas (too few CPUs/GPUs for the bundles): a
+    config error (``cluster.*``, ``distribution_policy.replicas``), reported before anything is
+    written."""
 
 
 def _floats(out: Any) -> Any:
@@ -125,6 +125,10 @@ class ReplicaActor:
             })
         return records
 
+    def pid(self) -> int:
+        """This replica's process id."""
+        return os.getpid()
+
     def weights(self, role: str) -> dict[str, torch.Tensor]:
         """``get_weights()`` of this replica's ``role`` component, on the CPU."""
         return {k: v.cpu() for k, v in self.replica.weights(role).items()}
@@ -194,7 +198,8 @@ class RayJob:
         self._stats = EpisodeStats([], [])
         self._eval_actor: Any = None
         need = cpus_per_replica * len(self.keys)
-        if not ray.is_initialized():
+        self._started_ray = not ray.is_initialized()
+        if self._started_ray:
             if address is None:
                 # this machine: declare at least the CPUs the bundles ask for (one thread each
                 # when they outnumber the cores; they then share cores, never spin on them)
@@ -264,7 +269,9 @@ class RayJob:
     def run(self, n: int, method: str = "train_step") -> list[dict[str, Any]]:
         """Runs ``n`` iterations in every replica, each replica free between its boundaries;
         returns one record per iteration: ``output`` (metrics as floats), ``env_steps`` (the
-        job's total after it), ``time_s`` (the slowest replica's iteration time).
+        job's total after it), ``episodes`` (the :class:`EpisodeStats` finished in it, replica 0
+        first), ``time_s`` (the slowest replica's iteration time). Episodes are also kept for
+        :meth:`pop_episode_stats`.
 
         Raises:
             FragmentError: a replica raised (the job is stopped).
@@ -276,12 +283,17 @@ class RayJob:
         for i in range(n):
             rows = [recs[i] for recs in per_replica]
             out = next((r["output"] for r in rows if r["output"] is not None), None)
+            episodes = EpisodeStats([], [])
             for row, has_env in zip(rows, self._has_env):
                 if has_env:
-                    self._stats.returns += row["returns"]
-                    self._stats.lengths += row["lengths"]
+                    episodes.returns += row["returns"]
+                    episodes.lengths += row["lengths"]
                     for k, v in row["extra"].items():
-                        self._stats.extra.setdefault(k, []).extend(v)
+                        episodes.extra.setdefault(k, []).extend(v)
+            self._stats.returns += episodes.returns
+            self._stats.lengths += episodes.lengths
+            for k, v in episodes.extra.items():
+                self._stats.extra.setdefault(k, []).extend(v)
             if method == "train_step":
                 self.iteration += 1
             self._env_steps = sum(r["env_steps"] for r in rows)
@@ -289,7 +301,8 @@ class RayJob:
                 bad = {k: v for k, v in out.items() if k.endswith("_loss") and isinstance(v, float) and not math.isfinite(v)}
                 if bad:
                     raise FloatingPointError(f"non-finite loss in iteration {self.iteration}: {bad}")
-            records.append({"output": out, "env_steps": self._env_steps, "time_s": max(r["time_s"] for r in rows)})
+            records.append({"output": out, "env_steps": self._env_steps, "episodes": episodes,
+                            "time_s": max(r["time_s"] for r in rows)})
         return records
 
     def reset(self) -> None:
@@ -365,8 +378,13 @@ class RayJob:
         except Exception:  # noqa: BLE001
             pass
 
+    def pids(self) -> list[int]:
+        """The replicas' process ids, in replica order."""
+        return self._wait([a.pid.remote() for a in self.actors])
+
     def close(self) -> None:
-        """Closes every replica (envs, process group), then ends their processes."""
+        """Closes every replica (envs, process group), ends their processes, and stops Ray
+        when this job started it."""
         import ray
 
         if self.actors:
@@ -375,6 +393,8 @@ class RayJob:
             except Exception:  # noqa: BLE001 - a dead replica has nothing left to close
                 pass
         self.kill()
+        if self._started_ray and ray.is_initialized():
+            ray.shutdown()
 
 
 def pid_alive(pid: int) -> bool:

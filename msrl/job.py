@@ -212,6 +212,25 @@ class Job:
                 raise FloatingPointError(f"non-finite loss in iteration {self.iteration}: {bad}")
         return out
 
+    def run(self, n: int) -> list[dict[str, Any]]:
+        """Runs ``n`` iterations; one record per iteration: ``output`` (the learner's metrics
+        as floats), ``env_steps`` (the job's total after it), ``episodes`` (the
+        :class:`EpisodeStats` finished in it), ``time_s`` (its wall time). The same records as
+        :meth:`msrl.cluster.ray_runtime.RayJob.run`.
+
+        Raises:
+            FragmentError, FloatingPointError: as :meth:`train_step`.
+        """
+        import time
+
+        records = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            out = self.train_step()
+            dt = time.perf_counter() - t0
+            records.append({"output": out, "env_steps": self.env_steps, "episodes": self.pop_episode_stats(), "time_s": dt})
+        return records
+
     @property
     def env_steps(self) -> int:
         """Env steps taken so far, over every env replica."""

@@ -35,6 +35,7 @@ from msrl.config import ConfigError, RunConfig, build_job_spec, validate
 from msrl.evaluate import evaluate
 from msrl.job import Job, JobSpec
 from msrl.runtime.local import FragmentError
+from msrl.runtime.replica import ReplicaDied
 
 __all__ = ["TrainResult", "TrainingStopped", "train", "load_run_config", "CHECKPOINT", "latest_checkpoint", "evaluation_env"]
 
@@ -274,52 +275,65 @@ def train(cfg: RunConfig, resume: str | pathlib.Path | None = None) -> TrainResu
         from tqdm import tqdm
 
         bar = tqdm(total=spec.num_iterations * spec.env_steps_per_iteration, initial=job.env_steps, unit="step", dynamic_ncols=True)
+    E = spec.env_steps_per_iteration
+    chunk_s = 0.5  # replicas run free for about this long between the driver's looks
+    iter_s = None
     try:
         while job.iteration < spec.num_iterations:
+            # the next event: a checkpoint, an evaluation, the end; replicas run free until it
+            it = job.iteration
+            n = min(spec.num_iterations - it, cfg.train.checkpoint_every - it % cfg.train.checkpoint_every)
+            if cfg.train.eval_every:
+                n = min(n, max(1, -(-((done_eval + 1) * cfg.train.eval_every - job.env_steps) // E)))
+            n = max(1, min(n, 1 if iter_s is None else int(chunk_s / max(iter_s, 1e-6)) or 1))
             t0 = time.perf_counter()
             steps_before = job.env_steps
             try:
-                learner_metrics = job.train_step()
-            except (FragmentError, FloatingPointError) as e:
+                records = job.run(n)
+            except (FragmentError, FloatingPointError, ReplicaDied) as e:
                 good = ckpt_path if ckpt_path.is_file() else None
+                if isinstance(job, Job) or n == 1:  # the in-process job counts the iterations it finished
+                    steps_before += (job.iteration - it) * E
+                    where = f"at iteration {job.iteration + 1} (after env step {steps_before})"
+                    failed = job.iteration + 1
+                else:
+                    where, failed = f"in iterations {it + 1}-{it + n} (after env step {steps_before})", it + 1
                 raise TrainingStopped(
-                    f"training stopped at iteration {job.iteration + 1} (after env step {steps_before}): {e}\n"
-                    f"last good checkpoint: {good or 'none'}",
-                    job.iteration + 1,
-                    steps_before,
-                    good,
+                    f"training stopped {where}: {e}\nlast good checkpoint: {good or 'none'}", failed, steps_before, good
                 ) from e
-            dt = time.perf_counter() - t0
+            chunk_dt = time.perf_counter() - t0
+            iter_s = chunk_dt / n
             eval_dt = 0.0
-            stats = job.pop_episode_stats()
-            recent.extend(stats.returns)
-            row: dict[str, Any] = {
-                "iteration": job.iteration,
-                "env_steps": job.env_steps,
-                "time_s": round(time_s + dt, 4),
-                "charts/SPS": round(spec.env_steps_per_iteration / dt, 1),
-                "charts/episodic_return": sum(stats.returns) / len(stats.returns) if stats.returns else float("nan"),
-                "charts/episodic_length": sum(stats.lengths) / len(stats.lengths) if stats.lengths else float("nan"),
-                **{f"charts/{k}": sum(v) / len(v) for k, v in stats.extra.items() if v},
-                **(learner_metrics or {}),
-            }
-            if cfg.train.eval_every and job.env_steps // cfg.train.eval_every > done_eval:
-                done_eval = job.env_steps // cfg.train.eval_every
-                eval_t0 = time.perf_counter()
-                mean = sum(r := _evaluate(job, cfg)) / len(r)
-                eval_dt = time.perf_counter() - eval_t0
-                row["eval/mean_return"] = mean
-                if cfg.train.stop_at_return is not None and mean >= cfg.train.stop_at_return and threshold[0] is None:
-                    threshold = (time_s + (eval_t0 - t0), job.env_steps)
-            metrics.log(row)
+            for i, rec in enumerate(records):
+                stats = rec["episodes"]
+                recent.extend(stats.returns)
+                row: dict[str, Any] = {
+                    "iteration": it + i + 1,
+                    "env_steps": rec["env_steps"],
+                    "time_s": round(time_s + chunk_dt * (i + 1) / n, 4),
+                    "charts/SPS": round(E / max(rec["time_s"], 1e-9), 1),
+                    "charts/episodic_return": sum(stats.returns) / len(stats.returns) if stats.returns else float("nan"),
+                    "charts/episodic_length": sum(stats.lengths) / len(stats.lengths) if stats.lengths else float("nan"),
+                    **{f"charts/{k}": sum(v) / len(v) for k, v in stats.extra.items() if v},
+                    **(rec["output"] or {}),
+                }
+                if i == n - 1 and cfg.train.eval_every and job.env_steps // cfg.train.eval_every > done_eval:
+                    done_eval = job.env_steps // cfg.train.eval_every
+                    eval_t0 = time.perf_counter()
+                    mean = sum(r := _evaluate(job, cfg)) / len(r)
+                    eval_dt = time.perf_counter() - eval_t0
+                    row["eval/mean_return"] = mean
+                    if cfg.train.stop_at_return is not None and mean >= cfg.train.stop_at_return and threshold[0] is None:
+                        threshold = (time_s + (eval_t0 - t0), job.env_steps)
+                metrics.log(row)
             if bar is not None:
                 mean_ret = sum(recent) / len(recent) if recent else float("nan")
-                # no refresh here: update() redraws at most every 0.1 s (one line per iteration otherwise)
+                # no refresh here: update() redraws at most every 0.1 s
                 bar.set_postfix({"steps/s": f"{job.env_steps / max(time_s, 1e-9):.0f}", "return": f"{mean_ret:.1f}"},
                                 refresh=False)
-                bar.update(spec.env_steps_per_iteration)
+                bar.update(E * n)
             stop = threshold[0] is not None
-            # training time: the whole iteration (step, logging, checkpoint), evaluation excluded
+            # training time: the whole chunk (steps, logging), evaluation excluded
             time_s += time.perf_counter() - t0 - eval_dt
             if job.iteration % cfg.train.checkpoint_every == 0 or stop or job.iteration == spec.num_iterations:
                 ckpt_t0 = time.perf_counter()

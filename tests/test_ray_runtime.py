@@ -3,11 +3,15 @@
 One local Ray instance for the module (4 logical CPUs on the 2-core machine; one thread per
 replica)."""
 
+import os
+import time
+
 import pytest
 import torch
 
 ray = pytest.importorskip("ray")
 
+from msrl.cluster.ray_runtime import pid_alive  # noqa: E402
 from msrl.job import Job  # noqa: E402
 
 
@@ -31,6 +35,8 @@ def test_coarse_on_ray_equals_the_local_runtime_bitwise(ray_local, spec_factory)
     local_metrics = [local.train_step() for _ in range(3)]
     remote = RayJob(spec)
     try:
+        pids = remote.pids()
+        assert len(set(pids)) == 3 and os.getpid() not in pids  # one process per replica
         remote.reset()
         records = remote.run(3)
         assert [r["output"] for r in records] == local_metrics
@@ -42,6 +48,10 @@ def test_coarse_on_ray_equals_the_local_runtime_bitwise(ray_local, spec_factory)
     finally:
         remote.close()
         local.close()
+    deadline = time.time() + 20
+    while any(pid_alive(p) for p in pids) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not any(pid_alive(p) for p in pids), "a replica process outlived its job"
 
 
 def test_multi_learner_on_ray_keeps_replicas_identical_and_equals_local(ray_local, spec_factory):

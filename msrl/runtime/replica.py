@@ -25,7 +25,11 @@ from msrl.envs import make_env
 from msrl.partition import FragmentGraph
 from msrl.policy import FragmentSpec
 
-__all__ = ["FragmentError", "Replica", "build_trainer", "compile_fragment"]
+__all__ = ["FragmentError", "ReplicaDied", "Replica", "build_trainer", "compile_fragment"]
+
+
+class ReplicaDied(RuntimeError):
+    """A replica's process died (killed, out of memory, node lost)."""
 
 
 class FragmentError(RuntimeError):
