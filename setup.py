@@ -37,6 +37,7 @@ setup(
         "tqdm>=4.60",
         "tensorboard>=2.14",
         "matplotlib>=3.7",
+        "ray>=2.40",
     ],
     extras_require={
         "test": ["pytest>=7", "ruff==0.17.6"],
