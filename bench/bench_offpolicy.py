@@ -188,7 +188,7 @@ def plot(path: str, name: str, task: Task, results: dict[str, list[dict]]) -> No
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     for (system, runs), colour in zip(results.items(), ("tab:blue", "tab:orange", "tab:green")):
         grid = np.arange(task.eval_every, task.budget + 1, task.eval_every)
         rows = []
@@ -208,10 +208,10 @@ def plot(path: str, name: str, task: Task, results: dict[str, list[dict]]) -> No
             ax2.step([0.0, *times], np.arange(len(times) + 1) / len(runs), where="post", color=colour, label=system)
     ax1.axhline(task.threshold, color="grey", ls="--", lw=0.8)
     ax1.set(xlabel="env steps", ylabel=f"eval mean return ({EVAL_EPISODES} episodes)", title=f"{name.upper()} on {task.env_id}")
-    ax1.legend()
+    ax1.legend(loc="lower right", fontsize=8)
     ax2.set(xlabel="training wall time (s, evaluations excluded)", ylabel=f"fraction of seeds at {task.threshold:g}",
             ylim=(0, 1.05), title="time to threshold")
-    ax2.legend()
+    ax2.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -224,6 +224,7 @@ def main() -> None:
     p.add_argument("--budget", type=int, default=None, help="env-step budget (default: the task's)")
     p.add_argument("--json", default=None, help="also write the raw results here")
     p.add_argument("--plot", default=None, help="write the learning curves here (PNG)")
+    p.add_argument("--variant-name", default=None, help="the variant row's name (default: its overrides)")
     p.add_argument("--variant", nargs="+", default=None, metavar="KEY=VALUE",
                    help="add a row: msrl with these config overrides (e.g. env.id=msrl/CartPole-v1 "
                         "distribution_policy.name=gpu_only: native CartPole, host kernels on a CPU)")
@@ -233,7 +234,7 @@ def main() -> None:
         task = dataclasses.replace(task, budget=args.budget)
     torch.set_num_threads(1)
     results: dict[str, list[dict]] = {"msrl": [], "sb3": []}
-    variant = "msrl " + " ".join(args.variant) if args.variant else None
+    variant = (args.variant_name or "msrl " + " ".join(args.variant)) if args.variant else None
     if variant:
         results = {"msrl": [], variant: [], "sb3": []}
     with tempfile.TemporaryDirectory() as runs_dir:

@@ -129,6 +129,12 @@ class ReplicaActor:
         """This replica's process id."""
         return os.getpid()
 
+    def info(self) -> dict[str, Any]:
+        """This replica's process id and node address."""
+        import ray
+
+        return {"pid": os.getpid(), "node": ray.util.get_node_ip_address()}
+
     def weights(self, role: str) -> dict[str, torch.Tensor]:
         """``get_weights()`` of this replica's ``role`` component, on the CPU."""
         return {k: v.cpu() for k, v in self.replica.weights(role).items()}
@@ -261,9 +267,13 @@ class RayJob:
                 self.kill()
                 cause = e.cause if getattr(e, "cause", None) is not None else e
                 raise cause from None
-            except ray.exceptions.RayActorError as e:
+            except ray.exceptions.RayActorError:
+                i = order[done[0]]
+                frag, r = self.keys[i] if len(futures) == len(self.keys) else (None, None)
+                roles = self.spec.policy.fragment(frag).roles if frag is not None else ()
                 self.kill()
-                raise ReplicaDied(f"a replica's process died: {e}") from None
+                who = f"fragment {frag} replica {r}" if frag is not None else "a replica"
+                raise ReplicaDied(f"the process of {who} died", frag, r, roles) from None
         return results
 
     def run(self, n: int, method: str = "train_step") -> list[dict[str, Any]]:
@@ -381,6 +391,12 @@ class RayJob:
     def pids(self) -> list[int]:
         """The replicas' process ids, in replica order."""
         return self._wait([a.pid.remote() for a in self.actors])
+
+    def replica_table(self) -> list[dict[str, Any]]:
+        """One row per replica: ``fragment``, ``replica``, ``roles``, ``pid`` and ``node`` (IP)."""
+        info = self._wait([a.info.remote() for a in self.actors])
+        return [{"fragment": f, "replica": r, "roles": list(self.spec.policy.fragment(f).roles), **i}
+                for (f, r), i in zip(self.keys, info)]
 
     def close(self) -> None:
         """Closes every replica (envs, process group), ends their processes, and stops Ray

@@ -25,11 +25,13 @@ class Backend:
         name: the YAML value of a fragment's ``backend``.
         lowering: rule table used by :func:`msrl.codegen.generate`.
         devices: device types it runs on (``("cpu", "cuda")``).
+        processes: every replica of the fragment is its own OS process (needs ``runtime: ray``).
     """
 
     name: str
     lowering: Lowering
     devices: tuple[str, ...]
+    processes: bool = False
 
 
 def available_backends() -> list[str]:

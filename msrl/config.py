@@ -94,6 +94,7 @@ class ClusterConfig(_Strict):
     address: str | None = Field(None, description="a Ray cluster's address (default: start Ray on this machine)")
     cpus_per_replica: float = Field(1.0, gt=0, description="CPUs of each replica's placement-group bundle (its torch/OpenMP threads)")
     strategy: Literal["PACK", "SPREAD"] = Field("PACK", description="placement-group strategy")
+    max_restarts: int = Field(3, ge=0, description="restarts from the last checkpoint after a replica process dies")
 
 
 class RunConfig(_Strict):
@@ -303,6 +304,11 @@ def build_job_spec(cfg: RunConfig) -> Any:
             raise ConfigError(f"fragment {frag.name}: invalid device {frag.device!r} (e.g. cpu, cuda:0)") from None
         if device.type not in backend.devices:
             raise ConfigError(f"fragment {frag.name}: backend {backend.name} runs on {backend.devices}, not {device.type}")
+        if backend.processes and cfg.runtime != "ray":
+            raise ConfigError(
+                f"distribution_policy.backends.{frag.name}={backend.name} runs each replica in its own process: "
+                f"set runtime: ray (runtime is {cfg.runtime!r})"
+            )
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ConfigError(f"fragment {frag.name}: device {frag.device} requested but no CUDA device is available")
     env_frag = policy.fragment(policy.fragment_of_role("env"))

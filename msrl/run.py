@@ -211,8 +211,22 @@ def actor_device(actor: Any) -> torch.device:
     return torch.device("cpu")
 
 
+class _ReplicaLost(Exception):
+    """Internal: a replica process died; the attempt's run directory and env steps."""
+
+    def __init__(self, run_dir: pathlib.Path, env_steps: int, cause: ReplicaDied) -> None:
+        super().__init__(str(cause))
+        self.run_dir, self.env_steps, self.cause = run_dir, env_steps, cause
+
+
 def train(cfg: RunConfig, resume: str | pathlib.Path | None = None) -> TrainResult:
-    """Trains ``cfg``'s job on the local runtime, in a new run directory or resuming one.
+    """Trains ``cfg``'s job on its runtime, in a new run directory or resuming one.
+
+    Under ``runtime: ray``, when a replica's process dies (killed, out of memory, node lost),
+    every replica is stopped and the job restarts from its last checkpoint in fresh processes,
+    up to ``cluster.max_restarts`` times: what the replicas did since that checkpoint (the dead
+    replica's partial rollout included) is dropped, never mixed into a batch, and counted in
+    the metrics (``faults/replica_restarts``, ``faults/dropped_env_steps``).
 
     Args:
         cfg: a validated config. With ``resume``, it must equal the run's saved config.
@@ -224,9 +238,41 @@ def train(cfg: RunConfig, resume: str | pathlib.Path | None = None) -> TrainResu
 
     Raises:
         ConfigError: ``resume`` is not a run directory or its config differs from ``cfg``.
-        TrainingStopped: a fragment raised (e.g. a NaN loss or observation); the last good
-            checkpoint is kept and named in the message.
+        TrainingStopped: a fragment raised (e.g. a NaN loss or observation), or replicas died
+            more than ``cluster.max_restarts`` times; the last good checkpoint is kept and
+            named in the message.
     """
+    import sys
+
+    restarts = 0
+    while True:
+        try:
+            return _train_once(cfg, resume)
+        except _ReplicaLost as lost:
+            ckpt = lost.run_dir / CHECKPOINT
+            learner = "learner" in lost.cause.roles  # a learner's death stops the job (--resume continues it)
+            if learner or restarts >= cfg.cluster.max_restarts or not ckpt.is_file():
+                raise TrainingStopped(
+                    f"training stopped after env step {lost.env_steps}: {lost.cause}"
+                    + (" (it held the learner)" if learner else
+                       f" ({restarts} restart(s) of cluster.max_restarts={cfg.cluster.max_restarts} used)")
+                    + f"\nlast good checkpoint: {ckpt if ckpt.is_file() else 'none'}"
+                    + (f"; continue with: msrl train CONFIG --resume {lost.run_dir}" if ckpt.is_file() else ""),
+                    0, lost.env_steps, ckpt if ckpt.is_file() else None,
+                ) from lost.cause
+            restarts += 1
+            state = torch.load(ckpt, weights_only=False)
+            faults = state.setdefault("faults", {"replica_restarts": 0, "dropped_env_steps": 0})
+            faults["replica_restarts"] += 1
+            faults["dropped_env_steps"] += lost.env_steps - int(state["env_steps"])
+            _atomic_save(state, ckpt)
+            print(f"msrl: {lost.cause}; restarting every replica from the checkpoint at env step "
+                  f"{state['env_steps']} (restart {restarts} of {cfg.cluster.max_restarts}; "
+                  f"{lost.env_steps - int(state['env_steps'])} env steps dropped)", file=sys.stderr)
+            resume = lost.run_dir
+
+
+def _train_once(cfg: RunConfig, resume: str | pathlib.Path | None) -> TrainResult:
     spec: JobSpec = build_job_spec(cfg)
     resume_state = None
     if resume is not None:
@@ -241,6 +287,15 @@ def train(cfg: RunConfig, resume: str | pathlib.Path | None = None) -> TrainResu
             raise ConfigError(str(e)) from None
     torch.set_num_threads(cfg.train.torch_threads)
     job = make_job(spec, cfg)
+    try:
+        return _run_job(cfg, spec, job, resume, resume_state)
+    except BaseException:
+        job.close()  # no replica process outlives a failed or interrupted run
+        raise
+
+
+def _run_job(cfg: RunConfig, spec: JobSpec, job: Any, resume: Any, resume_state: Any) -> TrainResult:
+    faults = {"replica_restarts": 0, "dropped_env_steps": 0}
     if resume is None:
         run_dir = _new_run_dir(cfg)
         (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
@@ -253,6 +308,7 @@ def train(cfg: RunConfig, resume: str | pathlib.Path | None = None) -> TrainResu
         time_s, done_eval = resume_state["time_s"], resume_state["done_eval"]
         threshold = tuple(resume_state["threshold"])
         recent = collections.deque(resume_state["recent_returns"], maxlen=20)
+        faults = dict(resume_state.get("faults", faults))
     metrics = _Metrics(run_dir, job.iteration if resume is not None else None)
     ckpt_path = run_dir / CHECKPOINT
 
@@ -266,9 +322,15 @@ def train(cfg: RunConfig, resume: str | pathlib.Path | None = None) -> TrainResu
                 "threshold": list(threshold),
                 "recent_returns": list(recent),
                 "env_steps": job.env_steps,
+                "faults": faults,
             },
             ckpt_path,
         )
+
+    if hasattr(job, "replica_table"):  # where each replica runs (pids, nodes), for operators
+        (run_dir / "replicas.json").write_text(json.dumps(job.replica_table(), indent=1))
+    if resume is None and cfg.runtime == "ray":
+        checkpoint()  # a restart point before the first chunk
 
     bar = None
     if cfg.train.progress:
@@ -290,7 +352,9 @@ def train(cfg: RunConfig, resume: str | pathlib.Path | None = None) -> TrainResu
             steps_before = job.env_steps
             try:
                 records = job.run(n)
-            except (FragmentError, FloatingPointError, ReplicaDied) as e:
+            except ReplicaDied as e:
+                raise _ReplicaLost(run_dir, job.env_steps, e) from e
+            except (FragmentError, FloatingPointError) as e:
                 good = ckpt_path if ckpt_path.is_file() else None
                 if isinstance(job, Job) or n == 1:  # the in-process job counts the iterations it finished
                     steps_before += (job.iteration - it) * E
@@ -316,6 +380,7 @@ def train(cfg: RunConfig, resume: str | pathlib.Path | None = None) -> TrainResu
                     "charts/episodic_length": sum(stats.lengths) / len(stats.lengths) if stats.lengths else float("nan"),
                     **{f"charts/{k}": sum(v) / len(v) for k, v in stats.extra.items() if v},
                     **(rec["output"] or {}),
+                    **({f"faults/{k}": v for k, v in faults.items()} if cfg.runtime == "ray" else {}),
                 }
                 if i == n - 1 and cfg.train.eval_every and job.env_steps // cfg.train.eval_every > done_eval:
                     done_eval = job.env_steps // cfg.train.eval_every

@@ -38,7 +38,7 @@ def test_overrides_are_applied_and_typed():
         (["env.id=CartPole-v9"], "unknown env id 'CartPole-v9'. Did you mean 'CartPole-v1', 'CartPole-v0'"),
         (["algorithm.name=ppp"], "unknown algorithm 'ppp'; available: a2c, dqn, ma_ppo, ppo, sac (or a dotted module path, or a .py file)"),
         (["distribution_policy.name=multi"], "unknown distribution policy 'multi'; available: gpu_only, multi_learner, single, single_learner_coarse"),
-        (["distribution_policy.backends.main=jax"], "fragment main: unknown fragment backend 'jax'; available: cuda_kernel, torch_graph"),
+        (["distribution_policy.backends.main=jax"], "fragment main: unknown fragment backend 'jax'; available: cpu_process_group, cuda_kernel, torch_graph"),
         (["distribution_policy.replicas.learner=2"], "distribution_policy.replicas.learner: policy single has no fragment 'learner'; fragments: main"),
         (["distribution_policy.name=single_learner_coarse", "env.num_envs=7"], "env.num_envs=7 does not split evenly over 2 env replicas"),
         (["env.num_envs=0"], "env.num_envs: Input should be greater than 0"),
@@ -91,3 +91,13 @@ def test_cli_errors_write_nothing(tmp_path, capsys, override):
     err = capsys.readouterr().err
     assert err.startswith("msrl: error: ")
     assert not runs.exists()
+
+
+def test_cpu_process_group_needs_the_ray_runtime():
+    from msrl.config import ConfigError, build_job_spec, load_config
+
+    over = ["distribution_policy.name=single_learner_coarse", "distribution_policy.backends.actor=cpu_process_group"]
+    with pytest.raises(ConfigError, match="backends.actor=cpu_process_group runs each replica in its own process: set runtime: ray"):
+        build_job_spec(load_config("configs/ppo_cartpole.yaml", over))
+    spec = build_job_spec(load_config("configs/ppo_cartpole.yaml", [*over, "runtime=ray"]))
+    assert spec.policy.fragment("actor").backend == "cpu_process_group"

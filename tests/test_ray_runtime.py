@@ -3,6 +3,7 @@
 One local Ray instance for the module (4 logical CPUs on the 2-core machine; one thread per
 replica)."""
 
+import dataclasses
 import os
 import time
 
@@ -33,7 +34,8 @@ def test_coarse_on_ray_equals_the_local_runtime_bitwise(ray_local, spec_factory)
     local = Job(spec)
     local.reset()
     local_metrics = [local.train_step() for _ in range(3)]
-    remote = RayJob(spec)
+    # on Ray, the actor fragment runs on the cpu_process_group backend: the same program in processes
+    remote = RayJob(dataclasses.replace(spec, policy=spec.policy.with_overrides(backends={"actor": "cpu_process_group"})))
     try:
         pids = remote.pids()
         assert len(set(pids)) == 3 and os.getpid() not in pids  # one process per replica
@@ -113,3 +115,59 @@ def test_a_failing_replica_stops_the_job_with_its_node(ray_local, spec_factory, 
         assert remote.actors == []  # every replica process was stopped
     finally:
         remote.close()
+
+
+def _replica_pids() -> list[int]:
+    import subprocess
+
+    out = subprocess.run(["pgrep", "-f", "ray::ReplicaActor"], capture_output=True, text=True).stdout.split()
+    return [int(p) for p in out]
+
+
+def test_a_killed_actor_replica_is_restarted_and_its_work_dropped(tmp_path, capsys):
+    """SIGKILL one replica process mid-run: the job restarts every replica from the last
+    checkpoint, completes, counts the restart and the dropped env steps, and its metrics hold
+    each iteration once."""
+    import csv
+    import signal
+    import threading
+
+    from msrl.config import load_config
+    from msrl.run import train
+
+    if ray.is_initialized():
+        ray.shutdown()
+    cfg = load_config("configs/ppo_cartpole.yaml", [
+        f"runs_dir={tmp_path}", "name=kill", "runtime=ray", "train.progress=false",
+        "distribution_policy.name=single_learner_coarse", "distribution_policy.replicas.actor=2",
+        "train.total_env_steps=60000", "train.checkpoint_every=20", "train.eval_every=0",
+    ])
+    killed: list[int] = []
+
+    def killer():
+        deadline = time.time() + 120
+        while time.time() < deadline and not killed:
+            metrics, table = tmp_path / "kill" / "metrics.csv", tmp_path / "kill" / "replicas.json"
+            if metrics.is_file() and table.is_file() and metrics.read_text().count("\n") > 30:  # mid-run
+                import json
+
+                victim = next(r["pid"] for r in json.loads(table.read_text()) if r["fragment"] == "actor")
+                os.kill(victim, signal.SIGKILL)
+                killed.append(victim)
+            time.sleep(0.2)
+
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
+    result = train(cfg)
+    t.join(5)
+    assert killed, "the test never killed a replica"
+    err = capsys.readouterr().err
+    assert "died" in err and "restarting every replica from the checkpoint" in err
+    with open(result.run_dir / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    iterations = [int(r["iteration"]) for r in rows]
+    assert iterations == list(range(1, len(rows) + 1))  # each iteration once, in order
+    assert result.env_steps == 60000 // 256 * 256
+    assert float(rows[-1]["faults/replica_restarts"]) >= 1
+    assert float(rows[-1]["faults/dropped_env_steps"]) >= 0
+    assert not _replica_pids()  # no replica process left behind

@@ -29,7 +29,16 @@ __all__ = ["FragmentError", "ReplicaDied", "Replica", "build_trainer", "compile_
 
 
 class ReplicaDied(RuntimeError):
-    """A replica's process died (killed, out of memory, node lost)."""
+    """A replica's process died (killed, out of memory, node lost).
+
+    Attributes:
+        fragment, replica: which one (``None`` when not known); ``roles``: the roles it held.
+    """
+
+    def __init__(self, message: str, fragment: str | None = None, replica: int | None = None,
+                 roles: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.fragment, self.replica, self.roles = fragment, replica, tuple(roles)
 
 
 class FragmentError(RuntimeError):
