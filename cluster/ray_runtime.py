@@ -133,7 +133,9 @@ class ReplicaActor:
         """This replica's process id and node address."""
         import ray
 
-        return {"pid": os.getpid(), "node": ray.util.get_node_ip_address()}
+        ctx = ray.get_runtime_context()
+        return {"pid": os.getpid(), "node": ray.util.get_node_ip_address(), "node_id": ctx.get_node_id(),
+                "gpus": [str(g) for g in ray.get_gpu_ids()]}
 
     def weights(self, role: str) -> dict[str, torch.Tensor]:
         """``get_weights()`` of this replica's ``role`` component, on the CPU."""
@@ -167,6 +169,7 @@ class RayJob:
             or module (so each process can import it); ``None`` for built-ins.
         address: a Ray cluster's address (``None``: the running Ray instance, or a new local one).
         cpus_per_replica: the CPUs of each replica's bundle (its torch/OpenMP threads).
+        gpus_per_replica: the GPUs of each replica's bundle (``ray.get_gpu_ids()`` in the replica).
         strategy: the placement group's strategy (``"PACK"`` or ``"SPREAD"``).
         probe: as for :class:`msrl.job.Job`.
         timeout_s: how long a replica waits at a boundary before the process group gives up.
@@ -180,6 +183,7 @@ class RayJob:
 
     def __init__(self, spec: Any, algorithm_ref: str | None = None, address: str | None = None,
                  cpus_per_replica: float = 1.0, strategy: str = "PACK", probe: bool = True,
+                 gpus_per_replica: float = 0.0,
                  timeout_s: float = 600.0, placement_timeout_s: float = 60.0) -> None:
         import ray
         from ray.util.placement_group import placement_group
@@ -213,14 +217,16 @@ class RayJob:
                          log_to_driver=False, configure_logging=False)
             else:
                 ray.init(address=address, log_to_driver=False, configure_logging=False)
-        have = ray.cluster_resources().get("CPU", 0)
-        if need > have:
-            raise PlacementError(
-                f"{len(self.keys)} replicas x cluster.cpus_per_replica={cpus_per_replica:g} need {need:g} CPUs; "
-                f"the Ray cluster has {have:g}"
-            )
+        for res, per, key in (("CPU", cpus_per_replica, "cpus_per_replica"), ("GPU", gpus_per_replica, "gpus_per_replica")):
+            have = ray.cluster_resources().get(res, 0)
+            if per * len(self.keys) > have:
+                raise PlacementError(
+                    f"{len(self.keys)} replicas x cluster.{key}={per:g} need {per * len(self.keys):g} {res}s; "
+                    f"the Ray cluster has {have:g}"
+                )
         threads = max(1, int(math.floor(cpus_per_replica)))
-        self.placement_group = placement_group([{"CPU": cpus_per_replica} for _ in self.keys], strategy=strategy)
+        bundle = {"CPU": cpus_per_replica, **({"GPU": gpus_per_replica} if gpus_per_replica else {})}
+        self.placement_group = placement_group([dict(bundle) for _ in self.keys], strategy=strategy)
         try:
             ray.get(self.placement_group.ready(), timeout=placement_timeout_s)
         except ray.exceptions.GetTimeoutError:
@@ -228,7 +234,7 @@ class RayJob:
 
             remove_placement_group(self.placement_group)
             raise PlacementError(
-                f"the placement group of {len(self.keys)} bundles {{'CPU': {cpus_per_replica:g}}} ({strategy}) was not "
+                f"the placement group of {len(self.keys)} bundles {bundle} ({strategy}) was not "
                 f"placed within {placement_timeout_s:g} s; the cluster's free resources: {ray.available_resources()}"
             ) from None
         remote = ray.remote(ReplicaActor)
@@ -237,6 +243,7 @@ class RayJob:
         self.actors = [
             remote.options(
                 num_cpus=cpus_per_replica,
+                num_gpus=gpus_per_replica,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=i),
                 runtime_env={"env_vars": env_vars},
                 name=None,

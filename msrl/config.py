@@ -93,6 +93,7 @@ class ClusterConfig(_Strict):
 
     address: str | None = Field(None, description="a Ray cluster's address (default: start Ray on this machine)")
     cpus_per_replica: float = Field(1.0, gt=0, description="CPUs of each replica's placement-group bundle (its torch/OpenMP threads)")
+    gpus_per_replica: float = Field(0.0, ge=0, description="GPUs of each replica's placement-group bundle")
     strategy: Literal["PACK", "SPREAD"] = Field("PACK", description="placement-group strategy")
     max_restarts: int = Field(3, ge=0, description="restarts from the last checkpoint after a replica process dies")
 

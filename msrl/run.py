@@ -182,7 +182,8 @@ def make_job(spec: JobSpec, cfg: RunConfig) -> Any:
         str(pathlib.Path(name).expanduser().resolve()) if name.endswith(".py") or "/" in name else name
     )
     return RayJob(spec, algorithm_ref=ref, address=cfg.cluster.address,
-                  cpus_per_replica=cfg.cluster.cpus_per_replica, strategy=cfg.cluster.strategy)
+                  cpus_per_replica=cfg.cluster.cpus_per_replica, gpus_per_replica=cfg.cluster.gpus_per_replica,
+                  strategy=cfg.cluster.strategy)
 
 
 def _evaluate(job: Job, cfg: RunConfig) -> list[float]:
