@@ -24,6 +24,7 @@ buffers may be reused).
 
 from __future__ import annotations
 
+import time
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -65,9 +66,12 @@ class DistComm:
         self.fragment_group = fragment_group
         self.device = torch.device(device)
         self._pending: list[tuple[Any, torch.Tensor]] = []
-        #: bytes sent and received through this endpoint (for the communication share in metrics)
+        #: bytes sent and received through this endpoint, and the seconds spent in its comm ops
+        #: (encoding, sending, waiting for and decoding messages, all-reduces): the
+        #: communication share of a replica's iteration time
         self.bytes_sent = 0
         self.bytes_received = 0
+        self.comm_s = 0.0
 
     # -- messages ---------------------------------------------------------------------------
     def _boundary(self, name: str) -> Boundary:
@@ -78,16 +82,16 @@ class DistComm:
             raise RuntimeError(f"fragment {self.fragment} is not an end of boundary {name} ({b.src} -> {b.dst})")
         return b
 
-    def _send(self, name: str, fragment: str, replica: int, message: torch.Tensor) -> None:
+    def _post(self, name: str, fragment: str, replica: int, message: torch.Tensor) -> None:
         rank, tag = self.ranks[(fragment, replica)], self.tags[name]
         size = torch.tensor([message.numel()], dtype=torch.int64)
         self._pending.append((dist.isend(size, rank, tag=tag), size))
         self._pending.append((dist.isend(message, rank, tag=tag), message))
         self.bytes_sent += message.numel()
         if len(self._pending) > 256:
-            self.flush()
+            self._flush()
 
-    def _recv(self, name: str, fragment: str, replica: int) -> Any:
+    def _take(self, name: str, fragment: str, replica: int) -> Any:
         rank, tag = self.ranks[(fragment, replica)], self.tags[name]
         size = torch.empty(1, dtype=torch.int64)
         dist.recv(size, rank, tag=tag)
@@ -96,51 +100,75 @@ class DistComm:
         self.bytes_received += message.numel()
         return decode(message, self.device)
 
-    def flush(self) -> None:
-        """Waits until every message this endpoint sent has left (its buffers are free)."""
+    def _flush(self) -> None:
         for work, _ in self._pending:
             work.wait()
         self._pending.clear()
 
+    def flush(self) -> None:
+        """Waits until every message this endpoint sent has left (its buffers are free)."""
+        with _Timer(self):
+            self._flush()
+
     # -- the comm ops (same signatures and semantics as msrl.channels.LocalComm) ------------
     def send(self, name: str, value: Any) -> None:
         """Src replica ``i`` -> dst replica ``i``."""
+        with _Timer(self):
+            return self._send_op(name, value)
+
+    def _send_op(self, name: str, value: Any) -> None:
         b = self._boundary(name)
-        self._send(name, b.dst, self.replica, encode(value))
+        self._post(name, b.dst, self.replica, encode(value))
 
     def recv(self, name: str) -> Any:
         """Receives what src replica ``i`` sent."""
+        with _Timer(self):
+            return self._recv_op(name)
+
+    def _recv_op(self, name: str) -> Any:
         b = self._boundary(name)
-        return self._recv(name, b.src, self.replica)
+        return self._take(name, b.src, self.replica)
 
     def gather(self, name: str, value: Any = None) -> Any:
         """Src side (with ``value``): contribute a shard. Dst side: returns the shards
         concatenated along the boundary's axis, replica 0 first."""
+        with _Timer(self):
+            return self._gather(name, value)
+
+    def _gather(self, name: str, value: Any = None) -> Any:
         b = self._boundary(name)
         if self.fragment == b.src:
-            self._send(name, b.dst, 0, encode(value))
+            self._post(name, b.dst, 0, encode(value))
             return None
-        shards = [self._recv(name, b.src, r) for r in range(b.src_replicas)]
+        shards = [self._take(name, b.src, r) for r in range(b.src_replicas)]
         return concat(shards, b.axis if b.axis is not None else 0)
 
     def scatter(self, name: str, value: Any = None) -> Any:
         """Src side: split ``value`` over the dst replicas. Dst side: returns this replica's shard."""
+        with _Timer(self):
+            return self._scatter(name, value)
+
+    def _scatter(self, name: str, value: Any = None) -> Any:
         b = self._boundary(name)
         if self.fragment == b.src:
             for r, shard in enumerate(split(value, b.dst_replicas, b.axis if b.axis is not None else 0)):
-                self._send(name, b.dst, r, encode(shard))
+                self._post(name, b.dst, r, encode(shard))
             return None
-        return self._recv(name, b.src, 0)
+        return self._take(name, b.src, 0)
 
     def broadcast(self, name: str, value: Any = None) -> Any:
         """Src side: send ``value`` to every dst replica. Dst side: returns it."""
+        with _Timer(self):
+            return self._broadcast(name, value)
+
+    def _broadcast(self, name: str, value: Any = None) -> Any:
         b = self._boundary(name)
         if self.fragment == b.src:
             message = encode(value)
             for r in range(b.dst_replicas):
-                self._send(name, b.dst, r, message)
+                self._post(name, b.dst, r, message)
             return None
-        return self._recv(name, b.src, 0)
+        return self._take(name, b.src, 0)
 
     def put(self, name: str, value: Any) -> None:
         """Asynchronous boundaries are not carried by torch.distributed.
@@ -160,6 +188,10 @@ class DistComm:
         into one buffer, summed with ``dist.all_reduce`` on the fragment's group, divided by
         the replica count and copied back.
         """
+        with _Timer(self):
+            return self._allreduce(name, value)
+
+    def _allreduce(self, name: str, value: Any = None) -> Any:
         tensors = tensor_leaves(value)
         if not tensors:
             return value
@@ -175,3 +207,16 @@ class DistComm:
             offset += t.numel()
         return value
 
+
+
+class _Timer:
+    """Adds the time spent inside to an endpoint's ``comm_s``."""
+
+    def __init__(self, comm: DistComm) -> None:
+        self.comm = comm
+
+    def __enter__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.comm.comm_s += time.perf_counter() - self.t0

@@ -1,0 +1,85 @@
+"""The Ray runtime: env steps/s and the share of iteration time spent in communication, per
+policy and replica count, on the main job's PPO (configs/ppo_cartpole.yaml).
+
+Each row trains ``--iterations`` iterations (after ``--warmup`` untimed ones) with
+``runtime: ray`` (every replica its own process) and, for reference, the same policy with
+``runtime: local`` (threads of one process). ``comm share`` is the replicas' time inside comm
+ops (encoding, sending, waiting at a boundary, all-reduce) over their iteration time, summed
+over replicas; it includes waiting for a slower peer, so it is an upper bound on the cost of
+moving the bytes.
+
+    python bench/bench_runtime.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+
+import torch
+
+ROWS = [
+    ("single", {}),
+    ("single_learner_coarse", {"actor": 1}),
+    ("single_learner_coarse", {"actor": 2}),
+    ("multi_learner", {"main": 1}),
+    ("multi_learner", {"main": 2}),
+]
+
+
+def measure(policy: str, replicas: dict[str, int], runtime: str, iterations: int, warmup: int) -> dict:
+    """Env steps/s over ``iterations`` iterations and the median comm share (Ray only)."""
+    from msrl.config import build_job_spec, load_config
+    from msrl.job import Job
+
+    over = [f"distribution_policy.name={policy}", *(f"distribution_policy.replicas.{k}={v}" for k, v in replicas.items())]
+    cfg = load_config("configs/ppo_cartpole.yaml", [*over, f"runtime={runtime}"])
+    spec = build_job_spec(cfg)
+    if runtime == "ray":
+        from msrl.cluster.ray_runtime import RayJob
+
+        job = RayJob(spec)
+    else:
+        job = Job(spec)
+    try:
+        job.reset()
+        job.run(warmup)
+        t0 = time.perf_counter()
+        records = []
+        while len(records) < iterations:  # chunks of ~0.5 s, as msrl.run.train runs them
+            records += job.run(min(64, iterations - len(records)))
+        dt = time.perf_counter() - t0
+    finally:
+        job.close()
+    shares = [r["comm_share"] for r in records if "comm_share" in r]
+    return {"sps": iterations * spec.env_steps_per_iteration / dt,
+            "comm_share": statistics.median(shares) if shares else None}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--iterations", type=int, default=300)
+    p.add_argument("--warmup", type=int, default=20)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    import ray
+
+    print(f"machine: {platform.processor() or platform.machine()}, {torch.__version__}, ray {ray.__version__}, "
+          f"{args.iterations} iterations of configs/ppo_cartpole.yaml (16 envs x 16 steps)")
+    print("| policy | replicas | env steps/s, ray | comm share, ray (median) | env steps/s, local threads |")
+    print("| --- | --- | --- | --- | --- |")
+    for policy, replicas in ROWS:
+        r = measure(policy, replicas, "ray", args.iterations, args.warmup)
+        if ray.is_initialized():
+            ray.shutdown()
+        loc = measure(policy, replicas, "local", args.iterations, args.warmup)
+        rep = ", ".join(f"{k}={v}" for k, v in replicas.items()) or "-"
+        share = f"{100 * r['comm_share']:.1f}%" if r["comm_share"] is not None else "-"
+        print(f"| {policy} | {rep} | {r['sps']:.0f} | {share} | {loc['sps']:.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+
+    main()
