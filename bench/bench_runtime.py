@@ -3,10 +3,11 @@ policy and replica count, on the main job's PPO (configs/ppo_cartpole.yaml).
 
 Each row trains ``--iterations`` iterations (after ``--warmup`` untimed ones) with
 ``runtime: ray`` (every replica its own process) and, for reference, the same policy with
-``runtime: local`` (threads of one process). ``comm share`` is the replicas' time inside comm
-ops (encoding, sending, waiting at a boundary, all-reduce) over their iteration time, summed
-over replicas; it includes waiting for a slower peer, so it is an upper bound on the cost of
-moving the bytes.
+``runtime: local`` (threads of one process). ``comm share`` is the replicas' time moving values
+(encoding, sending, receiving, decoding, all-reduce) over their iteration time, summed over
+replicas; ``wait share`` is their time blocked until a peer reached its side of a boundary (in
+synchronous PPO the actor idles while the learner updates and vice versa: that is the
+algorithm's dependency, not transport).
 
     python bench/bench_runtime.py
 """
@@ -54,8 +55,10 @@ def measure(policy: str, replicas: dict[str, int], runtime: str, iterations: int
     finally:
         job.close()
     shares = [r["comm_share"] for r in records if "comm_share" in r]
+    waits = [r["wait_share"] for r in records if "wait_share" in r]
     return {"sps": iterations * spec.env_steps_per_iteration / dt,
-            "comm_share": statistics.median(shares) if shares else None}
+            "comm_share": statistics.median(shares) if shares else None,
+            "wait_share": statistics.median(waits) if waits else None}
 
 
 def main() -> None:
@@ -68,8 +71,8 @@ def main() -> None:
 
     print(f"machine: {platform.processor() or platform.machine()}, {torch.__version__}, ray {ray.__version__}, "
           f"{args.iterations} iterations of configs/ppo_cartpole.yaml (16 envs x 16 steps)")
-    print("| policy | replicas | env steps/s, ray | comm share, ray (median) | env steps/s, local threads |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| policy | replicas | env steps/s, ray | comm share, ray (median) | wait share, ray (median) | env steps/s, local threads |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for policy, replicas in ROWS:
         r = measure(policy, replicas, "ray", args.iterations, args.warmup)
         if ray.is_initialized():
@@ -77,7 +80,8 @@ def main() -> None:
         loc = measure(policy, replicas, "local", args.iterations, args.warmup)
         rep = ", ".join(f"{k}={v}" for k, v in replicas.items()) or "-"
         share = f"{100 * r['comm_share']:.1f}%" if r["comm_share"] is not None else "-"
-        print(f"| {policy} | {rep} | {r['sps']:.0f} | {share} | {loc['sps']:.0f} |", flush=True)
+        wait = f"{100 * r['wait_share']:.1f}%" if r["wait_share"] is not None else "-"
+        print(f"| {policy} | {rep} | {r['sps']:.0f} | {share} | {wait} | {loc['sps']:.0f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -113,11 +113,13 @@ class ReplicaActor:
         records = []
         for _ in range(n):
             t0 = time.perf_counter()
-            c0 = self.comm.comm_s if self.comm is not None else 0.0
+            c0 = self.comm.comm_s - self.comm.wait_s if self.comm is not None else 0.0
+            w0 = self.comm.wait_s if self.comm is not None else 0.0
             out = self.replica.run_method(method, self.comm)
             if self.comm is not None:
                 self.comm.flush()
-            comm_s = (self.comm.comm_s - c0) if self.comm is not None else 0.0
+            comm_s = (self.comm.comm_s - self.comm.wait_s - c0) if self.comm is not None else 0.0
+            wait_s = (self.comm.wait_s - w0) if self.comm is not None else 0.0
             stats = self.replica.pop_episode_stats()
             records.append({
                 "output": _floats(out) if self.fragment == self.output_fragment and self.index == 0 else None,
@@ -125,6 +127,7 @@ class ReplicaActor:
                 "returns": stats.returns, "lengths": stats.lengths, "extra": stats.extra,
                 "time_s": time.perf_counter() - t0,
                 "comm_s": comm_s,
+                "wait_s": wait_s,
             })
         return records
 
@@ -291,8 +294,9 @@ class RayJob:
         returns one record per iteration: ``output`` (metrics as floats), ``env_steps`` (the
         job's total after it), ``episodes`` (the :class:`EpisodeStats` finished in it, replica 0
         first), ``time_s`` (the slowest replica's iteration time), ``comm_share`` (the replicas'
-        time in comm ops -- encoding, sending, waiting at boundaries, all-reduce -- over their
-        iteration time, summed over replicas). Episodes are also kept for :meth:`pop_episode_stats`.
+        time moving values -- encoding, sending, receiving, decoding, all-reduce -- over their
+        iteration time, summed over replicas) and ``wait_share`` (likewise, time blocked until a
+        peer reached its side of a boundary). Episodes are also kept for :meth:`pop_episode_stats`.
 
         Raises:
             FragmentError: a replica raised (the job is stopped).
@@ -325,7 +329,8 @@ class RayJob:
             busy = sum(r["time_s"] for r in rows)
             records.append({"output": out, "env_steps": self._env_steps, "episodes": episodes,
                             "time_s": max(r["time_s"] for r in rows),
-                            "comm_share": sum(r["comm_s"] for r in rows) / busy if busy > 0 else 0.0})
+                            "comm_share": sum(r["comm_s"] for r in rows) / busy if busy > 0 else 0.0,
+                            "wait_share": sum(r["wait_s"] for r in rows) / busy if busy > 0 else 0.0})
         return records
 
     def reset(self) -> None:

@@ -382,7 +382,8 @@ def _run_job(cfg: RunConfig, spec: JobSpec, job: Any, resume: Any, resume_state:
                     **{f"charts/{k}": sum(v) / len(v) for k, v in stats.extra.items() if v},
                     **(rec["output"] or {}),
                     **({f"faults/{k}": v for k, v in faults.items()} if cfg.runtime == "ray" else {}),
-                    **({"charts/comm_share": round(rec["comm_share"], 4)} if "comm_share" in rec else {}),
+                    **({"charts/comm_share": round(rec["comm_share"], 4), "charts/wait_share": round(rec["wait_share"], 4)}
+                       if "comm_share" in rec else {}),
                 }
                 if i == n - 1 and cfg.train.eval_every and job.env_steps // cfg.train.eval_every > done_eval:
                     done_eval = job.env_steps // cfg.train.eval_every

@@ -72,6 +72,9 @@ class DistComm:
         self.bytes_sent = 0
         self.bytes_received = 0
         self.comm_s = 0.0
+        #: of ``comm_s``, the seconds spent waiting for a peer to send (blocked on a message's
+        #: first bytes): ``comm_s - wait_s`` is the cost of moving values
+        self.wait_s = 0.0
 
     # -- messages ---------------------------------------------------------------------------
     def _boundary(self, name: str) -> Boundary:
@@ -94,7 +97,9 @@ class DistComm:
     def _take(self, name: str, fragment: str, replica: int) -> Any:
         rank, tag = self.ranks[(fragment, replica)], self.tags[name]
         size = torch.empty(1, dtype=torch.int64)
-        dist.recv(size, rank, tag=tag)
+        t0 = time.perf_counter()
+        dist.recv(size, rank, tag=tag)  # waits for the peer to reach its side of the boundary
+        self.wait_s += time.perf_counter() - t0
         message = torch.empty(int(size), dtype=torch.uint8)
         dist.recv(message, rank, tag=tag)
         self.bytes_received += message.numel()
