@@ -252,7 +252,7 @@ class RayJob:
                 num_gpus=gpus_per_replica,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=i),
                 runtime_env={"env_vars": env_vars},
-                name=None,
+                max_concurrency=2,  # a liveness probe is answered while a replica runs its iterations
             ).remote(algorithm_ref, spec_bytes, fg_bytes, frag, r, threads)
             for i, (frag, r) in enumerate(self.keys)
         ]
@@ -277,17 +277,38 @@ class RayJob:
             try:
                 results[order[done[0]]] = ray.get(done[0])
             except ray.exceptions.RayTaskError as e:
+                # a peer's death shows first as a failed boundary in a live replica ("connection
+                # closed by peer"): name the dead replica, not the one that noticed
+                dead = self._dead_replica()
                 self.kill()
+                if dead is not None:
+                    raise dead from None
                 cause = e.cause if getattr(e, "cause", None) is not None else e
                 raise cause from None
             except ray.exceptions.RayActorError:
                 i = order[done[0]]
-                frag, r = self.keys[i] if len(futures) == len(self.keys) else (None, None)
-                roles = self.spec.policy.fragment(frag).roles if frag is not None else ()
+                dead = self._died(self.keys[i]) if len(futures) == len(self.keys) else self._dead_replica()
                 self.kill()
-                who = f"fragment {frag} replica {r}" if frag is not None else "a replica"
-                raise ReplicaDied(f"the process of {who} died", frag, r, roles) from None
+                raise (dead or ReplicaDied("the process of a replica died")) from None
         return results
+
+    def _died(self, key: tuple[str, int]) -> ReplicaDied:
+        frag, r = key
+        return ReplicaDied(f"the process of fragment {frag} replica {r} died", frag, r, self.spec.policy.fragment(frag).roles)
+
+    def _dead_replica(self, timeout_s: float = 5.0) -> ReplicaDied | None:
+        """The first replica whose process is gone (``None`` when all answer)."""
+        import ray
+
+        probes = [a.pid.remote() for a in self.actors]
+        for key, probe in zip(self.keys, probes):
+            try:
+                ray.get(probe, timeout=timeout_s)
+            except ray.exceptions.RayActorError:
+                return self._died(key)
+            except Exception:  # noqa: BLE001 - slow, not dead
+                continue
+        return None
 
     def run(self, n: int, method: str = "train_step") -> list[dict[str, Any]]:
         """Runs ``n`` iterations in every replica, each replica free between its boundaries;

@@ -109,8 +109,10 @@ class RunConfig(_Strict):
     distribution_policy: PolicyConfig = Field(default_factory=PolicyConfig)
     train: TrainConfig
     eval: EvalConfig = Field(default_factory=EvalConfig)
-    runtime: Literal["local", "ray"] = Field(
-        "local", description="local: every fragment replica a thread of this process; ray: each its own process (Ray actor)"
+    runtime: Literal["auto", "local", "ray"] = Field(
+        "auto",
+        description="local: every fragment replica a thread of this process; ray: each its own process (Ray actor); "
+                    "auto: ray when the policy runs more than one replica, else local",
     )
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
 
@@ -246,6 +248,15 @@ def resolve_device(device: str) -> str:
     return device
 
 
+def resolve_runtime(runtime: str, policy: Any) -> str:
+    """``"local"`` or ``"ray"``: ``runtime``, with ``"auto"`` resolved to ``"ray"`` when
+    ``policy`` (overrides applied) runs more than one fragment replica and to ``"local"``
+    otherwise."""
+    if runtime != "auto":
+        return runtime
+    return "ray" if sum(f.replicas for f in policy.fragments) > 1 else "local"
+
+
 def build_job_spec(cfg: RunConfig) -> Any:
     """The :class:`msrl.job.JobSpec` of a validated config.
 
@@ -305,7 +316,7 @@ def build_job_spec(cfg: RunConfig) -> Any:
             raise ConfigError(f"fragment {frag.name}: invalid device {frag.device!r} (e.g. cpu, cuda:0)") from None
         if device.type not in backend.devices:
             raise ConfigError(f"fragment {frag.name}: backend {backend.name} runs on {backend.devices}, not {device.type}")
-        if backend.processes and cfg.runtime != "ray":
+        if backend.processes and resolve_runtime(cfg.runtime, policy) != "ray":
             raise ConfigError(
                 f"distribution_policy.backends.{frag.name}={backend.name} runs each replica in its own process: "
                 f"set runtime: ray (runtime is {cfg.runtime!r})"

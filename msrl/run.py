@@ -171,8 +171,11 @@ class _Metrics:
 
 def make_job(spec: JobSpec, cfg: RunConfig) -> Any:
     """The job of ``cfg`` on its runtime: :class:`~msrl.job.Job` (``runtime: local``) or
-    :class:`~msrl.cluster.ray_runtime.RayJob` (``runtime: ray``; ``cluster.*`` places it)."""
-    if cfg.runtime == "local":
+    :class:`~msrl.cluster.ray_runtime.RayJob` (``runtime: ray``; ``cluster.*`` places it);
+    ``runtime: auto`` runs policies with more than one replica on Ray."""
+    from msrl.config import resolve_runtime
+
+    if resolve_runtime(cfg.runtime, spec.policy) == "local":
         return Job(spec)
     from msrl.cluster.ray_runtime import RayJob
     from msrl.job import available_algorithms
@@ -330,7 +333,8 @@ def _run_job(cfg: RunConfig, spec: JobSpec, job: Any, resume: Any, resume_state:
 
     if hasattr(job, "replica_table"):  # where each replica runs (pids, nodes), for operators
         (run_dir / "replicas.json").write_text(json.dumps(job.replica_table(), indent=1))
-    if resume is None and cfg.runtime == "ray":
+    on_ray = not isinstance(job, Job)
+    if resume is None and on_ray:
         checkpoint()  # a restart point before the first chunk
 
     bar = None
@@ -381,7 +385,7 @@ def _run_job(cfg: RunConfig, spec: JobSpec, job: Any, resume: Any, resume_state:
                     "charts/episodic_length": sum(stats.lengths) / len(stats.lengths) if stats.lengths else float("nan"),
                     **{f"charts/{k}": sum(v) / len(v) for k, v in stats.extra.items() if v},
                     **(rec["output"] or {}),
-                    **({f"faults/{k}": v for k, v in faults.items()} if cfg.runtime == "ray" else {}),
+                    **({f"faults/{k}": v for k, v in faults.items()} if on_ray else {}),
                     **({"charts/comm_share": round(rec["comm_share"], 4), "charts/wait_share": round(rec["wait_share"], 4)}
                        if "comm_share" in rec else {}),
                 }

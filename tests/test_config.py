@@ -98,6 +98,8 @@ def test_cpu_process_group_needs_the_ray_runtime():
 
     over = ["distribution_policy.name=single_learner_coarse", "distribution_policy.backends.actor=cpu_process_group"]
     with pytest.raises(ConfigError, match="backends.actor=cpu_process_group runs each replica in its own process: set runtime: ray"):
-        build_job_spec(load_config("configs/ppo_cartpole.yaml", over))
+        build_job_spec(load_config("configs/ppo_cartpole.yaml", [*over, "runtime=local"]))
+    # runtime: auto (the default) runs a policy with several replicas on Ray
+    assert build_job_spec(load_config("configs/ppo_cartpole.yaml", over)).policy.fragment("actor").backend == "cpu_process_group"
     spec = build_job_spec(load_config("configs/ppo_cartpole.yaml", [*over, "runtime=ray"]))
     assert spec.policy.fragment("actor").backend == "cpu_process_group"

@@ -83,7 +83,7 @@ TAG = ROOT / "configs" / "ma_ppo_tag.yaml"
     "config,over",
     [
         (MAIN, [*TINY, "distribution_policy.name=single"]),
-        (MAIN, [*TINY, "distribution_policy.name=single_learner_coarse"]),
+        (MAIN, [*TINY, "distribution_policy.name=single_learner_coarse", "runtime=local"]),  # in-process: the test patches Job
         (GPU_ONLY, ["train.progress=false", "env.num_envs=4", "algorithm.hparams.num_steps=64", "train.total_env_steps=2048"]),
         (TAG, ["train.progress=false", "env.num_envs=4", "algorithm.hparams.num_steps=20", "train.total_env_steps=800"]),
     ],
