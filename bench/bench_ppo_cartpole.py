@@ -25,8 +25,6 @@ import statistics
 import tempfile
 import time
 
-import gymnasium
-import numpy as np
 import torch
 
 THRESHOLD = 475.0
@@ -59,23 +57,13 @@ def run_msrl(seed: int, eval_every: int, budget: int, policy: str | None, runs_d
 
 
 def run_sb3(seed: int, eval_every: int, budget: int) -> dict:
+    from bench_offpolicy import _sb3_evaluate  # the same deterministic evaluation as every SB3 row
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
 
     def evaluate(model) -> float:
-        env = gymnasium.make_vec("CartPole-v1", num_envs=EVAL_EPISODES, vectorization_mode="sync",
-                                 vector_kwargs={"autoreset_mode": gymnasium.vector.AutoresetMode.SAME_STEP})
-        obs, _ = env.reset(seed=EVAL_SEED)
-        ret = np.zeros(EVAL_EPISODES)
-        done = np.zeros(EVAL_EPISODES, dtype=bool)
-        while not done.all():
-            action, _ = model.predict(obs, deterministic=True)
-            obs, r, te, tr, _ = env.step(action)
-            ret += np.where(done, 0.0, r)
-            done |= te | tr
-        env.close()
-        return float(ret.mean())
+        return _sb3_evaluate(model, "CartPole-v1")
 
     class Timer(BaseCallback):
         def __init__(self) -> None:
