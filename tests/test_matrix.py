@@ -100,3 +100,20 @@ def test_single_and_coarse_with_one_actor_replica_agree_bitwise(algo, placement)
     as_float = [{k: float(v) for k, v in m.items()} for m in a[0]]
     assert as_float == [{k: float(v) for k, v in m.items()} for m in b[0]]
     assert any(as_float)  # learning happened within the budget
+
+
+@pytest.mark.parametrize("algo", list(TINY))
+def test_multi_learner_runs_every_algorithm_with_identical_replicas(algo):
+    """multi_learner (written for PPO's DD-PPO) runs A2C, DQN and SAC unchanged: no boundaries,
+    finite losses, and the two learner replicas hold bitwise-identical weights."""
+    job = Job(spec(algo, "multi_learner", {"main": 2}, None, num_envs=4))
+    try:
+        job.reset()
+        metrics = [job.train_step() for _ in range(ITERATIONS[algo])]
+        losses = [float(v) for m in metrics for k, v in m.items() if k.startswith("losses/") and "kl" not in k]
+        assert losses and all(math.isfinite(x) for x in losses)
+        assert not job.fragment_graph.boundaries
+        w0, w1 = (job.trainers[("main", r)].components["learner"].get_weights() for r in range(2))
+        assert all(torch.equal(w0[k], w1[k]) for k in w0)
+    finally:
+        job.close()
