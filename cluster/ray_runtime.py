@@ -29,7 +29,7 @@ import torch
 
 from msrl.api import EpisodeStats
 from msrl.config import ConfigError
-from msrl.runtime.replica import ReplicaDied
+from msrl.runtime.replica import ReplicaDied, as_floats, check_losses, replica_states
 
 __all__ = ["RayJob", "ReplicaActor", "ReplicaDied", "PlacementError"]
 
@@ -38,12 +38,6 @@ class PlacementError(ConfigError):
     """The Ray cluster cannot place the job's replicas (too few CPUs/GPUs for the bundles): a
     config error (``cluster.*``, ``distribution_policy.replicas``), reported before anything is
     written."""
-
-
-def _floats(out: Any) -> Any:
-    if isinstance(out, dict):
-        return {k: float(v) if isinstance(v, (torch.Tensor, int, float)) and not isinstance(v, bool) else v for k, v in out.items()}
-    return out
 
 
 class ReplicaActor:
@@ -122,7 +116,7 @@ class ReplicaActor:
             wait_s = (self.comm.wait_s - w0) if self.comm is not None else 0.0
             stats = self.replica.pop_episode_stats()
             records.append({
-                "output": _floats(out) if self.fragment == self.output_fragment and self.index == 0 else None,
+                "output": as_floats(out) if self.fragment == self.output_fragment and self.index == 0 else None,
                 "env_steps": self.replica.env_steps,
                 "returns": stats.returns, "lengths": stats.lengths, "extra": stats.extra,
                 "time_s": time.perf_counter() - t0,
@@ -343,10 +337,7 @@ class RayJob:
             if method == "train_step":
                 self.iteration += 1
             self._env_steps = sum(r["env_steps"] for r in rows)
-            if isinstance(out, dict):
-                bad = {k: v for k, v in out.items() if k.endswith("_loss") and isinstance(v, float) and not math.isfinite(v)}
-                if bad:
-                    raise FloatingPointError(f"non-finite loss in iteration {self.iteration}: {bad}")
+            check_losses(out, self.iteration)
             busy = sum(r["time_s"] for r in rows)
             records.append({"output": out, "env_steps": self._env_steps, "episodes": episodes,
                             "time_s": max(r["time_s"] for r in rows),
@@ -403,11 +394,7 @@ class RayJob:
         Raises:
             KeyError: the checkpoint's replicas differ from this job's.
         """
-        saved = state["replicas"]
-        mine = {f"{f}/{r}" for f, r in self.keys}
-        if set(saved) != mine:
-            raise KeyError(f"checkpoint holds replicas {sorted(saved)}, this job has {sorted(mine)}")
-        self._wait([a.load_state_dict.remote(saved[f"{f}/{r}"]) for a, (f, r) in zip(self.actors, self.keys)])
+        self._wait([a.load_state_dict.remote(s) for a, s in zip(self.actors, replica_states(state, self.keys))])
         self.iteration = int(state["iteration"])
         self._env_steps = int(state.get("env_steps", 0))
 

@@ -11,7 +11,6 @@ Ray runtime's fragments.
 from __future__ import annotations
 
 import dataclasses
-import math
 import sys
 from typing import Any, Mapping
 
@@ -25,7 +24,7 @@ from msrl.graph import Graph
 from msrl.partition import FragmentGraph, partition
 from msrl.policy import DistributionPolicy
 from msrl.runtime.local import LocalRuntime
-from msrl.runtime.replica import Replica, build_trainer
+from msrl.runtime.replica import Replica, as_floats, build_trainer, check_losses, replica_states
 from msrl.tracer import trace
 
 __all__ = ["JobSpec", "Job", "UnknownAlgorithmError", "load_algorithm", "available_algorithms", "METHODS"]
@@ -203,13 +202,9 @@ class Job:
             FragmentError: a fragment raised.
             FloatingPointError: a metric named ``*_loss`` is NaN or infinite.
         """
-        out = self.runtime.run("train_step")
+        out = as_floats(self.runtime.run("train_step"))
         self.iteration += 1
-        if isinstance(out, dict):
-            out = {k: float(v) if isinstance(v, (torch.Tensor, int, float)) else v for k, v in out.items()}
-            bad = {k: v for k, v in out.items() if k.endswith("_loss") and isinstance(v, float) and not math.isfinite(v)}
-            if bad:
-                raise FloatingPointError(f"non-finite loss in iteration {self.iteration}: {bad}")
+        check_losses(out, self.iteration)
         return out
 
     def run(self, n: int) -> list[dict[str, Any]]:
@@ -273,12 +268,8 @@ class Job:
         Raises:
             KeyError: the checkpoint's replicas differ from this job's.
         """
-        saved = state["replicas"]
-        mine = {f"{frag}/{r}" for frag, r in self.replicas}
-        if set(saved) != mine:
-            raise KeyError(f"checkpoint holds replicas {sorted(saved)}, this job has {sorted(mine)}")
-        for (frag, r), rep in self.replicas.items():
-            rep.load_state_dict(saved[f"{frag}/{r}"])
+        for rep, saved in zip(self.replicas.values(), replica_states(state, self.replicas)):
+            rep.load_state_dict(saved)
         self.iteration = int(state["iteration"])
         torch.set_rng_state(state["torch_rng"])
 

@@ -11,6 +11,7 @@ boundary.
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 import traceback
 from typing import Any, Mapping
@@ -25,7 +26,8 @@ from msrl.envs import make_env
 from msrl.partition import FragmentGraph
 from msrl.policy import FragmentSpec
 
-__all__ = ["FragmentError", "ReplicaDied", "Replica", "build_trainer", "compile_fragment"]
+__all__ = ["FragmentError", "ReplicaDied", "Replica", "build_trainer", "compile_fragment", "as_floats",
+           "check_losses", "replica_states"]
 
 
 class ReplicaDied(RuntimeError):
@@ -58,6 +60,38 @@ class FragmentError(RuntimeError):
 
     def __reduce__(self):  # crosses Ray's process boundary with its message intact
         return (FragmentError, (self.fragment, self.replica, self.method, self.node, self.cause))
+
+
+def as_floats(out: Any) -> Any:
+    """A ``train_step`` output with its tensor and number metrics as Python floats (one host
+    read per metric, after the iteration); anything but a dict is returned as it is."""
+    if not isinstance(out, dict):
+        return out
+    return {k: float(v) if isinstance(v, (torch.Tensor, int, float)) else v
+            for k, v in out.items()}
+
+
+def check_losses(metrics: Any, iteration: int) -> None:
+    """Raises ``FloatingPointError`` naming every metric called ``*_loss`` that is a NaN or
+    infinite float in ``metrics`` (the output of iteration ``iteration``)."""
+    if isinstance(metrics, dict):
+        bad = {k: v for k, v in metrics.items() if k.endswith("_loss") and isinstance(v, float) and not math.isfinite(v)}
+        if bad:
+            raise FloatingPointError(f"non-finite loss in iteration {iteration}: {bad}")
+
+
+def replica_states(state: Mapping[str, Any], keys: Any) -> list[Any]:
+    """The per-replica states of a job checkpoint (``state["replicas"]``, keyed
+    ``"fragment/replica"``), in the order of ``keys`` (``(fragment, replica)`` pairs).
+
+    Raises:
+        KeyError: the checkpoint's replicas differ from ``keys``.
+    """
+    saved = state["replicas"]
+    mine = [f"{f}/{r}" for f, r in keys]
+    if set(saved) != set(mine):
+        raise KeyError(f"checkpoint holds replicas {sorted(saved)}, this job has {sorted(mine)}")
+    return [saved[k] for k in mine]
 
 
 def build_trainer(spec: Any, frag: FragmentSpec, replica: int) -> Trainer:
