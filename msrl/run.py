@@ -398,15 +398,15 @@ def _run_job(cfg: RunConfig, spec: JobSpec, job: Any, resume: Any, resume_state:
                     if cfg.train.stop_at_return is not None and mean >= cfg.train.stop_at_return and threshold[0] is None:
                         threshold = (time_s + (eval_t0 - t0), job.env_steps)
                 metrics.log(row)
+            stop = threshold[0] is not None
+            # training time: the whole chunk (steps, logging), evaluation excluded
+            time_s += time.perf_counter() - t0 - eval_dt
             if bar is not None:
                 mean_ret = sum(recent) / len(recent) if recent else float("nan")
                 # no refresh here: update() redraws at most every 0.1 s
                 bar.set_postfix({"steps/s": f"{job.env_steps / max(time_s, 1e-9):.0f}", "return": f"{mean_ret:.1f}"},
                                 refresh=False)
                 bar.update(E * n)
-            stop = threshold[0] is not None
-            # training time: the whole chunk (steps, logging), evaluation excluded
-            time_s += time.perf_counter() - t0 - eval_dt
             if job.iteration % cfg.train.checkpoint_every == 0 or stop or job.iteration == spec.num_iterations:
                 ckpt_t0 = time.perf_counter()
                 checkpoint()
