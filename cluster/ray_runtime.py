@@ -111,7 +111,7 @@ class ReplicaActor:
             w0 = self.comm.wait_s if self.comm is not None else 0.0
             out = self.replica.run_method(method, self.comm)
             if self.comm is not None:
-                self.comm.flush()
+                self.comm.reap()
             comm_s = (self.comm.comm_s - self.comm.wait_s - c0) if self.comm is not None else 0.0
             wait_s = (self.comm.wait_s - w0) if self.comm is not None else 0.0
             stats = self.replica.pop_episode_stats()
@@ -123,7 +123,18 @@ class ReplicaActor:
                 "comm_s": comm_s,
                 "wait_s": wait_s,
             })
+        if self.comm is not None:
+            self.comm.flush()
         return records
+
+    def comm_stats(self) -> dict[str, Any]:
+        """This replica's totals so far: seconds per comm op (``op_s``), ``comm_s``, ``wait_s``,
+        ``bytes_sent``, ``bytes_received`` (empty when the job has one replica)."""
+        c = self.comm
+        if c is None:
+            return {}
+        return {"op_s": dict(c.op_s), "comm_s": c.comm_s, "wait_s": c.wait_s,
+                "bytes_sent": c.bytes_sent, "bytes_received": c.bytes_received}
 
     def pid(self) -> int:
         """This replica's process id."""
@@ -413,6 +424,10 @@ class RayJob:
             remove_placement_group(self.placement_group)
         except Exception:  # noqa: BLE001
             pass
+
+    def comm_stats(self) -> list[dict[str, Any]]:
+        """Every replica's :meth:`ReplicaActor.comm_stats`, in replica order."""
+        return self._wait([a.comm_stats.remote() for a in self.actors])
 
     def pids(self) -> list[int]:
         """The replicas' process ids, in replica order."""

@@ -162,6 +162,20 @@ def _many_messages_dst(comm):
     return [(int(comm.recv("t")), int(comm.broadcast("w"))) for _ in range(50)]
 
 
+def _sizes_src(comm):
+    # a channel's values change size: grow, shrink, grow past every earlier size, empty
+    for n in (3, 1000, 2, 5000, 0, 7):
+        comm.send("t", {"x": torch.arange(n), "tag": "v" * (n % 5)})
+
+
+def _sizes_dst(comm):
+    out = []
+    for _ in range(6):
+        v = comm.recv("t")
+        out.append((v["x"].tolist() == list(range(v["x"].numel())), v["x"].numel(), v["tag"]))
+    return out
+
+
 SCENARIOS = {
     "gather": (
         [boundary("g", NodeKind.GATHER, 3, 1, axis=1)],
@@ -177,6 +191,7 @@ SCENARIOS = {
         [boundary("t", NodeKind.SEND, 1, 1), boundary("w", NodeKind.BROADCAST, 1, 1, kind="replicated")],
         {("a", 0): _many_messages_src, ("b", 0): _many_messages_dst},
     ),
+    "sizes": ([boundary("t", NodeKind.SEND, 1, 1)], {("a", 0): _sizes_src, ("b", 0): _sizes_dst}),
 }
 
 
@@ -210,3 +225,33 @@ def test_allreduce_averages_a_fragments_replicas_identically(results):
 
 def test_two_boundaries_between_one_pair_keep_their_order(results):
     assert results["ordering"][("b", 0)] == [(i, -i) for i in range(50)]
+
+
+def test_values_of_changing_size_cross_one_channel_intact(results):
+    assert results["sizes"][("b", 0)] == [(True, n, "v" * (n % 5)) for n in (3, 1000, 2, 5000, 0, 7)]
+
+
+def _hostile_control_src(comm):
+    import struct
+
+    import torch.distributed as dist
+
+    # a control buffer announcing a 2**40-byte channel, as a corrupt or hostile peer might send
+    control = torch.zeros(16, dtype=torch.uint8)
+    control[:12] = torch.frombuffer(bytearray(struct.pack("<4sQ", b"GROW", 1 << 40)), dtype=torch.uint8)
+    dist.send(control, comm.ranks[("b", 0)], tag=comm.tags["t"])
+
+
+def _hostile_control_dst(comm):
+    from msrl.runtime.codec import CodecError
+
+    try:
+        comm.recv("t")
+    except CodecError as e:
+        return str(e)
+    return "accepted"
+
+
+def test_a_malformed_control_buffer_is_a_codec_error_not_an_allocation():
+    [out] = run_dist([([boundary("t", NodeKind.SEND, 1, 1)], {("a", 0): _hostile_control_src, ("b", 0): _hostile_control_dst})])
+    assert "malformed message on boundary t" in out[("b", 0)] and "1099511627776" in out[("b", 0)]

@@ -4,7 +4,11 @@ with the same semantics, for fragment replicas that are processes (Ray actors).
 Every fragment replica of a job is one rank of one process group (Gloo for CPU tensors). A
 boundary's value travels as one :mod:`codec <msrl.runtime.codec>` message (dtype + shape + raw
 bytes, never pickle) by point-to-point messages tagged with the boundary's index, so two
-boundaries between the same pair of replicas can never be confused:
+boundaries between the same pair of replicas can never be confused. Each (boundary, sender,
+receiver) channel has a buffer size both ends know, so a value is one message, not a size and
+then the bytes: the first value on a channel (or one larger than its buffers) is announced by a
+control buffer ``b"GROW" | new size`` of the old size, and a smaller value rides padded in a
+buffer of the channel's size (the codec's header says where the value ends):
 
 ==========  ================================================================================
 op          messages (``R_s`` src replicas, ``R_d`` dst replicas)
@@ -17,13 +21,15 @@ allreduce   a collective of the fragment's own replicas (``dist.all_reduce`` on 
 ==========  ================================================================================
 
 Sends are non-blocking (``isend``): a replica never waits for its receiver unless the program
-reads a value back, so no order of sends between two replicas can deadlock; :meth:`DistComm.flush`
-waits until every send has left (the runtime calls it at the end of each iteration, before the
-buffers may be reused).
+reads a value back, so no order of sends between two replicas can deadlock. A send's buffer is
+kept until the send has left (:meth:`DistComm.reap` forgets finished ones; the runtime calls it
+after every iteration), and :meth:`DistComm.flush` waits for every send (the runtime calls it at
+the end of a chunk of iterations, before state is read or the process group is left).
 """
 
 from __future__ import annotations
 
+import struct
 import time
 from typing import Any, Mapping, Sequence
 
@@ -32,9 +38,17 @@ import torch.distributed as dist
 
 from msrl.channels import concat, split, tensor_leaves
 from msrl.partition import Boundary
-from msrl.runtime.codec import decode, encode
+from msrl.runtime.codec import CodecError, decode, encode
 
 __all__ = ["DistComm"]
+
+#: A channel's buffers start at this size (a control message); the first value grows them.
+_CONTROL_BYTES = 16
+#: A control buffer: magic + the channel's new buffer size (bytes).
+_GROW = struct.Struct("<4sQ")
+_GROW_MAGIC = b"GROW"
+#: The largest message a channel accepts (a corrupt control buffer never allocates more).
+_MAX_MESSAGE = 1 << 36
 
 
 class DistComm:
@@ -66,6 +80,8 @@ class DistComm:
         self.fragment_group = fragment_group
         self.device = torch.device(device)
         self._pending: list[tuple[Any, torch.Tensor]] = []
+        #: (boundary, peer fragment, peer replica) -> the byte size of that channel's buffers
+        self._capacity: dict[tuple[str, str, int], int] = {}
         #: bytes sent and received through this endpoint, and the seconds spent in its comm ops
         #: (encoding, sending, waiting for and decoding messages, all-reduces): the
         #: communication share of a replica's iteration time
@@ -75,6 +91,8 @@ class DistComm:
         #: of ``comm_s``, the seconds spent waiting for a peer to send (blocked on a message's
         #: first bytes): ``comm_s - wait_s`` is the cost of moving values
         self.wait_s = 0.0
+        #: ``comm_s`` by comm op (``send``, ``gather``, ..., ``flush``)
+        self.op_s: dict[str, float] = {}
 
     # -- messages ---------------------------------------------------------------------------
     def _boundary(self, name: str) -> Boundary:
@@ -87,23 +105,48 @@ class DistComm:
 
     def _post(self, name: str, fragment: str, replica: int, message: torch.Tensor) -> None:
         rank, tag = self.ranks[(fragment, replica)], self.tags[name]
-        size = torch.tensor([message.numel()], dtype=torch.int64)
-        self._pending.append((dist.isend(size, rank, tag=tag), size))
-        self._pending.append((dist.isend(message, rank, tag=tag), message))
-        self.bytes_sent += message.numel()
-        if len(self._pending) > 256:
-            self._flush()
+        key = (name, fragment, replica)
+        capacity = self._capacity.get(key, _CONTROL_BYTES)
+        n = message.numel()
+        if n > capacity:  # grow the channel: a control buffer of the old capacity names the new one
+            control = torch.zeros(capacity, dtype=torch.uint8)
+            control[:_GROW.size] = torch.frombuffer(bytearray(_GROW.pack(_GROW_MAGIC, n)), dtype=torch.uint8)
+            self._isend(control, rank, tag)
+            self._capacity[key] = capacity = n
+        if n < capacity:  # a smaller message rides in a buffer of the channel's capacity
+            message = torch.cat([message, torch.zeros(capacity - n, dtype=torch.uint8)])
+        self._isend(message, rank, tag)
+        self.bytes_sent += n
+
+    def _isend(self, buffer: torch.Tensor, rank: int, tag: int) -> None:
+        self._pending.append((dist.isend(buffer, rank, tag=tag), buffer))  # keeps the buffer alive
+        if len(self._pending) > 64:
+            self._reap()
 
     def _take(self, name: str, fragment: str, replica: int) -> Any:
         rank, tag = self.ranks[(fragment, replica)], self.tags[name]
-        size = torch.empty(1, dtype=torch.int64)
+        key = (name, fragment, replica)
+        capacity = self._capacity.get(key, _CONTROL_BYTES)
+        buffer = torch.empty(capacity, dtype=torch.uint8)
         t0 = time.perf_counter()
-        dist.recv(size, rank, tag=tag)  # waits for the peer to reach its side of the boundary
+        dist.recv(buffer, rank, tag=tag)  # waits for the peer to reach its side of the boundary
         self.wait_s += time.perf_counter() - t0
-        message = torch.empty(int(size), dtype=torch.uint8)
-        dist.recv(message, rank, tag=tag)
-        self.bytes_received += message.numel()
-        return decode(message, self.device)
+        if capacity >= _GROW.size and bytes(buffer[:4].numpy()) == _GROW_MAGIC:
+            _, n = _GROW.unpack(buffer[:_GROW.size].numpy().tobytes())
+            if not 0 < n <= _MAX_MESSAGE:
+                raise CodecError(f"malformed message on boundary {name}: a channel of {n} bytes (at most {_MAX_MESSAGE})")
+            self._capacity[key] = capacity = n
+            buffer = torch.empty(capacity, dtype=torch.uint8)
+            dist.recv(buffer, rank, tag=tag)
+        self.bytes_received += capacity
+        return decode(buffer, self.device)
+
+    def reap(self) -> None:
+        """Forgets the sends that have left (their buffers may be freed); never waits."""
+        self._reap()
+
+    def _reap(self) -> None:
+        self._pending = [(w, b) for w, b in self._pending if not w.is_completed()]
 
     def _flush(self) -> None:
         for work, _ in self._pending:
@@ -112,13 +155,13 @@ class DistComm:
 
     def flush(self) -> None:
         """Waits until every message this endpoint sent has left (its buffers are free)."""
-        with _Timer(self):
+        with _Timer(self, "flush"):
             self._flush()
 
     # -- the comm ops (same signatures and semantics as msrl.channels.LocalComm) ------------
     def send(self, name: str, value: Any) -> None:
         """Src replica ``i`` -> dst replica ``i``."""
-        with _Timer(self):
+        with _Timer(self, "send"):
             return self._send_op(name, value)
 
     def _send_op(self, name: str, value: Any) -> None:
@@ -127,7 +170,7 @@ class DistComm:
 
     def recv(self, name: str) -> Any:
         """Receives what src replica ``i`` sent."""
-        with _Timer(self):
+        with _Timer(self, "recv"):
             return self._recv_op(name)
 
     def _recv_op(self, name: str) -> Any:
@@ -137,7 +180,7 @@ class DistComm:
     def gather(self, name: str, value: Any = None) -> Any:
         """Src side (with ``value``): contribute a shard. Dst side: returns the shards
         concatenated along the boundary's axis, replica 0 first."""
-        with _Timer(self):
+        with _Timer(self, "gather"):
             return self._gather(name, value)
 
     def _gather(self, name: str, value: Any = None) -> Any:
@@ -150,7 +193,7 @@ class DistComm:
 
     def scatter(self, name: str, value: Any = None) -> Any:
         """Src side: split ``value`` over the dst replicas. Dst side: returns this replica's shard."""
-        with _Timer(self):
+        with _Timer(self, "scatter"):
             return self._scatter(name, value)
 
     def _scatter(self, name: str, value: Any = None) -> Any:
@@ -163,7 +206,7 @@ class DistComm:
 
     def broadcast(self, name: str, value: Any = None) -> Any:
         """Src side: send ``value`` to every dst replica. Dst side: returns it."""
-        with _Timer(self):
+        with _Timer(self, "broadcast"):
             return self._broadcast(name, value)
 
     def _broadcast(self, name: str, value: Any = None) -> Any:
@@ -193,7 +236,7 @@ class DistComm:
         into one buffer, summed with ``dist.all_reduce`` on the fragment's group, divided by
         the replica count and copied back.
         """
-        with _Timer(self):
+        with _Timer(self, "allreduce"):
             return self._allreduce(name, value)
 
     def _allreduce(self, name: str, value: Any = None) -> Any:
@@ -215,13 +258,15 @@ class DistComm:
 
 
 class _Timer:
-    """Adds the time spent inside to an endpoint's ``comm_s``."""
+    """Adds the time spent inside to an endpoint's ``comm_s`` and to its op's ``op_s``."""
 
-    def __init__(self, comm: DistComm) -> None:
-        self.comm = comm
+    def __init__(self, comm: DistComm, op: str) -> None:
+        self.comm, self.op = comm, op
 
     def __enter__(self) -> None:
         self.t0 = time.perf_counter()
 
     def __exit__(self, *exc: Any) -> None:
-        self.comm.comm_s += time.perf_counter() - self.t0
+        dt = time.perf_counter() - self.t0
+        self.comm.comm_s += dt
+        self.comm.op_s[self.op] = self.comm.op_s.get(self.op, 0.0) + dt
