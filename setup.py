@@ -37,11 +37,13 @@ setup(
         "tqdm>=4.60",
         "tensorboard>=2.14",
         "matplotlib>=3.7",
-        "ray>=2.40",
+        "ray[default]>=2.40",  # [default]: the Jobs client of msrl launch
     ],
     extras_require={
         "test": ["pytest>=7", "ruff==0.17.6"],
         "bench": ["stable-baselines3>=2.3"],
+        # RLlib, the peer of bench/bench_rllib.py (pins gymnasium 1.2.x: kept out of "bench")
+        "rllib": ["ray[rllib]>=2.40"],
     },
     entry_points={"console_scripts": ["msrl=msrl.cli:main"]},
 )

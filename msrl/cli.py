@@ -3,6 +3,7 @@
 ::
 
     msrl train CONFIG [key.sub=value ...] [--resume RUN_DIR]
+    msrl launch CONFIG [key.sub=value ...] --address http://HEAD:8265 [--working-dir DIR] [--no-wait]
     msrl eval RUN_DIR [--episodes N] [--seed S]
     msrl plot RUN_DIR [--out PNG]
     msrl graph CONFIG [key.sub=value ...] [--out PNG]
@@ -37,6 +38,12 @@ def _train(args: argparse.Namespace) -> int:
         f"{result.time_s:.1f} s training ({result.env_steps / max(result.time_s, 1e-9):.0f} steps/s); {evaluation}"
     )
     return 0
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from msrl.launch import launch
+
+    return launch(args.config, args.overrides, args.address, args.working_dir, wait=not args.no_wait)
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -104,6 +111,14 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("overrides", nargs="*", help="key.sub=value overrides")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
     t.set_defaults(fn=_train)
+    la = sub.add_parser("launch", help="submit a training run to a Ray cluster as a Ray Job")
+    la.add_argument("config")
+    la.add_argument("overrides", nargs="*", help="key.sub=value overrides")
+    la.add_argument("--address", default=None,
+                    help="the Ray dashboard's address, http://HEAD:8265 (default: $RAY_ADDRESS)")
+    la.add_argument("--working-dir", default=".", help="uploaded as the job's working directory (default: .)")
+    la.add_argument("--no-wait", action="store_true", help="submit and return; do not follow the job's log")
+    la.set_defaults(fn=_launch)
     e = sub.add_parser("eval", help="evaluate a run's last checkpoint with deterministic actions")
     e.add_argument("run_dir", type=pathlib.Path)
     e.add_argument("--episodes", type=int, default=20)

@@ -139,6 +139,8 @@ class _Metrics:
             with open(self.path, newline="") as f:
                 self.rows = [r for r in csv.DictReader(f) if int(r["iteration"]) <= resume_iteration]
         self.columns: list[str] = list(self.rows[0].keys()) if self.rows else []
+        self._csv: Any = None
+        self._writer: Any = None
         self._rewrite()
         purge = resume_iteration + 1 if resume_iteration is not None else None
         self.tb = SummaryWriter(log_dir=str(run_dir / "tb"), purge_step=purge)
@@ -152,20 +154,38 @@ class _Metrics:
             w.writerows(self.rows)
 
     def log(self, row: dict[str, Any]) -> None:
+        """Appends ``row`` to metrics.csv (buffered until :meth:`flush`) and its finite numbers
+        to TensorBoard as one event at step ``row["env_steps"]``."""
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
         new = [k for k in row if k not in self.columns]
         self.rows.append(row)
         if new:
+            self._close_csv()
             self.columns += new
             self._rewrite()
         else:
-            with open(self.path, "a", newline="") as f:
-                csv.DictWriter(f, fieldnames=self.columns).writerow(row)
-        step = int(row["env_steps"])
-        for k, v in row.items():
-            if k not in ("iteration", "env_steps") and isinstance(v, (int, float)) and math.isfinite(v):
-                self.tb.add_scalar(k, v, step)
+            if self._csv is None:
+                self._csv = open(self.path, "a", newline="")
+                self._writer = csv.DictWriter(self._csv, fieldnames=self.columns)
+            self._writer.writerow(row)
+        # one Summary holding every scalar (what add_scalar writes one value at a time)
+        values = [Summary.Value(tag=k, simple_value=float(v)) for k, v in row.items()
+                  if k not in ("iteration", "env_steps") and isinstance(v, (int, float)) and math.isfinite(v)]
+        self.tb._get_file_writer().add_summary(Summary(value=values), int(row["env_steps"]))
+
+    def flush(self) -> None:
+        """Writes the buffered rows to metrics.csv."""
+        if self._csv is not None:
+            self._csv.flush()
+
+    def _close_csv(self) -> None:
+        if self._csv is not None:
+            self._csv.close()
+            self._csv = None
 
     def close(self) -> None:
+        self._close_csv()
         self.tb.close()
 
 
@@ -398,6 +418,7 @@ def _run_job(cfg: RunConfig, spec: JobSpec, job: Any, resume: Any, resume_state:
                     if cfg.train.stop_at_return is not None and mean >= cfg.train.stop_at_return and threshold[0] is None:
                         threshold = (time_s + (eval_t0 - t0), job.env_steps)
                 metrics.log(row)
+            metrics.flush()
             stop = threshold[0] is not None
             # training time: the whole chunk (steps, logging), evaluation excluded
             time_s += time.perf_counter() - t0 - eval_dt

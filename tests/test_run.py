@@ -163,3 +163,23 @@ def test_nan_from_env_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, caps
     ckpt = torch.load(tmp_path / "nan" / "checkpoints" / "latest.pt", weights_only=False)
     assert ckpt["job"]["iteration"] == 4 and ckpt["env_steps"] == 256
     assert not (tmp_path / "nan" / "eval.json").exists()
+
+
+def test_tensorboard_holds_every_metrics_row(tmp_path):
+    import csv
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from msrl.config import load_config
+    from msrl.run import train
+
+    r = train(load_config("configs/ppo_cartpole.yaml", [f"runs_dir={tmp_path}", "train.total_env_steps=2048",
+                                                         "train.progress=false", "train.eval_every=0"]))
+    with open(r.run_dir / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    ea = EventAccumulator(str(r.run_dir / "tb"))
+    ea.Reload()
+    for tag in ("losses/value_loss", "charts/learning_rate", "charts/SPS"):
+        events = ea.Scalars(tag)
+        assert [e.step for e in events] == [int(row["env_steps"]) for row in rows]
+        assert [e.value for e in events] == pytest.approx([float(row[tag]) for row in rows], rel=1e-6)

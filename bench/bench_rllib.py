@@ -1,0 +1,186 @@
+"""msrl's PPO under every distribution policy vs RLlib's PPO on CartPole-v1, in one run.
+
+The peer is RLlib's own tuned CartPole PPO (``rllib/tuned_examples/ppo/cartpole_ppo.py`` of Ray
+2.x: new API stack, one 32-unit linear hidden layer with a shared value head, lr 3e-4, 6 epochs,
+gamma 0.99, vf_loss_coeff 0.01, KL loss; RLlib's defaults otherwise: 2 env runner processes,
+4,000-step train batches, 128-sample minibatches), started the way its docs start it
+(``config.build_algo()``, then ``algo.train()`` in a loop). msrl runs ``configs/ppo_cartpole.yaml``
+with only ``distribution_policy`` (and ``runtime: ray`` for the multi-process rows) changed.
+
+For each seed, each system trains until a deterministic evaluation (20 episodes of CartPole-v1,
+envs seeded 10000..10019, after every ``--eval-every`` env steps; for RLlib after the first
+iteration that crosses each multiple) reaches a mean return >= 475, or the budget runs out.
+Reported as medians over seeds (a seed that never reaches 475 counts as infinitely slow):
+
+* ``time to 475``: training wall time until that evaluation, evaluations and start-up (Ray,
+  actors, RLlib's ``build_algo``) excluded;
+* ``env steps/s``: env steps over training wall time (sampling and learning, as both run them);
+  for RLlib also its sampling-only rate (env steps over ``env_runner_sampling_timer``).
+
+RLlib pins an older gymnasium than msrl's default install, so run this from an environment with
+``pip install -e ".[bench,rllib]"`` (or a venv made with ``--system-site-packages`` that adds
+``ray[rllib]``)::
+
+    python bench/bench_rllib.py --seeds 1 2 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+THRESHOLD = 475.0
+EVAL_EPISODES = 20
+EVAL_SEED = 10_000
+
+#: (row name, config overrides) of msrl's rows.
+MSRL_ROWS = [
+    ("single", ["distribution_policy.name=single", "runtime=local"]),
+    ("single_learner_coarse, 1 actor (ray)", ["distribution_policy.name=single_learner_coarse",
+                                              "distribution_policy.replicas.actor=1", "runtime=ray"]),
+    ("single_learner_coarse, 2 actors (ray)", ["distribution_policy.name=single_learner_coarse",
+                                               "distribution_policy.replicas.actor=2", "runtime=ray"]),
+    ("multi_learner, 1 replica (ray)", ["distribution_policy.name=multi_learner",
+                                        "distribution_policy.replicas.main=1", "runtime=ray"]),
+    ("multi_learner, 2 replicas (ray)", ["distribution_policy.name=multi_learner",
+                                         "distribution_policy.replicas.main=2", "runtime=ray"]),
+]
+
+
+def run_msrl(overrides: list[str], seed: int, eval_every: int, budget: int, runs_dir: str) -> dict:
+    """One msrl run to 475 through :func:`msrl.run.train` (what ``msrl train`` runs)."""
+    from msrl.config import load_config
+    from msrl.run import train
+
+    cfg = load_config("configs/ppo_cartpole.yaml", [
+        *overrides, f"seed={seed}", f"runs_dir={runs_dir}", "train.progress=false",
+        f"train.eval_every={eval_every}", f"train.stop_at_return={THRESHOLD}", f"train.total_env_steps={budget}",
+        f"eval.episodes={EVAL_EPISODES}", f"eval.seed={EVAL_SEED}",
+    ])
+    r = train(cfg)
+    return {"time_to_475": r.time_to_threshold_s, "steps_to_475": r.steps_to_threshold, "sps": r.env_steps / r.time_s}
+
+
+def _rllib_evaluate(module) -> float:
+    """Mean return of 20 deterministic (argmax) episodes of RLlib's module, msrl's protocol."""
+    import gymnasium
+
+    env = gymnasium.make_vec("CartPole-v1", num_envs=EVAL_EPISODES, vectorization_mode="sync",
+                             vector_kwargs={"autoreset_mode": gymnasium.vector.AutoresetMode.SAME_STEP})
+    obs, _ = env.reset(seed=EVAL_SEED)
+    ret = np.zeros(EVAL_EPISODES)
+    done = np.zeros(EVAL_EPISODES, dtype=bool)
+    while not done.all():
+        with torch.no_grad():
+            logits = module.forward_inference({"obs": torch.as_tensor(obs, dtype=torch.float32)})["action_dist_inputs"]
+        obs, r, te, tr, _ = env.step(logits.argmax(-1).numpy())
+        ret += np.where(done, 0.0, r)
+        done |= te | tr
+    env.close()
+    return float(ret.mean())
+
+
+def run_rllib(seed: int, eval_every: int, budget: int) -> dict:
+    """One RLlib run of its tuned CartPole PPO; evaluation and ``build_algo`` excluded from its clock."""
+    import ray
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+
+    config = (
+        PPOConfig()
+        .environment("CartPole-v1")
+        .rl_module(model_config=DefaultModelConfig(fcnet_hiddens=[32], fcnet_activation="linear", vf_share_layers=True))
+        .training(gamma=0.99, lr=0.0003, num_epochs=6, vf_loss_coeff=0.01, use_kl_loss=True)
+        .debugging(seed=seed)
+    )
+    algo = config.build_algo()
+    train_s, steps, done_eval = 0.0, 0, 0
+    hit: tuple[float, int] | None = None
+    sampling_sps = []
+    try:
+        while steps < budget:
+            t0 = time.perf_counter()
+            result = algo.train()
+            train_s += time.perf_counter() - t0
+            new_steps = int(result["num_env_steps_sampled_lifetime"])
+            sample_s = result.get("timers", {}).get("env_runner_sampling_timer")
+            if sample_s:
+                sampling_sps.append((new_steps - steps) / sample_s)
+            steps = new_steps
+            if steps // eval_every > done_eval:
+                done_eval = steps // eval_every
+                if _rllib_evaluate(algo.get_module()) >= THRESHOLD:
+                    hit = (train_s, steps)
+                    break
+    finally:
+        algo.stop()
+        ray.shutdown()
+    return {"time_to_475": hit[0] if hit else None, "steps_to_475": hit[1] if hit else None,
+            "sps": steps / train_s, "sampling_sps": statistics.median(sampling_sps) if sampling_sps else None}
+
+
+def _median_time(xs: list) -> float | None:
+    """Median with a run that never reached the threshold counted as infinitely slow."""
+    vals = sorted(float("inf") if x is None else x for x in xs)
+    m = statistics.median(vals)
+    return None if m == float("inf") else m
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    p.add_argument("--eval-every", type=int, default=4000, help="env steps between evaluations (RLlib's batch size)")
+    p.add_argument("--budget", type=int, default=300_000)
+    p.add_argument("--json", default=None, help="also write the raw results here")
+    args = p.parse_args()
+    try:
+        import ray.rllib  # noqa: F401
+    except ImportError as e:
+        sys.exit(f"bench_rllib: RLlib is not installed ({e}); pip install -e '.[bench,rllib]'")
+    torch.set_num_threads(1)
+    results: dict[str, list[dict]] = {name: [] for name, _ in MSRL_ROWS}
+    results["rllib"] = []
+    with tempfile.TemporaryDirectory() as runs_dir:
+        for seed in args.seeds:
+            for name, over in MSRL_ROWS:
+                results[name].append(run_msrl(over, seed, args.eval_every, args.budget, runs_dir))
+            results["rllib"].append(run_rllib(seed, args.eval_every, args.budget))
+            print(f"seed {seed}: " + "; ".join(f"{k} {v[-1]}" for k, v in results.items()), flush=True)
+    med = {k: {"time_to_475": _median_time([r["time_to_475"] for r in v]),
+               "steps_to_475": _median_time([r["steps_to_475"] for r in v]),
+               "sps": statistics.median(r["sps"] for r in v),
+               "reached": sum(r["time_to_475"] is not None for r in v)} for k, v in results.items()}
+    import ray
+
+    print(f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+          f"ray {ray.__version__}, seeds {args.seeds}, eval every {args.eval_every} env steps")
+    print("| system | reached 475 | time to 475 (s, median) | env steps to 475 (median) | env steps/s (median) | "
+          "time / RLlib's | env steps/s / RLlib's |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    peer = med["rllib"]
+    for k in results:
+        m = med[k]
+        tt = f"{m['time_to_475']:.2f}" if m["time_to_475"] is not None else "not reached"
+        st = f"{m['steps_to_475']:.0f}" if m["steps_to_475"] is not None else "-"
+        ratio_t = f"{m['time_to_475'] / peer['time_to_475']:.3f}x" if m["time_to_475"] and peer["time_to_475"] else "n/a"
+        print(f"| {k} | {m['reached']}/{len(args.seeds)} | {tt} | {st} | {m['sps']:.0f} | {ratio_t} | {m['sps'] / peer['sps']:.1f}x |")
+    sampling = [r["sampling_sps"] for r in results["rllib"] if r["sampling_sps"]]
+    if sampling:
+        rate = statistics.median(sampling)
+        print(f"\nRLlib's sampling-only rate (env steps / env_runner_sampling_timer, median): {rate:.0f} env steps/s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"results": results, "medians": med}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
