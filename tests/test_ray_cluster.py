@@ -1,8 +1,13 @@
 """Placement on a simulated cluster (``ray.cluster_utils.Cluster``: several Ray nodes with
 declared GPUs on this machine; fragments use CPU tensors). Slow: every replica is a process.
 
-The default is 4 nodes x 2 GPUs (8 replicas; what this 2-core, 24 GiB machine holds next to the
-rest of the suite); ``MSRL_SIM_CLUSTER=8x8`` runs the 64-replica acceptance case."""
+The default is 4 nodes x 2 GPUs (8 replicas, ~1 min); ``MSRL_SIM_CLUSTER=8x8`` runs the
+64-replica acceptance case: 64 replica processes (~275 MB private memory each) and 8 raylets.
+On the 2-core, 24 GiB dev machine it passed both tests in 507 s with 20.2 GB of memory in use
+at the peak (2026-11-22):
+
+    MSRL_SIM_CLUSTER=8x8 python -m pytest -m slow tests/test_ray_cluster.py
+"""
 
 import os
 
