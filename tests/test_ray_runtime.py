@@ -171,3 +171,101 @@ def test_a_killed_actor_replica_is_restarted_and_its_work_dropped(tmp_path, caps
     assert float(rows[-1]["faults/replica_restarts"]) >= 1
     assert float(rows[-1]["faults/dropped_env_steps"]) >= 0
     assert not _replica_pids()  # no replica process left behind
+
+
+DETERMINISTIC = ("iteration", "env_steps", "charts/episodic_return", "losses/value_loss", "losses/policy_loss",
+                 "losses/approx_kl", "charts/learning_rate")
+
+
+def _rows(run_dir):
+    import csv
+
+    with open(run_dir / "metrics.csv") as f:
+        return [{k: r[k] for k in DETERMINISTIC} for r in csv.DictReader(f)]
+
+
+def test_a_killed_learner_stops_the_job_and_resume_finishes_it_exactly(tmp_path):
+    """SIGKILL the learner's process: the job stops with a clear error naming its last
+    checkpoint and no replica left; ``--resume`` then finishes the run with the same metrics,
+    iteration by iteration, as a run that was never interrupted."""
+    import json
+    import signal
+    import threading
+
+    from msrl.config import load_config
+    from msrl.run import TrainingStopped, train
+
+    if ray.is_initialized():
+        ray.shutdown()
+    over = [f"runs_dir={tmp_path}", "runtime=ray", "train.progress=false", "train.eval_every=0",
+            "distribution_policy.name=single_learner_coarse", "distribution_policy.replicas.actor=2",
+            "train.total_env_steps=25600", "train.checkpoint_every=20"]
+    whole = train(load_config("configs/ppo_cartpole.yaml", [*over, "name=whole"]))
+    cfg = load_config("configs/ppo_cartpole.yaml", [*over, "name=cut"])
+    killed: list[int] = []
+
+    def killer():
+        deadline = time.time() + 120
+        while time.time() < deadline and not killed:
+            metrics, table = tmp_path / "cut" / "metrics.csv", tmp_path / "cut" / "replicas.json"
+            if metrics.is_file() and table.is_file() and metrics.read_text().count("\n") > 45:
+                victim = next(r["pid"] for r in json.loads(table.read_text()) if r["fragment"] == "learner")
+                os.kill(victim, signal.SIGKILL)
+                killed.append(victim)
+            time.sleep(0.05)
+
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
+    with pytest.raises(TrainingStopped) as info:
+        train(cfg)
+    t.join(5)
+    msg = str(info.value)
+    assert "fragment learner replica 0 died" in msg and "(it held the learner)" in msg
+    assert f"continue with: msrl train CONFIG --resume {tmp_path / 'cut'}" in msg
+    assert info.value.checkpoint == tmp_path / "cut" / "checkpoints" / "latest.pt"
+    assert not _replica_pids()  # every replica was stopped
+    resumed = train(cfg, resume=tmp_path / "cut")
+    assert resumed.env_steps == whole.env_steps == 25600
+    assert _rows(tmp_path / "cut") == _rows(whole.run_dir)
+    assert not _replica_pids()
+
+
+def test_ctrl_c_leaves_no_process_behind(tmp_path):
+    """SIGINT to ``msrl train`` of a distributed run: it exits, and neither a replica process
+    nor a Ray process of the run outlives it (listed by pgrep)."""
+    import signal
+    import subprocess
+    import sys
+
+    if ray.is_initialized():
+        ray.shutdown()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "msrl.cli", "train", "configs/ppo_cartpole.yaml", f"runs_dir={tmp_path}", "name=c",
+         "runtime=ray", "distribution_policy.name=single_learner_coarse", "distribution_policy.replicas.actor=2",
+         "train.progress=false", "train.total_env_steps=10000000"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.time() + 120
+        metrics = tmp_path / "c" / "metrics.csv"
+        while time.time() < deadline and not (metrics.is_file() and metrics.read_text().count("\n") > 20):
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            time.sleep(0.2)
+        assert _replica_pids(), "the run's replicas never started"
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    deadline = time.time() + 20
+    while (_replica_pids() or _ray_pids()) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not _replica_pids() and not _ray_pids(), "a process of the run outlived Ctrl-C"
+
+
+def _ray_pids() -> list[int]:
+    import subprocess
+
+    out = subprocess.run(["pgrep", "-f", "raylet|gcs_server|ray::"], capture_output=True, text=True).stdout.split()
+    return [int(p) for p in out]
