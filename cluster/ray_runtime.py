@@ -87,14 +87,21 @@ class ReplicaActor:
 
         from msrl.runtime.dist import DistComm
 
-        dist.init_process_group("gloo", init_method=f"tcp://{master[0]}:{master[1]}", rank=rank,
+        devices = {f.name: torch.device(f.device) for f in self.spec.policy.fragments}
+        # Gloo for host tensors; NCCL as well when a fragment holds CUDA tensors (GPU-to-GPU
+        # payloads and all-reduces of CUDA gradients)
+        backend = "cpu:gloo,cuda:nccl" if any(d.type == "cuda" for d in devices.values()) else "gloo"
+        own_device = devices[self.fragment]
+        if own_device.type == "cuda":
+            torch.cuda.set_device(own_device)  # this process's GPU (Ray's CUDA_VISIBLE_DEVICES)
+        dist.init_process_group(backend, init_method=f"tcp://{master[0]}:{master[1]}", rank=rank,
                                 world_size=len(ranks), timeout=timedelta(seconds=timeout_s))
         groups = {}
         for fr in sorted({f for f, _ in ranks}):  # every rank makes every group, in one order
             groups[fr] = dist.new_group(sorted(r for (f, _), r in ranks.items() if f == fr))
         own = groups[self.fragment] if sum(1 for f, _ in ranks if f == self.fragment) > 1 else None
         self.comm = DistComm(self.fragment_graph.boundaries, self.fragment, self.index, ranks, own,
-                             self.replica.spec.device)
+                             own_device, devices)
         if own is not None:
             learner = self.replica.trainer.components.get("learner")
             if learner is not None:  # multi_learner: gradients averaged at the gradient step
@@ -189,7 +196,8 @@ class RayJob:
     Raises:
         TraceError, PartitionError, ValueError: as :class:`msrl.job.Job`; ``ValueError`` for a
         strategy other than PACK/SPREAD; :class:`PlacementError` when the cluster cannot hold
-        the bundles; :class:`ReplicaDied` when a replica cannot start.
+        the bundles, or a fragment on a CUDA device would get no GPU (``gpus_per_replica=0``);
+        :class:`ReplicaDied` when a replica cannot start.
     """
 
     def __init__(self, spec: Any, algorithm_ref: str | None = None, address: str | None = None,
@@ -206,6 +214,17 @@ class RayJob:
 
         if strategy not in ("PACK", "SPREAD"):
             raise ValueError(f"cluster.strategy must be PACK or SPREAD, got {strategy!r}")
+        cuda = sorted({f.name for f in spec.policy.fragments if torch.device(f.device).type == "cuda"})
+        if cuda and gpus_per_replica <= 0:
+            raise PlacementError(
+                f"fragment(s) {', '.join(cuda)} hold CUDA tensors but cluster.gpus_per_replica=0: a replica "
+                "process sees no GPU without one in its bundle; set cluster.gpus_per_replica (e.g. 1) or the "
+                "fragments' device to cpu"
+            )
+        self.iteration = 0
+        self._env_steps = 0
+        self._stats = EpisodeStats([], [])
+        self._eval_actor: Any = None
         self.spec = spec
         self.graphs = {m: trace(spec.algorithm.trainer, m) for m in METHODS}
         if probe:
@@ -214,10 +233,6 @@ class RayJob:
             run_probe(self.graphs, spec)
         self.fragment_graph = partition(self.graphs, spec.policy)
         self.keys = [(f.name, r) for f in spec.policy.fragments for r in range(f.replicas)]
-        self.iteration = 0
-        self._env_steps = 0
-        self._stats = EpisodeStats([], [])
-        self._eval_actor: Any = None
         need = cpus_per_replica * len(self.keys)
         self._started_ray = not ray.is_initialized()
         if self._started_ray:

@@ -1,5 +1,6 @@
 """Runs one function per fragment replica over a transport: ``local`` (threads, LocalHub) or
-``dist`` (one spawned process per replica, a Gloo process group, DistComm). Used by
+``dist`` (one spawned process per replica, a Gloo process group, DistComm; ``split_payload``:
+every value as a header plus a payload message, the protocol of GPU-to-GPU boundaries). Used by
 tests/test_channels.py so both runtimes pass the same channel-semantics tests."""
 
 from __future__ import annotations
@@ -15,14 +16,17 @@ import torch.multiprocessing as mp
 from msrl.channels import LocalHub
 
 
-def _dist_worker(rank, world, init_file, scenarios, q):
+def _dist_worker(rank, world, init_file, scenarios, q, split_payload=False, cuda=False):
     import torch.distributed as dist
 
     from msrl.runtime.dist import DistComm
 
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+        if cuda:  # one GPU per process; payloads and all-reduces over NCCL
+            torch.cuda.set_device(rank)
+        dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", init_method=f"file://{init_file}",
+                                rank=rank, world_size=world)
         for idx, (boundaries, fns) in enumerate(scenarios):
             keys = sorted(fns)
             ranks = {k: i for i, k in enumerate(keys)}
@@ -31,7 +35,10 @@ def _dist_worker(rank, world, init_file, scenarios, q):
             if rank < len(keys):
                 frag, rep = keys[rank]
                 try:
-                    comm = DistComm(boundaries, frag, rep, ranks, pgs.get(frag))
+                    device = f"cuda:{rank}" if cuda else "cpu"
+                    devices = {f: ("cuda" if cuda else "cpu") for f, _ in keys}
+                    comm = DistComm(boundaries, frag, rep, ranks, pgs.get(frag), device, devices,
+                                    split_payload=split_payload)
                     out = fns[keys[rank]](comm)
                     comm.flush()
                     q.put((idx, keys[rank], out, None))
@@ -70,7 +77,7 @@ def run_local(boundaries, fns, timeout=60.0):
     return out
 
 
-def run_dist(scenarios, timeout=120.0):
+def run_dist(scenarios, timeout=120.0, split_payload=False, cuda=False):
     """Runs every scenario ``(boundaries, fns)`` in one world of spawned processes (as many as
     the largest scenario has replicas; one Gloo process group, scenarios one after another,
     module-level ``fns``). Returns one ``(fragment, replica) -> result`` dict per scenario."""
@@ -80,7 +87,7 @@ def run_dist(scenarios, timeout=120.0):
     fd, init_file = tempfile.mkstemp()
     os.close(fd)
     os.remove(init_file)
-    procs = [ctx.Process(target=_dist_worker, args=(r, world, init_file, scenarios, q)) for r in range(world)]
+    procs = [ctx.Process(target=_dist_worker, args=(r, world, init_file, scenarios, q, split_payload, cuda)) for r in range(world)]
     for p in procs:
         p.start()
     outs: list[dict] = [{} for _ in scenarios]

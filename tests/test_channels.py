@@ -13,7 +13,7 @@ from msrl.channels import ChannelClosed, LocalHub
 from msrl.graph import NodeKind
 from msrl.partition import Boundary
 
-TRANSPORTS = ["local", "dist"]
+TRANSPORTS = ["local", "dist", "dist_split"]
 
 
 def boundary(name, op, src_r, dst_r, axis=None, kind="sharded"):
@@ -201,7 +201,7 @@ def results(request):
     if request.param == "local":
         return {name: run_local(*sc) for name, sc in SCENARIOS.items()}
     names = list(SCENARIOS)
-    return dict(zip(names, run_dist([SCENARIOS[n] for n in names])))
+    return dict(zip(names, run_dist([SCENARIOS[n] for n in names], split_payload=request.param == "dist_split")))
 
 
 def test_gather_concatenates_replicas_in_order(results):
@@ -255,3 +255,25 @@ def _hostile_control_dst(comm):
 def test_a_malformed_control_buffer_is_a_codec_error_not_an_allocation():
     [out] = run_dist([([boundary("t", NodeKind.SEND, 1, 1)], {("a", 0): _hostile_control_src, ("b", 0): _hostile_control_dst})])
     assert "malformed message on boundary t" in out[("b", 0)] and "1099511627776" in out[("b", 0)]
+
+
+def _cuda_src(comm):
+    x = torch.arange(6.0, device=comm.device).view(2, 3) + comm.replica
+    comm.gather("g", {"x": x})
+    comm.broadcast("w", {"p": torch.full((4,), 2.5, device=comm.device)})
+
+
+def _cuda_dst(comm):
+    g = comm.gather("g")
+    w = comm.broadcast("w")
+    return g["x"].device.type, g["x"].cpu().tolist(), w["p"].device.type, w["p"].cpu().tolist()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL between two processes needs two GPUs")
+def test_cuda_values_move_gpu_to_gpu_over_nccl():
+    # a boundary between two CUDA fragments: header over Gloo, tensor bytes over NCCL
+    [out] = run_dist([(
+        [boundary("g", NodeKind.GATHER, 1, 1, axis=0), boundary("w", NodeKind.BROADCAST, 1, 1, kind="replicated")],
+        {("a", 0): _cuda_src, ("b", 0): _cuda_dst},
+    )], cuda=True)
+    assert out[("b", 0)] == ("cuda", [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]], "cuda", [2.5] * 4)

@@ -122,3 +122,34 @@ def test_corrupted_bytes_give_a_codec_error_or_a_value_never_another_exception()
             decode(msg)
         except CodecError:
             pass
+
+
+def test_parts_carry_the_same_value_as_one_message():
+    from msrl.runtime.codec import decode_parts, encode_parts, payload_size
+
+    value = {"obs": torch.randn(3, 4), "td": TensorDict({"a": torch.arange(6).view(2, 3)}, [2]), "k": 7, "none": None}
+    head, payload = encode_parts(value)
+    assert payload_size(head) == payload.numel() == 3 * 4 * 4 + 6 * 8
+    assert torch.equal(torch.cat([head, payload]), encode(value))  # the same bytes, split
+    padded = torch.cat([head, torch.zeros(40, dtype=torch.uint8)])  # a channel's buffer may pad the head
+    out = decode_parts(padded, payload.clone())
+    assert torch.equal(out["obs"], value["obs"]) and torch.equal(out["td"]["a"], value["td"]["a"])
+    assert out["k"] == 7 and out["none"] is None
+    empty_head, empty = encode_parts({"n": 1})
+    assert empty.numel() == 0 and payload_size(empty_head) == 0 and decode_parts(empty_head, empty) == {"n": 1}
+
+
+def test_a_head_claiming_a_huge_payload_is_refused_before_allocation():
+    import json
+    import struct
+
+    from msrl.runtime.codec import decode_parts, encode_parts, payload_size
+
+    _, payload = encode_parts(torch.zeros(4))
+    # a head whose tensor claims 2**40 bytes, as a corrupt or hostile peer might send
+    header = json.dumps({"t": "tensor", "dtype": "uint8", "shape": [1 << 40], "off": 0, "n": 1 << 40}).encode()
+    forged = torch.frombuffer(bytearray(struct.pack("<4sBI", b"MSRL", 1, len(header)) + header), dtype=torch.uint8)
+    with pytest.raises(CodecError, match="a payload of 1099511627776 bytes"):
+        payload_size(forged, limit=1 << 30)
+    with pytest.raises(CodecError, match="outside the 16-byte payload"):
+        decode_parts(forged, payload)

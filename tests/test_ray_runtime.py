@@ -269,3 +269,12 @@ def _ray_pids() -> list[int]:
 
     out = subprocess.run(["pgrep", "-f", "raylet|gcs_server|ray::"], capture_output=True, text=True).stdout.split()
     return [int(p) for p in out]
+
+
+def test_a_cuda_fragment_without_a_gpu_bundle_is_a_placement_error(spec_factory):
+    from msrl.cluster.ray_runtime import PlacementError, RayJob
+
+    spec = spec_factory("single_learner_coarse")
+    spec = dataclasses.replace(spec, policy=spec.policy.with_overrides(devices={"learner": "cuda:0"}))
+    with pytest.raises(PlacementError, match=r"fragment\(s\) learner hold CUDA tensors but cluster.gpus_per_replica=0"):
+        RayJob(spec)

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-__all__ = ["CodecError", "encode", "decode", "MAGIC", "VERSION"]
+__all__ = ["CodecError", "encode", "decode", "encode_parts", "decode_parts", "payload_size", "MAGIC", "VERSION"]
 
 MAGIC = b"MSRL"
 VERSION = 1
@@ -43,7 +43,8 @@ class CodecError(ValueError):
     """A value the codec cannot carry, or a buffer that is not a well-formed message."""
 
 
-def _describe(value: Any, chunks: list[torch.Tensor], offset: list[int], path: str) -> Any:
+def _describe(value: Any, chunks: list[torch.Tensor], offset: list[int], path: str,
+              to: torch.device | None = None) -> Any:
     if isinstance(value, torch.Tensor):
         name = str(value.dtype).removeprefix("torch.")
         if name not in DTYPES:
@@ -51,13 +52,14 @@ def _describe(value: Any, chunks: list[torch.Tensor], offset: list[int], path: s
         if value.layout is not torch.strided:
             raise CodecError(f"{path}: {value.layout} tensors cannot cross a boundary; make them dense")
         flat = value.detach().reshape(-1).contiguous()
-        raw = flat.cpu().view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
+        target = to if to is not None else torch.device("cpu")
+        raw = flat.to(target).view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8, device=target)
         node = {"t": "tensor", "dtype": name, "shape": list(value.shape), "off": offset[0], "n": raw.numel()}
         chunks.append(raw)
         offset[0] += raw.numel()
         return node
     if isinstance(value, TensorDictBase):
-        items = {k: _describe(v, chunks, offset, f"{path}.{k}") for k, v in value.items()}
+        items = {k: _describe(v, chunks, offset, f"{path}.{k}", to) for k, v in value.items()}
         return {"t": "td", "batch": list(value.batch_size), "items": items}
     if value is None:
         return {"t": "none"}
@@ -73,10 +75,10 @@ def _describe(value: Any, chunks: list[torch.Tensor], offset: list[int], path: s
         bad = [k for k in value if not isinstance(k, str)]
         if bad:
             raise CodecError(f"{path}: dict keys must be strings to cross a boundary, got {bad[0]!r}")
-        return {"t": "dict", "items": {k: _describe(v, chunks, offset, f"{path}.{k}") for k, v in value.items()}}
+        return {"t": "dict", "items": {k: _describe(v, chunks, offset, f"{path}.{k}", to) for k, v in value.items()}}
     if isinstance(value, (list, tuple)):
         kind = "list" if isinstance(value, list) else "tuple"
-        return {"t": kind, "items": [_describe(v, chunks, offset, f"{path}[{i}]") for i, v in enumerate(value)]}
+        return {"t": kind, "items": [_describe(v, chunks, offset, f"{path}[{i}]", to) for i, v in enumerate(value)]}
     raise CodecError(
         f"{path}: a {type(value).__name__} cannot cross a boundary; values are tensors, TensorDicts, None, "
         "numbers, strings, and dicts/lists/tuples of them"
@@ -97,10 +99,36 @@ def encode(value: Any) -> torch.Tensor:
         CodecError: a leaf of another type (named by its path, e.g. ``value.obs[2]``), a
             non-string dict key, a sparse tensor or an unsupported dtype.
     """
+    head, chunks = _head(value, None)
+    return torch.cat([head, *chunks]) if chunks else head
+
+
+def encode_parts(value: Any, device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``value`` as a head (prefix + header) and a payload (the tensors' raw bytes), for
+    transports that move the payload device to device (NCCL) and only the head through the host.
+
+    Args:
+        value: as for :func:`encode`.
+        device: where the payload is assembled (default: the CPU); tensors elsewhere are copied there.
+
+    Returns:
+        ``(head, payload)``: 1-D ``uint8`` tensors, the head on the CPU, the payload on ``device``
+        (``payload_size(header)`` bytes; ``torch.cat([head, payload.cpu()])`` is :func:`encode`'s message).
+
+    Raises:
+        CodecError: as :func:`encode`.
+    """
+    target = torch.device(device) if device is not None else torch.device("cpu")
+    head, chunks = _head(value, target)
+    payload = torch.cat(chunks) if chunks else torch.empty(0, dtype=torch.uint8, device=target)
+    return head, payload
+
+
+def _head(value: Any, to: torch.device | None) -> tuple[torch.Tensor, list[torch.Tensor]]:
     chunks: list[torch.Tensor] = []
-    header = json.dumps(_describe(value, chunks, [0], "value"), separators=(",", ":")).encode()
-    prefix = torch.frombuffer(bytearray(_PREFIX.pack(MAGIC, VERSION, len(header)) + header), dtype=torch.uint8)
-    return torch.cat([prefix, *chunks]) if chunks else prefix
+    header = json.dumps(_describe(value, chunks, [0], "value", to), separators=(",", ":")).encode()
+    head = torch.frombuffer(bytearray(_PREFIX.pack(MAGIC, VERSION, len(header)) + header), dtype=torch.uint8)
+    return head, chunks
 
 
 def _fail(what: str) -> CodecError:
@@ -162,6 +190,27 @@ def _build(node: Any, payload: torch.Tensor, device: torch.device | None, depth:
     raise _fail(f"unknown entry type {t!r}")
 
 
+def _parse_head(message: torch.Tensor) -> tuple[Any, int]:
+    """The header of a message (or of a head, possibly padded) and where its payload starts."""
+    if message.dtype != torch.uint8 or message.dim() != 1:
+        raise _fail(f"expected a 1-D uint8 buffer, got {message.dtype} of shape {tuple(message.shape)}")
+    message = message.cpu()
+    if message.numel() < _PREFIX.size:
+        raise _fail(f"{message.numel()} bytes, shorter than the {_PREFIX.size}-byte prefix")
+    magic, version, hlen = _PREFIX.unpack(message[:_PREFIX.size].numpy().tobytes())
+    if magic != MAGIC:
+        raise _fail(f"starts with {magic!r}, not {MAGIC!r}")
+    if version != VERSION:
+        raise _fail(f"codec version {version}; this msrl reads version {VERSION}")
+    if _PREFIX.size + hlen > message.numel():
+        raise _fail(f"header of {hlen} bytes runs past the {message.numel()}-byte message (truncated?)")
+    try:
+        header = json.loads(message[_PREFIX.size:_PREFIX.size + hlen].numpy().tobytes().decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise _fail(f"header is not JSON: {e}") from None
+    return header, _PREFIX.size + hlen
+
+
 def decode(message: torch.Tensor | bytes | bytearray, device: torch.device | str | None = None) -> Any:
     """The value :func:`encode` put into ``message``.
 
@@ -179,21 +228,56 @@ def decode(message: torch.Tensor | bytes | bytearray, device: torch.device | str
     """
     if isinstance(message, (bytes, bytearray)):
         message = torch.frombuffer(bytearray(message), dtype=torch.uint8) if message else torch.empty(0, dtype=torch.uint8)
-    if message.dtype != torch.uint8 or message.dim() != 1:
-        raise _fail(f"expected a 1-D uint8 buffer, got {message.dtype} of shape {tuple(message.shape)}")
-    message = message.cpu()
-    if message.numel() < _PREFIX.size:
-        raise _fail(f"{message.numel()} bytes, shorter than the {_PREFIX.size}-byte prefix")
-    magic, version, hlen = _PREFIX.unpack(message[:_PREFIX.size].numpy().tobytes())
-    if magic != MAGIC:
-        raise _fail(f"starts with {magic!r}, not {MAGIC!r}")
-    if version != VERSION:
-        raise _fail(f"codec version {version}; this msrl reads version {VERSION}")
-    if _PREFIX.size + hlen > message.numel():
-        raise _fail(f"header of {hlen} bytes runs past the {message.numel()}-byte message (truncated?)")
-    try:
-        header = json.loads(message[_PREFIX.size:_PREFIX.size + hlen].numpy().tobytes().decode())
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise _fail(f"header is not JSON: {e}") from None
-    payload = message[_PREFIX.size + hlen:]
+    header, start = _parse_head(message)
+    payload = message.cpu()[start:]
     return _build(header, payload, torch.device(device) if device is not None else None, 0)
+
+
+def payload_size(head: torch.Tensor, limit: int = 1 << 36) -> int:
+    """The payload bytes a head's header describes (what a receiver allocates before the payload).
+
+    Raises:
+        CodecError: a malformed head, or a payload over ``limit`` bytes.
+    """
+    header, _ = _parse_head(head)
+    size, stack, seen = 0, [header], 0
+    while stack:
+        node = stack.pop()
+        seen += 1
+        if seen > 1_000_000:
+            raise _fail("a header of more than a million entries")
+        if isinstance(node, dict):
+            if node.get("t") == "tensor":
+                off, n = node.get("off"), node.get("n")
+                if not (isinstance(off, int) and isinstance(n, int) and off >= 0 and n >= 0):
+                    raise _fail(f"bad tensor bytes [{off!r}, +{n!r})")
+                size = max(size, off + n)
+            items = node.get("items")
+            if isinstance(items, dict):
+                stack.extend(items.values())
+            elif isinstance(items, list):
+                stack.extend(items)
+    if size > limit:
+        raise _fail(f"a payload of {size} bytes (at most {limit})")
+    return size
+
+
+def decode_parts(head: torch.Tensor, payload: torch.Tensor, device: torch.device | str | None = None) -> Any:
+    """The value :func:`encode_parts` split into ``head`` and ``payload``.
+
+    Args:
+        head: the head (on the CPU; trailing padding allowed).
+        payload: the payload, on any device (decoded tensors are sliced from it there, then
+            moved to ``device``).
+        device: where the decoded tensors go (default: the payload's device).
+
+    Returns:
+        the value; its tensors own their memory.
+
+    Raises:
+        CodecError: as :func:`decode`.
+    """
+    header, _ = _parse_head(head)
+    if payload.dtype != torch.uint8 or payload.dim() != 1:
+        raise _fail(f"expected a 1-D uint8 payload, got {payload.dtype} of shape {tuple(payload.shape)}")
+    return _build(header, payload, torch.device(device) if device is not None else payload.device, 0)

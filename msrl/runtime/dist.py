@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from msrl.channels import concat, split, tensor_leaves
 from msrl.partition import Boundary
-from msrl.runtime.codec import CodecError, decode, encode
+from msrl.runtime.codec import CodecError, decode, decode_parts, encode, encode_parts, payload_size
 
 __all__ = ["DistComm"]
 
@@ -62,6 +62,12 @@ class DistComm:
         fragment_group: the process group of this fragment's replicas (for ``allreduce``;
             ``None`` when the fragment has one replica).
         device: where received values go (the fragment's device).
+        devices: fragment -> device of every fragment of the job. A boundary whose two ends
+            are both on CUDA devices moves its tensors' bytes device to device (NCCL, through a
+            ``"cpu:gloo,cuda:nccl"`` process group) and only the codec's header through the
+            host (Gloo); any other boundary moves one host message.
+        split_payload: send every value as a host header plus a separate payload message even
+            on the CPU (the GPU protocol's logic, for tests on machines without GPUs).
     """
 
     def __init__(
@@ -72,6 +78,8 @@ class DistComm:
         ranks: Mapping[tuple[str, int], int],
         fragment_group: Any = None,
         device: torch.device | str = "cpu",
+        devices: Mapping[str, torch.device | str] | None = None,
+        split_payload: bool = False,
     ) -> None:
         self.boundaries = {b.name: b for b in boundaries}
         self.tags = {b.name: i for i, b in enumerate(boundaries)}
@@ -79,6 +87,8 @@ class DistComm:
         self.ranks = dict(ranks)
         self.fragment_group = fragment_group
         self.device = torch.device(device)
+        self.devices = {f: torch.device(d) for f, d in (devices or {}).items()}
+        self.split_payload = split_payload
         self._pending: list[tuple[Any, torch.Tensor]] = []
         #: (boundary, peer fragment, peer replica) -> the byte size of that channel's buffers
         self._capacity: dict[tuple[str, str, int], int] = {}
@@ -103,9 +113,32 @@ class DistComm:
             raise RuntimeError(f"fragment {self.fragment} is not an end of boundary {name} ({b.src} -> {b.dst})")
         return b
 
-    def _post(self, name: str, fragment: str, replica: int, message: torch.Tensor) -> None:
+    def _split(self, peer: str) -> bool:
+        """Whether values to/from ``peer`` travel as a host header plus a payload message
+        (both ends on CUDA: the payload goes GPU to GPU), the same answer at both ends."""
+        if self.split_payload:
+            return True
+        return self.device.type == "cuda" and self.devices.get(peer, torch.device("cpu")).type == "cuda"
+
+    def _prepare(self, value: Any, peer: str) -> Any:
+        """``value`` encoded for ``peer``: one host message, or ``(head, payload)``."""
+        if self._split(peer):
+            return encode_parts(value, self.device if self.device.type == "cuda" else None)
+        return encode(value)
+
+    def _post(self, name: str, fragment: str, replica: int, message: Any) -> None:
         rank, tag = self.ranks[(fragment, replica)], self.tags[name]
         key = (name, fragment, replica)
+        if isinstance(message, tuple):
+            head, payload = message
+            self._post_buffer(key, rank, tag, head)
+            if payload.numel():
+                self._isend(payload, rank, tag)  # NCCL when it is a CUDA tensor
+            self.bytes_sent += payload.numel()
+        else:
+            self._post_buffer(key, rank, tag, message)
+
+    def _post_buffer(self, key: tuple[str, str, int], rank: int, tag: int, message: torch.Tensor) -> None:
         capacity = self._capacity.get(key, _CONTROL_BYTES)
         n = message.numel()
         if n > capacity:  # grow the channel: a control buffer of the old capacity names the new one
@@ -125,7 +158,17 @@ class DistComm:
 
     def _take(self, name: str, fragment: str, replica: int) -> Any:
         rank, tag = self.ranks[(fragment, replica)], self.tags[name]
-        key = (name, fragment, replica)
+        buffer = self._take_buffer(name, (name, fragment, replica), rank, tag)
+        if self._split(fragment):
+            n = payload_size(buffer, _MAX_MESSAGE)
+            payload = torch.empty(n, dtype=torch.uint8, device=self.device if self.device.type == "cuda" else "cpu")
+            if n:
+                dist.recv(payload, rank, tag=tag)
+            self.bytes_received += n
+            return decode_parts(buffer, payload, self.device)
+        return decode(buffer, self.device)
+
+    def _take_buffer(self, name: str, key: tuple[str, str, int], rank: int, tag: int) -> torch.Tensor:
         capacity = self._capacity.get(key, _CONTROL_BYTES)
         buffer = torch.empty(capacity, dtype=torch.uint8)
         t0 = time.perf_counter()
@@ -139,7 +182,7 @@ class DistComm:
             buffer = torch.empty(capacity, dtype=torch.uint8)
             dist.recv(buffer, rank, tag=tag)
         self.bytes_received += capacity
-        return decode(buffer, self.device)
+        return buffer
 
     def reap(self) -> None:
         """Forgets the sends that have left (their buffers may be freed); never waits."""
@@ -166,7 +209,7 @@ class DistComm:
 
     def _send_op(self, name: str, value: Any) -> None:
         b = self._boundary(name)
-        self._post(name, b.dst, self.replica, encode(value))
+        self._post(name, b.dst, self.replica, self._prepare(value, b.dst))
 
     def recv(self, name: str) -> Any:
         """Receives what src replica ``i`` sent."""
@@ -186,7 +229,7 @@ class DistComm:
     def _gather(self, name: str, value: Any = None) -> Any:
         b = self._boundary(name)
         if self.fragment == b.src:
-            self._post(name, b.dst, 0, encode(value))
+            self._post(name, b.dst, 0, self._prepare(value, b.dst))
             return None
         shards = [self._take(name, b.src, r) for r in range(b.src_replicas)]
         return concat(shards, b.axis if b.axis is not None else 0)
@@ -200,7 +243,7 @@ class DistComm:
         b = self._boundary(name)
         if self.fragment == b.src:
             for r, shard in enumerate(split(value, b.dst_replicas, b.axis if b.axis is not None else 0)):
-                self._post(name, b.dst, r, encode(shard))
+                self._post(name, b.dst, r, self._prepare(shard, b.dst))
             return None
         return self._take(name, b.src, 0)
 
@@ -212,7 +255,7 @@ class DistComm:
     def _broadcast(self, name: str, value: Any = None) -> Any:
         b = self._boundary(name)
         if self.fragment == b.src:
-            message = encode(value)
+            message = self._prepare(value, b.dst)  # encoded once
             for r in range(b.dst_replicas):
                 self._post(name, b.dst, r, message)
             return None
