@@ -26,10 +26,24 @@ __all__ = ["main"]
 
 
 def _train(args: argparse.Namespace) -> int:
-    from msrl.config import load_config
+    from msrl.config import ConfigError, load_config
+
+    items = ([args.config] if args.config else []) + list(args.overrides)
+    configs = [i for i in items if "=" not in i]
+    overrides = [i for i in items if "=" in i]
+    if len(configs) > 1 or (configs and items[0] != configs[0]):
+        raise ConfigError(f"msrl train takes one CONFIG before its key=value overrides, got {' '.join(items)}")
+    if args.resume:  # the run's saved config (or CONFIG), with budget-like overrides
+        from msrl.run import resume_config
+
+        cfg = resume_config(args.resume, overrides, configs[0] if configs else None)
+    elif not configs:
+        raise ConfigError("msrl train needs a CONFIG (a YAML file), or --resume RUN_DIR")
+    else:
+        cfg = load_config(configs[0], overrides)  # config errors before torch is imported
+
     from msrl.run import train
 
-    cfg = load_config(args.config, args.overrides)
     result = train(cfg, resume=args.resume)
     evaluation = (f"evaluation: mean return {result.eval_mean:.1f} over {len(result.eval_returns)} episodes"
                   if result.eval_returns else "no evaluation (no gymnasium twin)")
@@ -107,9 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="msrl", description="distributed RL on a fragmented dataflow graph")
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="train a job from a YAML config")
-    t.add_argument("config")
-    t.add_argument("overrides", nargs="*", help="key.sub=value overrides")
-    t.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    t.add_argument("config", nargs="?", help="the YAML config (optional with --resume: the run's own)")
+    t.add_argument("overrides", nargs="*", help="key.sub=value overrides (with --resume: only budget-like keys)")
+    t.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue the run in RUN_DIR from its last checkpoint (e.g. --resume runs/X train.total_env_steps=N)")
     t.set_defaults(fn=_train)
     la = sub.add_parser("launch", help="submit a training run to a Ray cluster as a Ray Job")
     la.add_argument("config")
@@ -136,26 +151,46 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _input_error(e: BaseException) -> bool:
+    """Whether ``e`` is an error in the user's input (config, traced code, partitioning). The
+    classes are looked up only in modules already imported (so ``--help`` imports no torch): an
+    error of a module that was never imported cannot have been raised."""
+    import sys
+
+    for module, name in (("msrl.config", "ConfigError"), ("msrl.tracer", "TraceError"),
+                         ("msrl.partition", "PartitionError")):
+        cls = getattr(sys.modules.get(module), name, None)
+        if cls is not None and isinstance(e, cls):
+            return True
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``msrl``; returns the exit status."""
-    from msrl.config import ConfigError
-    from msrl.partition import PartitionError
-    from msrl.run import TrainingStopped
-    from msrl.tracer import TraceError
-
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)  # --help and usage errors end here, before any heavy import
+    if extra:  # key=value overrides after an option (msrl train --resume runs/X train.total_env_steps=N)
+        if getattr(args, "overrides", None) is None or not all("=" in x and not x.startswith("-") for x in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = list(args.overrides) + extra
     try:
         return args.fn(args)
-    except (ConfigError, TraceError, PartitionError) as e:
-        one_line = " ".join(str(e).split("\n"))
-        print(f"msrl: error: {one_line}", file=sys.stderr)
-        return 2
-    except TrainingStopped as e:
-        print(f"msrl: {e}", file=sys.stderr)
-        return 1
+    except KeyboardInterrupt as e:  # Ctrl-C: not a crash (msrl.run.TrainingInterrupted says where to resume)
+        print(f"\nmsrl: {e or 'interrupted'}", file=sys.stderr)
+        return 130
     except FileNotFoundError as e:
         print(f"msrl: error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:  # noqa: BLE001 - classified below, re-raised otherwise
+        if _input_error(e):
+            one_line = " ".join(str(e).split("\n"))
+            print(f"msrl: error: {one_line}", file=sys.stderr)
+            return 2
+        stopped = getattr(sys.modules.get("msrl.run"), "TrainingStopped", None)
+        if stopped is not None and isinstance(e, stopped):
+            print(f"msrl: {e}", file=sys.stderr)
+            return 1
+        raise
 
 
 if __name__ == "__main__":

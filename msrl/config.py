@@ -22,7 +22,6 @@ import pathlib
 from typing import Any, Literal, Mapping, Sequence
 
 import pydantic
-import torch
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -244,6 +243,8 @@ def validate(raw: Mapping[str, Any]) -> RunConfig:
 def resolve_device(device: str) -> str:
     """``"auto"`` -> ``"cuda:0"`` when torch sees a CUDA device, else ``"cpu"``; other names as given."""
     if device == "auto":
+        import torch
+
         return "cuda:0" if torch.cuda.is_available() else "cpu"
     return device
 
@@ -264,6 +265,8 @@ def build_job_spec(cfg: RunConfig) -> Any:
         ConfigError: an unknown algorithm, env id, policy, fragment, backend or device; envs
             that do not split over replicas; hyperparameters the algorithm rejects.
     """
+    import torch
+
     from msrl.backend import UnknownBackendError, load_backend
     from msrl.envs import UnknownEnvError, check_env_id, is_native
     from msrl.job import JobSpec, UnknownAlgorithmError, load_algorithm

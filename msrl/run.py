@@ -26,7 +26,7 @@ import math
 import os
 import pathlib
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 import yaml
@@ -37,7 +37,8 @@ from msrl.job import Job, JobSpec
 from msrl.runtime.local import FragmentError
 from msrl.runtime.replica import ReplicaDied
 
-__all__ = ["TrainResult", "TrainingStopped", "train", "load_run_config", "CHECKPOINT", "latest_checkpoint", "evaluation_env"]
+__all__ = ["TrainResult", "TrainingStopped", "TrainingInterrupted", "train", "resume_config", "RESUMABLE",
+           "load_run_config", "CHECKPOINT", "latest_checkpoint", "evaluation_env"]
 
 CHECKPOINT = "checkpoints/latest.pt"
 _TIME_COLUMNS = ("time_s", "charts/SPS")
@@ -54,6 +55,25 @@ class TrainingStopped(RuntimeError):
     def __init__(self, message: str, iteration: int, env_steps: int, checkpoint: pathlib.Path | None) -> None:
         super().__init__(message)
         self.iteration, self.env_steps, self.checkpoint = iteration, env_steps, checkpoint
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Training was interrupted (Ctrl-C, SIGINT); the run directory and its last checkpoint are
+    kept, and ``msrl train --resume RUN_DIR`` continues from that checkpoint exactly.
+
+    Attributes:
+        run_dir: the run directory; ``env_steps``: env steps done when interrupted;
+        checkpoint: the last checkpoint (``None`` if none was written yet);
+        checkpoint_env_steps: the env steps it holds (where a resume starts).
+    """
+
+    def __init__(self, run_dir: pathlib.Path, env_steps: int, checkpoint: pathlib.Path | None,
+                 checkpoint_env_steps: int | None) -> None:
+        kept = (f"checkpoint kept: {checkpoint} (env step {checkpoint_env_steps}); resume with: "
+                f"msrl train --resume {run_dir}") if checkpoint is not None else "no checkpoint was written yet"
+        super().__init__(f"interrupted at env step {env_steps}; {kept}")
+        self.run_dir, self.env_steps = run_dir, env_steps
+        self.checkpoint, self.checkpoint_env_steps = checkpoint, checkpoint_env_steps
 
 
 @dataclasses.dataclass
@@ -93,6 +113,52 @@ def load_run_config(run_dir: str | pathlib.Path) -> RunConfig:
     return validate(yaml.safe_load(p.read_text()))
 
 
+#: Config keys a resumed run may change: its budget and how it is watched, never what it
+#: computes. A longer ``train.total_env_steps`` continues the run; schedules that depend on the
+#: budget (``anneal_lr``) follow the new budget from the resume point, as SB3's
+#: ``learn(..., reset_num_timesteps=False)`` does.
+RESUMABLE = ("train.total_env_steps", "train.eval_every", "train.checkpoint_every", "train.stop_at_return",
+             "train.progress", "cluster.address", "cluster.max_restarts")
+
+
+def _check_resumable(saved: RunConfig, cfg: RunConfig, run_dir: str | pathlib.Path) -> list[str]:
+    """The keys where ``cfg`` differs from the run's saved config.
+
+    Raises:
+        ConfigError: a key outside :data:`RESUMABLE` differs (named, with its two values).
+    """
+    a, b = _flatten(saved.model_dump()), _flatten(cfg.model_dump())
+    diff = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    fixed = [k for k in diff if k not in RESUMABLE]
+    if fixed:
+        k = fixed[0]
+        raise ConfigError(
+            f"--resume {run_dir}: {k}={b.get(k)!r} differs from the run's {a.get(k)!r} (config.yaml); a resumed run "
+            f"may change only {', '.join(RESUMABLE)}"
+        )
+    return diff
+
+
+def resume_config(run_dir: str | pathlib.Path, overrides: Sequence[str] = (),
+                  config: str | pathlib.Path | None = None) -> RunConfig:
+    """The config to resume ``run_dir`` with: its saved ``config.yaml`` (or ``config``) with
+    ``overrides`` applied, e.g. ``train.total_env_steps=600000`` to train for longer.
+
+    Raises:
+        ConfigError: not a run directory, an invalid override, or a change to a key outside
+            :data:`RESUMABLE`.
+    """
+    from msrl.config import apply_overrides, load_config
+
+    saved = load_run_config(run_dir)
+    if config is None:
+        cfg = validate(apply_overrides(saved.model_dump(), overrides))
+    else:
+        cfg = load_config(config, overrides)
+    _check_resumable(saved, cfg, run_dir)
+    return cfg
+
+
 def latest_checkpoint(run_dir: str | pathlib.Path) -> pathlib.Path:
     """``run_dir/checkpoints/latest.pt``.
 
@@ -116,6 +182,12 @@ def _new_run_dir(cfg: RunConfig) -> pathlib.Path:
         except FileExistsError:
             continue
     raise RuntimeError(f"no free run directory name for {cfg.name} in {base}")
+
+
+def _atomic_write_text(path: pathlib.Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def _atomic_save(obj: Any, path: pathlib.Path) -> None:
@@ -301,14 +373,22 @@ def _train_once(cfg: RunConfig, resume: str | pathlib.Path | None) -> TrainResul
     resume_state = None
     if resume is not None:
         saved = load_run_config(resume)
-        if saved != cfg:
-            a, b = saved.model_dump(), cfg.model_dump()
-            diff = [k for k in _flatten(a) if _flatten(a).get(k) != _flatten(b).get(k)]
-            raise ConfigError(f"--resume {resume}: the config differs from the run's config.yaml at {', '.join(diff)}")
+        changed = _check_resumable(saved, cfg, resume)
         try:
             resume_state = torch.load(latest_checkpoint(resume), weights_only=False)
         except FileNotFoundError as e:
             raise ConfigError(str(e)) from None
+        done = int(resume_state["env_steps"])
+        if spec.num_iterations * spec.env_steps_per_iteration < done:
+            raise ConfigError(f"train.total_env_steps={cfg.train.total_env_steps}: the run's checkpoint is already at "
+                              f"env step {done}; a resumed run can only train for longer")
+        if changed:
+            import sys
+
+            print(f"msrl: resuming {resume} with " + ", ".join(f"{k}={_flatten(cfg.model_dump())[k]!r}" for k in changed)
+                  + (" (budget-dependent schedules such as anneal_lr follow the new budget from here)"
+                     if "train.total_env_steps" in changed else ""), file=sys.stderr)
+            _atomic_write_text(pathlib.Path(resume) / "config.yaml", yaml.safe_dump(cfg.model_dump(), sort_keys=False))
     torch.set_num_threads(cfg.train.torch_threads)
     job = make_job(spec, cfg)
     try:
@@ -336,6 +416,8 @@ def _run_job(cfg: RunConfig, spec: JobSpec, job: Any, resume: Any, resume_state:
     metrics = _Metrics(run_dir, job.iteration if resume is not None else None)
     ckpt_path = run_dir / CHECKPOINT
 
+    last_ckpt_steps: list[int | None] = [int(resume_state["env_steps"]) if resume_state is not None else None]
+
     def checkpoint() -> None:
         _atomic_save(
             {
@@ -350,6 +432,7 @@ def _run_job(cfg: RunConfig, spec: JobSpec, job: Any, resume: Any, resume_state:
             },
             ckpt_path,
         )
+        last_ckpt_steps[0] = job.env_steps  # once the file is in place
 
     if hasattr(job, "replica_table"):  # where each replica runs (pids, nodes), for operators
         (run_dir / "replicas.json").write_text(json.dumps(job.replica_table(), indent=1))
@@ -434,6 +517,9 @@ def _run_job(cfg: RunConfig, spec: JobSpec, job: Any, resume: Any, resume_state:
                 time_s += time.perf_counter() - ckpt_t0
             if stop:
                 break
+    except KeyboardInterrupt:
+        kept = ckpt_path if ckpt_path.is_file() else None
+        raise TrainingInterrupted(run_dir, job.env_steps, kept, last_ckpt_steps[0] if kept else None) from None
     finally:
         if bar is not None:
             bar.close()

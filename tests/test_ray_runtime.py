@@ -257,7 +257,7 @@ def test_ctrl_c_leaves_no_process_behind(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode != 0
+    assert proc.returncode == 130  # an interruption, not a crash
     deadline = time.time() + 20
     while (_replica_pids() or _ray_pids()) and time.time() < deadline:
         time.sleep(0.2)

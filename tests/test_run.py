@@ -125,10 +125,65 @@ def test_resume_rejects_a_different_config(tmp_path):
     cfg = load_config(MAIN, [*TINY, f"runs_dir={tmp_path}", "name=a"])
     r = train(cfg)
     other = load_config(MAIN, [*TINY, f"runs_dir={tmp_path}", "name=a", "seed=5"])
-    with pytest.raises(ConfigError, match="differs from the run's config.yaml at seed"):
+    with pytest.raises(ConfigError, match=r"seed=5 differs from the run's 1 \(config.yaml\); a resumed run may change only "
+                                           r"train.total_env_steps"):
         train(other, resume=r.run_dir)
     with pytest.raises(ConfigError, match="not a run directory"):
         train(cfg, resume=tmp_path / "nothing")
+
+
+def test_resume_alone_and_for_longer_continues_the_run(tmp_path, capsys):
+    """``msrl train --resume RUN_DIR train.total_env_steps=N``: the run's own config, a longer
+    budget; the same rows as a run that had that budget... up to the first run's end, then more."""
+    run = tmp_path / "a"
+    assert main(["train", str(MAIN), f"runs_dir={tmp_path}", "name=a", *TINY]) == 0
+    assert main(["train", "--resume", str(run)]) == 0  # nothing left to do: the run's own config
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "train.total_env_steps=4096"]) == 0
+    captured = capsys.readouterr()
+    assert "4096 env steps" in captured.out and "train.total_env_steps=4096" in captured.err
+    assert [int(r["iteration"]) for r in rows(run)] == list(range(1, 17))  # 2048 + 2048 steps of 256
+    assert load_config(run / "config.yaml").train.total_env_steps == 4096  # a plain --resume now keeps it
+    assert main(["train", "--resume", str(run), "train.total_env_steps=1024"]) == 2
+    assert "a resumed run can only train for longer" in capsys.readouterr().err
+    assert main(["train", "--resume", str(run), "algorithm.hparams.learning_rate=0.1"]) == 2
+    assert "algorithm.hparams.learning_rate=0.1 differs from the run's" in capsys.readouterr().err
+    assert [int(r["iteration"]) for r in rows(run)] == list(range(1, 17))  # refused runs wrote nothing
+
+
+def test_ctrl_c_is_an_interruption_with_a_resume_hint(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "msrl.cli", "train", str(MAIN), f"runs_dir={tmp_path}", "name=c",
+                             "train.progress=false", "train.total_env_steps=10000000", "train.checkpoint_every=5"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ckpt = tmp_path / "c" / "checkpoints" / "latest.pt"
+    deadline = time.time() + 60
+    while not ckpt.is_file() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("msrl: interrupted at env step ") and f"checkpoint kept: {ckpt} (env step " in last
+    assert last.endswith(f"resume with: msrl train --resume {tmp_path / 'c'}")
+
+
+def test_help_and_config_errors_do_not_import_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom msrl.cli import main\n"
+            "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "print('torch' in sys.modules)")
+    for argv in (["--help"], ["train", str(MAIN), "trian.x=1"]):
+        out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=60)
+        assert out.stdout.strip().splitlines()[-1] == "False", (argv, out.stdout, out.stderr)
 
 
 class NaNCartPole(gymnasium.Wrapper):
