@@ -67,12 +67,12 @@ def _eval(args: argparse.Namespace) -> int:
     from msrl.config import build_job_spec
     from msrl.envs import env_spec
     from msrl.evaluate import evaluate
-    from msrl.run import evaluation_env, latest_checkpoint, load_run_config
+    from msrl.run import evaluation_env, load_checkpoint, load_run_config
 
     cfg = load_run_config(args.run_dir)
     spec = build_job_spec(cfg)
     try:
-        ckpt = torch.load(latest_checkpoint(args.run_dir), weights_only=False)
+        ckpt, _ = load_checkpoint(args.run_dir)
     except FileNotFoundError as e:
         from msrl.config import ConfigError
 
@@ -116,6 +116,16 @@ def _graph(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``msrl``."""
     p = argparse.ArgumentParser(prog="msrl", description="distributed RL on a fragmented dataflow graph")
@@ -136,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     la.set_defaults(fn=_launch)
     e = sub.add_parser("eval", help="evaluate a run's last checkpoint with deterministic actions")
     e.add_argument("run_dir", type=pathlib.Path)
-    e.add_argument("--episodes", type=int, default=20)
+    e.add_argument("--episodes", type=_positive_int, default=20, help="episodes to run (>= 1; default 20)")
     e.add_argument("--seed", type=int, default=None)
     e.set_defaults(fn=_eval)
     pl = sub.add_parser("plot", help="plot a run's learning curve as PNG")

@@ -38,9 +38,17 @@ from msrl.runtime.local import FragmentError
 from msrl.runtime.replica import ReplicaDied
 
 __all__ = ["TrainResult", "TrainingStopped", "TrainingInterrupted", "train", "resume_config", "RESUMABLE",
-           "load_run_config", "CHECKPOINT", "latest_checkpoint", "evaluation_env"]
+           "load_run_config", "CHECKPOINT", "latest_checkpoint", "load_checkpoint", "CheckpointError", "evaluation_env"]
 
 CHECKPOINT = "checkpoints/latest.pt"
+#: The checkpoint before the latest one, kept so a damaged ``latest.pt`` has a fallback.
+PREVIOUS_CHECKPOINT = "checkpoints/previous.pt"
+_CHECKPOINT_KEYS = ("job", "actor_weights", "time_s", "done_eval", "threshold", "recent_returns", "env_steps")
+
+
+class CheckpointError(ConfigError):
+    """No readable checkpoint: damaged (truncated, overwritten, empty) or not one of msrl's.
+    Reported as one line naming the file and what is wrong (exit status 2)."""
 _TIME_COLUMNS = ("time_s", "charts/SPS")
 
 
@@ -171,6 +179,54 @@ def latest_checkpoint(run_dir: str | pathlib.Path) -> pathlib.Path:
     return p
 
 
+def _read_checkpoint(path: pathlib.Path) -> dict[str, Any]:
+    """A checkpoint file's state, checked to be msrl's.
+
+    Raises:
+        CheckpointError: unreadable (the loader's error, in one line) or missing keys.
+    """
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"{path}: damaged checkpoint (empty file)")
+    try:
+        state = torch.load(path, weights_only=False)
+    except Exception as e:  # noqa: BLE001 - zip, pickle and EOF errors all mean a damaged file
+        what = " ".join(str(e).split()) or type(e).__name__
+        raise CheckpointError(f"{path}: damaged checkpoint ({type(e).__name__}: {what[:200]})") from None
+    missing = [k for k in _CHECKPOINT_KEYS if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise CheckpointError(f"{path}: not an msrl checkpoint (no {', '.join(missing)})")
+    return state
+
+
+def load_checkpoint(run_dir: str | pathlib.Path) -> tuple[dict[str, Any], pathlib.Path]:
+    """The run's last good checkpoint: ``latest.pt``, or, when that one is damaged,
+    ``previous.pt`` (saying so on stderr).
+
+    Returns:
+        ``(state, path)``.
+
+    Raises:
+        FileNotFoundError: the run has no checkpoint yet.
+        CheckpointError: no readable checkpoint; the message names each file and its problem.
+    """
+    import sys
+
+    latest, previous = pathlib.Path(run_dir) / CHECKPOINT, pathlib.Path(run_dir) / PREVIOUS_CHECKPOINT
+    if not latest.is_file() and not previous.is_file():
+        raise FileNotFoundError(f"{run_dir} has no checkpoint ({CHECKPOINT})")
+    try:
+        return _read_checkpoint(latest), latest
+    except (CheckpointError, FileNotFoundError) as e:
+        if not previous.is_file():
+            raise CheckpointError(f"{e}; no earlier checkpoint ({PREVIOUS_CHECKPOINT}) to fall back to") from None
+        try:
+            state = _read_checkpoint(previous)
+        except CheckpointError as e2:
+            raise CheckpointError(f"{e}; the earlier one too: {e2}") from None
+        print(f"msrl: {e}; falling back to {previous} (env step {state['env_steps']})", file=sys.stderr)
+        return state, previous
+
+
 def _new_run_dir(cfg: RunConfig) -> pathlib.Path:
     base = pathlib.Path(cfg.runs_dir)
     base.mkdir(parents=True, exist_ok=True)
@@ -190,12 +246,16 @@ def _atomic_write_text(path: pathlib.Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _atomic_save(obj: Any, path: pathlib.Path) -> None:
+def _atomic_save(obj: Any, path: pathlib.Path, keep_previous: bool = False) -> None:
+    """Writes ``obj`` to ``path`` so that a crash leaves the old file or the new one, whole;
+    with ``keep_previous``, the file it replaces becomes ``previous.pt`` beside it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     torch.save(obj, tmp)
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
+    if keep_previous and path.is_file():
+        os.replace(path, path.with_name("previous.pt"))
     os.replace(tmp, path)
 
 
@@ -353,11 +413,11 @@ def train(cfg: RunConfig, resume: str | pathlib.Path | None = None) -> TrainResu
                     + (" (it held the learner)" if learner else
                        f" ({restarts} restart(s) of cluster.max_restarts={cfg.cluster.max_restarts} used)")
                     + f"\nlast good checkpoint: {ckpt if ckpt.is_file() else 'none'}"
-                    + (f"; continue with: msrl train CONFIG --resume {lost.run_dir}" if ckpt.is_file() else ""),
+                    + (f"; continue with: msrl train --resume {lost.run_dir}" if ckpt.is_file() else ""),
                     0, lost.env_steps, ckpt if ckpt.is_file() else None,
                 ) from lost.cause
             restarts += 1
-            state = torch.load(ckpt, weights_only=False)
+            state = _read_checkpoint(ckpt)
             faults = state.setdefault("faults", {"replica_restarts": 0, "dropped_env_steps": 0})
             faults["replica_restarts"] += 1
             faults["dropped_env_steps"] += lost.env_steps - int(state["env_steps"])
@@ -375,9 +435,13 @@ def _train_once(cfg: RunConfig, resume: str | pathlib.Path | None) -> TrainResul
         saved = load_run_config(resume)
         changed = _check_resumable(saved, cfg, resume)
         try:
-            resume_state = torch.load(latest_checkpoint(resume), weights_only=False)
+            resume_state, used = load_checkpoint(resume)
         except FileNotFoundError as e:
             raise ConfigError(str(e)) from None
+        damaged = pathlib.Path(resume) / CHECKPOINT
+        if used != damaged and damaged.is_file():
+            # set aside (not deleted), so the next checkpoint does not rotate it into previous.pt
+            os.replace(damaged, damaged.with_suffix(".pt.damaged"))
         done = int(resume_state["env_steps"])
         if spec.num_iterations * spec.env_steps_per_iteration < done:
             raise ConfigError(f"train.total_env_steps={cfg.train.total_env_steps}: the run's checkpoint is already at "
@@ -431,6 +495,7 @@ def _run_job(cfg: RunConfig, spec: JobSpec, job: Any, resume: Any, resume_state:
                 "faults": faults,
             },
             ckpt_path,
+            keep_previous=True,
         )
         last_ckpt_steps[0] = job.env_steps  # once the file is in place
 

@@ -221,7 +221,7 @@ def test_a_killed_learner_stops_the_job_and_resume_finishes_it_exactly(tmp_path)
     t.join(5)
     msg = str(info.value)
     assert "fragment learner replica 0 died" in msg and "(it held the learner)" in msg
-    assert f"continue with: msrl train CONFIG --resume {tmp_path / 'cut'}" in msg
+    assert f"continue with: msrl train --resume {tmp_path / 'cut'}" in msg
     assert info.value.checkpoint == tmp_path / "cut" / "checkpoints" / "latest.pt"
     assert not _replica_pids()  # every replica was stopped
     resumed = train(cfg, resume=tmp_path / "cut")

@@ -238,3 +238,50 @@ def test_tensorboard_holds_every_metrics_row(tmp_path):
         events = ea.Scalars(tag)
         assert [e.step for e in events] == [int(row["env_steps"]) for row in rows]
         assert [e.value for e in events] == pytest.approx([float(row[tag]) for row in rows], rel=1e-6)
+
+
+def _snapshot(run_dir):
+    return {p.relative_to(run_dir): p.read_bytes() for p in sorted(pathlib.Path(run_dir).rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("damage", ["truncate", "random", "empty"])
+def test_a_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys, damage):
+    run = tmp_path / "d"
+    assert main(["train", str(MAIN), f"runs_dir={tmp_path}", "name=d", *TINY, "train.checkpoint_every=2"]) == 0
+    latest, previous = run / "checkpoints" / "latest.pt", run / "checkpoints" / "previous.pt"
+    assert previous.is_file()  # the checkpoint before the latest is kept
+    data = latest.read_bytes()
+    latest.write_bytes({"truncate": data[: len(data) // 2], "random": np.random.default_rng(0).bytes(len(data)),
+                        "empty": b""}[damage])
+    capsys.readouterr()
+    assert main(["eval", str(run), "--episodes", "2"]) == 0
+    err = capsys.readouterr().err
+    assert f"{latest}: damaged checkpoint" in err and f"falling back to {previous}" in err
+    assert main(["train", "--resume", str(run), "train.total_env_steps=2560"]) == 0
+    assert "falling back" in capsys.readouterr().err
+    assert [int(r["iteration"]) for r in rows(run)] == list(range(1, 11))
+    assert (run / "checkpoints" / "latest.pt.damaged").read_bytes() != data  # set aside, not deleted
+    assert main(["eval", str(run), "--episodes", "2"]) == 0  # the new latest.pt is good
+    assert "falling back" not in capsys.readouterr().err
+
+
+def test_no_readable_checkpoint_is_a_one_line_error_and_changes_nothing(tmp_path, capsys):
+    run = tmp_path / "d"
+    assert main(["train", str(MAIN), f"runs_dir={tmp_path}", "name=d", *TINY, "train.checkpoint_every=2"]) == 0
+    (run / "checkpoints" / "latest.pt").write_bytes(b"not a checkpoint at all")
+    (run / "checkpoints" / "previous.pt").write_bytes(b"")
+    before = _snapshot(run)
+    capsys.readouterr()
+    for argv in (["train", "--resume", str(run), "train.total_env_steps=4096"], ["eval", str(run)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("msrl: error: ")
+        assert "latest.pt: damaged checkpoint" in err[0] and "previous.pt: damaged checkpoint (empty file)" in err[0]
+    assert _snapshot(run) == before  # nothing written
+
+
+def test_eval_episodes_must_be_positive(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["eval", str(tmp_path), "--episodes", "0"])
+    assert e.value.code == 2
+    assert "--episodes: must be at least 1, got 0" in capsys.readouterr().err
