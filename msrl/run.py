@@ -227,6 +227,44 @@ def load_checkpoint(run_dir: str | pathlib.Path) -> tuple[dict[str, Any], pathli
         return state, previous
 
 
+class RunLock:
+    """An exclusive lock on a run directory (``RUN_DIR/.lock``) for as long as one process
+    trains in it: ``flock`` on the file, which the OS releases when the process ends however it
+    ends, so a lock left by a crash or ``kill -9`` is stale and simply taken over. The file
+    holds the holder's pid and host, for the refusal message.
+
+    Args:
+        run_dir: the run directory (must exist).
+
+    Raises:
+        ConfigError: another process holds the lock (named by pid and host).
+    """
+
+    def __init__(self, run_dir: str | pathlib.Path) -> None:
+        import fcntl
+        import socket
+
+        self.path = pathlib.Path(run_dir) / ".lock"
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise ConfigError(f"run directory {run_dir} is in use by {holder} (lock {self.path}); wait for it to end "
+                              "or stop it, or train in another run directory") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"process {os.getpid()} on {socket.gethostname()}".encode())
+        os.fsync(fd)
+        self.fd: int | None = fd
+
+    def release(self) -> None:
+        """Releases the lock (idempotent)."""
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor releases the flock
+            self.fd = None
+
+
 def _new_run_dir(cfg: RunConfig) -> pathlib.Path:
     base = pathlib.Path(cfg.runs_dir)
     base.mkdir(parents=True, exist_ok=True)
@@ -431,41 +469,49 @@ def train(cfg: RunConfig, resume: str | pathlib.Path | None = None) -> TrainResu
 def _train_once(cfg: RunConfig, resume: str | pathlib.Path | None) -> TrainResult:
     spec: JobSpec = build_job_spec(cfg)
     resume_state = None
-    if resume is not None:
-        saved = load_run_config(resume)
-        changed = _check_resumable(saved, cfg, resume)
-        try:
-            resume_state, used = load_checkpoint(resume)
-        except FileNotFoundError as e:
-            raise ConfigError(str(e)) from None
-        damaged = pathlib.Path(resume) / CHECKPOINT
-        if used != damaged and damaged.is_file():
-            # set aside (not deleted), so the next checkpoint does not rotate it into previous.pt
-            os.replace(damaged, damaged.with_suffix(".pt.damaged"))
-        done = int(resume_state["env_steps"])
-        if spec.num_iterations * spec.env_steps_per_iteration < done:
-            raise ConfigError(f"train.total_env_steps={cfg.train.total_env_steps}: the run's checkpoint is already at "
-                              f"env step {done}; a resumed run can only train for longer")
-        if changed:
-            import sys
-
-            print(f"msrl: resuming {resume} with " + ", ".join(f"{k}={_flatten(cfg.model_dump())[k]!r}" for k in changed)
-                  + (" (budget-dependent schedules such as anneal_lr follow the new budget from here)"
-                     if "train.total_env_steps" in changed else ""), file=sys.stderr)
-            _atomic_write_text(pathlib.Path(resume) / "config.yaml", yaml.safe_dump(cfg.model_dump(), sort_keys=False))
-    torch.set_num_threads(cfg.train.torch_threads)
-    job = make_job(spec, cfg)
+    locks: list[RunLock] = []
     try:
-        return _run_job(cfg, spec, job, resume, resume_state)
-    except BaseException:
-        job.close()  # no replica process outlives a failed or interrupted run
-        raise
+        if resume is not None:
+            saved = load_run_config(resume)
+            changed = _check_resumable(saved, cfg, resume)
+            locks.append(RunLock(resume))  # before anything in the run directory is read or written
+            try:
+                resume_state, used = load_checkpoint(resume)
+            except FileNotFoundError as e:
+                raise ConfigError(str(e)) from None
+            done = int(resume_state["env_steps"])
+            if spec.num_iterations * spec.env_steps_per_iteration < done:
+                raise ConfigError(f"train.total_env_steps={cfg.train.total_env_steps}: the run's checkpoint is already at "
+                                  f"env step {done}; a resumed run can only train for longer")
+            damaged = pathlib.Path(resume) / CHECKPOINT
+            if used != damaged and damaged.is_file():
+                # set aside (not deleted), so the next checkpoint does not rotate it into previous.pt
+                os.replace(damaged, damaged.with_suffix(".pt.damaged"))
+            if changed:
+                import sys
+
+                print(f"msrl: resuming {resume} with "
+                      + ", ".join(f"{k}={_flatten(cfg.model_dump())[k]!r}" for k in changed)
+                      + (" (budget-dependent schedules such as anneal_lr follow the new budget from here)"
+                         if "train.total_env_steps" in changed else ""), file=sys.stderr)
+                _atomic_write_text(pathlib.Path(resume) / "config.yaml", yaml.safe_dump(cfg.model_dump(), sort_keys=False))
+        torch.set_num_threads(cfg.train.torch_threads)
+        job = make_job(spec, cfg)
+        try:
+            return _run_job(cfg, spec, job, resume, resume_state, locks)
+        except BaseException:
+            job.close()  # no replica process outlives a failed or interrupted run
+            raise
+    finally:
+        for lock in locks:
+            lock.release()
 
 
-def _run_job(cfg: RunConfig, spec: JobSpec, job: Any, resume: Any, resume_state: Any) -> TrainResult:
+def _run_job(cfg: RunConfig, spec: JobSpec, job: Any, resume: Any, resume_state: Any, locks: list[RunLock]) -> TrainResult:
     faults = {"replica_restarts": 0, "dropped_env_steps": 0}
     if resume is None:
         run_dir = _new_run_dir(cfg)
+        locks.append(RunLock(run_dir))  # (a new name: nobody else can hold it yet, but a --resume soon can)
         (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
         job.reset()
         time_s, done_eval, threshold = 0.0, 0, (None, None)

@@ -30,7 +30,8 @@ def test_cli_train_eval_plot_graph_end_to_end(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "run runs/tiny: 8 iterations, 2048 env steps" in out and "evaluation: mean return" in out
     run = tmp_path / "runs" / "tiny"
-    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.yaml", "eval.json", "learning_curve.png", "metrics.csv", "tb"]
+    assert sorted(p.name for p in run.iterdir()) == [".lock", "checkpoints", "config.yaml", "eval.json", "learning_curve.png",
+                                                    "metrics.csv", "tb"]
     assert (run / "checkpoints" / "latest.pt").is_file() and not list((run / "checkpoints").glob("*.tmp"))
     assert list((run / "tb").glob("events.out.tfevents.*"))
     r = rows(run)
@@ -241,7 +242,9 @@ def test_tensorboard_holds_every_metrics_row(tmp_path):
 
 
 def _snapshot(run_dir):
-    return {p.relative_to(run_dir): p.read_bytes() for p in sorted(pathlib.Path(run_dir).rglob("*")) if p.is_file()}
+    """Every file of a run directory but its lock (which names the last process that held it)."""
+    return {p.relative_to(run_dir): p.read_bytes() for p in sorted(pathlib.Path(run_dir).rglob("*"))
+            if p.is_file() and p.name != ".lock"}
 
 
 @pytest.mark.parametrize("damage", ["truncate", "random", "empty"])
@@ -285,3 +288,34 @@ def test_eval_episodes_must_be_positive(tmp_path, capsys):
         main(["eval", str(tmp_path), "--episodes", "0"])
     assert e.value.code == 2
     assert "--episodes: must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_two_processes_on_one_run_directory(tmp_path, capsys):
+    """A second ``--resume`` of a run that is training is refused with the holder's pid and
+    changes nothing; once the holder ends (even by SIGKILL) the lock is stale and taken over."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run = tmp_path / "r"
+    assert main(["train", str(MAIN), f"runs_dir={tmp_path}", "name=r", *TINY]) == 0
+    holder = subprocess.Popen([sys.executable, "-m", "msrl.cli", "train", "--resume", str(run),
+                               "train.total_env_steps=10000000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and str(holder.pid) not in (run / ".lock").read_text():
+            assert holder.poll() is None, holder.communicate()[1][-2000:]
+            time.sleep(0.1)
+        capsys.readouterr()
+        assert main(["train", "--resume", str(run), "train.total_env_steps=20000000"]) == 2
+        err = capsys.readouterr().err
+        assert f"run directory {run} is in use by process {holder.pid} on " in err
+        assert load_config(run / "config.yaml").train.total_env_steps == 10000000  # the refused one wrote nothing
+        holder.send_signal(signal.SIGKILL)  # a crash: the lock file stays, the lock does not
+        holder.wait(30)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+    assert str(holder.pid) in (run / ".lock").read_text()
+    assert main(["train", "--resume", str(run), "train.total_env_steps=10240", "train.progress=false"]) == 0

@@ -185,7 +185,7 @@ class Replica:
         program = self.programs[method]
         try:
             return program.fn(self.trainer, comm)
-        except BaseException as e:  # noqa: BLE001 - re-raised with the node that failed
+        except Exception as e:  # re-raised with the node that failed (Ctrl-C passes through as itself)
             node = None
             for frame, lineno in traceback.walk_tb(sys.exc_info()[2]):
                 if frame.f_code.co_filename == program.filename:
