@@ -17,7 +17,7 @@ from tensordict import TensorDict
 
 from msrl.advantages import gae
 from msrl.algorithms.ppo import ActorCritic, PPOActor, PPOTrainer, RolloutBuffer, build_actor_critic
-from msrl.api import AlgorithmSpec, BuildContext, Learner
+from msrl.api import AlgorithmSpec, BuildContext, LayerSizes, Learner, NonNegativeFloat, PositiveFloat, PositiveInt, UnitInterval
 
 __all__ = ["A2CConfig", "A2CLearner", "A2CTrainer", "ALGORITHM"]
 
@@ -26,34 +26,30 @@ __all__ = ["A2CConfig", "A2CLearner", "A2CTrainer", "ALGORITHM"]
 class A2CConfig:
     """A2C's hyperparameters (SB3's defaults, rl-zoo's CartPole-v1 setting)."""
 
-    num_steps: int = 5
+    num_steps: PositiveInt = 5
     """rollout length per env per iteration (T)"""
-    learning_rate: float = 7e-4
+    learning_rate: PositiveFloat = 7e-4
     """RMSprop learning rate"""
     anneal_lr: bool = False
     """anneal the learning rate linearly to 0 over training"""
-    gamma: float = 0.99
+    gamma: UnitInterval = 0.99
     """discount factor"""
-    gae_lambda: float = 1.0
+    gae_lambda: UnitInterval = 1.0
     """GAE lambda (1.0: n-step returns)"""
-    ent_coef: float = 0.0
+    ent_coef: NonNegativeFloat = 0.0
     """entropy bonus coefficient"""
-    vf_coef: float = 0.5
+    vf_coef: NonNegativeFloat = 0.5
     """value loss coefficient"""
-    max_grad_norm: float = 0.5
+    max_grad_norm: PositiveFloat = 0.5
     """global gradient-norm clip"""
-    rms_prop_eps: float = 1e-5
+    rms_prop_eps: PositiveFloat = 1e-5
     """RMSprop epsilon (SB3's; TensorFlow's RMSprop puts it inside the square root)"""
     norm_adv: bool = False
     """normalise the advantages of each rollout"""
-    hidden_sizes: tuple[int, ...] = (64, 64)
+    hidden_sizes: LayerSizes = (64, 64)
     """hidden layer widths of the actor and of the critic MLPs"""
 
     def __post_init__(self) -> None:
-        if self.num_steps < 1:
-            raise ValueError(f"num_steps must be >= 1, got {self.num_steps}")
-        if not 0.0 <= self.gamma <= 1.0 or not 0.0 <= self.gae_lambda <= 1.0:
-            raise ValueError("gamma and gae_lambda must lie in [0, 1]")
         self.hidden_sizes = tuple(self.hidden_sizes)
 
 

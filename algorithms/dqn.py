@@ -22,7 +22,21 @@ import torch.nn.functional as F
 from tensordict import TensorDict
 from torch import nn
 
-from msrl.api import Actor, AlgorithmSpec, Buffer, BuildContext, Learner, Trainer, returns
+from msrl.api import (
+    Actor,
+    AlgorithmSpec,
+    Buffer,
+    BuildContext,
+    Fraction,
+    LayerSizes,
+    Learner,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Trainer,
+    UnitInterval,
+    returns,
+)
 
 __all__ = ["DQNConfig", "QNetwork", "DQNActor", "ReplayBuffer", "DQNLearner", "DQNTrainer", "ALGORITHM"]
 
@@ -31,47 +45,38 @@ __all__ = ["DQNConfig", "QNetwork", "DQNActor", "ReplayBuffer", "DQNLearner", "D
 class DQNConfig:
     """DQN's hyperparameters (defaults: rl-zoo's CartPole-v1 DQN)."""
 
-    learning_rate: float = 2.3e-3
+    learning_rate: PositiveFloat = 2.3e-3
     """Adam learning rate"""
-    buffer_size: int = 100_000
+    buffer_size: PositiveInt = 100_000
     """replay capacity in transitions (per buffer)"""
-    gamma: float = 0.99
+    gamma: UnitInterval = 0.99
     """discount factor"""
-    tau: float = 1.0
+    tau: Fraction = 1.0
     """target update rate: 1.0 copies the Q-network, < 1 is Polyak averaging"""
-    target_network_frequency: int = 10
+    target_network_frequency: PositiveInt = 10
     """env steps (over every env of the job) between target updates"""
-    batch_size: int = 64
+    batch_size: PositiveInt = 64
     """transitions per gradient step (per replay buffer)"""
-    start_e: float = 1.0
+    start_e: UnitInterval = 1.0
     """exploration epsilon at the start"""
-    end_e: float = 0.04
+    end_e: UnitInterval = 0.04
     """exploration epsilon at the end of the schedule"""
-    exploration_fraction: float = 0.16
+    exploration_fraction: Fraction = 0.16
     """fraction of the env-step budget over which epsilon falls linearly from start_e to end_e"""
-    learning_starts: int = 1000
+    learning_starts: NonNegativeInt = 1000
     """env steps collected before the first gradient step"""
-    train_frequency: int = 256
+    train_frequency: PositiveInt = 256
     """vector-env steps collected per iteration (each steps every env once)"""
-    gradient_steps: int = 128
+    gradient_steps: NonNegativeInt = 128
     """gradient steps per iteration once learning has started"""
     double_q: bool = False
     """choose the next action with the online network and value it with the target network"""
-    max_grad_norm: float = 10.0
+    max_grad_norm: PositiveFloat = 10.0
     """global gradient-norm clip"""
-    hidden_sizes: tuple[int, ...] = (256, 256)
+    hidden_sizes: LayerSizes = (256, 256)
     """hidden layer widths of the Q-network (ReLU)"""
 
     def __post_init__(self) -> None:
-        for name in ("buffer_size", "target_network_frequency", "batch_size", "train_frequency"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.gradient_steps < 0 or self.learning_starts < 0:
-            raise ValueError("gradient_steps and learning_starts must be >= 0")
-        if not 0.0 < self.tau <= 1.0:
-            raise ValueError(f"tau must lie in (0, 1], got {self.tau}")
-        if not 0.0 < self.exploration_fraction <= 1.0:
-            raise ValueError(f"exploration_fraction must lie in (0, 1], got {self.exploration_fraction}")
         self.hidden_sizes = tuple(self.hidden_sizes)
 
 
@@ -311,4 +316,5 @@ ALGORITHM = AlgorithmSpec(
     trainer=DQNTrainer,
     components={"actor": DQNActor, "buffer": ReplayBuffer, "learner": DQNLearner},
     env_steps_per_iteration=lambda hp, total_num_envs: hp.train_frequency * total_num_envs,
+    action_spaces=(gymnasium.spaces.Discrete,),
 )

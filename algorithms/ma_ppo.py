@@ -25,7 +25,7 @@ from torch import nn
 
 from msrl.advantages import gae
 from msrl.algorithms.ppo import PPOActor, PPOConfig, PPOLearner, RolloutBuffer, _mlp, categorical_log_prob_entropy
-from msrl.api import AlgorithmSpec, BuildContext, Trainer
+from msrl.api import AlgorithmSpec, BuildContext, NonNegativeInt, PositiveInt, Trainer
 
 __all__ = ["MAPPOConfig", "TypedActorCritic", "MAPPOActor", "MultiAgentRolloutBuffer", "MAPPOLearner", "MAPPOTrainer", "ALGORITHM"]
 
@@ -35,9 +35,9 @@ class MAPPOConfig(PPOConfig):
     """PPO's hyperparameters (see :class:`msrl.algorithms.ppo.PPOConfig`) plus the number of agent
     types."""
 
-    num_agent_types: int = 2
+    num_agent_types: PositiveInt = 2
     """agent types, each with its own actor and critic (Tag: runners = 0, taggers = 1)"""
-    trained_types: tuple[int, ...] | None = None
+    trained_types: tuple[NonNegativeInt, ...] | None = None
     """agent types whose networks learn (None: all); the others keep their initial, near-uniform
     policy, i.e. act at random"""
 
@@ -243,4 +243,6 @@ ALGORITHM = AlgorithmSpec(
     trainer=MAPPOTrainer,
     components={"actor": MAPPOActor, "buffer": MultiAgentRolloutBuffer, "learner": MAPPOLearner},
     env_steps_per_iteration=lambda hp, total_num_envs: hp.num_steps * total_num_envs,
+    action_spaces=(gymnasium.spaces.MultiDiscrete,),
+    num_agents=(2, None),
 )

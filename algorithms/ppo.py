@@ -24,7 +24,19 @@ from tensordict import TensorDict
 from torch import nn
 
 from msrl.advantages import gae
-from msrl.api import Actor, AlgorithmSpec, Buffer, BuildContext, Learner, Trainer
+from msrl.api import (
+    Actor,
+    AlgorithmSpec,
+    Buffer,
+    BuildContext,
+    LayerSizes,
+    Learner,
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveInt,
+    Trainer,
+    UnitInterval,
+)
 
 __all__ = ["PPOConfig", "ActorCritic", "build_actor_critic", "categorical_log_prob_entropy", "PPOActor", "RolloutBuffer",
            "PPOLearner", "PPOTrainer",
@@ -35,45 +47,40 @@ __all__ = ["PPOConfig", "ActorCritic", "build_actor_critic", "categorical_log_pr
 class PPOConfig:
     """PPO's hyperparameters (CleanRL's names and defaults unless noted)."""
 
-    num_steps: int = 128
+    num_steps: PositiveInt = 128
     """rollout length per env per iteration (T)"""
-    learning_rate: float = 2.5e-4
+    learning_rate: PositiveFloat = 2.5e-4
     """Adam learning rate at the start of training"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 over training"""
-    gamma: float = 0.99
+    gamma: UnitInterval = 0.99
     """discount factor"""
-    gae_lambda: float = 0.95
+    gae_lambda: UnitInterval = 0.95
     """GAE lambda"""
-    num_minibatches: int = 4
+    num_minibatches: PositiveInt = 4
     """minibatches per epoch (minibatch size = T * total envs / num_minibatches)"""
-    update_epochs: int = 4
+    update_epochs: PositiveInt = 4
     """epochs over each rollout"""
     norm_adv: bool = True
     """normalise advantages per minibatch"""
-    clip_coef: float = 0.2
+    clip_coef: PositiveFloat = 0.2
     """surrogate clipping coefficient"""
     anneal_clip: bool = False
     """anneal the clipping coefficient linearly to 0 (rl-zoo's `lin_0.2`)"""
     clip_vloss: bool = True
     """clip the value loss around the rollout's values"""
-    ent_coef: float = 0.01
+    ent_coef: NonNegativeFloat = 0.01
     """entropy bonus coefficient"""
-    vf_coef: float = 0.5
+    vf_coef: NonNegativeFloat = 0.5
     """value loss coefficient"""
-    max_grad_norm: float = 0.5
+    max_grad_norm: PositiveFloat = 0.5
     """global gradient-norm clip"""
-    target_kl: float | None = None
+    target_kl: PositiveFloat | None = None
     """stop the epochs of an iteration early when the approximate KL exceeds this"""
-    hidden_sizes: tuple[int, ...] = (64, 64)
+    hidden_sizes: LayerSizes = (64, 64)
     """hidden layer widths of the actor and of the critic MLPs"""
 
     def __post_init__(self) -> None:
-        for name in ("num_steps", "num_minibatches", "update_epochs"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not 0.0 <= self.gamma <= 1.0 or not 0.0 <= self.gae_lambda <= 1.0:
-            raise ValueError("gamma and gae_lambda must lie in [0, 1]")
         self.hidden_sizes = tuple(self.hidden_sizes)
 
 

@@ -24,7 +24,20 @@ from tensordict import TensorDict
 from torch import nn
 
 from msrl.algorithms.dqn import ReplayBuffer
-from msrl.api import Actor, AlgorithmSpec, BuildContext, Learner, Trainer
+from msrl.api import (
+    Actor,
+    AlgorithmSpec,
+    BuildContext,
+    Fraction,
+    LayerSizes,
+    Learner,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Trainer,
+    UnitInterval,
+)
 
 __all__ = ["SACConfig", "SquashedGaussianPolicy", "SoftQNetwork", "SACActor", "SACLearner", "SACTrainer", "ALGORITHM"]
 
@@ -35,41 +48,36 @@ LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 class SACConfig:
     """SAC's hyperparameters (defaults: rl-zoo's Pendulum-v1 SAC, SB3's defaults otherwise)."""
 
-    buffer_size: int = 1_000_000
+    buffer_size: PositiveInt = 1_000_000
     """replay capacity in transitions"""
-    gamma: float = 0.99
+    gamma: UnitInterval = 0.99
     """discount factor"""
-    tau: float = 0.005
+    tau: Fraction = 0.005
     """target networks' Polyak rate"""
-    batch_size: int = 256
+    batch_size: PositiveInt = 256
     """transitions per gradient step"""
-    learning_starts: int = 100
+    learning_starts: NonNegativeInt = 100
     """env steps of uniform random actions before learning starts"""
-    policy_lr: float = 1e-3
+    policy_lr: PositiveFloat = 1e-3
     """Adam learning rate of the policy"""
-    q_lr: float = 1e-3
+    q_lr: PositiveFloat = 1e-3
     """Adam learning rate of the Q-networks"""
-    alpha_lr: float = 1e-3
+    alpha_lr: PositiveFloat = 1e-3
     """Adam learning rate of the entropy temperature"""
-    policy_frequency: int = 1
+    policy_frequency: PositiveInt = 1
     """critic updates between policy updates (that many policy updates each time: delayed, TD3-style)"""
-    target_network_frequency: int = 1
+    target_network_frequency: PositiveInt = 1
     """critic updates between target updates"""
-    alpha: float = 0.2
+    alpha: NonNegativeFloat = 0.2
     """entropy temperature when not autotuned"""
     autotune: bool = True
     """learn the temperature towards target entropy -dim(A)"""
-    initial_alpha: float = 1.0
+    initial_alpha: PositiveFloat = 1.0
     """the autotuned temperature's start value (SB3's ``ent_coef='auto'``)"""
-    hidden_sizes: tuple[int, ...] = (256, 256)
+    hidden_sizes: LayerSizes = (256, 256)
     """hidden layer widths of the policy and of each Q-network (ReLU)"""
 
     def __post_init__(self) -> None:
-        for name in ("buffer_size", "batch_size", "policy_frequency", "target_network_frequency"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not 0.0 < self.tau <= 1.0:
-            raise ValueError(f"tau must lie in (0, 1], got {self.tau}")
         self.hidden_sizes = tuple(self.hidden_sizes)
 
 
@@ -359,4 +367,5 @@ ALGORITHM = AlgorithmSpec(
     trainer=SACTrainer,
     components={"actor": SACActor, "buffer": ReplayBuffer, "learner": SACLearner},
     env_steps_per_iteration=lambda hp, total_num_envs: total_num_envs,
+    action_spaces=(gymnasium.spaces.Box,),
 )

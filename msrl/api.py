@@ -22,12 +22,20 @@ Roles:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping
+from typing import Annotated, Any, Callable, Mapping
 
 import gymnasium
 import torch
+from annotated_types import Ge, Gt, Le, MinLen
 
 __all__ = [
+    "PositiveInt",
+    "NonNegativeInt",
+    "PositiveFloat",
+    "NonNegativeFloat",
+    "UnitInterval",
+    "Fraction",
+    "LayerSizes",
     "ROLES",
     "Component",
     "Environment",
@@ -43,6 +51,23 @@ __all__ = [
     "declared_kinds",
     "VALUE_KINDS",
 ]
+
+# -- hyperparameter types: bounds an algorithm's hparams dataclass declares on its fields, which
+#    the config checks (``algorithm.hparams.<field>: ...``, exit status 2) before anything runs.
+#: an integer >= 1 (steps, epochs, batch and buffer sizes, frequencies)
+PositiveInt = Annotated[int, Ge(1)]
+#: an integer >= 0 (e.g. warm-up steps)
+NonNegativeInt = Annotated[int, Ge(0)]
+#: a float > 0 (learning rates, gradient-norm limits, epsilons)
+PositiveFloat = Annotated[float, Gt(0)]
+#: a float >= 0 (loss coefficients)
+NonNegativeFloat = Annotated[float, Ge(0)]
+#: a float in [0, 1] (discounts, GAE lambda, exploration rates)
+UnitInterval = Annotated[float, Ge(0), Le(1)]
+#: a float in (0, 1] (Polyak tau, schedule fractions)
+Fraction = Annotated[float, Gt(0), Le(1)]
+#: hidden layer widths, each >= 1, at least one layer
+LayerSizes = Annotated[tuple[PositiveInt, ...], MinLen(1)]
 
 #: How a component method's result relates to the env axis (see :func:`returns`).
 VALUE_KINDS: tuple[str, ...] = ("sharded", "batch", "replicated")
@@ -439,6 +464,9 @@ class AlgorithmSpec:
         trainer: the :class:`Trainer` subclass.
         components: role -> factory for every role except ``env`` (msrl builds envs).
         env_steps_per_iteration: ``hparams, total_num_envs -> env steps per train_step``.
+        observation_spaces, action_spaces: the gymnasium space classes of one agent's
+            observation and action it supports (the config refuses an env with others).
+        num_agents: the agents per env it supports, ``(least, most)`` (``None``: no limit).
     """
 
     name: str
@@ -446,3 +474,23 @@ class AlgorithmSpec:
     trainer: type[Trainer]
     components: Mapping[str, ComponentFactory]
     env_steps_per_iteration: Callable[[Any, int], int]
+    observation_spaces: tuple[type[gymnasium.Space], ...] = (gymnasium.spaces.Box,)
+    action_spaces: tuple[type[gymnasium.Space], ...] = (gymnasium.spaces.Discrete, gymnasium.spaces.Box)
+    num_agents: tuple[int, int | None] = (1, 1)
+
+    def unsupported(self, env: EnvSpec) -> str | None:
+        """Why this algorithm cannot train on ``env`` (``None`` when it can)."""
+        def names(classes: tuple[type, ...]) -> str:
+            return " or ".join(c.__name__ for c in classes)
+
+        least, most = self.num_agents
+        if env.num_agents < least or (most is not None and env.num_agents > most):
+            kind = "single-agent" if most == 1 else f"multi-agent ({least}+ agents per env)"
+            return f"{self.name} is {kind}; {env.env_id} has {env.num_agents} agent(s) per env"
+        if not isinstance(env.observation_space, self.observation_spaces):
+            return (f"{self.name} supports {names(self.observation_spaces)} observations; {env.env_id} has "
+                    f"{type(env.observation_space).__name__} observations")
+        if not isinstance(env.action_space, self.action_spaces):
+            return (f"{self.name} supports {names(self.action_spaces)} actions; {env.env_id} has "
+                    f"{type(env.action_space).__name__} actions")
+        return None

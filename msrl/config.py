@@ -216,7 +216,9 @@ def _hparams(cfg: RunConfig, algorithm: Any) -> Any:
     try:
         return pydantic.TypeAdapter(cls).validate_python(dict(cfg.algorithm.hparams))
     except pydantic.ValidationError as e:
-        msgs = [f"algorithm.hparams.{'.'.join(map(str, x['loc']))}: {x['msg']} (got {x.get('input')!r})" for x in e.errors()]
+        msgs = [f"algorithm.hparams.{'.'.join(map(str, x['loc']))}: {x['msg']} (got {x.get('input')!r})" if x["loc"]
+                else f"algorithm.hparams: {x['msg'].removeprefix('Value error, ')}"  # a check across fields
+                for x in e.errors()]
         raise ConfigError("; ".join(msgs)) from None
     except ValueError as e:
         raise ConfigError(f"algorithm.hparams: {e}") from None
@@ -278,6 +280,11 @@ def build_job_spec(cfg: RunConfig) -> Any:
         policy = load_policy(cfg.distribution_policy.name)
     except (UnknownAlgorithmError, UnknownEnvError, UnknownPolicyError) as e:
         raise ConfigError(str(e)) from None
+    from msrl.envs import env_spec as make_env_spec
+
+    why = algorithm.unsupported(make_env_spec(cfg.env.id, 1, cfg.env.kwargs))
+    if why is not None:
+        raise ConfigError(f"algorithm.name={cfg.algorithm.name} cannot train on env.id={cfg.env.id}: {why}")
     dp = cfg.distribution_policy
     for key, table in (("replicas", dp.replicas), ("backends", dp.backends), ("devices", dp.devices)):
         names = [f.name for f in policy.fragments]

@@ -628,6 +628,8 @@ def _run_job(cfg: RunConfig, spec: JobSpec, job: Any, resume: Any, resume_state:
                 time_s += time.perf_counter() - ckpt_t0
             if stop:
                 break
+    except ReplicaDied as e:  # at a checkpoint's or an evaluation's call into the replicas
+        raise _ReplicaLost(run_dir, job.env_steps, e) from e
     except KeyboardInterrupt:
         kept = ckpt_path if ckpt_path.is_file() else None
         raise TrainingInterrupted(run_dir, job.env_steps, kept, last_ckpt_steps[0] if kept else None) from None
@@ -635,7 +637,10 @@ def _run_job(cfg: RunConfig, spec: JobSpec, job: Any, resume: Any, resume_state:
         if bar is not None:
             bar.close()
         metrics.close()
-    returns = _evaluate(job, cfg)
+    try:
+        returns = _evaluate(job, cfg)
+    except ReplicaDied as e:
+        raise _ReplicaLost(run_dir, job.env_steps, e) from e
     result = TrainResult(run_dir, job.iteration, job.env_steps, time_s, returns, threshold[0], threshold[1])
     (run_dir / "eval.json").write_text(
         json.dumps(

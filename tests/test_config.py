@@ -43,7 +43,15 @@ def test_overrides_are_applied_and_typed():
         (["distribution_policy.name=single_learner_coarse", "env.num_envs=7"], "env.num_envs=7 does not split evenly over 2 env replicas"),
         (["env.num_envs=0"], "env.num_envs: Input should be greater than 0"),
         (["algorithm.hparams.num_steps=many"], "algorithm.hparams.num_steps: Input should be a valid integer"),
-        (["algorithm.hparams.num_steps=0"], "num_steps must be >= 1"),
+        (["algorithm.hparams.num_steps=0"], "algorithm.hparams.num_steps: Input should be greater than or equal to 1 (got 0)"),
+        (["algorithm.hparams.learning_rate=-1"], "algorithm.hparams.learning_rate: Input should be greater than 0 (got -1)"),
+        (["algorithm.hparams.gamma=1.5"], "algorithm.hparams.gamma: Input should be less than or equal to 1 (got 1.5)"),
+        (["algorithm.hparams.hidden_sizes=[64, 0]"], "algorithm.hparams.hidden_sizes.1: Input should be greater than or equal to 1"),
+        (["algorithm.name=ma_ppo"],
+         "algorithm.name=ma_ppo cannot train on env.id=CartPole-v1: ma_ppo is multi-agent (2+ agents per env); "
+         "CartPole-v1 has 1 agent(s) per env"),
+        (["algorithm.name=sac"], "algorithm.name=sac cannot train on env.id=CartPole-v1: sac supports Box actions; "
+                                 "CartPole-v1 has Discrete actions"),
         (["env.vectorization=gpu"], "env.vectorization: Input should be 'sync'"),
         (["distribution_policy.devices.main=cuda:0"], "device cuda:0 requested but no CUDA device is available"),
         (["train"], "bad override 'train': expected key.sub=value"),
