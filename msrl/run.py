@@ -523,6 +523,13 @@ def _run_job(cfg: RunConfig, spec: JobSpec, job: Any, resume: Any, resume_state:
         threshold = tuple(resume_state["threshold"])
         recent = collections.deque(resume_state["recent_returns"], maxlen=20)
         faults = dict(resume_state.get("faults", faults))
+    import sys
+
+    if resume is None:
+        clash = pathlib.Path(cfg.runs_dir) / cfg.name
+        print(f"msrl: run directory {run_dir}" + (f" ({clash} exists)" if run_dir != clash else ""), file=sys.stderr)
+    else:
+        print(f"msrl: resuming {run_dir} at env step {job.env_steps}", file=sys.stderr)
     metrics = _Metrics(run_dir, job.iteration if resume is not None else None)
     ckpt_path = run_dir / CHECKPOINT
 
@@ -555,7 +562,12 @@ def _run_job(cfg: RunConfig, spec: JobSpec, job: Any, resume: Any, resume_state:
     if cfg.train.progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=spec.num_iterations * spec.env_steps_per_iteration, initial=job.env_steps, unit="step", dynamic_ncols=True)
+        # one speed: training env steps per second of training time (evaluations excluded), the
+        # figure the final summary reports; tqdm's own rate (which counts evaluations) only
+        # feeds the time-remaining estimate
+        bar = tqdm(total=spec.num_iterations * spec.env_steps_per_iteration, initial=job.env_steps, unit="step",
+                   dynamic_ncols=True, desc="training",
+                   bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]")
     E = spec.env_steps_per_iteration
     chunk_s = 0.5  # replicas run free for about this long between the driver's looks
     iter_s = None
@@ -606,7 +618,11 @@ def _run_job(cfg: RunConfig, spec: JobSpec, job: Any, resume: Any, resume_state:
                 if i == n - 1 and cfg.train.eval_every and job.env_steps // cfg.train.eval_every > done_eval:
                     done_eval = job.env_steps // cfg.train.eval_every
                     eval_t0 = time.perf_counter()
+                    if bar is not None:
+                        bar.set_description_str("evaluating", refresh=True)
                     mean = sum(r := _evaluate(job, cfg)) / len(r)
+                    if bar is not None:
+                        bar.set_description_str("training", refresh=False)
                     eval_dt = time.perf_counter() - eval_t0
                     row["eval/mean_return"] = mean
                     if cfg.train.stop_at_return is not None and mean >= cfg.train.stop_at_return and threshold[0] is None:

@@ -319,3 +319,16 @@ def test_two_processes_on_one_run_directory(tmp_path, capsys):
             holder.kill()
     assert str(holder.pid) in (run / ".lock").read_text()
     assert main(["train", "--resume", str(run), "train.total_env_steps=10240", "train.progress=false"]) == 0
+
+
+def test_progress_bar_shows_one_speed_an_evaluating_state_and_the_run_directory(tmp_path, capsys):
+    over = [f"runs_dir={tmp_path}", "name=p", "train.total_env_steps=3072", "train.eval_every=1024", "eval.episodes=2"]
+    assert main(["train", str(MAIN), *over]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith(f"msrl: run directory {tmp_path / 'p'}\n")
+    frames = [f for f in err.replace("\r", "\n").splitlines() if "%|" in f]
+    assert "/s" not in frames[0]  # nothing measured yet
+    assert len(frames) > 2 and all(f.count("/s") == 1 and "steps/s=" in f for f in frames[1:])  # not tqdm's own rate
+    assert any(f.startswith("evaluating:") for f in frames) and frames[-1].startswith("training: 100%")
+    assert main(["train", str(MAIN), *over, "train.eval_every=0"]) == 0
+    assert capsys.readouterr().err.startswith(f"msrl: run directory {tmp_path / 'p-1'} ({tmp_path / 'p'} exists)\n")
