@@ -6,12 +6,23 @@ import csv
 import math
 import pathlib
 
-__all__ = ["plot_run"]
+__all__ = ["plot_run", "return_series"]
+
+
+def return_series(columns: list[str]) -> list[tuple[str, str]]:
+    """The training-return curves a run's plot draws, as ``(label, metrics column)``: the
+    per-type returns ``charts/<type>_return`` when the run has them, else the summed
+    ``charts/episodic_return``."""
+    per_type = [c for c in columns if c.startswith("charts/") and c.endswith("_return") and c != "charts/episodic_return"]
+    return [(c.removeprefix("charts/").removesuffix("_return") + " return", c) for c in per_type] or [
+        ("episodic return", "charts/episodic_return")]
 
 
 def plot_run(run_dir: str | pathlib.Path, out: str | pathlib.Path | None = None) -> pathlib.Path:
     """Plots episodic return (per iteration, and its 10-iteration moving mean) and evaluation
-    returns against env steps.
+    returns against env steps. Multi-agent runs whose ``metrics.csv`` holds per-type returns
+    (``charts/<type>_return``, e.g. Tag's taggers and runners) plot those instead of the summed
+    return, in which opposing types cancel out.
 
     Args:
         run_dir: a run directory with ``metrics.csv``.
@@ -44,13 +55,17 @@ def plot_run(run_dir: str | pathlib.Path, out: str | pathlib.Path | None = None)
         return pts
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
-    train = col("charts/episodic_return")
-    if train:
+    series = return_series(list(rows[0].keys()) if rows else [])
+    colors = ["tab:blue", "tab:green", "tab:red", "tab:purple", "tab:brown"]
+    k = 10
+    for (label, name), color in zip(series, colors * 4):
+        train = col(name)
+        if not train:
+            continue
         xs, ys = zip(*train)
-        ax.plot(xs, ys, color="tab:blue", alpha=0.3, lw=1, label="episodic return (per iteration)")
-        k = 10
+        ax.plot(xs, ys, color=color, alpha=0.3, lw=1, label=f"{label} (per iteration)")
         smooth = [sum(ys[max(0, i - k + 1) : i + 1]) / len(ys[max(0, i - k + 1) : i + 1]) for i in range(len(ys))]
-        ax.plot(xs, smooth, color="tab:blue", lw=2, label=f"moving mean ({k} iterations)")
+        ax.plot(xs, smooth, color=color, lw=2, label=f"{label}, moving mean ({k} iterations)")
     ev = col("eval/mean_return")
     if ev:
         xs, ys = zip(*ev)

@@ -332,3 +332,11 @@ def test_progress_bar_shows_one_speed_an_evaluating_state_and_the_run_directory(
     assert any(f.startswith("evaluating:") for f in frames) and frames[-1].startswith("training: 100%")
     assert main(["train", str(MAIN), *over, "train.eval_every=0"]) == 0
     assert capsys.readouterr().err.startswith(f"msrl: run directory {tmp_path / 'p-1'} ({tmp_path / 'p'} exists)\n")
+
+
+def test_a_multi_agent_plot_draws_the_per_type_returns():
+    from msrl.plot import return_series
+
+    tag = ["iteration", "env_steps", "charts/episodic_return", "charts/tagger_return", "charts/runner_return"]
+    assert return_series(tag) == [("tagger return", "charts/tagger_return"), ("runner return", "charts/runner_return")]
+    assert return_series(["iteration", "charts/episodic_return"]) == [("episodic return", "charts/episodic_return")]
