@@ -61,32 +61,10 @@ def _launch(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    import torch
+    from msrl.python_api import evaluate, load
 
-    from msrl.api import BuildContext
-    from msrl.config import build_job_spec
-    from msrl.envs import env_spec
-    from msrl.evaluate import evaluate
-    from msrl.run import evaluation_env, load_checkpoint, load_run_config
-
-    cfg = load_run_config(args.run_dir)
-    spec = build_job_spec(cfg)
-    try:
-        ckpt, _ = load_checkpoint(args.run_dir)
-    except FileNotFoundError as e:
-        from msrl.config import ConfigError
-
-        raise ConfigError(str(e)) from None
-    ctx = BuildContext(spec.hparams, env_spec(spec.env_id, args.episodes, spec.env_kwargs), 0, 1,
-                       spec.num_envs, spec.total_env_steps, spec.seed, torch.device("cpu"))
-    actor = spec.algorithm.components["actor"](ctx)
-    actor.set_weights(ckpt["actor_weights"])
-    env_id, kwargs = evaluation_env(cfg)
-    if env_id is None:
-        from msrl.config import ConfigError
-
-        raise ConfigError(f"{spec.env_id} has no gymnasium twin to evaluate on; its run's metrics.csv holds the training returns")
-    returns = evaluate(actor, env_id, args.episodes, args.seed if args.seed is not None else cfg.eval.seed, kwargs)
+    policy = load(args.run_dir)
+    returns = evaluate(policy, args.episodes, args.seed)
     mean = sum(returns) / len(returns)
     print(json.dumps({"run_dir": str(args.run_dir), "episodes": len(returns), "mean_return": mean,
                       "min_return": min(returns), "max_return": max(returns)}))

@@ -167,10 +167,19 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[st
     Raises:
         ConfigError: a malformed override, or one that descends into a plain value.
     """
+    return set_values(raw, parse_overrides(overrides))
+
+
+def set_values(raw: Mapping[str, Any], values: Sequence[tuple[list[str], Any]]) -> dict[str, Any]:
+    """Returns a copy of ``raw`` with each ``(key path, value)`` set (validation happens later).
+
+    Raises:
+        ConfigError: a path that descends into a plain value.
+    """
     import copy
 
     data = copy.deepcopy(dict(raw))
-    for path, value in parse_overrides(overrides):
+    for path, value in values:
         node = data
         for i, part in enumerate(path[:-1]):
             nxt = node.get(part)

@@ -32,7 +32,7 @@ import torch
 import yaml
 
 from msrl.config import ConfigError, RunConfig, build_job_spec, validate
-from msrl.evaluate import evaluate
+from msrl.evaluation import evaluate
 from msrl.job import Job, JobSpec
 from msrl.runtime.local import FragmentError
 from msrl.runtime.replica import ReplicaDied
@@ -107,6 +107,12 @@ class TrainResult:
     def eval_mean(self) -> float:
         """Mean of the final evaluation's returns (NaN when there was no evaluation)."""
         return sum(self.eval_returns) / len(self.eval_returns) if self.eval_returns else float("nan")
+
+    def metrics(self) -> list[dict[str, float]]:
+        """The run's ``metrics.csv``: one dict per iteration (column -> value; empty cells,
+        e.g. iterations without an evaluation, are left out)."""
+        with open(self.run_dir / "metrics.csv", newline="") as f:
+            return [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
 
 
 def load_run_config(run_dir: str | pathlib.Path) -> RunConfig:

@@ -1,0 +1,186 @@
+"""msrl from Python (notebooks, scripts): ``msrl.train``, ``msrl.load``, ``msrl.evaluate``.
+
+::
+
+    import msrl
+
+    result = msrl.train("configs/ppo_cartpole.yaml", seed=3, train__total_env_steps=100_000)
+    result.run_dir, result.eval_mean, result.metrics()[-1]["losses/value_loss"]
+
+    policy = msrl.load(result.run_dir)           # the trained actor
+    action = policy.act(obs)                     # one observation, or a batch (N, *obs_shape)
+    msrl.evaluate(policy, episodes=20)           # deterministic returns on gymnasium envs
+
+They do what ``msrl train`` / ``msrl eval`` do, with the same run directories, checks and errors
+(:class:`~msrl.config.ConfigError` for bad input, nothing written).
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any, Mapping
+
+__all__ = ["train", "load", "evaluate", "TrainedPolicy"]
+
+
+def _config(config: Any, overrides: Mapping[str, Any]) -> Any:
+    from msrl.config import ConfigError, RunConfig, load_config, set_values, validate
+
+    values = [(key.replace("__", ".").split("."), value) for key, value in overrides.items()]
+    if isinstance(config, (str, pathlib.Path)):
+        cfg = load_config(config)
+        return validate(set_values(cfg.model_dump(), values)) if values else cfg
+    if isinstance(config, RunConfig):
+        return validate(set_values(config.model_dump(), values))
+    if isinstance(config, Mapping):
+        return validate(set_values(config, values))
+    raise ConfigError(f"a config is a YAML file's path, a mapping or a RunConfig, got {type(config).__name__}")
+
+
+def train(config: Any = None, /, *, resume: str | pathlib.Path | None = None, **overrides: Any) -> Any:
+    """Trains a job and returns its :class:`~msrl.run.TrainResult` (``run_dir``,
+    ``eval_returns``/``eval_mean``, ``env_steps``, ``time_s``, ``metrics()``).
+
+    Args:
+        config: a YAML config's path, the same content as a mapping, or a
+            :class:`~msrl.config.RunConfig`; optional with ``resume`` (the run's own config).
+        resume: a run directory to continue from its last checkpoint (``msrl train --resume``).
+        **overrides: config keys with ``__`` for ``.`` (``seed=3``,
+            ``train__total_env_steps=100_000``), or dotted keys passed as ``**{"env.num_envs": 8}``;
+            with ``resume``, only budget-like keys (:data:`msrl.run.RESUMABLE`).
+
+    Raises:
+        ConfigError: an invalid config or override, or a resume that changes a fixed key.
+        TraceError, PartitionError: code or a policy msrl cannot honour exactly.
+        TrainingStopped: a fragment raised (e.g. a NaN), the last checkpoint is kept.
+        TrainingInterrupted: Ctrl-C; the checkpoint is kept, ``resume=`` continues it.
+    """
+    from msrl.run import resume_config
+    from msrl.run import train as run_train
+
+    if resume is not None:
+        if config is None:
+            from msrl.config import set_values, validate
+
+            saved = resume_config(resume)
+            values = [(k.replace("__", ".").split("."), v) for k, v in overrides.items()]
+            cfg = validate(set_values(saved.model_dump(), values))
+        else:
+            cfg = _config(config, overrides)
+        return run_train(cfg, resume=resume)
+    if config is None:
+        from msrl.config import ConfigError
+
+        raise ConfigError("msrl.train needs a config (a YAML path, a mapping or a RunConfig), or resume=RUN_DIR")
+    return run_train(_config(config, overrides))
+
+
+class TrainedPolicy:
+    """A run's trained actor, for acting outside msrl.
+
+    Attributes:
+        actor: the algorithm's :class:`~msrl.api.Actor`, with the checkpoint's weights.
+        config: the run's :class:`~msrl.config.RunConfig`.
+        observation_space, action_space: one env's (one agent's) spaces.
+        num_agents: agents per env.
+    """
+
+    def __init__(self, actor: Any, config: Any, env_spec: Any, device: Any) -> None:
+        self.actor, self.config, self.device = actor, config, device
+        self.observation_space, self.action_space = env_spec.observation_space, env_spec.action_space
+        self.num_agents = env_spec.num_agents
+
+    def act(self, obs: Any, deterministic: bool = True) -> Any:
+        """The actions for ``obs``.
+
+        Args:
+            obs: one env's observation (``obs_shape``; ``(num_agents, *obs_shape)`` for
+                multi-agent envs) or a batch with a leading env axis, as a NumPy array or tensor.
+            deterministic: the mode of the action distribution (``False``: a sample).
+
+        Returns:
+            a NumPy array: the action(s), without a batch axis when ``obs`` had none.
+
+        Raises:
+            ValueError: ``obs`` has neither the shape of one observation nor of a batch.
+        """
+        import numpy as np
+        import torch
+
+        x = torch.as_tensor(np.asarray(obs) if not isinstance(obs, torch.Tensor) else obs, dtype=torch.float32,
+                            device=self.device)
+        one = tuple(self.observation_space.shape)
+        if self.num_agents > 1:
+            one = (self.num_agents, *one)
+        if tuple(x.shape) == one:
+            single = True
+            x = x.unsqueeze(0)
+        elif tuple(x.shape[1:]) == one:
+            single = False
+        else:
+            raise ValueError(f"obs of shape {tuple(x.shape)}: expected {one} (one env) or (N, {', '.join(map(str, one))})")
+        with torch.no_grad():
+            out = self.actor.act(x, deterministic=deterministic)
+        action = (out[0] if isinstance(out, tuple) else out).cpu().numpy()
+        return action[0] if single else action
+
+
+def load(run_dir: str | pathlib.Path, device: str = "cpu") -> TrainedPolicy:
+    """The trained actor of a run directory (its last good checkpoint; see
+    :func:`msrl.run.load_checkpoint`).
+
+    Raises:
+        ConfigError: not a run directory, no checkpoint, or no readable one
+            (:class:`~msrl.run.CheckpointError`).
+    """
+    import torch
+
+    from msrl.api import BuildContext
+    from msrl.config import ConfigError, build_job_spec
+    from msrl.envs import env_spec
+    from msrl.run import load_checkpoint, load_run_config
+
+    cfg = load_run_config(run_dir)
+    spec = build_job_spec(cfg)
+    try:
+        ckpt, _ = load_checkpoint(run_dir)
+    except FileNotFoundError as e:
+        raise ConfigError(str(e)) from None
+    es = env_spec(spec.env_id, 1, spec.env_kwargs)
+    ctx = BuildContext(spec.hparams, es, 0, 1, spec.num_envs, spec.total_env_steps, spec.seed, torch.device(device))
+    actor = spec.algorithm.components["actor"](ctx)
+    actor.set_weights({k: v.to(device) for k, v in ckpt["actor_weights"].items()})
+    return TrainedPolicy(actor, cfg, es, torch.device(device))
+
+
+def evaluate(policy: TrainedPolicy | str | pathlib.Path, episodes: int = 20, seed: int | None = None,
+             env_id: str | None = None) -> list[float]:
+    """Deterministic episodes of a trained policy on gymnasium envs (env ``i`` seeded ``seed + i``).
+
+    Args:
+        policy: a :class:`TrainedPolicy` or a run directory.
+        episodes: >= 1.
+        seed: default the run's ``eval.seed``.
+        env_id: default the run's evaluation env (its ``eval.env_id``, its training env, or a
+            native env's gymnasium twin).
+
+    Returns:
+        each episode's undiscounted return.
+
+    Raises:
+        ConfigError: ``episodes`` < 1, or no gymnasium env to evaluate on (e.g. native Tag).
+    """
+    from msrl.config import ConfigError
+    from msrl.evaluation import evaluate as run_episodes
+    from msrl.run import evaluation_env
+
+    if not isinstance(policy, TrainedPolicy):
+        policy = load(policy)
+    if episodes < 1:
+        raise ConfigError(f"episodes must be at least 1, got {episodes}")
+    default_id, kwargs = evaluation_env(policy.config)
+    env_id = env_id or default_id
+    if env_id is None:
+        raise ConfigError(f"{policy.config.env.id} has no gymnasium twin to evaluate on; pass env_id=")
+    return run_episodes(policy.actor, env_id, episodes, policy.config.eval.seed if seed is None else seed,
+                        kwargs if env_id == default_id else {}, device=policy.device)

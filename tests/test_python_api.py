@@ -1,0 +1,48 @@
+"""The Python API: msrl.train / msrl.load / msrl.evaluate, as a notebook would use them."""
+
+import pathlib
+
+import gymnasium
+import numpy as np
+import pytest
+
+import msrl
+from msrl.config import ConfigError
+
+MAIN = pathlib.Path(__file__).resolve().parents[1] / "configs" / "ppo_cartpole.yaml"
+
+
+def test_train_load_act_evaluate(tmp_path):
+    result = msrl.train(MAIN, seed=2, runs_dir=str(tmp_path), train__total_env_steps=4096, train__progress=False,
+                        **{"eval.episodes": 3})
+    assert result.run_dir == tmp_path / "ppo_cartpole" and result.env_steps == 4096
+    rows = result.metrics()
+    assert [r["iteration"] for r in rows] == list(range(1, 17)) and "losses/value_loss" in rows[-1]
+    policy = msrl.load(result.run_dir)
+    env = gymnasium.make("CartPole-v1")
+    obs, _ = env.reset(seed=0)
+    a = policy.act(obs)
+    assert a.shape == () and env.action_space.contains(int(a))
+    batch = np.stack([obs, obs, obs])
+    assert policy.act(batch).tolist() == [int(a)] * 3  # deterministic: the same action for the same obs
+    with pytest.raises(ValueError, match=r"expected \(4,\) \(one env\) or \(N, 4\)"):
+        policy.act(np.zeros(5))
+    returns = msrl.evaluate(policy, episodes=3)
+    assert len(returns) == 3 and returns == result.eval_returns  # the run's final evaluation, reproduced
+    assert msrl.evaluate(result.run_dir, episodes=3) == returns
+
+
+def test_resume_for_longer_from_python(tmp_path):
+    first = msrl.train(MAIN, runs_dir=str(tmp_path), train__total_env_steps=2048, train__progress=False)
+    more = msrl.train(resume=first.run_dir, train__total_env_steps=3072)
+    assert more.run_dir == first.run_dir and more.env_steps == 3072
+
+
+def test_bad_input_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="algorithm.hparams.learning_rate: Input should be greater than 0"):
+        msrl.train(MAIN, runs_dir=str(tmp_path), algorithm__hparams__learning_rate=-1)
+    with pytest.raises(ConfigError, match="needs a config"):
+        msrl.train()
+    with pytest.raises(ConfigError, match="not a run directory"):
+        msrl.load(tmp_path)
+    assert not any(tmp_path.iterdir())  # nothing written
