@@ -21,6 +21,7 @@ import argparse
 import json
 import pathlib
 import sys
+from typing import NoReturn
 
 __all__ = ["main"]
 
@@ -104,9 +105,17 @@ def _positive_int(text: str) -> int:
     return value
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with usage errors as one line ``msrl: error: ...`` (exit status 2), like every
+    other input error of the command."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"msrl: error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``msrl``."""
-    p = argparse.ArgumentParser(prog="msrl", description="distributed RL on a fragmented dataflow graph")
+    p = _Parser(prog="msrl", description="distributed RL on a fragmented dataflow graph")
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="train a job from a YAML config")
     t.add_argument("config", nargs="?", help="the YAML config (optional with --resume: the run's own)")

@@ -287,7 +287,61 @@ def test_eval_episodes_must_be_positive(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["eval", str(tmp_path), "--episodes", "0"])
     assert e.value.code == 2
-    assert "--episodes: must be at least 1, got 0" in capsys.readouterr().err
+    assert capsys.readouterr().err == "msrl: error: msrl eval: argument --episodes: must be at least 1, got 0 (see msrl eval --help)\n"
+
+
+def test_every_bad_input_is_one_line_exit_2_and_changes_no_run(tmp_path, capsys):
+    """The misuse cases of the CLI, each against an existing run: exit status 2, one line on
+    stderr naming the problem, and the run directory byte for byte as before."""
+    from msrl.run import RunLock
+
+    run = tmp_path / "r"
+    assert main(["train", str(MAIN), f"runs_dir={tmp_path}", "name=r", *TINY, "train.checkpoint_every=2"]) == 0
+    before = _snapshot(run)
+    capsys.readouterr()
+
+    def status(argv):
+        try:
+            return main(argv)
+        except SystemExit as e:  # argparse's usage errors
+            return e.code
+
+    new = ["train", str(MAIN), f"runs_dir={tmp_path}", "name=r"]
+    cases = [
+        (new + ["algorithm.hparams.learning_rate=-1"], "algorithm.hparams.learning_rate: Input should be greater than 0"),
+        (new + ["algorithm.name=ma_ppo"], "ma_ppo is multi-agent"),
+        (new + ["algorithm.hparams.hidden_sizes=[]"], "algorithm.hparams.hidden_sizes"),
+        (new + ["trian.total_env_steps=5"], "unknown key 'trian'"),
+        (["train", "--resume", str(run), "seed=9"], "seed=9 differs from the run's 1"),
+        (["train", "--resume", str(run), "train.total_env_steps=512"], "a resumed run can only train for longer"),
+        (["train", "--resume", str(tmp_path / "nope")], "is not a run directory"),
+        (["train"], "msrl train needs a CONFIG"),
+        (["eval", str(run), "--episodes", "0"], "--episodes: must be at least 1"),
+        (["eval", str(run), "--episodes", "many"], "--episodes: expected a positive whole number"),
+    ]
+    for argv, expected in cases:
+        assert status(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("msrl: error: ") and expected in err, (argv, err)
+    lock = RunLock(run)  # another process training in the run
+    try:
+        assert status(["train", "--resume", str(run), "train.total_env_steps=4096"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"run directory {run} is in use by process " in err
+    finally:
+        lock.release()
+    assert _snapshot(run) == before  # none of them wrote anything
+    latest = run / "checkpoints" / "latest.pt"
+    good = latest.read_bytes()
+    latest.write_bytes(good[: len(good) // 3])
+    (run / "checkpoints" / "previous.pt").write_bytes(b"")
+    damaged = _snapshot(run)
+    for argv in (["train", "--resume", str(run), "train.total_env_steps=4096"], ["eval", str(run)]):
+        assert status(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "latest.pt: damaged checkpoint" in err
+    assert _snapshot(run) == damaged
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]  # no other run directory was made
 
 
 def test_two_processes_on_one_run_directory(tmp_path, capsys):
