@@ -42,6 +42,8 @@ setup(
     extras_require={
         "test": ["pytest>=7", "ruff==0.17.6"],
         "bench": ["stable-baselines3>=2.3"],
+        # the GPU build of native envs (CuPy + the CUDA headers NVRTC needs; CUDA 12 drivers)
+        "gpu": ["cupy-cuda12x[ctk]>=13"],
         # RLlib, the peer of bench/bench_rllib.py (pins gymnasium 1.2.x: kept out of "bench")
         "rllib": ["ray[rllib]>=2.40"],
     },

@@ -421,6 +421,25 @@ def _local_includes(source_path: pathlib.Path) -> list[pathlib.Path]:
     return [source_path.parent / n for n in names if (source_path.parent / n).is_file()]
 
 
+def keyed_source(source_path: pathlib.Path) -> str:
+    """The source NVRTC compiles, headed by one comment line per local header with its hash:
+    CuPy's on-disk kernel cache keys on the source text (not on included files), so editing a
+    header alone must change the text, or stale kernels would be reused."""
+    lines = [f"// msrl header {h.name} sha256={hashlib.sha256(h.read_bytes()).hexdigest()}"
+             for h in _local_includes(source_path)]
+    source = source_path.read_text()  # the hashes go last: NVRTC's line numbers stay the file's
+    return source + ("\n" if lines and not source.endswith("\n") else "") + "".join(line + "\n" for line in lines)
+
+
+def _cupy_stream(cupy: Any, torch_stream: Any, device_index: int) -> Any:
+    """CuPy's view of a torch CUDA stream: ``Stream.from_external`` (the CUDA stream protocol,
+    CuPy >= 14, where ``ExternalStream`` is deprecated) or ``ExternalStream`` on older CuPy."""
+    from_external = getattr(getattr(cupy.cuda, "Stream", None), "from_external", None)
+    if from_external is not None:
+        return from_external(torch_stream)
+    return cupy.cuda.ExternalStream(torch_stream.cuda_stream, device_index)
+
+
 class DeviceKernelModule(KernelModule):
     """The GPU build: NVRTC through CuPy; launches on torch CUDA tensors without copies.
 
@@ -432,18 +451,27 @@ class DeviceKernelModule(KernelModule):
         source = source_path.read_text()
         self.signatures = parse_kernels(source)
         self.device = device
+        # the tensors' GPU: torch's current device when the device names no index
+        self.device_index = device.index if device.index is not None else torch.cuda.current_device()
         try:
             import cupy
         except ImportError as e:
-            raise KernelCompileError("the GPU build of kernels needs CuPy: pip install cupy-cuda12x") from e
+            raise KernelCompileError('the GPU build of kernels needs CuPy: pip install -e ".[gpu]" '
+                                     '(cupy-cuda12x[ctk]: CuPy with the CUDA headers NVRTC needs)') from e
         self._cupy = cupy
-        with cupy.cuda.Device(device.index or 0):
+        with cupy.cuda.Device(self.device_index):
             try:
                 options = (*DEVICE_FLAGS, f"-I{source_path.resolve().parent}")
-                self._module = cupy.RawModule(code=source, options=options, name_expressions=None)
+                self._module = cupy.RawModule(code=keyed_source(source_path), options=options, name_expressions=None)
                 self._kernels = {n: self._module.get_function(n) for n in self.signatures}
             except cupy.cuda.compiler.CompileException as e:
                 raise KernelCompileError(f"NVRTC build of {source_path.name} failed:\n{e}") from e
+            except Exception as e:  # noqa: BLE001 - CuPy's set-up errors come as RuntimeError, OSError, CUDARuntimeError
+                raise KernelCompileError(
+                    f"cannot build {source_path.name} for {device} with CuPy: {type(e).__name__}: {' '.join(str(e).split())}; "
+                    'missing CUDA headers or NVRTC: pip install -e ".[gpu]" (cupy-cuda12x[ctk]) or set CUDA_PATH; '
+                    "no driver or device: check nvidia-smi"
+                ) from e
 
     def launch(self, name: str, grid: int, block: int, *args: Any) -> None:
         """Runs kernel ``name`` on the current torch CUDA stream."""
@@ -468,8 +496,8 @@ class DeviceKernelModule(KernelModule):
         """Launches in order on torch's current stream, so kernels are ordered with the
         surrounding torch ops."""
         cupy = self._cupy
-        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(self.device).cuda_stream)
-        with cupy.cuda.Device(self.device.index or 0), stream:
+        stream = _cupy_stream(cupy, torch.cuda.current_stream(self.device), self.device_index)
+        with cupy.cuda.Device(self.device_index), stream:
             for name, grid, block, args in launches:
                 self._kernels[name]((grid,), (block,), tuple(args))
 

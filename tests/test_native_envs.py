@@ -163,7 +163,10 @@ def test_gpu_module_converts_arguments_once_and_launches_in_order(tmp_path, monk
 
     cupy = type("FakeCupy", (), dict(asarray=View, int32=scalar("int32"), uint32=scalar("uint32"), int64=scalar("int64"),
                                       uint64=scalar("uint64"), float32=scalar("float32"), float64=scalar("float64")))
-    cupy.cuda = type("cuda", (), dict(ExternalStream=Stream, Device=lambda index: Stream(f"device {index}")))
+    # CuPy >= 14: Stream.from_external over the CUDA stream protocol (ExternalStream is deprecated)
+    from_external = staticmethod(lambda torch_stream: Stream(torch_stream.cuda_stream))
+    cupy.cuda = type("cuda", (), dict(Stream=type("Stream", (), dict(from_external=from_external)),
+                                      Device=lambda index: Stream(f"device {index}")))
 
     def kernel(name):
         def run(grid, block, args):
@@ -172,7 +175,7 @@ def test_gpu_module_converts_arguments_once_and_launches_in_order(tmp_path, monk
         return run
 
     gpu = object.__new__(DeviceKernelModule)
-    gpu.signatures, gpu.device, gpu._cupy = host.signatures, torch.device("cpu"), cupy
+    gpu.signatures, gpu.device, gpu.device_index, gpu._cupy = host.signatures, torch.device("cpu"), 0, cupy
     gpu._kernels = {n: kernel(n) for n in host.signatures}
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device: type("S", (), {"cuda_stream": 1234})())
 
@@ -192,6 +195,26 @@ def test_gpu_module_converts_arguments_once_and_launches_in_order(tmp_path, monk
     log.clear()
     gpu.launch("count", 3, 128, c, 1, n)
     assert log == ["asarray", ("stream", 1234), ("stream", "device 0"), ("count", (3,), (128,), ("view", ("uint64", 1), ("int32", n)))]
+    # an older CuPy (no Stream.from_external): ExternalStream with the stream's device
+    cupy.cuda = type("cuda", (), dict(ExternalStream=lambda ptr, device_id: Stream((ptr, device_id)),
+                                      Device=lambda index: Stream(f"device {index}")))
+    gpu.device_index = 1
+    log.clear()
+    gpu.launch("count", 3, 128, c, 1, n)
+    assert log[1:3] == [("stream", (1234, 1)), ("stream", "device 1")]
+
+
+def test_gpu_source_changes_with_its_headers(tmp_path):
+    """CuPy caches kernels by source text: a header's edit must change the text NVRTC gets."""
+    from msrl.fragments.cuda_kernel import keyed_source
+
+    (tmp_path / "h.cuh").write_text("#define K 1\n")
+    src = tmp_path / "k.cu"
+    src.write_text('#include "h.cuh"\nextern "C" __global__ void k(float* x) { x[0] = K; }\n')
+    before = keyed_source(src)
+    assert before.startswith(src.read_text())  # NVRTC's line numbers are the file's
+    (tmp_path / "h.cuh").write_text("#define K 2\n")
+    assert keyed_source(src) != before
 
 
 def test_unsupported_parameter_types_and_compile_errors(tmp_path, monkeypatch):
@@ -277,3 +300,35 @@ def test_host_kernels_share_torchs_openmp_runtime():
     with open("/proc/self/maps") as f:
         runtimes = {line.split()[-1] for line in f if "gomp" in line.rsplit("/", 1)[-1]}
     assert len(runtimes) == 1, runtimes
+
+
+def test_cupy_set_up_failures_name_the_fix(tmp_path, monkeypatch):
+    """CuPy present but NVRTC cannot find the CUDA headers (CuPy 14 without [ctk] or CUDA_PATH):
+    one KernelCompileError naming the fix, not CuPy's raw RuntimeError."""
+    import sys
+    import types
+
+    class Device:
+        def __init__(self, index):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    def raw_module(**kwargs):
+        raise RuntimeError("Failed to find CUDA headers")
+
+    fake = types.ModuleType("cupy")
+    fake.RawModule = raw_module
+    fake.cuda = types.SimpleNamespace(Device=Device, compiler=types.SimpleNamespace(CompileException=type("CE", (Exception,), {})))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    src = tmp_path / "k.cu"
+    src.write_text('extern "C" __global__ void k(float* x) { x[0] = 1; }\n')
+    with pytest.raises(KernelCompileError, match=r'Failed to find CUDA headers; missing CUDA headers or NVRTC: pip install -e "\.\[gpu\]"'):
+        DeviceKernelModule(src, torch.device("cuda:0"))
+    monkeypatch.setitem(sys.modules, "cupy", None)  # not installed
+    with pytest.raises(KernelCompileError, match=r'needs CuPy: pip install -e "\.\[gpu\]"'):
+        DeviceKernelModule(src, torch.device("cuda:0"))
