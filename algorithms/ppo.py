@@ -137,8 +137,9 @@ class ActorCritic(nn.Module):
         """The policy's action distribution for ``(B, *obs_shape)`` observations."""
         out = self.actor(obs.flatten(1))
         if self.discrete:
-            return torch.distributions.Categorical(logits=out)
-        return torch.distributions.Normal(out, self.actor_logstd.expand_as(out).exp())
+            return torch.distributions.Categorical(logits=out, validate_args=False)
+        # validate_args=False: the default checks are data-dependent ifs, a host sync per call on a GPU
+        return torch.distributions.Normal(out, self.actor_logstd.expand_as(out).exp(), validate_args=False)
 
     def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(log_prob, entropy, value)`` of ``action`` under the current policy, each ``(B,)``."""
@@ -222,7 +223,7 @@ class PPOActor(Actor):
             return action, log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1), value
         std = net.actor_logstd.expand_as(out).exp()
         flat = out if deterministic else out + std * torch.randn(out.shape, generator=self.generator, device=out.device)
-        log_prob = torch.distributions.Normal(out, std).log_prob(flat).sum(-1)
+        log_prob = torch.distributions.Normal(out, std, validate_args=False).log_prob(flat).sum(-1)
         return flat.view(-1, *net.action_shape), log_prob, value
 
     def get_weights(self) -> dict[str, torch.Tensor]:

@@ -1,6 +1,9 @@
 """The gpu_only policy: one fragment, env ops as kernels (host build here), rollout on one device."""
 
+import contextlib
 import pathlib
+import sys
+import traceback
 
 import pytest
 import torch
@@ -90,3 +93,47 @@ def test_native_env_replicas_draw_what_one_process_draws():
     both = torch.cat([two.trainers[("actor", r)].obs for r in range(2)])
     assert torch.equal(one.trainers[("main", 0)].obs, both)
     one.close(), two.close()
+
+
+@contextlib.contextmanager
+def _host_syncs(allow=(("api.py", "apply_gradients"),)):
+    """Records every tensor -> Python conversion (``bool``, ``item``, ``tolist``, ``numpy``,
+    ``int``/``float``): on a GPU each is a device-to-host copy and a sync. ``apply_gradients``'s
+    finiteness check is allowed: it runs only for CPU losses."""
+    names = ("__bool__", "item", "tolist", "numpy", "__int__", "__float__", "__index__")
+    saved = {n: getattr(torch.Tensor, n) for n in names}
+    hits = []
+
+    def recording(name):
+        original = saved[name]
+
+        def f(self, *args, **kwargs):
+            caller = sys._getframe(1).f_code
+            if not any(caller.co_filename.endswith(file) and caller.co_name == fn for file, fn in allow):
+                hits.append(f"Tensor.{name} from " + "".join(traceback.format_stack(limit=4)[:-1]))
+            return original(self, *args, **kwargs)
+        return f
+
+    for n in names:
+        setattr(torch.Tensor, n, recording(n))
+    try:
+        yield hits
+    finally:
+        for n, f in saved.items():
+            setattr(torch.Tensor, n, f)
+
+
+@pytest.mark.parametrize("env_id", ["msrl/CartPole-v1", "msrl/Pendulum-v1"])
+def test_no_tensor_to_host_conversion_on_the_gpu_only_hot_path(env_id):
+    """The CPU guard against hidden syncs: one iteration of every native env's gpu_only job
+    (rollout, GAE, update) converts no tensor to a Python value (a validating
+    torch.distributions.Normal did, ~3 times per env step)."""
+    job = Job(build_job_spec(load_config(CFG, [f"env.id={env_id}", "env.num_envs=8", "algorithm.hparams.num_steps=8"])))
+    try:
+        job.reset()
+        job.runtime.run("train_step")
+        with _host_syncs() as hits:
+            job.runtime.run("train_step")
+        assert hits == [], hits[0]
+    finally:
+        job.close()
