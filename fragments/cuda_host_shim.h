@@ -28,6 +28,7 @@ MSRL_TLS dim3 gridDim = {1, 1, 1};
 #define __device__
 #define __host__
 #define __forceinline__ inline
+#define __launch_bounds__(...)
 #define __restrict__ __restrict
 #define __syncthreads() MSRL_HOST_BUILD_DOES_NOT_SUPPORT___syncthreads__SPLIT_THE_KERNEL()
 

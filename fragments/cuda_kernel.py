@@ -90,7 +90,7 @@ class KernelSignature:
     params: tuple[tuple[str, str, bool], ...]
 
 
-_KERNEL_RE = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(([^)]*)\)', re.S)
+_KERNEL_RE = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s+)?(\w+)\s*\(([^)]*)\)', re.S)
 
 
 def parse_kernels(source: str) -> dict[str, KernelSignature]:

@@ -332,3 +332,14 @@ def test_cupy_set_up_failures_name_the_fix(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", None)  # not installed
     with pytest.raises(KernelCompileError, match=r'needs CuPy: pip install -e "\.\[gpu\]"'):
         DeviceKernelModule(src, torch.device("cuda:0"))
+
+
+def test_tag_kernels_declare_the_block_size_they_are_launched_with():
+    import re
+
+    from msrl.envs.native.tag import Tag
+
+    source = Tag.KERNEL_SOURCE.read_text()
+    kernels = re.findall(r'extern "C" __global__ void (__launch_bounds__\((\d+)\) )?(\w+)\(', source)
+    assert kernels and all(bound == str(Tag.MAX_BLOCK) for _, bound, _ in kernels), kernels
+    assert set(parse_kernels(source)) == {name for _, _, name in kernels}  # the launcher still reads them

@@ -12,10 +12,13 @@
 #define TG_PI 3.14159265358979f
 #define TG_MAX_OBSERVED 64  // most other agents in a partial observation
 #define TG_TWO_PI 6.28318530717959f
+// Every kernel is launched with up to Tag.MAX_BLOCK = 1024 threads (one per agent): bounding the
+// registers for that block size keeps a launch of ~300+ agents from failing for want of them
+// (with CUPY_CUDA_COMPILE_WITH_DEBUG the observation kernel otherwise needs 226 registers).
 
 // Per env: choose the taggers (Floyd's sampling of num_taggers ids out of N), list them, reset
 // the clock and the runner count. One thread per env. only_done: reset only envs with done[e].
-extern "C" __global__ void tag_reset_env(float* __restrict__ agent_type, int* __restrict__ tagger_ids, int* __restrict__ t,
+extern "C" __global__ void __launch_bounds__(1024) tag_reset_env(float* __restrict__ agent_type, int* __restrict__ tagger_ids, int* __restrict__ t,
                                          int* __restrict__ runners_left, long long* __restrict__ episode,
                                          const bool* __restrict__ done, int only_done, unsigned long long seed,
                                          int num_envs, int num_agents, int num_taggers) {
@@ -42,7 +45,7 @@ extern "C" __global__ void tag_reset_env(float* __restrict__ agent_type, int* __
 }
 
 // Per agent: start position U[0, L)^2, heading in {0, pi/2, pi, 3pi/2}, at rest, in the game.
-extern "C" __global__ void tag_reset_agents(float* __restrict__ x, float* __restrict__ y, float* __restrict__ dir,
+extern "C" __global__ void __launch_bounds__(1024) tag_reset_agents(float* __restrict__ x, float* __restrict__ y, float* __restrict__ dir,
                                             float* __restrict__ speed, float* __restrict__ acc, float* __restrict__ in_game,
                                             const long long* __restrict__ episode, const bool* __restrict__ done,
                                             int only_done, unsigned long long seed, int num_envs, int num_agents,
@@ -65,7 +68,7 @@ extern "C" __global__ void tag_reset_agents(float* __restrict__ x, float* __rest
 
 // Per agent, steps 1-6 of the rules (and the env's clock, t += 1); writes each agent's reward so far (edge penalty + step
 // term for agents in the game, 0 otherwise). action: (E, N, 2) int64 indices into the tables.
-extern "C" __global__ void tag_dynamics(float* __restrict__ x, float* __restrict__ y, float* __restrict__ dir,
+extern "C" __global__ void __launch_bounds__(1024) tag_dynamics(float* __restrict__ x, float* __restrict__ y, float* __restrict__ dir,
                                         float* __restrict__ speed, float* __restrict__ acc,
                                         const float* __restrict__ in_game, const float* __restrict__ agent_type,
                                         const long long* __restrict__ action, const float* __restrict__ acc_table,
@@ -183,14 +186,14 @@ __device__ __forceinline__ void tag_observe_nearest(const float* __restrict__ x,
 }
 
 // Spatial grid for partial observations, four phases. Clear: zero each env's cell counts.
-extern "C" __global__ void tag_grid_clear(int* __restrict__ cell_count, int num_envs, int cells) {
+extern "C" __global__ void __launch_bounds__(1024) tag_grid_clear(int* __restrict__ cell_count, int num_envs, int cells) {
     int e = blockIdx.x;
     if (e >= num_envs) return;
     for (int c = threadIdx.x; c < cells; c += blockDim.x) cell_count[(long long)e * cells + c] = 0;
 }
 
 // Count: each in-game agent's cell.
-extern "C" __global__ void tag_grid_count(const float* __restrict__ x, const float* __restrict__ y,
+extern "C" __global__ void __launch_bounds__(1024) tag_grid_count(const float* __restrict__ x, const float* __restrict__ y,
                                           const float* __restrict__ in_game, int* __restrict__ cell_of,
                                           int* __restrict__ cell_count, int num_envs, int num_agents, int G,
                                           float cell_size) {
@@ -209,7 +212,7 @@ extern "C" __global__ void tag_grid_count(const float* __restrict__ x, const flo
 }
 
 // Scan (one thread per env): cell_start = exclusive prefix sum of cell_count; cursor = cell_start.
-extern "C" __global__ void tag_grid_scan(const int* __restrict__ cell_count, int* __restrict__ cell_start,
+extern "C" __global__ void __launch_bounds__(1024) tag_grid_scan(const int* __restrict__ cell_count, int* __restrict__ cell_start,
                                          int* __restrict__ cursor, int num_envs, int cells) {
     int e = blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= num_envs) return;
@@ -224,7 +227,7 @@ extern "C" __global__ void tag_grid_scan(const int* __restrict__ cell_count, int
 
 // Fill: each in-game agent takes a slot of its cell (slot order is free: the search orders by
 // (distance, id) whatever the order it meets agents in).
-extern "C" __global__ void tag_grid_fill(const int* __restrict__ cell_of, int* __restrict__ cursor,
+extern "C" __global__ void __launch_bounds__(1024) tag_grid_fill(const int* __restrict__ cell_of, int* __restrict__ cursor,
                                          int* __restrict__ cell_agents, int num_envs, int num_agents, int cells) {
     int e = blockIdx.x;
     if (e >= num_envs) return;
@@ -241,7 +244,7 @@ extern "C" __global__ void tag_grid_fill(const int* __restrict__ cell_of, int* _
 // others in id order; else the K nearest in-game others (ties by id), zero-padded. only_done:
 // observe only agents of envs with done[e]. observe_self (msrl's extension, off in WarpDrive's
 // rules) appends the agent's own x/L, y/L, speed, acceleration, cos/sin heading and type.
-extern "C" __global__ void tag_observe(const float* __restrict__ x, const float* __restrict__ y,
+extern "C" __global__ void __launch_bounds__(1024) tag_observe(const float* __restrict__ x, const float* __restrict__ y,
                                        const float* __restrict__ dir, const float* __restrict__ speed,
                                        const float* __restrict__ acc, const float* __restrict__ in_game,
                                        const float* __restrict__ agent_type, const int* __restrict__ t,
@@ -304,7 +307,7 @@ extern "C" __global__ void tag_observe(const float* __restrict__ x, const float*
 // penalises the runner, rewards that tagger (atomicAdd: several runners may be tagged by one
 // tagger in one step), and takes the runner out of the game (runner count: atomicAdd). At
 // t = T every runner still in the game gets the end-of-game reward.
-extern "C" __global__ void tag_rewards(const float* __restrict__ x, const float* __restrict__ y,
+extern "C" __global__ void __launch_bounds__(1024) tag_rewards(const float* __restrict__ x, const float* __restrict__ y,
                                        float* __restrict__ in_game, const float* __restrict__ agent_type,
                                        const int* __restrict__ tagger_ids, int num_taggers,
                                        float* __restrict__ reward, int* __restrict__ runners_left,
@@ -345,7 +348,7 @@ extern "C" __global__ void tag_rewards(const float* __restrict__ x, const float*
 // Per env (one thread): the game ends when time is up or no runner is left; per-agent returns
 // accumulate over the game, and a finished game logs its agents' returns and its length
 // (done_length -1 where the game goes on).
-extern "C" __global__ void tag_finish(const int* __restrict__ t, const int* __restrict__ runners_left,
+extern "C" __global__ void __launch_bounds__(1024) tag_finish(const int* __restrict__ t, const int* __restrict__ runners_left,
                                       const float* __restrict__ reward, double* __restrict__ ep_return,
                                       long long* __restrict__ ep_length, bool* __restrict__ terminated,
                                       double* __restrict__ done_return, long long* __restrict__ done_length,
