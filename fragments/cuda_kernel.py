@@ -274,7 +274,14 @@ class _CallbackSequence(LaunchSequence):
             converted = self._module._convert_arg(self._param[name], value)
             for k, j in uses:
                 self._launches[k][3][j] = converted
-        self._module._run_prepared(self._launches)
+        try:
+            self._module._run_prepared(self._launches)
+        finally:
+            # drop this call's slot views once launched (stream-ordered): kept, they would hold
+            # the previous step's outputs alive until the next call (GBs for a large Tag)
+            for uses in self._slots.values():
+                for k, j in uses:
+                    self._launches[k][3][j] = None
 
 
 class _HostSequence(LaunchSequence):

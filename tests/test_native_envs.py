@@ -195,6 +195,16 @@ def test_gpu_module_converts_arguments_once_and_launches_in_order(tmp_path, monk
     log.clear()
     gpu.launch("count", 3, 128, c, 1, n)
     assert log == ["asarray", ("stream", 1234), ("stream", "device 0"), ("count", (3,), (128,), ("view", ("uint64", 1), ("int32", n)))]
+    # a call's slot values are not kept once launched (a step's outputs are the caller's to free)
+    import gc
+    import weakref
+
+    out = torch.ones(n)
+    ref = weakref.ref(out)
+    seq(y=out, step=1)
+    del out
+    gc.collect()
+    assert ref() is None
     # an older CuPy (no Stream.from_external): ExternalStream with the stream's device
     cupy.cuda = type("cuda", (), dict(ExternalStream=lambda ptr, device_id: Stream((ptr, device_id)),
                                       Device=lambda index: Stream(f"device {index}")))
