@@ -14,9 +14,14 @@ CU_FILES = sorted(pathlib.Path(__file__).resolve().parents[1].glob("msrl/envs/na
 
 
 @pytest.mark.parametrize("controller", ["random", "balance"])
-def test_host_kernel_and_torch_reference_equal_gymnasium_exactly(controller):
-    reports = check_cartpole(num_envs=6, steps=1500, seed=4, controller=controller)
+@pytest.mark.parametrize("mode", ["trajectory", "step"])
+def test_host_kernel_and_torch_reference_equal_gymnasium_exactly(controller, mode):
+    # trajectory: the native envs follow their own states through whole episodes; step: each
+    # step from the reference's state and step count (the GPU's mode: last-ulp differences
+    # cannot grow), which must keep the time limit's truncations in step
+    reports = check_cartpole(num_envs=6, steps=1500, seed=4, controller=controller, mode=mode)
     for r in reports:
+        assert r.mode == mode
         assert r.ok, r
         assert r.max_obs_diff == 0.0 and r.flag_mismatches == 0  # bitwise, on this machine
     assert reports[0].episodes > (40 if controller == "random" else 10)
@@ -353,3 +358,12 @@ def test_tag_kernels_declare_the_block_size_they_are_launched_with():
     kernels = re.findall(r'extern "C" __global__ void (__launch_bounds__\((\d+)\) )?(\w+)\(', source)
     assert kernels and all(bound == str(Tag.MAX_BLOCK) for _, bound, _ in kernels), kernels
     assert set(parse_kernels(source)) == {name for _, _, name in kernels}  # the launcher still reads them
+
+
+def test_the_checker_compares_inexact_implementations_step_by_step():
+    from msrl.envs.native.check import TOLERANCES
+
+    reports = {r.impl: r for r in check_cartpole(num_envs=2, steps=50, seed=1)}
+    assert reports["kernel"].mode == "trajectory" and TOLERANCES[("kernel", "cpu")] == 0
+    assert reports["torch"].mode == "step" and TOLERANCES[("torch", "cpu")] > 0
+    assert TOLERANCES[("kernel", "cuda")] > 0  # so on a GPU the kernel is checked step by step
