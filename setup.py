@@ -40,7 +40,8 @@ setup(
         "ray[default]>=2.40",  # [default]: the Jobs client of msrl launch
     ],
     extras_require={
-        "test": ["pytest>=7", "ruff==0.17.6"],
+        # cupy-cuda12x: the GPU build's set-up errors are tested where CuPy imports without a GPU
+        "test": ["pytest>=7", "ruff==0.17.6", "cupy-cuda12x>=13"],
         "bench": ["stable-baselines3>=2.3"],
         # the GPU build of native envs (CuPy + the CUDA headers NVRTC needs; CUDA 12 drivers)
         "gpu": ["cupy-cuda12x[ctk]>=13"],

@@ -466,19 +466,19 @@ class DeviceKernelModule(KernelModule):
             raise KernelCompileError('the GPU build of kernels needs CuPy: pip install -e ".[gpu]" '
                                      '(cupy-cuda12x[ctk]: CuPy with the CUDA headers NVRTC needs)') from e
         self._cupy = cupy
-        with cupy.cuda.Device(self.device_index):
-            try:
+        try:
+            with cupy.cuda.Device(self.device_index):
                 options = (*DEVICE_FLAGS, f"-I{source_path.resolve().parent}")
                 self._module = cupy.RawModule(code=keyed_source(source_path), options=options, name_expressions=None)
                 self._kernels = {n: self._module.get_function(n) for n in self.signatures}
-            except cupy.cuda.compiler.CompileException as e:
-                raise KernelCompileError(f"NVRTC build of {source_path.name} failed:\n{e}") from e
-            except Exception as e:  # noqa: BLE001 - CuPy's set-up errors come as RuntimeError, OSError, CUDARuntimeError
-                raise KernelCompileError(
-                    f"cannot build {source_path.name} for {device} with CuPy: {type(e).__name__}: {' '.join(str(e).split())}; "
-                    'missing CUDA headers or NVRTC: pip install -e ".[gpu]" (cupy-cuda12x[ctk]) or set CUDA_PATH; '
-                    "no driver or device: check nvidia-smi"
-                ) from e
+        except cupy.cuda.compiler.CompileException as e:
+            raise KernelCompileError(f"NVRTC build of {source_path.name} failed:\n{e}") from e
+        except Exception as e:  # noqa: BLE001 - CuPy's set-up errors come as RuntimeError, OSError, CUDARuntimeError
+            raise KernelCompileError(
+                f"cannot build {source_path.name} for {device} with CuPy: {type(e).__name__}: {' '.join(str(e).split())}; "
+                'missing CUDA headers or NVRTC: pip install -e ".[gpu]" (cupy-cuda12x[ctk]) or set CUDA_PATH; '
+                "no driver or device: check nvidia-smi"
+            ) from e
 
     def launch(self, name: str, grid: int, block: int, *args: Any) -> None:
         """Runs kernel ``name`` on the current torch CUDA stream."""

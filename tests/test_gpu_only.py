@@ -69,10 +69,11 @@ def test_gpu_only_reaches_475_on_gymnasium_cartpole(tmp_path, seed):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-def test_no_host_device_copies_inside_an_iteration_on_cuda():
+@pytest.mark.parametrize("env_id", ["msrl/CartPole-v1", "msrl/Pendulum-v1"])
+def test_no_host_device_copies_inside_an_iteration_on_cuda(env_id):
     from torch.profiler import ProfilerActivity, profile
 
-    job = Job(build_job_spec(load_config(CFG, ["env.num_envs=1024", "algorithm.hparams.num_steps=16"])))
+    job = Job(build_job_spec(load_config(CFG, [f"env.id={env_id}", "env.num_envs=1024", "algorithm.hparams.num_steps=16"])))
     job.reset()
     job.runtime.run("train_step")  # warm up (allocator, kernels)
     torch.cuda.synchronize()

@@ -367,3 +367,13 @@ def test_the_checker_compares_inexact_implementations_step_by_step():
     assert reports["kernel"].mode == "trajectory" and TOLERANCES[("kernel", "cpu")] == 0
     assert reports["torch"].mode == "step" and TOLERANCES[("torch", "cpu")] > 0
     assert TOLERANCES[("kernel", "cuda")] > 0  # so on a GPU the kernel is checked step by step
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without a GPU")
+def test_cupy_without_a_device_imports_and_the_gpu_build_says_why_it_cannot_run():
+    cupy = pytest.importorskip("cupy")  # the test extra installs cupy-cuda12x: it imports without a device
+    assert cupy.__version__
+    from msrl.envs.native.cartpole import CartPole
+
+    with pytest.raises(KernelCompileError, match=r"cannot build cartpole.cu for cuda:0 with CuPy: .*check nvidia-smi"):
+        DeviceKernelModule(CartPole.KERNEL_SOURCE, torch.device("cuda:0"))
