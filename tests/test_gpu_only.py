@@ -124,12 +124,13 @@ def _host_syncs(allow=(("api.py", "apply_gradients"),)):
             setattr(torch.Tensor, n, f)
 
 
-@pytest.mark.parametrize("env_id", ["msrl/CartPole-v1", "msrl/Pendulum-v1"])
-def test_no_tensor_to_host_conversion_on_the_gpu_only_hot_path(env_id):
+@pytest.mark.parametrize("config, env_id", [(CFG, "msrl/CartPole-v1"), (CFG, "msrl/Pendulum-v1"),
+                                             (pathlib.Path(CFG).with_name("ma_ppo_tag.yaml"), "msrl/Tag-v0")])
+def test_no_tensor_to_host_conversion_on_the_gpu_only_hot_path(config, env_id):
     """The CPU guard against hidden syncs: one iteration of every native env's gpu_only job
     (rollout, GAE, update) converts no tensor to a Python value (a validating
     torch.distributions.Normal did, ~3 times per env step)."""
-    job = Job(build_job_spec(load_config(CFG, [f"env.id={env_id}", "env.num_envs=8", "algorithm.hparams.num_steps=8"])))
+    job = Job(build_job_spec(load_config(config, [f"env.id={env_id}", "env.num_envs=8", "algorithm.hparams.num_steps=8"])))
     try:
         job.reset()
         job.runtime.run("train_step")
