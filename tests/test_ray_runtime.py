@@ -117,6 +117,31 @@ def test_a_failing_replica_stops_the_job_with_its_node(ray_local, spec_factory, 
         remote.close()
 
 
+def _sigkill_when(run_dir, fragment, rows, timeout_s=120.0):
+    """Starts a thread that SIGKILLs replica 0 of ``fragment`` (its pid from the run's
+    replicas.json) once the run's metrics.csv has more than ``rows`` lines; returns the list the
+    killed pid is appended to, and the thread."""
+    import json
+    import signal
+    import threading
+
+    killed: list[int] = []
+
+    def killer():
+        deadline = time.time() + timeout_s
+        while time.time() < deadline and not killed:
+            metrics, table = run_dir / "metrics.csv", run_dir / "replicas.json"
+            if metrics.is_file() and table.is_file() and metrics.read_text().count("\n") > rows:
+                victim = next(r["pid"] for r in json.loads(table.read_text()) if r["fragment"] == fragment)
+                os.kill(victim, signal.SIGKILL)
+                killed.append(victim)
+            time.sleep(0.05)
+
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
+    return killed, t
+
+
 def _replica_pids() -> list[int]:
     import subprocess
 
@@ -129,8 +154,6 @@ def test_a_killed_actor_replica_is_restarted_and_its_work_dropped(tmp_path, caps
     checkpoint, completes, counts the restart and the dropped env steps, and its metrics hold
     each iteration once."""
     import csv
-    import signal
-    import threading
 
     from msrl.config import load_config
     from msrl.run import train
@@ -142,22 +165,7 @@ def test_a_killed_actor_replica_is_restarted_and_its_work_dropped(tmp_path, caps
         "distribution_policy.name=single_learner_coarse", "distribution_policy.replicas.actor=2",
         "train.total_env_steps=60000", "train.checkpoint_every=20", "train.eval_every=0",
     ])
-    killed: list[int] = []
-
-    def killer():
-        deadline = time.time() + 120
-        while time.time() < deadline and not killed:
-            metrics, table = tmp_path / "kill" / "metrics.csv", tmp_path / "kill" / "replicas.json"
-            if metrics.is_file() and table.is_file() and metrics.read_text().count("\n") > 30:  # mid-run
-                import json
-
-                victim = next(r["pid"] for r in json.loads(table.read_text()) if r["fragment"] == "actor")
-                os.kill(victim, signal.SIGKILL)
-                killed.append(victim)
-            time.sleep(0.2)
-
-    t = threading.Thread(target=killer, daemon=True)
-    t.start()
+    killed, t = _sigkill_when(tmp_path / "kill", "actor", rows=30)  # mid-run
     result = train(cfg)
     t.join(5)
     assert killed, "the test never killed a replica"
@@ -188,9 +196,6 @@ def test_a_killed_learner_stops_the_job_and_resume_finishes_it_exactly(tmp_path)
     """SIGKILL the learner's process: the job stops with a clear error naming its last
     checkpoint and no replica left; ``--resume`` then finishes the run with the same metrics,
     iteration by iteration, as a run that was never interrupted."""
-    import json
-    import signal
-    import threading
 
     from msrl.config import load_config
     from msrl.run import TrainingStopped, train
@@ -202,20 +207,7 @@ def test_a_killed_learner_stops_the_job_and_resume_finishes_it_exactly(tmp_path)
             "train.total_env_steps=25600", "train.checkpoint_every=20"]
     whole = train(load_config("configs/ppo_cartpole.yaml", [*over, "name=whole"]))
     cfg = load_config("configs/ppo_cartpole.yaml", [*over, "name=cut"])
-    killed: list[int] = []
-
-    def killer():
-        deadline = time.time() + 120
-        while time.time() < deadline and not killed:
-            metrics, table = tmp_path / "cut" / "metrics.csv", tmp_path / "cut" / "replicas.json"
-            if metrics.is_file() and table.is_file() and metrics.read_text().count("\n") > 45:
-                victim = next(r["pid"] for r in json.loads(table.read_text()) if r["fragment"] == "learner")
-                os.kill(victim, signal.SIGKILL)
-                killed.append(victim)
-            time.sleep(0.05)
-
-    t = threading.Thread(target=killer, daemon=True)
-    t.start()
+    killed, t = _sigkill_when(tmp_path / "cut", "learner", rows=45)
     with pytest.raises(TrainingStopped) as info:
         train(cfg)
     t.join(5)
