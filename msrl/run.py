@@ -605,6 +605,8 @@ def _run_job(cfg: RunConfig, spec: JobSpec, job: Any, resume: Any, resume_state:
             chunk_dt = time.perf_counter() - t0
             iter_s = chunk_dt / n
             eval_dt = 0.0
+            if bar is not None:
+                bar.update(E * n)  # before an evaluation, so "evaluating" shows the steps it evaluates at
             for i, rec in enumerate(records):
                 stats = rec["episodes"]
                 recent.extend(stats.returns)
@@ -640,10 +642,9 @@ def _run_job(cfg: RunConfig, spec: JobSpec, job: Any, resume: Any, resume_state:
             time_s += time.perf_counter() - t0 - eval_dt
             if bar is not None:
                 mean_ret = sum(recent) / len(recent) if recent else float("nan")
-                # no refresh here: update() redraws at most every 0.1 s
+                # no refresh here: the next update() draws it (tqdm redraws at most every 0.1 s)
                 bar.set_postfix({"steps/s": f"{job.env_steps / max(time_s, 1e-9):.0f}", "return": f"{mean_ret:.1f}"},
                                 refresh=False)
-                bar.update(E * n)
             if job.iteration % cfg.train.checkpoint_every == 0 or stop or job.iteration == spec.num_iterations:
                 ckpt_t0 = time.perf_counter()
                 checkpoint()
