@@ -398,12 +398,9 @@ class RayJob:
     def eval_actor(self) -> Any:
         """An actor built on the driver (CPU) holding the job's current policy weights."""
         if self._eval_actor is None:
-            from msrl.api import BuildContext
-            from msrl.envs import env_spec as make_env_spec
+            from msrl.runtime.replica import build_standalone_actor
 
-            ctx = BuildContext(self.spec.hparams, make_env_spec(self.spec.env_id, 1, self.spec.env_kwargs), 0, 1,
-                               self.spec.num_envs, self.spec.total_env_steps, self.spec.seed, torch.device("cpu"))
-            self._eval_actor = self.spec.algorithm.components["actor"](ctx)
+            self._eval_actor, _ = build_standalone_actor(self.spec)
         self._eval_actor.set_weights(self.weights("actor"))
         return self._eval_actor
 

@@ -56,7 +56,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _launch(args: argparse.Namespace) -> int:
-    from msrl.launch import launch
+    from msrl.cluster.launch import launch
 
     return launch(args.config, args.overrides, args.address, args.working_dir, wait=not args.no_wait)
 

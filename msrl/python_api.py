@@ -24,17 +24,19 @@ __all__ = ["train", "load", "evaluate", "TrainedPolicy"]
 
 
 def _config(config: Any, overrides: Mapping[str, Any]) -> Any:
+    """``config`` (a YAML path, a mapping or a RunConfig) with keyword ``overrides`` applied
+    (``__`` standing for ``.``), validated."""
     from msrl.config import ConfigError, RunConfig, load_config, set_values, validate
 
-    values = [(key.replace("__", ".").split("."), value) for key, value in overrides.items()]
     if isinstance(config, (str, pathlib.Path)):
-        cfg = load_config(config)
-        return validate(set_values(cfg.model_dump(), values)) if values else cfg
+        config = load_config(config)
     if isinstance(config, RunConfig):
-        return validate(set_values(config.model_dump(), values))
-    if isinstance(config, Mapping):
-        return validate(set_values(config, values))
-    raise ConfigError(f"a config is a YAML file's path, a mapping or a RunConfig, got {type(config).__name__}")
+        if not overrides:
+            return config
+        config = config.model_dump()
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"a config is a YAML file's path, a mapping or a RunConfig, got {type(config).__name__}")
+    return validate(set_values(config, [(key.replace("__", ".").split("."), value) for key, value in overrides.items()]))
 
 
 def train(config: Any = None, /, *, resume: str | pathlib.Path | None = None, **overrides: Any) -> Any:
@@ -58,16 +60,8 @@ def train(config: Any = None, /, *, resume: str | pathlib.Path | None = None, **
     from msrl.run import resume_config
     from msrl.run import train as run_train
 
-    if resume is not None:
-        if config is None:
-            from msrl.config import set_values, validate
-
-            saved = resume_config(resume)
-            values = [(k.replace("__", ".").split("."), v) for k, v in overrides.items()]
-            cfg = validate(set_values(saved.model_dump(), values))
-        else:
-            cfg = _config(config, overrides)
-        return run_train(cfg, resume=resume)
+    if resume is not None:  # run_train refuses a change outside the resumable keys
+        return run_train(_config(resume_config(resume) if config is None else config, overrides), resume=resume)
     if config is None:
         from msrl.config import ConfigError
 
@@ -135,20 +129,16 @@ def load(run_dir: str | pathlib.Path, device: str = "cpu") -> TrainedPolicy:
     """
     import torch
 
-    from msrl.api import BuildContext
     from msrl.config import ConfigError, build_job_spec
-    from msrl.envs import env_spec
     from msrl.run import load_checkpoint, load_run_config
+    from msrl.runtime.replica import build_standalone_actor
 
     cfg = load_run_config(run_dir)
-    spec = build_job_spec(cfg)
     try:
         ckpt, _ = load_checkpoint(run_dir)
     except FileNotFoundError as e:
         raise ConfigError(str(e)) from None
-    es = env_spec(spec.env_id, 1, spec.env_kwargs)
-    ctx = BuildContext(spec.hparams, es, 0, 1, spec.num_envs, spec.total_env_steps, spec.seed, torch.device(device))
-    actor = spec.algorithm.components["actor"](ctx)
+    actor, es = build_standalone_actor(build_job_spec(cfg), device)
     actor.set_weights({k: v.to(device) for k, v in ckpt["actor_weights"].items()})
     return TrainedPolicy(actor, cfg, es, torch.device(device))
 

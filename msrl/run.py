@@ -38,7 +38,7 @@ from msrl.runtime.local import FragmentError
 from msrl.runtime.replica import ReplicaDied
 
 __all__ = ["TrainResult", "TrainingStopped", "TrainingInterrupted", "train", "resume_config", "RESUMABLE",
-           "load_run_config", "CHECKPOINT", "latest_checkpoint", "load_checkpoint", "CheckpointError", "evaluation_env"]
+           "load_run_config", "CHECKPOINT", "load_checkpoint", "CheckpointError", "evaluation_env"]
 
 CHECKPOINT = "checkpoints/latest.pt"
 #: The checkpoint before the latest one, kept so a damaged ``latest.pt`` has a fallback.
@@ -171,18 +171,6 @@ def resume_config(run_dir: str | pathlib.Path, overrides: Sequence[str] = (),
         cfg = load_config(config, overrides)
     _check_resumable(saved, cfg, run_dir)
     return cfg
-
-
-def latest_checkpoint(run_dir: str | pathlib.Path) -> pathlib.Path:
-    """``run_dir/checkpoints/latest.pt``.
-
-    Raises:
-        FileNotFoundError: the run has no checkpoint yet.
-    """
-    p = pathlib.Path(run_dir) / CHECKPOINT
-    if not p.is_file():
-        raise FileNotFoundError(f"{run_dir} has no checkpoint ({CHECKPOINT})")
-    return p
 
 
 def _read_checkpoint(path: pathlib.Path) -> dict[str, Any]:

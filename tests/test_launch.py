@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from msrl.cli import main
-from msrl.launch import entrypoint
+from msrl.cluster.launch import entrypoint
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG = "configs/ppo_cartpole.yaml"

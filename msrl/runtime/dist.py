@@ -154,11 +154,11 @@ class DistComm:
     def _isend(self, buffer: torch.Tensor, rank: int, tag: int) -> None:
         self._pending.append((dist.isend(buffer, rank, tag=tag), buffer))  # keeps the buffer alive
         if len(self._pending) > 64:
-            self._reap()
+            self.reap()
 
     def _take(self, name: str, fragment: str, replica: int) -> Any:
         rank, tag = self.ranks[(fragment, replica)], self.tags[name]
-        buffer = self._take_buffer(name, (name, fragment, replica), rank, tag)
+        buffer = self._take_buffer((name, fragment, replica), rank, tag)
         if self._split(fragment):
             n = payload_size(buffer, _MAX_MESSAGE)
             payload = torch.empty(n, dtype=torch.uint8, device=self.device if self.device.type == "cuda" else "cpu")
@@ -168,7 +168,7 @@ class DistComm:
             return decode_parts(buffer, payload, self.device)
         return decode(buffer, self.device)
 
-    def _take_buffer(self, name: str, key: tuple[str, str, int], rank: int, tag: int) -> torch.Tensor:
+    def _take_buffer(self, key: tuple[str, str, int], rank: int, tag: int) -> torch.Tensor:
         capacity = self._capacity.get(key, _CONTROL_BYTES)
         buffer = torch.empty(capacity, dtype=torch.uint8)
         t0 = time.perf_counter()
@@ -177,7 +177,7 @@ class DistComm:
         if capacity >= _GROW.size and bytes(buffer[:4].numpy()) == _GROW_MAGIC:
             _, n = _GROW.unpack(buffer[:_GROW.size].numpy().tobytes())
             if not 0 < n <= _MAX_MESSAGE:
-                raise CodecError(f"malformed message on boundary {name}: a channel of {n} bytes (at most {_MAX_MESSAGE})")
+                raise CodecError(f"malformed message on boundary {key[0]}: a channel of {n} bytes (at most {_MAX_MESSAGE})")
             self._capacity[key] = capacity = n
             buffer = torch.empty(capacity, dtype=torch.uint8)
             dist.recv(buffer, rank, tag=tag)
@@ -186,20 +186,14 @@ class DistComm:
 
     def reap(self) -> None:
         """Forgets the sends that have left (their buffers may be freed); never waits."""
-        self._reap()
-
-    def _reap(self) -> None:
         self._pending = [(w, b) for w, b in self._pending if not w.is_completed()]
-
-    def _flush(self) -> None:
-        for work, _ in self._pending:
-            work.wait()
-        self._pending.clear()
 
     def flush(self) -> None:
         """Waits until every message this endpoint sent has left (its buffers are free)."""
         with _Timer(self, "flush"):
-            self._flush()
+            for work, _ in self._pending:
+                work.wait()
+            self._pending.clear()
 
     # -- the comm ops (same signatures and semantics as msrl.channels.LocalComm) ------------
     def send(self, name: str, value: Any) -> None:

@@ -26,7 +26,7 @@ from msrl.envs import make_env
 from msrl.partition import FragmentGraph
 from msrl.policy import FragmentSpec
 
-__all__ = ["FragmentError", "ReplicaDied", "Replica", "build_trainer", "compile_fragment", "as_floats",
+__all__ = ["FragmentError", "ReplicaDied", "Replica", "build_trainer", "build_standalone_actor", "compile_fragment", "as_floats",
            "check_losses", "replica_states"]
 
 
@@ -129,6 +129,18 @@ def build_trainer(spec: Any, frag: FragmentSpec, replica: int) -> Trainer:
         else:
             components[role] = spec.algorithm.components[role](ctx)
     return spec.algorithm.trainer(components, spec.hparams, seed, num_envs=spec.num_envs, total_env_steps=spec.total_env_steps)
+
+
+def build_standalone_actor(spec: Any, device: torch.device | str = "cpu") -> Any:
+    """The job's actor built outside any replica, for one env on ``device`` (evaluation on the
+    driver, a run loaded with :func:`msrl.load`); it holds initial weights until ``set_weights``.
+
+    Returns:
+        ``(actor, env_spec)``: the actor and the :class:`~msrl.api.EnvSpec` it was built for.
+    """
+    es = make_env_spec(spec.env_id, 1, spec.env_kwargs)
+    ctx = BuildContext(spec.hparams, es, 0, 1, spec.num_envs, spec.total_env_steps, spec.seed, torch.device(device))
+    return spec.algorithm.components["actor"](ctx), es
 
 
 def compile_fragment(fg: FragmentGraph, fragment: str, algorithm: Any) -> dict[str, Program]:

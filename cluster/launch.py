@@ -62,8 +62,11 @@ def entrypoint(config: str | pathlib.Path, overrides: Sequence[str], working_dir
         LaunchError: the config, or an algorithm given as a file, lies outside ``working_dir``;
             an override sets ``cluster.address`` (the job runs on the cluster it is sent to).
     """
-    root = pathlib.Path(working_dir).resolve()
-    cfg = load_config(config, overrides)  # a config error stops here, before any submission
+    return _command(load_config(config, overrides), config, overrides, pathlib.Path(working_dir).resolve())
+
+
+def _command(cfg: Any, config: str | pathlib.Path, overrides: Sequence[str], root: pathlib.Path) -> str:
+    """:func:`entrypoint` for an already loaded ``cfg``."""
     if any(o.split("=", 1)[0].strip() == "cluster.address" for o in overrides):
         raise LaunchError("cluster.address cannot be overridden for msrl launch: the job runs on the cluster "
                           "given by --address")
@@ -73,7 +76,7 @@ def entrypoint(config: str | pathlib.Path, overrides: Sequence[str], working_dir
         _inside(pathlib.Path(name).expanduser(), root, "algorithm file")
     args = ["python", "-m", "msrl.cli", "train", rel_config, *overrides, "cluster.address=auto"]
     command = " ".join(shlex.quote(a) for a in args)
-    if not pathlib.PurePath(cfg.runs_dir).is_absolute() and not any(o.startswith("runs_dir=") for o in overrides):
+    if not pathlib.PurePath(cfg.runs_dir).is_absolute():  # (the last override wins)
         command += ' runs_dir="$HOME"/msrl/' + shlex.quote(cfg.runs_dir)
     return command
 
@@ -97,7 +100,9 @@ def launch(config: str | pathlib.Path, overrides: Sequence[str], address: str | 
         ConfigError: an invalid config.
         LaunchError: no address, a cluster that cannot be reached, files outside ``working_dir``.
     """
-    command = entrypoint(config, overrides, working_dir)
+    root = pathlib.Path(working_dir).resolve()
+    cfg = load_config(config, overrides)  # a config error stops here, before any submission
+    command = _command(cfg, config, overrides, root)
     address = address or os.environ.get("RAY_ADDRESS")
     if not address:
         raise LaunchError("msrl launch needs the Ray cluster's dashboard address: --address http://HEAD:8265 "
@@ -110,8 +115,6 @@ def launch(config: str | pathlib.Path, overrides: Sequence[str], address: str | 
         client = JobSubmissionClient(address)
     except Exception as e:  # noqa: BLE001 - connection errors come in many types
         raise LaunchError(f"cannot reach the Ray cluster at {address}: {' '.join(str(e).split())}") from None
-    root = pathlib.Path(working_dir).resolve()
-    cfg = load_config(config, overrides)
     excludes = ["__pycache__", "*.pt"]  # (Ray leaves .git out itself)
     if not pathlib.PurePath(cfg.runs_dir).is_absolute():
         excludes.append(f"/{cfg.runs_dir}/")  # earlier local runs stay here
