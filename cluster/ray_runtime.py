@@ -125,7 +125,7 @@ class ReplicaActor:
             records.append({
                 "output": as_floats(out) if self.fragment == self.output_fragment and self.index == 0 else None,
                 "env_steps": self.replica.env_steps,
-                "returns": stats.returns, "lengths": stats.lengths, "extra": stats.extra,
+                "episodes": stats,
                 "time_s": time.perf_counter() - t0,
                 "comm_s": comm_s,
                 "wait_s": wait_s,
@@ -352,14 +352,8 @@ class RayJob:
             episodes = EpisodeStats([], [])
             for row, has_env in zip(rows, self._has_env):
                 if has_env:
-                    episodes.returns += row["returns"]
-                    episodes.lengths += row["lengths"]
-                    for k, v in row["extra"].items():
-                        episodes.extra.setdefault(k, []).extend(v)
-            self._stats.returns += episodes.returns
-            self._stats.lengths += episodes.lengths
-            for k, v in episodes.extra.items():
-                self._stats.extra.setdefault(k, []).extend(v)
+                    episodes.merge(row["episodes"])
+            self._stats.merge(episodes)
             if method == "train_step":
                 self.iteration += 1
             self._env_steps = sum(r["env_steps"] for r in rows)

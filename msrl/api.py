@@ -195,11 +195,23 @@ class EpisodeStats:
         lengths: its length in env steps, int.
         extra: further per-episode series by name (e.g. ``tagger_return``), logged as
             ``charts/<name>``.
+        lost: episodes cut short because the process stepping their env died (the env engine
+            restarted it); counted here, never among ``returns``, and logged as
+            ``faults/lost_episodes``.
     """
 
     returns: list[float]
     lengths: list[int]
     extra: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    lost: int = 0
+
+    def merge(self, other: "EpisodeStats") -> None:
+        """Appends ``other``'s episodes to these (in place)."""
+        self.returns += other.returns
+        self.lengths += other.lengths
+        for k, v in other.extra.items():
+            self.extra.setdefault(k, []).extend(v)
+        self.lost += other.lost
 
 
 class Environment(Component):

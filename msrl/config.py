@@ -5,7 +5,7 @@ A config file reads::
     name: ppo_cartpole                 # run directory: <runs_dir>/<name>[-k]
     seed: 1
     algorithm: {name: ppo, hparams: {num_steps: 32, ...}}
-    env: {id: CartPole-v1, num_envs: 8, vectorization: sync}
+    env: {id: CartPole-v1, num_envs: 8, engine: sync}
     distribution_policy: {name: single, replicas: {actor: 2}}
     train: {total_env_steps: 200000, eval_every: 20000, stop_at_return: null}
     eval: {episodes: 20, seed: 10000}
@@ -48,10 +48,19 @@ class EnvConfig(_Strict):
 
     id: str = Field(description="a registered gymnasium env id")
     num_envs: int = Field(8, gt=0, description="envs in total, split evenly over env replicas")
-    vectorization: Literal["sync"] = Field(
-        "sync", description="gymnasium vectorisation mode; sync only, since exact checkpoints pickle the envs"
+    engine: Literal["sync", "process"] = Field(
+        "sync", description="how gymnasium envs step: sync (one after another in the actor's process) or "
+        "process (worker processes over shared memory; for simulators such as MuJoCo and Atari)"
+    )
+    num_workers: int | None = Field(
+        None, gt=0, description="env worker processes per env replica (engine: process; default: one per CPU, "
+        "at most one per env)"
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of gymnasium.make")
+    wrappers: list[str] = Field(
+        default_factory=list, description="msrl's named env wrappers, applied in order (atari: the standard "
+        "Atari preprocessing, 84x84 grayscale frames, 4 stacked)"
+    )
 
 
 class PolicyConfig(_Strict):
@@ -290,8 +299,22 @@ def build_job_spec(cfg: RunConfig) -> Any:
     except (UnknownAlgorithmError, UnknownEnvError, UnknownPolicyError) as e:
         raise ConfigError(str(e)) from None
     from msrl.envs import env_spec as make_env_spec
+    from msrl.envs.single import check_wrappers
 
-    why = algorithm.unsupported(make_env_spec(cfg.env.id, 1, cfg.env.kwargs))
+    try:
+        check_wrappers(cfg.env.wrappers)
+        if cfg.env.wrappers and is_native(cfg.env.id):
+            raise ValueError(f"wrappers apply to gymnasium envs, not the native env {cfg.env.id!r}")
+        es = make_env_spec(cfg.env.id, 1, cfg.env.kwargs, cfg.env.wrappers)
+    except ValueError as e:
+        raise ConfigError(f"env.wrappers: {e}") from None
+    if cfg.env.num_workers is not None and cfg.env.engine != "process":
+        raise ConfigError(f"env.num_workers={cfg.env.num_workers} sets the process engine's workers, "
+                          f"but env.engine={cfg.env.engine!r}; set env.engine=process or drop env.num_workers")
+    if cfg.env.engine == "process" and is_native(cfg.env.id):
+        raise ConfigError(f"env.engine=process steps gymnasium envs; {cfg.env.id} is a native env, batched already "
+                          "(set env.engine=sync)")
+    why = algorithm.unsupported(es)
     if why is not None:
         raise ConfigError(f"algorithm.name={cfg.algorithm.name} cannot train on env.id={cfg.env.id}: {why}")
     dp = cfg.distribution_policy
@@ -371,8 +394,10 @@ def build_job_spec(cfg: RunConfig) -> Any:
         policy=policy,
         seed=cfg.seed,
         total_env_steps=cfg.train.total_env_steps,
-        vectorization=cfg.env.vectorization,
+        env_engine=cfg.env.engine,
         env_kwargs=dict(cfg.env.kwargs),
+        env_wrappers=tuple(cfg.env.wrappers),
+        env_num_workers=cfg.env.num_workers,
     )
     try:
         spec.envs_per_replica()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -21,13 +21,15 @@ def evaluate(
     seed: int,
     env_kwargs: Mapping[str, Any] | None = None,
     device: str | torch.device = "cpu",
+    wrappers: Sequence[str] = (),
 ) -> list[float]:
     """Runs ``episodes`` episodes, one per env of a batch, with ``actor.act(obs, deterministic=True)``.
 
     Args:
         actor: an actor whose ``act`` returns an action ``(N, ...)`` or a tuple whose first
             item is the action.
-        env_id: gymnasium id; ``env_kwargs``: for ``gymnasium.make``.
+        env_id: gymnasium id; ``env_kwargs``: for ``gymnasium.make``; ``wrappers``: msrl's
+            named wrappers, as in training.
         episodes: number of episodes (= envs in the batch), >= 1.
         seed: env ``i`` is seeded with ``seed + i``.
 
@@ -37,7 +39,7 @@ def evaluate(
     Raises:
         UnknownEnvError: unknown ``env_id``.
     """
-    env = GymnasiumEnv(env_id, episodes, "sync", device, env_kwargs)
+    env = GymnasiumEnv(env_id, episodes, device, env_kwargs, wrappers)
     try:
         obs = env.reset(seed=seed)
         returns = np.zeros(episodes)

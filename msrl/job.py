@@ -115,7 +115,9 @@ class JobSpec:
     Attributes:
         algorithm: the algorithm's spec; ``hparams``: an instance of its hyperparameter class.
         env_id: gymnasium id; ``num_envs``: envs summed over the env fragment's replicas;
-        vectorization: gymnasium vectorisation mode; ``env_kwargs``: for ``gymnasium.make``.
+        env_engine: how gymnasium envs step (``msrl.envs.ENGINES``); ``env_kwargs``: for
+        ``gymnasium.make``; ``env_wrappers``: msrl's named wrappers; ``env_num_workers``: the
+        process engine's workers per env replica (None: one per CPU).
         policy: the distribution policy, overrides applied.
         seed: base seed; ``total_env_steps``: training budget in env steps.
     """
@@ -127,8 +129,10 @@ class JobSpec:
     policy: DistributionPolicy
     seed: int = 1
     total_env_steps: int = 100_000
-    vectorization: str = "sync"
+    env_engine: str = "sync"
     env_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    env_wrappers: tuple[str, ...] = ()
+    env_num_workers: int | None = None
 
     @property
     def env_steps_per_iteration(self) -> int:
@@ -235,11 +239,7 @@ class Job:
         """Episodes finished on every env replica since the last call, replica 0 first."""
         out = EpisodeStats([], [])
         for key in sorted(self.replicas):
-            s = self.replicas[key].pop_episode_stats()
-            out.returns += s.returns
-            out.lengths += s.lengths
-            for k, v in s.extra.items():
-                out.extra.setdefault(k, []).extend(v)
+            out.merge(self.replicas[key].pop_episode_stats())
         return out
 
     def replicas_with(self, role: str) -> list[Trainer]:

@@ -168,9 +168,9 @@ def evaluate(policy: TrainedPolicy | str | pathlib.Path, episodes: int = 20, see
         policy = load(policy)
     if episodes < 1:
         raise ConfigError(f"episodes must be at least 1, got {episodes}")
-    default_id, kwargs = evaluation_env(policy.config)
+    default_id, kwargs, wrappers = evaluation_env(policy.config)
     env_id = env_id or default_id
     if env_id is None:
         raise ConfigError(f"{policy.config.env.id} has no gymnasium twin to evaluate on; pass env_id=")
     return run_episodes(policy.actor, env_id, episodes, policy.config.eval.seed if seed is None else seed,
-                        kwargs if env_id == default_id else {}, device=policy.device)
+                        kwargs if env_id == default_id else {}, device=policy.device, wrappers=wrappers)

@@ -132,7 +132,7 @@ def load_run_config(run_dir: str | pathlib.Path) -> RunConfig:
 #: budget (``anneal_lr``) follow the new budget from the resume point, as SB3's
 #: ``learn(..., reset_num_timesteps=False)`` does.
 RESUMABLE = ("train.total_env_steps", "train.eval_every", "train.checkpoint_every", "train.stop_at_return",
-             "train.progress", "cluster.address", "cluster.max_restarts")
+             "train.progress", "cluster.address", "cluster.max_restarts", "env.num_workers")
 
 
 def _check_resumable(saved: RunConfig, cfg: RunConfig, run_dir: str | pathlib.Path) -> list[str]:
@@ -375,21 +375,24 @@ def make_job(spec: JobSpec, cfg: RunConfig) -> Any:
 
 def _evaluate(job: Job, cfg: RunConfig) -> list[float]:
     actor = job.eval_actor()
-    env_id, kwargs = evaluation_env(cfg)
+    env_id, kwargs, wrappers = evaluation_env(cfg)
     if env_id is None:
         return []  # no gymnasium env to evaluate on (e.g. Tag): the training curves tell
-    return evaluate(actor, env_id, cfg.eval.episodes, cfg.eval.seed, kwargs, device=actor_device(actor))
+    return evaluate(actor, env_id, cfg.eval.episodes, cfg.eval.seed, kwargs, device=actor_device(actor),
+                    wrappers=wrappers)
 
 
-def evaluation_env(cfg: RunConfig) -> tuple[str | None, dict[str, Any]]:
-    """The gymnasium env id and ``gymnasium.make`` kwargs evaluations run on: ``eval.env_id``
-    if set, else the training env, or a native env's gymnasium counterpart (``None`` when a
-    native env has none)."""
+def evaluation_env(cfg: RunConfig) -> tuple[str | None, dict[str, Any], list[str]]:
+    """The gymnasium env id, ``gymnasium.make`` kwargs and msrl wrappers evaluations run on:
+    ``eval.env_id`` (with the training env's wrappers) if set, else the training env, or a
+    native env's gymnasium counterpart (``None`` when a native env has none)."""
     from msrl.envs import eval_env_id, is_native
 
     if cfg.eval.env_id:
-        return cfg.eval.env_id, {}
-    return eval_env_id(cfg.env.id), ({} if is_native(cfg.env.id) else dict(cfg.env.kwargs))
+        return cfg.eval.env_id, {}, list(cfg.env.wrappers)
+    if is_native(cfg.env.id):
+        return eval_env_id(cfg.env.id), {}, []
+    return cfg.env.id, dict(cfg.env.kwargs), list(cfg.env.wrappers)
 
 
 def actor_device(actor: Any) -> torch.device:
@@ -414,7 +417,9 @@ def train(cfg: RunConfig, resume: str | pathlib.Path | None = None) -> TrainResu
     every replica is stopped and the job restarts from its last checkpoint in fresh processes,
     up to ``cluster.max_restarts`` times: what the replicas did since that checkpoint (the dead
     replica's partial rollout included) is dropped, never mixed into a batch, and counted in
-    the metrics (``faults/replica_restarts``, ``faults/dropped_env_steps``).
+    the metrics (``faults/replica_restarts``, ``faults/dropped_env_steps``). Episodes lost to a
+    dead env worker of ``env.engine: process`` (restarted in place, training goes on) are
+    counted in ``faults/lost_episodes``.
 
     Args:
         cfg: a validated config. With ``resume``, it must equal the run's saved config.
@@ -502,7 +507,7 @@ def _train_once(cfg: RunConfig, resume: str | pathlib.Path | None) -> TrainResul
 
 
 def _run_job(cfg: RunConfig, spec: JobSpec, job: Any, resume: Any, resume_state: Any, locks: list[RunLock]) -> TrainResult:
-    faults = {"replica_restarts": 0, "dropped_env_steps": 0}
+    faults = {"replica_restarts": 0, "dropped_env_steps": 0, "lost_episodes": 0}
     if resume is None:
         run_dir = _new_run_dir(cfg)
         locks.append(RunLock(run_dir))  # (a new name: nobody else can hold it yet, but a --resume soon can)
@@ -516,7 +521,7 @@ def _run_job(cfg: RunConfig, spec: JobSpec, job: Any, resume: Any, resume_state:
         time_s, done_eval = resume_state["time_s"], resume_state["done_eval"]
         threshold = tuple(resume_state["threshold"])
         recent = collections.deque(resume_state["recent_returns"], maxlen=20)
-        faults = dict(resume_state.get("faults", faults))
+        faults = {**faults, **resume_state.get("faults", {})}
     import sys
 
     if resume is None:
@@ -598,6 +603,7 @@ def _run_job(cfg: RunConfig, spec: JobSpec, job: Any, resume: Any, resume_state:
             for i, rec in enumerate(records):
                 stats = rec["episodes"]
                 recent.extend(stats.returns)
+                faults["lost_episodes"] += stats.lost
                 row: dict[str, Any] = {
                     "iteration": it + i + 1,
                     "env_steps": rec["env_steps"],
@@ -608,6 +614,8 @@ def _run_job(cfg: RunConfig, spec: JobSpec, job: Any, resume: Any, resume_state:
                     **{f"charts/{k}": sum(v) / len(v) for k, v in stats.extra.items() if v},
                     **(rec["output"] or {}),
                     **({f"faults/{k}": v for k, v in faults.items()} if on_ray else {}),
+                    **({"faults/lost_episodes": faults["lost_episodes"]}
+                       if cfg.env.engine == "process" and not on_ray else {}),
                     **({"charts/comm_share": round(rec["comm_share"], 4), "charts/wait_share": round(rec["wait_share"], 4)}
                        if "comm_share" in rec else {}),
                 }

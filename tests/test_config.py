@@ -52,7 +52,12 @@ def test_overrides_are_applied_and_typed():
          "CartPole-v1 has 1 agent(s) per env"),
         (["algorithm.name=sac"], "algorithm.name=sac cannot train on env.id=CartPole-v1: sac supports Box actions; "
                                  "CartPole-v1 has Discrete actions"),
-        (["env.vectorization=gpu"], "env.vectorization: Input should be 'sync'"),
+        (["env.engine=gpu"], "env.engine: Input should be 'sync' or 'process'"),
+        (["env.num_workers=2"], "env.num_workers=2 sets the process engine's workers, but env.engine='sync'"),
+        (["env.num_workers=0", "env.engine=process"], "env.num_workers: Input should be greater than 0"),
+        (["env.wrappers=[atari]"], "env.wrappers: 'atari' preprocesses ALE games (ids ALE/<Game>-v5), not 'CartPole-v1'"),
+        (["env.wrappers=[frames]"], "env.wrappers: unknown env wrapper 'frames'; valid: atari"),
+        (["env.id=msrl/CartPole-v1", "env.engine=process"], "env.engine=process steps gymnasium envs"),
         (["distribution_policy.devices.main=cuda:0"], "device cuda:0 requested but no CUDA device is available"),
         (["train"], "bad override 'train': expected key.sub=value"),
         (["train..x=1"], "bad override 'train..x=1'"),

@@ -74,8 +74,10 @@ def test_bad_inputs():
         GymnasiumEnv("CartPol-v1", 2)
     with pytest.raises(ValueError, match="num_envs must be >= 1"):
         GymnasiumEnv("CartPole-v1", 0)
-    with pytest.raises(ValueError, match="unknown vectorization 'gpu'; valid: sync, async"):
-        GymnasiumEnv("CartPole-v1", 1, vectorization="gpu")
+    with pytest.raises(ValueError, match="unknown env wrapper 'frameskip'; valid: atari"):
+        GymnasiumEnv("CartPole-v1", 1, wrappers=["frameskip"])
+    with pytest.raises(ValueError, match="'atari' preprocesses ALE games"):
+        GymnasiumEnv("CartPole-v1", 1, wrappers=["atari"])
     env = GymnasiumEnv("CartPole-v1", 2)
     env.reset(seed=0)
     with pytest.raises(ValueError, match="action has leading size 3, expected num_envs=2"):

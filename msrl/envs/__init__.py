@@ -1,91 +1,21 @@
-"""Environments: the gymnasium adapter and msrl's native batched envs, behind one factory.
+"""Environments: the gymnasium engines (in-process and worker processes), msrl's native batched
+envs, and the PettingZoo adapter, behind one factory (:mod:`msrl.envs.factory`).
 
-Env ids in the ``msrl/`` namespace (``msrl/CartPole-v1``) are native envs; every other id is a
-registered gymnasium id wrapped by :class:`~msrl.envs.gymnasium_env.GymnasiumEnv`.
+Importing this package is light (no torch, no simulator): the env engine's worker processes
+import :mod:`msrl.envs.single` and :mod:`msrl.envs.state` only. The factory's names load on
+first use.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Mapping
+from typing import Any
 
-import gymnasium
-import torch
-
-from msrl.api import Environment, EnvSpec
-from msrl.envs.gymnasium_env import GymnasiumEnv, UnknownEnvError
-from msrl.envs.gymnasium_env import check_env_id as check_gymnasium_id
-from msrl.envs.native import NATIVE_ENVS, is_native, make_native
-
-__all__ = ["check_env_id", "make_env", "env_spec", "eval_env_id", "UnknownEnvError", "is_native"]
+__all__ = ["check_env_id", "make_env", "env_spec", "eval_env_id", "UnknownEnvError", "is_native", "ENGINES"]
 
 
-def check_env_id(env_id: str) -> None:
-    """Checks that ``env_id`` is a native env or a registered gymnasium env.
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from msrl.envs import factory
 
-    Raises:
-        UnknownEnvError: naming close gymnasium ids, the native ids and every gymnasium id.
-    """
-    if is_native(env_id):
-        return
-    if env_id.startswith("msrl/"):
-        raise UnknownEnvError(f"unknown native env id {env_id!r}; native envs: {', '.join(NATIVE_ENVS)}")
-    try:
-        check_gymnasium_id(env_id)
-    except UnknownEnvError as e:
-        raise UnknownEnvError(f"{e}; native envs: {', '.join(NATIVE_ENVS)}") from None
-
-
-def make_env(
-    env_id: str,
-    num_envs: int,
-    device: str | torch.device = "cpu",
-    backend: str = "torch_graph",
-    vectorization: str = "sync",
-    env_kwargs: Mapping[str, Any] | None = None,
-) -> Environment:
-    """Builds the env role of a fragment.
-
-    A native env runs its CUDA C kernels in a ``cuda_kernel`` fragment and its torch reference
-    in any other; a gymnasium env runs in ``torch_graph`` fragments only.
-
-    Raises:
-        UnknownEnvError: unknown id.
-        ValueError: a gymnasium env in a ``cuda_kernel`` fragment.
-    """
-    check_env_id(env_id)
-    if is_native(env_id):
-        return make_native(env_id, num_envs, device=device, impl="kernel" if backend == "cuda_kernel" else "torch",
-                           **dict(env_kwargs or {}))
-    if backend == "cuda_kernel":
-        raise ValueError(
-            f"env {env_id!r} is a gymnasium env; the cuda_kernel backend runs native envs only ({', '.join(NATIVE_ENVS)})"
-        )
-    return GymnasiumEnv(env_id, num_envs, vectorization, device, env_kwargs)
-
-
-def env_spec(env_id: str, num_envs: int, env_kwargs: Mapping[str, Any] | None = None) -> EnvSpec:
-    """The :class:`~msrl.api.EnvSpec` of a batch of ``num_envs`` envs ``env_id``: single-env
-    (single-agent) spaces, and the agents per env.
-
-    Raises:
-        UnknownEnvError: unknown id.
-    """
-    check_env_id(env_id)
-    if is_native(env_id):
-        spec = make_native(env_id, 1, impl="torch", **dict(env_kwargs or {})).spec
-        return dataclasses.replace(spec, num_envs=num_envs)
-    env = gymnasium.make(env_id, **dict(env_kwargs or {}))
-    try:
-        return EnvSpec(env_id, env.observation_space, env.action_space, num_envs)
-    finally:
-        env.close()
-
-
-def eval_env_id(env_id: str) -> str | None:
-    """The gymnasium env a policy trained on ``env_id`` is evaluated on: a native env's
-    gymnasium counterpart (``msrl/CartPole-v1`` -> ``CartPole-v1``; ``None`` if it has none,
-    like Tag), else ``env_id``."""
-    if is_native(env_id):
-        return NATIVE_ENVS[env_id].GYMNASIUM_ID
-    return env_id
+        return getattr(factory, name)
+    raise AttributeError(f"module 'msrl.envs' has no attribute {name!r}")

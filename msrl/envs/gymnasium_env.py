@@ -1,119 +1,143 @@
-"""Gymnasium adapter: any registered gymnasium env id as a batched :class:`~msrl.api.Environment`.
+"""Gymnasium adapter: any registered gymnasium env id as a batched :class:`~msrl.api.Environment`
+stepped in the caller's process (``env.engine: sync``).
 
-The batch is a gymnasium vector env (``gymnasium.make_vec``) created with
-``autoreset_mode=SAME_STEP``, so the observation returned for a finished env is the first of
-its next episode and the finished episode's last observation is ``info["final_obs"]``.
+The batch is a gymnasium ``SyncVectorEnv`` of :func:`~msrl.envs.single.make_single_env` envs,
+created with ``autoreset_mode=SAME_STEP``, so the observation returned for a finished env is the
+first of its next episode and the finished episode's last observation is ``info["final_obs"]``.
 """
 
 from __future__ import annotations
 
-import difflib
-import pickle
-from typing import Any, Mapping
+import functools
+from typing import Any, Mapping, Sequence
 
 import gymnasium
 import numpy as np
 import torch
-from gymnasium.vector import AutoresetMode
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from msrl.api import Environment, EnvSpec, EpisodeStats
+from msrl.envs.single import UnknownEnvError, check_env_id, make_single_env
+from msrl.envs.state import dump_env, load_env
 
-__all__ = ["GymnasiumEnv", "UnknownEnvError", "check_env_id", "VECTORIZATION_MODES"]
-
-#: Values of ``env.vectorization`` in the YAML.
-VECTORIZATION_MODES = ("sync", "async")
-
-
-class UnknownEnvError(ValueError):
-    """An env id that gymnasium's registry does not hold."""
+__all__ = ["GymnasiumEnv", "UnknownEnvError", "check_env_id", "EpisodeTracker", "obs_dtype"]
 
 
-def check_env_id(env_id: str) -> None:
-    """Checks that ``env_id`` is registered with gymnasium.
+def obs_dtype(space: gymnasium.Space) -> torch.dtype:
+    """The dtype observations of ``space`` are returned in: uint8 for uint8 boxes (Atari frames
+    stay bytes until the network), float32 otherwise."""
+    return torch.uint8 if isinstance(space, gymnasium.spaces.Box) and space.dtype == np.uint8 else torch.float32
 
-    Raises:
-        UnknownEnvError: naming the closest registered ids and listing every registered id.
+
+class EpisodeTracker:
+    """Per-env running returns and lengths of a batch; finished episodes collect until popped.
+
+    Args:
+        num_envs: ``N``.
     """
-    registry = gymnasium.envs.registry
-    if env_id in registry:
-        return
-    known = sorted(registry)
-    close = difflib.get_close_matches(env_id, known, n=3)
-    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-    raise UnknownEnvError(
-        f"unknown env id {env_id!r}.{hint} Registered gymnasium env ids: {', '.join(known)}"
-    )
+
+    def __init__(self, num_envs: int) -> None:
+        self.episode_return = np.zeros(num_envs, dtype=np.float64)
+        self.episode_length = np.zeros(num_envs, dtype=np.int64)
+        self.returns: list[float] = []
+        self.lengths: list[int] = []
+        self.lost = 0
+
+    def update(self, rows: np.ndarray, reward: np.ndarray, done: np.ndarray) -> None:
+        """Adds one step of envs ``rows`` (int ``(B,)``): rewards ``(B,)`` float, done ``(B,)`` bool."""
+        self.episode_return[rows] += reward
+        self.episode_length[rows] += 1
+        if done.any():
+            idx = rows[done]
+            self.returns.extend(self.episode_return[idx].tolist())
+            self.lengths.extend(self.episode_length[idx].tolist())
+            self.episode_return[idx] = 0.0
+            self.episode_length[idx] = 0
+
+    def lose(self, rows: np.ndarray) -> None:
+        """Envs ``rows`` lost their episodes (their worker died): counted, not returned."""
+        self.lost += len(rows)
+        self.episode_return[rows] = 0.0
+        self.episode_length[rows] = 0
+
+    def reset(self) -> None:
+        """Every env starts a new episode."""
+        self.episode_return[:] = 0.0
+        self.episode_length[:] = 0
+
+    def pop(self) -> EpisodeStats:
+        """The episodes finished (and lost) since the last call."""
+        out = EpisodeStats(self.returns, self.lengths, lost=self.lost)
+        self.returns, self.lengths, self.lost = [], [], 0
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """The running returns and lengths."""
+        return {"episode_return": self.episode_return.copy(), "episode_length": self.episode_length.copy()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores :meth:`state_dict`'s output."""
+        self.episode_return = np.array(state["episode_return"], dtype=np.float64, copy=True)
+        self.episode_length = np.array(state["episode_length"], dtype=np.int64, copy=True)
 
 
 class GymnasiumEnv(Environment):
-    """``N`` copies of a gymnasium env, stepped as one batch on torch tensors.
+    """``N`` copies of a gymnasium env, stepped one after another in this process, on torch tensors.
 
     Args:
         env_id: a registered gymnasium id, e.g. ``"CartPole-v1"``.
         num_envs: ``N``, the batch size; >= 1.
-        vectorization: ``"sync"`` (one process, sequential) or ``"async"`` (a subprocess per
-            env), gymnasium's vectorisation modes.
         device: where returned tensors live.
         env_kwargs: passed to ``gymnasium.make`` for each env.
+        wrappers: msrl's named wrappers (:data:`msrl.envs.single.WRAPPERS`), e.g. ``["atari"]``.
 
     Raises:
         UnknownEnvError: ``env_id`` is not registered.
-        ValueError: ``num_envs < 1`` or an unknown ``vectorization``.
+        ValueError: ``num_envs < 1`` or an unknown wrapper.
 
-    Observations are float32 ``(N, *obs_shape)``; discrete actions are int64 ``(N,)``, box
-    actions float32 ``(N, *action_shape)`` (clipped to the space's bounds before stepping).
+    Observations are ``(N, *obs_shape)``, float32 (uint8 for uint8 boxes: :func:`obs_dtype`);
+    discrete actions are int64 ``(N,)``, box actions float32 ``(N, *action_shape)`` (clipped to
+    the space's bounds before stepping).
     """
 
     def __init__(
         self,
         env_id: str,
         num_envs: int,
-        vectorization: str = "sync",
         device: str | torch.device = "cpu",
         env_kwargs: Mapping[str, Any] | None = None,
+        wrappers: Sequence[str] = (),
     ) -> None:
         check_env_id(env_id)
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
-        if vectorization not in VECTORIZATION_MODES:
-            raise ValueError(
-                f"unknown vectorization {vectorization!r}; valid: {', '.join(VECTORIZATION_MODES)}"
-            )
         self.env_id = env_id
         self.device = torch.device(device)
-        self._vec = gymnasium.make_vec(
-            env_id,
-            num_envs=num_envs,
-            vectorization_mode=vectorization,
-            vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
-            **dict(env_kwargs or {}),
-        )
-        self._vectorization = vectorization
+        make = functools.partial(make_single_env, env_id, dict(env_kwargs or {}), list(wrappers))
+        self._vec = SyncVectorEnv([make] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP)
         self.spec = EnvSpec(
             env_id=env_id,
             observation_space=self._vec.single_observation_space,
             action_space=self._vec.single_action_space,
             num_envs=num_envs,
         )
+        self._dtype = obs_dtype(self.spec.observation_space)
         self._discrete = isinstance(self.spec.action_space, gymnasium.spaces.Discrete)
-        self._episode_return = np.zeros(num_envs, dtype=np.float64)
-        self._episode_length = np.zeros(num_envs, dtype=np.int64)
-        self._finished_returns: list[float] = []
-        self._finished_lengths: list[int] = []
+        self._tracker = EpisodeTracker(num_envs)
+        self._rows = np.arange(num_envs)
         self._env_steps = 0
 
     def _obs(self, obs: np.ndarray) -> torch.Tensor:
-        return torch.as_tensor(np.asarray(obs, dtype=np.float32), device=self.device)
+        return torch.as_tensor(np.asarray(obs), device=self.device).to(self._dtype)
 
     def reset(self, seed: int | None = None) -> torch.Tensor:
         """Resets every env; env ``i`` is seeded with ``seed + i``.
 
         Returns:
-            float32 observations ``(N, *obs_shape)``.
+            observations ``(N, *obs_shape)``.
         """
         obs, _ = self._vec.reset(seed=seed)
-        self._episode_return[:] = 0.0
-        self._episode_length[:] = 0
+        self._tracker.reset()
         return self._obs(obs)
 
     def step(
@@ -136,8 +160,7 @@ class GymnasiumEnv(Environment):
             space = self.spec.action_space
             act = np.clip(act, space.low, space.high)
         obs, reward, terminated, truncated, info = self._vec.step(act)
-        reward = np.asarray(reward, dtype=np.float32)
-        if not (np.isfinite(reward).all() and np.isfinite(obs).all()):
+        if not (np.isfinite(reward).all() and (obs.dtype == np.uint8 or np.isfinite(obs).all())):
             raise FloatingPointError(
                 f"env {self.env_id!r} returned a non-finite observation or reward "
                 f"at env step {self._env_steps + n}"
@@ -145,21 +168,14 @@ class GymnasiumEnv(Environment):
         done = np.logical_or(terminated, truncated)
         final_obs = obs
         if done.any():
-            final_obs = np.array(obs, dtype=np.float32, copy=True)
+            final_obs = np.array(obs, copy=True)
             for i in np.flatnonzero(done):
                 final_obs[i] = info["final_obs"][i]
         self._env_steps += n
-        self._episode_return += reward
-        self._episode_length += 1
-        if done.any():
-            idx = np.flatnonzero(done)
-            self._finished_returns.extend(self._episode_return[idx].tolist())
-            self._finished_lengths.extend(self._episode_length[idx].tolist())
-            self._episode_return[idx] = 0.0
-            self._episode_length[idx] = 0
+        self._tracker.update(self._rows, np.asarray(reward, dtype=np.float64), done)
         return (
             self._obs(obs),
-            torch.as_tensor(reward, device=self.device),
+            torch.as_tensor(np.asarray(reward, dtype=np.float32), device=self.device),
             torch.as_tensor(np.asarray(terminated, dtype=bool), device=self.device),
             torch.as_tensor(np.asarray(truncated, dtype=bool), device=self.device),
             {"final_obs": self._obs(final_obs)},
@@ -167,9 +183,7 @@ class GymnasiumEnv(Environment):
 
     def pop_episode_stats(self) -> EpisodeStats:
         """Returns and forgets the episodes finished since the last call."""
-        stats = EpisodeStats(self._finished_returns, self._finished_lengths)
-        self._finished_returns, self._finished_lengths = [], []
-        return stats
+        return self._tracker.pop()
 
     @property
     def env_steps(self) -> int:
@@ -177,34 +191,32 @@ class GymnasiumEnv(Environment):
         return self._env_steps
 
     def state_dict(self) -> dict[str, Any]:
-        """The envs' full state (pickled sub-envs, RNGs included) and the episode trackers.
+        """Every env's exact snapshot (:func:`msrl.envs.state.dump_env`: simulator state and RNGs
+        included), the vector env's autoreset flags and the episode trackers.
 
         Raises:
-            NotImplementedError: for ``vectorization="async"``, whose envs live in subprocesses.
+            EnvStateError: an env that cannot be snapshotted.
         """
-        if self._vectorization != "sync":
-            raise NotImplementedError("exact env checkpoints need vectorization='sync'")
-        return {
-            "envs": pickle.dumps(self._vec.envs),
-            "autoreset_envs": self._vec._autoreset_envs.copy(),
-            "episode_return": self._episode_return.copy(),
-            "episode_length": self._episode_length.copy(),
-            "env_steps": self._env_steps,
-        }
+        shared: dict[str, bytes] = {}
+        envs = [dump_env(e, shared) for e in self._vec.envs]
+        return {"envs": envs, "shared": shared, "autoreset_envs": self._vec._autoreset_envs.copy(),
+                "env_steps": self._env_steps, **self._tracker.state_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores :meth:`state_dict`'s output into this batch (same id and ``N``).
 
         Raises:
             ValueError: the saved batch has another size.
+            EnvStateError: a damaged snapshot.
         """
-        envs = pickle.loads(state["envs"])
-        if len(envs) != self.spec.num_envs:
-            raise ValueError(f"checkpoint holds {len(envs)} envs, this batch has {self.spec.num_envs}")
+        if len(state["envs"]) != self.spec.num_envs:
+            raise ValueError(f"checkpoint holds {len(state['envs'])} envs, this batch has {self.spec.num_envs}")
+        envs = [load_env(b, state["shared"]) for b in state["envs"]]
+        for e in self._vec.envs:
+            e.close()
         self._vec.envs = envs
         self._vec._autoreset_envs = np.array(state["autoreset_envs"], copy=True)
-        self._episode_return = np.array(state["episode_return"], copy=True)
-        self._episode_length = np.array(state["episode_length"], copy=True)
+        self._tracker.load_state_dict(state)
         self._env_steps = int(state["env_steps"])
 
     def close(self) -> None:

@@ -1,0 +1,111 @@
+"""The env factory: msrl's native batched envs and gymnasium envs on one of the engines.
+
+Env ids in the ``msrl/`` namespace (``msrl/CartPole-v1``) are native envs; every other id is a
+registered gymnasium id, stepped by the engine ``env.engine`` names (:data:`ENGINES`):
+:class:`~msrl.envs.gymnasium_env.GymnasiumEnv` in the actor's process (``sync``) or
+:class:`~msrl.envs.engine.ProcessEnv`'s worker processes (``process``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from msrl.api import Environment, EnvSpec
+from msrl.envs.native import NATIVE_ENVS, is_native, make_native
+from msrl.envs.single import UnknownEnvError, make_single_env
+from msrl.envs.single import check_env_id as check_gymnasium_id
+
+__all__ = ["check_env_id", "make_env", "env_spec", "eval_env_id", "UnknownEnvError", "is_native", "ENGINES"]
+
+#: Values of ``env.engine``: ``sync`` steps gymnasium envs one after another in the actor's
+#: process; ``process`` steps them in worker processes over shared memory (:mod:`msrl.envs.engine`).
+ENGINES = ("sync", "process")
+
+
+def check_env_id(env_id: str) -> None:
+    """Checks that ``env_id`` is a native env or a registered gymnasium env.
+
+    Raises:
+        UnknownEnvError: naming close gymnasium ids, the native ids and every gymnasium id.
+    """
+    if is_native(env_id):
+        return
+    if env_id.startswith("msrl/"):
+        raise UnknownEnvError(f"unknown native env id {env_id!r}; native envs: {', '.join(NATIVE_ENVS)}")
+    try:
+        check_gymnasium_id(env_id)
+    except UnknownEnvError as e:
+        raise UnknownEnvError(f"{e}; native envs: {', '.join(NATIVE_ENVS)}") from None
+
+
+def make_env(
+    env_id: str,
+    num_envs: int,
+    device: str | torch.device = "cpu",
+    backend: str = "torch_graph",
+    engine: str = "sync",
+    env_kwargs: Mapping[str, Any] | None = None,
+    wrappers: Sequence[str] = (),
+    num_workers: int | None = None,
+) -> Environment:
+    """Builds the env role of a fragment.
+
+    A native env runs its CUDA C kernels in a ``cuda_kernel`` fragment and its torch reference
+    in any other; a gymnasium env runs in ``torch_graph`` fragments only, on ``engine``
+    (:data:`ENGINES`) with ``num_workers`` worker processes for ``process``.
+
+    Raises:
+        UnknownEnvError: unknown id.
+        ValueError: a gymnasium env in a ``cuda_kernel`` fragment, an unknown engine, or
+            wrappers on a native env.
+    """
+    check_env_id(env_id)
+    if engine not in ENGINES:
+        raise ValueError(f"unknown env engine {engine!r}; valid: {', '.join(ENGINES)}")
+    if is_native(env_id):
+        if wrappers:
+            raise ValueError(f"env.wrappers apply to gymnasium envs, not the native env {env_id!r}")
+        return make_native(env_id, num_envs, device=device, impl="kernel" if backend == "cuda_kernel" else "torch",
+                           **dict(env_kwargs or {}))
+    if backend == "cuda_kernel":
+        raise ValueError(
+            f"env {env_id!r} is a gymnasium env; the cuda_kernel backend runs native envs only ({', '.join(NATIVE_ENVS)})"
+        )
+    if engine == "process":
+        from msrl.envs.engine import ProcessEnv
+
+        return ProcessEnv(env_id, num_envs, num_workers, device, env_kwargs, wrappers)
+    from msrl.envs.gymnasium_env import GymnasiumEnv
+
+    return GymnasiumEnv(env_id, num_envs, device, env_kwargs, wrappers)
+
+
+def env_spec(env_id: str, num_envs: int, env_kwargs: Mapping[str, Any] | None = None,
+             wrappers: Sequence[str] = ()) -> EnvSpec:
+    """The :class:`~msrl.api.EnvSpec` of a batch of ``num_envs`` envs ``env_id``: single-env
+    (single-agent) spaces, and the agents per env.
+
+    Raises:
+        UnknownEnvError: unknown id.
+    """
+    check_env_id(env_id)
+    if is_native(env_id):
+        spec = make_native(env_id, 1, impl="torch", **dict(env_kwargs or {})).spec
+        return dataclasses.replace(spec, num_envs=num_envs)
+    env = make_single_env(env_id, env_kwargs, wrappers)
+    try:
+        return EnvSpec(env_id, env.observation_space, env.action_space, num_envs)
+    finally:
+        env.close()
+
+
+def eval_env_id(env_id: str) -> str | None:
+    """The gymnasium env a policy trained on ``env_id`` is evaluated on: a native env's
+    gymnasium counterpart (``msrl/CartPole-v1`` -> ``CartPole-v1``; ``None`` if it has none,
+    like Tag), else ``env_id``."""
+    if is_native(env_id):
+        return NATIVE_ENVS[env_id].GYMNASIUM_ID
+    return env_id

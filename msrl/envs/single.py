@@ -1,0 +1,117 @@
+"""One gymnasium env from an id, its ``gymnasium.make`` kwargs and msrl's named wrappers.
+
+Every engine builds its envs through :func:`make_single_env`, so a config means the same env
+under ``env.engine: sync`` (in the actor's process) and ``env.engine: process`` (in worker
+processes). This module imports neither torch nor msrl's graph code: the engine's worker
+processes import it and stay light.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from typing import Any, Callable, Mapping, Sequence
+
+import gymnasium
+
+__all__ = ["make_single_env", "check_env_id", "check_wrappers", "WRAPPERS", "UnknownEnvError"]
+
+
+class UnknownEnvError(ValueError):
+    """An env id that gymnasium's registry does not hold."""
+
+
+def _register_optional_namespaces(env_id: str) -> str:
+    """Imports what registers ``env_id``, returns the id to look up: ``module:EnvId`` imports
+    ``module`` (whose import registers ``EnvId``, gymnasium's convention, so worker processes
+    find a user's env too); ALE ids (``ALE/Pong-v5``) register on ``gymnasium.register_envs(ale_py)``.
+
+    Raises:
+        UnknownEnvError: the module does not import, or ale-py is missing for an ALE id."""
+    if ":" in env_id:
+        module, env_id = env_id.split(":", 1)
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise UnknownEnvError(f"env id {module}:{env_id}: cannot import module {module!r}: {e}") from None
+    if env_id.startswith("ALE/") and env_id not in gymnasium.envs.registry:
+        try:
+            import ale_py
+        except ImportError:
+            raise UnknownEnvError(
+                f"env id {env_id!r} is an Atari game, which needs ale-py: pip install -e '.[atari]'"
+            ) from None
+        gymnasium.register_envs(ale_py)
+    return env_id
+
+
+def check_env_id(env_id: str) -> None:
+    """Checks that ``env_id`` is registered with gymnasium (ALE ids register on first use;
+    ``module:EnvId`` imports ``module`` first).
+
+    Raises:
+        UnknownEnvError: naming the closest registered ids and listing every registered id.
+    """
+    env_id = _register_optional_namespaces(env_id)
+    registry = gymnasium.envs.registry
+    if env_id in registry:
+        return
+    known = sorted(registry)
+    close = difflib.get_close_matches(env_id, known, n=3)
+    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    raise UnknownEnvError(
+        f"unknown env id {env_id!r}.{hint} Registered gymnasium env ids: {', '.join(known)}"
+    )
+
+
+def _atari(env_id: str, kwargs: dict[str, Any]) -> tuple[dict[str, Any], Callable[[gymnasium.Env], gymnasium.Env]]:
+    """The standard Atari preprocessing of Mnih et al. 2015 ("Human-level control through deep
+    reinforcement learning", Methods) as Machado et al. 2018 recommend it for ALE v5: up to 30
+    no-ops at reset, 4 frames per action with the max of the last two, 84x84 grayscale frames
+    (uint8), the last 4 stacked: observations ``(4, 84, 84)`` uint8. The base env is made with
+    ``frameskip=1`` since the preprocessing skips frames itself; sticky actions
+    (``repeat_action_probability``) stay at the id's default."""
+    if not env_id.startswith("ALE/"):
+        raise ValueError(f"env.wrappers: 'atari' preprocesses ALE games (ids ALE/<Game>-v5), not {env_id!r}")
+
+    def wrap(env: gymnasium.Env) -> gymnasium.Env:
+        env = gymnasium.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84,
+                                                    terminal_on_life_loss=False, grayscale_obs=True)
+        return gymnasium.wrappers.FrameStackObservation(env, 4)
+
+    return {**kwargs, "frameskip": 1}, wrap
+
+
+#: msrl's named wrappers, for ``env.wrappers`` in the YAML: name -> (env id, gymnasium.make
+#: kwargs) -> (kwargs to make the base env with, wrapping function).
+WRAPPERS: dict[str, Callable[[str, dict[str, Any]], tuple[dict[str, Any], Callable[[gymnasium.Env], gymnasium.Env]]]] = {
+    "atari": _atari,
+}
+
+
+def check_wrappers(wrappers: Sequence[str]) -> None:
+    """Raises ValueError naming an unknown wrapper and the valid ones."""
+    for w in wrappers:
+        if w not in WRAPPERS:
+            raise ValueError(f"unknown env wrapper {w!r}; valid: {', '.join(WRAPPERS)}")
+
+
+def make_single_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None,
+                    wrappers: Sequence[str] = ()) -> gymnasium.Env:
+    """``gymnasium.make(env_id, **env_kwargs)`` with msrl's named ``wrappers`` applied in order.
+
+    Raises:
+        UnknownEnvError: unknown id.
+        ValueError: an unknown wrapper, or one that does not apply to ``env_id``.
+    """
+    check_env_id(env_id)
+    check_wrappers(wrappers)
+    kwargs = dict(env_kwargs or {})
+    wraps = []
+    for w in wrappers:
+        kwargs, wrap = WRAPPERS[w](env_id, kwargs)
+        wraps.append(wrap)
+    env = gymnasium.make(env_id, **kwargs)
+    for wrap in wraps:
+        env = wrap(env)
+    return env

@@ -1,0 +1,210 @@
+"""The env engine (``env.engine: process``): worker processes over shared memory, checked
+against gymnasium stepping the same envs in one process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from msrl.envs.engine import EnvWorkerError, ProcessEnv
+from msrl.envs.gymnasium_env import GymnasiumEnv
+
+
+def _actions(space, n: int, rng: np.random.Generator) -> torch.Tensor:
+    if hasattr(space, "n"):
+        return torch.as_tensor(rng.integers(0, space.n, size=n), dtype=torch.int64)
+    return torch.as_tensor(rng.uniform(space.low, space.high, size=(n, *space.shape)), dtype=torch.float32)
+
+
+def _assert_same(a, b):
+    for x, y in zip(a[:4], b[:4]):
+        assert torch.equal(x, y)
+    assert torch.equal(a[4]["final_obs"], b[4]["final_obs"])
+
+
+@pytest.mark.parametrize("env_id,n,workers,steps", [
+    ("CartPole-v1", 5, 2, 300),     # many autoresets
+    ("Pendulum-v1", 3, 3, 210),     # truncation at 200
+    ("Hopper-v5", 4, 2, 120),       # MuJoCo, terminations
+])
+def test_process_engine_equals_sync_engine(env_id, n, workers, steps):
+    rng = np.random.default_rng(0)
+    sync, proc = GymnasiumEnv(env_id, n), ProcessEnv(env_id, n, num_workers=workers)
+    try:
+        assert torch.equal(sync.reset(seed=11), proc.reset(seed=11))
+        done = 0
+        for _ in range(steps):
+            act = _actions(sync.spec.action_space, n, rng)
+            a, b = sync.step(act), proc.step(act)
+            _assert_same(a, b)
+            assert not b[4]["lost"].any()
+            done += int((a[2] | a[3]).sum())
+        assert done > 0
+        assert sync.pop_episode_stats() == proc.pop_episode_stats()
+        assert proc.env_steps == sync.env_steps == n * steps
+    finally:
+        sync.close()
+        proc.close()
+
+
+def test_async_send_recv_returns_finished_envs_with_their_ids():
+    n, rng = 6, np.random.default_rng(1)
+    ref = [GymnasiumEnv("CartPole-v1", 1) for _ in range(n)]
+    proc = ProcessEnv("CartPole-v1", n, num_workers=3, batch_size=2)
+    try:
+        for i, r in enumerate(ref):
+            r.reset(seed=5 + i)
+        proc.async_reset(seed=5)
+        seen, expected = 0, {}
+        for _ in range(200):
+            obs, reward, term, trunc, info = proc.recv()
+            ids = info["env_id"]
+            assert ids.shape == (2,) and obs.shape == (2, 4)
+            if seen >= n:  # after the first round, every row is a step of env ids[k]
+                for k, i in enumerate(ids.tolist()):
+                    assert torch.equal(obs[k], expected[i][0][0]) and reward[k] == expected[i][1][0]
+                    assert torch.equal(info["final_obs"][k], expected[i][4]["final_obs"][0])
+            seen += 2
+            act = _actions(proc.spec.action_space, 2, rng)
+            for k, i in enumerate(ids.tolist()):
+                expected[i] = ref[i].step(act[k:k + 1])
+            proc.send(act, ids)
+        with pytest.raises(ValueError, match="in flight or not yet received"):
+            proc.send(act, ids)
+        with pytest.raises(RuntimeError, match="while envs are in flight"):
+            proc.step(torch.zeros(n, dtype=torch.int64))
+        proc.recv(batch_size=2)
+        with pytest.raises(ValueError, match="recv: batch_size=5, but only 4 envs were sent"):
+            proc.recv(batch_size=5)
+    finally:
+        proc.close()
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "HalfCheetah-v5"])
+def test_checkpoint_restores_every_env_exactly_under_another_worker_count(env_id):
+    n, rng = 4, np.random.default_rng(2)
+    a = ProcessEnv(env_id, n, num_workers=2)
+    b = ProcessEnv(env_id, n, num_workers=3)
+    try:
+        a.reset(seed=3)
+        for _ in range(25):
+            a.step(_actions(a.spec.action_space, n, rng))
+        a.pop_episode_stats()
+        state = a.state_dict()
+        b.reset(seed=99)
+        b.load_state_dict(state)
+        assert b.env_steps == a.env_steps
+        for _ in range(60):
+            act = _actions(a.spec.action_space, n, rng)
+            _assert_same(a.step(act), b.step(act))
+        assert a.pop_episode_stats() == b.pop_episode_stats()
+        if env_id == "HalfCheetah-v5":  # the MjModel stored once, not per env; compressed MjData
+            assert len(state["shared"]) == 1 and max(map(len, state["envs"])) < 100_000
+    finally:
+        a.close()
+        b.close()
+
+
+def test_sigkilled_worker_is_restarted_and_its_episodes_reported_lost():
+    n = 4
+    env = ProcessEnv("CartPole-v1", n, num_workers=2)
+    try:
+        env.reset(seed=0)
+        for _ in range(5):
+            last, *_ = env.step(torch.zeros(n, dtype=torch.int64))
+        pids = env.worker_pids
+        os.kill(pids[1], signal.SIGKILL)
+        time.sleep(0.2)
+        obs, reward, term, trunc, info = env.step(torch.zeros(n, dtype=torch.int64))
+        assert info["lost"].tolist() == [False, False, True, True]
+        assert trunc[2:].all() and not term[2:].any() and (reward[2:] == 0).all()
+        assert torch.equal(info["final_obs"][2:], last[2:])  # the last observation the caller saw
+        assert env.worker_pids[0] == pids[0] and env.worker_pids[1] != pids[1] and env.restarts == 1
+        stats = env.pop_episode_stats()
+        assert stats.lost == 2 and stats.returns == []
+        assert env.env_steps == 5 * n + 2
+        for _ in range(600):  # training goes on; the fresh episodes finish normally
+            env.step(torch.randint(0, 2, (n,)))
+        stats = env.pop_episode_stats()
+        assert stats.lost == 0 and len(stats.returns) > 0
+    finally:
+        env.close()
+
+
+def test_worker_crash_in_async_mode_loses_every_env_of_that_worker(tmp_path):
+    n = 4
+    env = ProcessEnv("engine_envs:Crashing-v0", n, num_workers=2, batch_size=1,
+                     env_kwargs={"crash_at": 3, "marker": str(tmp_path / "crashed")})
+    try:
+        env.async_reset(seed=0)
+        lost = set()
+        for _ in range(40):
+            _, _, _, trunc, info = env.recv()
+            if info["lost"].any():
+                assert trunc.all()
+                lost.add(int(info["env_id"][0]))
+            env.send(torch.zeros(1, dtype=torch.int64), info["env_id"])
+        assert env.restarts == 1 and len(lost) == 2  # the dead worker's two envs, each lost once
+        assert env.pop_episode_stats().lost == 2
+    finally:
+        env.close()
+
+
+def test_env_error_is_raised_with_the_workers_traceback():
+    env = ProcessEnv("engine_envs:Faulty-v0", 2, num_workers=2, env_kwargs={"fail_at": 3})
+    try:
+        env.reset(seed=0)
+        env.step(torch.zeros(2, dtype=torch.int64))
+        env.step(torch.zeros(2, dtype=torch.int64))
+        with pytest.raises(EnvWorkerError, match=r"(?s)env worker 0 \(envs 0..0.*simulated simulator error at step 3"):
+            env.step(torch.zeros(2, dtype=torch.int64))
+    finally:
+        env.close()
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="env.num_workers must be in 1..num_envs=2, got 3"):
+        ProcessEnv("CartPole-v1", 2, num_workers=3)
+    with pytest.raises(ValueError, match="batch_size must be in 1..num_envs=2"):
+        ProcessEnv("CartPole-v1", 2, batch_size=0)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'no_such_kwarg'"):
+        ProcessEnv("engine_envs:Faulty-v0", 1, env_kwargs={"no_such_kwarg": 1})
+    with pytest.raises(EnvWorkerError, match="(?s)env worker 0 .* failed to build its envs.*simulator licence not found"):
+        ProcessEnv("engine_envs:WorkerOnlyFailure-v0", 1)
+
+
+def test_close_leaves_no_worker_process():
+    env = ProcessEnv("CartPole-v1", 3, num_workers=3)
+    pids = env.worker_pids
+    env.close()
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_atari_preprocessing_through_the_engine():
+    pytest.importorskip("ale_py")
+    pytest.importorskip("cv2")
+    n, rng = 2, np.random.default_rng(4)
+    sync = GymnasiumEnv("ALE/Pong-v5", n, wrappers=["atari"])
+    proc = ProcessEnv("ALE/Pong-v5", n, num_workers=2, wrappers=["atari"])
+    try:
+        o = proc.reset(seed=1)
+        assert o.shape == (n, 4, 84, 84) and o.dtype == torch.uint8
+        assert torch.equal(sync.reset(seed=1), o)
+        for _ in range(30):
+            act = _actions(proc.spec.action_space, n, rng)
+            _assert_same(sync.step(act), proc.step(act))
+        state = proc.state_dict()  # ALE games snapshot through cloneState
+        after = [proc.step(act) for _ in range(5)]
+        proc.load_state_dict(state)
+        for x in after:
+            _assert_same(x, proc.step(act))
+    finally:
+        sync.close()
+        proc.close()
