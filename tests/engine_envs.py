@@ -43,9 +43,10 @@ class WorkerOnlyFailure(CartPoleEnv):
     """CartPole that cannot be built in a child process (a missing licence, a missing display)."""
 
     def __init__(self, **kwargs):
-        import multiprocessing
+        import sys
 
-        if multiprocessing.parent_process() is not None:
+        main = sys.modules["__main__"]
+        if getattr(getattr(main, "__spec__", None), "name", None) == "msrl.envs._worker":
             raise OSError("simulator licence not found")
         super().__init__(**kwargs)
 

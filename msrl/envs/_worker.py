@@ -1,15 +1,23 @@
 """The env engine's worker process: steps its share of the batch's envs on shared memory.
 
-Light on purpose (numpy, gymnasium and the simulators, never torch): one of these runs per
-worker. Commands arrive on a pipe as a byte string (an op code, then its arguments); actions,
-observations, rewards and flags live in shared arrays that the parent allocated, so a step moves
-no array through the pipe. See :class:`msrl.envs.engine.ProcessEnv` for the protocol's user side.
+Run as ``python -m msrl.envs._worker SOCKET_FD MEMORY_FD`` by
+:class:`msrl.envs.engine.ProcessEnv`, never imported by a user's ``__main__`` (a fresh
+interpreter, not ``multiprocessing``'s spawn, so a script without an ``if __name__ ==
+"__main__"`` guard is not re-run in every worker). Light on purpose: numpy, gymnasium and the
+simulators, never torch. The first message on the socket is the worker's set-up (pickled once);
+after it, commands arrive as byte strings (an op code, then its arguments) and actions,
+observations, rewards and flags live in the shared memory the parent allocated, so a step moves
+no array through the socket.
 """
 
 from __future__ import annotations
 
+import mmap
+import os
 import pickle
+import signal
 import struct
+import sys
 import traceback
 from typing import Any, Sequence
 
@@ -22,11 +30,18 @@ _SEED = struct.Struct("<?q")  # has seed, seed
 ENV_ID = struct.Struct("<i")
 
 
-def arrays_from(buffers: dict[str, tuple[Any, str, tuple[int, ...]]]) -> dict[str, Any]:
-    """numpy views of the shared buffers: name -> (RawArray, dtype str, shape)."""
+def arrays_from(memory: Any, layout: dict[str, tuple[str, tuple[int, ...], int]]) -> dict[str, Any]:
+    """numpy views of the shared memory: name -> (dtype str, shape, byte offset)."""
     import numpy as np
 
-    return {name: np.frombuffer(raw, dtype=np.dtype(dt)).reshape(shape) for name, (raw, dt, shape) in buffers.items()}
+    out = {}
+    for name, (dt, shape, offset) in layout.items():
+        dtype = np.dtype(dt)
+        count = 1
+        for d in shape:
+            count *= d
+        out[name] = np.frombuffer(memory, dtype=dtype, count=count, offset=offset).reshape(shape)
+    return out
 
 
 def encode_seed(seed: int | None) -> bytes:
@@ -34,10 +49,10 @@ def encode_seed(seed: int | None) -> bytes:
     return _SEED.pack(seed is not None, 0 if seed is None else int(seed))
 
 
-def main(env_indices: Sequence[int], env_id: str, env_kwargs: dict[str, Any], wrappers: Sequence[str],
-         discrete: bool, buffers: dict[str, tuple[Any, str, tuple[int, ...]]], conn: Any) -> None:
-    """Worker entry point: builds envs ``env_indices`` (global indices in the batch), replies
-    READY, then serves commands until CLOSE or the pipe closes (the parent is gone)."""
+def serve(env_indices: Sequence[int], env_id: str, env_kwargs: dict[str, Any], wrappers: Sequence[str],
+          discrete: bool, memory: Any, layout: dict[str, tuple[str, tuple[int, ...], int]], conn: Any) -> None:
+    """Builds envs ``env_indices`` (global indices in the batch), replies READY, then serves
+    commands until CLOSE or the socket closes (the parent is gone)."""
     import numpy as np
 
     from msrl.envs.single import make_single_env
@@ -45,7 +60,7 @@ def main(env_indices: Sequence[int], env_id: str, env_kwargs: dict[str, Any], wr
 
     try:
         envs = [make_single_env(env_id, env_kwargs, wrappers) for _ in env_indices]
-        a = arrays_from(buffers)
+        a = arrays_from(memory, layout)
     except Exception:  # noqa: BLE001 - reported to the parent with its traceback
         conn.send_bytes(ERROR + traceback.format_exc().encode())
         return
@@ -106,3 +121,25 @@ def main(env_indices: Sequence[int], env_id: str, env_kwargs: dict[str, Any], wr
                 conn.send_bytes(ERROR + f"unknown op code {op}".encode())
         except Exception:  # noqa: BLE001 - reported to the parent with its traceback
             conn.send_bytes(ERROR + traceback.format_exc().encode())
+
+
+def main(argv: Sequence[str]) -> None:
+    """``python -m msrl.envs._worker SOCKET_FD MEMORY_FD``: reads the set-up message (the
+    parent's ``sys.path`` and :func:`serve`'s arguments), maps the shared memory and serves."""
+    from multiprocessing.connection import Connection
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it closes us
+    conn = Connection(int(argv[1]))
+    mem_fd = int(argv[2])
+    try:
+        setup = pickle.loads(conn.recv_bytes())
+    except (EOFError, OSError):
+        return
+    sys.path[:] = setup.pop("sys_path")
+    memory = mmap.mmap(mem_fd, setup.pop("size"))
+    os.close(mem_fd)
+    serve(memory=memory, conn=conn, **setup)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -28,12 +28,14 @@ reported on stderr.
 
 from __future__ import annotations
 
-import multiprocessing as mp
+import mmap
 import os
 import pickle
+import socket
+import subprocess
 import sys
-import threading
-from multiprocessing.connection import wait
+import tempfile
+from multiprocessing.connection import Connection, wait
 from typing import Any, Mapping, Sequence
 
 import gymnasium
@@ -48,7 +50,6 @@ from msrl.envs.single import make_single_env
 __all__ = ["ProcessEnv", "EnvWorkerError", "default_num_workers"]
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-_env_lock = threading.Lock()
 #: seconds a worker may take to build its envs
 START_TIMEOUT_S = 120.0
 
@@ -66,6 +67,28 @@ def default_num_workers(num_envs: int) -> int:
     except AttributeError:  # pragma: no cover - not Linux
         cpus = os.cpu_count() or 1
     return max(1, min(num_envs, cpus))
+
+
+def _shared_memory(size: int) -> tuple[int, mmap.mmap]:
+    """An anonymous shared file of ``size`` bytes (``memfd_create`` on Linux, else an unlinked
+    temporary file) and its mapping: nothing to clean up if this process is killed."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("msrl-env-engine")
+    else:  # pragma: no cover - not Linux
+        fd, path = tempfile.mkstemp(prefix="msrl-env-engine-")
+        os.unlink(path)
+    os.ftruncate(fd, size)
+    return fd, mmap.mmap(fd, size)
+
+
+def _cause(w: "_Worker") -> str:
+    """How worker ``w``'s process ended (waits up to 5 s for it to be reaped)."""
+    try:
+        code = w.proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        w.proc.kill()
+        code = w.proc.wait()
+    return f"signal {-code}" if code < 0 else f"exit code {code}"
 
 
 class _Worker:
@@ -135,8 +158,7 @@ class ProcessEnv(Environment):
         self._out_dtype = obs_dtype(self.spec.observation_space)
         obs_shape = tuple(self.spec.observation_space.shape)
         act_shape = tuple(self.spec.action_space.shape)
-        self._ctx = mp.get_context("spawn")
-        layout = {
+        shapes = {
             "obs": (raw_obs_dtype, (num_envs, *obs_shape)),
             "final_obs": (raw_obs_dtype, (num_envs, *obs_shape)),
             "action": (act_dtype, (num_envs, *act_shape)),
@@ -144,11 +166,14 @@ class ProcessEnv(Environment):
             "terminated": (np.dtype(np.bool_), (num_envs,)),
             "truncated": (np.dtype(np.bool_), (num_envs,)),
         }
-        self._buffers = {
-            name: (self._ctx.RawArray("b", max(1, int(np.prod(shape)) * dt.itemsize)), dt.str, shape)
-            for name, (dt, shape) in layout.items()
-        }
-        self._a = W.arrays_from(self._buffers)
+        self._layout: dict[str, tuple[str, tuple[int, ...], int]] = {}
+        size = 0
+        for name, (dt, shape) in shapes.items():
+            self._layout[name] = (dt.str, shape, size)
+            size += -(-int(np.prod(shape)) * dt.itemsize // 64) * 64  # 64-byte aligned rows of arrays
+        self._size = max(size, 64)
+        self._mem_fd, self._memory = _shared_memory(self._size)
+        self._a = W.arrays_from(self._memory, self._layout)
         self._workers = [_Worker(w, np.arange(w * num_envs // num_workers, (w + 1) * num_envs // num_workers))
                          for w in range(num_workers)]
         self._worker_of = np.empty(num_envs, dtype=np.int64)
@@ -176,32 +201,27 @@ class ProcessEnv(Environment):
 
     # -- workers ------------------------------------------------------------------------------
     def _start(self, w: _Worker) -> None:
-        parent, child = self._ctx.Pipe(duplex=True)
-        w.proc = self._ctx.Process(
-            target=W.main, name=f"msrl-env-worker-{w.index}", daemon=True,
-            args=([int(i) for i in w.envs], self.env_id, self._env_kwargs, self._wrappers, self._discrete,
-                  self._buffers, child),
-        )
-        with _env_lock:  # one thread per process for the simulators and numpy of every worker
-            saved = {k: os.environ.get(k) for k in _THREAD_VARS}
-            os.environ.update({k: "1" for k in _THREAD_VARS})
-            try:
-                w.proc.start()
-            finally:
-                for k, v in saved.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
-        child.close()
-        w.conn = parent
+        parent, child = socket.socketpair()
+        env = {**os.environ, **{k: "1" for k in _THREAD_VARS}}  # one thread per worker process
+        try:
+            w.proc = subprocess.Popen(
+                [sys.executable, "-m", "msrl.envs._worker", str(child.fileno()), str(self._mem_fd)],
+                pass_fds=(child.fileno(), self._mem_fd), env=env, stdin=subprocess.DEVNULL,
+            )
+        finally:
+            child.close()
+        w.conn = Connection(parent.detach())
+        setup = {"sys_path": list(sys.path), "size": self._size, "env_indices": [int(i) for i in w.envs],
+                 "env_id": self.env_id, "env_kwargs": self._env_kwargs, "wrappers": self._wrappers,
+                 "discrete": self._discrete, "layout": self._layout}
+        self._send(w, pickle.dumps(setup, protocol=pickle.HIGHEST_PROTOCOL))
 
     def _await_ready(self, w: _Worker) -> None:
         if not w.conn.poll(START_TIMEOUT_S):
             raise EnvWorkerError(f"{w.describe()} did not start within {START_TIMEOUT_S:.0f} s")
         msg = self._recv(w)
         if msg is None:
-            raise EnvWorkerError(f"{w.describe()} died while building its envs (exit code {w.proc.exitcode})")
+            raise EnvWorkerError(f"{w.describe()} died while building its envs ({_cause(w)})")
         if msg[:1] != W.READY:
             raise EnvWorkerError(f"{w.describe()} failed to build its envs of {self.env_id!r}:\n{msg[1:].decode()}")
 
@@ -248,17 +268,10 @@ class ProcessEnv(Environment):
                 dead.append(w)
         replies: dict[int, bytes] = {}
         while pending:
-            by_obj: dict[Any, _Worker] = {}
-            for w in pending.values():
-                by_obj[w.conn] = w
-                by_obj[w.proc.sentinel] = w
-            for obj in wait(list(by_obj)):
-                w = by_obj[obj]
-                if w.index not in pending:
-                    continue
-                if obj is w.proc.sentinel and w.conn.poll():
-                    continue  # its reply is waiting on the pipe: read it on the next pass
-                msg = self._recv(w) if obj is w.conn else None
+            by_conn = {w.conn: w for w in pending.values()}
+            for conn in wait(list(by_conn)):  # a dead worker's socket reads as end of file
+                w = by_conn[conn]
+                msg = self._recv(w)
                 if self._reply(msg, w, expect, what):
                     replies[w.index] = msg
                 else:
@@ -268,8 +281,7 @@ class ProcessEnv(Environment):
 
     def _restart(self, w: _Worker, losing: bool = True) -> None:
         """Replaces dead worker ``w`` with a fresh one whose envs start new episodes."""
-        code = w.proc.exitcode
-        w.proc.join(timeout=5)
+        cause = _cause(w)
         w.conn.close()
         self._restarts += 1
         self._start(w)
@@ -278,7 +290,6 @@ class ProcessEnv(Environment):
         _, dead = self._command([w], bytes([W.RESET]) + W.encode_seed(seed), W.DONE, "resetting")
         if dead:
             raise EnvWorkerError(f"{w.describe()} died again right after its restart")
-        cause = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
         lost = f", and the {len(w.envs)} episode(s) its envs were in are lost" if losing else ""
         print(f"msrl: {w.describe()} of {self.env_id!r} died ({cause}); restarted it{lost} "
               f"(restart {self._restarts})", file=sys.stderr)
@@ -460,19 +471,10 @@ class ProcessEnv(Environment):
             raise ValueError(f"recv: batch_size={b}, but only {int(self._in_flight.sum()) + len(self._ready)} envs were sent")
         while len(self._ready) < b:
             busy = {int(self._worker_of[i]) for i in np.flatnonzero(self._in_flight)}
-            by_obj: dict[Any, _Worker] = {}
-            for wi in busy:
-                w = self._workers[wi]
-                by_obj[w.conn] = w
-                by_obj[w.proc.sentinel] = w
-            for obj in wait(list(by_obj)):
-                w = by_obj[obj]
-                if obj is w.conn:
-                    msg = self._recv(w)
-                elif w.conn.poll():
-                    continue  # it died after replying: read the replies first
-                else:
-                    msg = None
+            by_conn = {self._workers[wi].conn: self._workers[wi] for wi in busy}
+            for conn in wait(list(by_conn)):
+                w = by_conn[conn]
+                msg = self._recv(w)
                 if self._reply(msg, w, W.ENV_DONE, "stepping"):
                     i = W.ENV_ID.unpack_from(msg, 1)[0]
                     self._in_flight[i] = False
@@ -549,18 +551,24 @@ class ProcessEnv(Environment):
             return
         self._closed = True
         for w in self._workers:
-            if w.proc is None or w.proc.exitcode is not None:
-                continue
-            self._send(w, bytes([W.CLOSE]))
+            if w.proc is not None and w.proc.poll() is None:
+                self._send(w, bytes([W.CLOSE]))
         for w in self._workers:
             if w.proc is None:
                 continue
-            w.proc.join(timeout=5)
-            if w.proc.exitcode is None:
-                w.proc.terminate()
-                w.proc.join(timeout=5)
+            try:
+                w.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                w.proc.kill()
+                w.proc.wait(timeout=5)
             if w.conn is not None:
                 w.conn.close()
+        self._a = {}
+        try:
+            self._memory.close()
+        except BufferError:  # a caller still holds a view; the mapping goes with it
+            pass
+        os.close(self._mem_fd)
 
     def __del__(self) -> None:
         try:
