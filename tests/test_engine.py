@@ -216,7 +216,7 @@ def test_script_without_main_guard_is_not_rerun_by_the_workers(tmp_path):
 
     script = tmp_path / "train.py"
     script.write_text("import torch\nfrom msrl.envs.engine import ProcessEnv\nprint('ran', flush=True)\n"
-                      "env = ProcessEnv('CartPole-v1', 2, num_workers=2)\n"
+                      "env = ProcessEnv('CartPole-v1', 2, num_workers=2)\nenv.reset(seed=0)\n"
                       "print(tuple(env.step(torch.zeros(2, dtype=torch.int64))[0].shape))\nenv.close()\n")
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
