@@ -1,14 +1,17 @@
-"""Native batched environments (torch reference + CUDA C kernels), by id."""
+"""Native batched environments by id: CartPole, Pendulum and Tag (torch reference + CUDA C
+kernels), HalfCheetah and Hopper (MuJoCo physics batched by mjbatch, task logic in torch)."""
 
 from msrl.envs.native.base import IMPLS, NativeEnv
 from msrl.envs.native.cartpole import CartPole
+from msrl.envs.native.mujoco import HalfCheetah, Hopper
 from msrl.envs.native.pendulum import Pendulum
 from msrl.envs.native.tag import Tag
 
-__all__ = ["NATIVE_ENVS", "NativeEnv", "CartPole", "Pendulum", "Tag", "IMPLS", "is_native", "make_native"]
+__all__ = ["NATIVE_ENVS", "NativeEnv", "CartPole", "Pendulum", "Tag", "HalfCheetah", "Hopper", "IMPLS", "is_native",
+           "make_native"]
 
 #: native env id -> class
-NATIVE_ENVS = {CartPole.ENV_ID: CartPole, Pendulum.ENV_ID: Pendulum, Tag.ENV_ID: Tag}
+NATIVE_ENVS = {c.ENV_ID: c for c in (CartPole, Pendulum, Tag, HalfCheetah, Hopper)}
 
 
 def is_native(env_id: str) -> bool:

@@ -42,7 +42,7 @@ import torch
 from msrl.envs.native.cartpole import CartPole
 from msrl.envs.native.pendulum import Pendulum
 
-__all__ = ["CheckReport", "check_cartpole", "check_pendulum", "check_tag", "TOLERANCES", "TAG_TOL"]
+__all__ = ["CheckReport", "check_cartpole", "check_pendulum", "check_mujoco", "check_tag", "TOLERANCES", "TAG_TOL"]
 
 TORCH_TOL = 1e-6
 #: Tag is float32 throughout: one step's observations may differ by a few float32 ulps.
@@ -180,6 +180,48 @@ def _check(cls, gym_id, actions, num_envs, steps, seed, device, impls, mode=None
     ]
 
 
+def check_mujoco(env_id: str = "msrl/HalfCheetah-v5", num_envs: int = 4, steps: int = 1200, seed: int = 0,
+                 device: str = "cpu") -> CheckReport:
+    """Steps a native MuJoCo task (:mod:`msrl.envs.native.mujoco`) and gymnasium's own env side
+    by side in ``trajectory`` mode, with float32 actions from U[-1.2, 1.2) (clipping exercised):
+    the physics is MuJoCo's ``mj_step`` on the same model in both, so observations must be
+    bitwise equal (tolerance 0) and rewards and flags exactly equal over whole episodes, the
+    1,000-step truncation (HalfCheetah) and the unhealthy terminations (Hopper) included.
+    Gymnasium's start states are copied in at every episode start.
+
+    Returns:
+        the :class:`CheckReport` of the ``torch`` implementation.
+    """
+    from msrl.envs.native import NATIVE_ENVS
+
+    cls = NATIVE_ENVS[env_id]
+    refs = [gymnasium.make(cls.GYMNASIUM_ID) for _ in range(num_envs)]
+    native = cls(num_envs, device=device)
+    native.reset(seed=seed)
+    for i, r in enumerate(refs):
+        r.reset(seed=seed + i)
+        native.set_state(i, r.unwrapped.data.qpos, r.unwrapped.data.qvel)
+    rng = np.random.default_rng(seed)
+    diff, flags, episodes, truncations = 0.0, 0, 0, 0
+    low, high = native.spec.action_space.low * 1.2, native.spec.action_space.high * 1.2
+    for _ in range(steps):
+        batch = rng.uniform(low, high, size=(num_envs, *low.shape)).astype(np.float32)
+        obs, reward, term, trunc, info = native.step(torch.as_tensor(batch, device=device))
+        for i, r in enumerate(refs):
+            o, rew, te, tr, _ = r.step(np.clip(batch[i], native.spec.action_space.low, native.spec.action_space.high))
+            diff = max(diff, float(np.abs(info["final_obs"][i].cpu().numpy() - o.astype(np.float32)).max()))
+            if bool(term[i]) != te or bool(trunc[i]) != tr or float(reward[i]) != float(np.float32(rew)):
+                flags += 1
+            if te or tr:
+                episodes += 1
+                truncations += int(tr)
+                r.reset()
+                native.set_state(i, r.unwrapped.data.qpos, r.unwrapped.data.qvel)
+            else:
+                diff = max(diff, float(np.abs(obs[i].cpu().numpy() - o.astype(np.float32)).max()))
+    return CheckReport("torch", device, "trajectory", steps, episodes, truncations, diff, flags, 0.0)
+
+
 def check_tag(num_envs: int = 4, steps: int = 300, seed: int = 0, device: str = "cpu", **params) -> CheckReport:
     """Host kernel vs torch reference of native Tag, one step at a time.
 
@@ -220,7 +262,7 @@ def main() -> None:
     """``python -m msrl.envs.native.check``: prints one JSON report per implementation; exits 1
     when any is out of tolerance."""
     p = argparse.ArgumentParser(description="native envs vs gymnasium, step by step")
-    p.add_argument("--env", default="cartpole", choices=["cartpole", "pendulum", "tag"])
+    p.add_argument("--env", default="cartpole", choices=["cartpole", "pendulum", "tag", "halfcheetah", "hopper"])
     p.add_argument("--num-envs", type=int, default=8)
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)
@@ -231,6 +273,9 @@ def main() -> None:
     args = p.parse_args()
     if args.env == "cartpole":
         reports = check_cartpole(args.num_envs, args.steps, args.seed, args.device, controller=args.controller, mode=args.mode)
+    elif args.env in ("halfcheetah", "hopper"):
+        reports = [check_mujoco({"halfcheetah": "msrl/HalfCheetah-v5", "hopper": "msrl/Hopper-v5"}[args.env],
+                                args.num_envs, args.steps, args.seed, args.device)]
     elif args.env == "pendulum":
         reports = check_pendulum(args.num_envs, args.steps, args.seed, args.device, mode=args.mode)
     else:
