@@ -221,3 +221,53 @@ def test_script_without_main_guard_is_not_rerun_by_the_workers(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["ran", "(2,", "4)"]
+
+
+def _worker_children(pid: int) -> list[int]:
+    """Pids of the env engine workers whose parent is ``pid`` (from /proc)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid and b"msrl.envs._worker" in cmd:
+            out.append(int(entry))
+    return out
+
+
+def test_training_survives_a_sigkilled_env_worker_and_reports_the_lost_episodes(tmp_path):
+    """Acceptance: SIGKILL one env worker mid-run; training continues; the lost episodes are
+    reported on stderr and in faults/lost_episodes."""
+    import csv
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "msrl.cli", "train", "configs/ppo_cartpole.yaml", f"runs_dir={tmp_path}", "name=k",
+         "env.engine=process", "env.num_workers=2", "train.total_env_steps=40000", "train.eval_every=0",
+         "train.progress=false"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not (tmp_path / "k" / "metrics.csv").exists() and time.time() < deadline:
+            time.sleep(0.1)  # training has started (the probe's envs, built and closed before, are gone)
+        workers = _worker_children(proc.pid)
+        assert len(workers) == 2, "the run's env workers never started"
+        os.kill(workers[1], signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "died (signal 9); restarted it, and the 8 episode(s) its envs were in are lost" in err
+    with open(tmp_path / "k" / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    # every iteration ran; the dead worker's 8 envs' step was not counted as 8 env steps
+    assert int(rows[-1]["iteration"]) * 256 - int(rows[-1]["env_steps"]) == 8
+    assert int(rows[0]["faults/lost_episodes"]) == 0 and int(rows[-1]["faults/lost_episodes"]) == 8
