@@ -41,8 +41,15 @@ setup(
     ],
     extras_require={
         # cupy-cuda12x: the GPU build's set-up errors are tested where CuPy imports without a GPU
-        "test": ["pytest>=7", "ruff==0.17.6", "cupy-cuda12x>=13"],
-        "bench": ["stable-baselines3>=2.3"],
+        # (the simulators too: the env engine and native MuJoCo tasks are tested against them)
+        "test": ["pytest>=7", "ruff==0.17.6", "cupy-cuda12x>=13", "gymnasium[mujoco]>=1.1", "mjbatch>=0.1.4",
+                 "ale-py>=0.9", "opencv-python-headless>=4.8"],
+        # envpool: the env engine's peer in bench/bench_mujoco_envs.py
+        "bench": ["stable-baselines3>=2.3", "envpool>=1.0"],
+        # MuJoCo tasks (HalfCheetah-v5, ...) through the env engine, and the native batched ones
+        "mujoco": ["gymnasium[mujoco]>=1.1", "mjbatch>=0.1.4"],
+        # ALE games (ALE/Pong-v5, ...) with the atari preprocessing wrapper
+        "atari": ["ale-py>=0.9", "opencv-python-headless>=4.8"],
         # the GPU build of native envs (CuPy + the CUDA headers NVRTC needs; CUDA 12 drivers)
         "gpu": ["cupy-cuda12x[ctk]>=13"],
         # RLlib, the peer of bench/bench_rllib.py (pins gymnasium 1.2.x: kept out of "bench")

@@ -174,12 +174,12 @@ class MujocoTask(Environment):
         self.ctrl.copy_(a)
         x_before = self.qpos[:, 0].clone()
         self.batch.step(nstep=self.FRAME_SKIP)
-        qpos, qvel = self.qpos.clone(), self.qvel.clone()
-        if not (torch.isfinite(qpos).all() and torch.isfinite(qvel).all()):
-            raise FloatingPointError(f"{self.ENV_ID}: non-finite simulation state at env step {self._env_steps + n}")
+        qpos, qvel = self.qpos, self.qvel  # live views: read before any reset below
         x_velocity = (qpos[:, 0] - x_before) / self.dt
         obs = self._observe(qpos, qvel)
         reward = self._reward(x_velocity, a, qpos, qvel)
+        if not (torch.isfinite(obs).all() and torch.isfinite(reward).all()):
+            raise FloatingPointError(f"{self.ENV_ID}: non-finite simulation state at env step {self._env_steps + n}")
         terminated = self._terminated(qpos, qvel)
         self.steps += 1
         truncated = self.steps >= self.MAX_EPISODE_STEPS
@@ -193,8 +193,9 @@ class MujocoTask(Environment):
         self._env_steps += n
         self._tracker.update(self._index.numpy(), reward.numpy(), done.numpy())
         dev = self.device
-        return (obs.to(dev, torch.float32), reward.to(dev, torch.float32), terminated.to(dev), truncated.to(dev),
-                {"final_obs": final_obs.to(dev, torch.float32)})
+        obs32 = obs.to(dev, torch.float32)
+        final32 = obs32 if final_obs is obs else final_obs.to(dev, torch.float32)
+        return obs32, reward.to(dev, torch.float32), terminated.to(dev), truncated.to(dev), {"final_obs": final32}
 
     def set_state(self, index: int, qpos: Any, qvel: Any, steps: int = 0) -> torch.Tensor:
         """Overwrites env ``index``'s state (e.g. with gymnasium's, for the checker) as

@@ -1,0 +1,156 @@
+"""Simulator stepping: env steps/s of msrl's env engine and native MuJoCo tasks against EnvPool,
+in one run, on the same threads.
+
+HalfCheetah-v5, ``--envs`` envs (default 64), ``--threads`` threads (default 2):
+
+* ``gymnasium sync`` -- the envs stepped one after another in this process (``env.engine: sync``);
+* ``msrl process engine`` -- :class:`msrl.envs.engine.ProcessEnv`, one worker process per thread;
+* ``msrl native task`` -- ``msrl/HalfCheetah-v5``: mjbatch physics on ``--threads`` threads, task
+  logic in torch;
+* ``envpool`` -- ``envpool.make("HalfCheetah-v5", env_type="gymnasium")`` on ``--threads`` threads.
+
+Atari (``--atari``): ``ALE/Pong-v5`` with the standard preprocessing (84x84 grayscale, 4 stacked
+frames, frame skip 4, up to 30 no-ops, no sticky actions) through the process engine, against
+envpool's ``Pong-v5`` with the same settings.
+
+Every system steps with zero actions (MuJoCo) or random actions (Atari) and autoreset on.
+Rounds alternate the systems; the median over ``--rounds`` rounds is reported.
+
+    python bench/bench_mujoco_envs.py --envs 64 --threads 2 --rounds 3 --atari
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from typing import Callable
+
+import numpy as np
+import torch
+
+
+def timed(step: Callable[[], None], seconds: float) -> float:
+    """Batch steps/s of ``step`` over at least ``seconds`` after a warm-up."""
+    for _ in range(10):
+        step()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(10):
+            step()
+        n += 10
+    return n / (time.perf_counter() - t0)
+
+
+def mujoco_systems(n: int, threads: int) -> dict[str, Callable[[], tuple[Callable[[], None], Callable[[], None]]]]:
+    """name -> builder returning (step, close) for HalfCheetah-v5 with ``n`` envs."""
+
+    def sync():
+        from msrl.envs.gymnasium_env import GymnasiumEnv
+
+        env = GymnasiumEnv("HalfCheetah-v5", n)
+        env.reset(seed=0)
+        a = torch.zeros(n, 6)
+        return (lambda: env.step(a)), env.close
+
+    def engine():
+        from msrl.envs.engine import ProcessEnv
+
+        env = ProcessEnv("HalfCheetah-v5", n, num_workers=threads)
+        env.reset(seed=0)
+        a = torch.zeros(n, 6)
+        return (lambda: env.step(a)), env.close
+
+    def native():
+        from msrl.envs.native import HalfCheetah
+
+        env = HalfCheetah(n, num_threads=threads)
+        env.reset(seed=0)
+        a = torch.zeros(n, 6)
+        return (lambda: env.step(a)), (lambda: None)
+
+    def envpool_():
+        import envpool
+
+        env = envpool.make("HalfCheetah-v5", env_type="gymnasium", num_envs=n, num_threads=threads, seed=0)
+        env.reset()
+        a = np.zeros((n, 6), dtype=np.float32)
+        return (lambda: env.step(a)), env.close
+
+    return {"gymnasium sync": sync, "msrl process engine": engine, "msrl native task": native, "envpool": envpool_}
+
+
+def atari_systems(n: int, threads: int) -> dict[str, Callable[[], tuple[Callable[[], None], Callable[[], None]]]]:
+    """name -> builder returning (step, close) for Pong with the standard preprocessing."""
+    rng = np.random.default_rng(0)
+
+    def engine():
+        from msrl.envs.engine import ProcessEnv
+
+        env = ProcessEnv("ALE/Pong-v5", n, num_workers=threads, wrappers=["atari"],
+                         env_kwargs={"repeat_action_probability": 0.0})
+        env.reset(seed=0)
+        acts = [torch.as_tensor(rng.integers(0, 6, n)) for _ in range(64)]
+        i = [0]
+
+        def step():
+            i[0] += 1
+            env.step(acts[i[0] % 64])
+        return step, env.close
+
+    def envpool_():
+        import envpool
+
+        env = envpool.make("Pong-v5", env_type="gymnasium", num_envs=n, num_threads=threads, seed=0,
+                           episodic_life=False, reward_clip=False, repeat_action_probability=0.0,
+                           noop_max=30, stack_num=4, frame_skip=4, img_height=84, img_width=84)
+        env.reset()
+        acts = [rng.integers(0, 6, n) for _ in range(64)]
+        i = [0]
+
+        def step():
+            i[0] += 1
+            env.step(acts[i[0] % 64])
+        return step, env.close
+
+    return {"msrl process engine": engine, "envpool": envpool_}
+
+
+def run(systems, n: int, rounds: int, seconds: float) -> dict[str, float]:
+    """Median env steps/s per system over ``rounds`` alternating rounds."""
+    out: dict[str, list[float]] = {k: [] for k in systems}
+    for _ in range(rounds):
+        for name, build in systems.items():
+            step, close = build()
+            try:
+                out[name].append(timed(step, seconds) * n)
+            finally:
+                close()
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--envs", type=int, nargs="+", default=[64])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=3.0)
+    p.add_argument("--atari", action="store_true", help="also Pong, engine vs envpool")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    for n in args.envs:
+        res = run(mujoco_systems(n, args.threads), n, args.rounds, args.seconds)
+        ref = res["envpool"]
+        print(json.dumps({"task": "HalfCheetah-v5", "envs": n, "threads": args.threads,
+                          **{k: {"steps_per_s": round(v), "vs_envpool": round(v / ref, 2)} for k, v in res.items()}}))
+    if args.atari:
+        n = args.envs[0]
+        res = run(atari_systems(n, args.threads), n, args.rounds, args.seconds)
+        ref = res["envpool"]
+        print(json.dumps({"task": "Pong (atari preprocessing)", "envs": n, "threads": args.threads,
+                          **{k: {"steps_per_s": round(v), "vs_envpool": round(v / ref, 2)} for k, v in res.items()}}))
+
+
+if __name__ == "__main__":
+    main()
