@@ -394,9 +394,12 @@ class PPOLearner(Learner):
         (Schulman et al. 2017, Eq. 7 and 9) on a flattened batch of ``B`` samples.
 
         Args:
-            evaluate: minibatch indices ``(b,)`` -> ``(log_prob, entropy, value)``, each ``(b,)``,
-                under the current networks.
-            b_logprobs, b_values, b_advantages, b_returns: ``(B,)`` float32 from the rollout.
+            evaluate: minibatch indices ``(b,)`` -> ``(log_prob, entropy, value)``, each ``(b,)``
+                (or ``(b, G)``), under the current networks.
+            b_logprobs, b_values, b_advantages, b_returns: ``(B,)`` float32 from the rollout, or
+                ``(B, G)``: minibatches then draw whole rows (MAPPO: env-steps, whose ``G``
+                agents the centralised critic values together) and the losses average over
+                their ``b G`` samples.
             lr: the learning rate (reported); clip: the clipping coefficient.
 
         Returns:
@@ -414,24 +417,25 @@ class PPOLearner(Learner):
             perm = torch.randperm(batch_size, generator=self.generator, device=device)
             for start in range(0, batch_size - minibatch_size + 1, minibatch_size):
                 mb = perm[start : start + minibatch_size]
-                newlogprob, entropy, newvalue = evaluate(mb)
-                logratio = newlogprob - b_logprobs[mb]
+                newlogprob, entropy, newvalue = (x.flatten() for x in evaluate(mb))
+                logratio = newlogprob - b_logprobs[mb].flatten()
                 ratio = logratio.exp()
                 with torch.no_grad():
                     old_approx_kl = (-logratio).mean()
                     approx_kl = ((ratio - 1) - logratio).mean()
                     clipfrac_sum += ((ratio - 1.0).abs() > clip).float().mean()
                     n_minibatches += 1
-                mb_adv = b_advantages[mb]
+                mb_adv = b_advantages[mb].flatten()
                 if hp.norm_adv and mb_adv.numel() > 1:
                     mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
                 pg_loss = torch.max(-mb_adv * ratio, -mb_adv * torch.clamp(ratio, 1 - clip, 1 + clip)).mean()
+                mb_returns, mb_values = b_returns[mb].flatten(), b_values[mb].flatten()
                 if hp.clip_vloss:
-                    v_unclipped = (newvalue - b_returns[mb]) ** 2
-                    v_clipped = b_values[mb] + torch.clamp(newvalue - b_values[mb], -clip, clip)
-                    v_loss = 0.5 * torch.max(v_unclipped, (v_clipped - b_returns[mb]) ** 2).mean()
+                    v_unclipped = (newvalue - mb_returns) ** 2
+                    v_clipped = mb_values + torch.clamp(newvalue - mb_values, -clip, clip)
+                    v_loss = 0.5 * torch.max(v_unclipped, (v_clipped - mb_returns) ** 2).mean()
                 else:
-                    v_loss = 0.5 * ((newvalue - b_returns[mb]) ** 2).mean()
+                    v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
                 entropy_loss = entropy.mean()
                 loss = pg_loss - hp.ent_coef * entropy_loss + v_loss * hp.vf_coef
                 grad_norm = self.apply_gradients(loss, hp.max_grad_norm)

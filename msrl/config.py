@@ -380,7 +380,7 @@ def build_job_spec(cfg: RunConfig) -> Any:
             raise ConfigError(f"eval.env_id: {e}") from None
     from msrl.envs import eval_env_id
 
-    if is_native(cfg.env.id) and cfg.eval.env_id is None and eval_env_id(cfg.env.id) is None and cfg.train.eval_every:
+    if cfg.eval.env_id is None and eval_env_id(cfg.env.id) is None and cfg.train.eval_every:
         raise ConfigError(
             f"train.eval_every={cfg.train.eval_every}: {cfg.env.id} has no gymnasium twin to evaluate on; "
             "set train.eval_every=0 (the training curves report returns) or eval.env_id"

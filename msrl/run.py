@@ -392,6 +392,8 @@ def evaluation_env(cfg: RunConfig) -> tuple[str | None, dict[str, Any], list[str
         return cfg.eval.env_id, {}, list(cfg.env.wrappers)
     if is_native(cfg.env.id):
         return eval_env_id(cfg.env.id), {}, []
+    if eval_env_id(cfg.env.id) is None:
+        return None, {}, []
     return cfg.env.id, dict(cfg.env.kwargs), list(cfg.env.wrappers)
 
 

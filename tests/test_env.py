@@ -83,3 +83,23 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="action has leading size 3, expected num_envs=2"):
         env.step(torch.zeros(3, dtype=torch.int64))
     env.close()
+
+
+def test_sync_engine_equals_gymnasiums_same_step_vector_env():
+    import gymnasium
+    import numpy as np
+    from gymnasium.vector import AutoresetMode
+
+    n, rng = 4, np.random.default_rng(0)
+    ours = GymnasiumEnv("CartPole-v1", n)
+    ref = gymnasium.make_vec("CartPole-v1", num_envs=n, vectorization_mode="sync",
+                             vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP})
+    assert np.array_equal(ours.reset(seed=5).numpy(), ref.reset(seed=5)[0].astype(np.float32))
+    for _ in range(300):
+        act = rng.integers(0, 2, n)
+        o, r, te, tr, info = ours.step(torch.as_tensor(act))
+        ro, rr, rte, rtr, rinfo = ref.step(act)
+        assert np.array_equal(o.numpy(), ro.astype(np.float32)) and np.array_equal(r.numpy(), rr.astype(np.float32))
+        assert np.array_equal(te.numpy(), rte) and np.array_equal(tr.numpy(), rtr)
+        for i in np.flatnonzero(rte | rtr):
+            assert np.array_equal(info["final_obs"][i].numpy(), rinfo["final_obs"][i].astype(np.float32))

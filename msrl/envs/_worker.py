@@ -44,6 +44,24 @@ def arrays_from(memory: Any, layout: dict[str, tuple[str, tuple[int, ...], int]]
     return out
 
 
+def step_into(env: Any, i: int, a: dict[str, Any], discrete: bool) -> None:
+    """Steps ``env`` (env ``i`` of the batch) with action row ``a["action"][i]`` and writes row
+    ``i`` of ``a``'s ``obs``, ``reward``, ``terminated``, ``truncated`` and, when the episode
+    ended, ``final_obs`` (its last observation; ``obs`` is then the next episode's first:
+    gymnasium's same-step autoreset)."""
+    import numpy as np
+
+    act = a["action"][i]
+    o, r, te, tr, _ = env.step(int(act) if discrete else np.array(act, copy=True))
+    if te or tr:
+        a["final_obs"][i] = o
+        o, _ = env.reset()
+    a["obs"][i] = o
+    a["reward"][i] = r
+    a["terminated"][i] = te
+    a["truncated"][i] = tr
+
+
 def encode_seed(seed: int | None) -> bytes:
     """The RESET command's argument."""
     return _SEED.pack(seed is not None, 0 if seed is None else int(seed))
@@ -64,21 +82,11 @@ def serve(env_indices: Sequence[int], env_id: str, env_kwargs: dict[str, Any], w
     except Exception:  # noqa: BLE001 - reported to the parent with its traceback
         conn.send_bytes(ERROR + traceback.format_exc().encode())
         return
-    obs, final_obs, act, rew = a["obs"], a["final_obs"], a["action"], a["reward"]
-    term, trunc = a["terminated"], a["truncated"]
+    obs = a["obs"]
     local = {int(i): k for k, i in enumerate(env_indices)}
 
     def step_one(i: int) -> None:
-        env = envs[local[i]]
-        action = int(act[i]) if discrete else np.array(act[i], copy=True)
-        o, r, te, tr, _ = env.step(action)
-        if te or tr:
-            final_obs[i] = o
-            o, _ = env.reset()
-        obs[i] = o
-        rew[i] = r
-        term[i] = te
-        trunc[i] = tr
+        step_into(envs[local[i]], i, a, discrete)
 
     conn.send_bytes(READY)
     while True:

@@ -42,9 +42,9 @@ import gymnasium
 import numpy as np
 import torch
 
-from msrl.api import Environment, EnvSpec, EpisodeStats
+from msrl.api import Environment, EpisodeStats
 from msrl.envs import _worker as W
-from msrl.envs.gymnasium_env import EpisodeTracker, obs_dtype
+from msrl.envs.gymnasium_env import EpisodeTracker, env_spec_of, obs_dtype
 from msrl.envs.single import make_single_env
 
 __all__ = ["ProcessEnv", "EnvWorkerError", "default_num_workers"]
@@ -148,21 +148,25 @@ class ProcessEnv(Environment):
         self._env_kwargs, self._wrappers = dict(env_kwargs or {}), list(wrappers)
         probe = make_single_env(env_id, self._env_kwargs, self._wrappers)
         try:
-            self.spec = EnvSpec(env_id, probe.observation_space, probe.action_space, num_envs)
+            # the spaces one env steps on: a PettingZoo env's are stacked over its agents
+            self._obs_space, self._action_space = probe.observation_space, probe.action_space
+            self.spec = env_spec_of(probe, env_id, num_envs)
         finally:
             probe.close()
-        self._discrete = isinstance(self.spec.action_space, gymnasium.spaces.Discrete)
-        raw_obs_dtype = _space_dtype(self.spec.observation_space, "observation", env_id)
-        act_dtype = np.dtype(np.int64) if self._discrete else np.dtype(np.float32)
-        _space_dtype(self.spec.action_space, "action", env_id)
-        self._out_dtype = obs_dtype(self.spec.observation_space)
-        obs_shape = tuple(self.spec.observation_space.shape)
-        act_shape = tuple(self.spec.action_space.shape)
+        agent_actions = self.spec.action_space  # one agent's (the env's when single-agent)
+        self._discrete = isinstance(self._action_space, gymnasium.spaces.Discrete)  # a scalar action
+        raw_obs_dtype = _space_dtype(self._obs_space, "observation", env_id)
+        act_dtype = _space_dtype(agent_actions, "action", env_id)
+        act_dtype = np.dtype(np.int64) if act_dtype == np.int64 else np.dtype(np.float32)
+        self._out_dtype = obs_dtype(self._obs_space)
+        obs_shape = tuple(self._obs_space.shape)
+        act_shape = tuple(self._action_space.shape)
+        agents = () if self.spec.num_agents == 1 else (self.spec.num_agents,)
         shapes = {
             "obs": (raw_obs_dtype, (num_envs, *obs_shape)),
             "final_obs": (raw_obs_dtype, (num_envs, *obs_shape)),
             "action": (act_dtype, (num_envs, *act_shape)),
-            "reward": (np.dtype(np.float64), (num_envs,)),
+            "reward": (np.dtype(np.float64), (num_envs, *agents)),
             "terminated": (np.dtype(np.bool_), (num_envs,)),
             "truncated": (np.dtype(np.bool_), (num_envs,)),
         }
@@ -310,9 +314,8 @@ class ProcessEnv(Environment):
 
     def _write_actions(self, action: torch.Tensor, rows: np.ndarray | slice) -> None:
         act = action.detach().cpu().numpy()
-        if not self._discrete:
-            space = self.spec.action_space
-            act = np.clip(act, space.low, space.high)
+        if isinstance(self._action_space, gymnasium.spaces.Box):
+            act = np.clip(act, self._action_space.low, self._action_space.high)
         self._a["action"][rows] = act
 
     def _rows(self, rows: np.ndarray) -> tuple[torch.Tensor, ...]:
@@ -329,12 +332,13 @@ class ProcessEnv(Environment):
         lost = self._lost[rows]
         if lost.any():
             final[lost] = self._last_obs[rows[lost]]
-            reward = np.where(lost, 0.0, reward)
+            reward = np.where(lost.reshape(-1, *[1] * (reward.ndim - 1)), 0.0, reward)
             terminated[lost], truncated[lost] = False, True
             self._lost[rows] = False
         stepped = ~(lost | self._fresh[rows])
         self._fresh[rows] = False
-        self._tracker.update(rows[stepped], reward[stepped], done[stepped])
+        episode_reward = reward if reward.ndim == 1 else reward.sum(1)  # multi-agent: summed over agents
+        self._tracker.update(rows[stepped], episode_reward[stepped], done[stepped])
         self._env_steps += int(stepped.sum())
         self._last_obs[rows] = obs
         return (self._tensor(obs), torch.from_numpy(reward.astype(np.float32)).to(self.device),

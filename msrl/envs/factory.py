@@ -95,9 +95,11 @@ def env_spec(env_id: str, num_envs: int, env_kwargs: Mapping[str, Any] | None = 
     if is_native(env_id):
         spec = make_native(env_id, 1, impl="torch", **dict(env_kwargs or {})).spec
         return dataclasses.replace(spec, num_envs=num_envs)
+    from msrl.envs.gymnasium_env import env_spec_of
+
     env = make_single_env(env_id, env_kwargs, wrappers)
     try:
-        return EnvSpec(env_id, env.observation_space, env.action_space, num_envs)
+        return env_spec_of(env, env_id, num_envs)
     finally:
         env.close()
 
@@ -106,6 +108,10 @@ def eval_env_id(env_id: str) -> str | None:
     """The gymnasium env a policy trained on ``env_id`` is evaluated on: a native env's
     gymnasium counterpart (``msrl/CartPole-v1`` -> ``CartPole-v1``; ``None`` if it has none,
     like Tag), else ``env_id``."""
+    from msrl.envs.pettingzoo_env import is_pettingzoo
+
     if is_native(env_id):
         return NATIVE_ENVS[env_id].GYMNASIUM_ID
+    if is_pettingzoo(env_id):
+        return None  # multi-agent: the training curves report the returns
     return env_id

@@ -1,32 +1,43 @@
 """Gymnasium adapter: any registered gymnasium env id as a batched :class:`~msrl.api.Environment`
 stepped in the caller's process (``env.engine: sync``).
 
-The batch is a gymnasium ``SyncVectorEnv`` of :func:`~msrl.envs.single.make_single_env` envs,
-created with ``autoreset_mode=SAME_STEP``, so the observation returned for a finished env is the
-first of its next episode and the finished episode's last observation is ``info["final_obs"]``.
+The batch is a list of :func:`~msrl.envs.single.make_single_env` envs stepped in order with
+gymnasium's same-step autoreset (the ``SAME_STEP`` mode of its vector envs): the observation
+returned for a finished env is the first of its next episode and the finished episode's last
+observation is ``info["final_obs"]``. The step itself is the env engine's worker's
+(:func:`msrl.envs._worker.step_into`), so ``sync`` and ``process`` cannot drift apart.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Mapping, Sequence
 
 import gymnasium
 import numpy as np
 import torch
-from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from msrl.api import Environment, EnvSpec, EpisodeStats
 from msrl.envs.single import UnknownEnvError, check_env_id, make_single_env
 from msrl.envs.state import dump_env, load_env
 
-__all__ = ["GymnasiumEnv", "UnknownEnvError", "check_env_id", "EpisodeTracker", "obs_dtype"]
+__all__ = ["GymnasiumEnv", "UnknownEnvError", "check_env_id", "EpisodeTracker", "obs_dtype", "env_spec_of"]
 
 
 def obs_dtype(space: gymnasium.Space) -> torch.dtype:
     """The dtype observations of ``space`` are returned in: uint8 for uint8 boxes (Atari frames
     stay bytes until the network), float32 otherwise."""
     return torch.uint8 if isinstance(space, gymnasium.spaces.Box) and space.dtype == np.uint8 else torch.float32
+
+
+def env_spec_of(env: gymnasium.Env, env_id: str, num_envs: int) -> EnvSpec:
+    """The :class:`~msrl.api.EnvSpec` of a batch of ``num_envs`` copies of ``env``: a PettingZoo
+    env's (:class:`~msrl.envs.pettingzoo_env.AgentStackedEnv`) spaces are one agent's, with its
+    agent count."""
+    from msrl.envs.pettingzoo_env import AgentStackedEnv
+
+    if isinstance(env, AgentStackedEnv):
+        return EnvSpec(env_id, env.agent_observation_space, env.agent_action_space, num_envs, len(env.agents))
+    return EnvSpec(env_id, env.observation_space, env.action_space, num_envs)
 
 
 class EpisodeTracker:
@@ -82,22 +93,25 @@ class EpisodeTracker:
 
 
 class GymnasiumEnv(Environment):
-    """``N`` copies of a gymnasium env, stepped one after another in this process, on torch tensors.
+    """``N`` copies of a gymnasium env (or of a PettingZoo env, agent-stacked), stepped one after
+    another in this process, on torch tensors (``env.engine: sync``).
 
     Args:
-        env_id: a registered gymnasium id, e.g. ``"CartPole-v1"``.
+        env_id: a registered gymnasium id (``"CartPole-v1"``) or ``pettingzoo/<module>``.
         num_envs: ``N``, the batch size; >= 1.
         device: where returned tensors live.
-        env_kwargs: passed to ``gymnasium.make`` for each env.
+        env_kwargs: passed to ``gymnasium.make`` (or ``parallel_env``) for each env.
         wrappers: msrl's named wrappers (:data:`msrl.envs.single.WRAPPERS`), e.g. ``["atari"]``.
 
     Raises:
         UnknownEnvError: ``env_id`` is not registered.
         ValueError: ``num_envs < 1`` or an unknown wrapper.
 
-    Observations are ``(N, *obs_shape)``, float32 (uint8 for uint8 boxes: :func:`obs_dtype`);
-    discrete actions are int64 ``(N,)``, box actions float32 ``(N, *action_shape)`` (clipped to
-    the space's bounds before stepping).
+    Observations are ``(N, *obs_shape)`` (multi-agent: ``(N, A, *obs_shape)``), float32 (uint8
+    for uint8 boxes: :func:`obs_dtype`); discrete actions are int64 ``(N,)`` (``(N, A)``), box
+    actions float32 ``(N, *action_shape)``, clipped to the space's bounds before stepping;
+    rewards ``(N,)`` (``(N, A)``). Env ``i`` steps exactly as in :class:`~msrl.envs.engine.ProcessEnv`
+    (same-step autoreset, seeds ``seed + i``), one after another.
     """
 
     def __init__(
@@ -108,27 +122,34 @@ class GymnasiumEnv(Environment):
         env_kwargs: Mapping[str, Any] | None = None,
         wrappers: Sequence[str] = (),
     ) -> None:
+        from msrl.envs._worker import step_into
+
         check_env_id(env_id)
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
         self.env_id = env_id
         self.device = torch.device(device)
-        make = functools.partial(make_single_env, env_id, dict(env_kwargs or {}), list(wrappers))
-        self._vec = SyncVectorEnv([make] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP)
-        self.spec = EnvSpec(
-            env_id=env_id,
-            observation_space=self._vec.single_observation_space,
-            action_space=self._vec.single_action_space,
-            num_envs=num_envs,
-        )
-        self._dtype = obs_dtype(self.spec.observation_space)
-        self._discrete = isinstance(self.spec.action_space, gymnasium.spaces.Discrete)
+        self.envs = [make_single_env(env_id, env_kwargs, wrappers) for _ in range(num_envs)]
+        env = self.envs[0]
+        self.spec = env_spec_of(env, env_id, num_envs)
+        self._action_space = env.action_space
+        self._discrete = isinstance(env.action_space, gymnasium.spaces.Discrete)
+        self._dtype = obs_dtype(env.observation_space)
+        agents = () if self.spec.num_agents == 1 else (self.spec.num_agents,)
+        obs_shape, obs_np = env.observation_space.shape, env.observation_space.dtype
+        self._a = {
+            "obs": np.zeros((num_envs, *obs_shape), obs_np), "final_obs": np.zeros((num_envs, *obs_shape), obs_np),
+            "action": np.zeros((num_envs, *env.action_space.shape), np.int64 if self._discrete else np.float32),
+            "reward": np.zeros((num_envs, *agents)), "terminated": np.zeros(num_envs, bool),
+            "truncated": np.zeros(num_envs, bool),
+        }
+        self._step_into = step_into
         self._tracker = EpisodeTracker(num_envs)
         self._rows = np.arange(num_envs)
         self._env_steps = 0
 
     def _obs(self, obs: np.ndarray) -> torch.Tensor:
-        return torch.as_tensor(np.asarray(obs), device=self.device).to(self._dtype)
+        return torch.from_numpy(np.array(obs, copy=True)).to(device=self.device, dtype=self._dtype)
 
     def reset(self, seed: int | None = None) -> torch.Tensor:
         """Resets every env; env ``i`` is seeded with ``seed + i``.
@@ -136,9 +157,10 @@ class GymnasiumEnv(Environment):
         Returns:
             observations ``(N, *obs_shape)``.
         """
-        obs, _ = self._vec.reset(seed=seed)
+        for i, env in enumerate(self.envs):
+            self._a["obs"][i], _ = env.reset(seed=None if seed is None else seed + i)
         self._tracker.reset()
-        return self._obs(obs)
+        return self._obs(self._a["obs"])
 
     def step(
         self, action: torch.Tensor
@@ -152,33 +174,32 @@ class GymnasiumEnv(Environment):
             ValueError: ``action`` has the wrong leading size.
             FloatingPointError: an observation or reward is NaN or infinite.
         """
-        n = self.spec.num_envs
+        n, a = self.spec.num_envs, self._a
         if action.shape[0] != n:
             raise ValueError(f"action has leading size {action.shape[0]}, expected num_envs={n}")
         act = action.detach().cpu().numpy()
-        if not self._discrete:
-            space = self.spec.action_space
-            act = np.clip(act, space.low, space.high)
-        obs, reward, terminated, truncated, info = self._vec.step(act)
+        if isinstance(self._action_space, gymnasium.spaces.Box):
+            act = np.clip(act, self._action_space.low, self._action_space.high)
+        a["action"][:] = act
+        for i, env in enumerate(self.envs):
+            self._step_into(env, i, a, self._discrete)
+        obs, reward = a["obs"], a["reward"]
         if not (np.isfinite(reward).all() and (obs.dtype == np.uint8 or np.isfinite(obs).all())):
             raise FloatingPointError(
                 f"env {self.env_id!r} returned a non-finite observation or reward "
                 f"at env step {self._env_steps + n}"
             )
-        done = np.logical_or(terminated, truncated)
-        final_obs = obs
-        if done.any():
-            final_obs = np.array(obs, copy=True)
-            for i in np.flatnonzero(done):
-                final_obs[i] = info["final_obs"][i]
+        done = a["terminated"] | a["truncated"]
+        final = obs.copy()
+        final[done] = a["final_obs"][done]
         self._env_steps += n
-        self._tracker.update(self._rows, np.asarray(reward, dtype=np.float64), done)
+        self._tracker.update(self._rows, reward if reward.ndim == 1 else reward.sum(1), done)
         return (
             self._obs(obs),
-            torch.as_tensor(np.asarray(reward, dtype=np.float32), device=self.device),
-            torch.as_tensor(np.asarray(terminated, dtype=bool), device=self.device),
-            torch.as_tensor(np.asarray(truncated, dtype=bool), device=self.device),
-            {"final_obs": self._obs(final_obs)},
+            torch.from_numpy(reward.astype(np.float32)).to(self.device),
+            torch.from_numpy(a["terminated"].copy()).to(self.device),
+            torch.from_numpy(a["truncated"].copy()).to(self.device),
+            {"final_obs": self._obs(final)},
         )
 
     def pop_episode_stats(self) -> EpisodeStats:
@@ -192,15 +213,14 @@ class GymnasiumEnv(Environment):
 
     def state_dict(self) -> dict[str, Any]:
         """Every env's exact snapshot (:func:`msrl.envs.state.dump_env`: simulator state and RNGs
-        included), the vector env's autoreset flags and the episode trackers.
+        included) and the episode trackers.
 
         Raises:
             EnvStateError: an env that cannot be snapshotted.
         """
         shared: dict[str, bytes] = {}
-        envs = [dump_env(e, shared) for e in self._vec.envs]
-        return {"envs": envs, "shared": shared, "autoreset_envs": self._vec._autoreset_envs.copy(),
-                "env_steps": self._env_steps, **self._tracker.state_dict()}
+        envs = [dump_env(e, shared) for e in self.envs]
+        return {"envs": envs, "shared": shared, "env_steps": self._env_steps, **self._tracker.state_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores :meth:`state_dict`'s output into this batch (same id and ``N``).
@@ -212,13 +232,13 @@ class GymnasiumEnv(Environment):
         if len(state["envs"]) != self.spec.num_envs:
             raise ValueError(f"checkpoint holds {len(state['envs'])} envs, this batch has {self.spec.num_envs}")
         envs = [load_env(b, state["shared"]) for b in state["envs"]]
-        for e in self._vec.envs:
+        for e in self.envs:
             e.close()
-        self._vec.envs = envs
-        self._vec._autoreset_envs = np.array(state["autoreset_envs"], copy=True)
+        self.envs = envs
         self._tracker.load_state_dict(state)
         self._env_steps = int(state["env_steps"])
 
     def close(self) -> None:
-        """Closes the vector env."""
-        self._vec.close()
+        """Closes the envs."""
+        for e in self.envs:
+            e.close()

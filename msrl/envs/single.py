@@ -52,6 +52,14 @@ def check_env_id(env_id: str) -> None:
     Raises:
         UnknownEnvError: naming the closest registered ids and listing every registered id.
     """
+    from msrl.envs.pettingzoo_env import check_pettingzoo_id, is_pettingzoo
+
+    if is_pettingzoo(env_id):
+        try:
+            check_pettingzoo_id(env_id)
+        except ValueError as e:
+            raise UnknownEnvError(str(e)) from None
+        return
     env_id = _register_optional_namespaces(env_id)
     registry = gymnasium.envs.registry
     if env_id in registry:
@@ -98,15 +106,23 @@ def check_wrappers(wrappers: Sequence[str]) -> None:
 
 def make_single_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None,
                     wrappers: Sequence[str] = ()) -> gymnasium.Env:
-    """``gymnasium.make(env_id, **env_kwargs)`` with msrl's named ``wrappers`` applied in order.
+    """``gymnasium.make(env_id, **env_kwargs)`` with msrl's named ``wrappers`` applied in order; for
+    a ``pettingzoo/<module>`` id, the module's ``parallel_env(**env_kwargs)`` with a leading agent
+    axis (:class:`~msrl.envs.pettingzoo_env.AgentStackedEnv`).
 
     Raises:
         UnknownEnvError: unknown id.
         ValueError: an unknown wrapper, or one that does not apply to ``env_id``.
     """
+    from msrl.envs.pettingzoo_env import is_pettingzoo, make_parallel
+
     check_env_id(env_id)
     check_wrappers(wrappers)
     kwargs = dict(env_kwargs or {})
+    if is_pettingzoo(env_id):
+        if wrappers:
+            raise ValueError(f"env.wrappers apply to gymnasium envs, not the PettingZoo env {env_id!r}")
+        return make_parallel(env_id, kwargs)
     wraps = []
     for w in wrappers:
         kwargs, wrap = WRAPPERS[w](env_id, kwargs)

@@ -7,7 +7,8 @@ that way diverges from the original at the next step). :func:`dump_env` pickles 
 ``__dict__`` instead (MuJoCo's ``MjModel``/``MjData`` pickle with their full state), and an ALE
 game through ``ALEInterface.cloneState(include_rng=True)``, so a restored env continues exactly
 where the original was: same observations, rewards and RNG draws (tested for CartPole,
-Pendulum, HalfCheetah, Hopper, Ant and Pong).
+Pendulum, HalfCheetah, Hopper, Ant, Pong and MPE's simple_spread). pygame's render objects (a
+``Surface``, a freetype ``Font``: rendering, not simulation state) are restored blank/reopened.
 
 Large objects that are the same in every env of a batch (a MuJoCo ``MjModel``, ~1.2 MB) are
 stored once: :func:`dump_env` returns them apart, keyed by content hash, and :func:`load_env`
@@ -51,6 +52,32 @@ def _set_atari(obj: Any, state: Mapping[str, Any]) -> None:
     obj.ale.restoreState(ale_state)
 
 
+def _blank_surface(size: tuple[int, int]) -> Any:
+    import pygame
+
+    return pygame.Surface(size)
+
+
+def _freetype_font(path: Any, size: Any) -> Any:
+    import pygame.freetype
+
+    pygame.freetype.init()
+    return pygame.freetype.Font(path, size)
+
+
+def _pygame_reduce(obj: Any) -> Any:
+    """Render objects of pygame (a ``Surface``, restored blank at its size; a freetype ``Font``,
+    reopened from its file): rendering state, not simulation state. None for other objects."""
+    cls = type(obj)
+    if not cls.__module__.startswith("pygame"):
+        return None
+    if cls.__name__ == "Surface":
+        return (_blank_surface, (obj.get_size(),))
+    if cls.__name__ == "Font" and hasattr(obj, "path"):
+        return (_freetype_font, (obj.path, obj.size))
+    return None
+
+
 def _is_atari(obj: Any) -> bool:
     cls = type(obj)
     return cls.__name__ == "AtariEnv" and cls.__module__.startswith("ale_py")
@@ -82,6 +109,9 @@ class _StatePickler(pickle.Pickler):
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, type):
             return NotImplemented
+        render = _pygame_reduce(obj)  # MPE keeps a screen and a font
+        if render is not None:
+            return render
         if _is_atari(obj):
             state = {k: v for k, v in obj.__dict__.items() if k != "ale"}
             state["__ale_state__"] = obj.ale.cloneState(include_rng=True)
