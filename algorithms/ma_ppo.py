@@ -41,6 +41,12 @@ class MAPPOConfig(PPOConfig):
     """agent types whose networks learn (None: all); the others keep their initial, near-uniform
     policy, i.e. act at random"""
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.normalize_obs or self.normalize_reward:
+            raise ValueError("normalize_obs and normalize_reward are PPO's single-agent options; ma_ppo does not "
+                             "normalize (leave them false)")
+
 
 class TypedActorCritic(nn.Module):
     """One actor MLP and one critic MLP per agent type.

@@ -30,7 +30,7 @@ from torch import nn
 
 from msrl.advantages import gae
 from msrl.algorithms.ppo import PPOActor, PPOConfig, PPOLearner, RolloutBuffer, _mlp, categorical_log_prob_entropy
-from msrl.api import AlgorithmSpec, BuildContext, Trainer
+from msrl.api import AlgorithmSpec, BuildContext, NonNegativeFloat, PositiveFloat, Trainer
 
 __all__ = ["MAPPOConfig", "MAPPONet", "MAPPOActor", "MAPPOBuffer", "MAPPOLearner", "MAPPOTrainer", "ALGORITHM"]
 
@@ -40,8 +40,14 @@ class MAPPOConfig(PPOConfig):
     """PPO's hyperparameters (:class:`msrl.algorithms.ppo.PPOConfig`), with the MAPPO paper's
     MPE learning rate (7e-4) and entropy coefficient (0.01) as defaults."""
 
-    learning_rate: float = 7e-4
-    ent_coef: float = 0.01
+    learning_rate: PositiveFloat = 7e-4
+    ent_coef: NonNegativeFloat = 0.01
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.normalize_obs or self.normalize_reward:
+            raise ValueError("normalize_obs and normalize_reward are PPO's single-agent options; mappo does not "
+                             "normalize (leave them false)")
 
 
 def _nvec(space: gymnasium.Space) -> list[int]:

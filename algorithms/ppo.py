@@ -37,6 +37,7 @@ from msrl.api import (
     Trainer,
     UnitInterval,
 )
+from msrl.normalization import RunningMeanStd
 
 __all__ = ["PPOConfig", "ActorCritic", "build_actor_critic", "categorical_log_prob_entropy", "PPOActor", "RolloutBuffer",
            "PPOLearner", "PPOTrainer",
@@ -79,6 +80,18 @@ class PPOConfig:
     """stop the epochs of an iteration early when the approximate KL exceeds this"""
     hidden_sizes: LayerSizes = (64, 64)
     """hidden layer widths of the actor and of the critic MLPs"""
+    normalize_obs: bool = False
+    """feed the networks observations normalized by their running mean and std (gymnasium's
+    NormalizeObservation, as CleanRL's continuous-action PPO wraps its envs); the statistics
+    live in the network and are updated by the learner after each update from the rollout's
+    observations, so a rollout and the update on it see the same normalization"""
+    obs_clip: PositiveFloat = 10.0
+    """clip normalized observations to [-obs_clip, obs_clip] (CleanRL: 10)"""
+    normalize_reward: bool = False
+    """scale rewards by the running std of the discounted return (gymnasium's NormalizeReward,
+    as CleanRL's continuous-action PPO), in the learner before GAE"""
+    reward_clip: PositiveFloat = 10.0
+    """clip scaled rewards to [-reward_clip, reward_clip] (CleanRL: 10)"""
 
     def __post_init__(self) -> None:
         self.hidden_sizes = tuple(self.hidden_sizes)
@@ -107,12 +120,16 @@ class ActorCritic(nn.Module):
         observation_space: a Box; observations are flattened to ``obs_dim``.
         action_space: Discrete (logits over ``n``) or Box (Gaussian mean over its flat size).
         hidden_sizes: widths of the hidden layers.
+        obs_clip: normalize observations by running statistics (``obs_rms``, a
+            :class:`~msrl.normalization.RunningMeanStd` in the state dict) and clip them to
+            ``[-obs_clip, obs_clip]``; ``None``: observations as they come.
 
     Raises:
         ValueError: another kind of space.
     """
 
-    def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space, hidden_sizes: tuple[int, ...]) -> None:
+    def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space, hidden_sizes: tuple[int, ...],
+                 obs_clip: float | None = None) -> None:
         super().__init__()
         if not isinstance(observation_space, gymnasium.spaces.Box):
             raise ValueError(f"PPO needs a Box observation space, got {observation_space}")
@@ -128,14 +145,23 @@ class ActorCritic(nn.Module):
             raise ValueError(f"PPO supports Discrete and Box action spaces, got {action_space}")
         self.critic = _mlp(obs_dim, hidden_sizes, 1, out_std=1.0)
         self.actor = _mlp(obs_dim, hidden_sizes, n_out, out_std=0.01)
+        self.obs_clip = obs_clip
+        if obs_clip is not None:
+            self.obs_rms = RunningMeanStd((obs_dim,))
+
+    def features(self, obs: torch.Tensor) -> torch.Tensor:
+        """The networks' input: observations ``(B, *obs_shape)`` flattened to ``(B, obs_dim)``,
+        normalized when the net normalizes."""
+        x = obs.flatten(1)
+        return x if self.obs_clip is None else self.obs_rms.normalize(x, self.obs_clip)
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         """``V(s)`` for observations ``(B, *obs_shape)`` -> ``(B,)``."""
-        return self.critic(obs.flatten(1)).squeeze(-1)
+        return self.critic(self.features(obs)).squeeze(-1)
 
     def distribution(self, obs: torch.Tensor) -> torch.distributions.Distribution:
         """The policy's action distribution for ``(B, *obs_shape)`` observations."""
-        out = self.actor(obs.flatten(1))
+        out = self.actor(self.features(obs))
         if self.discrete:
             return torch.distributions.Categorical(logits=out, validate_args=False)
         # validate_args=False: the default checks are data-dependent ifs, a host sync per call on a GPU
@@ -144,7 +170,7 @@ class ActorCritic(nn.Module):
     def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(log_prob, entropy, value)`` of ``action`` under the current policy, each ``(B,)``."""
         if self.discrete:
-            log_prob, entropy = categorical_log_prob_entropy(self.actor(obs.flatten(1)), action)
+            log_prob, entropy = categorical_log_prob_entropy(self.actor(self.features(obs)), action)
             return log_prob, entropy, self.value(obs)
         dist = self.distribution(obs)
         flat = action.flatten(1)
@@ -179,7 +205,9 @@ def build_actor_critic(ctx: BuildContext) -> ActorCritic:
     ``ctx.device``."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(ctx.seed)
-        net = ActorCritic(ctx.env_spec.observation_space, ctx.env_spec.action_space, ctx.hparams.hidden_sizes)
+        hp = ctx.hparams  # PPO's, or another algorithm's (A2C) without normalization options
+        net = ActorCritic(ctx.env_spec.observation_space, ctx.env_spec.action_space, hp.hidden_sizes,
+                          hp.obs_clip if getattr(hp, "normalize_obs", False) else None)
     return net.to(ctx.device)
 
 
@@ -212,7 +240,7 @@ class PPOActor(Actor):
             ``(N, *action_shape)`` float32 (Box, unclipped); log_prob and value ``(N,)`` float32.
         """
         net = self.net
-        out = net.actor(obs.flatten(1))
+        out = net.actor(net.features(obs))
         value = net.value(obs)
         if net.discrete:
             log_probs = torch.log_softmax(out, dim=-1)
@@ -327,6 +355,10 @@ class PPOLearner(Learner):
         self.iteration = 0
         self.generator = torch.Generator(device=ctx.device)
         self.generator.manual_seed(ctx.seed + 1)
+        self.replicas = ctx.num_replicas  # learners whose statistics gradient_hook averages
+        if self.hp.normalize_reward:
+            self.return_rms = RunningMeanStd(()).to(ctx.device)
+            self.discounted_return: torch.Tensor | None = None  # (N,), per env, across iterations
 
     def build_net(self, ctx: BuildContext) -> nn.Module:
         """The trained network (an :class:`ActorCritic`); subclasses build others."""
@@ -354,12 +386,13 @@ class PPOLearner(Learner):
         T, N = batch.batch_size
         with torch.no_grad():
             next_values = net.value(batch["next_obs"].flatten(0, 1)).view(T, N)
+        reward = self.scale_rewards(batch["reward"], batch["terminated"]) if hp.normalize_reward else batch["reward"]
         advantages, returns = gae(
-            batch["reward"], batch["value"], next_values, batch["terminated"], batch["truncated"], hp.gamma, hp.gae_lambda
+            reward, batch["value"], next_values, batch["terminated"], batch["truncated"], hp.gamma, hp.gae_lambda
         )
         b_obs = batch["obs"].flatten(0, 1)
         b_actions = batch["action"].flatten(0, 1)
-        return self.update(
+        metrics = self.update(
             lambda mb: net.evaluate(b_obs[mb], b_actions[mb]),
             batch["log_prob"].flatten(),
             batch["value"].flatten(),
@@ -368,6 +401,26 @@ class PPOLearner(Learner):
             lr,
             clip,
         )
+        if hp.normalize_obs:  # after the update: the next rollout normalizes with these statistics
+            net.obs_rms.update(b_obs.flatten(1), self.gradient_hook, self.replicas)
+        return metrics
+
+    @torch.no_grad()
+    def scale_rewards(self, reward: torch.Tensor, terminated: torch.Tensor) -> torch.Tensor:
+        """Rewards ``(T, N)`` divided by the running std of the discounted return and clipped to
+        ``reward_clip`` (gymnasium's ``NormalizeReward``: ``G <- gamma (1 - terminated) G + r``
+        per env, carried across iterations), the statistics updated with this rollout's ``T N``
+        returns first."""
+        T, N = reward.shape
+        if self.discounted_return is None or self.discounted_return.shape[0] != N:
+            self.discounted_return = torch.zeros(N, dtype=torch.float64, device=reward.device)
+        g, returns = self.discounted_return, torch.empty(T, N, dtype=torch.float64, device=reward.device)
+        for t in range(T):
+            g = g * self.hp.gamma * (~terminated[t]).to(torch.float64) + reward[t].to(torch.float64)
+            returns[t] = g
+        self.discounted_return = g
+        self.return_rms.update(returns.flatten(), self.gradient_hook, self.replicas)
+        return self.return_rms.normalize(reward, self.hp.reward_clip, center=False)
 
     def schedule(self) -> tuple[float, float]:
         """Sets this iteration's learning rate (linearly annealed when ``anneal_lr``) and
@@ -461,18 +514,25 @@ class PPOLearner(Learner):
         return {k: v.detach() for k, v in self.net.state_dict().items()}
 
     def state_dict(self) -> dict[str, Any]:
-        return {
+        state = {
             "net": self.net.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "iteration": self.iteration,
             "generator": self.generator.get_state(),
         }
+        if self.hp.normalize_reward:
+            state["return_rms"] = self.return_rms.state_dict()
+            state["discounted_return"] = self.discounted_return
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.net.load_state_dict(state["net"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.iteration = int(state["iteration"])
         self.generator.set_state(state["generator"])
+        if self.hp.normalize_reward:
+            self.return_rms.load_state_dict(state["return_rms"])
+            self.discounted_return = state["discounted_return"]
 
 
 class PPOTrainer(Trainer):

@@ -21,12 +21,15 @@ TINY = {
                                 target_network_frequency=8, hidden_sizes=(8,)), "CartPole-v1"),
     "sac": (sac.ALGORITHM, dict(learning_starts=8, batch_size=8, buffer_size=256, policy_frequency=2, hidden_sizes=(8, 8)),
             "Pendulum-v1"),
+    # PPO with CleanRL's continuous-control normalization: statistics in the nets, reduced over learners
+    "ppo_norm": (ppo.ALGORITHM, dict(num_steps=8, update_epochs=2, num_minibatches=2, hidden_sizes=(8,), normalize_obs=True,
+                                     normalize_reward=True), "Pendulum-v1"),
     "mappo": (mappo.ALGORITHM, dict(num_steps=6, update_epochs=2, num_minibatches=2, hidden_sizes=(8,)),
               "pettingzoo/mpe2.simple_spread_v3"),
 }
 #: gymnasium.make / parallel_env kwargs per algorithm's env
 ENV_KWARGS = {"mappo": {"N": 3, "max_cycles": 5, "continuous_actions": False}}
-ITERATIONS = {"ppo": 3, "a2c": 4, "dqn": 8, "sac": 16, "mappo": 3}
+ITERATIONS = {"ppo": 3, "a2c": 4, "dqn": 8, "sac": 16, "mappo": 3, "ppo_norm": 3}
 
 #: (policy, replicas, placement) each algorithm runs under.
 POLICIES = [
@@ -86,7 +89,7 @@ def test_algorithm_runs_under_policy(case):
     # data flows to the learner: trajectories (on-policy), replay samples, or every transition
     assert ("train_step", to_learner, "actor", "learner") in ops
     values = {v for m, v, op, src, dst in comm if src == "actor" and m == "train_step"}
-    if algo in ("ppo", "a2c", "mappo"):
+    if algo in ("ppo", "a2c", "mappo", "ppo_norm"):
         assert len(values) == 1  # the gathered rollout, once per iteration
     elif placement:
         assert {"action", "reward", "terminated", "self.obs"} <= values  # transitions, every step
@@ -97,7 +100,7 @@ def test_algorithm_runs_under_policy(case):
 @pytest.mark.parametrize("algo", list(TINY))
 @pytest.mark.parametrize("placement", [None, {"buffer": "learner"}], ids=["policy-default", "buffer@learner"])
 def test_single_and_coarse_with_one_actor_replica_agree_bitwise(algo, placement):
-    if placement and algo in ("ppo", "a2c", "mappo"):
+    if placement and algo in ("ppo", "a2c", "mappo", "ppo_norm"):
         pytest.skip("on-policy rollout buffers stay with the actor")
     a = run(spec(algo, "single", None, None), ITERATIONS[algo])
     b = run(spec(algo, "single_learner_coarse", {"actor": 1}, placement), ITERATIONS[algo])

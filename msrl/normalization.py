@@ -1,0 +1,67 @@
+"""Running mean and variance for observation and reward normalization, kept in a network's
+buffers so they travel with its weights (to actors, into checkpoints, to ``msrl.load``).
+
+The statistics are updated a batch at a time with the parallel-variance combination of Chan,
+Golub and LeVeque (1979, "Updating formulae and a pairwise algorithm for computing sample
+variances"), as gymnasium's ``RunningMeanStd`` (used by ``NormalizeObservation`` and
+``NormalizeReward``, CleanRL's normalization) does. A ``reduce`` hook (a learner's
+``gradient_hook``: the mean over ``multi_learner``'s replicas) turns a replica's batch moments
+into the moments of every replica's batch, so every replica's statistics stay bitwise equal.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+__all__ = ["RunningMeanStd"]
+
+
+class RunningMeanStd(nn.Module):
+    """Running mean and (population) variance of samples of shape ``shape``, float64 buffers.
+
+    Args:
+        shape: the shape of one sample (``()`` for scalars such as returns).
+        epsilon: the initial count (gymnasium's 1e-4: the first batch all but replaces the
+            initial mean 0 and variance 1).
+    """
+
+    def __init__(self, shape: tuple[int, ...] = (), epsilon: float = 1e-4) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
+        self.register_buffer("count", torch.tensor(epsilon, dtype=torch.float64))
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor, reduce: Callable[[list[torch.Tensor]], object] | None = None,
+               replicas: int = 1) -> None:
+        """Adds a batch ``x`` ``(B, *shape)``.
+
+        Args:
+            x: the samples; any float dtype (moments are taken in float64).
+            reduce: replaces its tensors in place by their mean over replicas (``None``: one
+                replica); every replica's batch must hold ``B`` samples.
+            replicas: how many replicas ``reduce`` averages over.
+        """
+        x = x.detach().to(torch.float64)
+        moments = [x.mean(0), (x * x).mean(0)]
+        if reduce is not None:
+            reduce(moments)
+        batch_mean, batch_sq = moments
+        batch_var = (batch_sq - batch_mean * batch_mean).clamp(min=0.0)
+        batch_count = torch.tensor(float(x.shape[0] * replicas), dtype=torch.float64, device=x.device)
+        delta = batch_mean - self.mean
+        total = self.count + batch_count
+        m2 = self.var * self.count + batch_var * batch_count + delta * delta * self.count * batch_count / total
+        self.mean.add_(delta * batch_count / total)
+        self.var.copy_(m2 / total)
+        self.count.copy_(total)
+
+    def normalize(self, x: torch.Tensor, clip: float | None = None, center: bool = True) -> torch.Tensor:
+        """``(x - mean) / sqrt(var + 1e-8)`` (without ``- mean`` when not ``center``), clipped to
+        ``[-clip, clip]``; in ``x``'s dtype."""
+        std = torch.sqrt(self.var + 1e-8).to(x.dtype)
+        y = (x - self.mean.to(x.dtype)) / std if center else x / std
+        return y if clip is None else y.clamp(-clip, clip)
