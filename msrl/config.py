@@ -48,13 +48,14 @@ class EnvConfig(_Strict):
 
     id: str = Field(description="a registered gymnasium env id")
     num_envs: int = Field(8, gt=0, description="envs in total, split evenly over env replicas")
-    engine: Literal["sync", "process"] = Field(
-        "sync", description="how gymnasium envs step: sync (one after another in the actor's process) or "
-        "process (worker processes over shared memory; for simulators such as MuJoCo and Atari)"
+    engine: Literal["sync", "process", "envpool"] = Field(
+        "sync", description="how gymnasium envs step: sync (one after another in the actor's process), "
+        "process (worker processes over shared memory; for simulators such as MuJoCo and Atari) or envpool "
+        "(EnvPool's own tasks, e.g. Pong-v5, on its thread pool; no exact checkpoints)"
     )
     num_workers: int | None = Field(
         None, gt=0, description="env worker processes per env replica (engine: process; default: one per CPU, "
-        "at most one per env)"
+        "at most one per env), or EnvPool's threads (engine: envpool)"
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of gymnasium.make")
     wrappers: list[str] = Field(
@@ -294,7 +295,12 @@ def build_job_spec(cfg: RunConfig) -> Any:
 
     try:
         algorithm = load_algorithm(cfg.algorithm.name)
-        check_env_id(cfg.env.id)
+        if cfg.env.engine == "envpool":
+            from msrl.envs.envpool_env import check_envpool_id
+
+            check_envpool_id(cfg.env.id)
+        else:
+            check_env_id(cfg.env.id)
         policy = load_policy(cfg.distribution_policy.name)
     except (UnknownAlgorithmError, UnknownEnvError, UnknownPolicyError) as e:
         raise ConfigError(str(e)) from None
@@ -305,15 +311,17 @@ def build_job_spec(cfg: RunConfig) -> Any:
         check_wrappers(cfg.env.wrappers)
         if cfg.env.wrappers and is_native(cfg.env.id):
             raise ValueError(f"wrappers apply to gymnasium envs, not the native env {cfg.env.id!r}")
-        es = make_env_spec(cfg.env.id, 1, cfg.env.kwargs, cfg.env.wrappers)
+        if cfg.env.wrappers and cfg.env.engine == "envpool":
+            raise ValueError("they apply to gymnasium envs; EnvPool's tasks take their options as env.kwargs")
+        es = make_env_spec(cfg.env.id, 1, cfg.env.kwargs, cfg.env.wrappers, cfg.env.engine)
     except ValueError as e:
         raise ConfigError(f"env.wrappers: {e}") from None
-    if cfg.env.num_workers is not None and cfg.env.engine != "process":
-        raise ConfigError(f"env.num_workers={cfg.env.num_workers} sets the process engine's workers, "
-                          f"but env.engine={cfg.env.engine!r}; set env.engine=process or drop env.num_workers")
-    if cfg.env.engine == "process" and is_native(cfg.env.id):
-        raise ConfigError(f"env.engine=process steps gymnasium envs; {cfg.env.id} is a native env, batched already "
-                          "(set env.engine=sync)")
+    if cfg.env.num_workers is not None and cfg.env.engine == "sync":
+        raise ConfigError(f"env.num_workers={cfg.env.num_workers} sets the process engine's workers (or EnvPool's "
+                          "threads), but env.engine='sync'; set env.engine=process or drop env.num_workers")
+    if cfg.env.engine != "sync" and is_native(cfg.env.id):
+        raise ConfigError(f"env.engine={cfg.env.engine} steps gymnasium envs; {cfg.env.id} is a native env, batched "
+                          "already (set env.engine=sync)")
     why = algorithm.unsupported(es)
     if why is not None:
         raise ConfigError(f"algorithm.name={cfg.algorithm.name} cannot train on env.id={cfg.env.id}: {why}")
@@ -380,6 +388,12 @@ def build_job_spec(cfg: RunConfig) -> Any:
             raise ConfigError(f"eval.env_id: {e}") from None
     from msrl.envs import eval_env_id
 
+    if cfg.env.engine == "envpool" and cfg.eval.env_id is None and cfg.train.eval_every:
+        try:
+            check_env_id(cfg.env.id)
+        except UnknownEnvError:
+            raise ConfigError(f"train.eval_every={cfg.train.eval_every}: envpool task {cfg.env.id} is not a gymnasium "
+                              "id to evaluate on; set train.eval_every=0 or eval.env_id (e.g. ALE/Pong-v5)") from None
     if cfg.eval.env_id is None and eval_env_id(cfg.env.id) is None and cfg.train.eval_every:
         raise ConfigError(
             f"train.eval_every={cfg.train.eval_every}: {cfg.env.id} has no gymnasium twin to evaluate on; "

@@ -271,3 +271,32 @@ def test_training_survives_a_sigkilled_env_worker_and_reports_the_lost_episodes(
     # every iteration ran; the dead worker's 8 envs' step was not counted as 8 env steps
     assert int(rows[-1]["iteration"]) * 256 - int(rows[-1]["env_steps"]) == 8
     assert int(rows[0]["faults/lost_episodes"]) == 0 and int(rows[-1]["faults/lost_episodes"]) == 8
+
+
+def test_envpool_engine_keeps_the_same_step_contract():
+    envpool = pytest.importorskip("envpool")
+    from msrl.envs import make_env
+
+    n = 3
+    env = make_env("CartPole-v1", n, engine="envpool", num_workers=1)
+    ref = envpool.make("CartPole-v1", env_type="gymnasium", num_envs=n, seed=5, num_threads=1)
+    try:
+        obs = env.reset(seed=5)
+        ref_obs, _ = ref.reset()
+        assert torch.equal(obs, torch.as_tensor(ref_obs, dtype=torch.float32))
+        done_seen = 0
+        for _ in range(200):
+            o, r, te, tr, info = env.step(torch.ones(n, dtype=torch.int64))  # always push right: short episodes
+            done = te | tr
+            assert torch.equal(info["final_obs"][~done], o[~done])
+            if done.any():
+                done_seen += int(done.sum())
+                assert not torch.equal(info["final_obs"][done], o[done])  # a new episode's first observation
+                assert (o[done].abs() <= 0.05).all()  # CartPole starts within +-0.05
+        stats = env.pop_episode_stats()
+        assert done_seen == len(stats.returns) > 0 and all(x == y for x, y in zip(stats.returns, stats.lengths))
+        state = env.state_dict()
+        assert state["exact"] is False
+    finally:
+        env.close()
+        ref.close()

@@ -21,8 +21,9 @@ from msrl.envs.single import check_env_id as check_gymnasium_id
 __all__ = ["check_env_id", "make_env", "env_spec", "eval_env_id", "UnknownEnvError", "is_native", "ENGINES"]
 
 #: Values of ``env.engine``: ``sync`` steps gymnasium envs one after another in the actor's
-#: process; ``process`` steps them in worker processes over shared memory (:mod:`msrl.envs.engine`).
-ENGINES = ("sync", "process")
+#: process; ``process`` steps them in worker processes over shared memory (:mod:`msrl.envs.engine`);
+#: ``envpool`` steps EnvPool's own tasks on its thread pool (:mod:`msrl.envs.envpool_env`).
+ENGINES = ("sync", "process", "envpool")
 
 
 def check_env_id(env_id: str) -> None:
@@ -62,9 +63,15 @@ def make_env(
         ValueError: a gymnasium env in a ``cuda_kernel`` fragment, an unknown engine, or
             wrappers on a native env.
     """
-    check_env_id(env_id)
     if engine not in ENGINES:
         raise ValueError(f"unknown env engine {engine!r}; valid: {', '.join(ENGINES)}")
+    if engine == "envpool":
+        if wrappers:
+            raise ValueError("env.wrappers apply to gymnasium envs; EnvPool's tasks take their options as env.kwargs")
+        from msrl.envs.envpool_env import EnvPoolEnv
+
+        return EnvPoolEnv(env_id, num_envs, num_workers, device, env_kwargs)
+    check_env_id(env_id)
     if is_native(env_id):
         if wrappers:
             raise ValueError(f"env.wrappers apply to gymnasium envs, not the native env {env_id!r}")
@@ -84,13 +91,17 @@ def make_env(
 
 
 def env_spec(env_id: str, num_envs: int, env_kwargs: Mapping[str, Any] | None = None,
-             wrappers: Sequence[str] = ()) -> EnvSpec:
+             wrappers: Sequence[str] = (), engine: str = "sync") -> EnvSpec:
     """The :class:`~msrl.api.EnvSpec` of a batch of ``num_envs`` envs ``env_id``: single-env
     (single-agent) spaces, and the agents per env.
 
     Raises:
-        UnknownEnvError: unknown id.
+        UnknownEnvError: unknown id (an EnvPool task id with ``engine="envpool"``).
     """
+    if engine == "envpool":
+        from msrl.envs.envpool_env import envpool_spec
+
+        return envpool_spec(env_id, num_envs, env_kwargs)
     check_env_id(env_id)
     if is_native(env_id):
         spec = make_native(env_id, 1, impl="torch", **dict(env_kwargs or {})).spec

@@ -110,7 +110,7 @@ def build_trainer(spec: Any, frag: FragmentSpec, replica: int) -> Trainer:
     device = torch.device(frag.device)
     ctx = BuildContext(
         hparams=spec.hparams,
-        env_spec=make_env_spec(spec.env_id, n, spec.env_kwargs, spec.env_wrappers),
+        env_spec=make_env_spec(spec.env_id, n, spec.env_kwargs, spec.env_wrappers, spec.env_engine),
         replica=replica,
         num_replicas=frag.replicas,
         total_num_envs=spec.num_envs,
@@ -139,7 +139,7 @@ def build_standalone_actor(spec: Any, device: torch.device | str = "cpu") -> Any
     Returns:
         ``(actor, env_spec)``: the actor and the :class:`~msrl.api.EnvSpec` it was built for.
     """
-    es = make_env_spec(spec.env_id, 1, spec.env_kwargs, spec.env_wrappers)
+    es = make_env_spec(spec.env_id, 1, spec.env_kwargs, spec.env_wrappers, spec.env_engine)
     ctx = BuildContext(spec.hparams, es, 0, 1, spec.num_envs, spec.total_env_steps, spec.seed, torch.device(device))
     return spec.algorithm.components["actor"](ctx), es
 
