@@ -143,15 +143,25 @@ class ActorCritic(nn.Module):
             self.actor_logstd = nn.Parameter(torch.zeros(1, n_out))
         else:
             raise ValueError(f"PPO supports Discrete and Box action spaces, got {action_space}")
+        self.obs_clip = obs_clip
+        self.image = observation_space.dtype == np.uint8 and len(observation_space.shape) == 3
+        if self.image:  # frames (C, H, W): the Nature CNN trunk shared by both heads (CleanRL ppo_atari.py)
+            if obs_clip is not None:
+                raise ValueError("normalize_obs is for vector observations; image observations are scaled by 1/255")
+            self.trunk = nature_cnn(observation_space.shape[0], observation_space.shape[1:])
+            self.critic = _layer(512, 1, std=1.0)
+            self.actor = _layer(512, n_out, std=0.01)
+            return
         self.critic = _mlp(obs_dim, hidden_sizes, 1, out_std=1.0)
         self.actor = _mlp(obs_dim, hidden_sizes, n_out, out_std=0.01)
-        self.obs_clip = obs_clip
         if obs_clip is not None:
             self.obs_rms = RunningMeanStd((obs_dim,))
 
     def features(self, obs: torch.Tensor) -> torch.Tensor:
-        """The networks' input: observations ``(B, *obs_shape)`` flattened to ``(B, obs_dim)``,
-        normalized when the net normalizes."""
+        """The heads' input: observations ``(B, *obs_shape)`` flattened to ``(B, obs_dim)``
+        (normalized when the net normalizes), or for frames the CNN trunk's ``(B, 512)``."""
+        if self.image:
+            return self.trunk(obs.float() / 255.0)
         x = obs.flatten(1)
         return x if self.obs_clip is None else self.obs_rms.normalize(x, self.obs_clip)
 
@@ -169,12 +179,33 @@ class ActorCritic(nn.Module):
 
     def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(log_prob, entropy, value)`` of ``action`` under the current policy, each ``(B,)``."""
+        x = self.features(obs)
+        value = self.critic(x).squeeze(-1)
+        out = self.actor(x)
         if self.discrete:
-            log_prob, entropy = categorical_log_prob_entropy(self.actor(self.features(obs)), action)
-            return log_prob, entropy, self.value(obs)
-        dist = self.distribution(obs)
+            log_prob, entropy = categorical_log_prob_entropy(out, action)
+            return log_prob, entropy, value
+        dist = torch.distributions.Normal(out, self.actor_logstd.expand_as(out).exp(), validate_args=False)
         flat = action.flatten(1)
-        return dist.log_prob(flat).sum(-1), dist.entropy().sum(-1), self.value(obs)
+        return dist.log_prob(flat).sum(-1), dist.entropy().sum(-1), value
+
+
+def nature_cnn(channels: int, hw: tuple[int, ...]) -> nn.Sequential:
+    """The DQN paper's convolutional trunk (Mnih et al. 2015, Methods: 32 8x8 filters stride 4,
+    64 4x4 stride 2, 64 3x3 stride 1, then 512 units, ReLU), orthogonally initialised as CleanRL's
+    ``ppo_atari.py``: ``(B, channels, *hw)`` float in [0, 1] -> ``(B, 512)``."""
+    conv = nn.Sequential(_layer_conv(channels, 32, 8, 4), nn.ReLU(), _layer_conv(32, 64, 4, 2), nn.ReLU(),
+                         _layer_conv(64, 64, 3, 1), nn.ReLU(), nn.Flatten())
+    with torch.no_grad():
+        n = conv(torch.zeros(1, channels, *hw)).shape[1]
+    return nn.Sequential(*conv, _layer(n, 512), nn.ReLU())
+
+
+def _layer_conv(c_in: int, c_out: int, kernel: int, stride: int) -> nn.Conv2d:
+    layer = nn.Conv2d(c_in, c_out, kernel, stride)
+    nn.init.orthogonal_(layer.weight, math.sqrt(2))
+    nn.init.constant_(layer.bias, 0.0)
+    return layer
 
 
 def categorical_log_prob_entropy(logits: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -240,8 +271,9 @@ class PPOActor(Actor):
             ``(N, *action_shape)`` float32 (Box, unclipped); log_prob and value ``(N,)`` float32.
         """
         net = self.net
-        out = net.actor(net.features(obs))
-        value = net.value(obs)
+        x = net.features(obs)
+        out = net.actor(x)
+        value = net.critic(x).squeeze(-1)
         if net.discrete:
             log_probs = torch.log_softmax(out, dim=-1)
             if deterministic:
@@ -273,7 +305,7 @@ class PPOActor(Actor):
 class RolloutBuffer(Buffer):
     """Preallocated ``(T, N, ...)`` storage for one rollout of ``T = num_steps`` steps.
 
-    Keys: ``obs`` ``(T, N, *obs_shape)`` float32, ``action`` ``(T, N, *action_shape)``,
+    Keys: ``obs`` ``(T, N, *obs_shape)`` float32 (uint8 for uint8 frames), ``action`` ``(T, N, *action_shape)``,
     ``log_prob``, ``value``, ``reward`` ``(T, N)`` float32, ``terminated``, ``truncated``
     ``(T, N)`` bool, ``next_obs`` (the true next observation: the final one where an episode
     ended) ``(T, N, *obs_shape)`` float32.
@@ -287,16 +319,18 @@ class RolloutBuffer(Buffer):
         discrete = isinstance(spec.action_space, gymnasium.spaces.Discrete)
         act_shape = () if discrete else tuple(spec.action_space.shape)
         f32, dev = torch.float32, ctx.device
+        # uint8 frames stay bytes (a quarter of the memory); the network scales them
+        obs_t = torch.uint8 if spec.observation_space.dtype == np.uint8 else f32
         self.storage = TensorDict(
             {
-                "obs": torch.zeros(T, N, *obs_shape, dtype=f32, device=dev),
+                "obs": torch.zeros(T, N, *obs_shape, dtype=obs_t, device=dev),
                 "action": torch.zeros(T, N, *act_shape, dtype=torch.int64 if discrete else f32, device=dev),
                 "log_prob": torch.zeros(T, N, dtype=f32, device=dev),
                 "value": torch.zeros(T, N, dtype=f32, device=dev),
                 "reward": torch.zeros(T, N, dtype=f32, device=dev),
                 "terminated": torch.zeros(T, N, dtype=torch.bool, device=dev),
                 "truncated": torch.zeros(T, N, dtype=torch.bool, device=dev),
-                "next_obs": torch.zeros(T, N, *obs_shape, dtype=f32, device=dev),
+                "next_obs": torch.zeros(T, N, *obs_shape, dtype=obs_t, device=dev),
             },
             batch_size=[T, N],
             device=dev,

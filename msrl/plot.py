@@ -74,7 +74,8 @@ def plot_run(run_dir: str | pathlib.Path, out: str | pathlib.Path | None = None)
     ax.set_ylabel("return")
     ax.set_title(run_dir.name)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
+    if ax.get_legend_handles_labels()[0]:  # no episode finished and no evaluation yet: nothing to label
+        ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     target = pathlib.Path(out) if out is not None else run_dir / "learning_curve.png"
     fig.savefig(target)

@@ -300,3 +300,29 @@ def test_envpool_engine_keeps_the_same_step_contract():
     finally:
         env.close()
         ref.close()
+
+
+def test_ppo_builds_the_nature_cnn_for_atari_frames_and_stores_them_as_bytes():
+    pytest.importorskip("ale_py")
+    pytest.importorskip("cv2")
+    from msrl.algorithms import ppo
+    from msrl.job import Job, JobSpec
+    from msrl.policy import load_policy
+
+    hp = ppo.PPOConfig(num_steps=4, num_minibatches=2, update_epochs=1)
+    spec = JobSpec(ppo.ALGORITHM, hp, "ALE/Pong-v5", 2, load_policy("single"), seed=1, total_env_steps=1000,
+                   env_engine="process", env_wrappers=("atari",), env_num_workers=2)
+    job = Job(spec)
+    try:
+        job.reset()
+        metrics = job.train_step()
+        assert all(torch.isfinite(torch.as_tensor(v)).all() for k, v in metrics.items() if k.startswith("losses/")
+                   and "kl" not in k and "variance" not in k)
+        net = job.component("learner").net
+        assert net.image and isinstance(net.trunk[0], torch.nn.Conv2d)
+        assert job.component("buffer").storage["obs"].dtype == torch.uint8
+    finally:
+        job.close()
+    with pytest.raises(ValueError, match="normalize_obs is for vector observations"):
+        import gymnasium
+        ppo.ActorCritic(gymnasium.spaces.Box(0, 255, (4, 84, 84), np.uint8), gymnasium.spaces.Discrete(6), (64,), 10.0)
