@@ -29,10 +29,18 @@ from tensordict import TensorDict
 from torch import nn
 
 from msrl.advantages import gae
-from msrl.algorithms.ppo import PPOActor, PPOConfig, PPOLearner, RolloutBuffer, _mlp, categorical_log_prob_entropy
-from msrl.api import AlgorithmSpec, BuildContext, NonNegativeFloat, PositiveFloat, Trainer
+from msrl.algorithms.ppo import (
+    PPOActor,
+    PPOConfig,
+    PPOLearner,
+    PPOTrainer,
+    RolloutBuffer,
+    _mlp,
+    categorical_log_prob_entropy,
+)
+from msrl.api import AlgorithmSpec, BuildContext, NonNegativeFloat, PositiveFloat
 
-__all__ = ["MAPPOConfig", "MAPPONet", "MAPPOActor", "MAPPOBuffer", "MAPPOLearner", "MAPPOTrainer", "ALGORITHM"]
+__all__ = ["MAPPOConfig", "MAPPONet", "MAPPOActor", "MAPPOBuffer", "MAPPOLearner", "ALGORITHM"]
 
 
 @dataclasses.dataclass
@@ -209,32 +217,10 @@ class MAPPOLearner(PPOLearner):
                            b_returns, lr, clip)
 
 
-class MAPPOTrainer(Trainer):
-    """The loop body: a rollout of every agent of every env, one update, weight sync."""
-
-    def reset(self) -> None:
-        """First observations, and the learner's initial weights to the actor."""
-        self.obs = self.env.reset(seed=self.seed)
-        self.actor.set_weights(self.learner.get_weights())
-
-    def train_step(self) -> dict[str, Any]:
-        """Rollout of ``num_steps`` steps, one learner update, weight sync; returns the metrics."""
-        for _step in range(self.hparams.num_steps):
-            action, log_prob, value = self.actor.act(self.obs)
-            next_obs, reward, terminated, truncated, info = self.env.step(action)
-            self.buffer.insert(obs=self.obs, action=action, log_prob=log_prob, value=value, reward=reward,
-                               terminated=terminated, truncated=truncated, next_obs=info["final_obs"])
-            self.obs = next_obs
-        trajectory = self.buffer.gather()
-        metrics = self.learner.learn(trajectory)
-        self.actor.set_weights(self.learner.get_weights())
-        return metrics
-
-
 ALGORITHM = AlgorithmSpec(
     name="mappo",
     hparams=MAPPOConfig,
-    trainer=MAPPOTrainer,
+    trainer=PPOTrainer,  # the loop body is PPO's: rollout, one update, weight sync
     components={"actor": MAPPOActor, "buffer": MAPPOBuffer, "learner": MAPPOLearner},
     env_steps_per_iteration=lambda hp, total_num_envs: hp.num_steps * total_num_envs,
     action_spaces=(gymnasium.spaces.Discrete, gymnasium.spaces.MultiDiscrete),

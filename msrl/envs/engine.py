@@ -42,9 +42,8 @@ import gymnasium
 import numpy as np
 import torch
 
-from msrl.api import Environment, EpisodeStats
 from msrl.envs import _worker as W
-from msrl.envs.gymnasium_env import EpisodeTracker, env_spec_of, obs_dtype
+from msrl.envs.gymnasium_env import EpisodeTracker, TrackedEnvironment, env_spec_of, obs_dtype
 from msrl.envs.single import make_single_env
 
 __all__ = ["ProcessEnv", "EnvWorkerError", "default_num_workers"]
@@ -110,7 +109,7 @@ def _space_dtype(space: gymnasium.Space, what: str, env_id: str) -> np.dtype:
     raise ValueError(f"env {env_id!r}: the process engine steps Box and Discrete {what} spaces, not {space}")
 
 
-class ProcessEnv(Environment):
+class ProcessEnv(TrackedEnvironment):
     """``N`` gymnasium envs stepped by ``W`` worker processes on shared memory.
 
     Args:
@@ -494,14 +493,6 @@ class ProcessEnv(Environment):
                                                     "env_id": torch.from_numpy(rows).to(self.device)}
 
     # -- bookkeeping -----------------------------------------------------------------------------
-    def pop_episode_stats(self) -> EpisodeStats:
-        """Returns and forgets the episodes finished since the last call (lost ones counted apart)."""
-        return self._tracker.pop()
-
-    @property
-    def env_steps(self) -> int:
-        """Env steps taken so far, summed over the batch (lost steps not counted)."""
-        return self._env_steps
 
     def state_dict(self) -> dict[str, Any]:
         """Every env's exact snapshot (:func:`msrl.envs.state.dump_env`), the episode trackers and

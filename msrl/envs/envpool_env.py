@@ -21,8 +21,8 @@ import gymnasium
 import numpy as np
 import torch
 
-from msrl.api import Environment, EnvSpec, EpisodeStats
-from msrl.envs.gymnasium_env import EpisodeTracker, obs_dtype
+from msrl.api import EnvSpec
+from msrl.envs.gymnasium_env import EpisodeTracker, TrackedEnvironment, obs_dtype
 from msrl.envs.single import UnknownEnvError
 
 __all__ = ["EnvPoolEnv", "check_envpool_id", "envpool_spec"]
@@ -59,7 +59,7 @@ def envpool_spec(env_id: str, num_envs: int, env_kwargs: Mapping[str, Any] | Non
         env.close()
 
 
-class EnvPoolEnv(Environment):
+class EnvPoolEnv(TrackedEnvironment):
     """``N`` EnvPool envs on EnvPool's thread pool, with same-step autoreset.
 
     Args:
@@ -153,14 +153,6 @@ class EnvPoolEnv(Environment):
                 torch.from_numpy(terminated).to(self.device), torch.from_numpy(truncated).to(self.device),
                 {"final_obs": self._tensor(final)})
 
-    def pop_episode_stats(self) -> EpisodeStats:
-        """Returns and forgets the episodes finished since the last call."""
-        return self._tracker.pop()
-
-    @property
-    def env_steps(self) -> int:
-        """Env steps taken so far, summed over the batch."""
-        return self._env_steps
 
     def state_dict(self) -> dict[str, Any]:
         """The step count and seed only: EnvPool cannot snapshot its envs (``exact: False``)."""

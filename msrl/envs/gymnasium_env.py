@@ -20,7 +20,8 @@ from msrl.api import Environment, EnvSpec, EpisodeStats
 from msrl.envs.single import UnknownEnvError, check_env_id, make_single_env
 from msrl.envs.state import dump_env, load_env
 
-__all__ = ["GymnasiumEnv", "UnknownEnvError", "check_env_id", "EpisodeTracker", "obs_dtype", "env_spec_of"]
+__all__ = ["GymnasiumEnv", "TrackedEnvironment", "UnknownEnvError", "check_env_id", "EpisodeTracker", "obs_dtype",
+           "env_spec_of"]
 
 
 def obs_dtype(space: gymnasium.Space) -> torch.dtype:
@@ -92,7 +93,24 @@ class EpisodeTracker:
         self.episode_length = np.array(state["episode_length"], dtype=np.int64, copy=True)
 
 
-class GymnasiumEnv(Environment):
+class TrackedEnvironment(Environment):
+    """An :class:`~msrl.api.Environment` whose episodes an :class:`EpisodeTracker` (``_tracker``)
+    records and whose steps ``_env_steps`` counts; subclasses update both in ``step``."""
+
+    _tracker: EpisodeTracker
+    _env_steps: int
+
+    def pop_episode_stats(self) -> EpisodeStats:
+        """Returns and forgets the episodes finished (and lost) since the last call."""
+        return self._tracker.pop()
+
+    @property
+    def env_steps(self) -> int:
+        """Env steps taken so far, summed over the batch."""
+        return self._env_steps
+
+
+class GymnasiumEnv(TrackedEnvironment):
     """``N`` copies of a gymnasium env (or of a PettingZoo env, agent-stacked), stepped one after
     another in this process, on torch tensors (``env.engine: sync``).
 
@@ -201,15 +219,6 @@ class GymnasiumEnv(Environment):
             torch.from_numpy(a["truncated"].copy()).to(self.device),
             {"final_obs": self._obs(final)},
         )
-
-    def pop_episode_stats(self) -> EpisodeStats:
-        """Returns and forgets the episodes finished since the last call."""
-        return self._tracker.pop()
-
-    @property
-    def env_steps(self) -> int:
-        """Env steps taken so far, summed over the batch."""
-        return self._env_steps
 
     def state_dict(self) -> dict[str, Any]:
         """Every env's exact snapshot (:func:`msrl.envs.state.dump_env`: simulator state and RNGs

@@ -27,8 +27,8 @@ import gymnasium
 import numpy as np
 import torch
 
-from msrl.api import Environment, EnvSpec, EpisodeStats
-from msrl.envs.gymnasium_env import EpisodeTracker
+from msrl.api import EnvSpec
+from msrl.envs.gymnasium_env import EpisodeTracker, TrackedEnvironment
 from msrl.envs.native.base import env_keys, uniform_many
 
 __all__ = ["MujocoTask", "HalfCheetah", "Hopper"]
@@ -36,7 +36,7 @@ __all__ = ["MujocoTask", "HalfCheetah", "Hopper"]
 _ASSETS = pathlib.Path(gymnasium.__file__).parent / "envs" / "mujoco" / "assets"
 
 
-class MujocoTask(Environment):
+class MujocoTask(TrackedEnvironment):
     """Base of the native MuJoCo tasks.
 
     Args:
@@ -206,14 +206,6 @@ class MujocoTask(Environment):
         self.steps[index] = steps
         return self._observe(self.qpos[index:index + 1], self.qvel[index:index + 1])[0].to(torch.float32)
 
-    def pop_episode_stats(self) -> EpisodeStats:
-        """Returns and forgets the episodes finished since the last call."""
-        return self._tracker.pop()
-
-    @property
-    def env_steps(self) -> int:
-        """Env steps taken so far, summed over the batch."""
-        return self._env_steps
 
     def state_dict(self) -> dict[str, Any]:
         """The simulations' full integration states (``mjSTATE_INTEGRATION`` rows), step and
