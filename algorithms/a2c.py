@@ -17,7 +17,7 @@ from tensordict import TensorDict
 
 from msrl.advantages import gae
 from msrl.algorithms.ppo import ActorCritic, PPOActor, PPOTrainer, RolloutBuffer, build_actor_critic
-from msrl.api import AlgorithmSpec, BuildContext, LayerSizes, Learner, NonNegativeFloat, PositiveFloat, PositiveInt, UnitInterval
+from msrl.api import AlgorithmSpec, BuildContext, LayerSizes, Learner, ModuleWeights, NonNegativeFloat, PositiveFloat, PositiveInt, UnitInterval
 
 __all__ = ["A2CConfig", "A2CLearner", "A2CTrainer", "ALGORITHM"]
 
@@ -63,8 +63,12 @@ class A2CLearner(Learner):
     def __init__(self, ctx: BuildContext) -> None:
         self.hp: A2CConfig = ctx.hparams
         self.net: ActorCritic = build_actor_critic(ctx)
+        self.weights = ModuleWeights(self.net)
         self.parameters = list(self.net.parameters())
-        self.optimizer = torch.optim.RMSprop(self.parameters, lr=self.hp.learning_rate, alpha=0.99, eps=self.hp.rms_prop_eps)
+        # foreach: one kernel per operation over all tensors (the same update as SB3's
+        # per-tensor loop, to rounding; ~75 us less per update on one CPU thread)
+        self.optimizer = torch.optim.RMSprop(self.parameters, lr=self.hp.learning_rate, alpha=0.99, eps=self.hp.rms_prop_eps,
+                                             foreach=True)
         self.num_iterations = max(1, ctx.total_env_steps // (self.hp.num_steps * ctx.total_num_envs))
         self.iteration = 0
 
@@ -111,7 +115,7 @@ class A2CLearner(Learner):
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         """The actor-critic's state dict (detached tensors)."""
-        return {k: v.detach() for k, v in self.net.state_dict().items()}
+        return self.weights.get()
 
     def state_dict(self) -> dict[str, Any]:
         return {"net": self.net.state_dict(), "optimizer": self.optimizer.state_dict(), "iteration": self.iteration}

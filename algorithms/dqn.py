@@ -30,6 +30,7 @@ from msrl.api import (
     Fraction,
     LayerSizes,
     Learner,
+    ModuleWeights,
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
@@ -116,6 +117,7 @@ class DQNActor(Actor):
 
     def __init__(self, ctx: BuildContext) -> None:
         self.q = _build_q(ctx)
+        self.weights = ModuleWeights(self.q)
         self.n_actions = int(ctx.env_spec.action_space.n)
         self.generator = torch.Generator(device=ctx.device)
         self.generator.manual_seed(ctx.seed)
@@ -142,11 +144,11 @@ class DQNActor(Actor):
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         """The Q-network's state dict (detached tensors)."""
-        return {k: v.detach() for k, v in self.q.state_dict().items()}
+        return self.weights.get()
 
     def set_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         """Copies ``weights`` into the Q-network (in place)."""
-        self.q.load_state_dict(weights)
+        self.weights.load_(weights)
 
     def state_dict(self) -> dict[str, Any]:
         return {"q": self.q.state_dict(), "generator": self.generator.get_state()}
@@ -226,6 +228,7 @@ class DQNLearner(Learner):
     def __init__(self, ctx: BuildContext) -> None:
         self.hp: DQNConfig = ctx.hparams
         self.q = _build_q(ctx)
+        self.weights = ModuleWeights(self.q)
         self.target = _build_q(ctx)
         self.target.load_state_dict(self.q.state_dict())
         self.parameters = list(self.q.parameters())
@@ -265,7 +268,7 @@ class DQNLearner(Learner):
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         """The Q-network's state dict (detached tensors)."""
-        return {k: v.detach() for k, v in self.q.state_dict().items()}
+        return self.weights.get()
 
     def state_dict(self) -> dict[str, Any]:
         return {"q": self.q.state_dict(), "target": self.target.state_dict(), "optimizer": self.optimizer.state_dict()}

@@ -31,6 +31,7 @@ from msrl.api import (
     BuildContext,
     LayerSizes,
     Learner,
+    ModuleWeights,
     NonNegativeFloat,
     PositiveFloat,
     PositiveInt,
@@ -251,6 +252,7 @@ class PPOActor(Actor):
 
     def __init__(self, ctx: BuildContext) -> None:
         self.net = self.build_net(ctx)
+        self.weights = ModuleWeights(self.net)
         self.generator = torch.Generator(device=ctx.device)
         self.generator.manual_seed(ctx.seed)
 
@@ -288,11 +290,11 @@ class PPOActor(Actor):
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         """The actor-critic's state dict (detached tensors)."""
-        return {k: v.detach() for k, v in self.net.state_dict().items()}
+        return self.weights.get()
 
     def set_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         """Copies ``weights`` into the actor-critic (in place)."""
-        self.net.load_state_dict(weights)
+        self.weights.load_(weights)
 
     def state_dict(self) -> dict[str, Any]:
         return {"net": self.net.state_dict(), "generator": self.generator.get_state()}
@@ -312,6 +314,10 @@ class RolloutBuffer(Buffer):
     """
 
     KEYS = ("obs", "action", "log_prob", "value", "reward", "terminated", "truncated", "next_obs")
+    #: per-step views of ``storage`` for :meth:`insert`, and the storage they view (rebuilt when
+    #: a subclass or a checkpoint replaces it)
+    _rows: list[dict[str, torch.Tensor]] = []
+    _rows_of: TensorDict | None = None
 
     def __init__(self, ctx: BuildContext) -> None:
         spec, T, N = ctx.env_spec, ctx.hparams.num_steps, ctx.env_spec.num_envs
@@ -349,7 +355,10 @@ class RolloutBuffer(Buffer):
             raise KeyError(f"{name}.insert takes exactly {self.KEYS}, got {sorted(step)}")
         if self.t >= self.storage.batch_size[0]:
             raise IndexError(f"{name} is full ({self.t} steps); call gather() first")
-        row = self.storage[self.t]
+        if self._rows_of is not self.storage:  # views of each step's row, made once (TensorDict indexing costs ~25 us)
+            self._rows = [{k: v[t] for k, v in self.storage.items()} for t in range(self.storage.batch_size[0])]
+            self._rows_of = self.storage
+        row = self._rows[self.t]
         for k, v in step.items():
             row[k].copy_(v)
         self.t += 1
@@ -382,6 +391,7 @@ class PPOLearner(Learner):
     def __init__(self, ctx: BuildContext) -> None:
         self.hp: PPOConfig = ctx.hparams
         self.net = self.build_net(ctx)
+        self.weights = ModuleWeights(self.net)
         self.parameters = list(self.net.parameters())
         self.optimizer = torch.optim.Adam(self.parameters, lr=self.hp.learning_rate, eps=1e-5, fused=True)
         steps_per_iteration = self.hp.num_steps * ctx.total_num_envs
@@ -545,7 +555,7 @@ class PPOLearner(Learner):
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         """The actor-critic's state dict (detached tensors)."""
-        return {k: v.detach() for k, v in self.net.state_dict().items()}
+        return self.weights.get()
 
     def state_dict(self) -> dict[str, Any]:
         state = {

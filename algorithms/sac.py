@@ -31,6 +31,7 @@ from msrl.api import (
     Fraction,
     LayerSizes,
     Learner,
+    ModuleWeights,
     NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,
@@ -172,6 +173,7 @@ class SACActor(Actor):
 
     def __init__(self, ctx: BuildContext) -> None:
         self.policy = _build_policy(ctx)
+        self.weights = ModuleWeights(self.policy)
         space = ctx.env_spec.action_space
         self.low = torch.as_tensor(space.low, dtype=torch.float32, device=ctx.device)
         self.high = torch.as_tensor(space.high, dtype=torch.float32, device=ctx.device)
@@ -194,11 +196,11 @@ class SACActor(Actor):
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         """The policy's state dict (detached tensors)."""
-        return {k: v.detach() for k, v in self.policy.state_dict().items()}
+        return self.weights.get()
 
     def set_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         """Copies ``weights`` into the policy (in place)."""
-        self.policy.load_state_dict(weights)
+        self.weights.load_(weights)
 
     def state_dict(self) -> dict[str, Any]:
         return {"policy": self.policy.state_dict(), "generator": self.generator.get_state()}
@@ -216,6 +218,7 @@ class SACLearner(Learner):
         self.hp: SACConfig = ctx.hparams
         spec, hidden, dev = ctx.env_spec, ctx.hparams.hidden_sizes, ctx.device
         self.policy = _build_policy(ctx)
+        self.weights = ModuleWeights(self.policy)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(ctx.seed + 1)
             self.qf1 = SoftQNetwork(spec.observation_space, spec.action_space, hidden).to(dev)
@@ -299,7 +302,7 @@ class SACLearner(Learner):
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         """The policy's state dict (what the actor needs; detached tensors)."""
-        return {k: v.detach() for k, v in self.policy.state_dict().items()}
+        return self.weights.get()
 
     def state_dict(self) -> dict[str, Any]:
         nets = ("policy", "qf1", "qf2", "qf1_target", "qf2_target")

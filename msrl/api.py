@@ -47,6 +47,7 @@ __all__ = [
     "BuildContext",
     "AlgorithmSpec",
     "EpisodeStats",
+    "ModuleWeights",
     "returns",
     "declared_kinds",
     "VALUE_KINDS",
@@ -264,6 +265,50 @@ class Environment(Component):
 
     def close(self) -> None:
         """Releases the envs' resources."""
+
+
+class ModuleWeights:
+    """A module's state-dict tensors, listed once, for weight sync between a learner and an
+    actor (``get_weights`` / ``set_weights``) at the cost of a dict copy and one ``copy_`` per
+    tensor: ``state_dict()`` and ``load_state_dict()`` walk the module tree at every call
+    (~30 us and ~100 us for PPO's two 64-64 MLPs, measured on one CPU thread, several times an
+    iteration of small jobs).
+
+    The module's parameters and buffers must be updated in place from construction on (as
+    optimisers, ``load_state_dict`` and :class:`~msrl.normalization.RunningMeanStd` do):
+    build this after moving the module to its device; a tensor assigned anew later is not
+    seen.
+
+    Args:
+        module: the network whose weights are synced.
+    """
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module = module
+        self.tensors = {k: v.detach() for k, v in module.state_dict(keep_vars=True).items()}
+
+    def get(self) -> dict[str, torch.Tensor]:
+        """The state dict: a new dict of detached tensors sharing the module's storage."""
+        return dict(self.tensors)
+
+    @torch.no_grad()
+    def load_(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Copies ``weights`` (keys and shapes those of :meth:`get`) into the module in place.
+
+        Raises:
+            KeyError: ``weights`` lacks a key of the module's state dict or has another.
+            ValueError: a tensor's shape differs from the module's.
+        """
+        if weights.keys() != self.tensors.keys():
+            missing = sorted(self.tensors.keys() - weights.keys())
+            unexpected = sorted(weights.keys() - self.tensors.keys())
+            raise KeyError(f"{type(self.module).__name__} weights: missing keys {missing}, unexpected keys {unexpected}")
+        for k, dst in self.tensors.items():
+            src = weights[k]
+            if src.shape != dst.shape:
+                raise ValueError(f"{type(self.module).__name__} weights: {k!r} has shape {tuple(src.shape)}, "
+                                 f"the module's has {tuple(dst.shape)}")
+            dst.copy_(src)
 
 
 class Actor(Component):
