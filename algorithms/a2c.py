@@ -17,7 +17,17 @@ from tensordict import TensorDict
 
 from msrl.advantages import gae
 from msrl.algorithms.ppo import ActorCritic, PPOActor, PPOTrainer, RolloutBuffer, build_actor_critic
-from msrl.api import AlgorithmSpec, BuildContext, LayerSizes, Learner, ModuleWeights, NonNegativeFloat, PositiveFloat, PositiveInt, UnitInterval
+from msrl.api import (
+    AlgorithmSpec,
+    BuildContext,
+    LayerSizes,
+    Learner,
+    ModuleWeights,
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveInt,
+    UnitInterval,
+)
 
 __all__ = ["A2CConfig", "A2CLearner", "A2CTrainer", "ALGORITHM"]
 
