@@ -24,7 +24,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from msrl.advantages import gae
-from msrl.algorithms.ppo import PPOActor, PPOConfig, PPOLearner, RolloutBuffer, _mlp, categorical_log_prob_entropy
+from msrl.algorithms.ppo import PPOActor, PPOConfig, PPOLearner, RolloutBuffer, _mlp, categorical_log_prob_entropy, sample_categorical
 from msrl.api import AlgorithmSpec, BuildContext, NonNegativeInt, PositiveInt, Trainer
 
 __all__ = ["MAPPOConfig", "TypedActorCritic", "MAPPOActor", "MultiAgentRolloutBuffer", "MAPPOLearner", "MAPPOTrainer", "ALGORITHM"]
@@ -127,7 +127,7 @@ class MAPPOActor(PPOActor):
         actions, log_prob = [], torch.zeros(E * N, device=obs.device)
         for lg in self.net.logits(flat, types):
             lp = torch.log_softmax(lg, dim=-1)
-            a = lg.argmax(-1) if deterministic else torch.multinomial(lp.exp(), 1, generator=self.generator).squeeze(-1)
+            a = lg.argmax(-1) if deterministic else sample_categorical(lp.exp(), self.generator)
             actions.append(a)
             log_prob = log_prob + lp.gather(-1, a.unsqueeze(-1)).squeeze(-1)
         value = self.net.value(flat, types)

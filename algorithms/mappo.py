@@ -37,6 +37,7 @@ from msrl.algorithms.ppo import (
     RolloutBuffer,
     _mlp,
     categorical_log_prob_entropy,
+    sample_categorical,
 )
 from msrl.api import AlgorithmSpec, BuildContext, NonNegativeFloat, PositiveFloat
 
@@ -147,7 +148,7 @@ class MAPPOActor(PPOActor):
             if deterministic:
                 a = lg.argmax(-1)
             else:
-                a = torch.multinomial(lp.exp().flatten(0, 1), 1, generator=self.generator).view(obs.shape[:2])
+                a = sample_categorical(lp.exp().flatten(0, 1), self.generator).view(obs.shape[:2])
             actions.append(a)
             log_prob = log_prob + lp.gather(-1, a.unsqueeze(-1)).squeeze(-1)
         action = actions[0] if net.discrete else torch.stack(actions, dim=-1)

@@ -40,7 +40,7 @@ from msrl.api import (
 )
 from msrl.normalization import RunningMeanStd
 
-__all__ = ["PPOConfig", "ActorCritic", "build_actor_critic", "categorical_log_prob_entropy", "PPOActor", "RolloutBuffer",
+__all__ = ["PPOConfig", "ActorCritic", "build_actor_critic", "categorical_log_prob_entropy", "sample_categorical", "PPOActor", "RolloutBuffer",
            "PPOLearner", "PPOTrainer",
            "ALGORITHM"]
 
@@ -231,6 +231,28 @@ def categorical_log_prob_entropy(logits: torch.Tensor, action: torch.Tensor) -> 
     return log_prob, entropy
 
 
+def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One draw per row of a Categorical over ``probs``: what ``torch.multinomial(probs, 1,
+    generator=generator).squeeze(-1)`` returns, bitwise, with the same generator use.
+
+    That is ATen's own single-sample path (``multinomial`` in ``aten/src/ATen/native/
+    Distributions.cpp``: the exponential race ``argmax(p / q)``, ``q ~ Exp(1)``, equivalent to
+    the Gumbel-max trick), without its argument checks -- two host syncs per call on a GPU and
+    ~10 us of a ~100 us inference call on one CPU thread. ``probs`` come from a softmax here, so
+    the checks (no NaN, no negative entries, rows summing to more than 0) hold by construction;
+    a NaN loss is caught where the weights are updated (:meth:`msrl.api.Learner.apply_gradients`).
+
+    Args:
+        probs: ``(B, n)`` float, non-negative rows with positive sums (need not be normalised).
+        generator: the RNG to draw from (default: torch's global one).
+
+    Returns:
+        ``(B,)`` int64 indices in ``[0, n)``.
+    """
+    q = torch.empty_like(probs).exponential_(generator=generator)
+    return (probs / q).argmax(-1)
+
+
 def build_actor_critic(ctx: BuildContext) -> ActorCritic:
     """An :class:`ActorCritic` for ``ctx``'s spaces and ``ctx.hparams.hidden_sizes``, initialised
     from ``ctx.seed`` (so an actor and a learner built from one seed start equal), on
@@ -281,7 +303,7 @@ class PPOActor(Actor):
             if deterministic:
                 action = out.argmax(-1)
             else:
-                action = torch.multinomial(log_probs.exp(), 1, generator=self.generator).squeeze(-1)
+                action = sample_categorical(log_probs.exp(), self.generator)
             return action, log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1), value
         std = net.actor_logstd.expand_as(out).exp()
         flat = out if deterministic else out + std * torch.randn(out.shape, generator=self.generator, device=out.device)

@@ -52,3 +52,13 @@ def test_gae_rejects_mismatched_shapes():
     x = torch.zeros(3, 2)
     with pytest.raises(ValueError, match="values has shape"):
         gae(x, torch.zeros(3, 3), x, x.bool(), x.bool(), 0.9, 0.9)
+
+
+def test_gae_is_a_constant_of_the_loss_and_takes_empty_rollouts():
+    values = torch.randn(4, 3, requires_grad=True)
+    x, flags = torch.randn(4, 3), torch.zeros(4, 3, dtype=torch.bool)
+    adv, ret = gae(x, values, x, flags, flags, 0.99, 0.95)
+    assert not adv.requires_grad and not ret.requires_grad
+    empty = torch.zeros(0, 3)
+    adv, ret = gae(empty, empty, empty, empty.bool(), empty.bool(), 0.99, 0.95)
+    assert adv.shape == ret.shape == (0, 3)

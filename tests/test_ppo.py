@@ -85,3 +85,19 @@ def test_categorical_log_prob_entropy_matches_torch_distributions():
     torch.testing.assert_close(log_prob, dist.log_prob(action), rtol=0, atol=1e-5)
     torch.testing.assert_close(entropy, dist.entropy(), rtol=0, atol=1e-5)
     assert torch.isfinite(entropy).all()
+
+
+@pytest.mark.parametrize("shape", [(8, 2), (1, 3), (300, 18)])
+def test_sample_categorical_is_torch_multinomial_bitwise(shape):
+    from msrl.algorithms.ppo import sample_categorical
+
+    g = torch.Generator().manual_seed(1)
+    ours, theirs = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    for _ in range(50):
+        probs = torch.softmax(torch.randn(shape, generator=g) * 4, dim=-1)
+        probs[0, 0] = 0.0  # an impossible action is never drawn
+        a = sample_categorical(probs, ours)
+        assert a.shape == shape[:1] and a.dtype == torch.int64
+        assert torch.equal(a, torch.multinomial(probs, 1, generator=theirs).squeeze(-1))
+        assert (a[0] != 0).item()
+    assert torch.equal(ours.get_state(), theirs.get_state())  # the same draws consumed
