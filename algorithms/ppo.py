@@ -40,9 +40,8 @@ from msrl.api import (
 )
 from msrl.normalization import RunningMeanStd
 
-__all__ = ["PPOConfig", "ActorCritic", "build_actor_critic", "categorical_log_prob_entropy", "sample_categorical", "PPOActor", "RolloutBuffer",
-           "PPOLearner", "PPOTrainer",
-           "ALGORITHM"]
+__all__ = ["PPOConfig", "ActorCritic", "build_actor_critic", "categorical_log_prob_entropy", "sample_categorical",
+           "PPOActor", "RolloutBuffer", "PPOLearner", "PPOTrainer", "ALGORITHM"]
 
 
 @dataclasses.dataclass
