@@ -297,18 +297,19 @@ class ModuleWeights:
 
         Raises:
             KeyError: ``weights`` lacks a key of the module's state dict or has another.
-            ValueError: a tensor's shape differs from the module's.
+            ValueError: a tensor's shape differs from the module's (nothing is copied).
         """
         if weights.keys() != self.tensors.keys():
             missing = sorted(self.tensors.keys() - weights.keys())
             unexpected = sorted(weights.keys() - self.tensors.keys())
             raise KeyError(f"{type(self.module).__name__} weights: missing keys {missing}, unexpected keys {unexpected}")
-        for k, dst in self.tensors.items():
-            src = weights[k]
+        srcs = [weights[k] for k in self.tensors]
+        for (k, dst), src in zip(self.tensors.items(), srcs):  # every check before any copy
             if src.shape != dst.shape:
                 raise ValueError(f"{type(self.module).__name__} weights: {k!r} has shape {tuple(src.shape)}, "
-                                 f"the module's has {tuple(dst.shape)}")
-            dst.copy_(src)
+                                 f"the module's has {tuple(dst.shape)}; nothing was copied")
+        for dst, src in zip(self.tensors.values(), srcs):
+            dst.copy_(src)  # across devices and dtypes alike
 
 
 class Actor(Component):
