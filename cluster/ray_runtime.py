@@ -81,10 +81,17 @@ class ReplicaActor:
         return ray.util.get_node_ip_address(), port
 
     def init_process_group(self, master: tuple[str, int], rank: int, ranks: Mapping[tuple[str, int], int],
-                           timeout_s: float) -> None:
-        """Joins the job's Gloo process group and builds this replica's channel endpoint."""
+                           timeout_s: float, peers: Mapping[tuple[str, int], Mapping[str, Any]] | None = None,
+                           intra_node: str = "gloo") -> None:
+        """Joins the job's Gloo process group and builds this replica's channel endpoint.
+
+        ``peers`` maps every replica to its :meth:`info` (``pid``, ``node_id``). With
+        ``intra_node="shm"``, a fragment whose replicas all run on this machine all-reduces its
+        host tensors through a :class:`~msrl.runtime.shm.ShmGroup` instead of Gloo.
+        """
         import torch.distributed as dist
 
+        from msrl.runtime import shm
         from msrl.runtime.dist import DistComm
 
         devices = {f.name: torch.device(f.device) for f in self.spec.policy.fragments}
@@ -100,8 +107,15 @@ class ReplicaActor:
         for fr in sorted({f for f, _ in ranks}):  # every rank makes every group, in one order
             groups[fr] = dist.new_group(sorted(r for (f, _), r in ranks.items() if f == fr))
         own = groups[self.fragment] if sum(1 for f, _ in ranks if f == self.fragment) > 1 else None
+        local = None
+        mates = sorted(k for k in ranks if k[0] == self.fragment)
+        if (own is not None and intra_node == "shm" and own_device.type == "cpu" and shm.available()
+                and peers is not None and len({peers[k]["node_id"] for k in mates}) == 1):
+            local = shm.ShmGroup(f"{master[0]}:{master[1]}:{self.fragment}", mates.index((self.fragment, self.index)),
+                                 len(mates), pids=[peers[k]["pid"] for k in mates], timeout_s=timeout_s,
+                                 barrier=lambda: dist.barrier(group=own))
         self.comm = DistComm(self.fragment_graph.boundaries, self.fragment, self.index, ranks, own,
-                             own_device, devices)
+                             own_device, devices, local_group=local)
         if own is not None:
             learner = self.replica.trainer.components.get("learner")
             if learner is not None:  # multi_learner: gradients averaged at the gradient step
@@ -136,12 +150,14 @@ class ReplicaActor:
 
     def comm_stats(self) -> dict[str, Any]:
         """This replica's totals so far: seconds per comm op (``op_s``), ``comm_s``, ``wait_s``,
-        ``bytes_sent``, ``bytes_received`` (empty when the job has one replica)."""
+        ``bytes_sent``, ``bytes_received``, and ``intra_node``: ``"shm"`` when this replica
+        all-reduces through shared memory, else ``"gloo"`` (empty when the job has one replica)."""
         c = self.comm
         if c is None:
             return {}
         return {"op_s": dict(c.op_s), "comm_s": c.comm_s, "wait_s": c.wait_s,
-                "bytes_sent": c.bytes_sent, "bytes_received": c.bytes_received}
+                "bytes_sent": c.bytes_sent, "bytes_received": c.bytes_received,
+                "intra_node": "shm" if c.local_group is not None else "gloo"}
 
     def pid(self) -> int:
         """This replica's process id."""
@@ -171,6 +187,8 @@ class ReplicaActor:
     def close(self) -> None:
         """Closes the envs and leaves the process group."""
         self.replica.close()
+        if self.comm is not None:
+            self.comm.close()
         import torch.distributed as dist
 
         if dist.is_initialized():
@@ -192,6 +210,8 @@ class RayJob:
         probe: as for :class:`msrl.job.Job`.
         timeout_s: how long a replica waits at a boundary before the process group gives up.
         placement_timeout_s: how long to wait for the placement group to be placed.
+        intra_node: ``"shm"``: a fragment whose replicas share one machine all-reduces host
+            tensors through shared memory (:mod:`msrl.runtime.shm`); ``"gloo"``: through Gloo.
 
     Raises:
         TraceError, PartitionError, ValueError: as :class:`msrl.job.Job`; ``ValueError`` for a
@@ -203,7 +223,7 @@ class RayJob:
     def __init__(self, spec: Any, algorithm_ref: str | None = None, address: str | None = None,
                  cpus_per_replica: float = 1.0, strategy: str = "PACK", probe: bool = True,
                  gpus_per_replica: float = 0.0,
-                 timeout_s: float = 600.0, placement_timeout_s: float = 60.0) -> None:
+                 timeout_s: float = 600.0, placement_timeout_s: float = 60.0, intra_node: str = "shm") -> None:
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -214,6 +234,8 @@ class RayJob:
 
         if strategy not in ("PACK", "SPREAD"):
             raise ValueError(f"cluster.strategy must be PACK or SPREAD, got {strategy!r}")
+        if intra_node not in ("shm", "gloo"):
+            raise ValueError(f"cluster.intra_node must be shm or gloo, got {intra_node!r}")
         cuda = sorted({f.name for f in spec.policy.fragments if torch.device(f.device).type == "cuda"})
         if cuda and gpus_per_replica <= 0:
             raise PlacementError(
@@ -280,7 +302,9 @@ class RayJob:
         self._wait([self.actors[0].address.remote()])
         master = ray.get(self.actors[0].address.remote())
         if len(self.keys) > 1:
-            self._wait([a.init_process_group.remote(master, ranks[k], ranks, timeout_s) for a, k in zip(self.actors, self.keys)])
+            peers = dict(zip(self.keys, self._wait([a.info.remote() for a in self.actors])))
+            self._wait([a.init_process_group.remote(master, ranks[k], ranks, timeout_s, peers, intra_node)
+                        for a, k in zip(self.actors, self.keys)])
         self._has_env = [k[0] == spec.policy.fragment_of_role("env") for k in self.keys]
 
     # -- running ----------------------------------------------------------------------------

@@ -105,6 +105,11 @@ class ClusterConfig(_Strict):
     gpus_per_replica: float = Field(0.0, ge=0, description="GPUs of each replica's placement-group bundle")
     strategy: Literal["PACK", "SPREAD"] = Field("PACK", description="placement-group strategy")
     max_restarts: int = Field(3, ge=0, description="restarts from the last checkpoint after a replica process dies")
+    intra_node: Literal["shm", "gloo"] = Field(
+        "shm",
+        description="how a fragment's replicas on one machine all-reduce host tensors: shm (shared memory, Linux; "
+                    "Gloo where unavailable or across machines) or gloo (TCP through Gloo)",
+    )
 
 
 class RunConfig(_Strict):

@@ -132,7 +132,8 @@ def load_run_config(run_dir: str | pathlib.Path) -> RunConfig:
 #: budget (``anneal_lr``) follow the new budget from the resume point, as SB3's
 #: ``learn(..., reset_num_timesteps=False)`` does.
 RESUMABLE = ("train.total_env_steps", "train.eval_every", "train.checkpoint_every", "train.stop_at_return",
-             "train.progress", "cluster.address", "cluster.max_restarts", "env.num_workers")
+             "train.progress", "cluster.address", "cluster.max_restarts", "cluster.intra_node",
+             "env.num_workers")
 
 
 def _check_resumable(saved: RunConfig, cfg: RunConfig, run_dir: str | pathlib.Path) -> list[str]:
@@ -370,7 +371,7 @@ def make_job(spec: JobSpec, cfg: RunConfig) -> Any:
     )
     return RayJob(spec, algorithm_ref=ref, address=cfg.cluster.address,
                   cpus_per_replica=cfg.cluster.cpus_per_replica, gpus_per_replica=cfg.cluster.gpus_per_replica,
-                  strategy=cfg.cluster.strategy)
+                  strategy=cfg.cluster.strategy, intra_node=cfg.cluster.intra_node)
 
 
 def _evaluate(job: Job, cfg: RunConfig) -> list[float]:

@@ -56,22 +56,28 @@ def test_coarse_on_ray_equals_the_local_runtime_bitwise(ray_local, spec_factory)
     assert not any(pid_alive(p) for p in pids), "a replica process outlived its job"
 
 
-def test_multi_learner_on_ray_keeps_replicas_identical_and_equals_local(ray_local, spec_factory):
+@pytest.mark.parametrize("intra_node, replicas", [("shm", 2), ("gloo", 2), ("shm", 3)])
+def test_multi_learner_on_ray_keeps_replicas_identical_and_equals_local(ray_local, spec_factory, intra_node, replicas):
     from msrl.cluster.ray_runtime import RayJob
 
-    spec = spec_factory("multi_learner", num_envs=4)
+    spec = spec_factory("multi_learner", num_envs=2 * replicas)
+    spec = dataclasses.replace(spec, policy=spec.policy.with_overrides(replicas={"main": replicas}))
     local = Job(spec)
     local.reset()
     for _ in range(2):
         local.train_step()
-    remote = RayJob(spec)
+    remote = RayJob(spec, intra_node=intra_node)
     try:
         remote.reset()
         remote.run(2)
-        w0, w1 = remote.weights("learner", 0), remote.weights("learner", 1)
-        assert all(torch.equal(w0[k], w1[k]) for k in w0)
+        w = [remote.weights("learner", r) for r in range(replicas)]
+        assert all(torch.equal(w[0][k], w[r][k]) for r in range(1, replicas) for k in w[0])
         w_local = local.component("learner").get_weights()
-        assert all(torch.equal(w0[k], w_local[k]) for k in w0)
+        assert all(torch.equal(w[0][k], w_local[k]) for k in w_local)
+        # the gradients crossed where intra_node says: shared memory, or Gloo
+        stats = remote.comm_stats()
+        assert {s["intra_node"] for s in stats} == {intra_node}
+        assert all(s["op_s"].get("allreduce", 0) > 0 for s in stats)
     finally:
         remote.close()
         local.close()

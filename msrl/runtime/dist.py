@@ -17,7 +17,7 @@ send/recv   src replica ``i`` -> dst replica ``i``
 gather      every src replica -> dst replica 0, which concatenates in replica order
 scatter     src replica 0 splits along the env axis -> one shard to each dst replica
 broadcast   src replica 0 -> every dst replica (one encoding, ``R_d`` sends)
-allreduce   a collective of the fragment's own replicas (``dist.all_reduce`` on their group)
+allreduce   a collective of the fragment's own replicas (``dist.all_reduce``, or shared memory)
 ==========  ================================================================================
 
 Sends are non-blocking (``isend``): a replica never waits for its receiver unless the program
@@ -68,6 +68,8 @@ class DistComm:
             host (Gloo); any other boundary moves one host message.
         split_payload: send every value as a host header plus a separate payload message even
             on the CPU (the GPU protocol's logic, for tests on machines without GPUs).
+        local_group: a :class:`~msrl.runtime.shm.ShmGroup` of this fragment's replicas (all on
+            this machine) that all-reduces host tensors in place of Gloo; ``None``: Gloo.
     """
 
     def __init__(
@@ -80,6 +82,7 @@ class DistComm:
         device: torch.device | str = "cpu",
         devices: Mapping[str, torch.device | str] | None = None,
         split_payload: bool = False,
+        local_group: Any = None,
     ) -> None:
         self.boundaries = {b.name: b for b in boundaries}
         self.tags = {b.name: i for i, b in enumerate(boundaries)}
@@ -89,6 +92,7 @@ class DistComm:
         self.device = torch.device(device)
         self.devices = {f: torch.device(d) for f, d in (devices or {}).items()}
         self.split_payload = split_payload
+        self.local_group = local_group
         self._pending: list[tuple[Any, torch.Tensor]] = []
         #: (boundary, peer fragment, peer replica) -> the byte size of that channel's buffers
         self._capacity: dict[tuple[str, str, int], int] = {}
@@ -270,11 +274,17 @@ class DistComm:
         of tensors of one dtype), reduced in place and returned.
 
         Every replica passes values of the same structure and shapes; the tensors are flattened
-        into one buffer, summed with ``dist.all_reduce`` on the fragment's group, divided by
-        the replica count and copied back.
+        into one buffer, summed with ``dist.all_reduce`` on the fragment's group (or through
+        shared memory by ``local_group``), divided by the replica count and copied back.
         """
         with _Timer(self, "allreduce"):
             return self._allreduce(name, value)
+
+    def close(self) -> None:
+        """Releases the shared-memory group, if any (the process group is the caller's)."""
+        if self.local_group is not None:
+            self.local_group.close()
+            self.local_group = None
 
     def _allreduce(self, name: str, value: Any = None) -> Any:
         tensors = tensor_leaves(value)
@@ -284,7 +294,10 @@ class DistComm:
         if world == 1:
             return value
         flat = torch.cat([t.reshape(-1) for t in tensors])
-        dist.all_reduce(flat, group=self.fragment_group)
+        if self.local_group is not None and flat.device.type == "cpu":
+            self.local_group.allreduce_(flat)
+        else:
+            dist.all_reduce(flat, group=self.fragment_group)
         flat /= world
         offset = 0
         for t in tensors:
