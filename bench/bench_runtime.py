@@ -21,16 +21,20 @@ import time
 
 import torch
 
+#: (policy, replicas, cluster.intra_node): the last row is multi_learner's all-reduce over Gloo
+#: instead of shared memory, for comparison
 ROWS = [
-    ("single", {}),
-    ("single_learner_coarse", {"actor": 1}),
-    ("single_learner_coarse", {"actor": 2}),
-    ("multi_learner", {"main": 1}),
-    ("multi_learner", {"main": 2}),
+    ("single", {}, "shm"),
+    ("single_learner_coarse", {"actor": 1}, "shm"),
+    ("single_learner_coarse", {"actor": 2}, "shm"),
+    ("multi_learner", {"main": 1}, "shm"),
+    ("multi_learner", {"main": 2}, "shm"),
+    ("multi_learner", {"main": 2}, "gloo"),
 ]
 
 
-def measure(policy: str, replicas: dict[str, int], runtime: str, iterations: int, warmup: int) -> dict:
+def measure(policy: str, replicas: dict[str, int], runtime: str, iterations: int, warmup: int,
+            intra_node: str = "shm") -> dict:
     """Env steps/s over ``iterations`` iterations and the median comm share (Ray only)."""
     from msrl.config import build_job_spec, load_config
     from msrl.job import Job
@@ -41,7 +45,7 @@ def measure(policy: str, replicas: dict[str, int], runtime: str, iterations: int
     if runtime == "ray":
         from msrl.cluster.ray_runtime import RayJob
 
-        job = RayJob(spec)
+        job = RayJob(spec, intra_node=intra_node)
     else:
         job = Job(spec)
     try:
@@ -71,17 +75,19 @@ def main() -> None:
 
     print(f"machine: {platform.processor() or platform.machine()}, {torch.__version__}, ray {ray.__version__}, "
           f"{args.iterations} iterations of configs/ppo_cartpole.yaml (16 envs x 16 steps)")
-    print("| policy | replicas | env steps/s, ray | comm share, ray (median) | wait share, ray (median) | env steps/s, local threads |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for policy, replicas in ROWS:
-        r = measure(policy, replicas, "ray", args.iterations, args.warmup)
+    print("| policy | replicas | all-reduce | env steps/s, ray | comm share, ray (median) | wait share, ray (median) "
+          "| env steps/s, local threads |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for policy, replicas, intra_node in ROWS:
+        r = measure(policy, replicas, "ray", args.iterations, args.warmup, intra_node)
         if ray.is_initialized():
             ray.shutdown()
         loc = measure(policy, replicas, "local", args.iterations, args.warmup)
         rep = ", ".join(f"{k}={v}" for k, v in replicas.items()) or "-"
         share = f"{100 * r['comm_share']:.1f}%" if r["comm_share"] is not None else "-"
         wait = f"{100 * r['wait_share']:.1f}%" if r["wait_share"] is not None else "-"
-        print(f"| {policy} | {rep} | {r['sps']:.0f} | {share} | {wait} | {loc['sps']:.0f} |", flush=True)
+        reduce = intra_node if policy == "multi_learner" and sum(replicas.values()) > 1 else "-"
+        print(f"| {policy} | {rep} | {reduce} | {r['sps']:.0f} | {share} | {wait} | {loc['sps']:.0f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Runs one function per fragment replica over a transport: ``local`` (threads, LocalHub) or
 ``dist`` (one spawned process per replica, a Gloo process group, DistComm; ``split_payload``:
-every value as a header plus a payload message, the protocol of GPU-to-GPU boundaries). Used by
+every value as a header plus a payload message, the protocol of GPU-to-GPU boundaries;
+``shm``: all-reduces through a shared-memory ShmGroup, as replicas on one machine do). Used by
 tests/test_channels.py so both runtimes pass the same channel-semantics tests."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch.multiprocessing as mp
 from msrl.channels import LocalHub
 
 
-def _dist_worker(rank, world, init_file, scenarios, q, split_payload=False, cuda=False):
+def _dist_worker(rank, world, init_file, scenarios, q, split_payload=False, cuda=False, shm=False):
     import torch.distributed as dist
 
     from msrl.runtime.dist import DistComm
@@ -37,10 +38,18 @@ def _dist_worker(rank, world, init_file, scenarios, q, split_payload=False, cuda
                 try:
                     device = f"cuda:{rank}" if cuda else "cpu"
                     devices = {f: ("cuda" if cuda else "cpu") for f, _ in keys}
+                    local = None
+                    mates = [k for k in keys if k[0] == frag]
+                    if shm and len(mates) > 1:
+                        from msrl.runtime.shm import ShmGroup
+
+                        local = ShmGroup(f"{os.path.basename(init_file)}-{idx}-{frag}", mates.index((frag, rep)),
+                                         len(mates), barrier=lambda g=pgs[frag]: dist.barrier(group=g))
                     comm = DistComm(boundaries, frag, rep, ranks, pgs.get(frag), device, devices,
-                                    split_payload=split_payload)
+                                    split_payload=split_payload, local_group=local)
                     out = fns[keys[rank]](comm)
                     comm.flush()
+                    comm.close()
                     q.put((idx, keys[rank], out, None))
                 except BaseException as e:  # noqa: BLE001
                     q.put((idx, keys[rank], None, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
@@ -77,7 +86,7 @@ def run_local(boundaries, fns, timeout=60.0):
     return out
 
 
-def run_dist(scenarios, timeout=120.0, split_payload=False, cuda=False):
+def run_dist(scenarios, timeout=120.0, split_payload=False, cuda=False, shm=False):
     """Runs every scenario ``(boundaries, fns)`` in one world of spawned processes (as many as
     the largest scenario has replicas; one Gloo process group, scenarios one after another,
     module-level ``fns``). Returns one ``(fragment, replica) -> result`` dict per scenario."""
@@ -87,7 +96,7 @@ def run_dist(scenarios, timeout=120.0, split_payload=False, cuda=False):
     fd, init_file = tempfile.mkstemp()
     os.close(fd)
     os.remove(init_file)
-    procs = [ctx.Process(target=_dist_worker, args=(r, world, init_file, scenarios, q, split_payload, cuda)) for r in range(world)]
+    procs = [ctx.Process(target=_dist_worker, args=(r, world, init_file, scenarios, q, split_payload, cuda, shm)) for r in range(world)]
     for p in procs:
         p.start()
     outs: list[dict] = [{} for _ in scenarios]

@@ -1,6 +1,7 @@
 """Channel semantics: the comm ops between fragment replicas, one suite for both transports --
 ``local`` (threads of one process, LocalHub) and ``dist`` (one process per replica over a Gloo
-process group, DistComm with the codec) -- plus the in-process runtime's failure handling."""
+process group, DistComm with the codec; ``dist_split``: the GPU protocol's header + payload;
+``dist_shm``: all-reduces through shared memory) -- plus the in-process runtime's failure handling."""
 
 import threading
 
@@ -12,8 +13,9 @@ from tensordict import TensorDict
 from msrl.channels import ChannelClosed, LocalHub
 from msrl.graph import NodeKind
 from msrl.partition import Boundary
+from msrl.runtime.shm import available as shm_available
 
-TRANSPORTS = ["local", "dist", "dist_split"]
+TRANSPORTS = ["local", "dist", "dist_split", "dist_shm"]
 
 
 def boundary(name, op, src_r, dst_r, axis=None, kind="sharded"):
@@ -200,8 +202,11 @@ def results(request):
     """scenario -> (fragment, replica) -> result, for one transport."""
     if request.param == "local":
         return {name: run_local(*sc) for name, sc in SCENARIOS.items()}
+    if request.param == "dist_shm" and not shm_available():
+        pytest.skip("shared-memory all-reduce needs Linux")
     names = list(SCENARIOS)
-    return dict(zip(names, run_dist([SCENARIOS[n] for n in names], split_payload=request.param == "dist_split")))
+    return dict(zip(names, run_dist([SCENARIOS[n] for n in names], split_payload=request.param == "dist_split",
+                                    shm=request.param == "dist_shm")))
 
 
 def test_gather_concatenates_replicas_in_order(results):
