@@ -31,8 +31,9 @@ import torch
 from msrl.api import EpisodeStats
 from msrl.config import ConfigError
 from msrl.runtime.replica import ReplicaDied, as_floats, check_losses, replica_states
+from msrl.runtime.shm import pid_alive
 
-__all__ = ["RayJob", "ReplicaActor", "ReplicaDied", "PlacementError"]
+__all__ = ["RayJob", "ReplicaActor", "ReplicaDied", "PlacementError", "pid_alive"]
 
 
 class PlacementError(ConfigError):
@@ -490,14 +491,3 @@ class RayJob:
         self.kill()
         if self._started_ray and ray.is_initialized():
             ray.shutdown()
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (for tests that no replica outlives its job)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

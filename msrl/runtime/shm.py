@@ -47,7 +47,7 @@ from typing import Callable, Sequence
 
 import torch
 
-__all__ = ["ShmGroup", "ShmGroupError", "available"]
+__all__ = ["ShmGroup", "ShmGroupError", "available", "pid_alive"]
 
 #: message: kind, sender's rank, call number (ARRV) or segment generation (SEGM), bytes (the
 #: sender's buffer for ARRV, the segment's for SEGM)
@@ -70,7 +70,8 @@ def available() -> bool:
     return sys.platform.startswith("linux") and hasattr(os, "memfd_create") and hasattr(socket, "recv_fds")
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine (signal 0; another user's process counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -156,7 +157,7 @@ class ShmGroup:
     def _check(self, deadline: float, doing: str) -> None:
         if self.pids is not None:
             for r, pid in enumerate(self.pids):
-                if r != self.rank and not _pid_alive(pid):
+                if r != self.rank and not pid_alive(pid):
                     raise ShmGroupError(f"ShmGroup {self.uid!r}: rank {r} (pid {pid}) died while rank "
                                         f"{self.rank} was {doing}")
         if time.monotonic() > deadline:
