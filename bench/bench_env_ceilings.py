@@ -21,22 +21,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
-from typing import Callable
 
 import numpy as np
-
-
-def rate(step: Callable[[], None], per_call: int, seconds: float) -> float:
-    """Env steps/s of ``step`` (``per_call`` env steps each) over at least ``seconds``."""
-    for _ in range(20):
-        step()
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        for _ in range(20):
-            step()
-        n += 20
-    return n * per_call / (time.perf_counter() - t0)
+from bench_mujoco_envs import timed  # batch steps/s of a step function
 
 
 def main() -> None:
@@ -70,7 +57,7 @@ def main() -> None:
     out: dict[str, list[float]] = {k: [] for k in systems}
     for _ in range(args.rounds):
         for name, (step, per) in systems.items():
-            out[name].append(rate(step, per, args.seconds))
+            out[name].append(timed(step, args.seconds) * per)
     med = {k: statistics.median(v) for k, v in out.items()}
     print(f"HalfCheetah-v5, one thread each, median of {args.rounds} rounds of {args.seconds:g} s")
     print("| system | env steps/s | us per env step | / envpool |")

@@ -84,7 +84,7 @@ class ReplicaActor:
 
     def init_process_group(self, master: tuple[str, int], rank: int, ranks: Mapping[tuple[str, int], int],
                            timeout_s: float, peers: Mapping[tuple[str, int], Mapping[str, Any]] | None = None,
-                           intra_node: str = "gloo") -> None:
+                           intra_node: str = "shm") -> None:
         """Joins the job's Gloo process group and builds this replica's channel endpoint.
 
         ``peers`` maps every replica to its :meth:`info` (``pid``, ``node_id``). With

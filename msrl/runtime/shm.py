@@ -131,8 +131,6 @@ class ShmGroup:
         self._mmap: mmap.mmap | None = None
         self._segment: torch.Tensor | None = None  # uint8 view of the whole segment
         self._slot_bytes = 0
-        #: seconds spent blocked until the last peer arrived (the rest of a call moves bytes)
-        self.wait_s = 0.0
         if barrier is not None:
             barrier()
 
@@ -261,11 +259,9 @@ class ShmGroup:
         for peer in range(self.world):
             if peer != self.rank:
                 self._send(peer, msg)
-        t0 = time.perf_counter()
         deadline = time.monotonic() + self.timeout_s
         while len(self._arrived.get(call, ())) < self.world - 1:
             self._pump(deadline, f"waiting for its peers at all-reduce {call}")
-        self.wait_s += time.perf_counter() - t0
         for peer, size in self._arrived.pop(call).items():
             if size != nbytes:
                 raise ShmGroupError(f"ShmGroup {self.uid!r}: all-reduce {call}: rank {peer} passed {size} bytes, rank "
