@@ -6,7 +6,9 @@ HalfCheetah-v5, ``--envs`` envs (default 64), ``--threads`` threads (default 2):
 * ``gymnasium sync`` -- the envs stepped one after another in this process (``env.engine: sync``);
 * ``msrl process engine`` -- :class:`msrl.envs.engine.ProcessEnv`, one worker process per thread;
 * ``msrl native task`` -- ``msrl/HalfCheetah-v5``: mjbatch physics on ``--threads`` threads, task
-  logic in torch;
+  logic in NumPy;
+* ``mjbatch physics alone (ceiling)`` -- the native task's physics without its task logic
+  (``mj_step`` x 5 per env on ``--threads`` threads): what the native task can reach;
 * ``envpool`` -- ``envpool.make("HalfCheetah-v5", env_type="gymnasium")`` on ``--threads`` threads.
 
 Atari (``--atari``): ``ALE/Pong-v5`` with the standard preprocessing (84x84 grayscale, 4 stacked
@@ -14,7 +16,10 @@ frames, frame skip 4, up to 30 no-ops, no sticky actions) through the process en
 envpool's ``Pong-v5`` with the same settings.
 
 Every system steps with zero actions (MuJoCo) or random actions (Atari) and autoreset on.
-Rounds alternate the systems; the median over ``--rounds`` rounds is reported.
+Rounds alternate the systems. Reported per system: the median env steps/s over ``--rounds``
+rounds, and the median over rounds of its rate divided by EnvPool's in the same round
+(``vs_envpool``): this VM's speed drifts by tens of percent within minutes, and a ratio of
+rates measured seconds apart is steadier than a ratio of medians.
 
     python bench/bench_mujoco_envs.py --envs 64 --threads 2 --rounds 3 --atari
 """
@@ -70,6 +75,14 @@ def mujoco_systems(n: int, threads: int) -> dict[str, Callable[[], tuple[Callabl
         a = torch.zeros(n, 6)
         return (lambda: env.step(a)), (lambda: None)
 
+    def physics():
+        import mjbatch
+
+        from msrl.envs.native import HalfCheetah
+
+        batch = mjbatch.Batch(HalfCheetah(1).model, n, min(threads, n))
+        return (lambda: batch.step(nstep=HalfCheetah.FRAME_SKIP)), (lambda: None)
+
     def envpool_():
         import envpool
 
@@ -78,7 +91,8 @@ def mujoco_systems(n: int, threads: int) -> dict[str, Callable[[], tuple[Callabl
         a = np.zeros((n, 6), dtype=np.float32)
         return (lambda: env.step(a)), env.close
 
-    return {"gymnasium sync": sync, "msrl process engine": engine, "msrl native task": native, "envpool": envpool_}
+    return {"gymnasium sync": sync, "msrl process engine": engine, "msrl native task": native,
+            "mjbatch physics alone (ceiling)": physics, "envpool": envpool_}
 
 
 def atari_systems(n: int, threads: int) -> dict[str, Callable[[], tuple[Callable[[], None], Callable[[], None]]]]:
@@ -117,8 +131,9 @@ def atari_systems(n: int, threads: int) -> dict[str, Callable[[], tuple[Callable
     return {"msrl process engine": engine, "envpool": envpool_}
 
 
-def run(systems, n: int, rounds: int, seconds: float) -> dict[str, float]:
-    """Median env steps/s per system over ``rounds`` alternating rounds."""
+def run(systems, n: int, rounds: int, seconds: float) -> dict[str, dict[str, float]]:
+    """Per system: ``steps_per_s``, the median env steps/s over ``rounds`` alternating rounds,
+    and ``vs_envpool``, the median over rounds of its rate / EnvPool's in the same round."""
     out: dict[str, list[float]] = {k: [] for k in systems}
     for _ in range(rounds):
         for name, build in systems.items():
@@ -127,7 +142,9 @@ def run(systems, n: int, rounds: int, seconds: float) -> dict[str, float]:
                 out[name].append(timed(step, seconds) * n)
             finally:
                 close()
-    return {k: statistics.median(v) for k, v in out.items()}
+    ref = out["envpool"]
+    return {k: {"steps_per_s": round(statistics.median(v)),
+                "vs_envpool": round(statistics.median(x / r for x, r in zip(v, ref)), 2)} for k, v in out.items()}
 
 
 def main() -> None:
@@ -141,15 +158,11 @@ def main() -> None:
     torch.set_num_threads(1)
     for n in args.envs:
         res = run(mujoco_systems(n, args.threads), n, args.rounds, args.seconds)
-        ref = res["envpool"]
-        print(json.dumps({"task": "HalfCheetah-v5", "envs": n, "threads": args.threads,
-                          **{k: {"steps_per_s": round(v), "vs_envpool": round(v / ref, 2)} for k, v in res.items()}}))
+        print(json.dumps({"task": "HalfCheetah-v5", "envs": n, "threads": args.threads, **res}))
     if args.atari:
         n = args.envs[0]
         res = run(atari_systems(n, args.threads), n, args.rounds, args.seconds)
-        ref = res["envpool"]
-        print(json.dumps({"task": "Pong (atari preprocessing)", "envs": n, "threads": args.threads,
-                          **{k: {"steps_per_s": round(v), "vs_envpool": round(v / ref, 2)} for k, v in res.items()}}))
+        print(json.dumps({"task": "Pong (atari preprocessing)", "envs": n, "threads": args.threads, **res}))
 
 
 if __name__ == "__main__":

@@ -327,3 +327,34 @@ def test_ppo_builds_the_nature_cnn_for_atari_frames_and_stores_them_as_bytes():
     with pytest.raises(ValueError, match="normalize_obs is for vector observations"):
         import gymnasium
         ppo.ActorCritic(gymnasium.spaces.Box(0, 255, (4, 84, 84), np.uint8), gymnasium.spaces.Discrete(6), (64,), 10.0)
+
+
+def test_gymnasium_mujoco_envs_share_one_model_and_step_as_before():
+    import gymnasium
+
+    from msrl.envs.single import make_single_env, share_mujoco_models
+
+    own = [make_single_env("HalfCheetah-v5") for _ in range(3)]
+    shared = [make_single_env("HalfCheetah-v5") for _ in range(3)]
+    other = make_single_env("HalfCheetah-v5")
+    other.unwrapped.model.opt.timestep = 0.02  # same class, another model: kept apart
+    assert share_mujoco_models([*shared, other]) == 2
+    assert shared[1].unwrapped.model is shared[0].unwrapped.model is shared[2].unwrapped.model
+    assert other.unwrapped.model is not shared[0].unwrapped.model
+    rng = np.random.default_rng(0)
+    for i, (a, b) in enumerate(zip(own, shared)):
+        a.reset(seed=i)
+        b.reset(seed=i)
+    for _ in range(50):
+        for a, b in zip(own, shared):
+            act = rng.uniform(-1, 1, 6).astype(np.float32)
+            ra, rb = a.step(act), b.step(act)
+            assert np.array_equal(ra[0], rb[0]) and ra[1:4] == rb[1:4]
+
+    class UserCheetah(gymnasium.envs.mujoco.half_cheetah_v5.HalfCheetahEnv):  # may randomise its model
+        pass
+
+    users = [UserCheetah(), UserCheetah()]
+    assert share_mujoco_models(users) == 0
+    assert users[0].model is not users[1].model
+    assert share_mujoco_models([make_single_env("CartPole-v1"), make_single_env("CartPole-v1")]) == 0

@@ -73,11 +73,12 @@ def serve(env_indices: Sequence[int], env_id: str, env_kwargs: dict[str, Any], w
     commands until CLOSE or the socket closes (the parent is gone)."""
     import numpy as np
 
-    from msrl.envs.single import make_single_env
+    from msrl.envs.single import make_single_env, share_mujoco_models
     from msrl.envs.state import dump_env, load_env
 
     try:
         envs = [make_single_env(env_id, env_kwargs, wrappers) for _ in env_indices]
+        share_mujoco_models(envs)
         a = arrays_from(memory, layout)
     except Exception:  # noqa: BLE001 - reported to the parent with its traceback
         conn.send_bytes(ERROR + traceback.format_exc().encode())
@@ -116,6 +117,7 @@ def serve(env_indices: Sequence[int], env_id: str, env_kwargs: dict[str, Any], w
             elif op == SET_STATE:
                 blobs, shared = pickle.loads(msg[1:])
                 restored = [load_env(b, shared) for b in blobs]
+                share_mujoco_models(restored)
                 for e in envs:
                     e.close()
                 envs[:] = restored

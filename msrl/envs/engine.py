@@ -183,6 +183,8 @@ class ProcessEnv(TrackedEnvironment):
         for w in self._workers:
             self._worker_of[w.envs] = w.index
         self._tracker = EpisodeTracker(num_envs)
+        self._index = np.arange(num_envs)
+        self._float_obs = np.issubdtype(raw_obs_dtype, np.floating)
         self._env_steps = 0
         self._seed: int | None = None
         self._restarts = 0
@@ -270,16 +272,14 @@ class ProcessEnv(TrackedEnvironment):
             else:
                 dead.append(w)
         replies: dict[int, bytes] = {}
-        while pending:
-            by_conn = {w.conn: w for w in pending.values()}
-            for conn in wait(list(by_conn)):  # a dead worker's socket reads as end of file
-                w = by_conn[conn]
-                msg = self._recv(w)
-                if self._reply(msg, w, expect, what):
-                    replies[w.index] = msg
-                else:
-                    dead.append(w)
-                del pending[w.index]
+        # every reply is needed: read them in worker order (no select per reply; a dead
+        # worker's socket reads as end of file)
+        for w in pending.values():
+            msg = self._recv(w)
+            if self._reply(msg, w, expect, what):
+                replies[w.index] = msg
+            else:
+                dead.append(w)
         return replies, dead
 
     def _restart(self, w: _Worker, losing: bool = True) -> None:
@@ -317,32 +317,42 @@ class ProcessEnv(TrackedEnvironment):
             act = np.clip(act, self._action_space.low, self._action_space.high)
         self._a["action"][rows] = act
 
-    def _rows(self, rows: np.ndarray) -> tuple[torch.Tensor, ...]:
-        """Returns envs ``rows``' outputs, marks lost rows, updates trackers and env steps."""
+    def _rows(self, rows: np.ndarray, every: bool = False) -> tuple[torch.Tensor, ...]:
+        """Returns envs ``rows``' outputs, marks lost rows, updates trackers and env steps.
+        ``every``: ``rows`` is the whole batch in order (read through views, not copies)."""
         a = self._a
-        obs = a["obs"][rows]
-        reward = a["reward"][rows]
-        terminated = a["terminated"][rows].copy()
-        truncated = a["truncated"][rows].copy()
+        sel = slice(None) if every else rows
+        obs = a["obs"][sel]
+        reward = a["reward"][sel]
+        terminated = a["terminated"][sel].copy()
+        truncated = a["truncated"][sel].copy()
         done = terminated | truncated
-        final = obs.copy()
-        if done.any():
+        lost = self._lost[sel].copy()
+        obs_t = self._tensor(obs)
+        final_t = obs_t  # no episode ended and no env lost: the final observations are these
+        any_done, any_lost = bool(done.any()), bool(lost.any())
+        if any_done or any_lost:
+            final = obs.copy()
             final[done] = a["final_obs"][rows[done]]
-        lost = self._lost[rows]
-        if lost.any():
-            final[lost] = self._last_obs[rows[lost]]
-            reward = np.where(lost.reshape(-1, *[1] * (reward.ndim - 1)), 0.0, reward)
-            terminated[lost], truncated[lost] = False, True
-            self._lost[rows] = False
-        stepped = ~(lost | self._fresh[rows])
-        self._fresh[rows] = False
+            if any_lost:
+                final[lost] = self._last_obs[rows[lost]]
+                reward = np.where(lost.reshape(-1, *[1] * (reward.ndim - 1)), 0.0, reward)
+                terminated[lost], truncated[lost] = False, True
+                self._lost[sel] = False
+            final_t = self._tensor(final)
+        stepped = ~(lost | self._fresh[sel])
+        self._fresh[sel] = False
         episode_reward = reward if reward.ndim == 1 else reward.sum(1)  # multi-agent: summed over agents
-        self._tracker.update(rows[stepped], episode_reward[stepped], done[stepped])
-        self._env_steps += int(stepped.sum())
-        self._last_obs[rows] = obs
-        return (self._tensor(obs), torch.from_numpy(reward.astype(np.float32)).to(self.device),
-                torch.from_numpy(terminated).to(self.device), torch.from_numpy(truncated).to(self.device),
-                self._tensor(final), torch.from_numpy(lost.copy()).to(self.device))
+        if stepped.all():
+            self._tracker.update(rows, episode_reward, done)
+            self._env_steps += len(rows)
+        else:
+            self._tracker.update(rows[stepped], episode_reward[stepped], done[stepped])
+            self._env_steps += int(stepped.sum())
+        self._last_obs[sel] = obs
+        dev = self.device
+        return (obs_t, torch.from_numpy(reward.astype(np.float32)).to(dev), torch.from_numpy(terminated).to(dev),
+                torch.from_numpy(truncated).to(dev), final_t, torch.from_numpy(lost).to(dev))
 
     def _lose(self, w: _Worker) -> None:
         self._restart(w)
@@ -404,16 +414,16 @@ class ProcessEnv(TrackedEnvironment):
         _, dead = self._command(self._workers, bytes([W.STEP_ALL]), W.DONE, "stepping")
         for w in dead:
             self._lose(w)
-        self._check_finite(np.arange(n))
-        obs, reward, terminated, truncated, final, lost = self._rows(np.arange(n))
+        self._check_finite(slice(None))
+        obs, reward, terminated, truncated, final, lost = self._rows(self._index, every=True)
         return obs, reward, terminated, truncated, {"final_obs": final, "lost": lost}
 
-    def _check_finite(self, rows: np.ndarray) -> None:
+    def _check_finite(self, rows: np.ndarray | slice) -> None:
         a = self._a
-        if np.issubdtype(a["obs"].dtype, np.floating) and not np.isfinite(a["obs"][rows]).all() \
-                or not np.isfinite(a["reward"][rows]).all():
+        if self._float_obs and not np.isfinite(a["obs"][rows]).all() or not np.isfinite(a["reward"][rows]).all():
+            count = self.spec.num_envs if isinstance(rows, slice) else len(rows)
             raise FloatingPointError(f"env {self.env_id!r} returned a non-finite observation or reward "
-                                     f"at env step {self._env_steps + len(rows)}")
+                                     f"at env step {self._env_steps + count}")
 
     def _check_idle(self, what: str) -> None:
         if self._closed:

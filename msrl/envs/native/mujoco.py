@@ -1,6 +1,7 @@
 """Native batched MuJoCo tasks: gymnasium's ``HalfCheetah-v5`` and ``Hopper-v5``, physics for
 all ``N`` envs stepped at once by ``mjbatch`` (a C++ thread pool, GIL released), the task's
-logic (observation, reward, termination, truncation, reset noise) batched in torch.
+logic (observation, reward, termination, truncation) batched in NumPy on the physics state's
+live arrays, reset noise in torch.
 
 The physics is MuJoCo's own ``mj_step`` on gymnasium's model files, so it is bitwise equal to
 gymnasium's (checked step by step by :func:`msrl.envs.native.check.check_mujoco`); the task
@@ -76,46 +77,49 @@ class MujocoTask(TrackedEnvironment):
         self.num_envs, self.device = num_envs, torch.device(device)
         self.model = mujoco.MjModel.from_xml_path(str(_ASSETS / self.XML))
         self.batch = mjbatch.Batch(self.model, num_envs, min(num_threads, num_envs))
-        # live (N, nq) / (N, nv) / (N, nu) float64 views of the simulations' states
-        self.qpos = torch.from_numpy(self.batch.bind("qpos"))
-        self.qvel = torch.from_numpy(self.batch.bind("qvel"))
-        self.ctrl = torch.from_numpy(self.batch.bind("ctrl"))
+        # live (N, nq) / (N, nv) / (N, nu) float64 views of the simulations' states: NumPy for the
+        # per-step task logic (a NumPy op on these small arrays costs ~1 us, a torch op ~4 us),
+        # torch views of the same memory for resets
+        self._qpos, self._qvel, self._ctrl = (self.batch.bind(k) for k in ("qpos", "qvel", "ctrl"))
+        self.qpos, self.qvel = torch.from_numpy(self._qpos), torch.from_numpy(self._qvel)
         self.init_qpos = torch.as_tensor(self.model.qpos0.copy())
         self.init_qvel = torch.zeros(self.model.nv, dtype=torch.float64)
         self.dt = self.model.opt.timestep * self.FRAME_SKIP
         low, high = self.model.actuator_ctrlrange.copy().astype(np.float32).T
-        self._low, self._high = torch.as_tensor(low), torch.as_tensor(high)
+        self._low, self._high = low, high
         obs_dim = self.model.nq - 1 + self.model.nv
         self.spec = EnvSpec(self.ENV_ID, gymnasium.spaces.Box(-np.inf, np.inf, (obs_dim,), np.float64),
                             gymnasium.spaces.Box(low, high, dtype=np.float32), num_envs)
         self.steps = torch.zeros(num_envs, dtype=torch.int64)
+        self._steps = self.steps.numpy()
         self.episode = torch.zeros(num_envs, dtype=torch.int64)
         self.seed = 0
         self._index = torch.arange(num_envs, dtype=torch.int64)
+        self._index_np = self._index.numpy()
         self._tracker = EpisodeTracker(num_envs)
         self._env_steps = 0
 
-    # -- task logic, batched (gymnasium's formulas) ------------------------------------------------
-    def _ctrl_cost(self, action: torch.Tensor, weight: float) -> torch.Tensor:
+    # -- task logic, batched (gymnasium's formulas), on NumPy arrays ------------------------------
+    def _ctrl_cost(self, action: np.ndarray, weight: float) -> np.ndarray:
         """``weight * np.sum(np.square(action))`` as gymnasium computes it on a float32 action:
         in float32 (NumPy 2 keeps a Python float times a float32 in float32), the squares added
         left to right as NumPy's sum does for fewer than 8 elements; float64 ``(B,)``."""
         sq = action * action
-        acc = sq[:, 0].clone()
+        acc = sq[:, 0].copy()
         for k in range(1, sq.shape[1]):
             acc += sq[:, k]
-        return (torch.tensor(weight, dtype=torch.float32) * acc).double()
+        return (np.float32(weight) * acc).astype(np.float64)
 
-    def _observe(self, qpos: torch.Tensor, qvel: torch.Tensor) -> torch.Tensor:
+    def _observe(self, qpos: np.ndarray, qvel: np.ndarray) -> np.ndarray:
         """``concat(qpos[:, 1:], qvel)``: float64 ``(B, nq - 1 + nv)``."""
-        return torch.cat([qpos[:, 1:], qvel], dim=1)
+        return np.concatenate([qpos[:, 1:], qvel], axis=1)
 
-    def _reward(self, x_velocity: torch.Tensor, action: torch.Tensor, qpos: torch.Tensor,
-                qvel: torch.Tensor) -> torch.Tensor:
+    def _reward(self, x_velocity: np.ndarray, action: np.ndarray, qpos: np.ndarray,
+                qvel: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
-    def _terminated(self, qpos: torch.Tensor, qvel: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(qpos.shape[0], dtype=torch.bool)
+    def _terminated(self, qpos: np.ndarray, qvel: np.ndarray) -> np.ndarray:
+        return np.zeros(qpos.shape[0], dtype=bool)
 
     def _noise(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Start states ``(qpos, qvel)`` of envs ``ids``: ``init + noise``."""
@@ -154,7 +158,7 @@ class MujocoTask(TrackedEnvironment):
             self.episode.zero_()
         self._reset_envs(self._index)
         self._tracker.reset()
-        return self._observe(self.qpos, self.qvel).to(device=self.device, dtype=torch.float32)
+        return torch.from_numpy(self._observe(self._qpos, self._qvel).astype(np.float32)).to(self.device)
 
     def step(self, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         """Steps every env by ``FRAME_SKIP`` physics steps (the :class:`~msrl.api.Environment`
@@ -170,32 +174,32 @@ class MujocoTask(TrackedEnvironment):
         n = self.num_envs
         if tuple(action.shape) != (n, self.model.nu):
             raise ValueError(f"action has shape {tuple(action.shape)}, expected (num_envs, nu) = {(n, self.model.nu)}")
-        a = torch.clamp(action.detach().to("cpu", torch.float32), self._low, self._high)
-        self.ctrl.copy_(a)
-        x_before = self.qpos[:, 0].clone()
+        a = np.clip(action.detach().to("cpu", torch.float32).numpy(), self._low, self._high)
+        self._ctrl[:] = a
+        qpos, qvel = self._qpos, self._qvel  # live views: read before any reset below
+        x_before = qpos[:, 0].copy()
         self.batch.step(nstep=self.FRAME_SKIP)
-        qpos, qvel = self.qpos, self.qvel  # live views: read before any reset below
         x_velocity = (qpos[:, 0] - x_before) / self.dt
         obs = self._observe(qpos, qvel)
         reward = self._reward(x_velocity, a, qpos, qvel)
-        if not (torch.isfinite(obs).all() and torch.isfinite(reward).all()):
+        if not (np.isfinite(obs).all() and np.isfinite(reward).all()):
             raise FloatingPointError(f"{self.ENV_ID}: non-finite simulation state at env step {self._env_steps + n}")
         terminated = self._terminated(qpos, qvel)
-        self.steps += 1
-        truncated = self.steps >= self.MAX_EPISODE_STEPS
+        self._steps += 1
+        truncated = self._steps >= self.MAX_EPISODE_STEPS
         done = terminated | truncated
-        final_obs = obs
+        final32 = obs32 = obs.astype(np.float32)
         if done.any():
-            ids = torch.nonzero(done).flatten()
-            self._reset_envs(ids)
-            obs = obs.clone()
-            obs[ids] = self._observe(self.qpos[ids], self.qvel[ids])
+            ids = np.flatnonzero(done)
+            self._reset_envs(torch.from_numpy(ids))
+            obs32 = obs32.copy()
+            obs32[ids] = self._observe(qpos[ids], qvel[ids])
         self._env_steps += n
-        self._tracker.update(self._index.numpy(), reward.numpy(), done.numpy())
+        self._tracker.update(self._index_np, reward, done)
         dev = self.device
-        obs32 = obs.to(dev, torch.float32)
-        final32 = obs32 if final_obs is obs else final_obs.to(dev, torch.float32)
-        return obs32, reward.to(dev, torch.float32), terminated.to(dev), truncated.to(dev), {"final_obs": final32}
+        out = [torch.from_numpy(x).to(dev) for x in (obs32, reward.astype(np.float32), terminated, truncated)]
+        final = out[0] if final32 is obs32 else torch.from_numpy(final32).to(dev)
+        return out[0], out[1], out[2], out[3], {"final_obs": final}
 
     def set_state(self, index: int, qpos: Any, qvel: Any, steps: int = 0) -> torch.Tensor:
         """Overwrites env ``index``'s state (e.g. with gymnasium's, for the checker) as
@@ -204,7 +208,7 @@ class MujocoTask(TrackedEnvironment):
         self.qpos[index] = torch.as_tensor(np.asarray(qpos, dtype=np.float64))
         self.qvel[index] = torch.as_tensor(np.asarray(qvel, dtype=np.float64))
         self.steps[index] = steps
-        return self._observe(self.qpos[index:index + 1], self.qvel[index:index + 1])[0].to(torch.float32)
+        return torch.from_numpy(self._observe(self._qpos[index:index + 1], self._qvel[index:index + 1])[0].astype(np.float32))
 
 
     def state_dict(self) -> dict[str, Any]:
@@ -269,15 +273,15 @@ class Hopper(MujocoTask):
     NOISE = 5e-3
 
     def _observe(self, qpos, qvel):
-        return torch.cat([qpos[:, 1:], torch.clamp(qvel, -10.0, 10.0)], dim=1)
+        return np.concatenate([qpos[:, 1:], np.clip(qvel, -10.0, 10.0)], axis=1)
 
     def _healthy(self, qpos, qvel):
-        state = torch.cat([qpos, qvel], dim=1)[:, 2:]
+        state = np.concatenate([qpos, qvel], axis=1)[:, 2:]
         z, angle = qpos[:, 1], qpos[:, 2]
         return ((state > -100.0) & (state < 100.0)).all(1) & (z > 0.7) & (angle > -0.2) & (angle < 0.2)
 
     def _reward(self, x_velocity, action, qpos, qvel):
-        healthy = self._healthy(qpos, qvel).double() * self.HEALTHY_REWARD
+        healthy = self._healthy(qpos, qvel).astype(np.float64) * self.HEALTHY_REWARD
         return x_velocity + healthy - self._ctrl_cost(action, self.CTRL_COST_WEIGHT)
 
     def _terminated(self, qpos, qvel):
