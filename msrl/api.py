@@ -391,7 +391,9 @@ class Learner(Component):
             optimizer, params = self.optimizer, self.parameters
         else:
             params = [p for group in optimizer.param_groups for p in group["params"]]
-        optimizer.zero_grad(set_to_none=True)
+        for group in optimizer.param_groups:  # optimizer.zero_grad(set_to_none=True), without its ~10 us of wrappers
+            for p in group["params"]:
+                p.grad = None
         loss.backward()
         if self.gradient_hook is not None:
             self.gradient_hook([p.grad for p in params if p.grad is not None])
