@@ -194,9 +194,14 @@ class ReplayBuffer(Buffer):
                 batch_size=[self.capacity],
                 device=self.device,
             )
-        idx = (self.pos + torch.arange(n, device=self.device)) % self.capacity
-        for k, v in step.items():
-            self.storage[k][idx] = v
+        columns = self.storage.to_dict()  # the storage's own tensors (no copies)
+        if self.pos + n <= self.capacity:  # one contiguous run of rows: slices, not an index tensor
+            for k, v in step.items():
+                columns[k][self.pos:self.pos + n] = v
+        else:
+            idx = (self.pos + torch.arange(n, device=self.device)) % self.capacity
+            for k, v in step.items():
+                columns[k][idx] = v
         self.pos = (self.pos + n) % self.capacity
         self.size = min(self.size + n, self.capacity)
 

@@ -387,3 +387,23 @@ def test_comm_nodes_sit_inside_branches_in_both_fragments():
         (br,) = [n for n in g if n.kind is NodeKind.BRANCH]
         assert any(n.kind in COMM_KINDS for n in br.body.walk()), frag
     job.close()
+
+
+def test_replay_buffer_overwrites_the_oldest_rows_in_ring_order():
+    """Inserts of 3 rows into 7 slots, wrapping every few steps: the storage holds each row
+    where ring order puts it (contiguous inserts take slices, wrapping ones an index)."""
+    import types
+
+    from msrl.algorithms.dqn import ReplayBuffer
+
+    ctx = types.SimpleNamespace(hparams=types.SimpleNamespace(buffer_size=7, batch_size=4), device=torch.device("cpu"), seed=0)
+    buf, ref, pos = ReplayBuffer(ctx), torch.zeros(7), 0
+    for i in range(10):
+        r = torch.arange(3, dtype=torch.float32) + 10 * i
+        buf.insert(obs=torch.full((3, 2), float(i)), action=torch.zeros(3, dtype=torch.int64), reward=r,
+                   next_obs=torch.zeros(3, 2), terminated=torch.zeros(3, dtype=torch.bool))
+        ref[(pos + torch.arange(3)) % 7] = r
+        pos = (pos + 3) % 7
+        assert torch.equal(buf.storage["reward"], ref)
+        assert buf.pos == pos and buf.size == min(3 * (i + 1), 7)
+    assert torch.equal(buf.storage["obs"][:, 0], torch.tensor([9.0, 9, 7, 8, 8, 8, 9]))
