@@ -223,7 +223,8 @@ class Environment(Component):
     of its next episode, and ``info["final_obs"]`` row ``i`` is the last observation of the
     finished episode. Rows of envs that did not finish hold the same value in both. The final
     observation is therefore never the start of the next episode, and is there to bootstrap
-    truncated episodes.
+    truncated episodes. When no env finished, an env may return the observation tensor itself
+    as ``info["final_obs"]``: read both, never write either in place.
     """
 
     spec: EnvSpec
