@@ -318,7 +318,7 @@ class _Metrics:
         self._rewrite()
         purge = resume_iteration + 1 if resume_iteration is not None else None
         self.tb = SummaryWriter(log_dir=str(run_dir / "tb"), purge_step=purge)
-        self._tb_pending: list[dict[str, Any]] = []
+        self._tb_next = len(self.rows)  # rows before it are in TensorBoard already
         self._tb_written_at = time.perf_counter()
 
     def _rewrite(self) -> None:
@@ -344,19 +344,19 @@ class _Metrics:
                 self._csv = open(self.path, "a", newline="")
                 self._writer = csv.DictWriter(self._csv, fieldnames=self.columns)
             self._writer.writerow(row)
-        self._tb_pending.append(row)
 
     def _write_tb(self) -> None:
-        """Writes the pending rows to TensorBoard, one Summary per row holding every finite
-        scalar (what ``add_scalar`` writes one value at a time), and waits until they are out."""
+        """Writes the rows logged since the last batch to TensorBoard, one Summary per row holding
+        every finite scalar (what ``add_scalar`` writes one value at a time), and waits until
+        they are out."""
         from tensorboard.compat.proto.summary_pb2 import Summary
 
         writer = self.tb._get_file_writer()
-        for row in self._tb_pending:
+        for row in self.rows[self._tb_next:]:
             values = [Summary.Value(tag=k, simple_value=float(v)) for k, v in row.items()
                       if k not in ("iteration", "env_steps") and isinstance(v, (int, float)) and math.isfinite(v)]
             writer.add_summary(Summary(value=values), int(row["env_steps"]))
-        self._tb_pending.clear()
+        self._tb_next = len(self.rows)
         self.tb.flush()
         self._tb_written_at = time.perf_counter()
 
@@ -365,7 +365,7 @@ class _Metrics:
         :attr:`TB_EVERY_S` seconds old."""
         if self._csv is not None:
             self._csv.flush()
-        if self._tb_pending and time.perf_counter() - self._tb_written_at >= self.TB_EVERY_S:
+        if len(self.rows) > self._tb_next and time.perf_counter() - self._tb_written_at >= self.TB_EVERY_S:
             self._write_tb()
 
     def _close_csv(self) -> None:
@@ -375,7 +375,7 @@ class _Metrics:
 
     def close(self) -> None:
         self._close_csv()
-        if self._tb_pending:
+        if len(self.rows) > self._tb_next:
             self._write_tb()
         self.tb.close()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import pickle
 from typing import Any, Callable, Mapping, Sequence
 
 import gymnasium
@@ -158,7 +159,7 @@ def share_mujoco_models(envs: Sequence[gymnasium.Env]) -> int:
         model = getattr(base, "model", None)
         if type(model) is not mujoco.MjModel or not type(base).__module__.startswith("gymnasium.envs.mujoco."):
             continue
-        key = (type(base), _model_bytes(model))
+        key = (type(base), pickle.dumps(model, protocol=pickle.HIGHEST_PROTOCOL))  # the model's full serialisation
         if key not in first:
             first[key] = model
             continue
@@ -168,10 +169,3 @@ def share_mujoco_models(envs: Sequence[gymnasium.Env]) -> int:
             renderer.model = first[key]
         shared += 1
     return shared
-
-
-def _model_bytes(model: Any) -> bytes:
-    """An ``MjModel``'s complete serialisation (what ``pickle`` stores of it)."""
-    import pickle
-
-    return pickle.dumps(model, protocol=pickle.HIGHEST_PROTOCOL)
