@@ -195,6 +195,18 @@ class ReplicaActor:
             dist.destroy_process_group()
 
 
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie waiting for its parent to
+    reap it has exited)."""
+    if not pid_alive(pid):
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 class RayJob:
     """A job whose fragment replicas are Ray actors (see the module docstring); the same calls
     as :class:`msrl.job.Job` (what :func:`msrl.run.train` uses).
@@ -219,6 +231,8 @@ class RayJob:
         the bundles, or a fragment on a CUDA device would get no GPU (``gpus_per_replica=0``);
         :class:`ReplicaDied` when a replica cannot start.
     """
+
+    KILL_WAIT_S = 10.0  # how long kill() waits for this node's replica processes to end
 
     def __init__(self, spec: Any, algorithm_ref: str | None = None, address: str | None = None,
                  cpus_per_replica: float = 1.0, strategy: str = "PACK", probe: bool = True,
@@ -303,8 +317,11 @@ class RayJob:
         ranks = {k: i for i, k in enumerate(self.keys)}
         self._wait([self.actors[0].address.remote()])
         master = ray.get(self.actors[0].address.remote())
+        peers = dict(zip(self.keys, self._wait([a.info.remote() for a in self.actors])))
+        here = ray.get_runtime_context().get_node_id()
+        # the processes kill() waits for: those on the driver's node (a remote node's are Ray's)
+        self._local_pids = [p["pid"] for p in peers.values() if p["node_id"] == here]
         if len(self.keys) > 1:
-            peers = dict(zip(self.keys, self._wait([a.info.remote() for a in self.actors])))
             self._wait([a.init_process_group.remote(master, ranks[k], ranks, timeout_s, peers, intra_node)
                         for a, k in zip(self.actors, self.keys)])
         self._has_env = [k[0] == spec.policy.fragment_of_role("env") for k in self.keys]
@@ -463,6 +480,15 @@ class RayJob:
             remove_placement_group(self.placement_group)
         except Exception:  # noqa: BLE001
             pass
+        # ray.kill only asks: wait until this node's replica processes are gone, so that a
+        # stopped job has none left when kill() returns (a restarted job's new replicas must
+        # not meet the old ones' sockets or shared memory)
+        deadline = time.monotonic() + self.KILL_WAIT_S
+        pids = [p for p in getattr(self, "_local_pids", []) if _running(p)]
+        while pids and time.monotonic() < deadline:
+            time.sleep(0.02)
+            pids = [p for p in pids if _running(p)]
+        self._local_pids = []
 
     def comm_stats(self) -> list[dict[str, Any]]:
         """Every replica's :meth:`ReplicaActor.comm_stats`, in replica order."""
