@@ -213,9 +213,24 @@ class ReplayBuffer(Buffer):
         Raises:
             RuntimeError: the buffer is empty.
         """
+        return self._draw((self.batch_size,))
+
+    @returns("batch", axis=1)
+    def sample_many(self, num_batches: int) -> TensorDict:
+        """``num_batches`` minibatches of ``batch_size`` transitions at once, each drawn as
+        :meth:`sample` draws (uniformly, with replacement): a TensorDict of batch size
+        ``(num_batches, batch_size)``, indexed with one gather instead of ``num_batches``.
+        Gathered from several replicas, minibatch ``k`` concatenates every replica's ``k``-th.
+
+        Raises:
+            RuntimeError: the buffer is empty.
+        """
+        return self._draw((num_batches, self.batch_size))
+
+    def _draw(self, shape: tuple[int, ...]) -> TensorDict:
         if self.storage is None or self.size == 0:
             raise RuntimeError(f"{type(self).__name__} is empty; learning must start after some steps")
-        idx = torch.randint(self.size, (self.batch_size,), generator=self.generator, device=self.device)
+        idx = torch.randint(self.size, shape, generator=self.generator, device=self.device)
         return self.storage[idx]
 
     def state_dict(self) -> dict[str, Any]:
@@ -240,30 +255,48 @@ class DQNLearner(Learner):
         self.optimizer = torch.optim.Adam(self.parameters, lr=self.hp.learning_rate, fused=True)
 
     def learn(self, batch: TensorDict) -> dict[str, torch.Tensor]:
-        """One gradient step on a replay batch.
+        """Gradient steps on replay minibatches: one for a batch of size ``(B,)``, ``K`` in
+        turn for ``(K, B)`` (:meth:`ReplayBuffer.sample_many`).
 
         ``y = r + gamma * (1 - terminated) * Q_target(s', argmax_a Q(s', a))`` with double Q,
-        ``max_a Q_target(s', a)`` without; loss ``Huber(Q(s, a), y)``.
+        ``max_a Q_target(s', a)`` without; loss ``Huber(Q(s, a), y)``. The target network does
+        not change within a call, so without double Q the ``K`` minibatches' targets are
+        computed in one forward pass before the first step (the values SB3 computes step by
+        step); with double Q each step's targets use the online network as it is then.
 
         Args:
-            batch: TensorDict of batch size ``(B,)`` with :attr:`ReplayBuffer.KEYS`.
+            batch: TensorDict of batch size ``(B,)`` or ``(K, B)`` with :attr:`ReplayBuffer.KEYS`.
 
         Returns:
-            ``losses/td_loss`` and ``losses/q_values`` (mean ``Q(s, a)``), 0-d tensors.
+            ``losses/td_loss`` and ``losses/q_values`` (mean ``Q(s, a)``), means over the
+            ``K`` steps, 0-d tensors.
         """
         hp = self.hp
-        with torch.no_grad():
-            next_q = self.target(batch["next_obs"])
-            if hp.double_q:
-                next_a = self.q(batch["next_obs"]).argmax(-1, keepdim=True)
-                next_v = next_q.gather(-1, next_a).squeeze(-1)
-            else:
-                next_v = next_q.max(-1).values
-            target = batch["reward"] + hp.gamma * next_v * (1.0 - batch["terminated"].float())
-        q_sa = self.q(batch["obs"]).gather(-1, batch["action"].long().unsqueeze(-1)).squeeze(-1)
-        loss = F.smooth_l1_loss(q_sa, target)
-        self.apply_gradients(loss, hp.max_grad_norm)
-        return {"losses/td_loss": loss.detach(), "losses/q_values": q_sa.detach().mean()}
+        batches = batch.unsqueeze(0) if batch.batch_dims == 1 else batch
+        targets = None if hp.double_q else self._targets(batches)
+        td_loss = torch.zeros((), device=batches.device)
+        q_values = torch.zeros((), device=batches.device)
+        obs, actions = batches["obs"], batches["action"].long().unsqueeze(-1)
+        for k in range(batches.shape[0]):
+            target = self._targets(batches[k]) if targets is None else targets[k]
+            q_sa = self.q(obs[k]).gather(-1, actions[k]).squeeze(-1)
+            loss = F.smooth_l1_loss(q_sa, target)
+            self.apply_gradients(loss, hp.max_grad_norm)
+            td_loss += loss.detach()
+            q_values += q_sa.detach().mean()
+        k = batches.shape[0]
+        return {"losses/td_loss": td_loss / k, "losses/q_values": q_values / k}
+
+    @torch.no_grad()
+    def _targets(self, batch: TensorDict) -> torch.Tensor:
+        """TD targets of a batch of any batch size ``S``: a float32 tensor of shape ``S``."""
+        next_q = self.target(batch["next_obs"].flatten(0, batch.batch_dims - 1)).unflatten(0, batch.batch_size)
+        if self.hp.double_q:
+            next_a = self.q(batch["next_obs"]).argmax(-1, keepdim=True)
+            next_v = next_q.gather(-1, next_a).squeeze(-1)
+        else:
+            next_v = next_q.max(-1).values
+        return batch["reward"] + self.hp.gamma * next_v * (1.0 - batch["terminated"].float())
 
     @torch.no_grad()
     def update_target(self) -> None:
@@ -297,7 +330,7 @@ class DQNTrainer(Trainer):
         self.actor.set_weights(self.learner.get_weights())
 
     def train_step(self) -> dict[str, Any]:
-        """One iteration; returns the last update's metrics and the exploration epsilon."""
+        """One iteration; returns the updates' mean metrics and the exploration epsilon."""
         hp = self.hparams
         for _step in range(hp.train_frequency):
             decay = (hp.start_e - hp.end_e) * self.global_step / (hp.exploration_fraction * self.total_env_steps)
@@ -312,8 +345,9 @@ class DQNTrainer(Trainer):
             if self.global_step - self.target_synced_at >= hp.target_network_frequency:
                 self.learner.update_target()
                 self.target_synced_at = self.global_step
-            for _update in range(hp.gradient_steps):
-                metrics = self.learner.learn(self.buffer.sample())
+            if hp.gradient_steps > 0:
+                # the iteration's minibatches at once: one replay gather, one target-network pass
+                metrics = self.learner.learn(self.buffer.sample_many(hp.gradient_steps))
             self.actor.set_weights(self.learner.get_weights())
         return {**metrics, "charts/epsilon": epsilon}
 

@@ -334,6 +334,19 @@ class Actor(Component):
         raise NotImplementedError
 
 
+def _clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)`` for gradients of one
+    device and dtype, bitwise equal to it (the same foreach ops in the same order) without its
+    grouping and checks (~35 us of a ~90 us call on a 6-tensor MLP); other cases go to it.
+    Returns the total norm before clipping, a 0-d tensor."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads or any(g.device != grads[0].device or g.dtype != grads[0].dtype or g.is_sparse for g in grads):
+        return torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+    total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    torch._foreach_mul_(grads, torch.clamp(float(max_norm) / (total + 1e-6), max=1.0))
+    return total
+
+
 class Learner(Component):
     """Owns the trained networks and their optimisers. Typical use::
 
@@ -399,7 +412,7 @@ class Learner(Component):
         if self.gradient_hook is not None:
             self.gradient_hook([p.grad for p in params if p.grad is not None])
         if max_grad_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm, foreach=True)
+            norm = _clip_grad_norm(params, max_grad_norm)
         else:
             norm = torch.full((), float("nan"), device=loss.device)
         optimizer.step()

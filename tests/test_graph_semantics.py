@@ -246,15 +246,16 @@ def test_conditions_the_tracer_cannot_honour_name_file_line(cls, message, advice
 def test_declared_batch_is_gathered_from_every_actor_replica():
     job = Job(dqn_spec(policy="single_learner_coarse", replicas={"actor": 2}, num_envs=4))
     (sample,) = [b for b in job.fragment_graph.boundaries if b.method == "train_step" and b.src == "actor"]
-    assert (sample.op, sample.kind, sample.axis, sample.in_loop, sample.in_branch) == (NodeKind.GATHER, "batch", 0, True, True)
+    # the iteration's gradient_steps=2 minibatches, (2, batch_size), concatenated along axis 1
+    assert (sample.op, sample.kind, sample.axis, sample.in_loop, sample.in_branch) == (NodeKind.GATHER, "batch", 1, False, True)
     seen = []
     learner = job.component("learner")
     real = learner.learn
-    learner.learn = lambda batch: (seen.append(batch.batch_size[0]), real(batch))[1]
+    learner.learn = lambda batch: (seen.append(tuple(batch.batch_size)), real(batch))[1]
     job.reset()
     for _ in range(4):
         job.train_step()
-    assert seen and set(seen) == {2 * 8}  # two replicas' samples of batch_size 8, concatenated
+    assert seen and set(seen) == {(2, 2 * 8)}  # two replicas' minibatches of batch_size 8, concatenated
     job.close()
 
 
@@ -278,13 +279,13 @@ def test_replay_at_the_learner_gathers_transitions_every_step():
 def test_a_declaration_the_probe_contradicts_is_an_error():
     class Bad(dqn.ReplayBuffer):
         @returns("sharded")
-        def sample(self):
-            return super().sample()
+        def sample_many(self, num_batches):
+            return super().sample_many(num_batches)
 
     algo = dqn.dataclasses.replace(dqn.ALGORITHM, components={**dqn.ALGORITHM.components, "buffer": Bad})
     spec = JobSpec(algo, tiny_dqn(), "CartPole-v1", 4, load_policy("single_learner_coarse"), seed=1, total_env_steps=2000)
-    with pytest.raises(PartitionError, match=r"Bad.sample \(called at .*dqn.py:\d+\) declares '_buffer_sample\d+' "
-                                             r"'sharded' along axis 0, but the probe saw shape \(8,\) with 2 envs"):
+    with pytest.raises(PartitionError, match=r"Bad.sample_many \(called at .*dqn.py:\d+\) declares '_buffer_sample_many\d+' "
+                                             r"'sharded' along axis 0, but the probe saw shape \(2, 8\) with 2 envs"):
         Job(spec)
 
 
