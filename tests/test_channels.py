@@ -282,3 +282,34 @@ def test_cuda_values_move_gpu_to_gpu_over_nccl():
         {("a", 0): _cuda_src, ("b", 0): _cuda_dst},
     )], cuda=True)
     assert out[("b", 0)] == ("cuda", [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]], "cuda", [2.5] * 4)
+
+
+class _Work:
+    """A send's work handle: done once ``left`` (a Gloo send only reports it after wait())."""
+
+    def __init__(self, left):
+        self.left, self.polls, self.waited = left, 0, False
+
+    def is_completed(self):
+        self.polls += 1
+        return self.left
+
+    def wait(self):
+        self.waited = True
+
+
+def test_reap_forgets_the_oldest_sends_that_left_and_stops_at_the_first_in_flight():
+    import torch
+
+    from msrl.runtime.dist import DistComm
+
+    comm = DistComm([], "actor", 0, {("actor", 0): 0})
+    works = [_Work(True), _Work(True), _Work(False), *[_Work(True) for _ in range(500)]]
+    comm._pending.extend((w, torch.empty(0)) for w in works)
+    comm.reap()
+    assert [w for w, _ in comm._pending] == works[2:]  # a later send that left waits behind an earlier one
+    assert sum(w.polls for w in works) == 3  # not a scan of every pending send
+    comm.reap()
+    assert sum(w.polls for w in works) == 4
+    comm.flush()
+    assert not comm._pending and all(w.waited for w in works[2:])
