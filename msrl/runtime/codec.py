@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -27,6 +27,10 @@ __all__ = ["CodecError", "encode", "decode", "encode_parts", "decode_parts", "pa
 MAGIC = b"MSRL"
 VERSION = 1
 _PREFIX = struct.Struct("<4sBI")
+#: The payload starts, and every tensor's bytes start, at a multiple of this many bytes from the
+#: message's start (the header is padded with spaces, tensors with zero bytes), so a decoder can
+#: view a tensor in the received buffer without copying it (``decode(..., copy=False)``).
+ALIGN = 16
 
 #: The tensor dtypes a boundary carries, by their names in the header.
 DTYPES: dict[str, torch.dtype] = {
@@ -54,6 +58,10 @@ def _describe(value: Any, chunks: list[torch.Tensor], offset: list[int], path: s
         flat = value.detach().reshape(-1).contiguous()
         target = to if to is not None else torch.device("cpu")
         raw = flat.to(target).view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8, device=target)
+        pad = -offset[0] % ALIGN if raw.numel() else 0
+        if pad:  # every tensor's bytes start ALIGN-aligned: a receiver may view them in place
+            chunks.append(torch.zeros(pad, dtype=torch.uint8, device=target))
+            offset[0] += pad
         node = {"t": "tensor", "dtype": name, "shape": list(value.shape), "off": offset[0], "n": raw.numel()}
         chunks.append(raw)
         offset[0] += raw.numel()
@@ -85,12 +93,14 @@ def _describe(value: Any, chunks: list[torch.Tensor], offset: list[int], path: s
     )
 
 
-def encode(value: Any) -> torch.Tensor:
+def encode(value: Any, min_size: int = 0) -> torch.Tensor:
     """One message holding ``value``.
 
     Args:
         value: tensors (any device; copied to the host), TensorDicts, ``None``, ``bool``/``int``/
             ``float``/``str``, and dicts with string keys, lists and tuples of them.
+        min_size: pad the message with zero bytes to at least this many bytes (a channel's
+            fixed buffer size), in the same copy.
 
     Returns:
         a contiguous 1-D ``uint8`` CPU tensor.
@@ -100,6 +110,9 @@ def encode(value: Any) -> torch.Tensor:
             non-string dict key, a sparse tensor or an unsupported dtype.
     """
     head, chunks = _head(value, None)
+    size = head.numel() + sum(c.numel() for c in chunks)
+    if size < min_size:
+        chunks.append(torch.zeros(min_size - size, dtype=torch.uint8))
     return torch.cat([head, *chunks]) if chunks else head
 
 
@@ -127,6 +140,7 @@ def encode_parts(value: Any, device: torch.device | str | None = None) -> tuple[
 def _head(value: Any, to: torch.device | None) -> tuple[torch.Tensor, list[torch.Tensor]]:
     chunks: list[torch.Tensor] = []
     header = json.dumps(_describe(value, chunks, [0], "value", to), separators=(",", ":")).encode()
+    header += b" " * (-(_PREFIX.size + len(header)) % ALIGN)  # the payload starts aligned
     head = torch.frombuffer(bytearray(_PREFIX.pack(MAGIC, VERSION, len(header)) + header), dtype=torch.uint8)
     return head, chunks
 
@@ -135,63 +149,115 @@ def _fail(what: str) -> CodecError:
     return CodecError(f"malformed message: {what}")
 
 
-def _build(node: Any, payload: torch.Tensor, device: torch.device | None, depth: int) -> Any:
+#: A compiled header: builds the value from a payload, a device (``None``: where the payload
+#: is) and whether tensors are copied out of the payload (``True``) or viewed in it.
+Plan = Callable[[torch.Tensor, "torch.device | None", bool], Any]
+
+
+def _compile(node: Any, depth: int) -> Plan:
+    """Checks one header entry (and its children) and returns the function that builds its
+    value; every check that does not depend on the payload happens here, once per header."""
     if depth > 64:
         raise _fail("nested deeper than 64 levels")
     if not isinstance(node, dict) or not isinstance(node.get("t"), str):
         raise _fail(f"a header entry is {type(node).__name__}, not an object with a type")
     t = node["t"]
     if t == "tensor":
-        dtype = DTYPES.get(node.get("dtype"))  # type: ignore[arg-type]
-        shape, off, n = node.get("shape"), node.get("off"), node.get("n")
-        if dtype is None:
-            raise _fail(f"unknown dtype {node.get('dtype')!r}")
-        if not (isinstance(shape, list) and all(isinstance(s, int) and s >= 0 for s in shape)):
-            raise _fail(f"bad shape {shape!r}")
-        if not (isinstance(off, int) and isinstance(n, int) and 0 <= off and 0 <= n and off + n <= payload.numel()):
-            raise _fail(f"tensor bytes [{off}, {off}+{n}) outside the {payload.numel()}-byte payload")
-        numel = 1
-        for s in shape:
-            numel *= s
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        if numel * itemsize != n:
-            raise _fail(f"shape {shape} of {node['dtype']} needs {numel * itemsize} bytes, the header says {n}")
-        raw = payload[off:off + n].clone()
-        out = raw.view(dtype).reshape(shape) if n else torch.empty(shape, dtype=dtype)
-        return out.to(device) if device is not None else out
+        return _compile_tensor(node)
     if t == "td":
         items, batch = node.get("items"), node.get("batch")
         if not isinstance(items, dict) or not isinstance(batch, list):
             raise _fail("a TensorDict entry without items or batch size")
-        built = {k: _build(v, payload, device, depth + 1) for k, v in items.items()}
-        try:
-            return TensorDict(built, batch_size=batch, device=device)
-        except (RuntimeError, ValueError) as e:
-            raise _fail(f"TensorDict of batch size {batch}: {e}") from None
+        parts = {k: _compile(v, depth + 1) for k, v in items.items()}
+
+        def build_td(payload: torch.Tensor, device: torch.device | None, copy: bool) -> Any:
+            built = {k: f(payload, device, copy) for k, f in parts.items()}
+            try:
+                return TensorDict(built, batch_size=batch, device=device)
+            except (RuntimeError, ValueError) as e:
+                raise _fail(f"TensorDict of batch size {batch}: {e}") from None
+
+        return build_td
     if t == "none":
-        return None
+        return lambda payload, device, copy: None
     if t in ("bool", "int", "float", "str"):
         v = node.get("v")
         ok = {"bool": bool, "int": int, "float": (int, float), "str": str}[t]
         if not isinstance(v, ok) or (t == "int" and isinstance(v, bool)):
             raise _fail(f"a {t} entry holds {v!r}")
-        return float(v) if t == "float" else v
+        v = float(v) if t == "float" else v
+        return lambda payload, device, copy: v
     if t == "dict":
         items = node.get("items")
         if not isinstance(items, dict):
             raise _fail("a dict entry without items")
-        return {k: _build(v, payload, device, depth + 1) for k, v in items.items()}
+        fields = [(k, _compile(v, depth + 1)) for k, v in items.items()]
+        return lambda payload, device, copy: {k: f(payload, device, copy) for k, f in fields}
     if t in ("list", "tuple"):
         items = node.get("items")
         if not isinstance(items, list):
             raise _fail(f"a {t} entry without items")
-        seq = [_build(v, payload, device, depth + 1) for v in items]
-        return seq if t == "list" else tuple(seq)
+        elements = [_compile(v, depth + 1) for v in items]
+        if t == "list":
+            return lambda payload, device, copy: [f(payload, device, copy) for f in elements]
+        return lambda payload, device, copy: tuple(f(payload, device, copy) for f in elements)
     raise _fail(f"unknown entry type {t!r}")
 
 
-def _parse_head(message: torch.Tensor) -> tuple[Any, int]:
-    """The header of a message (or of a head, possibly padded) and where its payload starts."""
+def _compile_tensor(node: dict[str, Any]) -> Plan:
+    dtype = DTYPES.get(node.get("dtype"))  # type: ignore[arg-type]
+    shape, off, n = node.get("shape"), node.get("off"), node.get("n")
+    if dtype is None:
+        raise _fail(f"unknown dtype {node.get('dtype')!r}")
+    if not (isinstance(shape, list) and all(isinstance(s, int) and s >= 0 for s in shape)):
+        raise _fail(f"bad shape {shape!r}")
+    if not (isinstance(off, int) and isinstance(n, int) and 0 <= off and 0 <= n):
+        raise _fail(f"bad tensor bytes [{off!r}, +{n!r})")
+    numel = 1
+    for d in shape:
+        numel *= d
+    itemsize = dtype.itemsize
+    if numel * itemsize != n:
+        raise _fail(f"shape {shape} of {node['dtype']} needs {numel * itemsize} bytes, the header says {n}")
+    end = off + n
+
+    def build_tensor(payload: torch.Tensor, device: torch.device | None, copy: bool) -> torch.Tensor:
+        if end > payload.numel():
+            raise _fail(f"tensor bytes [{off}, {off}+{n}) outside the {payload.numel()}-byte payload")
+        if not n:
+            out = torch.empty(shape, dtype=dtype)
+        else:
+            raw = payload[off:end]
+            if copy or raw.storage_offset() % itemsize:
+                raw = raw.clone()
+            out = raw.view(dtype).view(shape)
+        return out.to(device) if device is not None else out
+
+    return build_tensor
+
+
+#: header bytes -> its compiled :data:`Plan`: a channel carries values of one structure over
+#: and over, so its header is parsed and checked once
+_PLANS: dict[bytes, Plan] = {}
+_MAX_PLANS = 256
+
+
+def _plan(header: bytes) -> Plan:
+    plan = _PLANS.get(header)
+    if plan is None:
+        try:
+            parsed = json.loads(header.decode())
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise _fail(f"header is not JSON: {e}") from None
+        plan = _compile(parsed, 0)
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[header] = plan
+    return plan
+
+
+def _header_bytes(message: torch.Tensor) -> tuple[bytes, int]:
+    """The raw header of a message (or of a head, possibly padded) and where its payload starts."""
     if message.dtype != torch.uint8 or message.dim() != 1:
         raise _fail(f"expected a 1-D uint8 buffer, got {message.dtype} of shape {tuple(message.shape)}")
     message = message.cpu()
@@ -204,22 +270,32 @@ def _parse_head(message: torch.Tensor) -> tuple[Any, int]:
         raise _fail(f"codec version {version}; this msrl reads version {VERSION}")
     if _PREFIX.size + hlen > message.numel():
         raise _fail(f"header of {hlen} bytes runs past the {message.numel()}-byte message (truncated?)")
+    return message[_PREFIX.size:_PREFIX.size + hlen].numpy().tobytes(), _PREFIX.size + hlen
+
+
+def _parse_head(message: torch.Tensor) -> tuple[Any, int]:
+    """The header of a message (or of a head, possibly padded) and where its payload starts."""
+    header, start = _header_bytes(message)
     try:
-        header = json.loads(message[_PREFIX.size:_PREFIX.size + hlen].numpy().tobytes().decode())
+        return json.loads(header.decode()), start
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise _fail(f"header is not JSON: {e}") from None
-    return header, _PREFIX.size + hlen
 
 
-def decode(message: torch.Tensor | bytes | bytearray, device: torch.device | str | None = None) -> Any:
+def decode(message: torch.Tensor | bytes | bytearray, device: torch.device | str | None = None,
+           copy: bool = True) -> Any:
     """The value :func:`encode` put into ``message``.
 
     Args:
         message: a 1-D ``uint8`` tensor (or bytes) as :func:`encode` returned it.
         device: where the decoded tensors go (default: the CPU).
+        copy: copy every tensor out of ``message`` (default). ``False``: CPU tensors are views of
+            ``message`` where their bytes are aligned for their dtype (every tensor of a
+            message :func:`encode` wrote), for a caller that owns ``message`` and drops it.
 
     Returns:
-        the value; tensors and TensorDicts own their memory (a receiver may modify them).
+        the value; with ``copy``, tensors and TensorDicts own their memory (a receiver may
+        modify them).
 
     Raises:
         CodecError: not a message (wrong magic or version), truncated, or a header that does not
@@ -228,9 +304,9 @@ def decode(message: torch.Tensor | bytes | bytearray, device: torch.device | str
     """
     if isinstance(message, (bytes, bytearray)):
         message = torch.frombuffer(bytearray(message), dtype=torch.uint8) if message else torch.empty(0, dtype=torch.uint8)
-    header, start = _parse_head(message)
+    header, start = _header_bytes(message)
     payload = message.cpu()[start:]
-    return _build(header, payload, torch.device(device) if device is not None else None, 0)
+    return _plan(header)(payload, torch.device(device) if device is not None else None, copy)
 
 
 def payload_size(head: torch.Tensor, limit: int = 1 << 36) -> int:
@@ -277,7 +353,7 @@ def decode_parts(head: torch.Tensor, payload: torch.Tensor, device: torch.device
     Raises:
         CodecError: as :func:`decode`.
     """
-    header, _ = _parse_head(head)
+    header, _ = _header_bytes(head)
     if payload.dtype != torch.uint8 or payload.dim() != 1:
         raise _fail(f"expected a 1-D uint8 payload, got {payload.dtype} of shape {tuple(payload.shape)}")
-    return _build(header, payload, torch.device(device) if device is not None else payload.device, 0)
+    return _plan(header)(payload, torch.device(device) if device is not None else payload.device, True)

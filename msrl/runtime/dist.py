@@ -128,11 +128,13 @@ class DistComm:
             return True
         return self.device.type == "cuda" and self.devices.get(peer, torch.device("cpu")).type == "cuda"
 
-    def _prepare(self, value: Any, peer: str) -> Any:
-        """``value`` encoded for ``peer``: one host message, or ``(head, payload)``."""
+    def _prepare(self, value: Any, peer: str, key: tuple[str, str, int] | None = None) -> Any:
+        """``value`` encoded for ``peer``: one host message, or ``(head, payload)``. With the
+        channel ``key`` of its one receiver, the message is padded to the channel's buffer size
+        as it is encoded (one copy, not two)."""
         if self._split(peer):
             return encode_parts(value, self.device if self.device.type == "cuda" else None)
-        return encode(value)
+        return encode(value, self._capacity.get(key, 0) if key is not None else 0)
 
     def _post(self, name: str, fragment: str, replica: int, message: Any) -> None:
         rank, tag = self.ranks[(fragment, replica)], self.tags[name]
@@ -172,7 +174,7 @@ class DistComm:
                 dist.recv(payload, rank, tag=tag)
             self.bytes_received += n
             return decode_parts(buffer, payload, self.device)
-        return decode(buffer, self.device)
+        return decode(buffer, self.device, copy=False)  # a fresh buffer: its tensors are viewed in it
 
     def _take_buffer(self, key: tuple[str, str, int], rank: int, tag: int) -> torch.Tensor:
         capacity = self._capacity.get(key, _CONTROL_BYTES)
@@ -217,7 +219,7 @@ class DistComm:
 
     def _send_op(self, name: str, value: Any) -> None:
         b = self._boundary(name)
-        self._post(name, b.dst, self.replica, self._prepare(value, b.dst))
+        self._post(name, b.dst, self.replica, self._prepare(value, b.dst, (name, b.dst, self.replica)))
 
     def recv(self, name: str) -> Any:
         """Receives what src replica ``i`` sent."""
@@ -237,7 +239,7 @@ class DistComm:
     def _gather(self, name: str, value: Any = None) -> Any:
         b = self._boundary(name)
         if self.fragment == b.src:
-            self._post(name, b.dst, 0, self._prepare(value, b.dst))
+            self._post(name, b.dst, 0, self._prepare(value, b.dst, (name, b.dst, 0)))
             return None
         shards = [self._take(name, b.src, r) for r in range(b.src_replicas)]
         return concat(shards, b.axis if b.axis is not None else 0)
@@ -251,7 +253,7 @@ class DistComm:
         b = self._boundary(name)
         if self.fragment == b.src:
             for r, shard in enumerate(split(value, b.dst_replicas, b.axis if b.axis is not None else 0)):
-                self._post(name, b.dst, r, self._prepare(shard, b.dst))
+                self._post(name, b.dst, r, self._prepare(shard, b.dst, (name, b.dst, r)))
             return None
         return self._take(name, b.src, 0)
 
