@@ -153,3 +153,38 @@ def test_a_head_claiming_a_huge_payload_is_refused_before_allocation():
         payload_size(forged, limit=1 << 30)
     with pytest.raises(CodecError, match="outside the 16-byte payload"):
         decode_parts(forged, payload)
+
+
+def test_tensors_are_aligned_and_can_be_decoded_in_place():
+    from msrl.runtime.codec import ALIGN, _parse_head
+
+    value = {"flag": torch.tensor([True, False, True]), "x": torch.randn(3), "i": torch.arange(5),
+             "td": TensorDict({"c": torch.randn(2, 2, dtype=torch.complex128)}, [2]), "n": 1}
+    msg = encode(value)
+    header, start = _parse_head(msg)
+    assert start % ALIGN == 0
+    offsets = [header["items"][k]["off"] for k in ("flag", "x", "i")] + [header["items"]["td"]["items"]["c"]["off"]]
+    assert all((start + o) % ALIGN == 0 for o in offsets)
+    out = decode(msg, copy=False)
+    assert _equal(out, value)
+    lo, hi = msg.data_ptr(), msg.data_ptr() + msg.numel()
+    assert all(lo <= t.data_ptr() < hi for t in (out["x"], out["i"], out["flag"], out["td"]["c"]))  # views, no copies
+    owned = decode(msg)
+    assert all(not lo <= t.data_ptr() < hi for t in (owned["x"], owned["i"]))
+
+
+def test_a_cached_header_still_reads_each_payload_and_checks_its_size():
+    first, second = encode({"w": torch.zeros(4)}), encode({"w": torch.ones(4)})
+    assert decode(first)["w"].tolist() == [0.0] * 4
+    assert decode(second)["w"].tolist() == [1.0] * 4  # same header, its own payload
+    with pytest.raises(CodecError, match="outside the"):
+        decode(second[:-4])
+
+
+def test_encode_pads_to_a_channel_size_in_one_go():
+    value = {"w": torch.arange(3.0)}
+    plain = encode(value)
+    padded = encode(value, min_size=plain.numel() + 100)
+    assert padded.numel() == plain.numel() + 100 and torch.equal(padded[:plain.numel()], plain)
+    assert not padded[plain.numel():].any() and decode(padded)["w"].tolist() == [0.0, 1.0, 2.0]
+    assert torch.equal(encode(value, min_size=3), plain)  # never truncated
