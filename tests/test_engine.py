@@ -85,6 +85,25 @@ def test_async_send_recv_returns_finished_envs_with_their_ids():
         proc.close()
 
 
+
+def test_async_recv_serves_every_worker_with_a_finished_env():
+    # the caller is slower than the envs (it sleeps between send and recv), so each worker has
+    # a reply waiting at every recv: reading only the first worker's would return env 0 forever
+    proc = ProcessEnv("CartPole-v1", 2, num_workers=2, batch_size=1)
+    try:
+        proc.async_reset(seed=0)
+        returned = []
+        for _ in range(20):
+            _, _, _, _, info = proc.recv()
+            returned += info["env_id"].tolist()
+            proc.send(torch.zeros(1, dtype=torch.int64), info["env_id"])
+            time.sleep(0.005)
+        # 10 each when every reply is in by the next recv; a worker slowed by the machine can
+        # shift a few; starving returned env 1 once (after the reset)
+        assert returned.count(0) >= 5 and returned.count(1) >= 5, returned
+    finally:
+        proc.close()
+
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "HalfCheetah-v5"])
 def test_checkpoint_restores_every_env_exactly_under_another_worker_count(env_id):
     n, rng = 4, np.random.default_rng(2)

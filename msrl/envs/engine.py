@@ -485,6 +485,9 @@ class ProcessEnv(TrackedEnvironment):
         while len(self._ready) < b:
             busy = {int(self._worker_of[i]) for i in np.flatnonzero(self._in_flight)}
             by_conn = {self._workers[wi].conn: self._workers[wi] for wi in busy}
+            # one reply from every worker that has one, in worker order: taking only the first
+            # would starve a worker behind a faster one (its finished envs never returned, its
+            # death never noticed) whenever the faster one always has a reply waiting
             for conn in wait(list(by_conn)):
                 w = by_conn[conn]
                 msg = self._recv(w)
@@ -493,8 +496,7 @@ class ProcessEnv(TrackedEnvironment):
                     self._in_flight[i] = False
                     self._ready.append(i)
                 else:
-                    self._lose_in_flight(w)
-                break  # re-collect the objects: a worker may have restarted
+                    self._lose_in_flight(w)  # restarted: its new connection is collected next time
         rows = np.asarray(self._ready[:b], dtype=np.int64)
         del self._ready[:b]
         self._check_finite(rows)
