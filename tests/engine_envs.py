@@ -33,8 +33,11 @@ class CrashingCartPole(CartPoleEnv):
 
     def step(self, action):
         self.calls += 1
-        if self.calls == self.crash_at and self.marker and not os.path.exists(self.marker):
-            open(self.marker, "w").close()
+        if self.calls == self.crash_at and self.marker:
+            try:  # created atomically: of several envs that get here together, one crashes
+                os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                return super().step(action)
             os._exit(3)
         return super().step(action)
 
