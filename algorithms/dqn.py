@@ -224,7 +224,10 @@ class ReplayBuffer(Buffer):
 
         Raises:
             RuntimeError: the buffer is empty.
+            ValueError: ``num_batches`` is not a positive int.
         """
+        if isinstance(num_batches, bool) or not isinstance(num_batches, int) or num_batches < 1:
+            raise ValueError(f"{type(self).__name__}.sample_many: num_batches must be a positive int, got {num_batches!r}")
         return self._draw((num_batches, self.batch_size))
 
     def _draw(self, shape: tuple[int, ...]) -> TensorDict:

@@ -32,6 +32,9 @@ def test_sample_many_draws_the_minibatches_sample_draws_in_turn():
     many = _filled(ctx).sample_many(8)
     one_by_one = _filled(ctx)
     assert many.batch_size == (8, ctx.hparams.batch_size)
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="num_batches must be a positive int"):
+            one_by_one.sample_many(bad)
     for k in range(8):
         batch = one_by_one.sample()
         for key in ReplayBuffer.KEYS:
