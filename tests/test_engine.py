@@ -161,14 +161,18 @@ def test_worker_crash_in_async_mode_loses_every_env_of_that_worker(tmp_path):
                      env_kwargs={"crash_at": 3, "marker": str(tmp_path / "crashed")})
     try:
         env.async_reset(seed=0)
-        lost = set()
+        lost, returned = set(), []
         for _ in range(40):
             _, _, _, trunc, info = env.recv()
+            returned += info["env_id"].tolist()
             if info["lost"].any():
                 assert trunc.all()
                 lost.add(int(info["env_id"][0]))
             env.send(torch.zeros(1, dtype=torch.int64), info["env_id"])
-        assert env.restarts == 1 and len(lost) == 2  # the dead worker's two envs, each lost once
+        # the dead worker's two envs, each lost once
+        assert env.restarts == 1 and len(lost) == 2, (
+            f"restarts {env.restarts}, lost {lost}, returned {returned}, env steps {env.env_steps}, "
+            f"marker {(tmp_path / 'crashed').exists()}, workers {env.worker_pids}")
         assert env.pop_episode_stats().lost == 2
     finally:
         env.close()
