@@ -14,6 +14,7 @@ from msrl.api import BuildContext, EnvSpec, _clip_grad_norm
 def _ctx(**hparams) -> BuildContext:
     env = gym.make("CartPole-v1")
     spec = EnvSpec("CartPole-v1", env.observation_space, env.action_space, 4)
+    env.close()
     return BuildContext(DQNConfig(**hparams), spec, 0, 1, 4, 100_000, 3, torch.device("cpu"))
 
 

@@ -85,7 +85,6 @@ def test_async_send_recv_returns_finished_envs_with_their_ids():
         proc.close()
 
 
-
 def test_async_recv_serves_every_worker_with_a_finished_env():
     # the caller is slower than the envs (it sleeps between send and recv), so each worker has
     # a reply waiting at every recv: reading only the first worker's would return env 0 forever
@@ -98,11 +97,12 @@ def test_async_recv_serves_every_worker_with_a_finished_env():
             returned += info["env_id"].tolist()
             proc.send(torch.zeros(1, dtype=torch.int64), info["env_id"])
             time.sleep(0.005)
-        # 10 each when every reply is in by the next recv; a worker slowed by the machine can
-        # shift a few; starving returned env 1 once (after the reset)
+        # 10 each when every reply is in by the next recv (a worker slowed by the machine can
+        # shift a few); reading only the first ready worker returned env 1 once, after the reset
         assert returned.count(0) >= 5 and returned.count(1) >= 5, returned
     finally:
         proc.close()
+
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "HalfCheetah-v5"])
 def test_checkpoint_restores_every_env_exactly_under_another_worker_count(env_id):
@@ -173,7 +173,8 @@ def test_worker_crash_in_async_mode_loses_every_env_of_that_worker(tmp_path):
                 assert trunc.all()
                 assert int(info["env_id"][0]) not in lost, "an env was reported lost twice"
                 lost.add(int(info["env_id"][0]))
-            extra -= len(lost) == 2
+            if len(lost) == 2:
+                extra -= 1
             env.send(torch.zeros(1, dtype=torch.int64), info["env_id"])
         # the dead worker's two envs, each lost once
         assert env.restarts == 1 and len(lost) == 2, (

@@ -485,9 +485,9 @@ class ProcessEnv(TrackedEnvironment):
         while len(self._ready) < b:
             busy = {int(self._worker_of[i]) for i in np.flatnonzero(self._in_flight)}
             by_conn = {self._workers[wi].conn: self._workers[wi] for wi in busy}
-            # one reply from every worker that has one, in worker order: taking only the first
-            # would starve a worker behind a faster one (its finished envs never returned, its
-            # death never noticed) whenever the faster one always has a reply waiting
+            # one reply from every worker that has one: taking only the first ready worker's
+            # would starve a slower one (its finished envs never returned, its death never
+            # noticed) whenever a faster one always has a reply waiting
             for conn in wait(list(by_conn)):
                 w = by_conn[conn]
                 msg = self._recv(w)
