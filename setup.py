@@ -35,6 +35,7 @@ setup(
         "pydantic>=2.5",
         "tensordict>=0.5,<0.16",
         "tqdm>=4.60",
+        "grpcio>=1.60",  # asynchronous boundaries between processes (cluster/grpc_transport.py)
         "tensorboard>=2.14",
         "matplotlib>=3.7",
         "ray[default]>=2.40",  # [default]: the Jobs client of msrl launch
@@ -43,9 +44,12 @@ setup(
         # cupy-cuda12x: the GPU build's set-up errors are tested where CuPy imports without a GPU
         # (the simulators too: the env engine and native MuJoCo tasks are tested against them)
         # stable-baselines3: tests/test_a2c_vs_sb3.py checks msrl's A2C update against SB3's
+        # envpool: env.engine=envpool is tested (tests/test_config.py, the engine tests)
+        # hypothesis: the codec's and the gRPC transport's fuzz tests
         "test": ["pytest>=7", "ruff==0.17.6", "stable-baselines3>=2.3", "cupy-cuda12x>=13",
                  "gymnasium[mujoco]>=1.1", "mjbatch>=0.1.4", "ale-py>=0.9",
-                 "opencv-python-headless>=4.8", "pettingzoo>=1.24", "mpe2>=0.0.1"],
+                 "opencv-python-headless>=4.8", "pettingzoo>=1.24", "mpe2>=0.0.1",
+                 "envpool>=1.0", "hypothesis>=6.100"],
         # envpool: the env engine's peer in bench/bench_mujoco_envs.py
         "bench": ["stable-baselines3>=2.3", "envpool>=1.0"],
         # MuJoCo tasks (HalfCheetah-v5, ...) through the env engine, and the native batched ones

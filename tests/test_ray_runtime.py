@@ -126,7 +126,7 @@ def test_a_failing_replica_stops_the_job_with_its_node(ray_local, spec_factory, 
 def _sigkill_when(run_dir, fragment, rows, timeout_s=120.0):
     """Starts a thread that SIGKILLs replica 0 of ``fragment`` (its pid from the run's
     replicas.json) once the run's metrics.csv has more than ``rows`` lines; returns the list the
-    killed pid is appended to, and the thread."""
+    killed pid is appended to, the set of every replica pid of the table it read, and the thread."""
     import json
     import signal
     import threading
@@ -138,21 +138,57 @@ def _sigkill_when(run_dir, fragment, rows, timeout_s=120.0):
         while time.time() < deadline and not killed:
             metrics, table = run_dir / "metrics.csv", run_dir / "replicas.json"
             if metrics.is_file() and table.is_file() and metrics.read_text().count("\n") > rows:
-                victim = next(r["pid"] for r in json.loads(table.read_text()) if r["fragment"] == fragment)
+                replicas = json.loads(table.read_text())
+                victim = next(r["pid"] for r in replicas if r["fragment"] == fragment)
                 os.kill(victim, signal.SIGKILL)
                 killed.append(victim)
+                seen.update(r["pid"] for r in replicas)  # the run's first replicas, the victim's peers too
             time.sleep(0.05)
 
+    seen: set[int] = set()
     t = threading.Thread(target=killer, daemon=True)
     t.start()
-    return killed, t
+    return killed, seen, t
 
 
-def _replica_pids() -> list[int]:
-    import subprocess
+def _alive(pids) -> list[int]:
+    """The pids of ``pids`` whose processes still run (exited zombies excluded)."""
+    from msrl.cluster.ray_runtime import _running
 
-    out = subprocess.run(["pgrep", "-f", "ray::ReplicaActor"], capture_output=True, text=True).stdout.split()
-    return [int(p) for p in out]
+    return [p for p in pids if _running(p)]
+
+
+def _run_replica_pids(run_dir, *more) -> set[int]:
+    """The replica pids a run's ``replicas.json`` names, with ``more`` pid collections: this
+    run's own processes, never the machine's (other jobs may run Ray beside the tests)."""
+    import json
+
+    table = run_dir / "replicas.json"
+    pids = {r["pid"] for r in json.loads(table.read_text())} if table.is_file() else set()
+    for extra in more:
+        pids |= set(extra)
+    return pids
+
+
+def _descendants(root: int) -> set[int]:
+    """Every live process below ``root`` in the process tree (read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = set(), [root]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            if c not in out:
+                out.add(c)
+                todo.append(c)
+    return out
 
 
 def test_a_killed_actor_replica_is_restarted_and_its_work_dropped(tmp_path, capsys):
@@ -171,7 +207,7 @@ def test_a_killed_actor_replica_is_restarted_and_its_work_dropped(tmp_path, caps
         "distribution_policy.name=single_learner_coarse", "distribution_policy.replicas.actor=2",
         "train.total_env_steps=60000", "train.checkpoint_every=20", "train.eval_every=0",
     ])
-    killed, t = _sigkill_when(tmp_path / "kill", "actor", rows=30)  # mid-run
+    killed, seen, t = _sigkill_when(tmp_path / "kill", "actor", rows=30)  # mid-run
     result = train(cfg)
     t.join(5)
     assert killed, "the test never killed a replica"
@@ -184,7 +220,7 @@ def test_a_killed_actor_replica_is_restarted_and_its_work_dropped(tmp_path, caps
     assert result.env_steps == 60000 // 256 * 256
     assert float(rows[-1]["faults/replica_restarts"]) >= 1
     assert float(rows[-1]["faults/dropped_env_steps"]) >= 0
-    assert not _replica_pids()  # no replica process left behind
+    assert not _alive(_run_replica_pids(result.run_dir, seen))  # no replica process of the run left behind
 
 
 DETERMINISTIC = ("iteration", "env_steps", "charts/episodic_return", "losses/value_loss", "losses/policy_loss",
@@ -213,7 +249,7 @@ def test_a_killed_learner_stops_the_job_and_resume_finishes_it_exactly(tmp_path)
             "train.total_env_steps=25600", "train.checkpoint_every=20"]
     whole = train(load_config("configs/ppo_cartpole.yaml", [*over, "name=whole"]))
     cfg = load_config("configs/ppo_cartpole.yaml", [*over, "name=cut"])
-    killed, t = _sigkill_when(tmp_path / "cut", "learner", rows=45)
+    killed, seen, t = _sigkill_when(tmp_path / "cut", "learner", rows=45)
     with pytest.raises(TrainingStopped) as info:
         train(cfg)
     t.join(5)
@@ -221,16 +257,18 @@ def test_a_killed_learner_stops_the_job_and_resume_finishes_it_exactly(tmp_path)
     assert "fragment learner replica 0 died" in msg and "(it held the learner)" in msg
     assert f"continue with: msrl train --resume {tmp_path / 'cut'}" in msg
     assert info.value.checkpoint == tmp_path / "cut" / "checkpoints" / "latest.pt"
-    assert not _replica_pids()  # every replica was stopped
+    assert not _alive(_run_replica_pids(tmp_path / "cut", seen))  # every replica was stopped
     resumed = train(cfg, resume=tmp_path / "cut")
     assert resumed.env_steps == whole.env_steps == 25600
     assert _rows(tmp_path / "cut") == _rows(whole.run_dir)
-    assert not _replica_pids()
+    assert not _alive(_run_replica_pids(tmp_path / "cut"))
 
 
 def test_ctrl_c_leaves_no_process_behind(tmp_path):
-    """SIGINT to ``msrl train`` of a distributed run: it exits, and neither a replica process
-    nor a Ray process of the run outlives it (listed by pgrep)."""
+    """SIGINT to ``msrl train`` of a distributed run: it exits, and no process of the run --
+    its replicas (``replicas.json``) and every process below it in the process tree, Ray's own
+    daemons included -- outlives it. Only the run's own processes are looked at: other jobs may
+    run Ray on the same machine."""
     import signal
     import subprocess
     import sys
@@ -243,13 +281,17 @@ def test_ctrl_c_leaves_no_process_behind(tmp_path):
          "train.progress=false", "train.total_env_steps=10000000"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
+    tree: set[int] = set()
     try:
         deadline = time.time() + 120
         metrics = tmp_path / "c" / "metrics.csv"
         while time.time() < deadline and not (metrics.is_file() and metrics.read_text().count("\n") > 20):
             assert proc.poll() is None, proc.communicate()[1][-2000:]
             time.sleep(0.2)
-        assert _replica_pids(), "the run's replicas never started"
+        replicas = _run_replica_pids(tmp_path / "c")
+        assert _alive(replicas), "the run's replicas never started"
+        tree = _descendants(proc.pid) | replicas
+        assert len(tree) > len(replicas), "the run's Ray processes were not found below it"
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)
     finally:
@@ -257,16 +299,18 @@ def test_ctrl_c_leaves_no_process_behind(tmp_path):
             proc.kill()
     assert proc.returncode == 130  # an interruption, not a crash
     deadline = time.time() + 20
-    while (_replica_pids() or _ray_pids()) and time.time() < deadline:
+    while _alive(tree) and time.time() < deadline:
         time.sleep(0.2)
-    assert not _replica_pids() and not _ray_pids(), "a process of the run outlived Ctrl-C"
+    left = _alive(tree)
+    assert not left, f"processes of the run outlived Ctrl-C: {[_cmdline(p) for p in left]}"
 
 
-def _ray_pids() -> list[int]:
-    import subprocess
-
-    out = subprocess.run(["pgrep", "-f", "raylet|gcs_server|ray::"], capture_output=True, text=True).stdout.split()
-    return [int(p) for p in out]
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f"{pid}: " + f.read().replace(b"\0", b" ").decode(errors="replace")[:120]
+    except OSError:
+        return f"{pid}: (gone)"
 
 
 def test_a_cuda_fragment_without_a_gpu_bundle_is_a_placement_error(spec_factory):
