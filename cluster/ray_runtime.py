@@ -68,6 +68,8 @@ class ReplicaActor:
         self.fragment, self.index = fragment, replica
         self.replica = Replica(self.spec, self.fragment_graph, fragment, replica)
         self.comm: Any = None
+        self.boundary_server: Any = None
+        self.mailbox: Any = None
         self.output_fragment = None
         for fr in self.fragment_graph.fragments:
             if any(n.kind.value == "output" and n.inputs for n in fr.programs["train_step"]):
@@ -82,14 +84,38 @@ class ReplicaActor:
             port = s.getsockname()[1]
         return ray.util.get_node_ip_address(), port
 
+    def start_boundary_server(self, token: str, timeout_s: float, tls: Any = None, max_message: int | None = None,
+                              host: str | None = None) -> str | None:
+        """Starts this replica's gRPC :class:`~msrl.cluster.grpc_transport.BoundaryServer` when it
+        consumes an asynchronous boundary, bound to this node's address as Ray reports it (or
+        ``host``); returns its ``host:port`` (``None``: it consumes none)."""
+        import ray
+
+        from msrl.cluster.grpc_transport import MAX_MESSAGE, BoundaryServer
+        from msrl.runtime.asynchronous import Mailbox
+
+        boundaries = self.fragment_graph.boundaries
+        capacity = {b.name: b.capacity for b in boundaries if b.mode == "fifo"}
+        self.mailbox = Mailbox(capacity, timeout_s)
+        if not any(b.asynchronous and b.dst == self.fragment for b in boundaries):
+            return None
+        self.boundary_server = BoundaryServer(boundaries, self.fragment, self.index, self.mailbox, token,
+                                              host=host or ray.util.get_node_ip_address(), tls=tls,
+                                              max_message=max_message or MAX_MESSAGE)
+        return self.boundary_server.address
+
     def init_process_group(self, master: tuple[str, int], rank: int, ranks: Mapping[tuple[str, int], int],
                            timeout_s: float, peers: Mapping[tuple[str, int], Mapping[str, Any]] | None = None,
-                           intra_node: str = "shm") -> None:
+                           intra_node: str = "shm", boundary_servers: Mapping[tuple[str, int], str] | None = None,
+                           token: str = "", tls: Any = None, max_message: int | None = None) -> None:
         """Joins the job's Gloo process group and builds this replica's channel endpoint.
 
         ``peers`` maps every replica to its :meth:`info` (``pid``, ``node_id``). With
         ``intra_node="shm"``, a fragment whose replicas all run on this machine all-reduces its
         host tensors through a :class:`~msrl.runtime.shm.ShmGroup` instead of Gloo.
+        ``boundary_servers`` maps every consumer of an asynchronous boundary to its server's
+        address (:meth:`start_boundary_server`); this replica's ``put``s stream there over gRPC
+        with the job's ``token``.
         """
         import torch.distributed as dist
 
@@ -116,8 +142,16 @@ class ReplicaActor:
             local = shm.ShmGroup(f"{master[0]}:{master[1]}:{self.fragment}", mates.index((self.fragment, self.index)),
                                  len(mates), pids=[peers[k]["pid"] for k in mates], timeout_s=timeout_s,
                                  barrier=lambda: dist.barrier(group=own))
+        asynchronous = None
+        if boundary_servers:
+            from msrl.cluster.grpc_transport import MAX_MESSAGE, GrpcTransport
+            from msrl.runtime.asynchronous import AsyncEndpoint
+
+            transport = GrpcTransport(self.fragment_graph.boundaries, self.fragment, self.index, boundary_servers, token,
+                                      tls=tls, timeout_s=timeout_s, max_message=max_message or MAX_MESSAGE)
+            asynchronous = AsyncEndpoint(self.fragment_graph.boundaries, self.fragment, self.index, self.mailbox, transport)
         self.comm = DistComm(self.fragment_graph.boundaries, self.fragment, self.index, ranks, own,
-                             own_device, devices, local_group=local)
+                             own_device, devices, local_group=local, asynchronous=asynchronous)
         if own is not None:
             learner = self.replica.trainer.components.get("learner")
             if learner is not None:  # multi_learner: gradients averaged at the gradient step
@@ -143,6 +177,7 @@ class ReplicaActor:
                 "time_s": time.perf_counter() - t0,
                 "comm_s": comm_s,
                 "wait_s": wait_s,
+                "policy_lags": self.comm.asynchronous.pop_lags() if self.comm is not None and self.comm.asynchronous else [],
             })
         if self.comm is not None:
             self.comm.flush()
@@ -155,9 +190,15 @@ class ReplicaActor:
         c = self.comm
         if c is None:
             return {}
-        return {"op_s": dict(c.op_s), "comm_s": c.comm_s, "wait_s": c.wait_s,
-                "bytes_sent": c.bytes_sent, "bytes_received": c.bytes_received,
-                "intra_node": "shm" if c.local_group is not None else "gloo"}
+        out = {"op_s": dict(c.op_s), "comm_s": c.comm_s, "wait_s": c.wait_s,
+               "bytes_sent": c.bytes_sent, "bytes_received": c.bytes_received,
+               "intra_node": "shm" if c.local_group is not None else "gloo"}
+        if c.asynchronous is not None:
+            t = c.asynchronous.transport
+            out["grpc"] = {"bytes_sent": t.bytes_sent, "dropped": t.dropped, "reconnects": t.reconnects,
+                           "server": self.boundary_server.address if self.boundary_server is not None else None,
+                           "rejected": list(self.boundary_server.rejected) if self.boundary_server is not None else []}
+        return out
 
     def pid(self) -> int:
         """This replica's process id."""
@@ -185,10 +226,12 @@ class ReplicaActor:
         torch.set_rng_state(state["torch_rng"])
 
     def close(self) -> None:
-        """Closes the envs and leaves the process group."""
+        """Closes the envs, the boundary streams and server, and leaves the process group."""
         self.replica.close()
         if self.comm is not None:
             self.comm.close()
+        if self.boundary_server is not None:
+            self.boundary_server.stop()
         import torch.distributed as dist
 
         if dist.is_initialized():
@@ -224,6 +267,10 @@ class RayJob:
         placement_timeout_s: how long to wait for the placement group to be placed.
         intra_node: ``"shm"``: a fragment whose replicas share one machine all-reduces host
             tensors through shared memory (:mod:`msrl.runtime.shm`); ``"gloo"``: through Gloo.
+        tls: a :class:`~msrl.cluster.grpc_transport.TlsConfig` for the gRPC streams of
+            asynchronous boundaries (``None``: plain TCP, still token-checked).
+        max_message: the largest gRPC frame (bytes; default
+            :data:`~msrl.cluster.grpc_transport.MAX_MESSAGE`).
 
     Raises:
         TraceError, PartitionError, ValueError: as :class:`msrl.job.Job`; ``ValueError`` for a
@@ -237,7 +284,8 @@ class RayJob:
     def __init__(self, spec: Any, algorithm_ref: str | None = None, address: str | None = None,
                  cpus_per_replica: float = 1.0, strategy: str = "PACK", probe: bool = True,
                  gpus_per_replica: float = 0.0,
-                 timeout_s: float = 600.0, placement_timeout_s: float = 60.0, intra_node: str = "shm") -> None:
+                 timeout_s: float = 600.0, placement_timeout_s: float = 60.0, intra_node: str = "shm",
+                 tls: Any = None, max_message: int | None = None) -> None:
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -321,8 +369,17 @@ class RayJob:
         here = ray.get_runtime_context().get_node_id()
         # the processes kill() waits for: those on the driver's node (a remote node's are Ray's)
         self._local_pids = [p["pid"] for p in peers.values() if p["node_id"] == here]
+        servers: dict[tuple[str, int], str] = {}
+        token = ""
+        if any(b.asynchronous for b in self.fragment_graph.boundaries):
+            import secrets
+
+            token = secrets.token_urlsafe(32)  # the job's secret: every boundary stream presents it
+            addresses = self._wait([a.start_boundary_server.remote(token, timeout_s, tls, max_message) for a in self.actors])
+            servers = {k: addr for k, addr in zip(self.keys, addresses) if addr is not None}
         if len(self.keys) > 1:
-            self._wait([a.init_process_group.remote(master, ranks[k], ranks, timeout_s, peers, intra_node)
+            self._wait([a.init_process_group.remote(master, ranks[k], ranks, timeout_s, peers, intra_node, servers,
+                                                    token, tls, max_message)
                         for a, k in zip(self.actors, self.keys)])
         self._has_env = [k[0] == spec.policy.fragment_of_role("env") for k in self.keys]
 
@@ -384,7 +441,8 @@ class RayJob:
         """Runs ``n`` iterations in every replica, each replica free between its boundaries;
         returns one record per iteration: ``output`` (metrics as floats), ``env_steps`` (the
         job's total after it), ``episodes`` (the :class:`EpisodeStats` finished in it, replica 0
-        first), ``time_s`` (the slowest replica's iteration time), ``comm_share`` (the replicas'
+        first), ``time_s`` (the slowest replica's iteration time), ``policy_lags`` (learner version
+        minus acting version of what asynchronous boundaries delivered), ``comm_share`` (the replicas'
         time moving values -- encoding, sending, receiving, decoding, all-reduce -- over their
         iteration time, summed over replicas) and ``wait_share`` (likewise, time blocked until a
         peer reached its side of a boundary). Episodes are also kept for :meth:`pop_episode_stats`.
@@ -410,6 +468,7 @@ class RayJob:
             check_losses(out, self.iteration)
             busy = sum(r["time_s"] for r in rows)
             records.append({"output": out, "env_steps": self._env_steps, "episodes": episodes,
+                            "policy_lags": [lag for r in rows for lag in r["policy_lags"]],
                             "time_s": max(r["time_s"] for r in rows),
                             "comm_share": sum(r["comm_s"] for r in rows) / busy if busy > 0 else 0.0,
                             "wait_share": sum(r["wait_s"] for r in rows) / busy if busy > 0 else 0.0})

@@ -11,7 +11,8 @@ gather      ``R_s -> 1``: the dst concatenates the replicas' shards along the en
             first (so a gathered batch of ``R`` replicas x ``N/R`` envs lists envs in order)
 scatter     ``1 -> R_d``: the src splits along the env axis into ``R_d`` equal shards
 broadcast   ``1 -> R_d``: every dst replica receives the value
-put/get     asynchronous queue: ``put`` never waits for the consumer
+put/get     an asynchronous boundary (a ``fifo`` queue or a ``latest`` slot): the endpoint's
+            :class:`~msrl.runtime.asynchronous.AsyncEndpoint` (see that module)
 ==========  =====================================================================================
 
 A receiver always gets its own copy (as it would over a network): mutating it never changes
@@ -120,9 +121,15 @@ class LocalHub:
         self._closed = threading.Event()
         self._reason = ""
 
-    def endpoint(self, fragment: str, replica: int) -> "LocalComm":
-        """The endpoint generated programs of ``fragment`` replica ``replica`` call."""
-        return LocalComm(self, fragment, replica)
+    def endpoint(self, fragment: str, replica: int, asynchronous: Any = None) -> "LocalComm":
+        """The endpoint generated programs of ``fragment`` replica ``replica`` call
+        (``asynchronous``: its :class:`~msrl.runtime.asynchronous.AsyncEndpoint`, for ``put``/``get``)."""
+        return LocalComm(self, fragment, replica, asynchronous)
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed.is_set()
 
     def close(self, reason: str) -> None:
         """Wakes every waiting replica with :class:`ChannelClosed` (``reason`` in its message)."""
@@ -170,8 +177,9 @@ class LocalComm:
     """One fragment replica's endpoint; generated code calls ``comm.<op>(boundary[, value])``:
     with a value on the src side, without on the dst side (which returns the value)."""
 
-    def __init__(self, hub: LocalHub, fragment: str, replica: int) -> None:
+    def __init__(self, hub: LocalHub, fragment: str, replica: int, asynchronous: Any = None) -> None:
         self.hub, self.fragment, self.replica = hub, fragment, replica
+        self.asynchronous = asynchronous
 
     def _boundary(self, name: str, op: str) -> Boundary:
         b = self.hub.boundaries.get(name)
@@ -220,14 +228,15 @@ class LocalComm:
         return self.hub._get(name, self.replica)
 
     def put(self, name: str, value: Any) -> None:
-        """Asynchronous: enqueue ``value`` for dst replica ``i mod R_d``; never waits."""
-        b = self._boundary(name, "put")
-        self.hub._put(name, self.replica % b.dst_replicas, copy_value(value))
+        """Asynchronous boundary, src side: queue or publish ``value`` (see
+        :meth:`msrl.runtime.asynchronous.AsyncEndpoint.put`)."""
+        self._boundary(name, "put")
+        self.asynchronous.put(name, value)
 
     def get(self, name: str) -> Any:
-        """Asynchronous: the oldest value queued for this replica (waits while empty)."""
+        """Asynchronous boundary, dst side (see :meth:`msrl.runtime.asynchronous.AsyncEndpoint.get`)."""
         self._boundary(name, "get")
-        return self.hub._get(name, self.replica)
+        return self.asynchronous.get(name)
 
     def allreduce(self, name: str, value: Any = None) -> Any:
         """The mean over this fragment's replicas of ``value`` (a tensor, or a list/tuple/dict

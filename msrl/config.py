@@ -74,6 +74,14 @@ class PolicyConfig(_Strict):
     placement: dict[str, str] = Field(
         default_factory=dict, description="role -> fragment, moving a role from the policy's default fragment"
     )
+    boundaries: dict[str, str] = Field(
+        default_factory=dict,
+        description="boundary class -> kind: sync (both sides meet it every iteration), fifo (a bounded queue), "
+                    "latest (a latest-value slot), e.g. {trajectories: fifo, weights: latest}",
+    )
+    queue_capacity: int | None = Field(
+        None, gt=0, description="items a producer may have queued in a fifo boundary before it waits (default: the policy's)"
+    )
 
 
 class TrainConfig(_Strict):
@@ -105,6 +113,14 @@ class ClusterConfig(_Strict):
     gpus_per_replica: float = Field(0.0, ge=0, description="GPUs of each replica's placement-group bundle")
     strategy: Literal["PACK", "SPREAD"] = Field("PACK", description="placement-group strategy")
     max_restarts: int = Field(3, ge=0, description="restarts from the last checkpoint after a replica process dies")
+    tls_cert: str | None = Field(
+        None, description="PEM certificate the gRPC servers of asynchronous boundaries present (with tls_key: TLS)"
+    )
+    tls_key: str | None = Field(None, description="PEM private key of tls_cert")
+    tls_server_name: str | None = Field(
+        None, description="the name clients check tls_cert against (default: the address they dial)"
+    )
+    max_message_mb: float = Field(64.0, gt=0, description="the largest gRPC frame of an asynchronous boundary (MiB)")
     intra_node: Literal["shm", "gloo"] = Field(
         "shm",
         description="how a fragment's replicas on one machine all-reduce host tensors: shm (shared memory, Linux; "
@@ -352,8 +368,22 @@ def build_job_spec(cfg: RunConfig) -> Any:
                 f"distribution_policy.placement.{role}={frag}: policy {policy.name} has no fragment {frag!r}; "
                 f"fragments: {', '.join(names)}"
             )
+    from msrl.policy import BOUNDARY_MODES
+
+    for key, mode in dp.boundaries.items():
+        classes = {bc.name: bc for bc in policy.boundaries}
+        if key not in classes:
+            have = ", ".join(f"{n} ({bc.src} -> {bc.dst})" for n, bc in classes.items())
+            raise ConfigError(
+                f"distribution_policy.boundaries.{key}: policy {policy.name} has no boundary class {key!r}; "
+                + (f"classes: {have}" if have else "its boundaries are all synchronous")
+            )
+        if mode not in BOUNDARY_MODES:
+            raise ConfigError(f"distribution_policy.boundaries.{key}={mode}: unknown boundary kind; "
+                              f"kinds: {', '.join(BOUNDARY_MODES)}")
     try:
-        policy = policy.with_overrides(dp.replicas, dp.backends, dp.devices, dp.placement)
+        policy = policy.with_overrides(dp.replicas, dp.backends, dp.devices, dp.placement, dp.boundaries,
+                                       dp.queue_capacity)
     except ValueError as e:
         raise ConfigError(f"distribution_policy.placement: {e}") from None
     for frag_name, problem in policy.replica_problems():

@@ -190,6 +190,7 @@ class Job:
         self.trainers: dict[tuple[str, int], Trainer] = {k: r.trainer for k, r in self.replicas.items()}
         self.runtime = LocalRuntime(self.fragment_graph, self.replicas)
         self.iteration = 0
+        self._stats = EpisodeStats([], [])
 
     # -- running ----------------------------------------------------------------------------
     def reset(self) -> None:
@@ -206,28 +207,35 @@ class Job:
             FragmentError: a fragment raised.
             FloatingPointError: a metric named ``*_loss`` is NaN or infinite.
         """
-        out = as_floats(self.runtime.run("train_step"))
-        self.iteration += 1
-        check_losses(out, self.iteration)
-        return out
+        return self.run(1)[0]["output"]
 
     def run(self, n: int) -> list[dict[str, Any]]:
-        """Runs ``n`` iterations; one record per iteration: ``output`` (the learner's metrics
-        as floats), ``env_steps`` (the job's total after it), ``episodes`` (the
-        :class:`EpisodeStats` finished in it), ``time_s`` (its wall time). The same records as
-        :meth:`msrl.cluster.ray_runtime.RayJob.run`.
+        """Runs ``n`` iterations, every replica on its own between boundaries; one record per
+        iteration: ``output`` (the learner's metrics as floats), ``env_steps`` (the job's total
+        after it), ``episodes`` (the :class:`EpisodeStats` finished in it, replica 0 first),
+        ``time_s`` (the slowest replica's time for it) and ``policy_lags`` (learner version
+        minus acting version of what asynchronous boundaries delivered in it; empty without
+        them). The same records as :meth:`msrl.cluster.ray_runtime.RayJob.run`.
 
         Raises:
             FragmentError, FloatingPointError: as :meth:`train_step`.
         """
-        import time
-
+        results = self.runtime.run("train_step", n)
+        steps = {key: 0 for key in results}
         records = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            out = self.train_step()
-            dt = time.perf_counter() - t0
-            records.append({"output": out, "env_steps": self.env_steps, "episodes": self.pop_episode_stats(), "time_s": dt})
+        for i in range(n):
+            rows = {key: recs[i] for key, recs in results.items()}
+            out = as_floats(self.runtime.output("train_step", results, i))
+            self.iteration += 1
+            check_losses(out, self.iteration)
+            episodes = EpisodeStats([], [])
+            for key in sorted(rows):
+                episodes.merge(rows[key]["episodes"])
+                steps[key] = rows[key]["env_steps"]
+            self._stats.merge(episodes)
+            records.append({"output": out, "env_steps": sum(steps.values()), "episodes": episodes,
+                            "time_s": max(r["time_s"] for r in rows.values()),
+                            "policy_lags": [lag for key in sorted(rows) for lag in rows[key]["policy_lags"]]})
         return records
 
     @property
@@ -236,10 +244,9 @@ class Job:
         return sum(r.env_steps for r in self.replicas.values())
 
     def pop_episode_stats(self) -> EpisodeStats:
-        """Episodes finished on every env replica since the last call, replica 0 first."""
-        out = EpisodeStats([], [])
-        for key in sorted(self.replicas):
-            out.merge(self.replicas[key].pop_episode_stats())
+        """Episodes finished on every env replica since the last call, replica 0 first within
+        each iteration."""
+        out, self._stats = self._stats, EpisodeStats([], [])
         return out
 
     def replicas_with(self, role: str) -> list[Trainer]:

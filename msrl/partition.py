@@ -28,8 +28,10 @@ side), never by value names:
    value's kind, declared by the component method (:func:`msrl.api.returns`) or observed by
    the probe (:mod:`msrl.probe`): equal counts -> ``send``/``recv``; many -> one ->
    ``gather`` (sharded values and batches); one -> many -> ``scatter`` (sharded, batches) or
-   ``broadcast`` (replicated); an asynchronous pair of fragments -> ``put``/``get``. A
-   boundary that fits no rule raises :class:`PartitionError` naming the edge.
+   ``broadcast`` (replicated). A ``train_step`` boundary in one of the policy's asynchronous
+   classes (a ``fifo`` queue or a ``latest`` slot, chosen in YAML) is ``put``/``get`` instead,
+   combining values between the replica counts as that collective would. A boundary that fits
+   no rule raises :class:`PartitionError` naming the edge.
 3. **Order.** Fragments are ordered by their first node in program order. Fragment replicas
    run concurrently, so instead of rejecting cycles between fragments (which a training loop
    always has: trajectories go one way, weights the other) the partitioner checks that any two
@@ -76,7 +78,12 @@ class Boundary:
         method: the traced method (``"train_step"``).
         value: the value name.
         op: the comm kind on both sides (``gather``; ``send``/``recv`` and ``put``/``get``
-            pairs are recorded by their src kind).
+            pairs are recorded by their src kind). An asynchronous boundary is ``put``/``get``.
+        pattern: how values combine between the replica counts: ``send`` (replica ``i`` ->
+            ``i``), ``gather``, ``scatter`` or ``broadcast``; the same as ``op`` when synchronous.
+        mode: the boundary kind, one of :data:`msrl.policy.BOUNDARY_MODES` (``sync``,
+            ``fifo``, ``latest``); ``boundary_class``: the policy's class that set it, if any.
+        capacity: a ``fifo`` boundary's items per producer and consumer.
         src, dst: fragment names; ``src_replicas``, ``dst_replicas``: their replica counts.
         kind: one of :data:`VALUE_KINDS` (``None`` without probe info or declaration).
         axis: the env (or batch) axis of a sharded value or a batch.
@@ -96,6 +103,19 @@ class Boundary:
     axis: int | None
     in_loop: bool
     in_branch: bool = False
+    pattern: NodeKind | None = None
+    mode: str = "sync"
+    boundary_class: str | None = None
+    capacity: int = 1
+
+    def __post_init__(self) -> None:
+        if self.pattern is None:
+            object.__setattr__(self, "pattern", self.op)
+
+    @property
+    def asynchronous(self) -> bool:
+        """Whether the boundary is a queue or a latest-value slot (``put``/``get``)."""
+        return self.mode != "sync"
 
 
 @dataclasses.dataclass
@@ -514,14 +534,15 @@ def _info(c: _Comm) -> dict[str, Any] | None:
 
 
 def _choose_op(policy: DistributionPolicy, c: _Comm, info: dict[str, Any] | None) -> tuple[NodeKind, NodeKind, int | None]:
+    """The comm kinds of both sides and the axis: the synchronous collective the replica
+    counts and the value's kind call for (an asynchronous boundary combines values the same
+    way, through ``put``/``get``)."""
     src, dst = policy.fragment(c.src), policy.fragment(c.dst)
     producer = c.defs[0]
     edge = (
         f"value {c.value!r} written by %{producer.id} at {producer.where()} in fragment {src.name} (x{src.replicas}) "
         f"and read by %{c.reader.id} at {c.reader.where()} in fragment {dst.name} (x{dst.replicas})"
     )
-    if (src.name, dst.name) in policy.async_boundaries:
-        return NodeKind.PUT, NodeKind.GET, None
     if src.replicas == dst.replicas:
         return NodeKind.SEND, NodeKind.RECV, None
     if info is None:
@@ -562,6 +583,10 @@ class _Builder:
         for k, c in enumerate(comms):
             info = _info(c)
             src_kind, dst_kind, axis = _choose_op(policy, c, info)
+            pattern = src_kind
+            mode, cls = policy.boundary_mode(method, c.src, c.dst)
+            if mode != "sync":  # a queue or a latest-value slot, combining values as the collective would
+                src_kind, dst_kind = NodeKind.PUT, NodeKind.GET
             s, d = policy.fragment(c.src), policy.fragment(c.dst)
             in_loop, in_branch = flow.in_regions(c.region, c.after.id)
             b = Boundary(
@@ -569,6 +594,10 @@ class _Builder:
                 method=method,
                 value=c.value,
                 op=src_kind,
+                pattern=pattern,
+                mode=mode,
+                boundary_class=cls,
+                capacity=policy.queue_capacity,
                 src=c.src,
                 dst=c.dst,
                 src_replicas=s.replicas,

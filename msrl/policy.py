@@ -15,7 +15,20 @@ from msrl import registry
 from msrl.api import ROLES
 from msrl.graph import Node, NodeKind
 
-__all__ = ["ONE_LEARNER", "FragmentSpec", "DistributionPolicy", "UnknownPolicyError", "load_policy", "available_policies"]
+__all__ = ["ONE_LEARNER", "BOUNDARY_MODES", "FragmentSpec", "BoundaryClass", "DistributionPolicy", "UnknownPolicyError",
+           "load_policy", "available_policies"]
+
+#: How a boundary moves values (DESIGN.md §3, "Boundary kinds"):
+#:
+#: * ``sync``: a synchronous collective (send/recv, gather, scatter, broadcast): both sides meet
+#:   it in every iteration.
+#: * ``fifo``: a bounded queue per (producer, consumer) pair: a producer's ``put`` waits only while
+#:   ``queue_capacity`` of its items are not yet taken (back-pressure); the consumer's ``get``
+#:   takes each producer's oldest item (waiting while there is none).
+#: * ``latest``: a latest-value slot: a producer publishes a versioned value and never waits; a
+#:   consumer reads the newest one published, waiting only before the first publication, and
+#:   knows its version.
+BOUNDARY_MODES = ("sync", "fifo", "latest")
 
 
 #: Why a policy runs a single learner (its ``max_role_replicas`` note).
@@ -49,6 +62,27 @@ class FragmentSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class BoundaryClass:
+    """A named class of boundaries a policy lets the YAML give a kind
+    (``distribution_policy.boundaries.<name>: fifo``).
+
+    Attributes:
+        name: the YAML key (``"trajectories"``, ``"weights"``).
+        src, dst: every ``train_step`` value crossing from fragment ``src`` to fragment ``dst``
+            belongs to the class (``reset``'s boundaries, the job's initial synchronisation, are
+            always synchronous).
+        mode: the default kind, one of :data:`BOUNDARY_MODES`.
+        description: what crosses (shown by ``msrl graph`` and in config errors).
+    """
+
+    name: str
+    src: str
+    dst: str
+    mode: str = "sync"
+    description: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
 class DistributionPolicy:
     """A named split of the component roles into fragments.
 
@@ -56,8 +90,10 @@ class DistributionPolicy:
         name: the YAML value ``distribution_policy.name``.
         description: one line shown by ``msrl graph``.
         fragments: the fragments, each role in exactly one.
-        async_boundaries: ``(src fragment, dst fragment)`` pairs whose boundaries are queues
-            (``put``/``get``) instead of synchronous collectives.
+        boundaries: the classes of boundaries and their kinds (:class:`BoundaryClass`); a
+            boundary in no class is synchronous.
+        queue_capacity: items a producer may have in a ``fifo`` boundary's queue (per producer
+            and consumer) before its ``put`` waits.
         max_role_replicas: role -> the most replicas the policy can run of it, with why
             (``{"learner": (1, "one learner: several would train diverging copies")}``); a
             config asking for more is an error, never a silent change of meaning.
@@ -70,7 +106,8 @@ class DistributionPolicy:
     name: str
     description: str
     fragments: tuple[FragmentSpec, ...]
-    async_boundaries: frozenset[tuple[str, str]] = frozenset()
+    boundaries: tuple[BoundaryClass, ...] = ()
+    queue_capacity: int = 1
     max_role_replicas: Mapping[str, tuple[int, str]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -89,6 +126,31 @@ class DistributionPolicy:
         missing = [r for r in ROLES if r not in seen]
         if missing:
             raise ValueError(f"policy {self.name}: roles {missing} are in no fragment")
+        names = [f.name for f in self.fragments]
+        for bc in self.boundaries:
+            if bc.src not in names or bc.dst not in names or bc.src == bc.dst:
+                raise ValueError(f"policy {self.name}: boundary class {bc.name} joins {bc.src} -> {bc.dst}; "
+                                 f"it must join two of the fragments {names}")
+            if bc.mode not in BOUNDARY_MODES:
+                raise ValueError(f"policy {self.name}: boundary class {bc.name} has kind {bc.mode!r}; "
+                                 f"kinds: {', '.join(BOUNDARY_MODES)}")
+        if self.queue_capacity < 1:
+            raise ValueError(f"policy {self.name}: queue_capacity={self.queue_capacity}; must be >= 1")
+
+    def boundary_mode(self, method: str, src: str, dst: str) -> tuple[str, str | None]:
+        """The kind of a ``method`` boundary from fragment ``src`` to ``dst``, and the name of
+        the class that sets it (``("sync", None)`` when no class does; ``reset`` is always
+        synchronous)."""
+        if method != "reset":
+            for bc in self.boundaries:
+                if (bc.src, bc.dst) == (src, dst):
+                    return bc.mode, bc.name
+        return "sync", None
+
+    @property
+    def asynchronous(self) -> bool:
+        """Whether any boundary class is asynchronous (``fifo`` or ``latest``)."""
+        return any(bc.mode != "sync" for bc in self.boundaries)
 
     def fragment(self, name: str) -> FragmentSpec:
         """The fragment called ``name``.
@@ -124,19 +186,32 @@ class DistributionPolicy:
         backends: Mapping[str, str] | None = None,
         devices: Mapping[str, str] | None = None,
         placement: Mapping[str, str] | None = None,
+        boundaries: Mapping[str, str] | None = None,
+        queue_capacity: int | None = None,
     ) -> "DistributionPolicy":
-        """A copy with per-fragment replicas, backends or devices replaced, and roles moved.
+        """A copy with per-fragment replicas, backends or devices replaced, roles moved and
+        boundary kinds changed.
 
         Args:
             replicas, backends, devices: fragment -> value.
             placement: role -> the fragment that runs it instead of the policy's default (e.g.
                 ``{"buffer": "learner"}``: a replay buffer beside the learner, as in Ape-X).
+            boundaries: boundary class -> kind (one of :data:`BOUNDARY_MODES`).
+            queue_capacity: a ``fifo`` boundary's items per producer and consumer.
 
         Raises:
-            KeyError: an override names a fragment or role the policy lacks (listing those it
-                has).
-            ValueError: a move leaves a fragment without roles.
+            KeyError: an override names a fragment, role or boundary class the policy lacks
+                (listing those it has).
+            ValueError: a move leaves a fragment without roles; an unknown boundary kind; a
+                queue capacity below 1.
         """
+        classes = {bc.name: bc for bc in self.boundaries}
+        for key, mode in (boundaries or {}).items():
+            if key not in classes:
+                have = ", ".join(f"{n} ({bc.src} -> {bc.dst})" for n, bc in classes.items()) or "none"
+                raise KeyError(f"policy {self.name} has no boundary class {key!r}; classes: {have}")
+            if mode not in BOUNDARY_MODES:
+                raise ValueError(f"boundary class {key}: unknown kind {mode!r}; kinds: {', '.join(BOUNDARY_MODES)}")
         names = [f.name for f in self.fragments]
         for table in (replicas, backends, devices, {v: k for k, v in (placement or {}).items()}):
             for key in table or {}:
@@ -166,7 +241,9 @@ class DistributionPolicy:
             )
             for f in self.fragments
         )
-        return dataclasses.replace(self, fragments=frags)
+        new_classes = tuple(dataclasses.replace(bc, mode=(boundaries or {}).get(bc.name, bc.mode)) for bc in self.boundaries)
+        return dataclasses.replace(self, fragments=frags, boundaries=new_classes,
+                                   queue_capacity=self.queue_capacity if queue_capacity is None else queue_capacity)
 
     def replica_problems(self) -> list[tuple[str, str]]:
         """``(fragment, why)`` for each fragment whose replica count this policy cannot run

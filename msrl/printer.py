@@ -71,7 +71,15 @@ def format_job(job: Job) -> str:
         out.append("(none)")
     for b in fg.boundaries:
         axis = f", axis {b.axis}" if b.axis is not None else ""
-        out.append(f"- {b.name}: {b.op.value} {b.value} {b.src} (x{b.src_replicas}) -> {b.dst} (x{b.dst_replicas}), {b.kind}{axis}")
+        if b.mode == "fifo":
+            how = f"fifo queue of {b.capacity} per producer, {b.pattern.value}"
+        elif b.mode == "latest":
+            how = f"latest-value slot, {b.pattern.value}"
+        else:
+            how = f"sync {b.op.value}"
+        cls = f" [{b.boundary_class}]" if b.boundary_class else ""
+        out.append(f"- {b.name}: {how} {b.value} {b.src} (x{b.src_replicas}) -> {b.dst} (x{b.dst_replicas}), "
+                   f"{b.kind}{axis}{cls}")
     for fr in fg.fragments:
         for method in METHODS:
             out.append(f"\n## fragment {fr.name}: {method}")

@@ -397,7 +397,34 @@ def make_job(spec: JobSpec, cfg: RunConfig) -> Any:
     )
     return RayJob(spec, algorithm_ref=ref, address=cfg.cluster.address,
                   cpus_per_replica=cfg.cluster.cpus_per_replica, gpus_per_replica=cfg.cluster.gpus_per_replica,
-                  strategy=cfg.cluster.strategy, intra_node=cfg.cluster.intra_node)
+                  strategy=cfg.cluster.strategy, intra_node=cfg.cluster.intra_node, tls=tls_config(cfg),
+                  max_message=int(cfg.cluster.max_message_mb * (1 << 20)))
+
+
+def tls_config(cfg: RunConfig) -> Any:
+    """The :class:`~msrl.cluster.grpc_transport.TlsConfig` of ``cluster.tls_*`` (``None``
+    without ``cluster.tls_cert``).
+
+    Raises:
+        ConfigError: only one of certificate and key, or a file that cannot be read or is not PEM.
+    """
+    c = cfg.cluster
+    if c.tls_cert is None and c.tls_key is None:
+        return None
+    if c.tls_cert is None or c.tls_key is None:
+        raise ConfigError("cluster.tls_cert and cluster.tls_key go together: TLS needs the certificate and its key")
+    pem = {}
+    for key, path in (("tls_cert", c.tls_cert), ("tls_key", c.tls_key)):
+        try:
+            data = pathlib.Path(path).expanduser().read_bytes()
+        except OSError as e:
+            raise ConfigError(f"cluster.{key}={path}: {e.strerror}") from None
+        if b"-----BEGIN " not in data:
+            raise ConfigError(f"cluster.{key}={path}: not a PEM file")
+        pem[key] = data
+    from msrl.cluster.grpc_transport import TlsConfig
+
+    return TlsConfig(pem["tls_cert"], pem["tls_key"], c.tls_server_name)
 
 
 def _evaluate(job: Job, cfg: RunConfig) -> list[float]:
@@ -655,6 +682,8 @@ def _run_job(cfg: RunConfig, spec: JobSpec, job: Any, resume: Any, resume_state:
                        if cfg.env.engine == "process" and not on_ray else {}),
                     **({"charts/comm_share": round(rec["comm_share"], 4), "charts/wait_share": round(rec["wait_share"], 4)}
                        if "comm_share" in rec else {}),
+                    **({"async/policy_lag_mean": sum(lags) / len(lags), "async/policy_lag_max": max(lags)}
+                       if (lags := rec.get("policy_lags")) else {}),
                 }
                 if i == n - 1 and cfg.train.eval_every and job.env_steps // cfg.train.eval_every > done_eval:
                     done_eval = job.env_steps // cfg.train.eval_every

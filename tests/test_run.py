@@ -95,19 +95,22 @@ def test_resume_continues_exactly(tmp_path, monkeypatch, config, over):
     full = train(load_config(config, over + ["name=full"]))
 
     cfg = load_config(config, over + ["name=crash"])
-    real = Job.train_step
+    real = Job.run
     calls = {"n": 0}
 
-    def crashing(self):
-        calls["n"] += 1
-        if calls["n"] == 4:
-            raise KeyboardInterrupt  # killed during iteration 4; the checkpoint is at 2
-        return real(self)
+    def crashing(self, n):
+        records = []
+        for _ in range(n):
+            calls["n"] += 1
+            if calls["n"] == 4:
+                raise KeyboardInterrupt  # killed during iteration 4; the checkpoint is at 2
+            records += real(self, 1)
+        return records
 
-    monkeypatch.setattr(Job, "train_step", crashing)
+    monkeypatch.setattr(Job, "run", crashing)
     with pytest.raises(KeyboardInterrupt):
         train(cfg)
-    monkeypatch.setattr(Job, "train_step", real)
+    monkeypatch.setattr(Job, "run", real)
     crash_dir = tmp_path / "crash"
     # rows are written per chunk of freely running iterations, and a chunk ends at every
     # checkpoint: the crashed chunk (iterations 3-4) left no row, the checkpointed ones did

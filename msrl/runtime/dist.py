@@ -18,6 +18,8 @@ gather      every src replica -> dst replica 0, which concatenates in replica or
 scatter     src replica 0 splits along the env axis -> one shard to each dst replica
 broadcast   src replica 0 -> every dst replica (one encoding, ``R_d`` sends)
 allreduce   a collective of the fragment's own replicas (``dist.all_reduce``, or shared memory)
+put/get     an asynchronous boundary: not torch.distributed but gRPC streams
+            (:mod:`msrl.cluster.grpc_transport`, through the endpoint's ``asynchronous``)
 ==========  ================================================================================
 
 Sends are non-blocking (``isend``): a replica never waits for its receiver unless the program
@@ -73,6 +75,9 @@ class DistComm:
             on the CPU (the GPU protocol's logic, for tests on machines without GPUs).
         local_group: a :class:`~msrl.runtime.shm.ShmGroup` of this fragment's replicas (all on
             this machine) that all-reduces host tensors in place of Gloo; ``None``: Gloo.
+        asynchronous: this replica's :class:`~msrl.runtime.asynchronous.AsyncEndpoint` for the
+            job's asynchronous boundaries (``put``/``get``; over gRPC between processes), or
+            ``None`` when the job has none.
     """
 
     def __init__(
@@ -86,8 +91,10 @@ class DistComm:
         devices: Mapping[str, torch.device | str] | None = None,
         split_payload: bool = False,
         local_group: Any = None,
+        asynchronous: Any = None,
     ) -> None:
         self.boundaries = {b.name: b for b in boundaries}
+        self.asynchronous = asynchronous
         self.tags = {b.name: i for i, b in enumerate(boundaries)}
         self.fragment, self.replica = fragment, replica
         self.ranks = dict(ranks)
@@ -272,14 +279,28 @@ class DistComm:
         return self._take(name, b.src, 0)
 
     def put(self, name: str, value: Any) -> None:
-        """Asynchronous boundaries are not carried by torch.distributed.
+        """Asynchronous boundary, src side: queue or publish ``value`` over gRPC (see
+        :meth:`msrl.runtime.asynchronous.AsyncEndpoint.put`); time waiting for a full queue's
+        credits counts as waiting."""
+        a = self.asynchronous
+        if a is None:
+            raise KeyError(f"{name!r} is not an asynchronous boundary of this job")
+        w0 = a.transport.wait_s
+        with _Timer(self, "put"):
+            a.put(name, value)
+        self.wait_s += a.transport.wait_s - w0
 
-        Raises:
-            NotImplementedError: always; queues between processes are gRPC streams.
-        """
-        raise NotImplementedError(f"boundary {name}: asynchronous queues between processes need the gRPC transport")
-
-    get = put
+    def get(self, name: str) -> Any:
+        """Asynchronous boundary, dst side (see :meth:`msrl.runtime.asynchronous.AsyncEndpoint.get`);
+        time waiting for a value to arrive counts as waiting."""
+        a = self.asynchronous
+        if a is None:
+            raise KeyError(f"{name!r} is not an asynchronous boundary of this job")
+        w0 = a.mailbox.wait_s
+        with _Timer(self, "get"):
+            value = a.get(name)
+        self.wait_s += a.mailbox.wait_s - w0
+        return value
 
     def allreduce(self, name: str, value: Any = None) -> Any:
         """The mean over this fragment's replicas of ``value`` (a tensor, or a list/tuple/dict
@@ -293,10 +314,13 @@ class DistComm:
             return self._allreduce(name, value)
 
     def close(self) -> None:
-        """Releases the shared-memory group, if any (the process group is the caller's)."""
+        """Releases the shared-memory group and ends the gRPC streams, if any (the process group
+        is the caller's)."""
         if self.local_group is not None:
             self.local_group.close()
             self.local_group = None
+        if self.asynchronous is not None:
+            self.asynchronous.transport.close()
 
     def _allreduce(self, name: str, value: Any = None) -> Any:
         tensors = tensor_leaves(value)

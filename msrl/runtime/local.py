@@ -1,18 +1,25 @@
 """The in-process runtime: every fragment replica of a job in one process.
 
 A job with one fragment replica runs its program on the calling thread. Otherwise each
-replica runs on its own thread (as each would in its own Ray actor), and the replicas meet at
-boundaries through a :class:`~msrl.channels.LocalHub`. Errors are re-raised as
-:class:`FragmentError` naming the fragment, replica, node and user ``file:line``.
+replica runs on its own thread (as each would in its own Ray actor), runs its iterations itself
+and meets the others only at boundaries: synchronous ones through a
+:class:`~msrl.channels.LocalHub` per traced method, asynchronous ones (``fifo`` queues,
+``latest`` slots) through each replica's :class:`~msrl.runtime.asynchronous.Mailbox`. Hubs and
+mailboxes live as long as the runtime, so a queue or a slot carries over from one :meth:`run`
+to the next, as on Ray. Errors are re-raised as :class:`FragmentError` naming the fragment,
+replica, node and user ``file:line``.
 """
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping
 
+from msrl.api import EpisodeStats
 from msrl.channels import ChannelClosed, LocalHub
 from msrl.partition import FragmentGraph
+from msrl.runtime.asynchronous import AsyncEndpoint, LocalTransport, Mailbox
 from msrl.runtime.replica import FragmentError, Replica
 
 __all__ = ["FragmentError", "LocalRuntime"]
@@ -24,14 +31,23 @@ class LocalRuntime:
     Args:
         fragment_graph: the partitioned job.
         replicas: ``(fragment, replica) -> Replica``.
+        timeout_s: how long a replica waits on an asynchronous boundary before giving up.
     """
 
-    def __init__(self, fragment_graph: FragmentGraph, replicas: Mapping[tuple[str, int], Replica]) -> None:
+    def __init__(self, fragment_graph: FragmentGraph, replicas: Mapping[tuple[str, int], Replica],
+                 timeout_s: float = 600.0) -> None:
         self.fragment_graph = fragment_graph
         self.replicas = dict(replicas)
         self._keys = sorted(self.replicas)
         self._fragment_replicas = {fr.name: fr.spec.replicas for fr in fragment_graph.fragments}
         self._pool = ThreadPoolExecutor(max_workers=len(self._keys)) if len(self._keys) > 1 else None
+        self.timeout_s = timeout_s
+        self._hubs: dict[str, LocalHub] = {}
+        capacity = {b.name: b.capacity for b in fragment_graph.boundaries if b.mode == "fifo"}
+        self.mailboxes = {key: Mailbox(capacity, timeout_s) for key in self._keys}
+        transport = LocalTransport(self.mailboxes)
+        self.asynchronous = {key: AsyncEndpoint(fragment_graph.boundaries, key[0], key[1], self.mailboxes[key], transport)
+                             for key in self._keys}
         # The fragment whose program returns the method's output (the fragment holding the
         # output node's value); replica 0's return value is the step's.
         self._output_fragment: dict[str, str] = {}
@@ -40,16 +56,30 @@ class LocalRuntime:
                 if any(n.kind.value == "output" and n.inputs for n in g):
                     self._output_fragment[method] = fr.name
 
-    def run(self, method: str) -> Any:
-        """Runs ``method``'s program on every replica once; returns the step's output.
+    def _hub(self, method: str) -> LocalHub:
+        hub = self._hubs.get(method)
+        if hub is None or hub.closed:  # a failed run closed it: the next run starts clean
+            hub = self._hubs[method] = LocalHub([b for b in self.fragment_graph.boundaries if b.method == method],
+                                                self._fragment_replicas)
+        return hub
+
+    def run(self, method: str, n: int = 1) -> dict[tuple[str, int], list[dict[str, Any]]]:
+        """Runs ``method``'s program ``n`` times on every replica, each replica on its own and
+        waiting only at boundaries.
+
+        Returns:
+            ``(fragment, replica) ->`` one record per iteration: ``output`` (the program's return
+            value), ``episodes`` (:class:`EpisodeStats` its envs finished), ``env_steps`` (its
+            envs' total after it), ``time_s`` and ``policy_lags`` (recorded by its asynchronous
+            ``get``s).
 
         Raises:
             FragmentError: a replica raised; the others are woken and stopped.
         """
         if self._pool is None:
-            return self.replicas[self._keys[0]].run_method(method, None)
-        hub = LocalHub([b for b in self.fragment_graph.boundaries if b.method == method], self._fragment_replicas)
-        futures = {key: self._pool.submit(self._run_one, method, key, hub) for key in self._keys}
+            return {self._keys[0]: self._run_one(method, n, self._keys[0], None)}
+        hub = self._hub(method)
+        futures = {key: self._pool.submit(self._run_one, method, n, key, hub) for key in self._keys}
         results: dict[tuple[str, int], Any] = {}
         first_error: BaseException | None = None
         for key, fut in futures.items():
@@ -60,21 +90,39 @@ class LocalRuntime:
                     first_error = e
         if first_error is not None:
             raise first_error
-        out_frag = self._output_fragment.get(method)
-        return results.get((out_frag, 0)) if out_frag else None
+        return results
 
-    def _run_one(self, method: str, key: tuple[str, int], hub: LocalHub) -> Any:
+    def output(self, method: str, results: Mapping[tuple[str, int], list[dict[str, Any]]], i: int) -> Any:
+        """Iteration ``i``'s output of :meth:`run`'s ``results``: replica 0's of the output fragment."""
+        frag = self._output_fragment.get(method)
+        if frag is None:
+            return None
+        return results[(frag, 0)][i]["output"] if (frag, 0) in results else results[self._keys[0]][i]["output"]
+
+    def _run_one(self, method: str, n: int, key: tuple[str, int], hub: LocalHub | None) -> list[dict[str, Any]]:
         fragment, replica = key
-        comm = hub.endpoint(fragment, replica)
-        learner = self.replicas[key].trainer.components.get("learner")
+        rep = self.replicas[key]
+        comm = hub.endpoint(fragment, replica, self.asynchronous[key]) if hub is not None else None
+        learner = rep.trainer.components.get("learner")
         if learner is not None and self._fragment_replicas[fragment] > 1:
             # multi_learner: the replicas' gradients are averaged at the gradient step
             learner.gradient_hook = lambda grads: comm.allreduce("gradients", grads)
+        records = []
         try:
-            return self.replicas[key].run_method(method, comm)
+            for _ in range(n):
+                t0 = time.perf_counter()
+                out = rep.run_method(method, comm)
+                records.append({"output": out, "episodes": rep.pop_episode_stats() if rep.has_env else EpisodeStats([], []),
+                                "env_steps": rep.env_steps, "time_s": time.perf_counter() - t0,
+                                "policy_lags": self.asynchronous[key].pop_lags()})
         except FragmentError as e:
-            hub.close(f"fragment {fragment} replica {replica} failed: {type(e.cause).__name__}: {e.cause}")
+            if hub is not None:
+                why = f"fragment {fragment} replica {replica} failed: {type(e.cause).__name__}: {e.cause}"
+                hub.close(why)
+                for mailbox in self.mailboxes.values():
+                    mailbox.close(why)
             raise
+        return records
 
     def close(self) -> None:
         """Stops the worker threads."""

@@ -1,0 +1,305 @@
+"""Asynchronous boundaries: bounded FIFO queues and latest-value slots (DESIGN.md §3, "Boundary
+kinds"), with the semantics every transport shares.
+
+A boundary of kind ``fifo`` or ``latest`` is ``put`` on its src side and ``get`` on its dst
+side. Values combine between the replica counts as the boundary's collective (its ``pattern``)
+would combine them synchronously:
+
+==========  ==========================================================================
+pattern     what ``put`` sends, and what ``get`` returns
+==========  ==========================================================================
+send        src replica ``i`` -> dst replica ``i``
+gather      every src replica -> dst replica 0, which concatenates one value of each
+            producer along the boundary's axis, replica 0 first
+scatter     src replica 0 splits along the axis -> one shard to each dst replica
+broadcast   src replica 0 -> every dst replica
+==========  ==========================================================================
+
+``fifo``: one bounded queue per (boundary, producer, consumer). ``put`` waits while the queue
+holds ``capacity`` items not yet taken (back-pressure); ``get`` takes the oldest item of each
+producer it reads from, waiting while there is none. Every item is taken exactly once.
+
+``latest``: one slot per (boundary, producer, consumer). ``put`` publishes the next version
+(1, 2, ...) and never waits; ``get`` reads the newest version published, waiting only until the
+first one arrives; a value may be read several times or never.
+
+Policy lag: each ``fifo`` item carries the versions of the ``latest`` slots its producer had
+read when it put the item (0: nothing read yet, i.e. the weights of ``reset``); a consumer that
+itself publishes one of those slots records ``published - read`` for it when it takes the item
+(:attr:`AsyncEndpoint.lags`): for an actor's trajectory and the learner's weights, the learner's
+version minus the version the actor acted with.
+
+Transports: :class:`LocalTransport` (threads of one process, :mod:`msrl.channels`) and the gRPC
+transport (processes, :mod:`msrl.cluster.grpc_transport`) both deliver into a consumer's
+:class:`Mailbox`; :class:`AsyncEndpoint` is the part both share.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+import time
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+from msrl.channels import ChannelClosed, concat, copy_value, split
+from msrl.graph import NodeKind
+
+__all__ = ["ChannelClosed", "Item", "Mailbox", "AsyncTransport", "AsyncEndpoint", "LocalTransport"]
+
+_POLL_S = 0.05
+
+
+@dataclasses.dataclass
+class Item:
+    """One value in a ``fifo`` queue.
+
+    Attributes:
+        value: what the producer put (a copy the consumer owns).
+        versions: ``latest`` boundary -> the version its producer had read when it put this.
+    """
+
+    value: Any
+    versions: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+class Mailbox:
+    """What one consumer replica has received on its asynchronous boundaries. Thread-safe: a
+    transport delivers from other threads (a producer's, or a gRPC server's), the replica's
+    program takes.
+
+    Args:
+        capacity: boundary name -> a ``fifo`` queue's capacity (items per producer).
+        timeout_s: how long :meth:`take` and :meth:`newest` wait before raising ``TimeoutError``.
+        on_take: called with ``(boundary, producer)`` after an item is taken (the gRPC transport
+            returns a credit to the producer).
+    """
+
+    def __init__(self, capacity: Mapping[str, int], timeout_s: float = 600.0,
+                 on_take: Callable[[str, int], None] | None = None) -> None:
+        self.capacity = dict(capacity)
+        self.timeout_s = timeout_s
+        self.on_take = on_take
+        self._cond = threading.Condition()
+        self._fifo: dict[tuple[str, int], collections.deque[Item]] = collections.defaultdict(collections.deque)
+        self._slot: dict[tuple[str, int], tuple[int, Any]] = {}
+        self._closed: str | None = None
+        #: seconds a :meth:`take` or :meth:`newest` waited for a value to arrive
+        self.wait_s = 0.0
+
+    def close(self, reason: str) -> None:
+        """Wakes every waiter with :class:`ChannelClosed` (``reason`` in its message)."""
+        with self._cond:
+            self._closed = reason
+            self._cond.notify_all()
+
+    def _wait(self, ready: Callable[[], bool], what: str, block: bool = True) -> bool:
+        if ready():
+            return True
+        deadline = time.monotonic() + self.timeout_s
+        t0 = time.perf_counter()
+        try:
+            return self._wait_until(ready, what, block, deadline)
+        finally:
+            self.wait_s += time.perf_counter() - t0
+
+    def _wait_until(self, ready: Callable[[], bool], what: str, block: bool, deadline: float) -> bool:
+        while not ready():
+            if self._closed is not None:
+                raise ChannelClosed(f"{what}: {self._closed}")
+            if not block:
+                return False
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{what}: nothing arrived within {self.timeout_s:g} s")
+            self._cond.wait(min(_POLL_S, left))
+        return True
+
+    def deliver(self, boundary: str, producer: int, item: Item, block: bool = True) -> bool:
+        """Appends ``item`` to the queue of ``(boundary, producer)``. While the queue is full,
+        waits (``block``) or returns ``False`` (a transport whose producers hold credits: a
+        full queue means a producer sent more than it may).
+
+        Raises:
+            ChannelClosed: the mailbox was closed; TimeoutError: full for ``timeout_s``.
+        """
+        cap = self.capacity.get(boundary, 1)
+        q = self._fifo[(boundary, producer)]
+        with self._cond:
+            if not self._wait(lambda: len(q) < cap, f"queue {boundary} (producer {producer}) full", block):
+                return False
+            q.append(item)
+            self._cond.notify_all()
+        return True
+
+    def take(self, boundary: str, producer: int) -> Item:
+        """The oldest item of ``(boundary, producer)``, waiting while there is none.
+
+        Raises:
+            ChannelClosed: the mailbox was closed; TimeoutError: nothing for ``timeout_s``.
+        """
+        q = self._fifo[(boundary, producer)]
+        with self._cond:
+            self._wait(lambda: len(q) > 0, f"boundary {boundary} (from replica {producer})")
+            item = q.popleft()
+            self._cond.notify_all()
+        if self.on_take is not None:
+            self.on_take(boundary, producer)
+        return item
+
+    def publish(self, boundary: str, producer: int, version: int, value: Any) -> None:
+        """Stores ``value`` as the slot's newest unless a newer version is there already."""
+        with self._cond:
+            have = self._slot.get((boundary, producer))
+            if have is None or version > have[0]:
+                self._slot[(boundary, producer)] = (version, value)
+                self._cond.notify_all()
+
+    def newest(self, boundary: str, producer: int) -> tuple[int, Any]:
+        """``(version, value)`` newest in the slot of ``(boundary, producer)``; waits only
+        until the first version arrives.
+
+        Raises:
+            ChannelClosed: the mailbox was closed; TimeoutError: nothing for ``timeout_s``.
+        """
+        key = (boundary, producer)
+        with self._cond:
+            self._wait(lambda: key in self._slot, f"boundary {boundary} (first value from replica {producer})")
+            return self._slot[key]
+
+    def queued(self) -> int:
+        """Items delivered and not yet taken, over every queue."""
+        with self._cond:
+            return sum(len(q) for q in self._fifo.values())
+
+    def drop_queued(self) -> int:
+        """Empties every queue; returns how many items it dropped."""
+        with self._cond:
+            n = sum(len(q) for q in self._fifo.values())
+            self._fifo.clear()
+            self._cond.notify_all()
+            return n
+
+
+class AsyncTransport(Protocol):
+    """Moves one asynchronous value from a producer to one consumer replica."""
+
+    def send_item(self, boundary: Any, producer: int, consumer: int, item: Item) -> None:
+        """Delivers a ``fifo`` item into the consumer's queue; waits while it is full."""
+
+    def send_latest(self, boundary: Any, producer: int, consumer: int, version: int, value: Any) -> None:
+        """Publishes ``value`` as version ``version`` of the consumer's slot; never waits."""
+
+
+class AsyncEndpoint:
+    """One replica's side of every asynchronous boundary it is an end of: ``put`` and ``get``
+    with the semantics in the module docstring, over any :class:`AsyncTransport`.
+
+    Args:
+        boundaries: the job's boundaries (only asynchronous ones are used).
+        fragment, replica: who this endpoint is.
+        mailbox: where this replica's asynchronous values arrive.
+        transport: how its values reach other replicas' mailboxes.
+
+    Attributes:
+        lags: policy lags recorded by ``get`` since :meth:`pop_lags` (see the module docstring).
+    """
+
+    def __init__(self, boundaries: Sequence[Any], fragment: str, replica: int, mailbox: Mailbox,
+                 transport: AsyncTransport) -> None:
+        self.boundaries = {b.name: b for b in boundaries if b.asynchronous}
+        self.fragment, self.replica = fragment, replica
+        self.mailbox, self.transport = mailbox, transport
+        #: latest slots this replica reads -> the version it last read (0: none yet)
+        self.read_versions = {n: 0 for n, b in self.boundaries.items() if b.mode == "latest" and b.dst == fragment}
+        #: latest slots this replica publishes -> the versions it published
+        self.published = {n: 0 for n, b in self.boundaries.items() if b.mode == "latest" and b.src == fragment}
+        self.lags: list[int] = []
+
+    def _get_boundary(self, name: str) -> Any:
+        b = self.boundaries.get(name)
+        if b is None:
+            raise KeyError(f"{name!r} is not an asynchronous boundary of this job")
+        if self.fragment not in (b.src, b.dst):
+            raise RuntimeError(f"fragment {self.fragment} is not an end of boundary {name} ({b.src} -> {b.dst})")
+        return b
+
+    def put(self, name: str, value: Any) -> None:
+        """Src side: queue (``fifo``) or publish (``latest``) ``value``.
+
+        Raises:
+            ChannelClosed, TimeoutError: a full queue stayed full (``fifo`` only).
+        """
+        b = self._get_boundary(name)
+        p = b.pattern
+        if p is NodeKind.SCATTER:
+            if self.replica != 0:
+                return  # replica 0 scatters (as the synchronous scatter)
+            targets = list(enumerate(split(value, b.dst_replicas, b.axis if b.axis is not None else 0)))
+        elif p is NodeKind.BROADCAST:
+            if self.replica != 0:
+                return
+            targets = [(r, value) for r in range(b.dst_replicas)]
+        elif p is NodeKind.GATHER:
+            targets = [(0, value)]
+        else:
+            targets = [(self.replica, value)]
+        if b.mode == "fifo":
+            versions = dict(self.read_versions)
+            for r, v in targets:
+                self.transport.send_item(b, self.replica, r, Item(v, versions))
+        else:
+            version = self.published[name] = self.published[name] + 1
+            for r, v in targets:
+                self.transport.send_latest(b, self.replica, r, version, v)
+
+    def get(self, name: str) -> Any:
+        """Dst side: the oldest queued value of each producer (``fifo``) or the newest
+        published one (``latest``), combined as the boundary's pattern says.
+
+        Raises:
+            ChannelClosed: the job stopped; TimeoutError: nothing arrived in time.
+        """
+        b = self._get_boundary(name)
+        producers = range(b.src_replicas) if b.pattern is NodeKind.GATHER else (
+            [self.replica] if b.pattern in (NodeKind.SEND, NodeKind.RECV) else [0])
+        if b.mode == "fifo":
+            values = []
+            for p in producers:
+                item = self.mailbox.take(name, p)
+                for slot, read in item.versions.items():
+                    if slot in self.published:
+                        self.lags.append(self.published[slot] - read)
+                values.append(item.value)
+        else:
+            got = [self.mailbox.newest(name, p) for p in producers]
+            self.read_versions[name] = min(v for v, _ in got)
+            values = [copy_value(v) for _, v in got]  # a slot may be read again: the reader owns its copy
+        if b.pattern is NodeKind.GATHER:
+            return concat(values, b.axis if b.axis is not None else 0)
+        return values[0]
+
+    def pop_lags(self) -> list[int]:
+        """The policy lags recorded since the last call."""
+        out, self.lags = self.lags, []
+        return out
+
+
+class LocalTransport:
+    """Delivers between replicas that are threads of one process: straight into the
+    consumer's :class:`Mailbox`, as a copy (as a network would), blocking on a full queue.
+
+    Args:
+        mailboxes: ``(fragment, replica) -> Mailbox`` of every consumer replica.
+    """
+
+    def __init__(self, mailboxes: Mapping[tuple[str, int], Mailbox]) -> None:
+        self.mailboxes = mailboxes
+
+    def send_item(self, boundary: Any, producer: int, consumer: int, item: Item) -> None:
+        """Copies ``item``'s value into the consumer's queue (waits while it is full)."""
+        self.mailboxes[(boundary.dst, consumer)].deliver(boundary.name, producer, Item(copy_value(item.value), item.versions))
+
+    def send_latest(self, boundary: Any, producer: int, consumer: int, version: int, value: Any) -> None:
+        """Copies ``value`` into the consumer's slot."""
+        self.mailboxes[(boundary.dst, consumer)].publish(boundary.name, producer, version, copy_value(value))
