@@ -188,3 +188,97 @@ def test_encode_pads_to_a_channel_size_in_one_go():
     assert padded.numel() == plain.numel() + 100 and torch.equal(padded[:plain.numel()], plain)
     assert not padded[plain.numel():].any() and decode(padded)["w"].tolist() == [0.0, 1.0, 2.0]
     assert torch.equal(encode(value, min_size=3), plain)  # never truncated
+
+
+def _message_with_header(header: bytes, payload: bytes = b"") -> bytes:
+    import struct
+
+    header += b" " * (-(9 + len(header)) % 16)
+    return struct.pack("<4sBI", b"MSRL", 1, len(header)) + header + payload
+
+
+@pytest.mark.parametrize("header", [
+    b'{"t":"tensor","dtype":"float32","shape":[0,1180591620717411303424],"off":0,"n":0}',  # [0, 2**70]
+    b'{"t":"tensor","dtype":"float32","shape":[1099511627776,1099511627776,0],"off":0,"n":0}',  # [2**40, 2**40, 0]
+    b'{"t":"int","v":' + b"9" * 5000 + b"}",  # over Python's int-from-string digit limit
+    b"[" * 100_000 + b"]" * 100_000,  # nested past the JSON parser's recursion limit
+    b'{"t":"td","batch":[-5],"items":{}}',
+    b'{"t":"td","batch":[true],"items":{}}',
+    b'{"t":"tensor","dtype":"float32","shape":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,32,33],"off":0,"n":0}',
+])
+def test_hostile_headers_are_codec_errors(header):
+    """Headers that used to escape as TypeError, RuntimeError, ValueError or RecursionError, or
+    to decode (a negative batch size), are refused as CodecError."""
+    with pytest.raises(CodecError):
+        decode(_message_with_header(header))
+
+
+def _header_strategy():
+    from hypothesis import strategies as st
+
+    json_leaf = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**80), max_value=2**80),
+                          st.floats(allow_nan=False), st.text(max_size=8))
+    dtype = st.sampled_from([*DTYPES, "float99", "", "object"])
+    shape = st.lists(st.one_of(st.integers(min_value=-3, max_value=8), st.integers(min_value=2**30, max_value=2**72)),
+                     max_size=6)
+    tensor = st.fixed_dictionaries({"t": st.just("tensor"), "dtype": dtype, "shape": shape,
+                                    "off": st.integers(min_value=-4, max_value=2**70),
+                                    "n": st.integers(min_value=-4, max_value=2**70)})
+    json_value = st.recursive(json_leaf, lambda c: st.one_of(st.lists(c, max_size=3), st.dictionaries(st.text(max_size=4), c, max_size=3)),
+                              max_leaves=10)
+    node = st.recursive(
+        st.one_of(tensor, st.fixed_dictionaries({"t": st.sampled_from(["none", "int", "float", "str", "bool", "x"]),
+                                                 "v": json_value})),
+        lambda c: st.one_of(
+            st.fixed_dictionaries({"t": st.sampled_from(["dict", "list", "tuple", "td"]),
+                                   "items": st.one_of(st.lists(c, max_size=3), st.dictionaries(st.text(max_size=3), c, max_size=3)),
+                                   "batch": st.lists(st.integers(min_value=-2, max_value=2**41), max_size=3)}),
+            json_value),
+        max_leaves=8)
+    return node
+
+
+def test_fuzzed_messages_decode_or_are_codec_errors():
+    """hypothesis: random bytes, truncated and bit-flipped real messages, and generated headers
+    (huge or negative shapes and offsets, unknown dtypes, wrong structures) never raise anything
+    but CodecError and never allocate beyond the message (a tensor is a view or a copy of
+    payload bytes the message holds)."""
+    import json
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    real = encode({"td": TensorDict({"obs": torch.randn(4, 3)}, [4]), "w": [torch.arange(5), 2.5, "x"]}).numpy().tobytes()
+
+    def check(message: bytes) -> None:
+        try:
+            value = decode(message)
+        except CodecError:
+            return
+        for t in _tensors(value):
+            assert t.numel() * t.element_size() <= len(message)
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.one_of(
+        st.binary(max_size=256),
+        st.integers(min_value=0, max_value=len(real)).map(lambda n: real[:n]),
+        st.tuples(st.integers(min_value=0, max_value=len(real) - 1), st.integers(min_value=0, max_value=255)).map(
+            lambda p: real[:p[0]] + bytes([p[1]]) + real[p[0] + 1:]),
+        _header_strategy().map(lambda h: _message_with_header(json.dumps(h).encode(), b"\0" * 64)),
+    ))
+    def fuzz(message):
+        check(message)
+
+    fuzz()
+
+
+def _tensors(value):
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, TensorDict):
+        return list(value.values(include_nested=True, leaves_only=True))
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    return []

@@ -32,6 +32,12 @@ _PREFIX = struct.Struct("<4sBI")
 #: view a tensor in the received buffer without copying it (``decode(..., copy=False)``).
 ALIGN = 16
 
+#: The largest dimension (and element count) a header may declare: far above any real value,
+#: far below what overflows torch's size arithmetic.
+MAX_DIM = 1 << 40
+#: The most dimensions a tensor or a TensorDict batch may declare.
+MAX_NDIM = 32
+
 #: The tensor dtypes a boundary carries, by their names in the header.
 DTYPES: dict[str, torch.dtype] = {
     str(d).removeprefix("torch."): d
@@ -168,6 +174,8 @@ def _compile(node: Any, depth: int) -> Plan:
         items, batch = node.get("items"), node.get("batch")
         if not isinstance(items, dict) or not isinstance(batch, list):
             raise _fail("a TensorDict entry without items or batch size")
+        if not _is_shape(batch):
+            raise _fail(f"bad TensorDict batch size {batch!r}")
         parts = {k: _compile(v, depth + 1) for k, v in items.items()}
 
         def build_td(payload: torch.Tensor, device: torch.device | None, copy: bool) -> Any:
@@ -204,14 +212,29 @@ def _compile(node: Any, depth: int) -> Plan:
     raise _fail(f"unknown entry type {t!r}")
 
 
+def _is_shape(shape: Any) -> bool:
+    """Whether ``shape`` is a list of at most :data:`MAX_NDIM` ints in ``[0, MAX_DIM]`` whose
+    non-zero ones multiply to at most ``MAX_DIM``."""
+    if not isinstance(shape, list) or len(shape) > MAX_NDIM:
+        return False
+    numel = 1
+    for d in shape:
+        if not isinstance(d, int) or isinstance(d, bool) or not 0 <= d <= MAX_DIM:
+            return False
+        numel *= max(d, 1)
+        if numel > MAX_DIM:
+            return False
+    return True
+
+
 def _compile_tensor(node: dict[str, Any]) -> Plan:
     dtype = DTYPES.get(node.get("dtype"))  # type: ignore[arg-type]
     shape, off, n = node.get("shape"), node.get("off"), node.get("n")
     if dtype is None:
         raise _fail(f"unknown dtype {node.get('dtype')!r}")
-    if not (isinstance(shape, list) and all(isinstance(s, int) and s >= 0 for s in shape)):
+    if not _is_shape(shape):
         raise _fail(f"bad shape {shape!r}")
-    if not (isinstance(off, int) and isinstance(n, int) and 0 <= off and 0 <= n):
+    if not (isinstance(off, int) and isinstance(n, int) and 0 <= off <= MAX_DIM and 0 <= n <= MAX_DIM):
         raise _fail(f"bad tensor bytes [{off!r}, +{n!r})")
     numel = 1
     for d in shape:
@@ -245,10 +268,7 @@ _MAX_PLANS = 256
 def _plan(header: bytes) -> Plan:
     plan = _PLANS.get(header)
     if plan is None:
-        try:
-            parsed = json.loads(header.decode())
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise _fail(f"header is not JSON: {e}") from None
+        parsed = _json(header)
         plan = _compile(parsed, 0)
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
@@ -273,13 +293,21 @@ def _header_bytes(message: torch.Tensor) -> tuple[bytes, int]:
     return message[_PREFIX.size:_PREFIX.size + hlen].numpy().tobytes(), _PREFIX.size + hlen
 
 
+def _json(header: bytes) -> Any:
+    """The parsed header; any failure (not UTF-8, not JSON, nested too deep for the parser, an
+    integer of too many digits) is a :class:`CodecError`."""
+    try:
+        return json.loads(header.decode())
+    except (UnicodeDecodeError, ValueError) as e:  # JSONDecodeError, and ints over Python's digit limit
+        raise _fail(f"header is not JSON: {str(e)[:200]}") from None
+    except RecursionError:
+        raise _fail("header nested too deep to parse") from None
+
+
 def _parse_head(message: torch.Tensor) -> tuple[Any, int]:
     """The header of a message (or of a head, possibly padded) and where its payload starts."""
     header, start = _header_bytes(message)
-    try:
-        return json.loads(header.decode()), start
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise _fail(f"header is not JSON: {e}") from None
+    return _json(header), start
 
 
 def decode(message: torch.Tensor | bytes | bytearray, device: torch.device | str | None = None,
