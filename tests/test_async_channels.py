@@ -1,0 +1,460 @@
+"""Asynchronous boundaries (``fifo`` queues, ``latest`` slots): one semantics suite over both
+transports -- ``local`` (threads delivering into each other's mailboxes, the local runtime) and
+``grpc`` (every consumer a real gRPC server on loopback, every producer streaming frames to it,
+as Ray replicas do) -- then the gRPC server under misuse: missing tokens, foreign producers,
+fuzzed and oversized frames, ignored credits; TLS; reconnection after a consumer restarts."""
+
+import secrets
+import threading
+import time
+
+import pytest
+import torch
+
+from msrl.channels import ChannelClosed
+from msrl.graph import NodeKind
+from msrl.partition import Boundary
+from msrl.runtime.asynchronous import AsyncEndpoint, LocalTransport, Mailbox
+
+grpc = pytest.importorskip("grpc")
+
+from msrl.cluster.grpc_transport import (  # noqa: E402
+    ITEM,
+    LATEST,
+    METHOD,
+    BoundaryServer,
+    GrpcTransport,
+    TlsConfig,
+    encode_frame,
+)
+from msrl.runtime.codec import encode  # noqa: E402
+
+TRANSPORTS = ["local", "grpc"]
+TRAJ, WEIGHTS = "train_step/b0:traj", "train_step/b1:w"
+
+
+def fifo(name=TRAJ, src_r=2, dst_r=1, pattern=NodeKind.GATHER, capacity=1, axis=0):
+    return Boundary(name, "train_step", "traj", NodeKind.PUT, "actor", "learner", src_r, dst_r, "sharded", axis, False,
+                    pattern=pattern, mode="fifo", capacity=capacity)
+
+
+def latest(name=WEIGHTS, src_r=1, dst_r=2, pattern=NodeKind.BROADCAST):
+    return Boundary(name, "train_step", "w", NodeKind.PUT, "learner", "actor", src_r, dst_r, "replicated", None, False,
+                    pattern=pattern, mode="latest")
+
+
+class Net:
+    """Endpoints of every replica over one transport; ``close()`` ends streams and servers."""
+
+    def __init__(self, transport, boundaries, keys, timeout_s=10.0):
+        self.boundaries, self.keys = boundaries, keys
+        capacity = {b.name: b.capacity for b in boundaries if b.mode == "fifo"}
+        self.mailboxes = {k: Mailbox(capacity, timeout_s) for k in keys}
+        self.servers, self.transports = {}, {}
+        if transport == "local":
+            t = LocalTransport(self.mailboxes)
+            self.transports = {k: t for k in keys}
+        else:
+            self.token = secrets.token_urlsafe(16)
+            for k in keys:
+                if any(b.dst == k[0] for b in boundaries):
+                    self.servers[k] = BoundaryServer(boundaries, k[0], k[1], self.mailboxes[k], self.token)
+            addresses = {k: s.address for k, s in self.servers.items()}
+            self.transports = {k: GrpcTransport(boundaries, k[0], k[1], addresses, self.token, timeout_s=timeout_s)
+                               for k in keys}
+        self.ep = {k: AsyncEndpoint(boundaries, k[0], k[1], self.mailboxes[k], self.transports[k]) for k in keys}
+
+    def close(self):
+        for t in {id(t): t for t in self.transports.values()}.values():
+            if hasattr(t, "close"):
+                t.close()
+        for s in self.servers.values():
+            s.stop()
+
+
+@pytest.fixture
+def net(request):
+    made = []
+
+    def make(transport, boundaries, keys, **kw):
+        n = Net(transport, boundaries, keys, **kw)
+        made.append(n)
+        return n
+
+    yield make
+    for n in made:
+        n.close()
+
+
+def run_threads(fns, timeout=30.0):
+    out, errs = {}, []
+
+    def wrap(k, f):
+        try:
+            out[k] = f()
+        except BaseException as e:  # noqa: BLE001
+            errs.append(e)
+
+    ts = [threading.Thread(target=wrap, args=(k, f), daemon=True) for k, f in fns.items()]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout)
+    if errs:
+        raise errs[0]
+    assert all(not t.is_alive() for t in ts), "a replica hung"
+    return out
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_fifo_gather_takes_each_producers_items_once_in_order(net, transport):
+    n = net(transport, [fifo(capacity=2)], [("actor", 0), ("actor", 1), ("learner", 0)])
+    K = 12
+
+    def producer(r):
+        for i in range(K):
+            n.ep[("actor", r)].put(TRAJ, torch.full((2, 3), float(100 * r + i)))
+
+    out = run_threads({0: lambda: producer(0), 1: lambda: producer(1),
+                       "c": lambda: [n.ep[("learner", 0)].get(TRAJ) for _ in range(K)]})
+    got = out["c"]
+    # each get: one item of each producer, replica 0 first, concatenated along the axis
+    assert [g[:, 0].tolist() for g in got] == [[i, i, 100 + i, 100 + i] for i in range(K)]
+    assert n.mailboxes[("learner", 0)].queued() == 0
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_full_fifo_makes_its_producer_wait(net, transport):
+    """capacity 1: the second put returns only once the consumer took the first item."""
+    n = net(transport, [fifo(src_r=1, pattern=NodeKind.SEND, dst_r=1)], [("actor", 0), ("learner", 0)])
+    times = {}
+
+    def producer():
+        for i in range(3):
+            n.ep[("actor", 0)].put(TRAJ, torch.tensor([i]))
+            times[i] = time.monotonic()
+
+    def consumer():
+        t0 = time.monotonic()
+        time.sleep(0.5)
+        a = n.ep[("learner", 0)].get(TRAJ)
+        taken = time.monotonic()
+        return t0, taken, [int(a), int(n.ep[("learner", 0)].get(TRAJ)), int(n.ep[("learner", 0)].get(TRAJ))]
+
+    out = run_threads({"p": producer, "c": consumer})
+    t0, taken, values = out["c"]
+    assert values == [0, 1, 2]
+    assert times[0] - t0 < 0.4  # the first item fits
+    assert times[1] >= taken - 0.05  # the second waited for the first to be taken
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_fifo_scatter_and_broadcast_queue_per_consumer(net, transport):
+    bs = [fifo("s", src_r=1, dst_r=2, pattern=NodeKind.SCATTER, capacity=3),
+          fifo("b", src_r=1, dst_r=2, pattern=NodeKind.BROADCAST, capacity=3)]
+    bs = [Boundary(b.name, b.method, b.value, b.op, "learner", "actor", 1, 2, b.kind, b.axis, False, pattern=b.pattern,
+                   mode="fifo", capacity=3) for b in bs]
+    n = net(transport, bs, [("learner", 0), ("actor", 0), ("actor", 1)])
+    for i in range(3):
+        n.ep[("learner", 0)].put("s", torch.arange(4) + 10 * i)
+        n.ep[("learner", 0)].put("b", {"w": torch.tensor(float(i))})
+    for r in range(2):
+        for i in range(3):
+            assert n.ep[("actor", r)].get("s").tolist() == [10 * i + 2 * r, 10 * i + 2 * r + 1]
+            assert float(n.ep[("actor", r)].get("b")["w"]) == i
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_latest_reads_the_newest_version_and_waits_only_for_the_first(net, transport):
+    n = net(transport, [latest()], [("learner", 0), ("actor", 0), ("actor", 1)])
+    reader = n.ep[("actor", 0)]
+
+    def first_read():
+        t0 = time.monotonic()
+        value = reader.get(WEIGHTS)
+        return time.monotonic() - t0, value
+
+    def publisher():
+        time.sleep(0.3)
+        n.ep[("learner", 0)].put(WEIGHTS, {"p": torch.tensor(1.0)})
+
+    out = run_threads({"r": first_read, "p": publisher})
+    waited, value = out["r"]
+    assert waited >= 0.25 and float(value["p"]) == 1.0 and reader.read_versions[WEIGHTS] == 1
+    for v in range(2, 7):  # published faster than read: a reader sees the newest
+        n.ep[("learner", 0)].put(WEIGHTS, {"p": torch.tensor(float(v))})
+    deadline = time.monotonic() + 5
+    while float(reader.get(WEIGHTS)["p"]) != 6.0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert reader.read_versions[WEIGHTS] == 6
+    t0 = time.monotonic()
+    again = reader.get(WEIGHTS)  # nothing new: the same version again, without waiting
+    assert time.monotonic() - t0 < 0.1 and float(again["p"]) == 6.0
+    again["p"] += 100  # the reader's own copy
+    assert float(reader.get(WEIGHTS)["p"]) == 6.0
+    deadline = time.monotonic() + 5
+    while n.ep[("actor", 1)].get(WEIGHTS)["p"] != 6.0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert float(n.ep[("actor", 1)].get(WEIGHTS)["p"]) == 6.0
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_policy_lag_is_learner_version_minus_acting_version(net, transport):
+    """The overlapped loop in miniature: actors read the newest weights, then put a trajectory
+    carrying the version they acted with; the learner, taking it, records its own version
+    minus that one."""
+    n = net(transport, [fifo(capacity=1), latest()], [("actor", 0), ("actor", 1), ("learner", 0)])
+    learner = n.ep[("learner", 0)]
+    # iteration 0 acted with reset's weights (version 0)
+    for r in range(2):
+        n.ep[("actor", r)].put(TRAJ, torch.zeros(1, 1))
+    learner.get(TRAJ)
+    assert learner.pop_lags() == [0, 0]
+    learner.put(WEIGHTS, {"p": torch.tensor(1.0)})  # version 1
+    learner.put(WEIGHTS, {"p": torch.tensor(2.0)})  # version 2
+    deadline = time.monotonic() + 5
+    while n.ep[("actor", 0)].get(WEIGHTS)["p"] != 2.0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    n.ep[("actor", 0)].put(TRAJ, torch.zeros(1, 1))  # acted with version 2
+    n.ep[("actor", 1)].put(TRAJ, torch.zeros(1, 1))  # never read: acted with version 0
+    learner.get(TRAJ)
+    assert learner.pop_lags() == [0, 2]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_closing_a_mailbox_wakes_a_waiting_consumer(net, transport):
+    n = net(transport, [fifo()], [("actor", 0), ("actor", 1), ("learner", 0)])
+    threading.Timer(0.2, lambda: n.mailboxes[("learner", 0)].close("fragment actor replica 1 failed: boom")).start()
+    with pytest.raises(ChannelClosed, match="boom"):
+        n.ep[("learner", 0)].get(TRAJ)
+
+
+def test_a_missing_value_times_out_naming_the_boundary():
+    m = Mailbox({TRAJ: 1}, timeout_s=0.2)
+    with pytest.raises(TimeoutError, match=f"boundary {TRAJ} .from replica 1.: nothing arrived within 0.2 s"):
+        m.take(TRAJ, 1)
+
+
+# -- the gRPC server under misuse ---------------------------------------------------------------
+@pytest.fixture
+def served():
+    """A learner's server (a fifo from 2 actors, capacity 2) and a legitimate producer."""
+    bs = [fifo(capacity=2), latest()]
+    mailbox = Mailbox({TRAJ: 2}, timeout_s=10)
+    token = secrets.token_urlsafe(16)
+    server = BoundaryServer(bs, "learner", 0, mailbox, token, max_message=1 << 16)
+    good = GrpcTransport(bs, "actor", 0, {("learner", 0): server.address}, token, timeout_s=10)
+    actor = AsyncEndpoint(bs, "actor", 0, Mailbox({}), good)
+    yield server, token, actor, mailbox
+    good.close()
+    server.stop()
+
+
+def _raw_stream(address, frames, metadata):
+    """Sends ``frames`` on a raw stream; returns the status code it ended with."""
+    channel = grpc.insecure_channel(address)
+    try:
+        call = channel.stream_stream(METHOD, request_serializer=None, response_deserializer=None)(
+            iter(frames), metadata=metadata, timeout=10)
+        try:
+            for _ in call:
+                pass
+            return grpc.StatusCode.OK
+        except grpc.RpcError as e:
+            return e.code()
+    finally:
+        channel.close()
+
+
+def _still_serves(actor, mailbox, marker):
+    actor.put(TRAJ, torch.tensor([marker]))
+    assert int(mailbox.take(TRAJ, 0).value) == marker
+
+
+def test_a_stream_without_the_token_or_from_a_stranger_is_refused(served):
+    server, token, actor, mailbox = served
+    frame = encode_frame(ITEM, 0, 0, 0, {}, encode(torch.tensor([1])).numpy().tobytes())
+    assert _raw_stream(server.address, [frame], [("msrl-producer", "actor/0")]) == grpc.StatusCode.UNAUTHENTICATED
+    assert _raw_stream(server.address, [frame], [("msrl-token", "x" * len(token)), ("msrl-producer", "actor/0")]) \
+        == grpc.StatusCode.UNAUTHENTICATED
+    assert _raw_stream(server.address, [frame], [("msrl-token", token), ("msrl-producer", "actor/7")]) \
+        == grpc.StatusCode.PERMISSION_DENIED
+    assert _raw_stream(server.address, [frame], [("msrl-token", token), ("msrl-producer", "learner/0")]) \
+        == grpc.StatusCode.PERMISSION_DENIED
+    assert mailbox.queued() == 0  # nothing of theirs was delivered
+    assert [why for _, why in server.rejected][:2] == ["missing or wrong job token"] * 2
+    _still_serves(actor, mailbox, 5)
+
+
+def test_an_oversized_frame_is_refused_before_it_is_read(served):
+    server, token, actor, mailbox = served
+    big = encode_frame(ITEM, 0, 1, 0, {}, encode(torch.zeros(1 << 15)).numpy().tobytes())  # 128 KiB > 64 KiB
+    code = _raw_stream(server.address, [big], [("msrl-token", token), ("msrl-producer", "actor/1")])
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    _still_serves(actor, mailbox, 6)
+
+
+def test_a_producer_ignoring_its_credits_is_cut_off(served):
+    server, token, actor, mailbox = served
+    frame = encode_frame(ITEM, 0, 1, 0, {}, encode(torch.tensor([1])).numpy().tobytes())
+    code = _raw_stream(server.address, [frame] * 3, [("msrl-token", token), ("msrl-producer", "actor/1")])
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "more than 2 items in flight" in server.rejected[-1][1]
+    _still_serves(actor, mailbox, 7)
+
+
+def test_fuzzed_frames_are_refused_and_the_server_keeps_serving(served):
+    """hypothesis: random bytes, truncated and bit-flipped real frames, frames naming other
+    boundaries, types, replicas or slots, codec messages with huge declared shapes or unknown
+    dtypes. Each bad stream ends INVALID_ARGUMENT (a frame that happens to be well-formed is
+    delivered); the server never crashes, and the legitimate producer is served after each."""
+    import json
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    server, token, actor, mailbox = served
+    md = [("msrl-token", token), ("msrl-producer", "actor/1")]
+    real = encode_frame(ITEM, 0, 1, 0, {1: 3}, encode({"x": torch.arange(6.0)}).numpy().tobytes())
+
+    def codec(header: dict) -> bytes:
+        import struct
+
+        h = json.dumps(header).encode()
+        h += b" " * (-(9 + len(h)) % 16)
+        return struct.pack("<4sBI", b"MSRL", 1, len(h)) + h + b"\0" * 32
+
+    frames = st.one_of(
+        st.binary(max_size=200),
+        st.integers(min_value=0, max_value=len(real) - 1).map(lambda n: real[:n]),
+        st.tuples(st.integers(min_value=0, max_value=len(real) - 1), st.integers(min_value=0, max_value=255)).map(
+            lambda p: real[:p[0]] + bytes([p[1]]) + real[p[0] + 1:]),
+        st.tuples(st.sampled_from([0, 1, 2, 3, 9]), st.integers(min_value=0, max_value=70000),
+                  st.integers(min_value=0, max_value=3), st.dictionaries(st.integers(0, 5), st.integers(0, 2**64 - 1),
+                                                                           max_size=3)).map(
+            lambda t: encode_frame(t[0], t[1] % 65536, t[2], 0, t[3], encode(torch.ones(2)).numpy().tobytes())),
+        st.tuples(st.sampled_from(["float32", "float99", "int64"]),
+                  st.lists(st.integers(min_value=0, max_value=2**70), max_size=4)).map(
+            lambda t: encode_frame(ITEM, 0, 1, 0, {}, codec({"t": "tensor", "dtype": t[0], "shape": t[1], "off": 0, "n": 0}))),
+    )
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(frames)
+    def fuzz(frame):
+        code = _raw_stream(server.address, [frame], md)
+        assert code in (grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT), code
+        mailbox.drop_queued()  # a well-formed frame was delivered: make room
+        _still_serves(actor, mailbox, 8)
+
+    fuzz()
+    assert server.rejected and all(why.startswith("bad frame from actor/1") for _, why in server.rejected)
+
+
+def test_a_server_binds_its_one_address():
+    server = BoundaryServer([fifo()], "learner", 0, Mailbox({TRAJ: 1}), "t")
+    try:
+        host, port = server.address.rsplit(":", 1)
+        assert host == "127.0.0.1"
+        import subprocess
+
+        out = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True).stdout
+        # the one address (gRPC may show it v4-mapped), never a wildcard
+        assert out.strip() and all(line.split()[3] in (f"127.0.0.1:{port}", f"[::ffff:127.0.0.1]:{port}")
+                                   for line in out.strip().splitlines()), out
+    finally:
+        server.stop()
+
+
+def test_a_producer_reconnects_after_its_consumer_restarts():
+    """The learner's server goes away and comes back on the same address: the producer's
+    in-flight item is dropped and counted, its stream reopens, and later items arrive."""
+    bs = [fifo(src_r=1, pattern=NodeKind.SEND, dst_r=1, capacity=2)]
+    token = secrets.token_urlsafe(16)
+    first = Mailbox({TRAJ: 2}, timeout_s=10)
+    server = BoundaryServer(bs, "learner", 0, first, token)
+    host, port = server.address.rsplit(":", 1)
+    transport = GrpcTransport(bs, "actor", 0, {("learner", 0): server.address}, token, timeout_s=10, reconnect_s=20)
+    actor = AsyncEndpoint(bs, "actor", 0, Mailbox({}), transport)
+    try:
+        actor.put(TRAJ, torch.tensor([1]))
+        assert int(first.take(TRAJ, 0).value) == 1
+        actor.put(TRAJ, torch.tensor([2]))  # in flight when the server goes
+        deadline = time.monotonic() + 5
+        while first.queued() == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        server.stop(grace_s=0)
+        second = Mailbox({TRAJ: 2}, timeout_s=10)
+        server = BoundaryServer(bs, "learner", 0, second, token, host=host, port=int(port))
+        deadline = time.monotonic() + 20
+        while transport.reconnects == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert transport.reconnects == 1 and transport.dropped == 1
+        actor.put(TRAJ, torch.tensor([3]))
+        assert int(second.take(TRAJ, 0).value) == 3
+    finally:
+        transport.close()
+        server.stop()
+
+
+def _self_signed(tmp_path, name="msrl-test"):
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", f"/CN={name}",
+                    "-addext", f"subjectAltName=DNS:{name}", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    return TlsConfig(cert.read_bytes(), key.read_bytes(), server_name=name)
+
+
+def test_tls_streams_carry_values_and_plaintext_is_refused(tmp_path):
+    tls = _self_signed(tmp_path)
+    bs = [fifo(src_r=1, pattern=NodeKind.SEND, dst_r=1)]
+    token = secrets.token_urlsafe(16)
+    mailbox = Mailbox({TRAJ: 1}, timeout_s=10)
+    server = BoundaryServer(bs, "learner", 0, mailbox, token, tls=tls)
+    transport = GrpcTransport(bs, "actor", 0, {("learner", 0): server.address}, token, tls=tls, timeout_s=10)
+    try:
+        AsyncEndpoint(bs, "actor", 0, Mailbox({}), transport).put(TRAJ, torch.tensor([42]))
+        assert int(mailbox.take(TRAJ, 0).value) == 42
+        frame = encode_frame(ITEM, 0, 0, 0, {}, encode(torch.tensor([1])).numpy().tobytes())
+        code = _raw_stream(server.address, [frame], [("msrl-token", token), ("msrl-producer", "actor/0")])
+        assert code == grpc.StatusCode.UNAVAILABLE and mailbox.queued() == 0
+    finally:
+        transport.close()
+        server.stop()
+
+
+def test_latest_frames_are_coalesced_not_queued():
+    """A slot published many times before its stream sends: only the newest needs to go."""
+    bs = [latest(src_r=1, dst_r=1, pattern=NodeKind.SEND)]
+    token = secrets.token_urlsafe(16)
+    mailbox = Mailbox({}, timeout_s=10)
+    server = BoundaryServer(bs, "actor", 0, mailbox, token)
+    transport = GrpcTransport(bs, "learner", 0, {("actor", 0): server.address}, token)
+    try:
+        learner = AsyncEndpoint(bs, "learner", 0, Mailbox({}), transport)
+        for v in range(200):
+            learner.put(WEIGHTS, torch.tensor([v]))
+        reader = AsyncEndpoint(bs, "actor", 0, mailbox, None)
+        deadline = time.monotonic() + 5
+        while int(reader.get(WEIGHTS)) != 199 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert reader.read_versions[WEIGHTS] == 200
+        assert transport.bytes_sent > 0
+    finally:
+        transport.close()
+        server.stop()
+
+
+def test_frames_of_the_wrong_type_for_the_boundary_are_refused(served):
+    server, token, actor, mailbox = served
+    md = [("msrl-token", token), ("msrl-producer", "actor/1")]
+    msg = encode(torch.tensor([1])).numpy().tobytes()
+    assert _raw_stream(server.address, [encode_frame(LATEST, 0, 1, 1, {}, msg)], md) == grpc.StatusCode.INVALID_ARGUMENT
+    assert "a LATEST frame on fifo boundary" in server.rejected[-1][1]
+    assert _raw_stream(server.address, [encode_frame(ITEM, 0, 0, 0, {}, msg)], md) == grpc.StatusCode.INVALID_ARGUMENT
+    assert "a frame of replica 0 on the stream of replica 1" in server.rejected[-1][1]
+    _still_serves(actor, mailbox, 9)
