@@ -320,3 +320,27 @@ def test_a_cuda_fragment_without_a_gpu_bundle_is_a_placement_error(spec_factory)
     spec = dataclasses.replace(spec, policy=spec.policy.with_overrides(devices={"learner": "cuda:0"}))
     with pytest.raises(PlacementError, match=r"fragment\(s\) learner hold CUDA tensors but cluster.gpus_per_replica=0"):
         RayJob(spec)
+
+
+def test_overlapped_coarse_streams_over_grpc_on_the_node_address(ray_local, spec_factory):
+    """Coarse with its boundaries made asynchronous, on Ray: the learner's gRPC server listens on
+    the node's address (not a wildcard), the actors' streams carry every trajectory (no frame
+    refused, none dropped), and the learner records each one's policy lag."""
+    from msrl.cluster.ray_runtime import RayJob
+
+    spec = spec_factory("single_learner_coarse")
+    policy = spec.policy.with_overrides(boundaries={"trajectories": "fifo", "weights": "latest"})
+    job = RayJob(dataclasses.replace(spec, policy=policy))
+    try:
+        job.reset()
+        records = job.run(12)
+        lags = [lag for r in records for lag in r["policy_lags"]]
+        assert len(lags) == 12 * 2 and set(lags) <= {0, 1, 2, 3} and max(lags) >= 1  # 2 actors, overlapped
+        stats = job.comm_stats()
+        servers = [s["grpc"]["server"] for s in stats if s["grpc"]["server"]]
+        assert len(servers) == 3  # the learner (trajectories) and both actors (weights)
+        assert all(not a.startswith(("0.0.0.0", "[::]")) for a in servers)
+        assert all(s["grpc"]["rejected"] == [] and s["grpc"]["dropped"] == 0 for s in stats)
+        assert all(s["op_s"].get("put", 0) > 0 or s["op_s"].get("get", 0) > 0 for s in stats)
+    finally:
+        job.close()
