@@ -21,25 +21,31 @@ import time
 
 import torch
 
-#: (policy, replicas, cluster.intra_node): the last row is multi_learner's all-reduce over Gloo
-#: instead of shared memory, for comparison
+#: (policy, replicas, cluster.intra_node, boundary kinds): multi_learner's last row all-reduces over
+#: Gloo instead of shared memory, for comparison; "overlapped" coarse makes its boundaries
+#: asynchronous (trajectories: fifo, weights: latest), so actors roll out while the learner learns
+OVERLAP = {"trajectories": "fifo", "weights": "latest"}
 ROWS = [
-    ("single", {}, "shm"),
-    ("single_learner_coarse", {"actor": 1}, "shm"),
-    ("single_learner_coarse", {"actor": 2}, "shm"),
-    ("multi_learner", {"main": 1}, "shm"),
-    ("multi_learner", {"main": 2}, "shm"),
-    ("multi_learner", {"main": 2}, "gloo"),
+    ("single", {}, "shm", {}),
+    ("single_learner_coarse", {"actor": 1}, "shm", {}),
+    ("single_learner_coarse", {"actor": 2}, "shm", {}),
+    ("single_learner_coarse", {"actor": 1}, "shm", OVERLAP),
+    ("single_learner_coarse", {"actor": 2}, "shm", OVERLAP),
+    ("async_learner", {"actor": 2}, "shm", {}),
+    ("multi_learner", {"main": 1}, "shm", {}),
+    ("multi_learner", {"main": 2}, "shm", {}),
+    ("multi_learner", {"main": 2}, "gloo", {}),
 ]
 
 
 def measure(policy: str, replicas: dict[str, int], runtime: str, iterations: int, warmup: int,
-            intra_node: str = "shm") -> dict:
+            intra_node: str = "shm", boundaries: dict[str, str] | None = None) -> dict:
     """Env steps/s over ``iterations`` iterations and the median comm share (Ray only)."""
     from msrl.config import build_job_spec, load_config
     from msrl.job import Job
 
-    over = [f"distribution_policy.name={policy}", *(f"distribution_policy.replicas.{k}={v}" for k, v in replicas.items())]
+    over = [f"distribution_policy.name={policy}", *(f"distribution_policy.replicas.{k}={v}" for k, v in replicas.items()),
+            *(f"distribution_policy.boundaries.{k}={v}" for k, v in (boundaries or {}).items())]
     cfg = load_config("configs/ppo_cartpole.yaml", [*over, f"runtime={runtime}"])
     spec = build_job_spec(cfg)
     if runtime == "ray":
@@ -75,19 +81,24 @@ def main() -> None:
 
     print(f"machine: {platform.processor() or platform.machine()}, {torch.__version__}, ray {ray.__version__}, "
           f"{args.iterations} iterations of configs/ppo_cartpole.yaml (16 envs x 16 steps)")
-    print("| policy | replicas | all-reduce | env steps/s, ray | comm share, ray (median) | wait share, ray (median) "
-          "| env steps/s, local threads |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for policy, replicas, intra_node in ROWS:
-        r = measure(policy, replicas, "ray", args.iterations, args.warmup, intra_node)
+    print("| policy | replicas | boundaries | all-reduce | env steps/s, ray | vs single, ray | comm share, ray (median) "
+          "| wait share, ray (median) | env steps/s, local threads |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    single = None
+    for policy, replicas, intra_node, boundaries in ROWS:
+        r = measure(policy, replicas, "ray", args.iterations, args.warmup, intra_node, boundaries)
         if ray.is_initialized():
             ray.shutdown()
-        loc = measure(policy, replicas, "local", args.iterations, args.warmup)
+        loc = measure(policy, replicas, "local", args.iterations, args.warmup, boundaries=boundaries)
+        single = single or r["sps"]
         rep = ", ".join(f"{k}={v}" for k, v in replicas.items()) or "-"
+        kinds = ", ".join(f"{k}: {v}" for k, v in boundaries.items()) or (
+            "fifo, latest" if policy == "async_learner" else "sync" if policy != "single" else "-")
         share = f"{100 * r['comm_share']:.1f}%" if r["comm_share"] is not None else "-"
         wait = f"{100 * r['wait_share']:.1f}%" if r["wait_share"] is not None else "-"
         reduce = intra_node if policy == "multi_learner" and sum(replicas.values()) > 1 else "-"
-        print(f"| {policy} | {rep} | {reduce} | {r['sps']:.0f} | {share} | {wait} | {loc['sps']:.0f} |", flush=True)
+        print(f"| {policy} | {rep} | {kinds} | {reduce} | {r['sps']:.0f} | {r['sps'] / single:.2f}x | {share} | {wait} "
+              f"| {loc['sps']:.0f} |", flush=True)
 
 
 if __name__ == "__main__":
