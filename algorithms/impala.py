@@ -1,0 +1,173 @@
+"""IMPALA (Espeholt et al. 2018, "IMPALA: Scalable Distributed Deep-RL with Importance Weighted
+Actor-Learner Architectures", arXiv:1802.01561): an actor-critic whose learner corrects for
+acting with an older policy by V-trace (Eq. 1), written to run under ``async_learner`` (actors
+queue trajectories and pull the newest weights, never waiting for the learner) and, unchanged,
+under every other policy.
+
+The actor-critic network, the rollout actor (which records the behaviour policy's
+log-probabilities ``log mu(a|s)``), the rollout buffer and the trainer's loop body are PPO's
+(:mod:`msrl.algorithms.ppo`); this file holds IMPALA's hyperparameters and learner.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import torch
+from tensordict import TensorDict
+
+from msrl.advantages import vtrace
+from msrl.algorithms.ppo import ActorCritic, PPOActor, PPOTrainer, RolloutBuffer, build_actor_critic
+from msrl.api import (
+    AlgorithmSpec,
+    BuildContext,
+    LayerSizes,
+    Learner,
+    ModuleWeights,
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveInt,
+    UnitInterval,
+)
+
+__all__ = ["IMPALAConfig", "IMPALALearner", "IMPALATrainer", "ALGORITHM"]
+
+
+@dataclasses.dataclass
+class IMPALAConfig:
+    """IMPALA's hyperparameters (the paper's names where it has them)."""
+
+    num_steps: PositiveInt = 20
+    """unroll length per env per iteration (T; the paper: 20)"""
+    learning_rate: PositiveFloat = 1e-3
+    """Adam learning rate at the start of training (the paper uses RMSProp)"""
+    anneal_lr: bool = True
+    """anneal the learning rate linearly to 0 over training (the paper: polynomial decay)"""
+    gamma: UnitInterval = 0.99
+    """discount factor"""
+    rho_bar: PositiveFloat = 1.0
+    """V-trace's truncation of the importance weights rho_t (the value target's fixed point)"""
+    c_bar: PositiveFloat = 1.0
+    """V-trace's truncation of the trace coefficients c_t (the speed of convergence)"""
+    vtrace_lambda: UnitInterval = 1.0
+    """Section 4.2's lambda on the trace coefficients (1: Eq. 1)"""
+    num_minibatches: PositiveInt = 1
+    """gradient steps per batch, each on a slice of the envs' unrolls"""
+    ent_coef: NonNegativeFloat = 0.01
+    """entropy bonus coefficient"""
+    vf_coef: NonNegativeFloat = 0.5
+    """value loss coefficient (the paper's baseline cost)"""
+    max_grad_norm: PositiveFloat = 40.0
+    """global gradient-norm clip (the paper: 40)"""
+    hidden_sizes: LayerSizes = (64, 64)
+    """hidden layer widths of the actor and of the critic MLPs"""
+
+    def __post_init__(self) -> None:
+        self.hidden_sizes = tuple(self.hidden_sizes)
+
+
+class IMPALALearner(Learner):
+    """V-trace actor-critic updates on ``(T, N)`` unrolls acted by an older policy::
+
+        v_t, A_t = vtrace(log mu, log pi, r, V)                       (Eq. 1, Section 4.2)
+        loss     = -mean(A_t log pi(a_t|s_t)) + vf_coef * 0.5 * mean((v_t - V(s_t))^2) - ent_coef * H
+
+    with ``log mu`` the behaviour log-probabilities the actors recorded and ``log pi`` the
+    learner's current policy's. Each env's unroll stays whole: the ``num_minibatches`` slices
+    split the env axis, so a trace never crosses a slice.
+    """
+
+    def __init__(self, ctx: BuildContext) -> None:
+        self.hp: IMPALAConfig = ctx.hparams
+        self.net: ActorCritic = build_actor_critic(ctx)
+        self.weights = ModuleWeights(self.net)
+        self.parameters = list(self.net.parameters())
+        self.optimizer = torch.optim.Adam(self.parameters, lr=self.hp.learning_rate, eps=1e-5, fused=True)
+        self.num_iterations = max(1, ctx.total_env_steps // (self.hp.num_steps * ctx.total_num_envs))
+        self.iteration = 0
+        self.generator = torch.Generator(device=ctx.device)
+        self.generator.manual_seed(ctx.seed + 1)
+
+    def learn(self, batch: TensorDict) -> dict[str, Any]:
+        """``num_minibatches`` gradient steps on one batch of unrolls.
+
+        Args:
+            batch: TensorDict of batch size ``(T, N)`` with :attr:`RolloutBuffer.KEYS`
+                (``log_prob``: the behaviour policy's).
+
+        Returns:
+            ``losses/policy_loss``, ``losses/value_loss``, ``losses/entropy``,
+            ``losses/grad_norm`` (of the last step), ``losses/rho_clipped`` (the fraction of
+            importance weights over ``rho_bar``), ``losses/mean_ratio`` (``pi / mu``): 0-d
+            tensors; ``charts/learning_rate``: float.
+
+        Raises:
+            FloatingPointError: a loss is NaN or infinite (no step is taken).
+        """
+        hp, net = self.hp, self.net
+        lr = hp.learning_rate * (1.0 - self.iteration / self.num_iterations) if hp.anneal_lr else hp.learning_rate
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.iteration += 1
+        T, N = batch.batch_size
+        obs_shape = batch["obs"].shape[2:]
+        slices = torch.randperm(N, generator=self.generator, device=batch.device).chunk(min(hp.num_minibatches, N))
+        stats: dict[str, Any] = {}
+        for envs in slices:
+            mb = batch[:, envs]
+            n = envs.numel()
+            log_prob, entropy, value = net.evaluate(mb["obs"].reshape(T * n, *obs_shape),
+                                                    mb["action"].reshape(T * n, *mb["action"].shape[2:]))
+            log_prob, entropy, value = log_prob.view(T, n), entropy.view(T, n), value.view(T, n)
+            with torch.no_grad():
+                next_values = net.value(mb["next_obs"].reshape(T * n, *obs_shape)).view(T, n)
+            vs, pg_adv = vtrace(mb["log_prob"], log_prob.detach(), mb["reward"], value.detach(), next_values,
+                                mb["terminated"], mb["truncated"], hp.gamma, hp.rho_bar, hp.c_bar, hp.vtrace_lambda)
+            pg_loss = -(pg_adv * log_prob).mean()
+            v_loss = 0.5 * ((vs - value) ** 2).mean()
+            entropy_loss = entropy.mean()
+            loss = pg_loss + hp.vf_coef * v_loss - hp.ent_coef * entropy_loss
+            grad_norm = self.apply_gradients(loss, hp.max_grad_norm)
+            with torch.no_grad():
+                ratio = (log_prob.detach() - mb["log_prob"]).exp()
+            stats = {
+                "losses/policy_loss": pg_loss.detach(),
+                "losses/value_loss": v_loss.detach(),
+                "losses/entropy": entropy_loss.detach(),
+                "losses/grad_norm": grad_norm,
+                "losses/rho_clipped": (ratio > hp.rho_bar).float().mean(),
+                "losses/mean_ratio": ratio.mean(),
+            }
+        stats["charts/learning_rate"] = lr
+        return stats
+
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        """The actor-critic's state dict (detached tensors)."""
+        return self.weights.get()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"net": self.net.state_dict(), "optimizer": self.optimizer.state_dict(), "iteration": self.iteration,
+                "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.net.load_state_dict(state["net"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.iteration = int(state["iteration"])
+        self.generator.set_state(state["generator"])
+
+
+class IMPALATrainer(PPOTrainer):
+    """IMPALA's loop body is PPO's: an unroll of ``num_steps`` steps with the behaviour
+    policy's log-probabilities, one learner update, weight sync (see
+    :meth:`PPOTrainer.train_step`). Under ``async_learner`` the update and the weight sync
+    cross asynchronous boundaries, so the next unroll runs while the learner learns."""
+
+
+ALGORITHM = AlgorithmSpec(
+    name="impala",
+    hparams=IMPALAConfig,
+    trainer=IMPALATrainer,
+    components={"actor": PPOActor, "buffer": RolloutBuffer, "learner": IMPALALearner},
+    env_steps_per_iteration=lambda hp, total_num_envs: hp.num_steps * total_num_envs,
+)

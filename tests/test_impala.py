@@ -1,0 +1,94 @@
+"""IMPALA: V-trace against a plain loop over Eq. 1 of Espeholt et al. (2018), its on-policy
+special case, and the learner on a batch."""
+
+import pytest
+import torch
+
+from msrl.advantages import gae, vtrace
+
+
+def _reference(mu, pi, r, v, v_next, term, trunc, gamma, rho_bar, c_bar, lam):
+    """Eq. 1 written as a sum, one env and one start ``s`` at a time: ``v_s = V(x_s) +
+    sum_{t=s}^{e} gamma^{t-s} (prod_{i=s}^{t-1} c_i) delta_t`` up to the first step ``e >= s``
+    that ends the episode (or the trajectory's end)."""
+    T, N = r.shape
+    vs = torch.zeros(T, N, dtype=torch.float64)
+    adv = torch.zeros(T, N, dtype=torch.float64)
+    for n in range(N):
+        ratio = [float(torch.exp(pi[t, n] - mu[t, n])) for t in range(T)]
+        rho = [min(rho_bar, x) for x in ratio]
+        c = [lam * min(c_bar, x) for x in ratio]
+        delta = [rho[t] * (float(r[t, n]) + gamma * (1 - float(term[t, n])) * float(v_next[t, n]) - float(v[t, n]))
+                 for t in range(T)]
+        for s in range(T):
+            e = s
+            while e < T - 1 and not (term[e, n] or trunc[e, n]):
+                e += 1
+            total, trace = 0.0, 1.0
+            for t in range(s, e + 1):
+                total += gamma ** (t - s) * trace * delta[t]
+                trace *= c[t]
+            vs[s, n] = float(v[s, n]) + total
+        for s in range(T):
+            goes_on = s < T - 1 and not (term[s, n] or trunc[s, n])
+            nxt = float(vs[s + 1, n]) if goes_on else float(v_next[s, n])
+            adv[s, n] = rho[s] * (float(r[s, n]) + gamma * (1 - float(term[s, n])) * nxt - float(v[s, n]))
+    return vs, adv
+
+
+def _trajectory(T=9, N=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    mu = -torch.rand(T, N, generator=g, dtype=torch.float64) * 2
+    pi = mu + torch.randn(T, N, generator=g, dtype=torch.float64) * 0.7  # ratios above and below 1
+    r = torch.randn(T, N, generator=g, dtype=torch.float64)
+    v = torch.randn(T, N, generator=g, dtype=torch.float64)
+    v_next = torch.cat([v[1:], torch.randn(1, N, generator=g, dtype=torch.float64)])
+    term = torch.rand(T, N, generator=g) < 0.15
+    trunc = (torch.rand(T, N, generator=g) < 0.1) & ~term
+    v_next = torch.where(term | trunc, torch.randn(T, N, generator=g, dtype=torch.float64), v_next)  # final obs values
+    return mu, pi, r, v, v_next, term, trunc
+
+
+@pytest.mark.parametrize("rho_bar, c_bar, lam", [(1.0, 1.0, 1.0), (2.0, 0.5, 1.0), (1.0, 1.0, 0.9), (0.5, 0.3, 0.95)])
+def test_vtrace_equals_a_plain_loop_over_equation_1(rho_bar, c_bar, lam):
+    mu, pi, r, v, v_next, term, trunc = _trajectory()
+    assert term.any() and trunc.any()
+    vs, adv = vtrace(mu, pi, r, v, v_next, term, trunc, 0.97, rho_bar, c_bar, lam)
+    ref_vs, ref_adv = _reference(mu, pi, r, v, v_next, term, trunc, 0.97, rho_bar, c_bar, lam)
+    torch.testing.assert_close(vs, ref_vs, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(adv, ref_adv, rtol=1e-12, atol=1e-12)
+
+
+def test_on_policy_vtrace_is_the_n_step_return():
+    """pi = mu, rho_bar = c_bar = lambda = 1: v_s is the bootstrapped n-step return, GAE's
+    target with lambda = 1 (the paper's remark below Eq. 1)."""
+    mu, _, r, v, v_next, term, trunc = _trajectory(seed=3)
+    vs, adv = vtrace(mu, mu, r, v, v_next, term, trunc, 0.9)
+    advantages, returns = gae(r, v, v_next, term, trunc, 0.9, 1.0)
+    torch.testing.assert_close(vs, returns, rtol=1e-12, atol=1e-12)
+
+
+def test_vtrace_rejects_mismatched_shapes():
+    mu, pi, r, v, v_next, term, trunc = _trajectory()
+    with pytest.raises(ValueError, match=r"vtrace: values has shape \(8, 5\), rewards has \(9, 5\)"):
+        vtrace(mu, pi, r, v[:-1], v_next, term, trunc, 0.9)
+
+
+def test_the_learner_steps_and_reports_its_importance_weights():
+    from msrl.algorithms import impala
+    from msrl.job import Job, JobSpec
+    from msrl.policy import load_policy
+
+    hp = impala.IMPALAConfig(num_steps=8, hidden_sizes=(8,), num_minibatches=2)
+    job = Job(JobSpec(impala.ALGORITHM, hp, "CartPole-v1", 4, load_policy("single"), seed=3, total_env_steps=2_000))
+    try:
+        job.reset()
+        before = {k: t.clone() for k, t in job.component("learner").get_weights().items()}
+        m = job.run(3)[-1]["output"]
+        after = job.component("learner").get_weights()
+        assert any(not torch.equal(before[k], after[k]) for k in before)
+        assert {"losses/policy_loss", "losses/value_loss", "losses/rho_clipped", "losses/mean_ratio"} <= set(m)
+        # single: acting and learning alternate, so the first slice's ratios are exactly 1
+        assert 0.0 <= m["losses/rho_clipped"] <= 1.0 and 0.5 < m["losses/mean_ratio"] < 2.0
+    finally:
+        job.close()
