@@ -440,6 +440,9 @@ class GrpcTransport:
         self.wait_s = 0.0
         self.bytes_sent = 0
         self._streams: dict[tuple[str, int], _Stream] = {}
+        #: the last frame made and what it was made of (held, so no other object can take its
+        #: id): a broadcast sends one item or slot value to every consumer, encoded once
+        self._last: tuple[int, str, int, Any, bytes] | None = None
 
     def _stream(self, fragment: str, replica: int) -> _Stream:
         s = self._streams.get((fragment, replica))
@@ -450,7 +453,12 @@ class GrpcTransport:
             s = self._streams[(fragment, replica)] = _Stream(self, target)
         return s
 
-    def _frame(self, kind: int, boundary: Any, version: int, versions: Mapping[str, int], value: Any) -> bytes:
+    def _frame(self, kind: int, boundary: Any, version: int, versions: Mapping[str, int], value: Any,
+               source: Any) -> bytes:
+        last = self._last
+        if last is not None and last[:3] == (kind, boundary.name, version) and last[3] is source:
+            self.bytes_sent += len(last[4])
+            return last[4]  # the same item or slot value to another consumer
         message = encode(value).numpy().tobytes()
         frame = encode_frame(kind, self.tags[boundary.name], self.replica, version,
                              {self.tags[n]: v for n, v in versions.items()}, message)
@@ -458,16 +466,18 @@ class GrpcTransport:
             raise TransportError(f"boundary {boundary.name}: a value of {len(frame)} bytes exceeds the "
                                  f"{self.max_message}-byte message limit (cluster.max_message_mb)")
         self.bytes_sent += len(frame)
+        self._last = (kind, boundary.name, version, source, frame)
         return frame
 
     def send_item(self, boundary: Any, producer: int, consumer: int, item: Item) -> None:
         """Queues ``item`` for the consumer; waits while ``boundary.capacity`` are unacknowledged.
+        The same ``item`` object sent to several consumers (a broadcast) is encoded once.
 
         Raises:
             ChannelClosed: the stream broke for good; TimeoutError: no credit in ``timeout_s``;
             TransportError: the value exceeds the message limit.
         """
-        frame = self._frame(ITEM, boundary, 0, item.versions, item.value)
+        frame = self._frame(ITEM, boundary, 0, item.versions, item.value, item)
         self._stream(boundary.dst, consumer).send_item(self.tags[boundary.name], boundary.capacity, frame)
 
     def send_latest(self, boundary: Any, producer: int, consumer: int, version: int, value: Any) -> None:
@@ -476,7 +486,7 @@ class GrpcTransport:
         Raises:
             ChannelClosed: the stream broke for good; TransportError: over the message limit.
         """
-        frame = self._frame(LATEST, boundary, version, {}, value)
+        frame = self._frame(LATEST, boundary, version, {}, value, value)
         self._stream(boundary.dst, consumer).send_latest(self.tags[boundary.name], frame)
 
     def close(self) -> None:

@@ -458,3 +458,23 @@ def test_frames_of_the_wrong_type_for_the_boundary_are_refused(served):
     assert _raw_stream(server.address, [encode_frame(ITEM, 0, 0, 0, {}, msg)], md) == grpc.StatusCode.INVALID_ARGUMENT
     assert "a frame of replica 0 on the stream of replica 1" in server.rejected[-1][1]
     _still_serves(actor, mailbox, 9)
+
+
+def test_a_reused_value_object_is_encoded_anew_each_put():
+    """A buffer that hands out the same storage object every iteration (``RolloutBuffer.gather``)
+    carries new contents each time: only one put's consumers share an encoding."""
+    bs = [fifo(src_r=1, dst_r=1, pattern=NodeKind.SEND, capacity=4)]
+    token = secrets.token_urlsafe(16)
+    mailbox = Mailbox({TRAJ: 4}, timeout_s=10)
+    server = BoundaryServer(bs, "learner", 0, mailbox, token)
+    transport = GrpcTransport(bs, "actor", 0, {("learner", 0): server.address}, token)
+    try:
+        actor = AsyncEndpoint(bs, "actor", 0, Mailbox({}), transport)
+        storage = torch.zeros(3)
+        for i in range(3):
+            storage.fill_(i)
+            actor.put(TRAJ, storage)
+        assert [mailbox.take(TRAJ, 0).value.tolist() for _ in range(3)] == [[0, 0, 0], [1, 1, 1], [2, 2, 2]]
+    finally:
+        transport.close()
+        server.stop()

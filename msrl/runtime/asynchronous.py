@@ -246,8 +246,10 @@ class AsyncEndpoint:
             targets = [(self.replica, value)]
         if b.mode == "fifo":
             versions = dict(self.read_versions)
+            items: dict[int, Item] = {}  # one item per distinct value: a broadcast's is shared
             for r, v in targets:
-                self.transport.send_item(b, self.replica, r, Item(v, versions))
+                item = items.setdefault(id(v), Item(v, versions))
+                self.transport.send_item(b, self.replica, r, item)
         else:
             version = self.published[name] = self.published[name] + 1
             for r, v in targets:
