@@ -59,13 +59,16 @@ def run(config: str, over: list[str], seed: int, eval_every: int, budget: int, r
             "lag": statistics.mean(lags) if lags else None}
 
 
-def _floor_worker(role: str, iterations: int, barrier, out) -> None:
-    """One side of the floor: the actor's or the learner's work, ``iterations`` times."""
+def _floor_worker(role: str, iterations: int, barrier, out, num_envs: int = 16) -> None:
+    """One side of the floor: the actor's work on ``num_envs`` envs, or the learner's on a
+    rollout of 16, ``iterations`` times."""
     torch.set_num_threads(1)
     from msrl.config import build_job_spec, load_config
     from msrl.job import Job
 
-    job = Job(build_job_spec(load_config("configs/ppo_cartpole.yaml", ["distribution_policy.name=single"])), probe=False)
+    envs = num_envs if role.startswith("actor") else 16
+    job = Job(build_job_spec(load_config("configs/ppo_cartpole.yaml", ["distribution_policy.name=single",
+                                                                       f"env.num_envs={envs}"])), probe=False)
     t = job.trainers[("main", 0)]
     hp = t.hparams
     obs = t.env.reset(seed=1)
@@ -82,11 +85,11 @@ def _floor_worker(role: str, iterations: int, barrier, out) -> None:
 
     batch = rollout().clone()
     for _ in range(10):  # warm-up
-        rollout() if role == "actor" else t.learner.learn(batch)
+        rollout() if role.startswith("actor") else t.learner.learn(batch)
     barrier.wait()
     t0 = time.perf_counter()
     for _ in range(iterations):
-        if role == "actor":
+        if role.startswith("actor"):
             rollout()
             t.actor.set_weights(t.learner.get_weights())
         else:
@@ -96,16 +99,17 @@ def _floor_worker(role: str, iterations: int, barrier, out) -> None:
     job.close()
 
 
-def floor(iterations: int, together: bool) -> dict[str, float]:
-    """Seconds per iteration of the actor's and the learner's work, concurrently (``together``)
-    or one after the other."""
+def floor(iterations: int, together: bool, actors: int = 1) -> dict[str, float]:
+    """Seconds per iteration of the work of ``actors`` actor processes (16 envs split between
+    them) and of the learner, all concurrently (``together``) or one after the other."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     times = {}
-    roles = [["actor", "learner"]] if together else [["actor"], ["learner"]]
+    names = [f"actor{i}" for i in range(actors)]
+    roles = [[*names, "learner"]] if together else [[n] for n in names] + [["learner"]]
     for group in roles:
         barrier = ctx.Barrier(len(group))
-        procs = [ctx.Process(target=_floor_worker, args=(r, iterations, barrier, out)) for r in group]
+        procs = [ctx.Process(target=_floor_worker, args=(r, iterations, barrier, out, 16 // actors)) for r in group]
         for p in procs:
             p.start()
         for _ in group:
@@ -134,6 +138,7 @@ def main() -> None:
 
     alone = floor(args.floor_iterations, together=False)
     both = floor(args.floor_iterations, together=True)
+    both2 = floor(args.floor_iterations, together=True, actors=2)
     results: dict[str, list[dict]] = {k: [] for k in args.rows}
     with tempfile.TemporaryDirectory() as runs_dir:
         for seed in args.seeds:
@@ -158,10 +163,13 @@ def main() -> None:
         vs = f"{m['sps'] / base['sps']:.2f}x" if base else "-"
         lag = f"{m['lag']:.2f}" if m["lag"] is not None else "-"
         print(f"| {k} | {reached}/{len(results[k])} | {tt} | {m['steps_to_475']} | {m['sps']:.0f} | {vt} | {vs} | {lag} |")
-    fl = 256 / max(both.values())
-    print(f"\nfloor: actor {1e3 * alone['actor']:.2f} ms and learner {1e3 * alone['learner']:.2f} ms per iteration alone; "
-          f"{1e3 * both['actor']:.2f} ms and {1e3 * both['learner']:.2f} ms side by side -> {fl:.0f} env steps/s "
-          f"({fl / base['sps']:.2f}x single)" if base else "")
+    fl, fl2 = 256 / max(both.values()), 256 / max(both2.values())
+    print(f"\nfloor x1: actor {1e3 * alone['actor0']:.2f} ms and learner {1e3 * alone['learner']:.2f} ms per iteration "
+          f"alone; {1e3 * both['actor0']:.2f} ms and {1e3 * both['learner']:.2f} ms side by side -> {fl:.0f} env steps/s"
+          + (f" ({fl / base['sps']:.2f}x single)" if base else ""))
+    print(f"floor x2: two actors (8 envs each) {1e3 * both2['actor0']:.2f} / {1e3 * both2['actor1']:.2f} ms and learner "
+          f"{1e3 * both2['learner']:.2f} ms side by side on this machine -> {fl2:.0f} env steps/s"
+          + (f" ({fl2 / base['sps']:.2f}x single)" if base else ""))
 
 
 if __name__ == "__main__":
