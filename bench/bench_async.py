@@ -28,6 +28,7 @@ import tempfile
 import time
 
 import torch
+from bench_ppo_cartpole import _median  # medians over the seeds that reached a figure
 
 THRESHOLD = 475.0
 OVERLAP = ["distribution_policy.boundaries.trajectories=fifo", "distribution_policy.boundaries.weights=latest"]
@@ -118,11 +119,6 @@ def floor(iterations: int, together: bool, actors: int = 1) -> dict[str, float]:
         for p in procs:
             p.join()
     return times
-
-
-def _median(xs: list) -> float | None:
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else None
 
 
 def main() -> None:

@@ -1,4 +1,6 @@
-"""msrl's PPO under every distribution policy vs RLlib's PPO on CartPole-v1, in one run.
+"""msrl's PPO under every distribution policy vs RLlib's PPO on CartPole-v1, in one run; with
+``--algo impala``, msrl's IMPALA (``configs/impala_cartpole.yaml`` under ``async_learner`` and
+``single``) vs RLlib's APPO and IMPALA.
 
 The peer is RLlib's own tuned CartPole PPO (``rllib/tuned_examples/ppo/cartpole_ppo.py`` of Ray
 2.x: new API stack, one 32-unit linear hidden layer with a shared value head, lr 3e-4, 6 epochs,
@@ -22,6 +24,12 @@ RLlib pins an older gymnasium than msrl's default install, so run this from an e
 ``ray[rllib]``)::
 
     python bench/bench_rllib.py --seeds 1 2 3
+    python bench/bench_rllib.py --algo impala --seeds 1 2 3
+
+RLlib's APPO is its tuned CartPole example (``rllib/tuned_examples/appo/cartpole_appo.py``:
+``circular_buffer_iterations_per_batch=2``, ``vf_loss_coeff=0.05``, ``entropy_coeff=0.0``, shared
+value layers; RLlib's defaults otherwise: 2 env runner processes); its IMPALA row uses the same
+settings where IMPALA has them (``vf_loss_coeff``, ``entropy_coeff``, shared layers).
 """
 
 from __future__ import annotations
@@ -56,12 +64,21 @@ MSRL_ROWS = [
 ]
 
 
-def run_msrl(overrides: list[str], seed: int, eval_every: int, budget: int, runs_dir: str) -> dict:
+#: msrl's rows against RLlib's APPO and IMPALA (``--algo impala``)
+IMPALA_ROWS = [
+    ("impala, async_learner, 2 actors (ray)", ["distribution_policy.name=async_learner", "runtime=ray"],
+     "configs/impala_cartpole.yaml"),
+    ("impala, single", ["distribution_policy.name=single", "runtime=local"], "configs/impala_cartpole.yaml"),
+]
+
+
+def run_msrl(overrides: list[str], seed: int, eval_every: int, budget: int, runs_dir: str,
+             config: str = "configs/ppo_cartpole.yaml") -> dict:
     """One msrl run to 475 through :func:`msrl.run.train` (what ``msrl train`` runs)."""
     from msrl.config import load_config
     from msrl.run import train
 
-    cfg = load_config("configs/ppo_cartpole.yaml", [
+    cfg = load_config(config, [
         *overrides, f"seed={seed}", f"runs_dir={runs_dir}", "train.progress=false",
         f"train.eval_every={eval_every}", f"train.stop_at_return={THRESHOLD}", f"train.total_env_steps={budget}",
         f"eval.episodes={EVAL_EPISODES}", f"eval.seed={EVAL_SEED}",
@@ -89,19 +106,38 @@ def _rllib_evaluate(module) -> float:
     return float(ret.mean())
 
 
-def run_rllib(seed: int, eval_every: int, budget: int) -> dict:
-    """One RLlib run of its tuned CartPole PPO; evaluation and ``build_algo`` excluded from its clock."""
-    import ray
-    from ray.rllib.algorithms.ppo import PPOConfig
+def _rllib_config(algo: str, seed: int):
+    """RLlib's tuned CartPole config of ``algo`` (``ppo``, ``appo``, ``impala``)."""
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
-    config = (
-        PPOConfig()
-        .environment("CartPole-v1")
-        .rl_module(model_config=DefaultModelConfig(fcnet_hiddens=[32], fcnet_activation="linear", vf_share_layers=True))
-        .training(gamma=0.99, lr=0.0003, num_epochs=6, vf_loss_coeff=0.01, use_kl_loss=True)
-        .debugging(seed=seed)
-    )
+    if algo == "ppo":
+        from ray.rllib.algorithms.ppo import PPOConfig
+
+        return (
+            PPOConfig()
+            .environment("CartPole-v1")
+            .rl_module(model_config=DefaultModelConfig(fcnet_hiddens=[32], fcnet_activation="linear", vf_share_layers=True))
+            .training(gamma=0.99, lr=0.0003, num_epochs=6, vf_loss_coeff=0.01, use_kl_loss=True)
+            .debugging(seed=seed)
+        )
+    if algo == "appo":
+        from ray.rllib.algorithms.appo import APPOConfig
+
+        return (APPOConfig().environment("CartPole-v1")
+                .training(circular_buffer_iterations_per_batch=2, vf_loss_coeff=0.05, entropy_coeff=0.0)
+                .rl_module(model_config=DefaultModelConfig(vf_share_layers=True)).debugging(seed=seed))
+    from ray.rllib.algorithms.impala import IMPALAConfig
+
+    return (IMPALAConfig().environment("CartPole-v1").training(vf_loss_coeff=0.05, entropy_coeff=0.0)
+            .rl_module(model_config=DefaultModelConfig(vf_share_layers=True)).debugging(seed=seed))
+
+
+def run_rllib(seed: int, eval_every: int, budget: int, algo: str = "ppo") -> dict:
+    """One RLlib run of its tuned CartPole config of ``algo``; evaluation and ``build_algo``
+    excluded from its clock."""
+    import ray
+
+    config = _rllib_config(algo, seed)
     algo = config.build_algo()
     train_s, steps, done_eval = 0.0, 0, 0
     hit: tuple[float, int] | None = None
@@ -141,19 +177,29 @@ def main() -> None:
     p.add_argument("--eval-every", type=int, default=4000, help="env steps between evaluations (RLlib's batch size)")
     p.add_argument("--budget", type=int, default=300_000)
     p.add_argument("--json", default=None, help="also write the raw results here")
+    p.add_argument("--algo", choices=["ppo", "impala"], default="ppo",
+                   help="ppo: msrl's PPO rows vs RLlib's PPO; impala: msrl's IMPALA rows vs RLlib's APPO and IMPALA")
     args = p.parse_args()
     try:
         import ray.rllib  # noqa: F401
     except ImportError as e:
         sys.exit(f"bench_rllib: RLlib is not installed ({e}); pip install -e '.[bench,rllib]'")
     torch.set_num_threads(1)
-    results: dict[str, list[dict]] = {name: [] for name, _ in MSRL_ROWS}
-    results["rllib"] = []
+    rows = [(n, o, "configs/ppo_cartpole.yaml") for n, o in MSRL_ROWS] if args.algo == "ppo" else IMPALA_ROWS
+    peers = ["ppo"] if args.algo == "ppo" else ["appo", "impala"]
+    results: dict[str, list[dict]] = {name: [] for name, _, _ in rows}
+    for peer in peers:
+        results[f"rllib {peer}"] = []
     with tempfile.TemporaryDirectory() as runs_dir:
         for seed in args.seeds:
-            for name, over in MSRL_ROWS:
-                results[name].append(run_msrl(over, seed, args.eval_every, args.budget, runs_dir))
-            results["rllib"].append(run_rllib(seed, args.eval_every, args.budget))
+            for name, over, config in rows:
+                results[name].append(run_msrl(over, seed, args.eval_every, args.budget, runs_dir, config))
+                import ray
+
+                if ray.is_initialized():
+                    ray.shutdown()
+            for peer in peers:
+                results[f"rllib {peer}"].append(run_rllib(seed, args.eval_every, args.budget, peer))
             print(f"seed {seed}: " + "; ".join(f"{k} {v[-1]}" for k, v in results.items()), flush=True)
     med = {k: {"time_to_475": _median_time([r["time_to_475"] for r in v]),
                "steps_to_475": _median_time([r["steps_to_475"] for r in v]),
@@ -164,19 +210,23 @@ def main() -> None:
     print(f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
           f"ray {ray.__version__}, seeds {args.seeds}, eval every {args.eval_every} env steps")
     print("| system | reached 475 | time to 475 (s, median) | env steps to 475 (median) | env steps/s (median) | "
-          "time / RLlib's | env steps/s / RLlib's |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    peer = med["rllib"]
+          + " | ".join(f"time / RLlib {p}'s | env steps/s / RLlib {p}'s" for p in peers) + " |")
+    print("| --- | --- | --- | --- | --- | " + " | ".join("--- | ---" for _ in peers) + " |")
     for k in results:
         m = med[k]
         tt = f"{m['time_to_475']:.2f}" if m["time_to_475"] is not None else "not reached"
         st = f"{m['steps_to_475']:.0f}" if m["steps_to_475"] is not None else "-"
-        ratio_t = f"{m['time_to_475'] / peer['time_to_475']:.3f}x" if m["time_to_475"] and peer["time_to_475"] else "n/a"
-        print(f"| {k} | {m['reached']}/{len(args.seeds)} | {tt} | {st} | {m['sps']:.0f} | {ratio_t} | {m['sps'] / peer['sps']:.1f}x |")
-    sampling = [r["sampling_sps"] for r in results["rllib"] if r["sampling_sps"]]
-    if sampling:
-        rate = statistics.median(sampling)
-        print(f"\nRLlib's sampling-only rate (env steps / env_runner_sampling_timer, median): {rate:.0f} env steps/s")
+        ratios = []
+        for p_ in peers:
+            peer = med[f"rllib {p_}"]
+            ratios.append(f"{m['time_to_475'] / peer['time_to_475']:.3f}x" if m["time_to_475"] and peer["time_to_475"] else "n/a")
+            ratios.append(f"{m['sps'] / peer['sps']:.1f}x")
+        print(f"| {k} | {m['reached']}/{len(args.seeds)} | {tt} | {st} | {m['sps']:.0f} | " + " | ".join(ratios) + " |")
+    for p_ in peers:
+        sampling = [r["sampling_sps"] for r in results[f"rllib {p_}"] if r.get("sampling_sps")]
+        if sampling:
+            print(f"\nRLlib {p_}'s sampling-only rate (env steps / env_runner_sampling_timer, median): "
+                  f"{statistics.median(sampling):.0f} env steps/s")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"results": results, "medians": med}, f, indent=2)

@@ -112,3 +112,25 @@ def run_dist(scenarios, timeout=120.0, split_payload=False, cuda=False, shm=Fals
             if p.is_alive():
                 p.kill()
     return outs
+
+
+def run_threads(fns, timeout=30.0):
+    """Runs ``fns`` (key -> fn()) on threads; returns key -> result; re-raises the first
+    failure; fails when one is still running after ``timeout`` s."""
+    out, errs = {}, []
+
+    def wrap(k, f):
+        try:
+            out[k] = f()
+        except BaseException as e:  # noqa: BLE001
+            errs.append(e)
+
+    ts = [threading.Thread(target=wrap, args=(k, f), daemon=True) for k, f in fns.items()]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout)
+    if errs:
+        raise errs[0]
+    assert all(not t.is_alive() for t in ts), "a replica hung"
+    return out

@@ -10,6 +10,7 @@ import time
 
 import pytest
 import torch
+from channel_suite import run_threads
 
 from msrl.channels import ChannelClosed
 from msrl.graph import NodeKind
@@ -84,26 +85,6 @@ def net(request):
     yield make
     for n in made:
         n.close()
-
-
-def run_threads(fns, timeout=30.0):
-    out, errs = {}, []
-
-    def wrap(k, f):
-        try:
-            out[k] = f()
-        except BaseException as e:  # noqa: BLE001
-            errs.append(e)
-
-    ts = [threading.Thread(target=wrap, args=(k, f), daemon=True) for k, f in fns.items()]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(timeout)
-    if errs:
-        raise errs[0]
-    assert all(not t.is_alive() for t in ts), "a replica hung"
-    return out
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

@@ -8,6 +8,7 @@ import threading
 import pytest
 import torch
 from channel_suite import run_dist, run_local
+from channel_suite import run_threads as run_all
 from tensordict import TensorDict
 
 from msrl.channels import ChannelClosed, LocalHub
@@ -20,25 +21,6 @@ TRANSPORTS = ["local", "dist", "dist_split", "dist_shm"]
 
 def boundary(name, op, src_r, dst_r, axis=None, kind="sharded"):
     return Boundary(name, "train_step", "x", op, "a", "b", src_r, dst_r, kind, axis, False)
-
-
-def run_all(fns):
-    out, errs = {}, []
-
-    def wrap(k, f):
-        try:
-            out[k] = f()
-        except BaseException as e:  # noqa: BLE001
-            errs.append(e)
-
-    ts = [threading.Thread(target=wrap, args=(k, f)) for k, f in fns.items()]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(10)
-    if errs:
-        raise errs[0]
-    return out
 
 
 def test_gather_concatenates_in_replica_order_along_the_axis():

@@ -176,3 +176,22 @@ def test_algorithm_runs_under_asynchronous_boundaries(case):
             assert all(lag >= 0 for lag in lags)
     finally:
         job.close()
+
+
+@pytest.mark.parametrize("envs", [1, 2])
+@pytest.mark.parametrize("algo", list(TINY))
+def test_single_learner_fine_runs_every_algorithm_bitwise_like_single(algo, envs):
+    """single_learner_fine (written for SEED-style central inference): env-only replicas send
+    observations every step and get actions back from the central actor + buffer + learner.
+    Every algorithm runs unchanged, its observations gathered and actions scattered inside the
+    step loop, and learns exactly what it learns under single (the envs keep their seeds, the
+    actor sees every env's observation at once)."""
+    num_envs = 4
+    a = run(spec(algo, "single", None, None, num_envs), ITERATIONS[algo])
+    b = run(spec(algo, "single_learner_fine", {"env": envs}, None, num_envs), ITERATIONS[algo])
+    assert a[1].keys() == b[1].keys() and all(torch.equal(a[1][k], b[1][k]) for k in a[1])
+    assert [{k: float(v) for k, v in m.items()} for m in a[0]] == [{k: float(v) for k, v in m.items()} for m in b[0]]
+    ops = {(op, src, dst) for m, _, op, src, dst in b[2] if m == "train_step"}
+    to_central = NodeKind.GATHER if envs > 1 else NodeKind.SEND
+    to_envs = NodeKind.SCATTER if envs > 1 else NodeKind.SEND
+    assert {(to_central, "env", "learner"), (to_envs, "learner", "env")} <= ops
