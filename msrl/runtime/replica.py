@@ -98,7 +98,9 @@ def build_trainer(spec: Any, frag: FragmentSpec, replica: int) -> Trainer:
     """The trainer of replica ``replica`` of fragment ``frag``, holding that fragment's components.
 
     Replica ``r`` of the env fragment steps envs ``r*n .. r*n+n-1`` of the job (``n`` envs per
-    replica) and is seeded with ``seed + r*n``, so its env ``i`` gets seed ``seed + r*n + i``
+    replica) and is seeded with ``seed + r*n``; the components of a fragment without envs see
+    the job's envs split over its replicas (``single_learner_fine``'s central buffer: all of
+    them), so its env ``i`` gets seed ``seed + r*n + i``
     exactly as env ``r*n + i`` would in one process. Learners are built with the job's base seed
     on every replica (identical initial weights under ``multi_learner``).
 
@@ -108,9 +110,12 @@ def build_trainer(spec: Any, frag: FragmentSpec, replica: int) -> Trainer:
     n = spec.envs_per_replica()
     seed = spec.seed + replica * n
     device = torch.device(frag.device)
+    # the env rows this replica's components see: its own envs, or (a fragment without envs:
+    # a central buffer, a learner) the job's, split over its replicas
+    seen = n if "env" in frag.roles else spec.num_envs // frag.replicas
     ctx = BuildContext(
         hparams=spec.hparams,
-        env_spec=make_env_spec(spec.env_id, n, spec.env_kwargs, spec.env_wrappers, spec.env_engine),
+        env_spec=make_env_spec(spec.env_id, seen, spec.env_kwargs, spec.env_wrappers, spec.env_engine),
         replica=replica,
         num_replicas=frag.replicas,
         total_num_envs=spec.num_envs,
