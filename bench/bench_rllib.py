@@ -138,6 +138,11 @@ def run_rllib(seed: int, eval_every: int, budget: int, algo: str = "ppo") -> dic
     import ray
 
     config = _rllib_config(algo, seed)
+    if algo != "ppo" and not ray.is_initialized():
+        # APPO/IMPALA's defaults place a remote learner beside the main process and 2 env
+        # runners: 4 CPU bundles, which a 2-core machine's Ray cannot place (the run hangs);
+        # declare 4 logical CPUs, as msrl's Ray runtime declares what its bundles ask for
+        ray.init(num_cpus=max(4, os.cpu_count() or 1), include_dashboard=False)
     algo = config.build_algo()
     train_s, steps, done_eval = 0.0, 0, 0
     hit: tuple[float, int] | None = None
