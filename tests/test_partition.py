@@ -162,3 +162,35 @@ def test_every_fragment_node_records_its_fragment(coarse_job):
     for fr in coarse_job.fragment_graph.fragments:
         for method, g in fr.programs.items():
             assert {n.meta["fragment"] for n in g.walk()} == {fr.name}, method
+
+
+def test_boundary_kinds_from_the_policy_and_yaml_become_put_get_with_their_pattern():
+    """A train_step boundary of an asynchronous class is put/get on both sides and keeps the
+    collective it stands for (its pattern); reset's stay synchronous; msrl graph prints kinds."""
+    policy = load_policy("single_learner_coarse").with_overrides(
+        replicas={"actor": 1}, boundaries={"trajectories": "fifo", "weights": "latest"}, queue_capacity=3)
+    graphs = {m: trace(PPOTrainer, m) for m in ("reset", "train_step")}
+    fg = partition(graphs, policy)
+    got = {(b.method, b.value): (b.op, b.pattern, b.mode, b.boundary_class, b.capacity) for b in fg.boundaries}
+    assert got == {
+        ("reset", "_learner_get_weights0"): (NodeKind.SEND, NodeKind.SEND, "sync", None, 3),
+        ("train_step", "trajectory"): (NodeKind.PUT, NodeKind.SEND, "fifo", "trajectories", 3),
+        ("train_step", "_learner_get_weights2"): (NodeKind.PUT, NodeKind.SEND, "latest", "weights", 3),
+    }
+    kinds = [n.kind for n in comm_nodes(fg.fragment("learner").programs["train_step"])]
+    assert kinds == [NodeKind.GET, NodeKind.PUT]
+    with pytest.raises(KeyError, match=r"no boundary class 'weight'; classes: trajectories \(actor -> learner\), "
+                                       r"weights \(learner -> actor\)"):
+        load_policy("single_learner_coarse").with_overrides(boundaries={"weight": "latest"})
+    with pytest.raises(ValueError, match="unknown kind 'newest'; kinds: sync, fifo, latest"):
+        load_policy("single_learner_coarse").with_overrides(boundaries={"weights": "newest"})
+
+
+def test_msrl_graph_prints_each_boundarys_kind(capsys):
+    from msrl.cli import main
+
+    assert main(["graph", "configs/impala_cartpole.yaml", "--out", "/dev/null"]) == 0
+    text = capsys.readouterr().out
+    assert "fifo queue of 1 per producer, gather trajectory actor (x2) -> learner (x1), sharded, axis 1 [trajectories]" in text
+    assert "latest-value slot, broadcast _learner_get_weights2 learner (x1) -> actor (x2), replicated [weights]" in text
+    assert "sync broadcast _learner_get_weights0 learner (x1) -> actor (x2), replicated" in text
