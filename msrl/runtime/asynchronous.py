@@ -124,8 +124,8 @@ class Mailbox:
             ChannelClosed: the mailbox was closed; TimeoutError: full for ``timeout_s``.
         """
         cap = self.capacity.get(boundary, 1)
-        q = self._fifo[(boundary, producer)]
         with self._cond:
+            q = self._fifo[(boundary, producer)]
             if not self._wait(lambda: len(q) < cap, f"queue {boundary} (producer {producer}) full", block):
                 return False
             q.append(item)
@@ -138,8 +138,8 @@ class Mailbox:
         Raises:
             ChannelClosed: the mailbox was closed; TimeoutError: nothing for ``timeout_s``.
         """
-        q = self._fifo[(boundary, producer)]
         with self._cond:
+            q = self._fifo[(boundary, producer)]
             self._wait(lambda: len(q) > 0, f"boundary {boundary} (from replica {producer})")
             item = q.popleft()
             self._cond.notify_all()
@@ -176,7 +176,8 @@ class Mailbox:
         """Empties every queue; returns how many items it dropped."""
         with self._cond:
             n = sum(len(q) for q in self._fifo.values())
-            self._fifo.clear()
+            for q in self._fifo.values():
+                q.clear()
             self._cond.notify_all()
             return n
 
