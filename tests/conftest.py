@@ -19,3 +19,24 @@ def ppo_spec(policy: str = "single", num_envs: int = 4, seed: int = 3, total: in
 @pytest.fixture
 def spec_factory():
     return ppo_spec
+
+
+def pytest_sessionfinish(session, exitstatus):
+    session.config._msrl_exitstatus = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    """Ends the test process with the session's status once pytest has reported everything,
+    without the interpreter's teardown: native threads of the libraries the suite loads (gRPC's
+    pollers, Ray's core worker, OpenMP pools) can crash while Python finalises (seen twice in CI
+    as a segfault after every test had passed, with no Python frame to show). Set
+    MSRL_TEST_FULL_EXIT=1 to exit through the normal teardown."""
+    import os
+    import sys
+
+    status = getattr(config, "_msrl_exitstatus", None)
+    if status is not None and os.environ.get("MSRL_TEST_FULL_EXIT") != "1":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
