@@ -440,18 +440,20 @@ class GrpcTransport:
         self.wait_s = 0.0
         self.bytes_sent = 0
         self._streams: dict[tuple[str, int], _Stream] = {}
+        self._streams_lock = threading.Lock()  # central inference sends from one thread per client
         #: the last frame made and what it was made of (held, so no other object can take its
         #: id): a broadcast sends one item or slot value to every consumer, encoded once
         self._last: tuple[int, str, int, Any, bytes] | None = None
 
     def _stream(self, fragment: str, replica: int) -> _Stream:
-        s = self._streams.get((fragment, replica))
-        if s is None:
-            target = self.addresses.get((fragment, replica))
-            if target is None:
-                raise ChannelClosed(f"no boundary server address for {fragment} replica {replica}")
-            s = self._streams[(fragment, replica)] = _Stream(self, target)
-        return s
+        with self._streams_lock:
+            s = self._streams.get((fragment, replica))
+            if s is None:
+                target = self.addresses.get((fragment, replica))
+                if target is None:
+                    raise ChannelClosed(f"no boundary server address for {fragment} replica {replica}")
+                s = self._streams[(fragment, replica)] = _Stream(self, target)
+            return s
 
     def _frame(self, kind: int, boundary: Any, version: int, versions: Mapping[str, int], value: Any,
                source: Any) -> bytes:

@@ -152,6 +152,7 @@ class ReplicaActor:
             asynchronous = AsyncEndpoint(self.fragment_graph.boundaries, self.fragment, self.index, self.mailbox, transport)
         self.comm = DistComm(self.fragment_graph.boundaries, self.fragment, self.index, ranks, own,
                              own_device, devices, local_group=local, asynchronous=asynchronous)
+        self.comm.inference = self.replica.inference  # central inference's server replica
         if own is not None:
             learner = self.replica.trainer.components.get("learner")
             if learner is not None:  # multi_learner: gradients averaged at the gradient step
@@ -178,6 +179,7 @@ class ReplicaActor:
                 "comm_s": comm_s,
                 "wait_s": wait_s,
                 "policy_lags": self.comm.asynchronous.pop_lags() if self.comm is not None and self.comm.asynchronous else [],
+                "inference": self.replica.inference.pop_stats() if self.replica.inference is not None else None,
             })
         if self.comm is not None:
             self.comm.flush()
@@ -469,6 +471,7 @@ class RayJob:
             busy = sum(r["time_s"] for r in rows)
             records.append({"output": out, "env_steps": self._env_steps, "episodes": episodes,
                             "policy_lags": [lag for r in rows for lag in r["policy_lags"]],
+                            "inference": next((r["inference"] for r in rows if r.get("inference")), None),
                             "time_s": max(r["time_s"] for r in rows),
                             "comm_share": sum(r["comm_s"] for r in rows) / busy if busy > 0 else 0.0,
                             "wait_share": sum(r["wait_s"] for r in rows) / busy if busy > 0 else 0.0})

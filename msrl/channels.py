@@ -121,10 +121,11 @@ class LocalHub:
         self._closed = threading.Event()
         self._reason = ""
 
-    def endpoint(self, fragment: str, replica: int, asynchronous: Any = None) -> "LocalComm":
+    def endpoint(self, fragment: str, replica: int, asynchronous: Any = None, inference: Any = None) -> "LocalComm":
         """The endpoint generated programs of ``fragment`` replica ``replica`` call
-        (``asynchronous``: its :class:`~msrl.runtime.asynchronous.AsyncEndpoint`, for ``put``/``get``)."""
-        return LocalComm(self, fragment, replica, asynchronous)
+        (``asynchronous``: its :class:`~msrl.runtime.asynchronous.AsyncEndpoint`, for ``put``/``get``;
+        ``inference``: its :class:`~msrl.runtime.inference.InferenceServer`, for ``serve``)."""
+        return LocalComm(self, fragment, replica, asynchronous, inference)
 
     @property
     def closed(self) -> bool:
@@ -177,9 +178,11 @@ class LocalComm:
     """One fragment replica's endpoint; generated code calls ``comm.<op>(boundary[, value])``:
     with a value on the src side, without on the dst side (which returns the value)."""
 
-    def __init__(self, hub: LocalHub, fragment: str, replica: int, asynchronous: Any = None) -> None:
+    def __init__(self, hub: LocalHub, fragment: str, replica: int, asynchronous: Any = None,
+                 inference: Any = None) -> None:
         self.hub, self.fragment, self.replica = hub, fragment, replica
         self.asynchronous = asynchronous
+        self.inference = inference
 
     def _boundary(self, name: str, op: str) -> Boundary:
         b = self.hub.boundaries.get(name)
@@ -254,3 +257,15 @@ class LocalComm:
 
     def flush(self) -> None:
         """Nothing to wait for: in-process puts complete at once."""
+
+    def serve(self, trainer: Any, fn: Any) -> Any:
+        """Central inference (the server replica): runs ``fn`` once per client replica through
+        this endpoint's :class:`~msrl.runtime.inference.InferenceServer`.
+
+        Raises:
+            RuntimeError: this replica serves no inference.
+        """
+        if self.inference is None:
+            raise RuntimeError(f"fragment {self.fragment} replica {self.replica} serves no central inference")
+        return self.inference.serve(trainer, fn, self)
+

@@ -16,7 +16,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import linecache
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from msrl.graph import Const, Graph, Node, NodeKind
 
@@ -105,6 +105,7 @@ def generate(
     method: str,
     lowering: Lowering,
     globals_: Mapping[str, Any],
+    serve: tuple[int, Sequence[str]] | None = None,
 ) -> Program:
     """Generates and compiles the program of one fragment's region graph.
 
@@ -113,6 +114,10 @@ def generate(
         fragment, method: names used in the function's pseudo file name.
         lowering: the backend's rule table.
         globals_: globals the user's expressions refer to (the trainer module's namespace).
+        serve: ``(k, live_outs)`` under central inference (:mod:`msrl.inference`): the first
+            ``k`` top-level nodes become a nested function ``_msrl_served(self, comm)`` that
+            returns the values ``live_outs``, run by ``comm.serve(self, _msrl_served)`` (once
+            per client replica, :mod:`msrl.runtime.inference`) before the rest of the program.
 
     Returns:
         the compiled :class:`Program`.
@@ -157,7 +162,18 @@ def generate(
         if len(lines) == start:
             lines.append(f"{pad}pass")
 
-    emit(graph, 1)
+    if serve is None:
+        emit(graph, 1)
+    else:
+        k, live = serve
+        nodes = list(graph)
+        outs = "".join(f"{ctx.var(v)}, " for v in live)
+        lines.append("    def _msrl_served(self, " + COMM_VAR + "):")
+        lines.append('        """The part run once per client replica (central inference)."""')
+        emit(nodes[:k], 2)
+        lines.append(f"        return ({outs})")
+        lines.append(f"    {outs or '_ = '}{'= ' if outs else ''}{COMM_VAR}.serve(self, _msrl_served)")
+        emit(nodes[k:], 1)
     if not any(n.kind is NodeKind.OUTPUT for n in graph):
         lines.append("    return None")
     source = "\n".join(lines) + "\n"

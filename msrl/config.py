@@ -64,6 +64,18 @@ class EnvConfig(_Strict):
     )
 
 
+class InferenceConfig(_Strict):
+    """``distribution_policy.inference``: central inference with dynamic batching (SEED RL), for a
+    policy that offers it (``single_learner_fine``)."""
+
+    max_batch: int | None = Field(
+        None, ge=1, description="env replicas whose requests one inference batch holds (default: all of them)"
+    )
+    timeout_ms: float | None = Field(
+        None, ge=0, description="the longest a request waits for its batch to fill, in ms (default: no deadline)"
+    )
+
+
 class PolicyConfig(_Strict):
     """``distribution_policy``: a file of ``distribution_policies/`` and per-fragment overrides."""
 
@@ -81,6 +93,9 @@ class PolicyConfig(_Strict):
     )
     queue_capacity: int | None = Field(
         None, gt=0, description="items a producer may have queued in a fifo boundary before it waits (default: the policy's)"
+    )
+    inference: InferenceConfig | None = Field(
+        None, description="central inference with dynamic batching: {max_batch: B, timeout_ms: D} (single_learner_fine)"
     )
 
 
@@ -150,9 +165,13 @@ class RunConfig(_Strict):
 def _model_at(model: type[BaseModel], loc: Sequence[Any]) -> type[BaseModel] | None:
     for key in loc:
         field = model.model_fields.get(str(key))
-        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+        annotation = field.annotation if field is not None else None
+        if annotation is not None and not isinstance(annotation, type):  # Optional[Model]: the model
+            annotation = next((a for a in getattr(annotation, "__args__", ()) if isinstance(a, type)
+                               and issubclass(a, BaseModel)), annotation)
+        if field is None or not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
             return None
-        model = field.annotation
+        model = annotation
     return model
 
 
@@ -381,9 +400,27 @@ def build_job_spec(cfg: RunConfig) -> Any:
         if mode not in BOUNDARY_MODES:
             raise ConfigError(f"distribution_policy.boundaries.{key}={mode}: unknown boundary kind; "
                               f"kinds: {', '.join(BOUNDARY_MODES)}")
+    inference = None
+    if dp.inference is not None:
+        inf = policy.inference
+        if inf is None:
+            raise ConfigError(f"distribution_policy.inference: policy {policy.name} has no central inference; "
+                              "single_learner_fine has (env replicas served by one central actor)")
+        inference = dp.inference.model_dump(exclude_none=True)
+        clients = dp.replicas.get(inf.clients, policy.fragment(inf.clients).replicas)
+        if dp.inference.max_batch is not None and dp.inference.max_batch > clients:
+            raise ConfigError(f"distribution_policy.inference.max_batch={dp.inference.max_batch}: a batch holds the "
+                              f"requests of at most the {clients} {inf.clients} replicas "
+                              f"(distribution_policy.replicas.{inf.clients}); valid: 1..{clients}")
+        for key, mode in dp.boundaries.items():
+            bc = next(b for b in policy.boundaries if b.name == key)
+            if {bc.src, bc.dst} == {inf.server, inf.clients} and mode != "fifo":
+                raise ConfigError(f"distribution_policy.boundaries.{key}={mode}: under distribution_policy.inference "
+                                  f"the boundaries between {inf.clients} and {inf.server} are fifo queues, one per "
+                                  f"{inf.clients} replica; drop the setting or distribution_policy.inference")
     try:
         policy = policy.with_overrides(dp.replicas, dp.backends, dp.devices, dp.placement, dp.boundaries,
-                                       dp.queue_capacity)
+                                       dp.queue_capacity, inference)
     except ValueError as e:
         raise ConfigError(f"distribution_policy.placement: {e}") from None
     for frag_name, problem in policy.replica_problems():

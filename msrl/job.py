@@ -18,13 +18,12 @@ import torch
 
 from msrl import registry
 from msrl.api import AlgorithmSpec, EpisodeStats, Trainer
-from msrl.backend import load_backend
-from msrl.codegen import Program, generate
+from msrl.codegen import Program
 from msrl.graph import Graph
 from msrl.partition import FragmentGraph, partition
 from msrl.policy import DistributionPolicy
 from msrl.runtime.local import LocalRuntime
-from msrl.runtime.replica import Replica, as_floats, build_trainer, check_losses, replica_states
+from msrl.runtime.replica import Replica, as_floats, build_trainer, check_losses, compile_fragment, replica_states
 from msrl.tracer import trace
 
 __all__ = ["JobSpec", "Job", "UnknownAlgorithmError", "load_algorithm", "available_algorithms", "METHODS"]
@@ -213,9 +212,10 @@ class Job:
         """Runs ``n`` iterations, every replica on its own between boundaries; one record per
         iteration: ``output`` (the learner's metrics as floats), ``env_steps`` (the job's total
         after it), ``episodes`` (the :class:`EpisodeStats` finished in it, replica 0 first),
-        ``time_s`` (the slowest replica's time for it) and ``policy_lags`` (learner version
+        ``time_s`` (the slowest replica's time for it), ``policy_lags`` (learner version
         minus acting version of what asynchronous boundaries delivered in it; empty without
-        them). The same records as :meth:`msrl.cluster.ray_runtime.RayJob.run`.
+        them) and ``inference`` (central inference's ``batch_sizes`` and ``latencies_s`` in it,
+        or ``None``). The same records as :meth:`msrl.cluster.ray_runtime.RayJob.run`.
 
         Raises:
             FragmentError, FloatingPointError: as :meth:`train_step`.
@@ -235,7 +235,8 @@ class Job:
             self._stats.merge(episodes)
             records.append({"output": out, "env_steps": sum(steps.values()), "episodes": episodes,
                             "time_s": max(r["time_s"] for r in rows.values()),
-                            "policy_lags": [lag for key in sorted(rows) for lag in rows[key]["policy_lags"]]})
+                            "policy_lags": [lag for key in sorted(rows) for lag in rows[key]["policy_lags"]],
+                            "inference": next((rows[k]["inference"] for k in sorted(rows) if rows[k].get("inference")), None)})
         return records
 
     @property
@@ -293,13 +294,7 @@ def compile_programs(fg: FragmentGraph, algorithm: AlgorithmSpec) -> dict[tuple[
     Raises:
         UnknownBackendError: a fragment names a backend that does not exist.
     """
-    module_globals = vars(sys.modules[algorithm.trainer.__module__])
-    programs = {}
-    for fr in fg.fragments:
-        backend = load_backend(fr.spec.backend)
-        for method, g in fr.programs.items():
-            programs[(fr.name, method)] = generate(g, fr.name, method, backend.lowering, module_globals)
-    return programs
+    return {(fr.name, method): p for fr in fg.fragments for method, p in compile_fragment(fg, fr.name, algorithm).items()}
 
 
 def build_trainers(spec: JobSpec) -> dict[tuple[str, int], Trainer]:

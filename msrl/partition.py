@@ -140,12 +140,14 @@ class FragmentGraph:
         graphs: the traced graphs, per method, before partitioning.
         fragments: fragments in order; each holds a program region per method.
         boundaries: every boundary, in program order per method.
+        inference: under central inference, its :class:`~msrl.inference.InferencePlan`.
     """
 
     policy: DistributionPolicy
     graphs: dict[str, Graph]
     fragments: list[Fragment]
     boundaries: list[Boundary]
+    inference: Any = None
 
     def fragment(self, name: str) -> Fragment:
         """The fragment called ``name`` (KeyError if absent)."""
@@ -719,4 +721,8 @@ def partition(graphs: dict[str, Graph], policy: DistributionPolicy) -> FragmentG
             g.name = f"{fr.name}.{method}"
             g.lint(defined=set())
     fg.check_schedule()
+    if policy.serving is not None:
+        from msrl.inference import plan_inference
+
+        fg.inference = plan_inference(fg)
     return fg

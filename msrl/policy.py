@@ -15,8 +15,8 @@ from msrl import registry
 from msrl.api import ROLES
 from msrl.graph import Node, NodeKind
 
-__all__ = ["ONE_LEARNER", "BOUNDARY_MODES", "FragmentSpec", "BoundaryClass", "DistributionPolicy", "UnknownPolicyError",
-           "load_policy", "available_policies"]
+__all__ = ["ONE_LEARNER", "BOUNDARY_MODES", "FragmentSpec", "BoundaryClass", "InferenceSpec", "DistributionPolicy",
+           "UnknownPolicyError", "load_policy", "available_policies"]
 
 #: How a boundary moves values (DESIGN.md §3, "Boundary kinds"):
 #:
@@ -83,6 +83,40 @@ class BoundaryClass:
 
 
 @dataclasses.dataclass(frozen=True)
+class InferenceSpec:
+    """Central inference with dynamic batching (SEED RL, Espeholt et al. 2020, section 3): the
+    ``server`` fragment (one replica) serves the ``clients`` fragment's replicas, each over its
+    own ``fifo`` queues, and answers their ``role`` calls (``actor.act``) in batches.
+
+    The server runs the part of its ``train_step`` that talks to the clients (up to and with the
+    loop that steps the envs) once per client replica, side by side, each on that client's rows
+    and its own shard of the buffer; the ``role`` calls of those runs are queued and run
+    together: a batch closes when ``max_batch`` client requests wait (or every client still
+    inside the loop waits), or when the oldest has waited ``timeout_ms``. ``max_batch`` = every
+    client with no deadline runs exactly what one lockstep collective runs.
+
+    Attributes:
+        server, clients: fragment names (the central replica's and the env replicas').
+        role: the role whose calls are batched.
+        enabled: whether the YAML turned central inference on
+            (``distribution_policy.inference``); off, the boundaries are the policy's classes.
+        max_batch: client requests per batch, 1..client replicas (``None``: every client).
+        timeout_ms: the longest a request waits for its batch to fill (``None``: no deadline).
+    """
+
+    server: str
+    clients: str
+    role: str = "actor"
+    enabled: bool = False
+    max_batch: int | None = None
+    timeout_ms: float | None = None
+
+    def batch_size(self, clients: int) -> int:
+        """The batch size for ``clients`` client replicas (``max_batch``, or all of them)."""
+        return clients if self.max_batch is None else min(self.max_batch, clients)
+
+
+@dataclasses.dataclass(frozen=True)
 class DistributionPolicy:
     """A named split of the component roles into fragments.
 
@@ -97,6 +131,7 @@ class DistributionPolicy:
         max_role_replicas: role -> the most replicas the policy can run of it, with why
             (``{"learner": (1, "one learner: several would train diverging copies")}``); a
             config asking for more is an error, never a silent change of meaning.
+        inference: central inference the policy offers (:class:`InferenceSpec`), or ``None``.
 
     Raises:
         ValueError: a role in no fragment or in two, an unknown role, replicas < 1, a fragment
@@ -109,6 +144,7 @@ class DistributionPolicy:
     boundaries: tuple[BoundaryClass, ...] = ()
     queue_capacity: int = 1
     max_role_replicas: Mapping[str, tuple[int, str]] = dataclasses.field(default_factory=dict)
+    inference: InferenceSpec | None = None
 
     def __post_init__(self) -> None:
         seen: dict[str, str] = {}
@@ -136,12 +172,31 @@ class DistributionPolicy:
                                  f"kinds: {', '.join(BOUNDARY_MODES)}")
         if self.queue_capacity < 1:
             raise ValueError(f"policy {self.name}: queue_capacity={self.queue_capacity}; must be >= 1")
+        inf = self.inference
+        if inf is not None:
+            if inf.server not in names or inf.clients not in names or inf.server == inf.clients:
+                raise ValueError(f"policy {self.name}: inference joins {inf.clients} -> {inf.server}; "
+                                 f"it must join two of the fragments {names}")
+            if inf.max_batch is not None and inf.max_batch < 1:
+                raise ValueError(f"policy {self.name}: inference max_batch={inf.max_batch}; must be >= 1")
+            if inf.timeout_ms is not None and not inf.timeout_ms >= 0:
+                raise ValueError(f"policy {self.name}: inference timeout_ms={inf.timeout_ms}; must be >= 0")
+
+    @property
+    def serving(self) -> InferenceSpec | None:
+        """The central inference this job runs (:class:`InferenceSpec` turned on), or ``None``."""
+        return self.inference if self.inference is not None and self.inference.enabled else None
 
     def boundary_mode(self, method: str, src: str, dst: str) -> tuple[str, str | None]:
         """The kind of a ``method`` boundary from fragment ``src`` to ``dst``, and the name of
         the class that sets it (``("sync", None)`` when no class does; ``reset`` is always
-        synchronous)."""
+        synchronous; under central inference, the boundaries between its server and clients
+        are ``fifo`` queues, one per client)."""
         if method != "reset":
+            inf = self.serving
+            if inf is not None and {src, dst} == {inf.server, inf.clients}:
+                cls = next((bc.name for bc in self.boundaries if (bc.src, bc.dst) == (src, dst)), None)
+                return "fifo", cls
             for bc in self.boundaries:
                 if (bc.src, bc.dst) == (src, dst):
                     return bc.mode, bc.name
@@ -149,8 +204,9 @@ class DistributionPolicy:
 
     @property
     def asynchronous(self) -> bool:
-        """Whether any boundary class is asynchronous (``fifo`` or ``latest``)."""
-        return any(bc.mode != "sync" for bc in self.boundaries)
+        """Whether any boundary class is asynchronous (``fifo`` or ``latest``), or central
+        inference is on (its boundaries are ``fifo`` queues)."""
+        return any(bc.mode != "sync" for bc in self.boundaries) or self.serving is not None
 
     def fragment(self, name: str) -> FragmentSpec:
         """The fragment called ``name``.
@@ -188,6 +244,7 @@ class DistributionPolicy:
         placement: Mapping[str, str] | None = None,
         boundaries: Mapping[str, str] | None = None,
         queue_capacity: int | None = None,
+        inference: Mapping[str, float | None] | None = None,
     ) -> "DistributionPolicy":
         """A copy with per-fragment replicas, backends or devices replaced, roles moved and
         boundary kinds changed.
@@ -198,12 +255,14 @@ class DistributionPolicy:
                 ``{"buffer": "learner"}``: a replay buffer beside the learner, as in Ape-X).
             boundaries: boundary class -> kind (one of :data:`BOUNDARY_MODES`).
             queue_capacity: a ``fifo`` boundary's items per producer and consumer.
+            inference: turns central inference on with these :class:`InferenceSpec` fields
+                (``{"max_batch": 1, "timeout_ms": 2.0}``; ``{}``: on, with the defaults).
 
         Raises:
             KeyError: an override names a fragment, role or boundary class the policy lacks
                 (listing those it has).
             ValueError: a move leaves a fragment without roles; an unknown boundary kind; a
-                queue capacity below 1.
+                queue capacity below 1; central inference asked of a policy without it.
         """
         classes = {bc.name: bc for bc in self.boundaries}
         for key, mode in (boundaries or {}).items():
@@ -242,7 +301,15 @@ class DistributionPolicy:
             for f in self.fragments
         )
         new_classes = tuple(dataclasses.replace(bc, mode=(boundaries or {}).get(bc.name, bc.mode)) for bc in self.boundaries)
-        return dataclasses.replace(self, fragments=frags, boundaries=new_classes,
+        serving = self.inference
+        if inference is not None:
+            if serving is None:
+                raise ValueError(f"policy {self.name} has no central inference; policies with it: single_learner_fine")
+            unknown = set(inference) - {"max_batch", "timeout_ms"}
+            if unknown:
+                raise KeyError(f"central inference has no setting {sorted(unknown)[0]!r}; settings: max_batch, timeout_ms")
+            serving = dataclasses.replace(serving, enabled=True, **inference)  # type: ignore[arg-type]
+        return dataclasses.replace(self, fragments=frags, boundaries=new_classes, inference=serving,
                                    queue_capacity=self.queue_capacity if queue_capacity is None else queue_capacity)
 
     def replica_problems(self) -> list[tuple[str, str]]:

@@ -78,8 +78,24 @@ def format_job(job: Job) -> str:
         else:
             how = f"sync {b.op.value}"
         cls = f" [{b.boundary_class}]" if b.boundary_class else ""
+        plan = fg.inference
+        if plan is not None and b.method == "train_step" and {b.src, b.dst} == {plan.server, plan.clients}:
+            how = f"fifo queue of {b.capacity} per {plan.clients} replica (central inference), {b.pattern.value}"
         out.append(f"- {b.name}: {how} {b.value} {b.src} (x{b.src_replicas}) -> {b.dst} (x{b.dst_replicas}), "
                    f"{b.kind}{axis}{cls}")
+    plan = fg.inference
+    if plan is not None:
+        deadline = "no deadline" if plan.timeout_ms is None else f"or after {plan.timeout_ms:g} ms"
+        out.append("\n## central inference")
+        out.append(f"- {plan.server} runs the first {plan.region} top-level node(s) of its train_step once per "
+                   f"{plan.clients} replica (x{plan.clients_count}), side by side")
+        out.append(f"- {plan.role} calls there are batched: a batch closes at {plan.max_batch} request(s) (or every "
+                   f"{plan.clients} replica still in its rollout), {deadline}")
+        if plan.shard_roles:
+            out.append(f"- one shard of {', '.join(plan.shard_roles)} per {plan.clients} replica; calls after the "
+                       f"rollout concatenate the shards' results: "
+                       + (", ".join(f"{r}.{m} (axis {', '.join(map(str, a)) or '-'})" for (r, m), a in plan.combine.items())
+                          or "none"))
     for fr in fg.fragments:
         for method in METHODS:
             out.append(f"\n## fragment {fr.name}: {method}")

@@ -34,6 +34,7 @@ import yaml
 from msrl.config import ConfigError, RunConfig, build_job_spec, validate
 from msrl.evaluation import evaluate
 from msrl.job import Job, JobSpec
+from msrl.runtime.inference import inference_metrics
 from msrl.runtime.local import FragmentError
 from msrl.runtime.replica import ReplicaDied
 
@@ -684,6 +685,7 @@ def _run_job(cfg: RunConfig, spec: JobSpec, job: Any, resume: Any, resume_state:
                        if "comm_share" in rec else {}),
                     **({"async/policy_lag_mean": sum(lags) / len(lags), "async/policy_lag_max": max(lags)}
                        if (lags := rec.get("policy_lags")) else {}),
+                    **inference_metrics(rec.get("inference")),
                 }
                 if i == n - 1 and cfg.train.eval_every and job.env_steps // cfg.train.eval_every > done_eval:
                     done_eval = job.env_steps // cfg.train.eval_every

@@ -1,6 +1,7 @@
 """Acceptance: PPO solves CartPole-v1 on the Ray runtime under single_learner_coarse (2 actor
-processes), multi_learner (2 replicas) and coarse made asynchronous (2 actor processes rolling
-out while the learner learns; 3 seeds), changing only the YAML's policy (slow)."""
+processes), multi_learner (2 replicas), coarse made asynchronous (2 actor processes rolling
+out while the learner learns; 3 seeds) and single_learner_fine with dynamic batching (2 env
+processes served by the central actor; 3 seeds), changing only the YAML's policy (slow)."""
 
 import pytest
 
@@ -65,3 +66,24 @@ def test_impala_reaches_475_on_cartpole(tmp_path, policy, seed):
                                                        "train.stop_at_return=475"])
     r = train(cfg)
     assert r.time_to_threshold_s is not None, (r.eval_mean, [m.get("eval/mean_return") for m in r.metrics()])
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_ppo_solves_cartpole_with_central_inference_on_ray(tmp_path, seed):
+    """SEED-style: 2 env processes stream observations to the central actor + buffer + learner,
+    which serves each one's request as it comes (max_batch=1); PPO reaches 475."""
+    import csv
+
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    cfg = load_config("configs/ppo_cartpole.yaml", [
+        "distribution_policy.name=single_learner_fine", "distribution_policy.inference.max_batch=1",
+        "distribution_policy.inference.timeout_ms=1", "runtime=ray", f"runs_dir={tmp_path}", f"seed={seed}",
+        "train.progress=false", "train.eval_every=20000"])
+    r = train(cfg)
+    assert r.eval_mean >= 475 or r.time_to_threshold_s is not None, (r.eval_mean, r.steps_to_threshold)
+    with open(r.run_dir / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert all(float(row["inference/batch_mean"]) == 1.0 for row in rows)

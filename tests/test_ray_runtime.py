@@ -346,6 +346,79 @@ def test_overlapped_coarse_streams_over_grpc_on_the_node_address(ray_local, spec
         job.close()
 
 
+def test_central_inference_on_ray_equals_the_local_runtime_bitwise_and_serves_dynamic_batches(ray_local, spec_factory):
+    """single_learner_fine with central inference on Ray: the env processes stream to the central
+    replica's gRPC server (on the node's address), which runs one rollout per env replica. In
+    full batches it computes what the local runtime computes, bit for bit; with max_batch=1 every
+    request is served alone and the records carry the batches and latencies."""
+    from msrl.cluster.ray_runtime import RayJob
+
+    spec = spec_factory("single_learner_fine")
+    full = dataclasses.replace(spec, policy=spec.policy.with_overrides(inference={}))
+    local = Job(full)
+    local.reset()
+    local_metrics = [local.train_step() for _ in range(3)]
+    job = RayJob(full)
+    try:
+        job.reset()
+        records = job.run(3)
+        assert [r["output"] for r in records] == local_metrics
+        w_remote, w_local = job.weights("learner"), _learner_weights_local(local)
+        assert all(torch.equal(w_remote[k], w_local[k]) for k in w_local)
+        assert all(r["inference"]["batch_sizes"] == [2] * 16 for r in records)  # T=16 steps, both env replicas
+        stats = job.comm_stats()
+        servers = [s["grpc"]["server"] for s in stats if s["grpc"]["server"]]
+        assert len(servers) == 3 and all(not a.startswith(("0.0.0.0", "[::]")) for a in servers)
+        assert all(s["grpc"]["rejected"] == [] and s["grpc"]["dropped"] == 0 for s in stats)
+    finally:
+        job.close()
+        local.close()
+    dynamic = dataclasses.replace(spec, policy=spec.policy.with_overrides(inference={"max_batch": 1, "timeout_ms": 1.0}))
+    job = RayJob(dynamic)
+    try:
+        job.reset()
+        records = job.run(3)
+        assert all(r["inference"]["batch_sizes"] == [1] * 32 and len(r["inference"]["latencies_s"]) == 32
+                   for r in records)
+        assert job.env_steps == 3 * 16 * 4
+    finally:
+        job.close()
+
+
+def test_a_killed_env_replica_under_central_inference_is_restarted_and_its_work_dropped(tmp_path, capsys):
+    """PPO under single_learner_fine with dynamic batching, one env process SIGKILLed mid-run:
+    the central replica, waiting on the dead replica's queue, is stopped with every replica; the
+    job restarts from the last checkpoint in fresh processes, completes, and counts the restart
+    and the dropped env steps; every iteration is in metrics.csv once."""
+    import csv
+
+    from msrl.config import load_config
+    from msrl.run import train
+
+    if ray.is_initialized():
+        ray.shutdown()
+    cfg = load_config("configs/ppo_cartpole.yaml", [
+        f"runs_dir={tmp_path}", "name=kill", "runtime=ray", "train.progress=false",
+        "distribution_policy.name=single_learner_fine", "distribution_policy.inference.max_batch=1",
+        "distribution_policy.inference.timeout_ms=1", "train.total_env_steps=40000", "train.checkpoint_every=20",
+        "train.eval_every=0",
+    ])
+    killed, seen, t = _sigkill_when(tmp_path / "kill", "env", rows=30)
+    result = train(cfg)
+    t.join(5)
+    assert killed, "the test never killed a replica"
+    err = capsys.readouterr().err
+    assert "died" in err and "restarting every replica from the checkpoint" in err
+    with open(result.run_dir / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["iteration"]) for r in rows] == list(range(1, len(rows) + 1))
+    assert result.env_steps == 40000 // 256 * 256
+    assert float(rows[-1]["faults/replica_restarts"]) >= 1
+    assert float(rows[-1]["faults/dropped_env_steps"]) >= 0
+    assert all(r["inference/batch_mean"] == "1.0" for r in rows)
+    assert not _alive(_run_replica_pids(result.run_dir, seen))
+
+
 def test_a_killed_actor_under_async_learner_is_restarted_and_its_work_dropped(tmp_path, capsys):
     """IMPALA under async_learner, one actor process SIGKILLed mid-run: the learner, waiting on
     the dead actor's queue, is stopped with every replica, the job restarts from the last

@@ -93,20 +93,23 @@ class Mailbox:
             self._closed = reason
             self._cond.notify_all()
 
-    def _wait(self, ready: Callable[[], bool], what: str, block: bool = True) -> bool:
+    def _wait(self, ready: Callable[[], bool], what: str, block: bool = True, cancel: threading.Event | None = None) -> bool:
         if ready():
             return True
         deadline = time.monotonic() + self.timeout_s
         t0 = time.perf_counter()
         try:
-            return self._wait_until(ready, what, block, deadline)
+            return self._wait_until(ready, what, block, deadline, cancel)
         finally:
             self.wait_s += time.perf_counter() - t0
 
-    def _wait_until(self, ready: Callable[[], bool], what: str, block: bool, deadline: float) -> bool:
+    def _wait_until(self, ready: Callable[[], bool], what: str, block: bool, deadline: float,
+                    cancel: threading.Event | None = None) -> bool:
         while not ready():
             if self._closed is not None:
                 raise ChannelClosed(f"{what}: {self._closed}")
+            if cancel is not None and cancel.is_set():
+                raise ChannelClosed(f"{what}: the wait was cancelled (another run of this replica failed)")
             if not block:
                 return False
             left = deadline - time.monotonic()
@@ -132,15 +135,17 @@ class Mailbox:
             self._cond.notify_all()
         return True
 
-    def take(self, boundary: str, producer: int) -> Item:
-        """The oldest item of ``(boundary, producer)``, waiting while there is none.
+    def take(self, boundary: str, producer: int, cancel: threading.Event | None = None) -> Item:
+        """The oldest item of ``(boundary, producer)``, waiting while there is none (or until
+        ``cancel`` is set).
 
         Raises:
-            ChannelClosed: the mailbox was closed; TimeoutError: nothing for ``timeout_s``.
+            ChannelClosed: the mailbox was closed, or ``cancel`` set; TimeoutError: nothing for
+            ``timeout_s``.
         """
         with self._cond:
             q = self._fifo[(boundary, producer)]
-            self._wait(lambda: len(q) > 0, f"boundary {boundary} (from replica {producer})")
+            self._wait(lambda: len(q) > 0, f"boundary {boundary} (from replica {producer})", cancel=cancel)
             item = q.popleft()
             self._cond.notify_all()
         if self.on_take is not None:
@@ -281,6 +286,29 @@ class AsyncEndpoint:
         if b.pattern is NodeKind.GATHER:
             return concat(values, b.axis if b.axis is not None else 0)
         return values[0]
+
+    def take_from(self, name: str, producer: int, cancel: threading.Event | None = None) -> Any:
+        """Dst side of a ``fifo`` boundary, one producer only (central inference serves each
+        client replica on its own): that producer's oldest item.
+
+        Raises:
+            ChannelClosed: the job stopped, or ``cancel`` was set; TimeoutError: nothing in time.
+        """
+        b = self._get_boundary(name)
+        if b.mode != "fifo":
+            raise RuntimeError(f"boundary {name} is {b.mode}, not fifo: it has no per-producer queue to take from")
+        return self.mailbox.take(name, producer, cancel).value
+
+    def put_to(self, name: str, consumer: int, value: Any) -> None:
+        """Src side of a ``fifo`` boundary, to one consumer replica only (its whole ``value``).
+
+        Raises:
+            ChannelClosed, TimeoutError: the consumer's queue stayed full.
+        """
+        b = self._get_boundary(name)
+        if b.mode != "fifo":
+            raise RuntimeError(f"boundary {name} is {b.mode}, not fifo: it has no per-consumer queue to put into")
+        self.transport.send_item(b, self.replica, consumer, Item(value, dict(self.read_versions)))
 
     def pop_lags(self) -> list[int]:
         """The policy lags recorded since the last call."""

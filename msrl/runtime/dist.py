@@ -95,6 +95,9 @@ class DistComm:
     ) -> None:
         self.boundaries = {b.name: b for b in boundaries}
         self.asynchronous = asynchronous
+        #: the replica's :class:`~msrl.runtime.inference.InferenceServer` (central inference's
+        #: server replica), set by its runtime
+        self.inference: Any = None
         self.tags = {b.name: i for i, b in enumerate(boundaries)}
         self.fragment, self.replica = fragment, replica
         self.ranks = dict(ranks)
@@ -301,6 +304,17 @@ class DistComm:
             value = a.get(name)
         self.wait_s += a.mailbox.wait_s - w0
         return value
+
+    def serve(self, trainer: Any, fn: Any) -> Any:
+        """Central inference (the server replica): runs ``fn`` once per client replica through
+        this endpoint's :class:`~msrl.runtime.inference.InferenceServer`.
+
+        Raises:
+            RuntimeError: this replica serves no inference.
+        """
+        if self.inference is None:
+            raise RuntimeError(f"fragment {self.fragment} replica {self.replica} serves no central inference")
+        return self.inference.serve(trainer, fn, self)
 
     def allreduce(self, name: str, value: Any = None) -> Any:
         """The mean over this fragment's replicas of ``value`` (a tensor, or a list/tuple/dict

@@ -102,7 +102,7 @@ class LocalRuntime:
     def _run_one(self, method: str, n: int, key: tuple[str, int], hub: LocalHub | None) -> list[dict[str, Any]]:
         fragment, replica = key
         rep = self.replicas[key]
-        comm = hub.endpoint(fragment, replica, self.asynchronous[key]) if hub is not None else None
+        comm = hub.endpoint(fragment, replica, self.asynchronous[key], rep.inference) if hub is not None else None
         learner = rep.trainer.components.get("learner")
         if learner is not None and self._fragment_replicas[fragment] > 1:
             # multi_learner: the replicas' gradients are averaged at the gradient step
@@ -114,7 +114,8 @@ class LocalRuntime:
                 out = rep.run_method(method, comm)
                 records.append({"output": out, "episodes": rep.pop_episode_stats() if rep.has_env else EpisodeStats([], []),
                                 "env_steps": rep.env_steps, "time_s": time.perf_counter() - t0,
-                                "policy_lags": self.asynchronous[key].pop_lags()})
+                                "policy_lags": self.asynchronous[key].pop_lags(),
+                                "inference": rep.inference.pop_stats() if rep.inference is not None else None})
         except FragmentError as e:
             if hub is not None:
                 why = f"fragment {fragment} replica {replica} failed: {type(e.cause).__name__}: {e.cause}"

@@ -94,7 +94,7 @@ def replica_states(state: Mapping[str, Any], keys: Any) -> list[Any]:
     return [saved[k] for k in mine]
 
 
-def build_trainer(spec: Any, frag: FragmentSpec, replica: int) -> Trainer:
+def build_trainer(spec: Any, frag: FragmentSpec, replica: int, inference: Any = None) -> Trainer:
     """The trainer of replica ``replica`` of fragment ``frag``, holding that fragment's components.
 
     Replica ``r`` of the env fragment steps envs ``r*n .. r*n+n-1`` of the job (``n`` envs per
@@ -103,6 +103,11 @@ def build_trainer(spec: Any, frag: FragmentSpec, replica: int) -> Trainer:
     them), so its env ``i`` gets seed ``seed + r*n + i``
     exactly as env ``r*n + i`` would in one process. Learners are built with the job's base seed
     on every replica (identical initial weights under ``multi_learner``).
+
+    Under central inference (``inference``: the job's :class:`~msrl.inference.InferencePlan`),
+    the server replica holds each sharded role (its buffer) as one shard per env replica
+    (:class:`~msrl.runtime.inference.ShardedComponent`), shard ``i`` built exactly as a
+    fragment replica ``i`` beside env replica ``i`` would be.
 
     Raises:
         ValueError: envs do not split evenly over the env replicas.
@@ -132,6 +137,15 @@ def build_trainer(spec: Any, frag: FragmentSpec, replica: int) -> Trainer:
             # every learner replica from the job's base seed: identical initial weights, which
             # gradient all-reduce keeps identical (one learner: the same seed as before)
             components[role] = spec.algorithm.components[role](dataclasses.replace(ctx, seed=spec.seed))
+        elif inference is not None and frag.name == inference.server and role in inference.shard_roles:
+            from msrl.runtime.inference import ShardedComponent
+
+            shards = []
+            for i in range(inference.clients_count):
+                es = make_env_spec(spec.env_id, n, spec.env_kwargs, spec.env_wrappers, spec.env_engine)
+                shards.append(spec.algorithm.components[role](dataclasses.replace(
+                    ctx, env_spec=es, replica=i, num_replicas=inference.clients_count, seed=spec.seed + i * n)))
+            components[role] = ShardedComponent(shards, {m: axes for (r, m), axes in inference.combine.items() if r == role})
         else:
             components[role] = spec.algorithm.components[role](ctx)
     return spec.algorithm.trainer(components, spec.hparams, seed, num_envs=spec.num_envs, total_env_steps=spec.total_env_steps)
@@ -158,7 +172,12 @@ def compile_fragment(fg: FragmentGraph, fragment: str, algorithm: Any) -> dict[s
     fr = fg.fragment(fragment)
     module_globals = vars(sys.modules[algorithm.trainer.__module__])
     backend = load_backend(fr.spec.backend)
-    return {method: generate(g, fr.name, method, backend.lowering, module_globals) for method, g in fr.programs.items()}
+    plan = fg.inference
+    out = {}
+    for method, g in fr.programs.items():
+        serve = (plan.region, plan.live_outs) if plan is not None and (fragment, method) == (plan.server, "train_step") else None
+        out[method] = generate(g, fr.name, method, backend.lowering, module_globals, serve)
+    return out
 
 
 class Replica:
@@ -184,7 +203,14 @@ class Replica:
         self.fragment, self.replica = fragment, replica
         self.spec = fragment_graph.fragment(fragment).spec
         self.programs = dict(programs) if programs is not None else compile_fragment(fragment_graph, fragment, spec.algorithm)
-        self.trainer = trainer if trainer is not None else build_trainer(spec, self.spec, replica)
+        plan = fragment_graph.inference
+        self.trainer = trainer if trainer is not None else build_trainer(spec, self.spec, replica, plan)
+        #: the :class:`~msrl.runtime.inference.InferenceServer` of central inference's server replica
+        self.inference: Any = None
+        if plan is not None and fragment == plan.server:
+            from msrl.runtime.inference import InferenceServer
+
+            self.inference = InferenceServer(plan)
         self.state_attrs = sorted(
             {n.target for fr in fragment_graph.fragments for g in fr.programs.values() for n in g.walk() if n.kind.value == "state_out"}
         )

@@ -1,0 +1,187 @@
+"""Central inference with dynamic batching, the graph side: which part of the server fragment's
+``train_step`` runs once per client replica, and what that asks of the algorithm (SEED RL,
+Espeholt et al. 2020, "SEED RL: Scalable and Efficient Deep-RL with Accelerated Central
+Inference", section 3).
+
+Under ``single_learner_fine`` with ``distribution_policy.inference`` set, the central replica
+(the *server*) does not meet every env replica (*client*) in one lockstep collective per step.
+Its ``train_step`` program is cut in two:
+
+* the **served region**: the leading top-level nodes of the program up to and with the last one
+  that talks to the clients (in practice: the rollout loop). The runtime runs it once per
+  client, side by side (:mod:`msrl.runtime.inference`), each run on that client's rows only:
+  its boundaries become that client's own ``fifo`` queues, its calls on the served role
+  (``actor.act``) go to a batcher that runs the requests waiting together, and its calls on
+  the other roles (the ``buffer``) go to that client's own shard of the component.
+* the **rest** (learning, weight updates), run once on the whole trainer after every client's
+  run ended, where a call on a sharded component combines the shards' results as a gather of
+  replicas would (sharded values concatenated along their env axis).
+
+What cannot be honoured exactly is a :class:`~msrl.partition.PartitionError` naming the
+``file:line``: a learner call, or state that is not a control value, inside the served region
+(it would run once per client), a served call whose results are not sharded along axis 0, a
+call after the region whose result the shards cannot combine into what one component returns
+(a replay sample), a non-control value that the region computes and the rest reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from msrl.graph import COMM_KINDS, Graph, Node, NodeKind
+
+__all__ = ["InferencePlan", "plan_inference"]
+
+
+@dataclasses.dataclass(frozen=True)
+class InferencePlan:
+    """How the server fragment runs central inference.
+
+    Attributes:
+        server, clients: fragment names; ``clients_count``: the client replicas.
+        role: the role whose calls are batched (``"actor"``).
+        max_batch: client requests per batch (1..``clients_count``).
+        timeout_ms: the longest a request waits for its batch to fill (``None``: no deadline).
+        region: how many top-level nodes of the server's ``train_step`` program the served
+            region holds.
+        shard_roles: roles of the server fragment with one component shard per client.
+        combine: ``(role, method) -> env axis of each result`` for the calls on sharded
+            components outside the served region (``()``: a call without results, made on
+            every shard).
+        live_outs: control values the served region computes and the rest reads (every
+            client's run computes the same; the first client's is used).
+        state_writes: control trainer attributes the served region writes (copied back from
+            the first client's run).
+    """
+
+    server: str
+    clients: str
+    clients_count: int
+    role: str
+    max_batch: int
+    timeout_ms: float | None
+    region: int
+    shard_roles: tuple[str, ...]
+    combine: dict[tuple[str, str], tuple[int, ...]]
+    live_outs: tuple[str, ...]
+    state_writes: tuple[str, ...]
+
+
+def _walk(nodes: list[Node]) -> list[Node]:
+    out: list[Node] = []
+    for n in nodes:
+        out.append(n)
+        for region in n.regions():
+            out += _walk(list(region))
+    return out
+
+
+def _reads(n: Node) -> list[str]:
+    names = [a for a in n.inputs if isinstance(a, str)]
+    if n.kind is NodeKind.LOOP:
+        names += [a for a in n.args if isinstance(a, str)]
+    if n.kind is NodeKind.BRANCH and isinstance(n.target, str):
+        names.append(n.target)
+    return names
+
+
+def plan_inference(fg: Any) -> InferencePlan:
+    """The :class:`InferencePlan` of a partitioned job whose policy serves inference.
+
+    Args:
+        fg: a :class:`~msrl.partition.FragmentGraph` whose ``policy.serving`` is set.
+
+    Raises:
+        PartitionError: the algorithm's ``train_step`` cannot run per client (see the module
+            docstring), naming the node's ``file:line`` and the setting to change.
+    """
+    from msrl.partition import PartitionError, value_info
+
+    inf = fg.policy.serving
+    server, clients = fg.fragment(inf.server), fg.fragment(inf.clients)
+    off = "; run it lockstep by dropping distribution_policy.inference"
+    if server.spec.replicas != 1:
+        raise PartitionError(f"central inference serves from one {inf.server} replica, not {server.spec.replicas}")
+    program: Graph = server.programs["train_step"]
+    top = list(program)
+
+    def talks_to_clients(n: Node) -> bool:
+        return n.kind in COMM_KINDS and inf.clients in (n.target.src, n.target.dst)
+
+    last = max((i for i, n in enumerate(top) if any(talks_to_clients(m) for m in _walk([n]))), default=-1)
+    if last < 0:
+        raise PartitionError(f"central inference: the {inf.server} fragment's train_step never talks to the "
+                             f"{inf.clients} replicas; there is nothing to serve{off}")
+    region, rest = top[:last + 1], top[last + 1:]
+    shard_roles = tuple(r for r in server.spec.roles if r not in (inf.role, "learner"))
+    writes: dict[str, Node] = {}
+    state_writes: list[str] = []
+    for n in _walk(region):
+        where = f"{n.describe()} at {n.where()}"
+        if n.kind is NodeKind.CALL:
+            if n.role == "learner":
+                raise PartitionError(f"central inference runs the part of train_step that talks to the {inf.clients} "
+                                     f"replicas once per {inf.clients} replica, and {where} is inside it; the learner "
+                                     f"must run after the rollout loop{off}")
+            if n.role == inf.role:
+                if not n.outputs:
+                    raise PartitionError(f"central inference batches {inf.role} calls that answer each env row, and "
+                                         f"{where} returns nothing (it would run once per {inf.clients} replica){off}")
+                for out in n.outputs:
+                    info = value_info(n, out)
+                    if info is None or info.get("kind") != "sharded" or (info.get("axis") or 0) != 0:
+                        kind = "unknown" if info is None else f"{info.get('kind')} along axis {info.get('axis')}"
+                        raise PartitionError(f"central inference batches {inf.role} calls over env rows, but {out!r} of "
+                                             f"{where} is {kind}, not one row per env along axis 0{off}")
+        elif n.kind in (NodeKind.STATE_IN, NodeKind.STATE_OUT) and not n.meta.get("control"):
+            raise PartitionError(f"central inference runs the rollout once per {inf.clients} replica, and {where} "
+                                 f"reads or writes trainer state self.{n.target} that is not a control value; keep "
+                                 f"such state in the {inf.clients} fragment{off}")
+        elif n.kind is NodeKind.STATE_OUT:
+            state_writes.append(n.target)
+        elif n.kind is NodeKind.OUTPUT:
+            raise PartitionError(f"central inference: train_step returns ({where}) inside its rollout loop{off}")
+        elif n.kind in COMM_KINDS and not talks_to_clients(n):
+            raise PartitionError(f"central inference runs the rollout once per {inf.clients} replica, and {where} "
+                                 f"crosses to fragment {n.target.src if n.target.dst == inf.server else n.target.dst} "
+                                 f"inside it{off}")
+        for out in n.outputs:
+            writes[out] = n
+    live_outs = []
+    for n in _walk(rest):
+        for name in _reads(n):
+            w = writes.get(name)
+            if w is None or name in live_outs:
+                continue
+            if not w.meta.get("control"):
+                raise PartitionError(f"central inference: {name!r}, written by %{w.id} at {w.where()} in the rollout "
+                                     f"(run once per {inf.clients} replica), is read after it by %{n.id} at {n.where()} "
+                                     f"and is not a control value; the runs' values cannot be combined{off}")
+            live_outs.append(name)
+    combine: dict[tuple[str, str], tuple[int, ...]] = {}
+    for method, g in server.programs.items():
+        nodes = rest if method == "train_step" else list(g)
+        for n in _walk(nodes):
+            if n.kind is not NodeKind.CALL or n.role not in shard_roles:
+                continue
+            axes = []
+            for out in n.outputs:
+                info = value_info(n, out)
+                if info is None or info.get("kind") != "sharded":
+                    kind = "of unknown kind" if info is None else f"a {info.get('kind')} value"
+                    raise PartitionError(
+                        f"central inference keeps one {n.role} shard per {inf.clients} replica, and {out!r} of "
+                        f"{n.describe()} at {n.where()} is {kind}: the shards cannot combine it into what one "
+                        f"{n.role} returns (only values sharded along the env axis concatenate){off}")
+                axes.append(int(info.get("axis") or 0))
+            key = (n.role, n.target[1])
+            if combine.setdefault(key, tuple(axes)) != tuple(axes):
+                raise PartitionError(f"central inference: {n.role}.{n.target[1]} at {n.where()} returns values along "
+                                     f"different env axes at different calls{off}")
+    count = clients.spec.replicas
+    return InferencePlan(
+        server=inf.server, clients=inf.clients, clients_count=count, role=inf.role,
+        max_batch=inf.batch_size(count), timeout_ms=inf.timeout_ms, region=len(region),
+        shard_roles=shard_roles, combine=combine, live_outs=tuple(live_outs), state_writes=tuple(state_writes),
+    )
