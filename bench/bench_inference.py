@@ -67,7 +67,7 @@ def act_floor_ms(spec, rows: int, calls: int = 2000) -> float:
     from msrl.runtime.replica import build_standalone_actor
 
     actor, es = build_standalone_actor(spec)
-    obs = torch.randn(rows, *es.obs_shape)
+    obs = torch.randn(rows, *es.observation_space.shape)
     times = []
     for _ in range(calls):
         t0 = time.perf_counter()
