@@ -25,6 +25,7 @@ import statistics
 import time
 
 import torch
+from bench_runtime import measure as measure_policy
 
 ROWS = [
     (2, None), (2, {}), (2, {"max_batch": 1, "timeout_ms": 1.0}),
@@ -34,32 +35,19 @@ ROWS = [
 
 def measure(envs: int | None, inference: dict | None, iterations: int, warmup: int) -> dict:
     """Env steps/s over ``iterations`` and the central inference statistics (``envs=None``: single)."""
-    from msrl.cluster.ray_runtime import RayJob
-    from msrl.config import build_job_spec, load_config
-
-    over = ["runtime=ray"]
-    if envs is not None:
-        over += ["distribution_policy.name=single_learner_fine", f"distribution_policy.replicas.env={envs}"]
-        if inference is not None:
-            over += ["distribution_policy.inference={}"] + [f"distribution_policy.inference.{k}={v}" for k, v in inference.items()]
-    spec = build_job_spec(load_config("configs/ppo_cartpole.yaml", over))
-    job = RayJob(spec)
-    try:
-        job.reset()
-        job.run(warmup)
-        t0 = time.perf_counter()
-        records = []
-        while len(records) < iterations:
-            records += job.run(min(16, iterations - len(records)))
-        dt = time.perf_counter() - t0
-    finally:
-        job.close()
-    lat = sorted(x for r in records if r.get("inference") for x in r["inference"]["latencies_s"])
-    sizes = [s for r in records if r.get("inference") for s in r["inference"]["batch_sizes"]]
-    return {"sps": iterations * spec.env_steps_per_iteration / dt,
+    if envs is None:
+        r = measure_policy("single", {}, "ray", iterations, warmup)
+    else:
+        over = [] if inference is None else ["distribution_policy.inference={}"] + [
+            f"distribution_policy.inference.{k}={v}" for k, v in inference.items()]
+        r = measure_policy("single_learner_fine", {"env": envs}, "ray", iterations, warmup, overrides=tuple(over), chunk=16)
+    records = r["records"]
+    lat = sorted(x for rec in records if rec.get("inference") for x in rec["inference"]["latencies_s"])
+    sizes = [s for rec in records if rec.get("inference") for s in rec["inference"]["batch_sizes"]]
+    return {"sps": r["sps"], "spec": r["spec"],
             "p50_ms": 1000 * lat[len(lat) // 2] if lat else None,
             "p99_ms": 1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else None,
-            "batch": statistics.mean(sizes) if sizes else None, "spec": spec}
+            "batch": statistics.mean(sizes) if sizes else None}
 
 
 def act_floor_ms(spec, rows: int, calls: int = 2000) -> float:

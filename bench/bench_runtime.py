@@ -39,13 +39,15 @@ ROWS = [
 
 
 def measure(policy: str, replicas: dict[str, int], runtime: str, iterations: int, warmup: int,
-            intra_node: str = "shm", boundaries: dict[str, str] | None = None) -> dict:
-    """Env steps/s over ``iterations`` iterations and the median comm share (Ray only)."""
+            intra_node: str = "shm", boundaries: dict[str, str] | None = None, overrides: tuple[str, ...] = (),
+            chunk: int = 64) -> dict:
+    """Env steps/s over ``iterations`` iterations, the median comm share (Ray only), the
+    iterations' records and the job's spec (``overrides``: more YAML overrides)."""
     from msrl.config import build_job_spec, load_config
     from msrl.job import Job
 
     over = [f"distribution_policy.name={policy}", *(f"distribution_policy.replicas.{k}={v}" for k, v in replicas.items()),
-            *(f"distribution_policy.boundaries.{k}={v}" for k, v in (boundaries or {}).items())]
+            *(f"distribution_policy.boundaries.{k}={v}" for k, v in (boundaries or {}).items()), *overrides]
     cfg = load_config("configs/ppo_cartpole.yaml", [*over, f"runtime={runtime}"])
     spec = build_job_spec(cfg)
     if runtime == "ray":
@@ -60,7 +62,7 @@ def measure(policy: str, replicas: dict[str, int], runtime: str, iterations: int
         t0 = time.perf_counter()
         records = []
         while len(records) < iterations:  # chunks of ~0.5 s, as msrl.run.train runs them
-            records += job.run(min(64, iterations - len(records)))
+            records += job.run(min(chunk, iterations - len(records)))
         dt = time.perf_counter() - t0
     finally:
         job.close()
@@ -68,7 +70,7 @@ def measure(policy: str, replicas: dict[str, int], runtime: str, iterations: int
     waits = [r["wait_share"] for r in records if "wait_share" in r]
     return {"sps": iterations * spec.env_steps_per_iteration / dt,
             "comm_share": statistics.median(shares) if shares else None,
-            "wait_share": statistics.median(waits) if waits else None}
+            "wait_share": statistics.median(waits) if waits else None, "records": records, "spec": spec}
 
 
 def main() -> None:

@@ -8,11 +8,17 @@ raw bytes, never pickle::
     request  (producer -> consumer): b"MSRA" | format 1 | type | boundary tag (u16) |
                                      producer replica (u16) | versions n (u16) | version (u64) |
                                      n x (boundary tag u16, version u64) | codec message
+    batch    (producer -> consumer): b"MSRA" | format 1 | BATCH | count (u16) | count x (length (u32) | request)
     response (consumer -> producer): b"MSRA" | format 1 | CREDIT | boundary tag (u16) | count (u32)
 
 ``type`` is ``ITEM`` (a ``fifo`` item; the versions are the ``latest`` slots its producer had
 read) or ``LATEST`` (version ``version`` of a slot). The codec message is
-:func:`msrl.runtime.codec.encode`'s (dtype + shape + raw bytes).
+:func:`msrl.runtime.codec.encode`'s (dtype + shape + raw bytes). A ``BATCH`` message carries
+several requests in one gRPC message: a producer holds the ``fifo`` items it puts until it is
+about to wait for anything (a ``get``, a synchronous receive, a full queue's credits, the end
+of its iteration) and then sends what it holds at once (:meth:`GrpcTransport.flush`); an env
+replica's five values of one step (observation, reward, terminated, truncated, final
+observation) cross as one message instead of five.
 
 Flow control: a producer holds ``capacity`` credits per (boundary, consumer); a ``fifo`` item
 spends one, and the consumer returns it (a ``CREDIT`` frame) when its program takes the item,
@@ -53,13 +59,17 @@ from msrl.runtime.asynchronous import Item, Mailbox
 from msrl.runtime.codec import CodecError, decode, encode
 
 __all__ = ["TransportError", "TlsConfig", "BoundaryServer", "GrpcTransport", "METHOD", "MAX_MESSAGE",
-           "ITEM", "LATEST", "CREDIT", "encode_frame", "parse_frame"]
+           "ITEM", "LATEST", "CREDIT", "BATCH", "encode_frame", "parse_frame", "encode_batch", "split_batch"]
 
 METHOD = "/msrl.Boundaries/Stream"
 MAGIC = b"MSRA"
 FORMAT = 1
-ITEM, LATEST, CREDIT = 1, 2, 3
+ITEM, LATEST, CREDIT, BATCH = 1, 2, 3, 4
 _HEAD = struct.Struct("<4sBBHHHQ")
+_BATCH = struct.Struct("<4sBBH")
+_LENGTH = struct.Struct("<I")
+#: the most requests one BATCH message may carry
+MAX_BATCH_FRAMES = 4096
 _VERSION = struct.Struct("<HQ")
 _CREDIT = struct.Struct("<4sBBHI")
 #: the largest frame a server accepts by default (bytes); ``cluster.max_message_mb`` sets it
@@ -124,6 +134,51 @@ def parse_frame(frame: bytes, max_tags: int) -> tuple[int, int, int, int, dict[i
             raise TransportError(f"a slot version for boundary tag {t}; this job has {max_tags} boundaries")
         versions[t] = v
     return kind, tag, producer, version, versions, memoryview(frame)[end:]
+
+
+def encode_batch(frames: Sequence[bytes]) -> bytes:
+    """A ``BATCH`` message carrying ``frames`` (requests) in order (see the module docstring).
+
+    Raises:
+        ValueError: no frames, or more than :data:`MAX_BATCH_FRAMES`.
+    """
+    if not 0 < len(frames) <= MAX_BATCH_FRAMES:
+        raise ValueError(f"a batch of {len(frames)} frames; 1..{MAX_BATCH_FRAMES}")
+    return _BATCH.pack(MAGIC, FORMAT, BATCH, len(frames)) + b"".join(_LENGTH.pack(len(f)) + f for f in frames)
+
+
+def is_batch(message: bytes) -> bool:
+    """Whether ``message`` is a ``BATCH`` message (by its header; :func:`split_batch` checks the rest)."""
+    return len(message) >= _BATCH.size and message[:4] == MAGIC and message[5] == BATCH
+
+
+def split_batch(message: bytes) -> list[bytes]:
+    """The requests of a ``BATCH`` message, every length checked against the message.
+
+    Raises:
+        TransportError: a wrong header, a count of 0 or over :data:`MAX_BATCH_FRAMES`, a length
+            running past the message, bytes left over.
+    """
+    if len(message) < _BATCH.size:
+        raise TransportError(f"a batch of {len(message)} bytes, shorter than its {_BATCH.size}-byte header")
+    magic, fmt, kind, count = _BATCH.unpack_from(message)
+    if magic != MAGIC or fmt != FORMAT or kind != BATCH:
+        raise TransportError("a batch with a wrong header")
+    if not 0 < count <= MAX_BATCH_FRAMES:
+        raise TransportError(f"a batch of {count} frames; 1..{MAX_BATCH_FRAMES}")
+    out, at = [], _BATCH.size
+    for i in range(count):
+        if at + _LENGTH.size > len(message):
+            raise TransportError(f"frame {i} of a batch of {count} starts past the {len(message)}-byte message")
+        (n,) = _LENGTH.unpack_from(message, at)
+        at += _LENGTH.size
+        if at + n > len(message):
+            raise TransportError(f"frame {i} of a batch ({n} bytes) runs past the {len(message)}-byte message")
+        out.append(bytes(message[at:at + n]))
+        at += n
+    if at != len(message):
+        raise TransportError(f"{len(message) - at} bytes after the {count} frames of a batch")
+    return out
 
 
 def _channel(target: str, tls: TlsConfig | None, max_message: int) -> grpc.Channel:
@@ -239,9 +294,10 @@ class BoundaryServer:
 
     def _read(self, requests: Iterator[bytes], producer: tuple[str, int], out: queue.Queue) -> None:
         try:
-            for frame in requests:
+            for message in requests:
                 try:
-                    self._deliver(frame, producer)
+                    for frame in (split_batch(message) if is_batch(message) else (message,)):
+                        self._deliver(frame, producer)
                 except (TransportError, CodecError) as e:
                     out.put(_Abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad frame from {producer[0]}/{producer[1]}: {e}"))
                     return
@@ -303,6 +359,8 @@ class _Stream:
         self.cond = threading.Condition()
         self.in_flight: dict[int, int] = {}
         self.latest: dict[int, bytes] = {}
+        #: fifo frames put and not yet sent (sent together by :meth:`flush`)
+        self.held: list[bytes] = []
         self.error: str | None = None
         self.closed = False
         self.channel = _channel(target, transport.tls, transport.max_message)
@@ -358,6 +416,7 @@ class _Stream:
             self.t.dropped += lost
             self.in_flight.clear()
             self.latest.clear()
+            self.held.clear()  # counted in in_flight
             self.out.put(None)
         deadline = time.monotonic() + self.t.reconnect_s
         while not self.closed and time.monotonic() < deadline:
@@ -374,10 +433,22 @@ class _Stream:
             self.error = f"{why}; no reconnection within {self.t.reconnect_s:g} s"
             self.cond.notify_all()
 
-    def send_item(self, tag: int, capacity: int, frame: bytes) -> None:
+    def flush(self) -> None:
+        """Sends the held frames, as one message."""
+        with self.cond:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.held:
+            self.out.put(self.held[0] if len(self.held) == 1 else encode_batch(self.held))
+            self.held = []
+
+    def send_item(self, tag: int, capacity: int, frame: bytes, hold: bool = False) -> None:
         deadline = time.monotonic() + self.t.timeout_s
         with self.cond:
             t0 = time.perf_counter()
+            if self.in_flight.get(tag, 0) >= capacity:
+                self._flush()  # what it holds must leave before it waits for the credits they return
             while self.in_flight.get(tag, 0) >= capacity and self.error is None and not self.closed:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -387,12 +458,17 @@ class _Stream:
             if self.error is not None or self.closed:
                 raise ChannelClosed(self.error or f"the stream to {self.target} is closed")
             self.in_flight[tag] = self.in_flight.get(tag, 0) + 1
-            self.out.put(frame)
+            if hold and len(self.held) < MAX_BATCH_FRAMES:
+                self.held.append(frame)
+            else:
+                self._flush()
+                self.out.put(frame)
 
     def send_latest(self, tag: int, frame: bytes) -> None:
         with self.cond:
             if self.error is not None or self.closed:
                 raise ChannelClosed(self.error or f"the stream to {self.target} is closed")
+            self._flush()  # the stream keeps the order of the puts
             queued = tag in self.latest
             self.latest[tag] = frame  # replaces an older version not yet on the wire
             if not queued:
@@ -420,6 +496,8 @@ class GrpcTransport:
         timeout_s: how long a ``put`` waits on a full queue.
         reconnect_s: how long a broken stream tries to reconnect.
         max_message: the largest frame sent (bytes).
+        hold: hold ``fifo`` items until :meth:`flush` (which the endpoint calls before it
+            waits for anything), sending them as one ``BATCH`` message; ``False``: each at once.
 
     Attributes:
         dropped: items and slot values in flight on streams that broke.
@@ -430,12 +508,13 @@ class GrpcTransport:
 
     def __init__(self, boundaries: Sequence[Any], fragment: str, replica: int, addresses: Mapping[tuple[str, int], str],
                  token: str, tls: TlsConfig | None = None, timeout_s: float = 600.0, reconnect_s: float = 30.0,
-                 max_message: int = MAX_MESSAGE) -> None:
+                 max_message: int = MAX_MESSAGE, hold: bool = False) -> None:
         self.tags = {b.name: i for i, b in enumerate(boundaries)}
         self.fragment, self.replica = fragment, replica
         self.addresses = dict(addresses)
         self.token, self.tls = token, tls
         self.timeout_s, self.reconnect_s, self.max_message = timeout_s, reconnect_s, max_message
+        self.hold = hold
         self.dropped = self.reconnects = 0
         self.wait_s = 0.0
         self.bytes_sent = 0
@@ -472,15 +551,21 @@ class GrpcTransport:
         return frame
 
     def send_item(self, boundary: Any, producer: int, consumer: int, item: Item) -> None:
-        """Queues ``item`` for the consumer; waits while ``boundary.capacity`` are unacknowledged.
-        The same ``item`` object sent to several consumers (a broadcast) is encoded once.
+        """Queues ``item`` for the consumer (held until :meth:`flush` when ``hold``); waits
+        while ``boundary.capacity`` are unacknowledged, sending what it holds first. The same
+        ``item`` object sent to several consumers (a broadcast) is encoded once.
 
         Raises:
             ChannelClosed: the stream broke for good; TimeoutError: no credit in ``timeout_s``;
             TransportError: the value exceeds the message limit.
         """
         frame = self._frame(ITEM, boundary, 0, item.versions, item.value, item)
-        self._stream(boundary.dst, consumer).send_item(self.tags[boundary.name], boundary.capacity, frame)
+        self._stream(boundary.dst, consumer).send_item(self.tags[boundary.name], boundary.capacity, frame, self.hold)
+
+    def flush(self) -> None:
+        """Sends every frame held on every stream (each stream's as one message)."""
+        for s in list(self._streams.values()):
+            s.flush()
 
     def send_latest(self, boundary: Any, producer: int, consumer: int, version: int, value: Any) -> None:
         """Publishes ``value`` as ``version``; never waits (an unsent older version is replaced).

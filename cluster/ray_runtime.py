@@ -148,7 +148,8 @@ class ReplicaActor:
             from msrl.runtime.asynchronous import AsyncEndpoint
 
             transport = GrpcTransport(self.fragment_graph.boundaries, self.fragment, self.index, boundary_servers, token,
-                                      tls=tls, timeout_s=timeout_s, max_message=max_message or MAX_MESSAGE)
+                                      tls=tls, timeout_s=timeout_s, max_message=max_message or MAX_MESSAGE,
+                                      hold=True)  # the endpoint flushes before it waits and every iteration
             asynchronous = AsyncEndpoint(self.fragment_graph.boundaries, self.fragment, self.index, self.mailbox, transport)
         self.comm = DistComm(self.fragment_graph.boundaries, self.fragment, self.index, ranks, own,
                              own_device, devices, local_group=local, asynchronous=asynchronous)

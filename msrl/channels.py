@@ -31,7 +31,7 @@ from tensordict import TensorDictBase
 
 from msrl.partition import Boundary
 
-__all__ = ["ChannelClosed", "LocalHub", "LocalComm", "concat", "split", "copy_value", "tensor_leaves"]
+__all__ = ["ChannelClosed", "LocalHub", "LocalComm", "Serving", "concat", "split", "copy_value", "tensor_leaves"]
 
 _POLL_S = 0.05
 
@@ -174,7 +174,27 @@ class LocalHub:
                 continue
 
 
-class LocalComm:
+class Serving:
+    """The ``serve`` op of an endpoint (central inference), shared by every runtime's endpoint;
+    ``inference`` is the replica's :class:`~msrl.runtime.inference.InferenceServer` or ``None``."""
+
+    fragment: str
+    replica: int
+    inference: Any = None
+
+    def serve(self, trainer: Any, fn: Any) -> Any:
+        """Central inference (the server replica): runs ``fn`` once per client replica through
+        this endpoint's :class:`~msrl.runtime.inference.InferenceServer`.
+
+        Raises:
+            RuntimeError: this replica serves no inference.
+        """
+        if self.inference is None:
+            raise RuntimeError(f"fragment {self.fragment} replica {self.replica} serves no central inference")
+        return self.inference.serve(trainer, fn, self)
+
+
+class LocalComm(Serving):
     """One fragment replica's endpoint; generated code calls ``comm.<op>(boundary[, value])``:
     with a value on the src side, without on the dst side (which returns the value)."""
 
@@ -257,15 +277,4 @@ class LocalComm:
 
     def flush(self) -> None:
         """Nothing to wait for: in-process puts complete at once."""
-
-    def serve(self, trainer: Any, fn: Any) -> Any:
-        """Central inference (the server replica): runs ``fn`` once per client replica through
-        this endpoint's :class:`~msrl.runtime.inference.InferenceServer`.
-
-        Raises:
-            RuntimeError: this replica serves no inference.
-        """
-        if self.inference is None:
-            raise RuntimeError(f"fragment {self.fragment} replica {self.replica} serves no central inference")
-        return self.inference.serve(trainer, fn, self)
 

@@ -459,3 +459,83 @@ def test_a_reused_value_object_is_encoded_anew_each_put():
     finally:
         transport.close()
         server.stop()
+
+
+def test_held_items_leave_together_when_their_producer_is_about_to_wait():
+    """A transport that holds fifo items (the Ray runtime's) sends nothing on ``put``; the items
+    leave as one BATCH message when the producer flushes (before any wait: here its own ``get``
+    of another boundary), and arrive in order, each on its own boundary."""
+    obs = fifo(name="train_step/b2:obs", src_r=1, dst_r=1, pattern=NodeKind.SEND)
+    rew = fifo(name="train_step/b3:rew", src_r=1, dst_r=1, pattern=NodeKind.SEND)
+    act = Boundary("train_step/b4:act", "train_step", "act", NodeKind.PUT, "learner", "actor", 1, 1, "sharded", 0,
+                   False, pattern=NodeKind.SEND, mode="fifo", capacity=1)
+    bs = [obs, rew, act]
+    token = secrets.token_urlsafe(16)
+    learner_box = Mailbox({b.name: 1 for b in bs}, timeout_s=10)
+    actor_box = Mailbox({b.name: 1 for b in bs}, timeout_s=10)
+    learner_server = BoundaryServer(bs, "learner", 0, learner_box, token)
+    actor_server = BoundaryServer(bs, "actor", 0, actor_box, token)
+    to_learner = GrpcTransport(bs, "actor", 0, {("learner", 0): learner_server.address}, token, timeout_s=10, hold=True)
+    to_actor = GrpcTransport(bs, "learner", 0, {("actor", 0): actor_server.address}, token, timeout_s=10)
+    try:
+        actor = AsyncEndpoint(bs, "actor", 0, actor_box, to_learner)
+        learner = AsyncEndpoint(bs, "learner", 0, learner_box, to_learner)
+        actor.put(obs.name, torch.tensor([1.0, 2.0]))
+        actor.put(rew.name, torch.tensor([0.5]))
+        time.sleep(0.3)
+        assert learner_box.queued() == 0  # held, not sent
+        learner_side = AsyncEndpoint(bs, "learner", 0, learner_box, to_actor)
+
+        def serve():
+            got = learner_side.get(obs.name), learner_side.get(rew.name)
+            learner_side.put(act.name, got[0] * 10)
+
+        t = threading.Thread(target=serve)
+        t.start()
+        assert actor.get(act.name).tolist() == [10.0, 20.0]  # the actor's get sent what it held first
+        t.join(5)
+        assert to_learner.bytes_sent > 0 and learner_server.rejected == [] and learner is not None
+    finally:
+        to_learner.close()
+        to_actor.close()
+        learner_server.stop()
+        actor_server.stop()
+
+
+def test_batch_messages_round_trip_and_malformed_ones_are_refused(served):
+    """A BATCH message carries several frames, each delivered; a batch whose count, lengths or
+    size do not add up is refused (INVALID_ARGUMENT) and the server keeps serving."""
+    import struct
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from msrl.cluster.grpc_transport import TransportError, encode_batch, split_batch
+
+    server, token, actor, mailbox = served
+    md = [("msrl-token", token), ("msrl-producer", "actor/1")]
+    frames = [encode_frame(ITEM, 0, 1, 0, {}, encode(torch.tensor([float(i)])).numpy().tobytes()) for i in range(2)]
+    assert split_batch(encode_batch(frames)) == frames
+    assert _raw_stream(server.address, [encode_batch(frames)], md) == grpc.StatusCode.OK
+    assert [float(mailbox.take(TRAJ, 1).value) for _ in range(2)] == [0.0, 1.0]
+    with pytest.raises(TransportError, match="bytes after the 2 frames"):
+        split_batch(encode_batch(frames) + b"x")
+    good = encode_batch(frames)
+
+    batches = st.one_of(
+        st.integers(min_value=0, max_value=len(good) - 1).map(lambda n: good[:n]),
+        st.integers(min_value=0, max_value=70000).map(lambda c: good[:6] + struct.pack("<H", c % 65536) + good[8:]),
+        st.tuples(st.integers(min_value=8, max_value=len(good) - 1), st.integers(min_value=0, max_value=255)).map(
+            lambda p: good[:p[0]] + bytes([p[1]]) + good[p[0] + 1:]),
+        st.binary(max_size=64).map(lambda b: good[:8] + b),
+    )
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(batches)
+    def fuzz(batch):
+        code = _raw_stream(server.address, [batch], md)
+        assert code in (grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT), code
+        mailbox.drop_queued()
+        _still_serves(actor, mailbox, 8)
+
+    fuzz()

@@ -191,10 +191,10 @@ def _descendants(root: int) -> set[int]:
     return out
 
 
-def test_a_killed_actor_replica_is_restarted_and_its_work_dropped(tmp_path, capsys):
-    """SIGKILL one replica process mid-run: the job restarts every replica from the last
-    checkpoint, completes, counts the restart and the dropped env steps, and its metrics hold
-    each iteration once."""
+def _train_killing(tmp_path, capsys, config, overrides, fragment, budget):
+    """Trains ``config`` on Ray while SIGKILLing replica 0 of ``fragment`` mid-run; checks what
+    every such run must show (the restart announced and counted, the budget completed, each
+    iteration once in metrics.csv, no replica process of the run left) and returns the rows."""
     import csv
 
     from msrl.config import load_config
@@ -202,12 +202,10 @@ def test_a_killed_actor_replica_is_restarted_and_its_work_dropped(tmp_path, caps
 
     if ray.is_initialized():
         ray.shutdown()
-    cfg = load_config("configs/ppo_cartpole.yaml", [
-        f"runs_dir={tmp_path}", "name=kill", "runtime=ray", "train.progress=false",
-        "distribution_policy.name=single_learner_coarse", "distribution_policy.replicas.actor=2",
-        "train.total_env_steps=60000", "train.checkpoint_every=20", "train.eval_every=0",
-    ])
-    killed, seen, t = _sigkill_when(tmp_path / "kill", "actor", rows=30)  # mid-run
+    cfg = load_config(config, [f"runs_dir={tmp_path}", "name=kill", "runtime=ray", "train.progress=false",
+                               f"train.total_env_steps={budget}", "train.checkpoint_every=20", "train.eval_every=0",
+                               *overrides])
+    killed, seen, t = _sigkill_when(tmp_path / "kill", fragment, rows=30)  # mid-run
     result = train(cfg)
     t.join(5)
     assert killed, "the test never killed a replica"
@@ -215,12 +213,20 @@ def test_a_killed_actor_replica_is_restarted_and_its_work_dropped(tmp_path, caps
     assert "died" in err and "restarting every replica from the checkpoint" in err
     with open(result.run_dir / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
-    iterations = [int(r["iteration"]) for r in rows]
-    assert iterations == list(range(1, len(rows) + 1))  # each iteration once, in order
-    assert result.env_steps == 60000 // 256 * 256
+    assert [int(r["iteration"]) for r in rows] == list(range(1, len(rows) + 1))  # each iteration once, in order
+    assert result.env_steps == budget // 256 * 256
     assert float(rows[-1]["faults/replica_restarts"]) >= 1
     assert float(rows[-1]["faults/dropped_env_steps"]) >= 0
     assert not _alive(_run_replica_pids(result.run_dir, seen))  # no replica process of the run left behind
+    return rows
+
+
+def test_a_killed_actor_replica_is_restarted_and_its_work_dropped(tmp_path, capsys):
+    """SIGKILL one replica process mid-run: the job restarts every replica from the last
+    checkpoint, completes, counts the restart and the dropped env steps, and its metrics hold
+    each iteration once."""
+    _train_killing(tmp_path, capsys, "configs/ppo_cartpole.yaml", [
+        "distribution_policy.name=single_learner_coarse", "distribution_policy.replicas.actor=2"], "actor", 60000)
 
 
 DETERMINISTIC = ("iteration", "env_steps", "charts/episodic_return", "losses/value_loss", "losses/policy_loss",
@@ -390,62 +396,14 @@ def test_a_killed_env_replica_under_central_inference_is_restarted_and_its_work_
     the central replica, waiting on the dead replica's queue, is stopped with every replica; the
     job restarts from the last checkpoint in fresh processes, completes, and counts the restart
     and the dropped env steps; every iteration is in metrics.csv once."""
-    import csv
-
-    from msrl.config import load_config
-    from msrl.run import train
-
-    if ray.is_initialized():
-        ray.shutdown()
-    cfg = load_config("configs/ppo_cartpole.yaml", [
-        f"runs_dir={tmp_path}", "name=kill", "runtime=ray", "train.progress=false",
+    rows = _train_killing(tmp_path, capsys, "configs/ppo_cartpole.yaml", [
         "distribution_policy.name=single_learner_fine", "distribution_policy.inference.max_batch=1",
-        "distribution_policy.inference.timeout_ms=1", "train.total_env_steps=40000", "train.checkpoint_every=20",
-        "train.eval_every=0",
-    ])
-    killed, seen, t = _sigkill_when(tmp_path / "kill", "env", rows=30)
-    result = train(cfg)
-    t.join(5)
-    assert killed, "the test never killed a replica"
-    err = capsys.readouterr().err
-    assert "died" in err and "restarting every replica from the checkpoint" in err
-    with open(result.run_dir / "metrics.csv") as f:
-        rows = list(csv.DictReader(f))
-    assert [int(r["iteration"]) for r in rows] == list(range(1, len(rows) + 1))
-    assert result.env_steps == 40000 // 256 * 256
-    assert float(rows[-1]["faults/replica_restarts"]) >= 1
-    assert float(rows[-1]["faults/dropped_env_steps"]) >= 0
+        "distribution_policy.inference.timeout_ms=1"], "env", 40000)
     assert all(r["inference/batch_mean"] == "1.0" for r in rows)
-    assert not _alive(_run_replica_pids(result.run_dir, seen))
-
-
 def test_a_killed_actor_under_async_learner_is_restarted_and_its_work_dropped(tmp_path, capsys):
     """IMPALA under async_learner, one actor process SIGKILLed mid-run: the learner, waiting on
     the dead actor's queue, is stopped with every replica, the job restarts from the last
     checkpoint in fresh processes (new gRPC servers, a new token), completes, and counts the
     restart and the dropped env steps; every iteration is in metrics.csv once."""
-    import csv
-
-    from msrl.config import load_config
-    from msrl.run import train
-
-    if ray.is_initialized():
-        ray.shutdown()
-    cfg = load_config("configs/impala_cartpole.yaml", [
-        f"runs_dir={tmp_path}", "name=kill", "train.progress=false", "train.total_env_steps=60000",
-        "train.checkpoint_every=20", "train.eval_every=0",
-    ])
-    killed, seen, t = _sigkill_when(tmp_path / "kill", "actor", rows=30)
-    result = train(cfg)
-    t.join(5)
-    assert killed, "the test never killed a replica"
-    err = capsys.readouterr().err
-    assert "died" in err and "restarting every replica from the checkpoint" in err
-    with open(result.run_dir / "metrics.csv") as f:
-        rows = list(csv.DictReader(f))
-    assert [int(r["iteration"]) for r in rows] == list(range(1, len(rows) + 1))
-    assert result.env_steps == 60000 // 256 * 256
-    assert float(rows[-1]["faults/replica_restarts"]) >= 1
-    assert float(rows[-1]["faults/dropped_env_steps"]) >= 0
+    rows = _train_killing(tmp_path, capsys, "configs/impala_cartpole.yaml", [], "actor", 60000)
     assert all(r["async/policy_lag_mean"] != "" for r in rows)
-    assert not _alive(_run_replica_pids(result.run_dir, seen))

@@ -196,6 +196,10 @@ class AsyncTransport(Protocol):
     def send_latest(self, boundary: Any, producer: int, consumer: int, version: int, value: Any) -> None:
         """Publishes ``value`` as version ``version`` of the consumer's slot; never waits."""
 
+    def flush(self) -> None:
+        """Sends what the transport holds (it may hold ``fifo`` items until the producer is about
+        to wait for anything)."""
+
 
 class AsyncEndpoint:
     """One replica's side of every asynchronous boundary it is an end of: ``put`` and ``get``
@@ -221,6 +225,10 @@ class AsyncEndpoint:
         #: latest slots this replica publishes -> the versions it published
         self.published = {n: 0 for n, b in self.boundaries.items() if b.mode == "latest" and b.src == fragment}
         self.lags: list[int] = []
+
+    def _flush(self) -> None:
+        if self.transport is not None:
+            self.transport.flush()
 
     def _get_boundary(self, name: str) -> Any:
         b = self.boundaries.get(name)
@@ -269,6 +277,7 @@ class AsyncEndpoint:
             ChannelClosed: the job stopped; TimeoutError: nothing arrived in time.
         """
         b = self._get_boundary(name)
+        self._flush()  # what this replica holds leaves before it waits
         producers = range(b.src_replicas) if b.pattern is NodeKind.GATHER else (
             [self.replica] if b.pattern in (NodeKind.SEND, NodeKind.RECV) else [0])
         if b.mode == "fifo":
@@ -297,6 +306,7 @@ class AsyncEndpoint:
         b = self._get_boundary(name)
         if b.mode != "fifo":
             raise RuntimeError(f"boundary {name} is {b.mode}, not fifo: it has no per-producer queue to take from")
+        self._flush()
         return self.mailbox.take(name, producer, cancel).value
 
     def put_to(self, name: str, consumer: int, value: Any) -> None:
@@ -334,3 +344,6 @@ class LocalTransport:
     def send_latest(self, boundary: Any, producer: int, consumer: int, version: int, value: Any) -> None:
         """Copies ``value`` into the consumer's slot."""
         self.mailboxes[(boundary.dst, consumer)].publish(boundary.name, producer, version, copy_value(value))
+
+    def flush(self) -> None:
+        """Nothing is held: every value was delivered when it was sent."""

@@ -41,7 +41,7 @@ from typing import Any, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from msrl.channels import concat, split, tensor_leaves
+from msrl.channels import Serving, concat, split, tensor_leaves
 from msrl.partition import Boundary
 from msrl.runtime.codec import CodecError, decode, decode_parts, encode, encode_parts, payload_size
 
@@ -56,7 +56,7 @@ _GROW_MAGIC = b"GROW"
 _MAX_MESSAGE = 1 << 36
 
 
-class DistComm:
+class DistComm(Serving):
     """One fragment replica's endpoint over an initialised ``torch.distributed`` process group.
 
     Args:
@@ -186,7 +186,14 @@ class DistComm:
             return decode_parts(buffer, payload, self.device)
         return decode(buffer, self.device, copy=False)  # a fresh buffer: its tensors are viewed in it
 
+    def flush_async(self) -> None:
+        """Sends what the gRPC transport holds (``fifo`` items put since this replica last
+        waited): called before anything that waits for a peer, and every iteration."""
+        if self.asynchronous is not None:
+            self.asynchronous.transport.flush()
+
     def _take_buffer(self, key: tuple[str, str, int], rank: int, tag: int) -> torch.Tensor:
+        self.flush_async()
         capacity = self._capacity.get(key, _CONTROL_BYTES)
         buffer = torch.empty(capacity, dtype=torch.uint8)
         t0 = time.perf_counter()
@@ -204,18 +211,21 @@ class DistComm:
 
     def reap(self) -> None:
         """Forgets the oldest sends while they have left (their buffers may be freed); never
-        waits, and stops at the first one still in flight, so a call costs O(1) amortised.
+        waits, and stops at the first one still in flight, so a call costs O(1) amortised. Sends
+        what the gRPC transport holds (the runtime calls this after every iteration).
 
         A Gloo send reports completion only once waited for (``is_completed()`` stays false
         until ``wait()``), so on Gloo this frees nothing and :meth:`flush` frees the buffers;
         scanning every pending send here (as this did) cost O(pending) per call, ~200 us an
         iteration with a few hundred sends in flight."""
+        self.flush_async()
         pending = self._pending
         while pending and pending[0][0].is_completed():
             pending.popleft()
 
     def flush(self) -> None:
         """Waits until every message this endpoint sent has left (its buffers are free)."""
+        self.flush_async()
         with _Timer(self, "flush"):
             for work, _ in self._pending:
                 work.wait()
@@ -305,17 +315,6 @@ class DistComm:
         self.wait_s += a.mailbox.wait_s - w0
         return value
 
-    def serve(self, trainer: Any, fn: Any) -> Any:
-        """Central inference (the server replica): runs ``fn`` once per client replica through
-        this endpoint's :class:`~msrl.runtime.inference.InferenceServer`.
-
-        Raises:
-            RuntimeError: this replica serves no inference.
-        """
-        if self.inference is None:
-            raise RuntimeError(f"fragment {self.fragment} replica {self.replica} serves no central inference")
-        return self.inference.serve(trainer, fn, self)
-
     def allreduce(self, name: str, value: Any = None) -> Any:
         """The mean over this fragment's replicas of ``value`` (a tensor, or a list/tuple/dict
         of tensors of one dtype), reduced in place and returned.
@@ -340,6 +339,7 @@ class DistComm:
         tensors = tensor_leaves(value)
         if not tensors:
             return value
+        self.flush_async()
         world = dist.get_world_size(self.fragment_group) if self.fragment_group is not None else 1
         if world == 1:
             return value

@@ -117,14 +117,17 @@ class Batcher:
         max_batch: requests per batch (1..``clients``).
         timeout_s: the longest the oldest request waits for its batch to fill (``None``: until
             ``max_batch`` requests, or every client still running, wait).
+        before_wait: called before a request waits (sends what the transport holds).
 
     Attributes:
         sizes: requests per batch run; ``latencies``: seconds from each request until its
             results were ready.
     """
 
-    def __init__(self, component: Any, clients: int, max_batch: int, timeout_s: float | None) -> None:
+    def __init__(self, component: Any, clients: int, max_batch: int, timeout_s: float | None,
+                 before_wait: Callable[[], None] | None = None) -> None:
         self.component, self.clients = component, clients
+        self.before_wait = before_wait
         self.max_batch, self.timeout_s = max_batch, timeout_s
         self._cond = threading.Condition()
         self._pending: list[_Request] = []
@@ -140,6 +143,8 @@ class Batcher:
         Raises:
             ChannelClosed: another run failed; the served method's own error, re-raised.
         """
+        if self.before_wait is not None:
+            self.before_wait()
         req = _Request(client, method, args, kwargs, time.perf_counter())
         with self._cond:
             if self._failed is not None:
@@ -325,8 +330,10 @@ class InferenceServer:
             failed on its own).
         """
         plan = self.plan
+        asynchronous = getattr(comm, "asynchronous", None)
         batcher = Batcher(trainer._components[plan.role], plan.clients_count, plan.max_batch,
-                          None if plan.timeout_ms is None else plan.timeout_ms / 1000.0)
+                          None if plan.timeout_ms is None else plan.timeout_ms / 1000.0,
+                          asynchronous.transport.flush if asynchronous is not None else None)
         cancel = threading.Event()
         views = [self._view(trainer, i, batcher) for i in range(plan.clients_count)]
         results: list[Any] = [None] * len(views)
