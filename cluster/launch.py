@@ -62,14 +62,24 @@ def entrypoint(config: str | pathlib.Path, overrides: Sequence[str], working_dir
         LaunchError: the config, or an algorithm given as a file, lies outside ``working_dir``;
             an override sets ``cluster.address`` (the job runs on the cluster it is sent to).
     """
-    return _command(load_config(config, overrides), config, overrides, pathlib.Path(working_dir).resolve())
+    return _command(_load_for_cluster(config, overrides), config, overrides, pathlib.Path(working_dir).resolve())
 
 
-def _command(cfg: Any, config: str | pathlib.Path, overrides: Sequence[str], root: pathlib.Path) -> str:
-    """:func:`entrypoint` for an already loaded ``cfg``."""
+def _load_for_cluster(config: str | pathlib.Path, overrides: Sequence[str]) -> Any:
+    """The config as the job will load it on the cluster (``cluster.address=auto``): devices
+    are the cluster's to check, not this machine's.
+
+    Raises:
+        ConfigError: the config is invalid; LaunchError: an override sets ``cluster.address``.
+    """
     if any(o.split("=", 1)[0].strip() == "cluster.address" for o in overrides):
         raise LaunchError("cluster.address cannot be overridden for msrl launch: the job runs on the cluster "
                           "given by --address")
+    return load_config(config, [*overrides, "cluster.address=auto"])
+
+
+def _command(cfg: Any, config: str | pathlib.Path, overrides: Sequence[str], root: pathlib.Path) -> str:
+    """:func:`entrypoint` for a ``cfg`` loaded by :func:`_load_for_cluster`."""
     rel_config = _inside(pathlib.Path(config), root, "config")
     name = cfg.algorithm.name
     if name.endswith(".py") or "/" in name:
@@ -101,7 +111,7 @@ def launch(config: str | pathlib.Path, overrides: Sequence[str], address: str | 
         LaunchError: no address, a cluster that cannot be reached, files outside ``working_dir``.
     """
     root = pathlib.Path(working_dir).resolve()
-    cfg = load_config(config, overrides)  # a config error stops here, before any submission
+    cfg = _load_for_cluster(config, overrides)  # a config error stops here, before any submission
     command = _command(cfg, config, overrides, root)
     address = address or os.environ.get("RAY_ADDRESS")
     if not address:

@@ -161,6 +161,14 @@ class RunConfig(_Strict):
     )
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
 
+    @pydantic.field_validator("name")
+    @classmethod
+    def _one_directory_name(cls, name: str) -> str:
+        if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+            raise ValueError("not one directory name: the run directory is <runs_dir>/<name>, so a name holds no '/' "
+                             "and is not '.' or '..' (e.g. ppo_cartpole)")
+        return name
+
 
 def _model_at(model: type[BaseModel], loc: Sequence[Any]) -> type[BaseModel] | None:
     for key in loc:
@@ -187,6 +195,8 @@ def _format(e: pydantic.ValidationError, root: type[BaseModel], prefix: str = ""
             lines.append(f"unknown key {path!r}; valid keys at {level}: {valid}")
         elif err["type"] == "missing":
             lines.append(f"missing key {path!r}")
+        elif err["type"] == "value_error":  # a validator's own message names the value
+            lines.append(f"{path}={err.get('input')}: {err['msg'].removeprefix('Value error, ')}")
         else:
             lines.append(f"{path}: {err['msg']} (got {err.get('input')!r})")
     return "; ".join(lines)
@@ -443,8 +453,11 @@ def build_job_spec(cfg: RunConfig) -> Any:
                 f"distribution_policy.backends.{frag.name}={backend.name} runs each replica in its own process: "
                 f"set runtime: ray (runtime is {cfg.runtime!r})"
             )
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ConfigError(f"fragment {frag.name}: device {frag.device} requested but no CUDA device is available")
+        if device.type == "cuda" and not torch.cuda.is_available() and cfg.cluster.address is None:
+            # on a cluster the replicas' nodes hold the GPUs, not the submitting machine: Ray's
+            # placement checks them (cluster.gpus_per_replica)
+            raise ConfigError(f"fragment {frag.name}: device {frag.device} requested but no CUDA device is available "
+                              "on this machine (to run on a cluster's GPUs, set cluster.address or use msrl launch)")
     env_frag = policy.fragment(policy.fragment_of_role("env"))
     if env_frag.backend == "cuda_kernel" and not is_native(cfg.env.id):
         raise ConfigError(
@@ -488,5 +501,5 @@ def build_job_spec(cfg: RunConfig) -> Any:
     try:
         spec.envs_per_replica()
     except ValueError as e:
-        raise ConfigError(f"env.num_envs: {e}") from None
+        raise ConfigError(str(e)) from None
     return spec

@@ -149,9 +149,15 @@ class JobSpec:
         Raises:
             ValueError: ``num_envs`` does not divide evenly over those replicas.
         """
-        r = self.policy.fragment(self.policy.fragment_of_role("env")).replicas
+        frag = self.policy.fragment(self.policy.fragment_of_role("env"))
+        r = frag.replicas
         if self.num_envs % r:
-            raise ValueError(f"env.num_envs={self.num_envs} does not split evenly over {r} env replicas")
+            fits = [d for d in range(1, r) if self.num_envs % d == 0 and d <= self.num_envs]
+            raise ValueError(
+                f"env.num_envs={self.num_envs} does not split evenly over {r} env replicas "
+                f"(distribution_policy.replicas.{frag.name}={r}); set env.num_envs to a multiple of {r} "
+                f"(e.g. env.num_envs={r * max(1, -(-self.num_envs // r))})"
+                + (f" or distribution_policy.replicas.{frag.name}={max(fits)}" if fits else ""))
         return self.num_envs // r
 
 

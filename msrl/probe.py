@@ -24,6 +24,7 @@ from msrl.codegen import Lowering, generate
 from msrl.graph import Graph, Node, NodeKind
 from msrl.partition import PartitionError, boundary_values, partition
 from msrl.policy import load_policy
+from msrl.tracer import check_references
 
 __all__ = ["probe", "PROBE_NUM_ENVS", "PROBE_MAX_ENV_STEPS", "describe_value", "DeclarationError"]
 
@@ -112,6 +113,7 @@ def _run(
     seen: dict[tuple[str, int, str], dict[str, Any]] = {}
     module_globals = dict(vars(sys.modules[spec.algorithm.trainer.__module__]))
     trainer = build_trainers(pspec)[("main", 0)]
+    check_references(graphs, trainer)  # a misspelt component method or attribute: its line, not generated code's
     declared: dict[tuple[str, int], Any] = {}
     for method, g in graphs.items():
         for node in g.walk():

@@ -261,8 +261,33 @@ class RunLock:
             self.fd = None
 
 
+def check_runs_dir(cfg: RunConfig) -> pathlib.Path:
+    """Checks, before any work is done and without writing anything, that a run directory can be
+    made in ``cfg.runs_dir``: no part of it is a file, and its deepest existing directory takes
+    a new directory (made and removed at once).
+
+    Raises:
+        ConfigError: ``runs_dir`` is a file, lies under one, or no directory can be made there
+            (naming why).
+    """
+    base = pathlib.Path(cfg.runs_dir).expanduser()
+    for p in (base, *base.parents):
+        if p.exists() and not p.is_dir():
+            raise ConfigError(f"runs_dir={cfg.runs_dir}: {p} is a file, not a directory; choose another runs_dir")
+    deepest = next(p for p in (base, *base.parents) if p.exists() or p == pathlib.Path(p.anchor or "."))
+    probe = deepest / f".msrl-write-check-{os.getpid()}"
+    try:
+        probe.mkdir()
+        probe.rmdir()
+    except OSError as e:
+        where = f" ({deepest} accepts no new directories)" if deepest != base else ""
+        raise ConfigError(f"runs_dir={cfg.runs_dir}: cannot make a run directory there: {e.strerror}{where}; "
+                          "choose a directory you can write to") from None
+    return base
+
+
 def _new_run_dir(cfg: RunConfig) -> pathlib.Path:
-    base = pathlib.Path(cfg.runs_dir)
+    base = check_runs_dir(cfg)
     base.mkdir(parents=True, exist_ok=True)
     for k in range(10_000):
         p = base / (cfg.name if k == 0 else f"{cfg.name}-{k}")
@@ -531,6 +556,8 @@ def train(cfg: RunConfig, resume: str | pathlib.Path | None = None) -> TrainResu
 
 
 def _train_once(cfg: RunConfig, resume: str | pathlib.Path | None) -> TrainResult:
+    if resume is None:
+        check_runs_dir(cfg)  # before tracing and probing: a run that cannot save never starts
     spec: JobSpec = build_job_spec(cfg)
     resume_state = None
     locks: list[RunLock] = []

@@ -42,7 +42,7 @@ from typing import Any, Callable
 from msrl.api import ROLES, Trainer
 from msrl.graph import Const, Graph, Node, NodeKind
 
-__all__ = ["TraceError", "trace", "trace_methods", "state_name", "MAX_INLINE_DEPTH", "PURE_CALLS", "READ_ONLY_ATTRS"]
+__all__ = ["TraceError", "trace", "trace_methods", "check_references", "state_name", "MAX_INLINE_DEPTH", "PURE_CALLS", "READ_ONLY_ATTRS"]
 
 #: Nesting limit of inlined trainer helper methods (guards against recursion).
 MAX_INLINE_DEPTH = 8
@@ -736,3 +736,41 @@ def trace(trainer_cls: type[Trainer], method: str = "train_step") -> Graph:
     """
     methods = TRACED_METHODS if method in TRACED_METHODS else (method,)
     return trace_methods(trainer_cls, methods)[method]
+
+
+def check_references(graphs: dict[str, Graph], trainer: Trainer) -> None:
+    """Checks what the traced methods name against a built trainer: every component method
+    called exists on its component, and every trainer attribute read is one the trainer has
+    or that a traced method writes -- so a typo (``self.buffer.gather_all()``,
+    ``self.policy.act(obs)``) is one error naming its line, not an ``AttributeError`` from
+    generated code.
+
+    Args:
+        graphs: method -> traced graph.
+        trainer: a trainer built with every component (the probe's, under ``single``).
+
+    Raises:
+        TraceError: naming the line, what is missing, and the closest names that exist.
+    """
+    import difflib
+
+    written = {n.target for g in graphs.values() for n in g.walk() if n.kind is NodeKind.STATE_OUT}
+    components = trainer.components
+    for g in graphs.values():
+        for n in g.walk():
+            if n.kind is NodeKind.CALL and n.role in components:
+                comp, method = components[n.role], n.target[1]
+                if not callable(getattr(comp, method, None)):
+                    public = [m for m in dir(comp) if not m.startswith("_") and callable(getattr(comp, m, None))]
+                    close = difflib.get_close_matches(method, public, n=3)
+                    raise TraceError(n.meta.get("file", "<unknown>"), n.meta.get("line", 0),
+                                     f"self.{n.role} ({type(comp).__name__}) has no method {method!r}",
+                                     f"Did you mean {' or '.join(repr(c) for c in close)}?" if close
+                                     else f"its methods: {', '.join(sorted(public))}")
+            elif n.kind is NodeKind.STATE_IN and n.target not in written and not hasattr(trainer, n.target):
+                names = sorted(set(components) | set(written) | {a for a in vars(trainer) if not a.startswith("_")})
+                close = difflib.get_close_matches(n.target, names, n=3)
+                raise TraceError(n.meta.get("file", "<unknown>"), n.meta.get("line", 0),
+                                 f"self.{n.target} is neither a component of this trainer "
+                                 f"({', '.join(f'self.{c}' for c in components)}) nor an attribute it has or writes",
+                                 f"Did you mean {' or '.join(f'self.{c}' for c in close)}?" if close else "")

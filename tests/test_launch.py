@@ -51,6 +51,21 @@ def test_launch_refuses_files_outside_the_working_dir(in_repo, tmp_path, capsys)
     assert "cluster.address cannot be overridden" in capsys.readouterr().err
 
 
+def test_launch_leaves_devices_to_the_cluster(in_repo, capsys):
+    """A CUDA device the submitting machine lacks is the cluster's to provide: launch gets as far
+    as contacting the cluster (here: none there), while a local train names the missing device."""
+    port = _free_port()
+    over = ["distribution_policy.name=single_learner_coarse", "distribution_policy.devices.learner=cuda:0"]
+    assert main(["launch", CONFIG, *over, "--address", f"http://127.0.0.1:{port}"]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot reach the Ray cluster at http://127.0.0.1:{port}" in err and "CUDA" not in err
+    import torch
+
+    if not torch.cuda.is_available():
+        assert main(["train", CONFIG, *over]) == 2
+        assert "device cuda:0 requested but no CUDA device is available on this machine" in capsys.readouterr().err
+
+
 def test_launch_to_an_unreachable_cluster_is_an_input_error(in_repo, capsys):
     port = _free_port()
     assert main(["launch", CONFIG, "--address", f"http://127.0.0.1:{port}"]) == 2

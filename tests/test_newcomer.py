@@ -1,0 +1,97 @@
+"""What a newcomer trips on: each mistake is one line naming its line or key, before any work."""
+
+from __future__ import annotations
+
+import pathlib
+import textwrap
+
+import pytest
+
+from msrl.cli import main
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CONFIG = str(ROOT / "configs/ppo_cartpole.yaml")
+
+TYPO = '''
+import dataclasses
+from msrl.algorithms.ppo import ALGORITHM as PPO, PPOTrainer
+
+class TypoTrainer(PPOTrainer):
+    def train_step(self):
+        for _step in range(self.hparams.num_steps):
+            action, log_prob, value = self.{actor}.act(self.obs)
+            next_obs, reward, terminated, truncated, info = self.env.step(action)
+            self.buffer.insert(obs=self.obs, action=action, log_prob=log_prob, value=value, reward=reward,
+                               terminated=terminated, truncated=truncated, next_obs=info["final_obs"])
+            self.obs = next_obs
+        trajectory = self.buffer.{gather}()
+        metrics = self.learner.learn(trajectory)
+        self.actor.set_weights(self.learner.get_weights())
+        return metrics
+
+ALGORITHM = dataclasses.replace(PPO, name="typo", trainer=TypoTrainer)
+'''
+
+
+@pytest.mark.parametrize("actor, gather, line, message", [
+    ("actor", "gather_all", 13, "self.buffer (RolloutBuffer) has no method 'gather_all'. Did you mean 'gather'?"),
+    ("policy", "gather", 8, "self.policy is neither a component of this trainer (self.env, self.actor, self.buffer, "
+                            "self.learner) nor an attribute it has or writes"),
+])
+def test_a_misspelt_component_or_method_is_one_line_naming_it(tmp_path, capsys, actor, gather, line, message):
+    path = tmp_path / "typo_algo.py"
+    path.write_text(textwrap.dedent(TYPO.format(actor=actor, gather=gather)))
+    code = main(["train", CONFIG, f"algorithm.name={path}", f"runs_dir={tmp_path / 'runs'}", "train.total_env_steps=512"])
+    err = capsys.readouterr().err
+    assert code == 2 and err == f"msrl: error: {path}:{line}: {message}\n"
+    assert not (tmp_path / "runs").exists()  # nothing written
+
+
+@pytest.mark.parametrize("override, message", [
+    ("name=../../escape", "name=../../escape: not one directory name: the run directory is <runs_dir>/<name>"),
+    ("name=a/b", "name=a/b: not one directory name"),
+    ("runs_dir={file}", "runs_dir={file}: {file} is a file, not a directory; choose another runs_dir"),
+    ("runs_dir={file}/sub", "runs_dir={file}/sub: {file} is a file, not a directory"),
+    ("runs_dir=/proc/msrl-x", "runs_dir=/proc/msrl-x: cannot make a run directory there: "),
+])
+def test_a_run_directory_that_cannot_be_made_is_refused_before_any_work(tmp_path, capsys, monkeypatch, override, message):
+    """Checked before tracing and probing (which take seconds), and nothing is written."""
+    import msrl.run
+
+    f = tmp_path / "a_file"
+    f.write_text("x")
+    monkeypatch.setattr(msrl.run, "make_job", lambda *a: pytest.fail("a job was built before the run directory was checked"))
+    monkeypatch.chdir(tmp_path)
+    code = main(["train", CONFIG, override.format(file=f), "train.total_env_steps=256"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("msrl: error: " + message.format(file=f)), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
+def _readme_train_commands() -> list[list[str]]:
+    import re
+    import shlex
+
+    text = (ROOT / "README.md").read_text()
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split("#")[0].strip()
+            if line.startswith("msrl train configs/"):
+                out.append(shlex.split(line)[2:])
+    return out
+
+
+@pytest.mark.parametrize("args", _readme_train_commands(), ids=lambda a: " ".join(a))
+def test_every_readme_train_command_is_a_valid_job(args, monkeypatch):
+    """Each ``msrl train CONFIG ...`` command of the README validates and builds its job spec as
+    written (running them all is the slow suite's and the benchmarks' job)."""
+    from msrl.config import build_job_spec, load_config
+
+    monkeypatch.chdir(ROOT)
+    cfg = load_config(args[0], args[1:])
+    import torch
+
+    if "gpu_only" in args[0] and not torch.cuda.is_available():
+        pytest.skip("a config for a GPU machine")
+    build_job_spec(cfg)
