@@ -56,7 +56,7 @@ class ReplicaActor:
 
     def __init__(self, algorithm_ref: str | None, spec_bytes: bytes, fragment_graph_bytes: bytes,
                  fragment: str, replica: int, threads: int) -> None:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(max(1, min(threads, os.cpu_count() or 1)))  # never more threads than the node's cores
         if algorithm_ref is not None:
             from msrl.job import load_algorithm
 

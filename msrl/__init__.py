@@ -9,19 +9,30 @@ From Python::
     msrl.evaluate(policy, episodes=20)
 
 (:mod:`msrl.python_api`; ``import msrl`` itself imports nothing heavy, so the ``msrl`` command's
-help and config errors come before torch is loaded.)
+help and config errors come before torch is loaded.) The errors a run raises are here too:
+``msrl.ConfigError`` (bad input), ``msrl.TraceError`` and ``msrl.PartitionError`` (code the
+tracer or the policy cannot honour), ``msrl.TrainingStopped`` (a NaN, dead replicas) and
+``msrl.TrainingInterrupted`` (Ctrl-C; the last checkpoint is kept).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["train", "load", "evaluate", "TrainedPolicy"]
+__all__ = ["train", "load", "evaluate", "TrainedPolicy", "TrainResult", "ConfigError", "TraceError",
+           "PartitionError", "TrainingStopped", "TrainingInterrupted"]
+
+#: where each name lives (imported on first use)
+_HOMES = {"train": "msrl.python_api", "load": "msrl.python_api", "evaluate": "msrl.python_api",
+          "TrainedPolicy": "msrl.python_api", "TrainResult": "msrl.run", "ConfigError": "msrl.config",
+          "TraceError": "msrl.tracer", "PartitionError": "msrl.partition", "TrainingStopped": "msrl.run",
+          "TrainingInterrupted": "msrl.run"}
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
-        from msrl import python_api
+    home = _HOMES.get(name)
+    if home is not None:
+        import importlib
 
-        return getattr(python_api, name)
+        return getattr(importlib.import_module(home), name)
     raise AttributeError(f"module 'msrl' has no attribute {name!r}")

@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.fn(args)
     except KeyboardInterrupt as e:  # Ctrl-C: not a crash (msrl.run.TrainingInterrupted says where to resume)
-        print(f"\nmsrl: {e or 'interrupted'}", file=sys.stderr)
+        print(f"\nmsrl: {str(e) or 'interrupted'}", file=sys.stderr)  # a bare Ctrl-C (start-up) has no text
         return 130
     except FileNotFoundError as e:
         print(f"msrl: error: {e}", file=sys.stderr)

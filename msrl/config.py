@@ -18,6 +18,7 @@ backend lists what exists; a bad override names the override.
 from __future__ import annotations
 
 import dataclasses
+import os
 import pathlib
 from typing import Any, Literal, Mapping, Sequence
 
@@ -458,6 +459,10 @@ def build_job_spec(cfg: RunConfig) -> Any:
             # placement checks them (cluster.gpus_per_replica)
             raise ConfigError(f"fragment {frag.name}: device {frag.device} requested but no CUDA device is available "
                               "on this machine (to run on a cluster's GPUs, set cluster.address or use msrl launch)")
+    cores = os.cpu_count() or 1
+    if cfg.cluster.address is None and resolve_runtime(cfg.runtime, policy) == "ray" and cfg.cluster.cpus_per_replica > cores:
+        raise ConfigError(f"cluster.cpus_per_replica={cfg.cluster.cpus_per_replica:g}: each replica runs on this machine, "
+                          f"which has {cores} CPUs; valid: up to {cores} (or set cluster.address to run on a cluster)")
     env_frag = policy.fragment(policy.fragment_of_role("env"))
     if env_frag.backend == "cuda_kernel" and not is_native(cfg.env.id):
         raise ConfigError(

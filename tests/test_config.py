@@ -86,6 +86,8 @@ def test_overrides_are_applied_and_typed():
           "distribution_policy.boundaries.actions=sync"],
          "distribution_policy.boundaries.actions=sync: under distribution_policy.inference the boundaries between env "
          "and learner are fifo queues, one per env replica"),
+        (["distribution_policy.name=single_learner_coarse", "cluster.cpus_per_replica=100000"],
+         "cluster.cpus_per_replica=100000: each replica runs on this machine, which has"),
         (["train"], "bad override 'train': expected key.sub=value"),
         (["train..x=1"], "bad override 'train..x=1'"),
         (["seed.x=1"], "'seed' is a value, not a section"),

@@ -95,3 +95,30 @@ def test_every_readme_train_command_is_a_valid_job(args, monkeypatch):
     if "gpu_only" in args[0] and not torch.cuda.is_available():
         pytest.skip("a config for a GPU machine")
     build_job_spec(cfg)
+
+
+def test_ctrl_c_during_start_up_says_so(monkeypatch, capsys):
+    import msrl.config
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(msrl.config, "load_config", interrupted)
+    assert main(["train", CONFIG]) == 130
+    assert capsys.readouterr().err == "\nmsrl: interrupted\n"
+
+
+def test_the_readme_python_example_runs_as_written(tmp_path, monkeypatch, capsys):
+    """The README's "From Python" block, executed as written (in a scratch directory holding
+    the configs): it trains, loads, acts, evaluates, resumes and catches msrl.ConfigError."""
+    import re
+
+    block = re.search(r"### From Python\n\n```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    (tmp_path / "configs").symlink_to(ROOT / "configs")
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(block, "README.md (From Python)", "exec"), scope)  # noqa: S102 - the README's own example
+    out = capsys.readouterr().out
+    assert "env.num_envs: Input should be greater than 0 (got 0)" in out
+    assert scope["result"].env_steps <= 100_000 and len(scope["returns"]) == 20
+    assert scope["action"].shape == () or scope["action"].shape == (1,)
