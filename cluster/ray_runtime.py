@@ -18,6 +18,7 @@ boundary) and re-raises the replica's :class:`~msrl.runtime.replica.FragmentErro
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import socket
@@ -241,6 +242,20 @@ class ReplicaActor:
             dist.destroy_process_group()
 
 
+class _DropTokenNote(logging.Filter):
+    """Drops Ray's note that token authentication is on (msrl's own default: the user's terminal
+    keeps msrl's lines); the warning that it is *off* still shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
+
+
+def _quiet_token_note() -> None:
+    log = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    if not any(isinstance(f, _DropTokenNote) for f in log.filters):
+        log.addFilter(_DropTokenNote())
+
+
 def _running(pid: int) -> bool:
     """Whether process ``pid`` exists and has not exited (a zombie waiting for its parent to
     reap it has exited)."""
@@ -323,6 +338,7 @@ class RayJob:
         need = cpus_per_replica * len(self.keys)
         self._started_ray = not ray.is_initialized()
         if self._started_ray:
+            _quiet_token_note()
             if address is None:
                 # this machine: declare at least the CPUs the bundles ask for (one thread each
                 # when they outnumber the cores; they then share cores, never spin on them)

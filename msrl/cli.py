@@ -6,7 +6,7 @@
     msrl launch CONFIG [key.sub=value ...] --address http://HEAD:8265 [--working-dir DIR] [--no-wait]
     msrl eval RUN_DIR [--episodes N] [--seed S]
     msrl plot RUN_DIR [--out PNG]
-    msrl graph CONFIG [key.sub=value ...] [--out PNG]
+    msrl graph CONFIG [key.sub=value ...] [-o PNG]
 
 Errors in the input -- a config error, code the tracer cannot read (:class:`TraceError`), a
 graph the policy cannot partition (:class:`PartitionError`, a declaration the probe
@@ -89,7 +89,7 @@ def _graph(args: argparse.Namespace) -> int:
     try:
         sys.stdout.write(format_job(job))
         out = draw_fragments(job, args.out or f"{cfg.name}_fdg.png")
-        print(f"\npicture of the fragmented graph: {out}")
+        print(f"\npicture of the fragmented graph: {pathlib.Path(out).resolve()}")
     finally:
         job.close()
     return 0
@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("graph", help="print the FDG, fragments and generated programs; draw the fragmented graph")
     g.add_argument("config")
     g.add_argument("overrides", nargs="*")
-    g.add_argument("--out", default=None, help="PNG path (default <name>_fdg.png)")
+    g.add_argument("-o", "--out", default=None, help="PNG path (default: <name>_fdg.png in the current directory)")
     g.set_defaults(fn=_graph)
     return p
 

@@ -507,4 +507,9 @@ def build_job_spec(cfg: RunConfig) -> Any:
         spec.envs_per_replica()
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    per = spec.env_steps_per_iteration
+    if cfg.train.total_env_steps < per:
+        raise ConfigError(f"train.total_env_steps={cfg.train.total_env_steps}: less than one iteration, which is {per} "
+                          f"env steps for this job (env.num_envs={cfg.env.num_envs}); a run trains whole iterations "
+                          f"within its budget: set at least {per}")
     return spec

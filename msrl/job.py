@@ -45,8 +45,8 @@ def load_algorithm(name: str) -> AlgorithmSpec:
     """The module-level ``ALGORITHM`` of an algorithm module.
 
     Args:
-        name: a built-in name (``"ppo"``: ``algorithms/ppo.py``), a dotted module path on
-            ``sys.path`` (``"mypkg.my_dqn"``), or the path of a Python file (``"./my_dqn.py"``,
+        name: a built-in name (``"ppo"``: ``algorithms/ppo.py``), a module on ``sys.path``
+            (``"my_dqn"`` with its folder on ``PYTHONPATH``, ``"mypkg.my_dqn"``), or the path of a Python file (``"./my_dqn.py"``,
             relative to the working directory; imported as module ``msrl_user.<stem>``).
 
     Raises:
@@ -85,7 +85,7 @@ def load_algorithm(name: str) -> AlgorithmSpec:
                 del sys.modules[module_name]
                 raise UnknownAlgorithmError(f"algorithm file {name!r} failed to import: {type(e).__name__}: {e}") from e
         where = f"file {name!r}"
-    elif "." in name:
+    elif "." in name or importlib.util.find_spec(name) is not None:  # a module on sys.path (PYTHONPATH)
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as e:
@@ -97,7 +97,7 @@ def load_algorithm(name: str) -> AlgorithmSpec:
         where = f"module {name!r}"
     else:
         raise UnknownAlgorithmError(
-            f"unknown algorithm {name!r}; available: {builtin} (or a dotted module path, or a .py file)"
+            f"unknown algorithm {name!r}; available: {builtin} (or a module on sys.path, or a .py file)"
         )
     algorithm = getattr(module, "ALGORITHM", None)
     if not isinstance(algorithm, AlgorithmSpec):

@@ -147,7 +147,9 @@ def _check_resumable(saved: RunConfig, cfg: RunConfig, run_dir: str | pathlib.Pa
     diff = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
     fixed = [k for k in diff if k not in RESUMABLE]
     if fixed:
-        k = fixed[0]
+        # the root of a difference first: another algorithm differs in every hyperparameter too
+        roots = ("algorithm.name", "env.id", "distribution_policy.name")
+        k = next((r for r in roots if r in fixed), fixed[0])
         raise ConfigError(
             f"--resume {run_dir}: {k}={b.get(k)!r} differs from the run's {a.get(k)!r} (config.yaml); a resumed run "
             f"may change only {', '.join(RESUMABLE)}"
@@ -175,6 +177,16 @@ def resume_config(run_dir: str | pathlib.Path, overrides: Sequence[str] = (),
     return cfg
 
 
+def _first_sentence(text: str, limit: int = 300) -> str:
+    """The loader's message on one line, cut at a sentence (or word) end, never mid-word."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    head = text[:limit]
+    end = head.rfind(". ")
+    return head[:end + 1] if end > 0 else head[:head.rfind(" ")] + " ..."
+
+
 def _read_checkpoint(path: pathlib.Path) -> dict[str, Any]:
     """A checkpoint file's state, checked to be msrl's.
 
@@ -186,8 +198,7 @@ def _read_checkpoint(path: pathlib.Path) -> dict[str, Any]:
     try:
         state = torch.load(path, weights_only=False)
     except Exception as e:  # noqa: BLE001 - zip, pickle and EOF errors all mean a damaged file
-        what = " ".join(str(e).split()) or type(e).__name__
-        raise CheckpointError(f"{path}: damaged checkpoint ({type(e).__name__}: {what[:200]})") from None
+        raise CheckpointError(f"{path}: damaged checkpoint ({type(e).__name__}: {_first_sentence(str(e))})") from None
     missing = [k for k in _CHECKPOINT_KEYS if not isinstance(state, dict) or k not in state]
     if missing:
         raise CheckpointError(f"{path}: not an msrl checkpoint (no {', '.join(missing)})")
@@ -559,6 +570,12 @@ def _train_once(cfg: RunConfig, resume: str | pathlib.Path | None) -> TrainResul
     if resume is None:
         check_runs_dir(cfg)  # before tracing and probing: a run that cannot save never starts
     spec: JobSpec = build_job_spec(cfg)
+    per, total = spec.env_steps_per_iteration, cfg.train.total_env_steps
+    if total % per:
+        import sys
+
+        print(f"msrl: train.total_env_steps={total} is {total // per} whole iterations of {per} env steps: "
+              f"{total // per * per} env steps (a run trains whole iterations within its budget)", file=sys.stderr)
     resume_state = None
     locks: list[RunLock] = []
     try:

@@ -36,7 +36,7 @@ def test_overrides_are_applied_and_typed():
         (["bogus=1"], "unknown key 'bogus'; valid keys at top level: name, seed, runs_dir, algorithm, env, distribution_policy, train, eval"),
         (["algorithm.hparams.lr=0.1"], "unknown key 'algorithm.hparams.lr'; valid keys at algorithm.hparams (ppo): num_steps, learning_rate"),
         (["env.id=CartPole-v9"], "unknown env id 'CartPole-v9'. Did you mean 'CartPole-v1', 'CartPole-v0'"),
-        (["algorithm.name=ppp"], "unknown algorithm 'ppp'; available: a2c, dqn, impala, ma_ppo, mappo, ppo, sac (or a dotted module path, or a .py file)"),
+        (["algorithm.name=ppp"], "unknown algorithm 'ppp'; available: a2c, dqn, impala, ma_ppo, mappo, ppo, sac (or a module on sys.path, or a .py file)"),
         (["distribution_policy.name=multi"], "unknown distribution policy 'multi'; available: async_learner, gpu_only, multi_learner, single, single_learner_coarse"),
         (["distribution_policy.backends.main=jax"], "fragment main: unknown fragment backend 'jax'; available: cpu_process_group, cuda_kernel, torch_graph"),
         (["distribution_policy.replicas.learner=2"], "distribution_policy.replicas.learner: policy single has no fragment 'learner'; fragments: main"),
@@ -88,6 +88,9 @@ def test_overrides_are_applied_and_typed():
          "and learner are fifo queues, one per env replica"),
         (["distribution_policy.name=single_learner_coarse", "cluster.cpus_per_replica=100000"],
          "cluster.cpus_per_replica=100000: each replica runs on this machine, which has"),
+        (["train.total_env_steps=100"], "train.total_env_steps=100: less than one iteration, which is 256 env steps "
+                                        "for this job (env.num_envs=16); a run trains whole iterations within its "
+                                        "budget: set at least 256"),
         (["train"], "bad override 'train': expected key.sub=value"),
         (["train..x=1"], "bad override 'train..x=1'"),
         (["seed.x=1"], "'seed' is a value, not a section"),

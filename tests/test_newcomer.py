@@ -122,3 +122,48 @@ def test_the_readme_python_example_runs_as_written(tmp_path, monkeypatch, capsys
     assert "env.num_envs: Input should be greater than 0 (got 0)" in out
     assert scope["result"].env_steps <= 100_000 and len(scope["returns"]) == 20
     assert scope["action"].shape == () or scope["action"].shape == (1,)
+
+
+def test_an_algorithm_module_on_pythonpath_is_found_by_its_bare_name(tmp_path, monkeypatch):
+    import sys
+
+    from msrl.job import load_algorithm
+
+    (tmp_path / "my_dqn_mod.py").write_text(
+        "import dataclasses\nfrom msrl.algorithms.dqn import ALGORITHM as DQN\n"
+        "ALGORITHM = dataclasses.replace(DQN, name='my_dqn')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        assert load_algorithm("my_dqn_mod").name == "my_dqn"
+    finally:
+        sys.modules.pop("my_dqn_mod", None)
+
+
+def test_a_budget_that_is_not_whole_iterations_is_announced(tmp_path, capsys):
+    code = main(["train", CONFIG, "train.total_env_steps=600", f"runs_dir={tmp_path}", "train.eval_every=0",
+                 "train.progress=false"])
+    err = capsys.readouterr().err
+    assert code == 0 and ("msrl: train.total_env_steps=600 is 2 whole iterations of 256 env steps: 512 env steps "
+                          "(a run trains whole iterations within its budget)") in err
+
+
+def test_a_damaged_checkpoint_names_the_loaders_error_without_cutting_a_word():
+    from msrl.run import _first_sentence
+
+    long = "PytorchStreamReader failed reading zip archive: failed finding central directory. " + "more words " * 60
+    assert _first_sentence(long) == "PytorchStreamReader failed reading zip archive: failed finding central directory."
+    cut = _first_sentence("word " * 100)
+    assert cut.endswith(" ...") and not cut[:-4].endswith("wor")
+
+
+def test_rays_token_note_is_dropped_and_its_warnings_are_not():
+    import logging
+
+    from msrl.cluster.ray_runtime import _DropTokenNote
+
+    def rec(msg):
+        return logging.LogRecord("ray", logging.WARNING, __file__, 1, msg, None, None)
+
+    f = _DropTokenNote()
+    assert not f.filter(rec("Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled ..."))
+    assert f.filter(rec("Token authentication is disabled for this Ray cluster. Anyone with network access ..."))

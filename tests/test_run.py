@@ -57,10 +57,11 @@ def test_cli_train_eval_plot_graph_end_to_end(tmp_path, capsys, monkeypatch):
     assert main(["plot", str(run)]) == 0
     assert (run / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-    assert main(["graph", str(MAIN), "distribution_policy.name=single_learner_coarse", "--out", "fdg.png"]) == 0
+    assert main(["graph", str(MAIN), "distribution_policy.name=single_learner_coarse", "-o", "fdg.png"]) == 0
     text = capsys.readouterr().out
     assert "## boundaries" in text and "gather trajectory actor (x2) -> learner (x1), sharded, axis 1" in text
     assert (tmp_path / "fdg.png").read_bytes()[:4] == b"\x89PNG"
+    assert text.rstrip().endswith(f"picture of the fragmented graph: {(tmp_path / 'fdg.png').resolve()}")  # where it went
 
 
 def test_graph_prints_the_generated_programs(capsys):
@@ -134,6 +135,9 @@ def test_resume_rejects_a_different_config(tmp_path):
         train(other, resume=r.run_dir)
     with pytest.raises(ConfigError, match="not a run directory"):
         train(cfg, resume=tmp_path / "nothing")
+    dqn = load_config(ROOT / "configs" / "dqn_cartpole.yaml", [f"runs_dir={tmp_path}", "name=a"])
+    with pytest.raises(ConfigError, match=r"algorithm.name='dqn' differs from the run's 'ppo'"):
+        train(dqn, resume=r.run_dir)  # the root of the difference, not one of its hyperparameters
 
 
 def test_resume_alone_and_for_longer_continues_the_run(tmp_path, capsys):
