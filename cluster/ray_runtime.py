@@ -308,8 +308,7 @@ class RayJob:
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from msrl.job import METHODS
-        from msrl.partition import partition
+        from msrl.job import METHODS, partition_job
         from msrl.tracer import trace
 
         if strategy not in ("PACK", "SPREAD"):
@@ -333,7 +332,7 @@ class RayJob:
             from msrl.probe import probe as run_probe
 
             run_probe(self.graphs, spec)
-        self.fragment_graph = partition(self.graphs, spec.policy)
+        self.fragment_graph = partition_job(self.graphs, spec.policy)
         self.keys = [(f.name, r) for f in spec.policy.fragments for r in range(f.replicas)]
         need = cpus_per_replica * len(self.keys)
         self._started_ray = not ray.is_initialized()

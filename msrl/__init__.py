@@ -24,9 +24,9 @@ __all__ = ["train", "load", "evaluate", "TrainedPolicy", "TrainResult", "ConfigE
 
 #: where each name lives (imported on first use)
 _HOMES = {"train": "msrl.python_api", "load": "msrl.python_api", "evaluate": "msrl.python_api",
-          "TrainedPolicy": "msrl.python_api", "TrainResult": "msrl.run", "ConfigError": "msrl.config",
-          "TraceError": "msrl.tracer", "PartitionError": "msrl.partition", "TrainingStopped": "msrl.run",
-          "TrainingInterrupted": "msrl.run"}
+          "TrainedPolicy": "msrl.python_api", "TrainResult": "msrl.outcome", "ConfigError": "msrl.config",
+          "TraceError": "msrl.tracer", "PartitionError": "msrl.partition", "TrainingStopped": "msrl.outcome",
+          "TrainingInterrupted": "msrl.outcome"}
 
 
 def __getattr__(name: str) -> Any:

@@ -35,7 +35,7 @@ def _train(args: argparse.Namespace) -> int:
     if len(configs) > 1 or (configs and items[0] != configs[0]):
         raise ConfigError(f"msrl train takes one CONFIG before its key=value overrides, got {' '.join(items)}")
     if args.resume:  # the run's saved config (or CONFIG), with budget-like overrides
-        from msrl.run import resume_config
+        from msrl.rundir import resume_config
 
         cfg = resume_config(args.resume, overrides, configs[0] if configs else None)
     elif not configs:
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = list(args.overrides) + extra
     try:
         return args.fn(args)
-    except KeyboardInterrupt as e:  # Ctrl-C: not a crash (msrl.run.TrainingInterrupted says where to resume)
+    except KeyboardInterrupt as e:  # Ctrl-C: not a crash (msrl.outcome.TrainingInterrupted says where to resume)
         print(f"\nmsrl: {str(e) or 'interrupted'}", file=sys.stderr)  # a bare Ctrl-C (start-up) has no text
         return 130
     except FileNotFoundError as e:
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             one_line = " ".join(str(e).split("\n"))
             print(f"msrl: error: {one_line}", file=sys.stderr)
             return 2
-        stopped = getattr(sys.modules.get("msrl.run"), "TrainingStopped", None)
+        stopped = getattr(sys.modules.get("msrl.outcome"), "TrainingStopped", None)
         if stopped is not None and isinstance(e, stopped):
             print(f"msrl: {e}", file=sys.stderr)
             return 1

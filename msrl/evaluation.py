@@ -10,7 +10,7 @@ import torch
 from msrl.api import Actor
 from msrl.envs.gymnasium_env import GymnasiumEnv
 
-__all__ = ["evaluate"]
+__all__ = ["evaluate", "evaluate_job", "evaluation_env", "actor_device"]
 
 
 @torch.no_grad()
@@ -53,3 +53,45 @@ def evaluate(
         return returns.tolist()
     finally:
         env.close()
+
+
+def evaluate_job(job: Any, cfg: Any) -> list[float]:
+    """The final (or a periodic) evaluation of a running job's current policy: ``cfg.eval``'s
+    episodes and seed on :func:`evaluation_env`'s env; ``[]`` when there is no gymnasium env to
+    evaluate on (e.g. native Tag: the training curves tell)."""
+    actor = job.eval_actor()
+    env_id, kwargs, wrappers = evaluation_env(cfg)
+    if env_id is None:
+        return []
+    return evaluate(actor, env_id, cfg.eval.episodes, cfg.eval.seed, kwargs, device=actor_device(actor),
+                    wrappers=wrappers)
+
+
+def evaluation_env(cfg: Any) -> tuple[str | None, dict[str, Any], list[str]]:
+    """The gymnasium env id, ``gymnasium.make`` kwargs and msrl wrappers evaluations run on:
+    ``eval.env_id`` (with the training env's wrappers) if set, else the training env, or a
+    native env's gymnasium counterpart (``None`` when a native env has none)."""
+    from msrl.envs import eval_env_id, is_native
+
+    if cfg.eval.env_id:
+        return cfg.eval.env_id, {}, list(cfg.env.wrappers)
+    if is_native(cfg.env.id):
+        return eval_env_id(cfg.env.id), {}, []
+    if eval_env_id(cfg.env.id) is None:
+        return None, {}, []
+    if cfg.env.engine == "envpool":  # EnvPool's kwargs are not gymnasium's; its ids may not be gymnasium ids
+        from msrl.envs.single import UnknownEnvError, check_env_id
+
+        try:
+            check_env_id(cfg.env.id)
+        except UnknownEnvError:
+            return None, {}, []
+        return cfg.env.id, {}, []
+    return cfg.env.id, dict(cfg.env.kwargs), list(cfg.env.wrappers)
+
+
+def actor_device(actor: Any) -> torch.device:
+    """The device of an actor's first parameter (CPU when it has none)."""
+    for v in actor.get_weights().values():
+        return v.device
+    return torch.device("cpu")

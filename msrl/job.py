@@ -23,13 +23,29 @@ from msrl.graph import Graph
 from msrl.partition import FragmentGraph, partition
 from msrl.policy import DistributionPolicy
 from msrl.runtime.local import LocalRuntime
-from msrl.runtime.replica import Replica, as_floats, build_trainer, check_losses, compile_fragment, replica_states
-from msrl.tracer import trace
+from msrl.runtime.replica import Replica, as_floats, check_losses, compile_fragment, replica_states
+from msrl.tracer import TRACED_METHODS, trace
 
-__all__ = ["JobSpec", "Job", "UnknownAlgorithmError", "load_algorithm", "available_algorithms", "METHODS"]
+__all__ = ["JobSpec", "Job", "UnknownAlgorithmError", "load_algorithm", "available_algorithms", "METHODS",
+           "partition_job"]
 
 #: The traced trainer methods, in the order a job runs them.
-METHODS = ("reset", "train_step")
+METHODS = TRACED_METHODS
+
+
+def partition_job(graphs: dict[str, Graph], policy: DistributionPolicy) -> FragmentGraph:
+    """:func:`msrl.partition.partition`, then, under central inference, the plan of its served
+    region (:func:`msrl.inference.plan_inference`) -- what every runtime runs.
+
+    Raises:
+        PartitionError: what the policy (or central inference) cannot honour, naming the line.
+    """
+    fg = partition(graphs, policy)
+    if policy.serving is not None:
+        from msrl.inference import plan_inference
+
+        fg.inference = plan_inference(fg)
+    return fg
 
 
 class UnknownAlgorithmError(ValueError):
@@ -184,7 +200,7 @@ class Job:
             from msrl.probe import probe as run_probe
 
             run_probe(self.graphs, spec)
-        self.fragment_graph: FragmentGraph = partition(self.graphs, spec.policy)
+        self.fragment_graph: FragmentGraph = partition_job(self.graphs, spec.policy)
         self.programs: dict[tuple[str, str], Program] = compile_programs(self.fragment_graph, spec.algorithm)
         self.replicas: dict[tuple[str, int], Replica] = {}
         for frag in spec.policy.fragments:
@@ -301,12 +317,3 @@ def compile_programs(fg: FragmentGraph, algorithm: AlgorithmSpec) -> dict[tuple[
         UnknownBackendError: a fragment names a backend that does not exist.
     """
     return {(fr.name, method): p for fr in fg.fragments for method, p in compile_fragment(fg, fr.name, algorithm).items()}
-
-
-def build_trainers(spec: JobSpec) -> dict[tuple[str, int], Trainer]:
-    """Builds one trainer per fragment replica (see :func:`msrl.runtime.replica.build_trainer`).
-
-    Raises:
-        ValueError: envs do not split evenly over replicas.
-    """
-    return {(frag.name, r): build_trainer(spec, frag, r) for frag in spec.policy.fragments for r in range(frag.replicas)}

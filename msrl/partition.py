@@ -140,7 +140,8 @@ class FragmentGraph:
         graphs: the traced graphs, per method, before partitioning.
         fragments: fragments in order; each holds a program region per method.
         boundaries: every boundary, in program order per method.
-        inference: under central inference, its :class:`~msrl.inference.InferencePlan`.
+        inference: under central inference, its :class:`~msrl.inference.InferencePlan` (set by
+            :func:`msrl.job.partition_job`).
     """
 
     policy: DistributionPolicy
@@ -721,8 +722,4 @@ def partition(graphs: dict[str, Graph], policy: DistributionPolicy) -> FragmentG
             g.name = f"{fr.name}.{method}"
             g.lint(defined=set())
     fg.check_schedule()
-    if policy.serving is not None:
-        from msrl.inference import plan_inference
-
-        fg.inference = plan_inference(fg)
     return fg

@@ -105,7 +105,8 @@ def _run(
     import sys
 
     from msrl.fragments.torch_graph import LOWERING
-    from msrl.job import METHODS, build_trainers
+    from msrl.runtime.replica import build_trainers
+    from msrl.tracer import TRACED_METHODS as METHODS
 
     single = load_policy("single")
     pspec = dataclasses.replace(spec, policy=single, num_envs=num_envs)

@@ -40,7 +40,7 @@ def _config(config: Any, overrides: Mapping[str, Any]) -> Any:
 
 
 def train(config: Any = None, /, *, resume: str | pathlib.Path | None = None, **overrides: Any) -> Any:
-    """Trains a job and returns its :class:`~msrl.run.TrainResult` (``run_dir``,
+    """Trains a job and returns its :class:`~msrl.outcome.TrainResult` (``run_dir``,
     ``eval_returns``/``eval_mean``, ``env_steps``, ``time_s``, ``metrics()``).
 
     Args:
@@ -49,7 +49,7 @@ def train(config: Any = None, /, *, resume: str | pathlib.Path | None = None, **
         resume: a run directory to continue from its last checkpoint (``msrl train --resume``).
         **overrides: config keys with ``__`` for ``.`` (``seed=3``,
             ``train__total_env_steps=100_000``), or dotted keys passed as ``**{"env.num_envs": 8}``;
-            with ``resume``, only budget-like keys (:data:`msrl.run.RESUMABLE`).
+            with ``resume``, only budget-like keys (:data:`msrl.rundir.RESUMABLE`).
 
     Raises:
         ConfigError: an invalid config or override, or a resume that changes a fixed key.
@@ -57,8 +57,8 @@ def train(config: Any = None, /, *, resume: str | pathlib.Path | None = None, **
         TrainingStopped: a fragment raised (e.g. a NaN), the last checkpoint is kept.
         TrainingInterrupted: Ctrl-C; the checkpoint is kept, ``resume=`` continues it.
     """
-    from msrl.run import resume_config
     from msrl.run import train as run_train
+    from msrl.rundir import resume_config
 
     if resume is not None:  # run_train refuses a change outside the resumable keys
         return run_train(_config(resume_config(resume) if config is None else config, overrides), resume=resume)
@@ -121,16 +121,17 @@ class TrainedPolicy:
 
 def load(run_dir: str | pathlib.Path, device: str = "cpu") -> TrainedPolicy:
     """The trained actor of a run directory (its last good checkpoint; see
-    :func:`msrl.run.load_checkpoint`).
+    :func:`msrl.checkpoints.load_checkpoint`).
 
     Raises:
         ConfigError: not a run directory, no checkpoint, or no readable one
-            (:class:`~msrl.run.CheckpointError`).
+            (:class:`~msrl.checkpoints.CheckpointError`).
     """
     import torch
 
+    from msrl.checkpoints import load_checkpoint
     from msrl.config import ConfigError, build_job_spec
-    from msrl.run import load_checkpoint, load_run_config
+    from msrl.rundir import load_run_config
     from msrl.runtime.replica import build_standalone_actor
 
     cfg = load_run_config(run_dir)
@@ -162,7 +163,7 @@ def evaluate(policy: TrainedPolicy | str | pathlib.Path, episodes: int = 20, see
     """
     from msrl.config import ConfigError
     from msrl.evaluation import evaluate as run_episodes
-    from msrl.run import evaluation_env
+    from msrl.evaluation import evaluation_env
 
     if not isinstance(policy, TrainedPolicy):
         policy = load(policy)

@@ -2,7 +2,8 @@
 
 import torch
 
-from msrl.job import Job, build_trainers
+from msrl.job import Job
+from msrl.runtime.replica import build_trainers
 
 
 def _weights_equal(a, b):

@@ -8,8 +8,9 @@ import torch
 
 from msrl.config import build_job_spec, load_config
 from msrl.graph import NodeKind
-from msrl.job import Job, build_trainers
+from msrl.job import Job
 from msrl.run import train
+from msrl.runtime.replica import build_trainers
 
 CFG = pathlib.Path(__file__).resolve().parents[1] / "configs" / "ma_ppo_tag.yaml"
 SMALL = ["env.num_envs=4", "algorithm.hparams.num_steps=10", "train.total_env_steps=400", "distribution_policy.name=single"]

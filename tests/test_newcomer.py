@@ -148,7 +148,7 @@ def test_a_budget_that_is_not_whole_iterations_is_announced(tmp_path, capsys):
 
 
 def test_a_damaged_checkpoint_names_the_loaders_error_without_cutting_a_word():
-    from msrl.run import _first_sentence
+    from msrl.checkpoints import first_sentence as _first_sentence
 
     long = "PytorchStreamReader failed reading zip archive: failed finding central directory. " + "more words " * 60
     assert _first_sentence(long) == "PytorchStreamReader failed reading zip archive: failed finding central directory."

@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from msrl.algorithms.ppo import ALGORITHM, PPOConfig
-from msrl.job import Job, JobSpec, build_trainers
+from msrl.job import Job, JobSpec
 from msrl.policy import load_policy
+from msrl.runtime.replica import build_trainers
 
 
 def pendulum_spec(policy="single"):

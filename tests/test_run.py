@@ -300,7 +300,7 @@ def test_eval_episodes_must_be_positive(tmp_path, capsys):
 def test_every_bad_input_is_one_line_exit_2_and_changes_no_run(tmp_path, capsys):
     """The misuse cases of the CLI, each against an existing run: exit status 2, one line on
     stderr naming the problem, and the run directory byte for byte as before."""
-    from msrl.run import RunLock
+    from msrl.rundir import RunLock
 
     run = tmp_path / "r"
     assert main(["train", str(MAIN), f"runs_dir={tmp_path}", "name=r", *TINY, "train.checkpoint_every=2"]) == 0

@@ -26,8 +26,8 @@ from msrl.envs import make_env
 from msrl.partition import FragmentGraph
 from msrl.policy import FragmentSpec
 
-__all__ = ["FragmentError", "ReplicaDied", "Replica", "build_trainer", "build_standalone_actor", "compile_fragment", "as_floats",
-           "check_losses", "replica_states"]
+__all__ = ["FragmentError", "ReplicaDied", "Replica", "build_trainer", "build_trainers", "build_standalone_actor",
+           "compile_fragment", "as_floats", "check_losses", "replica_states"]
 
 
 class ReplicaDied(RuntimeError):
@@ -149,6 +149,15 @@ def build_trainer(spec: Any, frag: FragmentSpec, replica: int, inference: Any = 
         else:
             components[role] = spec.algorithm.components[role](ctx)
     return spec.algorithm.trainer(components, spec.hparams, seed, num_envs=spec.num_envs, total_env_steps=spec.total_env_steps)
+
+
+def build_trainers(spec: Any) -> dict[tuple[str, int], Trainer]:
+    """Builds one trainer per fragment replica (see :func:`msrl.runtime.replica.build_trainer`).
+
+    Raises:
+        ValueError: envs do not split evenly over replicas.
+    """
+    return {(frag.name, r): build_trainer(spec, frag, r) for frag in spec.policy.fragments for r in range(frag.replicas)}
 
 
 def build_standalone_actor(spec: Any, device: torch.device | str = "cpu") -> Any:

@@ -1,0 +1,192 @@
+"""The training loop of one attempt at a run: chunks of iterations in which the replicas run free,
+each ending at the next checkpoint, evaluation or the end of the budget; a row of metrics per
+iteration; the final evaluation, ``eval.json`` and the learning curve (see :mod:`msrl.run`)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+import time
+from typing import Any
+
+from msrl.checkpoints import CHECKPOINT, Progress, save_checkpoint
+from msrl.config import RunConfig
+from msrl.evaluation import evaluate_job
+from msrl.job import Job, JobSpec
+from msrl.metrics import MetricsWriter, iteration_row
+from msrl.outcome import ReplicaLost, TrainingInterrupted, TrainingStopped, TrainResult
+from msrl.rundir import RunLock, new_run_dir, write_config
+from msrl.runtime.local import FragmentError
+from msrl.runtime.replica import ReplicaDied
+
+__all__ = ["TrainingLoop"]
+
+
+class TrainingLoop:
+    """One attempt at training a built job: chunks of iterations until the budget (or the
+    return threshold) is reached, then the final evaluation (see the module docstring).
+
+    Args:
+        cfg, spec: the run's config and job spec; job: the built job (local or Ray).
+        resume: the run directory being resumed (``None``: a new run, whose directory is made
+            here); state: the checkpoint it resumes from.
+        locks: the run directory's lock is appended (released by the caller).
+    """
+
+    #: replicas run free for about this long between the driver's looks (s)
+    CHUNK_S = 0.5
+
+    def __init__(self, cfg: RunConfig, spec: JobSpec, job: Any, resume: Any, state: Any, locks: list[RunLock]) -> None:
+        self.cfg, self.spec, self.job = cfg, spec, job
+        self.on_ray = not isinstance(job, Job)
+        self.E = spec.env_steps_per_iteration
+        if resume is None:
+            self.run_dir = new_run_dir(cfg)
+            locks.append(RunLock(self.run_dir))  # (a new name: nobody else can hold it yet, but a --resume soon can)
+            write_config(self.run_dir, cfg)
+            job.reset()
+            self.progress, self.ckpt_steps = Progress(), None
+            clash = pathlib.Path(cfg.runs_dir) / cfg.name
+            print(f"msrl: run directory {self.run_dir}" + (f" ({clash} exists)" if self.run_dir != clash else ""),
+                  file=sys.stderr)
+        else:
+            self.run_dir = pathlib.Path(resume)
+            job.load_state_dict(state["job"])
+            self.progress, self.ckpt_steps = Progress.from_state(state), int(state["env_steps"])
+            print(f"msrl: resuming {self.run_dir} at env step {job.env_steps}", file=sys.stderr)
+        self.metrics = MetricsWriter(self.run_dir, job.iteration if resume is not None else None)
+        if hasattr(job, "replica_table"):  # where each replica runs (pids, nodes), for operators
+            (self.run_dir / "replicas.json").write_text(json.dumps(job.replica_table(), indent=1))
+        if resume is None and self.on_ray:
+            self.checkpoint()  # a restart point before the first chunk
+        self.bar = self._progress_bar() if cfg.train.progress else None
+
+    def _progress_bar(self) -> Any:
+        from tqdm import tqdm
+
+        # one speed: training env steps per second of training time (evaluations excluded), the
+        # figure the final summary reports; tqdm's own rate only feeds the time-remaining estimate
+        return tqdm(total=self.spec.num_iterations * self.E, initial=self.job.env_steps, unit="step", dynamic_ncols=True,
+                    desc="training", bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} "
+                                                "[{elapsed}<{remaining}{postfix}]")
+
+    def checkpoint(self) -> None:
+        """Saves the job and the progress as the run's latest checkpoint."""
+        save_checkpoint(self.run_dir, self.job, self.progress)
+        self.ckpt_steps = self.job.env_steps  # once the file is in place
+
+    def run(self) -> TrainResult:
+        """Trains to the end of the budget (or the threshold), then evaluates and reports."""
+        try:
+            iter_s = None
+            while self.job.iteration < self.spec.num_iterations:
+                iter_s = self._chunk(self._chunk_size(iter_s))
+                if self.progress.threshold[0] is not None:
+                    break
+        except ReplicaDied as e:  # at a checkpoint's or an evaluation's call into the replicas
+            raise ReplicaLost(self.run_dir, self.job.env_steps, e) from e
+        except KeyboardInterrupt:
+            kept = self.run_dir / CHECKPOINT if (self.run_dir / CHECKPOINT).is_file() else None
+            raise TrainingInterrupted(self.run_dir, self.job.env_steps, kept, self.ckpt_steps if kept else None) from None
+        finally:
+            if self.bar is not None:
+                self.bar.close()
+            self.metrics.close()
+        return self._finish()
+
+    def _chunk_size(self, iter_s: float | None) -> int:
+        """Iterations until the next event (a checkpoint, an evaluation, the end), at most
+        :attr:`CHUNK_S` seconds of them (one while the iteration time is unknown)."""
+        cfg, it, done_eval = self.cfg, self.job.iteration, self.progress.done_eval
+        n = min(self.spec.num_iterations - it, cfg.train.checkpoint_every - it % cfg.train.checkpoint_every)
+        if cfg.train.eval_every:
+            n = min(n, max(1, -(-((done_eval + 1) * cfg.train.eval_every - self.job.env_steps) // self.E)))
+        return max(1, min(n, 1 if iter_s is None else int(self.CHUNK_S / max(iter_s, 1e-6)) or 1))
+
+    def _chunk(self, n: int) -> float:
+        """Runs ``n`` iterations, logs them (evaluating at the last when one is due) and
+        checkpoints when due; returns the time per iteration."""
+        job, p, it = self.job, self.progress, self.job.iteration
+        t0, steps_before = time.perf_counter(), job.env_steps
+        try:
+            records = job.run(n)
+        except ReplicaDied as e:
+            raise ReplicaLost(self.run_dir, job.env_steps, e) from e
+        except (FragmentError, FloatingPointError) as e:
+            raise self._stopped(e, it, n, steps_before) from e
+        chunk_dt = time.perf_counter() - t0
+        if self.bar is not None:
+            self.bar.update(self.E * n)  # before an evaluation, so "evaluating" shows the steps it evaluates at
+        eval_dt = 0.0
+        for i, rec in enumerate(records):
+            p.recent.extend(rec["episodes"].returns)
+            p.faults["lost_episodes"] += rec["episodes"].lost
+            row = iteration_row(rec, it + i + 1, p.time_s + chunk_dt * (i + 1) / n, self.E,
+                                p.faults if self.on_ray else None,
+                                p.faults["lost_episodes"] if self.cfg.env.engine == "process" and not self.on_ray else None)
+            if i == n - 1:
+                eval_dt = self._evaluate_if_due(row, t0)
+            self.metrics.log(row)
+        self.metrics.flush()
+        p.time_s += time.perf_counter() - t0 - eval_dt  # training time: the whole chunk, evaluation excluded
+        if self.bar is not None:
+            ret = sum(p.recent) / len(p.recent) if p.recent else float("nan")
+            self.bar.set_postfix({"steps/s": f"{job.env_steps / max(p.time_s, 1e-9):.0f}", "return": f"{ret:.1f}"},
+                                 refresh=False)  # the next update() draws it
+        if (job.iteration % self.cfg.train.checkpoint_every == 0 or p.threshold[0] is not None
+                or job.iteration == self.spec.num_iterations):
+            ckpt_t0 = time.perf_counter()
+            self.checkpoint()
+            p.time_s += time.perf_counter() - ckpt_t0
+        return chunk_dt / n
+
+    def _evaluate_if_due(self, row: dict[str, Any], chunk_t0: float) -> float:
+        """Evaluates when the env steps passed the next ``train.eval_every`` mark, writing
+        ``eval/mean_return`` into ``row`` and the threshold when first reached; returns the
+        evaluation's seconds."""
+        cfg, p, job = self.cfg, self.progress, self.job
+        if not cfg.train.eval_every or job.env_steps // cfg.train.eval_every <= p.done_eval:
+            return 0.0
+        p.done_eval = job.env_steps // cfg.train.eval_every
+        t0 = time.perf_counter()
+        if self.bar is not None:
+            self.bar.set_description_str("evaluating", refresh=True)
+        returns = evaluate_job(job, cfg)
+        if self.bar is not None:
+            self.bar.set_description_str("training", refresh=False)
+        mean = sum(returns) / len(returns)
+        row["eval/mean_return"] = mean
+        if cfg.train.stop_at_return is not None and mean >= cfg.train.stop_at_return and p.threshold[0] is None:
+            p.threshold = (p.time_s + (t0 - chunk_t0), job.env_steps)
+        return time.perf_counter() - t0
+
+    def _stopped(self, e: BaseException, it: int, n: int, steps_before: int) -> TrainingStopped:
+        """The error that stops the run after a fragment raised in iterations ``it+1..it+n``."""
+        ckpt = self.run_dir / CHECKPOINT
+        good = ckpt if ckpt.is_file() else None
+        if isinstance(self.job, Job) or n == 1:  # the in-process job counts the iterations it finished
+            steps_before += (self.job.iteration - it) * self.E
+            where, failed = f"at iteration {self.job.iteration + 1} (after env step {steps_before})", self.job.iteration + 1
+        else:
+            where, failed = f"in iterations {it + 1}-{it + n} (after env step {steps_before})", it + 1
+        return TrainingStopped(f"training stopped {where}: {e}\nlast good checkpoint: {good or 'none'}", failed,
+                               steps_before, good)
+
+    def _finish(self) -> TrainResult:
+        """The final evaluation, ``eval.json``, the learning curve; closes the job."""
+        job, p = self.job, self.progress
+        try:
+            returns = evaluate_job(job, self.cfg)
+        except ReplicaDied as e:
+            raise ReplicaLost(self.run_dir, job.env_steps, e) from e
+        result = TrainResult(self.run_dir, job.iteration, job.env_steps, p.time_s, returns, *p.threshold)
+        (self.run_dir / "eval.json").write_text(json.dumps({
+            "episodes": len(returns), "mean_return": result.eval_mean if returns else None, "returns": returns,
+            "env_steps": job.env_steps, "iterations": job.iteration, "time_s": p.time_s,
+            "time_to_threshold_s": p.threshold[0], "steps_to_threshold": p.threshold[1]}, indent=2))
+        job.close()
+        from msrl.plot import plot_run
+
+        plot_run(self.run_dir)
+        return result

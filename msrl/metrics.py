@@ -1,0 +1,143 @@
+"""A run's metrics: ``metrics.csv`` and TensorBoard events, one row per iteration.
+
+Columns: ``iteration``, ``env_steps``, ``time_s`` (training wall time, s), ``charts/SPS`` (env
+steps/s), ``charts/episodic_return`` and ``charts/episodic_length`` (means over the episodes
+finished in the iteration, and any extra episode statistics the env reports), the learner's
+``losses/...``; under Ray ``charts/comm_share``/``wait_share`` and ``faults/...``; with
+asynchronous boundaries ``async/policy_lag_mean``/``_max``; under central inference
+``inference/...``; ``eval/mean_return`` on evaluation iterations.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import pathlib
+import time
+from typing import Any, Mapping
+
+from msrl.runtime.inference import inference_metrics
+
+__all__ = ["MetricsWriter", "iteration_row"]
+
+
+def iteration_row(rec: Mapping[str, Any], iteration: int, time_s: float, steps_per_iteration: int,
+                  faults: Mapping[str, int] | None, lost_episodes: int | None) -> dict[str, Any]:
+    """The ``metrics.csv`` row of one iteration's runtime record (see
+    :meth:`msrl.job.Job.run`).
+
+    Args:
+        rec: the record; ``iteration``: its number (from 1); ``time_s``: training time at its end.
+        steps_per_iteration: env steps of one iteration (for ``charts/SPS``).
+        faults: the run's fault counters (Ray runs), written as ``faults/...``; ``None``: none.
+        lost_episodes: the run's ``faults/lost_episodes`` so far (a local run on env worker
+            processes), or ``None``: not written.
+    """
+    stats = rec["episodes"]
+    mean = (lambda xs: sum(xs) / len(xs) if xs else float("nan"))  # noqa: E731
+    lags = rec.get("policy_lags")
+    return {
+        "iteration": iteration,
+        "env_steps": rec["env_steps"],
+        "time_s": round(time_s, 4),
+        "charts/SPS": round(steps_per_iteration / max(rec["time_s"], 1e-9), 1),
+        "charts/episodic_return": mean(stats.returns),
+        "charts/episodic_length": mean(stats.lengths),
+        **{f"charts/{k}": sum(v) / len(v) for k, v in stats.extra.items() if v},
+        **(rec["output"] or {}),
+        **({f"faults/{k}": v for k, v in faults.items()} if faults is not None else {}),
+        **({"faults/lost_episodes": lost_episodes} if lost_episodes is not None else {}),
+        **({"charts/comm_share": round(rec["comm_share"], 4), "charts/wait_share": round(rec["wait_share"], 4)}
+           if "comm_share" in rec else {}),
+        **({"async/policy_lag_mean": sum(lags) / len(lags), "async/policy_lag_max": max(lags)} if lags else {}),
+        **inference_metrics(rec.get("inference")),
+    }
+
+
+class MetricsWriter:
+    """CSV + TensorBoard writer; on resume, rows past the checkpoint are dropped.
+
+    TensorBoard events are written in batches, every :attr:`TB_EVERY_S` seconds of
+    :meth:`flush` calls and at :meth:`close`, each batch drained before training goes on.
+    Handed over one row per iteration, TensorBoard's writer thread (event serialisation and a
+    pure-Python CRC per record) competed with the training thread for the GIL: measured on the
+    dev machine, A2C on native CartPole ran 5-15% slower than with TensorBoard off
+    (``bench/RESULTS.md``)."""
+
+    TB_EVERY_S = 5.0
+
+    def __init__(self, run_dir: pathlib.Path, resume_iteration: int | None) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.path = run_dir / "metrics.csv"
+        self.rows: list[dict[str, Any]] = []
+        if resume_iteration is not None and self.path.is_file():
+            with open(self.path, newline="") as f:
+                self.rows = [r for r in csv.DictReader(f) if int(r["iteration"]) <= resume_iteration]
+        self.columns: list[str] = list(self.rows[0].keys()) if self.rows else []
+        self._csv: Any = None
+        self._writer: Any = None
+        self._rewrite()
+        purge = resume_iteration + 1 if resume_iteration is not None else None
+        self.tb = SummaryWriter(log_dir=str(run_dir / "tb"), purge_step=purge)
+        self._tb_next = len(self.rows)  # rows before it are in TensorBoard already
+        self._tb_written_at = time.perf_counter()
+
+    def _rewrite(self) -> None:
+        if not self.columns:
+            return
+        with open(self.path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=self.columns)
+            w.writeheader()
+            w.writerows(self.rows)
+
+    def log(self, row: dict[str, Any]) -> None:
+        """Appends ``row`` to metrics.csv (buffered until :meth:`flush`) and its finite numbers
+        to TensorBoard as one event at step ``row["env_steps"]`` (written by a later
+        :meth:`flush` or :meth:`close`)."""
+        new = [k for k in row if k not in self.columns]
+        self.rows.append(row)
+        if new:
+            self._close_csv()
+            self.columns += new
+            self._rewrite()
+        else:
+            if self._csv is None:
+                self._csv = open(self.path, "a", newline="")
+                self._writer = csv.DictWriter(self._csv, fieldnames=self.columns)
+            self._writer.writerow(row)
+
+    def _write_tb(self) -> None:
+        """Writes the rows logged since the last batch to TensorBoard, one Summary per row holding
+        every finite scalar (what ``add_scalar`` writes one value at a time), and waits until
+        they are out."""
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        writer = self.tb._get_file_writer()
+        for row in self.rows[self._tb_next:]:
+            values = [Summary.Value(tag=k, simple_value=float(v)) for k, v in row.items()
+                      if k not in ("iteration", "env_steps") and isinstance(v, (int, float)) and math.isfinite(v)]
+            writer.add_summary(Summary(value=values), int(row["env_steps"]))
+        self._tb_next = len(self.rows)
+        self.tb.flush()
+        self._tb_written_at = time.perf_counter()
+
+    def flush(self) -> None:
+        """Writes the buffered rows to metrics.csv, and to TensorBoard when the last batch is
+        :attr:`TB_EVERY_S` seconds old."""
+        if self._csv is not None:
+            self._csv.flush()
+        if len(self.rows) > self._tb_next and time.perf_counter() - self._tb_written_at >= self.TB_EVERY_S:
+            self._write_tb()
+
+    def _close_csv(self) -> None:
+        if self._csv is not None:
+            self._csv.close()
+            self._csv = None
+
+    def close(self) -> None:
+        """Writes what is buffered and closes both files."""
+        self._close_csv()
+        if len(self.rows) > self._tb_next:
+            self._write_tb()
+        self.tb.close()
