@@ -69,6 +69,7 @@ class ReplicaActor:
         self.fragment, self.index = fragment, replica
         self.replica = Replica(self.spec, self.fragment_graph, fragment, replica)
         self.comm: Any = None
+        self._store_socket: Any = None  # rank 0: the socket its rendezvous store serves on
         self.boundary_server: Any = None
         self.mailbox: Any = None
         self.output_fragment = None
@@ -130,8 +131,9 @@ class ReplicaActor:
         own_device = devices[self.fragment]
         if own_device.type == "cuda":
             torch.cuda.set_device(own_device)  # this process's GPU (Ray's CUDA_VISIBLE_DEVICES)
-        dist.init_process_group(backend, init_method=f"tcp://{master[0]}:{master[1]}", rank=rank,
-                                world_size=len(ranks), timeout=timedelta(seconds=timeout_s))
+        store, self._store_socket = _rendezvous_store(master, rank, len(ranks), timeout_s)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=len(ranks),
+                                timeout=timedelta(seconds=timeout_s))
         groups = {}
         for fr in sorted({f for f, _ in ranks}):  # every rank makes every group, in one order
             groups[fr] = dist.new_group(sorted(r for (f, _), r in ranks.items() if f == fr))
@@ -240,6 +242,24 @@ class ReplicaActor:
 
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _rendezvous_store(master: tuple[str, int], rank: int, world_size: int, timeout_s: float) -> tuple[Any, Any]:
+    """The process group's rendezvous (a ``TCPStore``) and, on rank 0, the socket it serves on:
+    bound to the node's own address (``master``), never every interface as
+    ``init_method="tcp://"`` would; the other ranks connect to it (their socket: ``None``)."""
+    import torch.distributed as dist
+
+    if rank != 0:
+        return dist.TCPStore(master[0], master[1], world_size, False, timedelta(seconds=timeout_s)), None
+    family = socket.AF_INET6 if ":" in master[0] else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((master[0], master[1]))
+    sock.listen(128)
+    store = dist.TCPStore(master[0], master[1], world_size, True, timedelta(seconds=timeout_s),
+                          master_listen_fd=sock.fileno())
+    return store, sock  # the store serves on this socket: kept open as long as the process group
 
 
 class _DropTokenNote(logging.Filter):

@@ -85,10 +85,6 @@ def _train_once(cfg: RunConfig, resume: str | pathlib.Path | None) -> TrainResul
     if resume is None:
         check_runs_dir(cfg)  # before tracing and probing: a run that cannot save never starts
     spec: JobSpec = build_job_spec(cfg)
-    per, total = spec.env_steps_per_iteration, cfg.train.total_env_steps
-    if total % per:
-        print(f"msrl: train.total_env_steps={total} is {total // per} whole iterations of {per} env steps: "
-              f"{total // per * per} env steps (a run trains whole iterations within its budget)", file=sys.stderr)
     state = None
     locks: list[RunLock] = []
     try:
@@ -96,6 +92,10 @@ def _train_once(cfg: RunConfig, resume: str | pathlib.Path | None) -> TrainResul
             state = _open_resumed(cfg, spec, pathlib.Path(resume), locks)
         torch.set_num_threads(cfg.train.torch_threads)
         job = make_job(spec, cfg)
+        per, total = spec.env_steps_per_iteration, cfg.train.total_env_steps
+        if total % per:  # (said once the job is built: an input error comes alone)
+            print(f"msrl: train.total_env_steps={total} is {total // per} whole iterations of {per} env steps: "
+                  f"{total // per * per} env steps (a run trains whole iterations within its budget)", file=sys.stderr)
         try:
             return TrainingLoop(cfg, spec, job, resume, state, locks).run()
         except BaseException:

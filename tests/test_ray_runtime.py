@@ -407,3 +407,30 @@ def test_a_killed_actor_under_async_learner_is_restarted_and_its_work_dropped(tm
     restart and the dropped env steps; every iteration is in metrics.csv once."""
     rows = _train_killing(tmp_path, capsys, "configs/impala_cartpole.yaml", [], "actor", 60000)
     assert all(r["async/policy_lag_mean"] != "" for r in rows)
+
+
+def test_the_rendezvous_store_listens_on_the_nodes_address_only():
+    """The process group's TCPStore serves on a socket bound to the node's address (here
+    loopback), not on every interface as ``init_method="tcp://"`` binds it."""
+    import socket
+
+    from msrl.cluster.ray_runtime import _rendezvous_store
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store, sock = _rendezvous_store(("127.0.0.1", port), 0, 1, 10.0)
+    try:
+        store.set("k", "v")
+        assert store.get("k") == b"v"
+        listening = []
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            with open(table) as f:
+                for line in f.readlines()[1:]:
+                    local, state = line.split()[1], line.split()[3]
+                    addr, hexport = local.rsplit(":", 1)
+                    if state == "0A" and int(hexport, 16) == port:
+                        listening.append(addr)
+        assert listening == ["0100007F"], listening  # 127.0.0.1, and no wildcard listener
+    finally:
+        sock.close()
