@@ -271,9 +271,33 @@ class _DropTokenNote(logging.Filter):
 
 
 def _quiet_token_note() -> None:
+    """Keeps Ray's own notes off the user's terminal where msrl says the same itself: the note
+    that token authentication is on, and the driver's ``(raylet) A worker died or was killed``
+    lines (msrl names the dead replica and what it does about it, :class:`ReplicaDied`)."""
     log = logging.getLogger("ray._private.authentication.authentication_token_setup")
     if not any(isinstance(f, _DropTokenNote) for f in log.filters):
         log.addFilter(_DropTokenNote())
+    try:
+        import ray._private.worker as ray_worker
+    except ImportError:  # pragma: no cover - another Ray layout: its lines stay
+        return
+    original = getattr(ray_worker, "print_to_stdstream", None)
+    if original is None or getattr(original, "_msrl_filtered", False):
+        return
+    ray_worker.print_to_stdstream = _without_worker_deaths(original)
+
+
+def _without_worker_deaths(print_to_stdstream: Any) -> Any:
+    """Ray's driver-side printer, dropping the raylet's worker-death reports."""
+
+    def filtered(data: dict, ignore_prefix: bool) -> None:
+        lines = [line for line in data.get("lines", [])
+                 if not (data.get("pid") == "raylet" and "A worker died or was killed" in line)]
+        if lines:
+            print_to_stdstream({**data, "lines": lines}, ignore_prefix)
+
+    filtered._msrl_filtered = True  # type: ignore[attr-defined]
+    return filtered
 
 
 def _running(pid: int) -> bool:

@@ -56,7 +56,7 @@ def train(cfg: RunConfig, resume: str | pathlib.Path | None = None) -> TrainResu
     restarts = 0
     while True:
         try:
-            return _train_once(cfg, resume)
+            return _train_once(cfg, resume, restarted=restarts > 0)
         except ReplicaLost as lost:
             ckpt = lost.run_dir / CHECKPOINT
             learner = "learner" in lost.cause.roles  # a learner's death stops the job (--resume continues it)
@@ -81,7 +81,7 @@ def train(cfg: RunConfig, resume: str | pathlib.Path | None = None) -> TrainResu
             resume = lost.run_dir
 
 
-def _train_once(cfg: RunConfig, resume: str | pathlib.Path | None) -> TrainResult:
+def _train_once(cfg: RunConfig, resume: str | pathlib.Path | None, restarted: bool = False) -> TrainResult:
     if resume is None:
         check_runs_dir(cfg)  # before tracing and probing: a run that cannot save never starts
     spec: JobSpec = build_job_spec(cfg)
@@ -93,7 +93,7 @@ def _train_once(cfg: RunConfig, resume: str | pathlib.Path | None) -> TrainResul
         torch.set_num_threads(cfg.train.torch_threads)
         job = make_job(spec, cfg)
         per, total = spec.env_steps_per_iteration, cfg.train.total_env_steps
-        if total % per:  # (said once the job is built: an input error comes alone)
+        if total % per and not restarted:  # (said once the job is built: an input error comes alone)
             print(f"msrl: train.total_env_steps={total} is {total // per} whole iterations of {per} env steps: "
                   f"{total // per * per} env steps (a run trains whole iterations within its budget)", file=sys.stderr)
         try:

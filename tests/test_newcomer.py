@@ -167,3 +167,15 @@ def test_rays_token_note_is_dropped_and_its_warnings_are_not():
     f = _DropTokenNote()
     assert not f.filter(rec("Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled ..."))
     assert f.filter(rec("Token authentication is disabled for this Ray cluster. Anyone with network access ..."))
+
+
+def test_rays_worker_death_reports_are_dropped_and_its_other_lines_kept():
+    from msrl.cluster.ray_runtime import _without_worker_deaths
+
+    printed = []
+    f = _without_worker_deaths(lambda data, ignore_prefix: printed.append(data["lines"]))
+    f({"lines": ["A worker died or was killed while executing a task by an unexpected system error."],
+       "pid": "raylet", "is_err": False}, False)
+    f({"lines": ["something else", "A worker died or was killed ..."], "pid": "raylet", "is_err": False}, False)
+    f({"lines": ["A worker died or was killed (printed by the user's task)"], "pid": 1234, "is_err": True}, False)
+    assert printed == [["something else"], ["A worker died or was killed (printed by the user's task)"]]
