@@ -741,9 +741,10 @@ def trace(trainer_cls: type[Trainer], method: str = "train_step") -> Graph:
 def check_references(graphs: dict[str, Graph], trainer: Trainer) -> None:
     """Checks what the traced methods name against a built trainer: every component method
     called exists on its component, and every trainer attribute read is one the trainer has
-    or that a traced method writes -- so a typo (``self.buffer.gather_all()``,
-    ``self.policy.act(obs)``) is one error naming its line, not an ``AttributeError`` from
-    generated code.
+    (from ``__init__``) or that ``reset()`` sets before ``train_step`` reads it -- so a typo
+    (``self.buffer.gather_all()``, ``self.policy.act(obs)``) or state read before it is set
+    (``self.count = self.count + 1`` with no initial value) is one error naming its line, not an
+    ``AttributeError`` from generated code.
 
     Args:
         graphs: method -> traced graph.
@@ -754,23 +755,29 @@ def check_references(graphs: dict[str, Graph], trainer: Trainer) -> None:
     """
     import difflib
 
-    written = {n.target for g in graphs.values() for n in g.walk() if n.kind is NodeKind.STATE_OUT}
+    written_in = {m: {n.target for n in g.walk() if n.kind is NodeKind.STATE_OUT} for m, g in graphs.items()}
+    written = set().union(*written_in.values()) if written_in else set()
     components = trainer.components
-    for g in graphs.values():
+    for method, g in graphs.items():
         for n in g.walk():
+            where = (n.meta.get("file", "<unknown>"), n.meta.get("line", 0))
             if n.kind is NodeKind.CALL and n.role in components:
-                comp, method = components[n.role], n.target[1]
-                if not callable(getattr(comp, method, None)):
+                comp, name = components[n.role], n.target[1]
+                if not callable(getattr(comp, name, None)):
                     public = [m for m in dir(comp) if not m.startswith("_") and callable(getattr(comp, m, None))]
-                    close = difflib.get_close_matches(method, public, n=3)
-                    raise TraceError(n.meta.get("file", "<unknown>"), n.meta.get("line", 0),
-                                     f"self.{n.role} ({type(comp).__name__}) has no method {method!r}",
+                    close = difflib.get_close_matches(name, public, n=3)
+                    raise TraceError(*where, f"self.{n.role} ({type(comp).__name__}) has no method {name!r}",
                                      f"Did you mean {' or '.join(repr(c) for c in close)}?" if close
                                      else f"its methods: {', '.join(sorted(public))}")
-            elif n.kind is NodeKind.STATE_IN and n.target not in written and not hasattr(trainer, n.target):
-                names = sorted(set(components) | set(written) | {a for a in vars(trainer) if not a.startswith("_")})
+            elif n.kind is NodeKind.STATE_IN and not hasattr(trainer, n.target):
+                if method != "reset" and n.target in written_in.get("reset", set()):
+                    continue  # reset() sets it before the first train_step
+                if n.target in written:  # written, but only after this read
+                    raise TraceError(*where, f"self.{n.target} is read before it is set: {method}() reads it here, and "
+                                     "neither the trainer's __init__ nor reset() sets it",
+                                     f"Set it in reset() (e.g. self.{n.target} = 0)")
+                names = sorted(set(components) | written | {a for a in vars(trainer) if not a.startswith("_")})
                 close = difflib.get_close_matches(n.target, names, n=3)
-                raise TraceError(n.meta.get("file", "<unknown>"), n.meta.get("line", 0),
-                                 f"self.{n.target} is neither a component of this trainer "
+                raise TraceError(*where, f"self.{n.target} is neither a component of this trainer "
                                  f"({', '.join(f'self.{c}' for c in components)}) nor an attribute it has or writes",
                                  f"Did you mean {' or '.join(f'self.{c}' for c in close)}?" if close else "")

@@ -179,3 +179,15 @@ def test_rays_worker_death_reports_are_dropped_and_its_other_lines_kept():
     f({"lines": ["something else", "A worker died or was killed ..."], "pid": "raylet", "is_err": False}, False)
     f({"lines": ["A worker died or was killed (printed by the user's task)"], "pid": 1234, "is_err": True}, False)
     assert printed == [["something else"], ["A worker died or was killed (printed by the user's task)"]]
+
+
+def test_state_read_before_it_is_set_is_one_line_naming_it(tmp_path, capsys):
+    path = tmp_path / "uninit_algo.py"
+    path.write_text(textwrap.dedent(TYPO.format(actor="actor", gather="gather")).replace(
+        "        metrics = self.learner.learn(trajectory)\n",
+        "        metrics = self.learner.learn(trajectory)\n        self.updates = self.updates + 1\n"))
+    code = main(["train", CONFIG, f"algorithm.name={path}", f"runs_dir={tmp_path / 'runs'}", "train.total_env_steps=512"])
+    err = capsys.readouterr().err
+    assert code == 2 and err == (f"msrl: error: {path}:15: self.updates is read before it is set: train_step() reads "
+                                 "it here, and neither the trainer's __init__ nor reset() sets it. Set it in reset() "
+                                 "(e.g. self.updates = 0)\n"), err
