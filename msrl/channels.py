@@ -31,7 +31,8 @@ from tensordict import TensorDictBase
 
 from msrl.partition import Boundary
 
-__all__ = ["ChannelClosed", "LocalHub", "LocalComm", "Serving", "concat", "split", "copy_value", "tensor_leaves"]
+__all__ = ["ChannelClosed", "LocalHub", "LocalComm", "Serving", "concat", "split", "copy_value", "tensor_leaves",
+           "payload_bytes"]
 
 _POLL_S = 0.05
 
@@ -60,6 +61,20 @@ def tensor_leaves(value: Any) -> list[torch.Tensor]:
     if isinstance(value, (list, tuple)):
         return [t for v in value for t in tensor_leaves(v)]
     return []
+
+
+def payload_bytes(value: Any) -> int:
+    """The bytes of the tensors (TensorDicts included) a value holds: what crossing a boundary
+    moves, headers aside."""
+    if isinstance(value, TensorDictBase):
+        return sum(t.numel() * t.element_size() for t in value.values(include_nested=True, leaves_only=True))
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(payload_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(payload_bytes(v) for v in value)
+    return 0
 
 
 def concat(values: Sequence[Any], axis: int) -> Any:
@@ -120,6 +135,9 @@ class LocalHub:
                 self._queues[(b.name, r)] = queue.Queue()
         self._closed = threading.Event()
         self._reason = ""
+        #: boundary -> bytes of tensors that crossed it (every replica's sends)
+        self.bytes: dict[str, int] = {}
+        self._bytes_lock = threading.Lock()
 
     def endpoint(self, fragment: str, replica: int, asynchronous: Any = None, inference: Any = None) -> "LocalComm":
         """The endpoint generated programs of ``fragment`` replica ``replica`` call
@@ -161,6 +179,9 @@ class LocalHub:
             return self._reduce_done[fragment][1].clone()
 
     def _put(self, boundary: str, replica: int, item: Any) -> None:
+        n = payload_bytes(item)
+        with self._bytes_lock:
+            self.bytes[boundary] = self.bytes.get(boundary, 0) + n
         self._queues[(boundary, replica)].put(item)
 
     def _get(self, boundary: str, replica: int) -> Any:

@@ -105,6 +105,30 @@ def format_job(job: Job) -> str:
     return "\n".join(out) + "\n"
 
 
+def format_boundary_bytes(job: Job) -> str:
+    """What each ``train_step`` boundary moves per iteration, measured by running ``reset`` and
+    one ``train_step`` of ``job`` on the local runtime (tensor bytes, every replica's sends; a
+    loop's boundaries once per trip): what a value returned across fragments costs."""
+    job.reset()
+    job.runtime.pop_boundary_bytes()
+    job.run(1)
+    measured = job.runtime.pop_boundary_bytes()
+    out = ["\n## bytes per train_step iteration (measured on one iteration)"]
+    rows = [b for b in job.fragment_graph.boundaries if b.method == "train_step"]
+    if not rows:
+        out.append("(no boundaries)")
+    for b in rows:
+        out.append(f"- {b.name}: {_human(measured.get(b.name, 0))} ({b.src} -> {b.dst}{', in a loop' if b.in_loop else ''})")
+    return "\n".join(out) + "\n"
+
+
+def _human(n: int) -> str:
+    for unit, size in (("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
 def draw_fragments(job: Job, path: str | pathlib.Path, method: str = "train_step") -> pathlib.Path:
     """Draws ``method``'s fragmented graph as PNG: one column per fragment, nodes in program
     order (loop bodies framed), data edges grey, boundaries red.

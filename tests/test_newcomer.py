@@ -191,3 +191,20 @@ def test_state_read_before_it_is_set_is_one_line_naming_it(tmp_path, capsys):
     assert code == 2 and err == (f"msrl: error: {path}:15: self.updates is read before it is set: train_step() reads "
                                  "it here, and neither the trainer's __init__ nor reset() sets it. Set it in reset() "
                                  "(e.g. self.updates = 0)\n"), err
+
+
+def test_msrl_graph_prints_the_bytes_each_boundary_moves_per_iteration():
+    """Measured on one iteration: the learner's weights broadcast to 2 actors is twice their size."""
+    from msrl.config import build_job_spec, load_config
+    from msrl.job import Job
+    from msrl.printer import format_boundary_bytes
+
+    job = Job(build_job_spec(load_config(CONFIG, ["distribution_policy.name=single_learner_coarse"])))
+    try:
+        text = format_boundary_bytes(job)
+        weights = sum(t.numel() * t.element_size() for t in job.component("learner").get_weights().values())
+        kb = f"{2 * weights / 1024:.1f} KB"
+        assert f"_learner_get_weights2: {kb} (learner -> actor)" in text, text
+        assert "train_step/b0:trajectory: " in text and "0 B" not in text.split("trajectory: ")[1].split("\n")[0]
+    finally:
+        job.close()

@@ -42,7 +42,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
-from msrl.channels import ChannelClosed, concat, copy_value, split
+from msrl.channels import ChannelClosed, concat, copy_value, payload_bytes, split
 from msrl.graph import NodeKind
 
 __all__ = ["ChannelClosed", "Item", "Mailbox", "AsyncTransport", "AsyncEndpoint", "LocalTransport"]
@@ -336,13 +336,23 @@ class LocalTransport:
 
     def __init__(self, mailboxes: Mapping[tuple[str, int], Mailbox]) -> None:
         self.mailboxes = mailboxes
+        #: boundary -> bytes of tensors sent on it
+        self.bytes: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def _count(self, boundary: str, value: Any) -> None:
+        n = payload_bytes(value)
+        with self._lock:
+            self.bytes[boundary] = self.bytes.get(boundary, 0) + n
 
     def send_item(self, boundary: Any, producer: int, consumer: int, item: Item) -> None:
         """Copies ``item``'s value into the consumer's queue (waits while it is full)."""
+        self._count(boundary.name, item.value)
         self.mailboxes[(boundary.dst, consumer)].deliver(boundary.name, producer, Item(copy_value(item.value), item.versions))
 
     def send_latest(self, boundary: Any, producer: int, consumer: int, version: int, value: Any) -> None:
         """Copies ``value`` into the consumer's slot."""
+        self._count(boundary.name, value)
         self.mailboxes[(boundary.dst, consumer)].publish(boundary.name, producer, version, copy_value(value))
 
     def flush(self) -> None:

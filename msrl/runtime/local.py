@@ -45,7 +45,7 @@ class LocalRuntime:
         self._hubs: dict[str, LocalHub] = {}
         capacity = {b.name: b.capacity for b in fragment_graph.boundaries if b.mode == "fifo"}
         self.mailboxes = {key: Mailbox(capacity, timeout_s) for key in self._keys}
-        transport = LocalTransport(self.mailboxes)
+        transport = self.transport = LocalTransport(self.mailboxes)
         self.asynchronous = {key: AsyncEndpoint(fragment_graph.boundaries, key[0], key[1], self.mailboxes[key], transport)
                              for key in self._keys}
         # The fragment whose program returns the method's output (the fragment holding the
@@ -124,6 +124,16 @@ class LocalRuntime:
                     mailbox.close(why)
             raise
         return records
+
+    def pop_boundary_bytes(self) -> dict[str, int]:
+        """Boundary -> bytes of tensors that crossed it since the last call (synchronous and
+        asynchronous boundaries, every replica's sends)."""
+        out: dict[str, int] = {}
+        for source in [*self._hubs.values(), self.transport]:
+            for k, v in source.bytes.items():
+                out[k] = out.get(k, 0) + v
+            source.bytes.clear()
+        return out
 
     def close(self) -> None:
         """Stops the worker threads."""
