@@ -115,6 +115,8 @@ class _Tracer:
         self.maybe_undefined: dict[str, str] = {}
         self.file = "<unknown>"
         self.depth = 0
+        # the module globals of the method being read (its helpers' while they are inlined)
+        self.globals: dict[str, Any] = {}
 
     # -- helpers ----------------------------------------------------------------------------
     def err(self, node: ast.AST, message: str, advice: str = "") -> TraceError:
@@ -151,6 +153,21 @@ class _Tracer:
                 self.tainted.add(name)
                 self.why.setdefault(name, reason)
         return node
+
+    def check_global(self, name: str, at: ast.AST) -> None:
+        """Refuses a module-level name whose value can change while the job runs: a mutable
+        object (a dict, list, set, tensor, an instance of a non-frozen class) or a name some
+        function of its module rebinds (``global``). The tracer reads module globals as
+        constants; every fragment, and every process on Ray, has its own copy of them."""
+        value = self.globals[name]
+        rebound = name in _rebound_globals(self.globals.get("__name__", ""))
+        if rebound or not _immutable(value):
+            what = "a name functions of its module rebind (global)" if rebound else f"a mutable {type(value).__name__}"
+            raise self.err(at, f"module-level {name!r} is {what}: traced code reads module globals as constants, and "
+                               "every fragment (every process on Ray) has its own copy, so a change is seen by one "
+                               "fragment only",
+                           f"keep it in trainer state (self.{name.lower()} = ... in reset(), updated in train_step) or "
+                           "make it an immutable constant")
 
     def check_control(self, value: str | Const, at: ast.AST, what: str, advice: str) -> None:
         """Raises TraceError when ``value`` is data (depends on a component's result)."""
@@ -205,6 +222,7 @@ class _Tracer:
         if not inspect.isfunction(fn):
             raise TypeError(f"{self.cls.__name__}.{method} is not a method")
         funcdef, self.file = self.parse(fn)
+        self.globals = fn.__globals__
         args = funcdef.args
         if len(args.args) != 1 or args.vararg or args.kwarg or args.kwonlyargs:
             raise self.err(funcdef, f"{method} must take only self", "pass values as trainer state")
@@ -492,6 +510,8 @@ class _Tracer:
                 self.read(sub.id, at)
                 if sub.id not in inputs:
                     inputs.append(sub.id)
+            elif isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load) and sub.id in self.globals:
+                self.check_global(sub.id, at)
         node = Node(NodeKind.COMPUTE, rewritten, inputs=inputs, outputs=list(outputs), unpack=unpack)
         self.emit(scope, node, at, impure=_impure_call(rewritten, set(inputs)))
         return outputs[0] if outputs else ""
@@ -516,11 +536,11 @@ class _Tracer:
         prefix = f"_{name}{k}_"
         renamed = _Renamer({n: prefix + n for n in local}).visit(funcdef)
         values = [self.value_of(a, scope) for a in e.args]
-        outer_file = self.file
+        outer_file, outer_globals = self.file, self.globals
         for p, v in zip(params, values):
             src = ast.Name(v, ast.Load()) if isinstance(v, str) else ast.Constant(v.value)
             self.compute(ast.copy_location(src, e), scope, [prefix + p], e)
-        self.file = file
+        self.file, self.globals = file, fn.__globals__
         self.depth += 1
         try:
             body = list(renamed.body)
@@ -531,7 +551,7 @@ class _Tracer:
                 result = self.value_of(ret.value, scope)
         finally:
             self.depth -= 1
-            self.file = outer_file
+            self.file, self.globals = outer_file, outer_globals
         return result
 
 
@@ -655,6 +675,50 @@ def _impure_call(e: ast.AST, values: set[str]) -> str | None:
             continue
         return ast.unparse(f)
     return None
+
+
+def _immutable(value: Any, depth: int = 0) -> bool:
+    """Whether a module global is a constant: a number, string, bytes, ``None``, a module,
+    function or class, an enum member, a torch dtype or device, a frozen dataclass, or a tuple
+    or frozenset of those."""
+    import enum
+    import types
+
+    import torch
+
+    if isinstance(value, (bool, int, float, complex, str, bytes, type(None), range, types.ModuleType, types.FunctionType,
+                          types.BuiltinFunctionType, types.MethodType, type, enum.Enum, torch.dtype, torch.device)):
+        return True
+    if callable(value) and not isinstance(value, (torch.nn.Module, torch.Tensor)):
+        return True  # a function object of another kind (functools.partial, a ufunc)
+    if isinstance(value, (tuple, frozenset)) and depth < 8:
+        return all(_immutable(v, depth + 1) for v in value)
+    params = getattr(type(value), "__dataclass_params__", None)
+    return bool(params is not None and params.frozen)
+
+
+def _rebound_globals(module_name: str) -> frozenset[str]:
+    """Names that some function of module ``module_name`` declares ``global`` (and so may
+    rebind while the job runs)."""
+    import sys
+
+    module = sys.modules.get(module_name)
+    if module is None:
+        return frozenset()
+    cached = _REBOUND.get(module_name)
+    if cached is not None:
+        return cached
+    try:
+        tree = ast.parse(inspect.getsource(module))
+    except (OSError, TypeError, SyntaxError):
+        names: frozenset[str] = frozenset()
+    else:
+        names = frozenset(n for node in ast.walk(tree) if isinstance(node, ast.Global) for n in node.names)
+    _REBOUND[module_name] = names
+    return names
+
+
+_REBOUND: dict[str, frozenset[str]] = {}
 
 
 def _self_attr(e: ast.AST) -> str | None:

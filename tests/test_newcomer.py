@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import textwrap
 
@@ -208,3 +209,67 @@ def test_msrl_graph_prints_the_bytes_each_boundary_moves_per_iteration():
         assert "train_step/b0:trajectory: " in text and "0 B" not in text.split("trajectory: ")[1].split("\n")[0]
     finally:
         job.close()
+
+
+MODULE_STATE = '''
+import dataclasses
+from msrl.algorithms.dqn import ALGORITHM as DQN, DQNTrainer, DQNActor
+
+{decl}
+
+class CountingActor(DQNActor):
+    def act(self, obs, epsilon):
+{bump}
+        return super().act(obs, epsilon)
+
+class StateTrainer(DQNTrainer):
+    def train_step(self):
+        if {cond}:
+            return super().train_step()
+        return super().train_step()
+
+ALGORITHM = dataclasses.replace(DQN, name="state", trainer=StateTrainer,
+                                components={{**DQN.components, "actor": CountingActor}})
+'''
+
+
+@pytest.mark.parametrize("decl, bump, cond, what", [
+    ("STEPS = {'n': 0}", "        STEPS['n'] += 1", "STEPS['n'] > 3", "module-level 'STEPS' is a mutable dict"),
+    ("STEPS = 0", "        global STEPS\n        STEPS += 1", "STEPS > 3",
+     "module-level 'STEPS' is a name functions of its module rebind (global)"),
+])
+def test_branching_on_module_level_state_is_refused_naming_the_line(tmp_path, capsys, decl, bump, cond, what):
+    """A global the actor changes would be seen by the actor's fragment only (on Ray: its
+    process), so the fragments would take different sides; it is an error at its line."""
+    path = tmp_path / "state_algo.py"
+    path.write_text(MODULE_STATE.format(decl=decl, bump=bump, cond=cond))
+    code = main(["train", str(ROOT / "configs/dqn_cartpole.yaml"), f"algorithm.name={path}",
+                 f"runs_dir={tmp_path / 'runs'}", "distribution_policy.name=single_learner_coarse",
+                 "distribution_policy.replicas.actor=1"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"msrl: error: {path}:"), err
+    assert what in err and "keep it in trainer state" in err and err.count("\n") == 1
+
+
+def test_immutable_module_constants_are_read_as_constants():
+    import enum
+
+    import torch
+
+    from msrl.tracer import _immutable
+
+    class Mode(enum.Enum):
+        A = 1
+
+    @dataclasses.dataclass(frozen=True)
+    class Frozen:
+        x: int = 1
+
+    @dataclasses.dataclass
+    class Thawed:
+        x: int = 1
+
+    for ok in (3, 2.5, "s", None, (1, ("a", 2.0)), frozenset({1}), Mode.A, torch.float32, Frozen(), torch, len):
+        assert _immutable(ok), ok
+    for bad in ({}, [], {1}, torch.zeros(1), Thawed(), (1, [2])):
+        assert not _immutable(bad), bad
