@@ -22,8 +22,12 @@ arithmetic, comparisons and the builtins in :data:`PURE_CALLS` (and ``math``), i
 value. Trainer attributes are control state when every assignment to them, in ``reset`` and in
 ``train_step``, is a control value (``self.global_step += self.num_envs``). Every fragment
 computes its own identical copy of a control value; the result of a component call, and
-anything computed from one, is data. Calls the tracer cannot tell are deterministic (any
-other function: ``torch.rand``, a user helper) make data as well.
+anything computed from one, is data. A plain function of the algorithm's own module
+(``linear_schedule(...)``) is inlined and traced like a trainer helper, and NumPy's elementwise
+functions (``np.floor``) are pure; calls the tracer cannot tell are deterministic (any other
+function: ``torch.rand``, a library's helper) make data. Module globals read by traced code
+must be constants (numbers, strings, tuples of them, frozen dataclasses, modules, functions):
+a mutable one, or one its module rebinds, is a :class:`TraceError`.
 
 Anything else -- ``while``/``try``/``with``, ``break``/``continue``, a condition or trip count
 on data, component calls in comprehensions, lambdas or the right operand of ``and``/``or`` --
@@ -36,6 +40,7 @@ import ast
 import copy
 import inspect
 import itertools
+import sys
 import textwrap
 from typing import Any, Callable
 
@@ -204,7 +209,9 @@ class _Tracer:
         return None
 
     def helper_call(self, e: ast.AST) -> str | None:
-        """``self.helper(...)`` where ``helper`` is a method of the trainer -> its name."""
+        """``self.helper(...)`` where ``helper`` is a method of the trainer, or ``helper(...)``
+        where ``helper`` is a plain function of the traced code's own module -> its name (both
+        are inlined and traced by the same rules)."""
         if (
             isinstance(e, ast.Call)
             and isinstance(e.func, ast.Attribute)
@@ -214,6 +221,15 @@ class _Tracer:
             and self.is_method(e.func.attr)
         ):
             return e.func.attr
+        if isinstance(e, ast.Call) and isinstance(e.func, ast.Name) and self.module_function(e.func.id) is not None:
+            return e.func.id
+        return None
+
+    def module_function(self, name: str) -> Any:
+        """The plain function ``name`` of the traced code's own module, or ``None``."""
+        fn = self.globals.get(name)
+        if inspect.isfunction(fn) and fn.__module__ == self.globals.get("__name__"):
+            return fn
         return None
 
     # -- entry ------------------------------------------------------------------------------
@@ -513,7 +529,7 @@ class _Tracer:
             elif isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load) and sub.id in self.globals:
                 self.check_global(sub.id, at)
         node = Node(NodeKind.COMPUTE, rewritten, inputs=inputs, outputs=list(outputs), unpack=unpack)
-        self.emit(scope, node, at, impure=_impure_call(rewritten, set(inputs)))
+        self.emit(scope, node, at, impure=_impure_call(rewritten, set(inputs), self.globals))
         return outputs[0] if outputs else ""
 
     def inline_helper(self, e: ast.Call, scope: _Scope) -> str | Const:
@@ -521,9 +537,10 @@ class _Tracer:
         assert name is not None
         if self.depth >= MAX_INLINE_DEPTH:
             raise self.err(e, f"trainer methods nest deeper than {MAX_INLINE_DEPTH} (recursion?)", "flatten the helpers")
-        fn = getattr(self.cls, name)
+        method = isinstance(e.func, ast.Attribute)  # self.helper(...), or a module function
+        fn = getattr(self.cls, name) if method else self.module_function(name)
         funcdef, file = self.parse(fn)
-        params = [a.arg for a in funcdef.args.args[1:]]
+        params = [a.arg for a in (funcdef.args.args[1:] if method else funcdef.args.args)]
         if funcdef.args.vararg or funcdef.args.kwarg or funcdef.args.kwonlyargs or funcdef.args.defaults:
             raise self.err(funcdef, f"helper {name} may only take plain positional parameters")
         if len(e.args) != len(params) or e.keywords:
@@ -659,10 +676,12 @@ def _has_call(tracer: _Tracer, e: ast.AST) -> bool:
     return any(tracer.component_call(sub) or tracer.helper_call(sub) for sub in ast.walk(e))
 
 
-def _impure_call(e: ast.AST, values: set[str]) -> str | None:
+def _impure_call(e: ast.AST, values: set[str], globals_: dict[str, Any] | None = None) -> str | None:
     """The first call in ``e`` that is not known deterministic (see :data:`PURE_CALLS`), as
-    source text; ``None`` when every call is pure. Method calls on a traced value
+    source text; ``None`` when every call is pure. NumPy's elementwise functions (ufuncs:
+    ``np.floor``, ``np.clip`` is not one) are pure. Method calls on a traced value
     (``metrics.get(...)``) are judged by that value's kind, not here."""
+    numpy = sys.modules.get("numpy")
     for sub in ast.walk(e):
         if not isinstance(sub, ast.Call):
             continue
@@ -672,6 +691,9 @@ def _impure_call(e: ast.AST, values: set[str]) -> str | None:
         if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "math":
             continue
         if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in values:
+            continue
+        if (numpy is not None and isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)
+                and (globals_ or {}).get(f.value.id) is numpy and isinstance(getattr(numpy, f.attr, None), numpy.ufunc)):
             continue
         return ast.unparse(f)
     return None

@@ -273,3 +273,48 @@ def test_immutable_module_constants_are_read_as_constants():
         assert _immutable(ok), ok
     for bad in ({}, [], {1}, torch.zeros(1), Thawed(), (1, [2])):
         assert not _immutable(bad), bad
+
+
+HELPERS = '''
+import numpy as np
+from msrl.api import Trainer
+
+
+def linear_schedule(start_e, end_e, duration, t):
+    slope = (end_e - start_e) / duration
+    return max(slope * t + start_e, end_e)
+
+
+class Helped(Trainer):
+    def reset(self):
+        self.global_step = 0
+
+    def train_step(self):
+        self.global_step += self.num_envs
+        if np.floor(linear_schedule(1.0, 0.05, 1000, self.global_step) * 10) > 3:
+            self.learner.learn(self.buffer.gather())
+        return {}
+'''
+
+
+def test_pure_module_functions_and_numpy_elementwise_calls_are_control(tmp_path, monkeypatch):
+    """A schedule written as a module-level function (CleanRL's ``linear_schedule``) and
+    ``np.floor`` on control values make a control condition: the branch is traced, not refused."""
+    import importlib
+
+    from msrl.graph import NodeKind
+    from msrl.tracer import trace
+
+    (tmp_path / "helped_algo.py").write_text(HELPERS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("helped_algo")
+    try:
+        graph = trace(module.Helped, "train_step")
+        branches = [n for n in graph.walk() if n.kind is NodeKind.BRANCH]
+        assert len(branches) == 1
+        conds = [n for n in graph.walk() if branches[0].target in n.outputs]
+        assert conds and all(n.meta.get("control") for n in conds)
+    finally:
+        import sys
+
+        sys.modules.pop("helped_algo", None)
