@@ -223,13 +223,12 @@ class ReplicaActor:
         return {k: v.cpu() for k, v in self.replica.weights(role).items()}
 
     def state_dict(self) -> dict[str, Any]:
-        """:meth:`Replica.state_dict` and this process's torch RNG state."""
-        return {**self.replica.state_dict(), "torch_rng": torch.get_rng_state()}
+        """:meth:`Replica.state_dict` (its global generators' states included)."""
+        return self.replica.state_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores :meth:`state_dict`'s output."""
         self.replica.load_state_dict(state)
-        torch.set_rng_state(state["torch_rng"])
 
     def close(self) -> None:
         """Closes the envs, the boundary streams and server, and leaves the process group."""

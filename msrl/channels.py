@@ -30,6 +30,7 @@ import torch
 from tensordict import TensorDictBase
 
 from msrl.partition import Boundary
+from msrl.runtime.generators import BATON
 
 __all__ = ["ChannelClosed", "LocalHub", "LocalComm", "Serving", "concat", "split", "copy_value", "tensor_leaves",
            "payload_bytes"]
@@ -160,7 +161,7 @@ class LocalHub:
     def _allreduce(self, fragment: str, replica: int, flat: torch.Tensor) -> torch.Tensor:
         """The mean of every replica's ``flat`` (summed in replica order), once all arrived."""
         n = self.fragment_replicas.get(fragment, 1)
-        with self._reduce_cond:
+        with BATON.released(), self._reduce_cond:  # the other replicas (threads) run meanwhile
             round_ = self._reduce_round.get(fragment, 0)
             parts = self._reduce_parts.setdefault(fragment, {})
             parts[replica] = flat
@@ -186,13 +187,18 @@ class LocalHub:
 
     def _get(self, boundary: str, replica: int) -> Any:
         q = self._queues[(boundary, replica)]
-        while True:
-            if self._closed.is_set():
-                raise ChannelClosed(f"boundary {boundary}: {self._reason}")
-            try:
-                return q.get(timeout=_POLL_S)
-            except queue.Empty:
-                continue
+        try:
+            return q.get_nowait()
+        except queue.Empty:
+            pass
+        with BATON.released():  # the other replicas (threads) run meanwhile
+            while True:
+                if self._closed.is_set():
+                    raise ChannelClosed(f"boundary {boundary}: {self._reason}")
+                try:
+                    return q.get(timeout=_POLL_S)
+                except queue.Empty:
+                    continue
 
 
 class Serving:

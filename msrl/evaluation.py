@@ -58,13 +58,19 @@ def evaluate(
 def evaluate_job(job: Any, cfg: Any) -> list[float]:
     """The final (or a periodic) evaluation of a running job's current policy: ``cfg.eval``'s
     episodes and seed on :func:`evaluation_env`'s env; ``[]`` when there is no gymnasium env to
-    evaluate on (e.g. native Tag: the training curves tell)."""
-    actor = job.eval_actor()
+    evaluate on (e.g. native Tag: the training curves tell). The global generators hold the
+    states seeded for ``(eval.seed, "evaluation")`` meanwhile (:mod:`msrl.runtime.generators`)."""
+    from msrl.runtime.generators import BATON, GlobalGenerators
+
     env_id, kwargs, wrappers = evaluation_env(cfg)
     if env_id is None:
         return []
-    return evaluate(actor, env_id, cfg.eval.episodes, cfg.eval.seed, kwargs, device=actor_device(actor),
-                    wrappers=wrappers)
+    # an actor drawing from the global generators draws from a stream of the evaluation's own
+    # (seeded from eval.seed), never from a replica's: evaluating does not change training
+    with BATON.hold(GlobalGenerators.seeded(cfg.eval.seed, "evaluation")):
+        actor = job.eval_actor()
+        return evaluate(actor, env_id, cfg.eval.episodes, cfg.eval.seed, kwargs, device=actor_device(actor),
+                        wrappers=wrappers)
 
 
 def evaluation_env(cfg: Any) -> tuple[str | None, dict[str, Any], list[str]]:

@@ -287,10 +287,10 @@ class Job:
 
     # -- checkpoints ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Every replica's components and trainer state (the attributes the traced methods
-        write), the iteration count and torch's global RNG state."""
+        """Every replica's components, trainer state (the attributes the traced methods
+        write) and global generators' states, and the iteration count."""
         replicas = {f"{frag}/{r}": rep.state_dict() for (frag, r), rep in self.replicas.items()}
-        return {"iteration": self.iteration, "replicas": replicas, "torch_rng": torch.get_rng_state()}
+        return {"iteration": self.iteration, "replicas": replicas}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores :meth:`state_dict`'s output into a job built from the same spec.
@@ -301,13 +301,16 @@ class Job:
         for rep, saved in zip(self.replicas.values(), replica_states(state, self.replicas)):
             rep.load_state_dict(saved)
         self.iteration = int(state["iteration"])
-        torch.set_rng_state(state["torch_rng"])
 
     def close(self) -> None:
-        """Closes envs and runtime threads."""
+        """Closes envs and runtime threads; gives this process its own global generator
+        states back (:meth:`msrl.runtime.generators.Baton.give_back`)."""
         self.runtime.close()
         for rep in self.replicas.values():
             rep.close()
+        from msrl.runtime.generators import BATON
+
+        BATON.give_back()
 
 
 def compile_programs(fg: FragmentGraph, algorithm: AlgorithmSpec) -> dict[tuple[str, str], Program]:

@@ -123,8 +123,12 @@ def _run(
                 if d is not None:
                     declared[(method, node.id)] = (d, type(trainer.components[node.role]))
     main = fg.fragment("main")
+    from msrl.runtime.generators import BATON, GlobalGenerators
+
     try:
-        with torch.random.fork_rng(devices=[]):
+        # the probe's draws from the global generators come from a stream of its own, and the
+        # driver gets its own states back afterwards
+        with BATON.hold(GlobalGenerators.seeded(spec.seed, "probe")):
             programs = {}
             for method in METHODS:
                 def record(nid: int, name: str, value: Any, method: str = method) -> None:
@@ -144,6 +148,7 @@ def _run(
     finally:
         if "env" in trainer.components:
             trainer.env.close()
+        BATON.give_back()
     return seen, declared
 
 

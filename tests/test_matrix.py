@@ -195,3 +195,69 @@ def test_single_learner_fine_runs_every_algorithm_bitwise_like_single(algo, envs
     to_central = NodeKind.GATHER if envs > 1 else NodeKind.SEND
     to_envs = NodeKind.SCATTER if envs > 1 else NodeKind.SEND
     assert {(to_central, "env", "learner"), (to_envs, "learner", "env")} <= ops
+
+
+#: the policies an algorithm written outside the project runs under with its global-generator
+#: draws reproducible (asynchronous boundaries are left out: what a learner trains on there
+#: depends on timing by design)
+GLOBAL_POLICIES = [("single", None), ("single_learner_coarse", {"actor": 1}), ("single_learner_coarse", {"actor": 2}),
+                   ("multi_learner", {"main": 2}), ("single_learner_fine", {"env": 2})]
+
+
+@pytest.mark.parametrize("policy, replicas", GLOBAL_POLICIES, ids=lambda p: str(p))
+def test_an_algorithm_drawing_from_the_global_generators_is_reproducible_under_every_policy(policy, replicas):
+    """``tests/global_rng_algo.py`` seeds nothing and draws from torch's, NumPy's and Python's
+    global generators; msrl seeds each replica's: two jobs compute the same, bit for bit."""
+    import global_rng_algo
+
+    algorithm = global_rng_algo.ALGORITHM
+    pol = load_policy(policy).with_overrides(replicas=replicas)
+    s = JobSpec(algorithm, algorithm.hparams(num_steps=6, hidden_sizes=(8,)), "CartPole-v1", 4, pol, seed=7,
+                total_env_steps=5_000)
+    (m1, w1, _, steps), (m2, w2, _, _) = run(s, 4), run(s, 4)
+    as_float = [[{k: float(v) for k, v in m.items()} for m in ms] for ms in (m1, m2)]
+    assert as_float[0] == as_float[1] and all(torch.equal(w1[k], w2[k]) for k in w1)
+    assert all(math.isfinite(v) for m in as_float[0] for v in m.values()) and steps == 4 * 6 * 4
+
+
+MODULE_STATE = '''
+import dataclasses
+from msrl.algorithms.a2c import ALGORITHM as A2C, A2CTrainer
+from msrl.algorithms.ppo import PPOActor
+
+ACTED = {"n": 0}
+
+
+class CountingActor(PPOActor):
+    def act(self, obs, deterministic=False):
+        ACTED["n"] += 1
+        return super().act(obs, deterministic)
+
+
+class CountingTrainer(A2CTrainer):
+    def train_step(self):
+        if ACTED["n"] > 20:
+            return super().train_step()
+        return super().train_step()
+
+
+ALGORITHM = dataclasses.replace(A2C, name="counting", trainer=CountingTrainer,
+                                components={**A2C.components, "actor": CountingActor})
+'''
+
+
+@pytest.mark.parametrize("policy, replicas", GLOBAL_POLICIES + [("async_learner", {"actor": 2})], ids=lambda p: str(p))
+def test_branching_on_module_level_state_is_refused_under_every_policy(policy, replicas, tmp_path):
+    """Module-level state each fragment (each process, on Ray) would hold a copy of: one trace
+    error naming the line, whichever policy."""
+    from msrl.job import load_algorithm
+    from msrl.tracer import TraceError
+
+    path = tmp_path / "counting_algo.py"
+    path.write_text(MODULE_STATE)
+    algorithm = load_algorithm(str(path))
+    pol = load_policy(policy).with_overrides(replicas=replicas)
+    s = JobSpec(algorithm, algorithm.hparams(num_steps=6, hidden_sizes=(8,)), "CartPole-v1", 4, pol, seed=7,
+                total_env_steps=5_000)
+    with pytest.raises(TraceError, match=rf"{path}:\d+: .*module-level 'ACTED' is a mutable dict"):
+        Job(s)

@@ -88,8 +88,12 @@ TAG = ROOT / "configs" / "ma_ppo_tag.yaml"
         (MAIN, [*TINY, "distribution_policy.name=single_learner_coarse", "runtime=local"]),  # in-process: the test patches Job
         (GPU_ONLY, ["train.progress=false", "env.num_envs=4", "algorithm.hparams.num_steps=64", "train.total_env_steps=2048"]),
         (TAG, ["train.progress=false", "env.num_envs=4", "algorithm.hparams.num_steps=20", "train.total_env_steps=800"]),
+        # draws from the global generators only: their per-replica states are in the checkpoint
+        (ROOT / "configs" / "a2c_cartpole.yaml",
+         ["train.progress=false", f"algorithm.name={ROOT / 'tests' / 'global_rng_algo.py'}", "env.num_envs=4",
+          "train.total_env_steps=480", "distribution_policy.name=single_learner_coarse", "runtime=local"]),
     ],
-    ids=["single", "single_learner_coarse", "gpu_only-native-cartpole", "ma_ppo-tag"],
+    ids=["single", "single_learner_coarse", "gpu_only-native-cartpole", "ma_ppo-tag", "global-generators-coarse"],
 )
 def test_resume_continues_exactly(tmp_path, monkeypatch, config, over):
     over = [*over, f"runs_dir={tmp_path}", "train.checkpoint_every=2"]

@@ -44,6 +44,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from msrl.channels import ChannelClosed, concat, copy_value, payload_bytes, split
 from msrl.graph import NodeKind
+from msrl.runtime.generators import BATON
 
 __all__ = ["ChannelClosed", "Item", "Mailbox", "AsyncTransport", "AsyncEndpoint", "LocalTransport"]
 
@@ -127,7 +128,7 @@ class Mailbox:
             ChannelClosed: the mailbox was closed; TimeoutError: full for ``timeout_s``.
         """
         cap = self.capacity.get(boundary, 1)
-        with self._cond:
+        with BATON.released(), self._cond:  # other replicas of this process run while it waits
             q = self._fifo[(boundary, producer)]
             if not self._wait(lambda: len(q) < cap, f"queue {boundary} (producer {producer}) full", block):
                 return False
@@ -143,7 +144,7 @@ class Mailbox:
             ChannelClosed: the mailbox was closed, or ``cancel`` set; TimeoutError: nothing for
             ``timeout_s``.
         """
-        with self._cond:
+        with BATON.released(), self._cond:
             q = self._fifo[(boundary, producer)]
             self._wait(lambda: len(q) > 0, f"boundary {boundary} (from replica {producer})", cancel=cancel)
             item = q.popleft()
@@ -168,7 +169,7 @@ class Mailbox:
             ChannelClosed: the mailbox was closed; TimeoutError: nothing for ``timeout_s``.
         """
         key = (boundary, producer)
-        with self._cond:
+        with BATON.released(), self._cond:
             self._wait(lambda: key in self._slot, f"boundary {boundary} (first value from replica {producer})")
             return self._slot[key]
 

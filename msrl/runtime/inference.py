@@ -26,6 +26,7 @@ ready), reported as ``inference/*`` metrics.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import threading
@@ -36,6 +37,7 @@ import torch
 from tensordict import TensorDictBase
 
 from msrl.channels import ChannelClosed, concat
+from msrl.runtime.generators import BATON
 
 __all__ = ["Batcher", "ClientComm", "ShardedComponent", "InferenceServer", "batch_args", "split_rows", "inference_metrics"]
 
@@ -146,7 +148,7 @@ class Batcher:
         if self.before_wait is not None:
             self.before_wait()
         req = _Request(client, method, args, kwargs, time.perf_counter())
-        with self._cond:
+        with BATON.released(), self._cond:  # the batch runs in the server's thread meanwhile
             if self._failed is not None:
                 raise ChannelClosed(f"central inference stopped: {self._failed}")
             self._pending.append(req)
@@ -190,7 +192,7 @@ class Batcher:
     def serve(self) -> None:
         """Runs batches until every client's run has ended or one failed (the calling thread)."""
         while True:
-            with self._cond:
+            with BATON.released(), self._cond:  # the clients' runs go on meanwhile
                 while True:
                     if self._failed is not None or (self._running == 0 and not self._pending):
                         return
@@ -306,10 +308,13 @@ class InferenceServer:
 
     Args:
         plan: the job's :class:`~msrl.inference.InferencePlan`.
+        generators: one :class:`~msrl.runtime.generators.GlobalGenerators` per client: the
+            global generator states its run draws from (``None``: runs hold none).
     """
 
-    def __init__(self, plan: Any) -> None:
+    def __init__(self, plan: Any, generators: Sequence[Any] | None = None) -> None:
         self.plan = plan
+        self.generators = list(generators) if generators is not None else []
         self._sizes: list[int] = []
         self._latencies: list[float] = []
 
@@ -339,9 +344,12 @@ class InferenceServer:
         results: list[Any] = [None] * len(views)
         errors: list[BaseException | None] = [None] * len(views)
 
+        hold = BATON.held() is not None and self.generators
+
         def run(i: int) -> None:
             try:
-                results[i] = fn(views[i], ClientComm(comm, i, cancel))
+                with BATON.hold(self.generators[i]) if hold else contextlib.nullcontext():
+                    results[i] = fn(views[i], ClientComm(comm, i, cancel))
             except BaseException as e:  # noqa: BLE001 - re-raised in the replica's thread
                 errors[i] = e
                 cancel.set()
@@ -360,8 +368,9 @@ class InferenceServer:
             batcher.fail(e)
             raise
         finally:
-            for t in threads:
-                t.join()
+            with BATON.released():
+                for t in threads:
+                    t.join()
             self._sizes += batcher.sizes
             self._latencies += batcher.latencies
         failed = [e for e in errors if e is not None]

@@ -25,6 +25,7 @@ from msrl.envs import env_spec as make_env_spec
 from msrl.envs import make_env
 from msrl.partition import FragmentGraph
 from msrl.policy import FragmentSpec
+from msrl.runtime.generators import BATON, GlobalGenerators
 
 __all__ = ["FragmentError", "ReplicaDied", "Replica", "build_trainer", "build_trainers", "build_standalone_actor",
            "compile_fragment", "as_floats", "check_losses", "replica_states"]
@@ -104,6 +105,12 @@ def build_trainer(spec: Any, frag: FragmentSpec, replica: int, inference: Any = 
     exactly as env ``r*n + i`` would in one process. Learners are built with the job's base seed
     on every replica (identical initial weights under ``multi_learner``).
 
+    Each component is built holding the global generators seeded for
+    ``(seed, "build", role, index)`` (:mod:`msrl.runtime.generators`; ``index`` is ``replica``,
+    0 for the learner, the client's index for a shard), the trainer object for
+    ``(seed, "build", fragment, replica)``: layers built with ``nn.Linear``'s defaults get the same
+    weights under every policy that gives the role the same envs.
+
     Under central inference (``inference``: the job's :class:`~msrl.inference.InferencePlan`),
     the server replica holds each sharded role (its buffer) as one shard per env replica
     (:class:`~msrl.runtime.inference.ShardedComponent`), shard ``i`` built exactly as a
@@ -128,27 +135,37 @@ def build_trainer(spec: Any, frag: FragmentSpec, replica: int, inference: Any = 
         seed=seed,
         device=device,
     )
+
+    def seeded(*key: int | str) -> Any:
+        return BATON.hold(GlobalGenerators.seeded(spec.seed, "build", *key, device=device))
+
     components: dict[str, Any] = {}
     for role in frag.roles:
         if role == "env":
-            components[role] = make_env(spec.env_id, n, device, frag.backend, spec.env_engine, spec.env_kwargs,
-                                        spec.env_wrappers, spec.env_num_workers)
+            with seeded(role, replica):
+                components[role] = make_env(spec.env_id, n, device, frag.backend, spec.env_engine, spec.env_kwargs,
+                                            spec.env_wrappers, spec.env_num_workers)
         elif role == "learner":
             # every learner replica from the job's base seed: identical initial weights, which
             # gradient all-reduce keeps identical (one learner: the same seed as before)
-            components[role] = spec.algorithm.components[role](dataclasses.replace(ctx, seed=spec.seed))
+            with seeded(role, 0):
+                components[role] = spec.algorithm.components[role](dataclasses.replace(ctx, seed=spec.seed))
         elif inference is not None and frag.name == inference.server and role in inference.shard_roles:
             from msrl.runtime.inference import ShardedComponent
 
             shards = []
             for i in range(inference.clients_count):
                 es = make_env_spec(spec.env_id, n, spec.env_kwargs, spec.env_wrappers, spec.env_engine)
-                shards.append(spec.algorithm.components[role](dataclasses.replace(
-                    ctx, env_spec=es, replica=i, num_replicas=inference.clients_count, seed=spec.seed + i * n)))
+                with seeded(role, i):
+                    shards.append(spec.algorithm.components[role](dataclasses.replace(
+                        ctx, env_spec=es, replica=i, num_replicas=inference.clients_count, seed=spec.seed + i * n)))
             components[role] = ShardedComponent(shards, {m: axes for (r, m), axes in inference.combine.items() if r == role})
         else:
-            components[role] = spec.algorithm.components[role](ctx)
-    return spec.algorithm.trainer(components, spec.hparams, seed, num_envs=spec.num_envs, total_env_steps=spec.total_env_steps)
+            with seeded(role, replica):
+                components[role] = spec.algorithm.components[role](ctx)
+    with seeded(frag.name, replica):
+        return spec.algorithm.trainer(components, spec.hparams, seed, num_envs=spec.num_envs,
+                                      total_env_steps=spec.total_env_steps)
 
 
 def build_trainers(spec: Any) -> dict[tuple[str, int], Trainer]:
@@ -169,7 +186,10 @@ def build_standalone_actor(spec: Any, device: torch.device | str = "cpu") -> Any
     """
     es = make_env_spec(spec.env_id, 1, spec.env_kwargs, spec.env_wrappers, spec.env_engine)
     ctx = BuildContext(spec.hparams, es, 0, 1, spec.num_envs, spec.total_env_steps, spec.seed, torch.device(device))
-    return spec.algorithm.components["actor"](ctx), es
+    if BATON.held() is not None:  # inside an evaluation: its stream
+        return spec.algorithm.components["actor"](ctx), es
+    with BATON.hold(GlobalGenerators.seeded(spec.seed, "build", "actor", 0, device=device)):
+        return spec.algorithm.components["actor"](ctx), es
 
 
 def compile_fragment(fg: FragmentGraph, fragment: str, algorithm: Any) -> dict[str, Program]:
@@ -190,7 +210,9 @@ def compile_fragment(fg: FragmentGraph, fragment: str, algorithm: Any) -> dict[s
 
 
 class Replica:
-    """One fragment replica: its trainer and its programs.
+    """One fragment replica: its trainer, its programs and its global generator states
+    (seeded for ``(seed, fragment, replica)``, held while its programs run; see
+    :mod:`msrl.runtime.generators`).
 
     Args:
         spec: the job (:class:`msrl.job.JobSpec`).
@@ -214,12 +236,16 @@ class Replica:
         self.programs = dict(programs) if programs is not None else compile_fragment(fragment_graph, fragment, spec.algorithm)
         plan = fragment_graph.inference
         self.trainer = trainer if trainer is not None else build_trainer(spec, self.spec, replica, plan)
+        #: the global generators' states this replica's programs run with
+        self.generators = GlobalGenerators.seeded(spec.seed, fragment, replica, device=self.spec.device)
         #: the :class:`~msrl.runtime.inference.InferenceServer` of central inference's server replica
         self.inference: Any = None
         if plan is not None and fragment == plan.server:
             from msrl.runtime.inference import InferenceServer
 
-            self.inference = InferenceServer(plan)
+            self.inference = InferenceServer(plan, [GlobalGenerators.seeded(spec.seed, fragment, replica, "client", i,
+                                                                            device=self.spec.device)
+                                                    for i in range(plan.clients_count)])
         self.state_attrs = sorted(
             {n.target for fr in fragment_graph.fragments for g in fr.programs.values() for n in g.walk() if n.kind.value == "state_out"}
         )
@@ -237,7 +263,8 @@ class Replica:
         """
         program = self.programs[method]
         try:
-            return program.fn(self.trainer, comm)
+            with BATON.hold(self.generators):
+                return program.fn(self.trainer, comm)
         except Exception as e:  # re-raised with the node that failed (Ctrl-C passes through as itself)
             node = None
             for frame, lineno in traceback.walk_tb(sys.exc_info()[2]):
@@ -263,19 +290,30 @@ class Replica:
         return self.trainer.components[role].get_weights()
 
     def state_dict(self) -> dict[str, Any]:
-        """The components' state dicts and the trainer state (the attributes the traced methods
-        write) this replica holds."""
-        return {
+        """The components' state dicts, the trainer state (the attributes the traced methods
+        write) and the global generators' states (this replica's, and its inference clients')
+        this replica holds."""
+        out = {
             "components": {role: c.state_dict() for role, c in self.trainer.components.items()},
             "state": {a: getattr(self.trainer, a) for a in self.state_attrs if a in vars(self.trainer)},
+            "generators": BATON.state_dict(self.generators),
         }
+        if self.inference is not None:
+            out["client_generators"] = [BATON.state_dict(g) for g in self.inference.generators]
+        return out
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restores :meth:`state_dict`'s output."""
+        """Restores :meth:`state_dict`'s output (a checkpoint written before the generators were
+        saved leaves them as seeded)."""
         for role, c in self.trainer.components.items():
             c.load_state_dict(state["components"][role])
         for a, v in state["state"].items():
             setattr(self.trainer, a, v)
+        if "generators" in state:
+            BATON.load_state_dict(self.generators, state["generators"])
+        if self.inference is not None and "client_generators" in state:
+            for g, saved in zip(self.inference.generators, state["client_generators"]):
+                BATON.load_state_dict(g, saved)
 
     def close(self) -> None:
         """Closes this replica's envs."""
