@@ -14,8 +14,6 @@ import dataclasses
 import sys
 from typing import Any, Mapping
 
-import torch
-
 from msrl import registry
 from msrl.api import AlgorithmSpec, EpisodeStats, Trainer
 from msrl.codegen import Program

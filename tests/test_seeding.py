@@ -63,7 +63,7 @@ def test_threads_holding_the_baton_draw_their_own_streams_however_they_interleav
     for order in range(3):
         got, events = {}, [threading.Event() for _ in range(8)]
 
-        def run(name, me, other):
+        def run(name, me, other, got=got, events=events):
             out = []
             with BATON.hold(GlobalGenerators.seeded(3, name)):
                 for i in range(4):
