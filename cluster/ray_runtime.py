@@ -371,11 +371,13 @@ class RayJob:
         self._eval_actor: Any = None
         self.spec = spec
         self.graphs = {m: trace(spec.algorithm.trainer, m) for m in METHODS}
+        drawn = None
         if probe:
             from msrl.probe import probe as run_probe
 
-            run_probe(self.graphs, spec)
+            drawn = run_probe(self.graphs, spec)
         self.fragment_graph = partition_job(self.graphs, spec.policy)
+        self.fragment_graph.generator_kinds = drawn
         self.keys = [(f.name, r) for f in spec.policy.fragments for r in range(f.replicas)]
         need = cpus_per_replica * len(self.keys)
         self._started_ray = not ray.is_initialized()

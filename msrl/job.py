@@ -194,11 +194,13 @@ class Job:
     def __init__(self, spec: JobSpec, probe: bool = True) -> None:
         self.spec = spec
         self.graphs: dict[str, Graph] = {m: trace(spec.algorithm.trainer, m) for m in METHODS}
+        drawn = None
         if probe:
             from msrl.probe import probe as run_probe
 
-            run_probe(self.graphs, spec)
+            drawn = run_probe(self.graphs, spec)
         self.fragment_graph: FragmentGraph = partition_job(self.graphs, spec.policy)
+        self.fragment_graph.generator_kinds = drawn
         self.programs: dict[tuple[str, str], Program] = compile_programs(self.fragment_graph, spec.algorithm)
         self.replicas: dict[tuple[str, int], Replica] = {}
         for frag in spec.policy.fragments:

@@ -142,6 +142,9 @@ class FragmentGraph:
         boundaries: every boundary, in program order per method.
         inference: under central inference, its :class:`~msrl.inference.InferencePlan` (set by
             :func:`msrl.job.partition_job`).
+        generator_kinds: the global generators (``"torch"``, ``"numpy"``, ``"python"``) the
+            probe saw the programs draw from (``None``: not probed, every one); a hand-over
+            between replicas of one process swaps these (:mod:`msrl.runtime.generators`).
     """
 
     policy: DistributionPolicy
@@ -149,6 +152,7 @@ class FragmentGraph:
     fragments: list[Fragment]
     boundaries: list[Boundary]
     inference: Any = None
+    generator_kinds: frozenset[str] | None = None
 
     def fragment(self, name: str) -> Fragment:
         """The fragment called ``name`` (KeyError if absent)."""

@@ -98,10 +98,11 @@ def _instrumented(lowering: Lowering) -> Lowering:
 
 def _run(
     graphs: dict[str, Graph], spec: Any, num_envs: int, needed: set[tuple[str, int, str]]
-) -> tuple[dict[tuple[str, int, str], dict[str, Any]], dict[tuple[str, int], Any]]:
+) -> tuple[dict[tuple[str, int, str], dict[str, Any]], dict[tuple[str, int], Any], set[str]]:
     """Runs ``reset`` and then ``train_step`` until every ``needed`` value has been seen (at
     least one iteration, at most :data:`PROBE_MAX_ENV_STEPS` env steps). Returns what each
-    node wrote, and each call node's declaration (:func:`msrl.api.returns`)."""
+    node wrote, each call node's declaration (:func:`msrl.api.returns`) and the global
+    generators the programs drew from."""
     import sys
 
     from msrl.fragments.torch_graph import LOWERING
@@ -123,7 +124,7 @@ def _run(
                 if d is not None:
                     declared[(method, node.id)] = (d, type(trainer.components[node.role]))
     main = fg.fragment("main")
-    from msrl.runtime.generators import BATON, GlobalGenerators
+    from msrl.runtime.generators import BATON, GlobalGenerators, drawn_kinds
 
     try:
         # the probe's draws from the global generators come from a stream of its own, and the
@@ -138,6 +139,7 @@ def _run(
                 module_globals = dict(module_globals)
                 module_globals["_msrl_probe"] = record
                 programs[method] = generate(main.programs[method], "main", method, _instrumented(LOWERING), module_globals)
+            before = GlobalGenerators()
             programs["reset"].fn(trainer, None)
             while True:
                 programs["train_step"].fn(trainer, None)
@@ -145,11 +147,12 @@ def _run(
                     break
                 if trainer.env.env_steps >= PROBE_MAX_ENV_STEPS:
                     break
+            drawn = drawn_kinds(before, GlobalGenerators())
     finally:
         if "env" in trainer.components:
             trainer.env.close()
         BATON.give_back()
-    return seen, declared
+    return seen, declared, drawn
 
 
 def _check_declaration(
@@ -190,8 +193,9 @@ def _check_declaration(
     return info
 
 
-def probe(graphs: dict[str, Graph], spec: Any) -> None:
-    """Annotates ``graphs`` (traced, unpartitioned) in place with probe info.
+def probe(graphs: dict[str, Graph], spec: Any) -> frozenset[str]:
+    """Annotates ``graphs`` (traced, unpartitioned) in place with probe info; returns the
+    global generators (``"torch"``, ``"numpy"``, ``"python"``) the programs drew from.
 
     Runs ``reset`` and at least one ``train_step`` with :data:`PROBE_NUM_ENVS` envs; when
     values that cross between fragments with different replica counts (under ``spec``'s
@@ -213,8 +217,9 @@ def probe(graphs: dict[str, Graph], spec: Any) -> None:
     needed: set[tuple[str, int, str]] = set()
     for method, node, name in boundary_values(graphs, spec.policy):
         needed.add((method, node.id, name))
-    a, decl = _run(graphs, spec, PROBE_NUM_ENVS[0], needed)
-    b, _ = _run(graphs, spec, PROBE_NUM_ENVS[1], needed)
+    a, decl, drawn_a = _run(graphs, spec, PROBE_NUM_ENVS[0], needed)
+    b, _, drawn_b = _run(graphs, spec, PROBE_NUM_ENVS[1], needed)
+    drawn = frozenset(drawn_a | drawn_b)
     for method, g in graphs.items():
         for node in g.walk():
             d = decl.get((method, node.id))
@@ -232,3 +237,4 @@ def probe(graphs: dict[str, Graph], spec: Any) -> None:
                 if axis is not None:
                     info["shape"] = _symbolic(info["shape"], axis)
                 node.meta.setdefault("values", {})[name] = info
+    return drawn

@@ -144,3 +144,40 @@ def ray_local():
 def test_two_runs_on_ray_write_the_same_metrics(ray_local, tmp_path, capsys, algo, cell):
     """Each replica in its own process: seeded there, from the same key as in the local runtime."""
     _train_twice(tmp_path, capsys, algo, cell, ["runtime=ray"])
+
+
+def test_a_draw_the_probe_did_not_see_is_caught_and_swapped_from_then_on():
+    """A holder that swaps only torch's state draws from NumPy's generator: caught as it lets
+    go, NumPy's state is its own from then on (and saved), with a warning where replicas share
+    the process; an unwatched draw in a baton-free program makes every replica hold it."""
+    baton = Baton()
+    baton.shared = True
+    g = GlobalGenerators.seeded(2, "x", kinds={"torch"})
+    with baton.hold(g):
+        pass
+    assert g.kinds == {"torch"}
+    with pytest.warns(RuntimeWarning, match="NumPy's global generator"):
+        with baton.hold(g):
+            np.random.rand()
+    assert "numpy" in g.kinds
+    with baton.hold(g):
+        after = np.random.rand()
+    other = GlobalGenerators.seeded(2, "y")
+    with baton.hold(other):
+        np.random.rand(5)
+    state = baton.state_dict(g)
+    with baton.hold(g):  # swapped back in: continues its own stream
+        nxt = np.random.rand()
+    copy = GlobalGenerators.seeded(2, "x")
+    copy.load_state_dict(state)
+    with baton.hold(copy):
+        assert np.random.rand() == nxt != after
+    baton.give_back()
+
+    with baton.watch():
+        pass
+    assert not baton.forced
+    with pytest.warns(RuntimeWarning, match="although the probe saw no draw"):
+        with baton.watch():
+            torch.rand(1)
+    assert baton.forced

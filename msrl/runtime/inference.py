@@ -345,6 +345,7 @@ class InferenceServer:
         errors: list[BaseException | None] = [None] * len(views)
 
         hold = BATON.held() is not None and self.generators
+        BATON.shared = True  # client runs in threads of this process
 
         def run(i: int) -> None:
             try:

@@ -41,6 +41,9 @@ class LocalRuntime:
         self._keys = sorted(self.replicas)
         self._fragment_replicas = {fr.name: fr.spec.replicas for fr in fragment_graph.fragments}
         self._pool = ThreadPoolExecutor(max_workers=len(self._keys)) if len(self._keys) > 1 else None
+        from msrl.runtime.generators import BATON
+
+        BATON.shared = self._pool is not None  # replicas as threads: draws could interleave
         self.timeout_s = timeout_s
         self._hubs: dict[str, LocalHub] = {}
         capacity = {b.name: b.capacity for b in fragment_graph.boundaries if b.mode == "fifo"}

@@ -25,7 +25,7 @@ from msrl.envs import env_spec as make_env_spec
 from msrl.envs import make_env
 from msrl.partition import FragmentGraph
 from msrl.policy import FragmentSpec
-from msrl.runtime.generators import BATON, GlobalGenerators
+from msrl.runtime.generators import BATON, KINDS, GlobalGenerators
 
 __all__ = ["FragmentError", "ReplicaDied", "Replica", "build_trainer", "build_trainers", "build_standalone_actor",
            "compile_fragment", "as_floats", "check_losses", "replica_states"]
@@ -237,14 +237,19 @@ class Replica:
         plan = fragment_graph.inference
         self.trainer = trainer if trainer is not None else build_trainer(spec, self.spec, replica, plan)
         #: the global generators' states this replica's programs run with
-        self.generators = GlobalGenerators.seeded(spec.seed, fragment, replica, device=self.spec.device)
+        kinds = fragment_graph.generator_kinds
+        kinds = KINDS if kinds is None else kinds
+        self.generators = GlobalGenerators.seeded(spec.seed, fragment, replica, device=self.spec.device, kinds=kinds)
+        # programs that drew from no global generator in the probe run without the baton (no
+        # hand-overs between this process's replicas), watched for a draw (Baton.watch)
+        self.generators.kinds_drawn = bool(kinds)
         #: the :class:`~msrl.runtime.inference.InferenceServer` of central inference's server replica
         self.inference: Any = None
         if plan is not None and fragment == plan.server:
             from msrl.runtime.inference import InferenceServer
 
             self.inference = InferenceServer(plan, [GlobalGenerators.seeded(spec.seed, fragment, replica, "client", i,
-                                                                            device=self.spec.device)
+                                                                            device=self.spec.device, kinds=kinds)
                                                     for i in range(plan.clients_count)])
         self.state_attrs = sorted(
             {n.target for fr in fragment_graph.fragments for g in fr.programs.values() for n in g.walk() if n.kind.value == "state_out"}
@@ -263,7 +268,10 @@ class Replica:
         """
         program = self.programs[method]
         try:
-            with BATON.hold(self.generators):
+            if self.generators.kinds_drawn or BATON.forced:
+                with BATON.hold(self.generators):
+                    return program.fn(self.trainer, comm)
+            with BATON.watch():
                 return program.fn(self.trainer, comm)
         except Exception as e:  # re-raised with the node that failed (Ctrl-C passes through as itself)
             node = None
