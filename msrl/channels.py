@@ -29,7 +29,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from tensordict import TensorDictBase
 
-from msrl.partition import Boundary
+from msrl.partition import Boundary, boundary_end
 from msrl.runtime.generators import BATON
 
 __all__ = ["ChannelClosed", "LocalHub", "LocalComm", "Serving", "concat", "split", "copy_value", "tensor_leaves",
@@ -232,12 +232,7 @@ class LocalComm(Serving):
         self.inference = inference
 
     def _boundary(self, name: str, op: str) -> Boundary:
-        b = self.hub.boundaries.get(name)
-        if b is None:
-            raise KeyError(f"unknown boundary {name!r}")
-        if self.fragment not in (b.src, b.dst):
-            raise RuntimeError(f"fragment {self.fragment} is not an end of boundary {name} ({b.src} -> {b.dst})")
-        return b
+        return boundary_end(self.hub.boundaries, name, self.fragment)
 
     def send(self, name: str, value: Any) -> None:
         """Src replica ``i`` -> dst replica ``i``."""

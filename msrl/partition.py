@@ -43,7 +43,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 from collections import defaultdict
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from msrl.graph import COMM_KINDS, CommTarget, Graph, Node, NodeKind
 from msrl.policy import DistributionPolicy, FragmentSpec
@@ -116,6 +116,21 @@ class Boundary:
     def asynchronous(self) -> bool:
         """Whether the boundary is a queue or a latest-value slot (``put``/``get``)."""
         return self.mode != "sync"
+
+
+def boundary_end(boundaries: Mapping[str, Boundary], name: str, fragment: str) -> Boundary:
+    """The boundary ``name`` seen from ``fragment``, one of its two ends.
+
+    Raises:
+        KeyError: ``name`` is not among ``boundaries``.
+        RuntimeError: ``fragment`` is neither the boundary's src nor its dst.
+    """
+    b = boundaries.get(name)
+    if b is None:
+        raise KeyError(f"unknown boundary {name!r}")
+    if fragment not in (b.src, b.dst):
+        raise RuntimeError(f"fragment {fragment} is not an end of boundary {name} ({b.src} -> {b.dst})")
+    return b
 
 
 @dataclasses.dataclass

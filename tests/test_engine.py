@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from procs import process_table
 
 from msrl.envs.engine import EnvWorkerError, ProcessEnv
 from msrl.envs.gymnasium_env import GymnasiumEnv
@@ -255,21 +256,8 @@ def test_script_without_main_guard_is_not_rerun_by_the_workers(tmp_path):
 
 
 def _worker_children(pid: int) -> list[int]:
-    """Pids of the env engine workers whose parent is ``pid`` (from /proc)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read()
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == pid and b"msrl.envs._worker" in cmd:
-            out.append(int(entry))
-    return out
+    """Pids of the env engine workers whose parent is ``pid``."""
+    return [p for p, (ppid, cmd) in process_table().items() if ppid == pid and b"msrl.envs._worker" in cmd]
 
 
 def test_training_survives_a_sigkilled_env_worker_and_reports_the_lost_episodes(tmp_path):

@@ -12,6 +12,8 @@ import torch
 
 ray = pytest.importorskip("ray")
 
+from procs import descendants  # noqa: E402
+
 from msrl.cluster.ray_runtime import pid_alive  # noqa: E402
 from msrl.job import Job  # noqa: E402
 
@@ -170,27 +172,6 @@ def _run_replica_pids(run_dir, *more) -> set[int]:
     return pids
 
 
-def _descendants(root: int) -> set[int]:
-    """Every live process below ``root`` in the process tree (read from /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = set(), [root]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            if c not in out:
-                out.add(c)
-                todo.append(c)
-    return out
-
-
 def _train_killing(tmp_path, capsys, config, overrides, fragment, budget):
     """Trains ``config`` on Ray while SIGKILLing replica 0 of ``fragment`` mid-run; checks what
     every such run must show (the restart announced and counted, the budget completed, each
@@ -297,7 +278,7 @@ def test_ctrl_c_leaves_no_process_behind(tmp_path):
             time.sleep(0.2)
         replicas = _run_replica_pids(tmp_path / "c")
         assert _alive(replicas), "the run's replicas never started"
-        tree = _descendants(proc.pid) | replicas
+        tree = descendants(proc.pid) | replicas
         assert len(tree) > len(replicas), "the run's Ray processes were not found below it"
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)

@@ -44,6 +44,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from msrl.channels import ChannelClosed, concat, copy_value, payload_bytes, split
 from msrl.graph import NodeKind
+from msrl.partition import boundary_end
 from msrl.runtime.generators import BATON
 
 __all__ = ["ChannelClosed", "Item", "Mailbox", "AsyncTransport", "AsyncEndpoint", "LocalTransport"]
@@ -232,12 +233,9 @@ class AsyncEndpoint:
             self.transport.flush()
 
     def _get_boundary(self, name: str) -> Any:
-        b = self.boundaries.get(name)
-        if b is None:
+        if name not in self.boundaries:
             raise KeyError(f"{name!r} is not an asynchronous boundary of this job")
-        if self.fragment not in (b.src, b.dst):
-            raise RuntimeError(f"fragment {self.fragment} is not an end of boundary {name} ({b.src} -> {b.dst})")
-        return b
+        return boundary_end(self.boundaries, name, self.fragment)
 
     def put(self, name: str, value: Any) -> None:
         """Src side: queue (``fifo``) or publish (``latest``) ``value``.

@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from msrl.channels import Serving, concat, split, tensor_leaves
-from msrl.partition import Boundary
+from msrl.partition import Boundary, boundary_end
 from msrl.runtime.codec import CodecError, decode, decode_parts, encode, encode_parts, payload_size
 
 __all__ = ["DistComm"]
@@ -124,12 +124,7 @@ class DistComm(Serving):
 
     # -- messages ---------------------------------------------------------------------------
     def _boundary(self, name: str) -> Boundary:
-        b = self.boundaries.get(name)
-        if b is None:
-            raise KeyError(f"unknown boundary {name!r}")
-        if self.fragment not in (b.src, b.dst):
-            raise RuntimeError(f"fragment {self.fragment} is not an end of boundary {name} ({b.src} -> {b.dst})")
-        return b
+        return boundary_end(self.boundaries, name, self.fragment)
 
     def _split(self, peer: str) -> bool:
         """Whether values to/from ``peer`` travel as a host header plus a payload message
