@@ -56,6 +56,7 @@ import grpc
 
 from msrl.channels import ChannelClosed
 from msrl.runtime.asynchronous import Item, Mailbox
+from msrl.runtime.codec import MAX_MESSAGE as CODEC_MAX_MESSAGE
 from msrl.runtime.codec import CodecError, decode, encode
 
 __all__ = ["TransportError", "TlsConfig", "BoundaryServer", "GrpcTransport", "METHOD", "MAX_MESSAGE",
@@ -72,8 +73,9 @@ _LENGTH = struct.Struct("<I")
 MAX_BATCH_FRAMES = 4096
 _VERSION = struct.Struct("<HQ")
 _CREDIT = struct.Struct("<4sBBHI")
-#: the largest frame a server accepts by default (bytes); ``cluster.max_message_mb`` sets it
-MAX_MESSAGE = 64 << 20
+#: the largest frame a server accepts by default (bytes): the codec's default limit of a message
+#: between processes; ``cluster.max_message_mb`` sets it
+MAX_MESSAGE = CODEC_MAX_MESSAGE
 
 
 class TransportError(ValueError):

@@ -22,6 +22,7 @@ import logging
 import math
 import os
 import socket
+import sys
 import time
 from datetime import timedelta
 from typing import Any, Mapping, Sequence
@@ -34,13 +35,80 @@ from msrl.config import ConfigError
 from msrl.runtime.replica import ReplicaDied, as_floats, check_losses, replica_states
 from msrl.runtime.shm import pid_alive
 
-__all__ = ["RayJob", "ReplicaActor", "ReplicaDied", "PlacementError", "pid_alive"]
+__all__ = ["RayJob", "ReplicaActor", "ReplicaDied", "PlacementError", "ClusterJoinError", "init_ray", "pid_alive"]
 
 
 class PlacementError(ConfigError):
     """The Ray cluster cannot place the job's replicas (too few CPUs/GPUs for the bundles): a
     config error (``cluster.*``, ``distribution_policy.replicas``), reported before anything is
     written."""
+
+
+class ClusterJoinError(ConfigError):
+    """``cluster.address`` names a Ray cluster this machine cannot join (unreachable, or token
+    authentication without this machine holding the cluster's token): a config error, reported
+    as one line before anything is written."""
+
+
+def _auth_token_available() -> bool:
+    """Whether this machine holds a Ray authentication token: ``RAY_AUTH_TOKEN``,
+    ``RAY_AUTH_TOKEN_PATH`` or Ray's default file ``~/.ray/auth_token`` (the sources Ray reads
+    under ``RAY_AUTH_MODE=token``)."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return True
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.join(os.path.expanduser("~"), ".ray", "auth_token")
+    return os.path.isfile(path)
+
+
+def init_ray(address: str | None, num_cpus: int) -> None:
+    """Starts or joins Ray for a job.
+
+    Without ``address`` (and no ``RAY_ADDRESS`` in the environment) a new Ray instance starts on
+    this machine with ``num_cpus`` logical CPUs, even when another Ray cluster already runs here
+    (``ray.init(address="local")``: never the address file of someone else's cluster). With one,
+    the driver joins that cluster; when this machine holds a Ray token and ``RAY_AUTH_MODE`` is
+    unset, the token is presented (``RAY_AUTH_MODE=token``): Ray 2.59+ starts clusters with
+    token authentication on, and a cluster without it accepts a client that presents one.
+
+    Joining says so on stderr (``msrl: joined the Ray cluster at ADDRESS (N node(s), C CPUs)``).
+
+    Raises:
+        ClusterJoinError: Ray could not connect to ``address``; the message names the address,
+            the likely causes and their fixes.
+    """
+    import ray
+
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address is None:
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
+        return
+    if "RAY_AUTH_MODE" not in os.environ:
+        try:  # Ray reads RAY_AUTH_MODE once, at import: its own helper sets it and refreshes its config
+            from ray._private.authentication.authentication_token_setup import (
+                maybe_enable_token_auth_if_token_available,
+            )
+        except ImportError:  # pragma: no cover - another Ray layout: the variable, for its child processes
+            if _auth_token_available():
+                os.environ["RAY_AUTH_MODE"] = "token"
+        else:
+            maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+    t0 = time.monotonic()
+    try:
+        ray.init(address=address, log_to_driver=False, configure_logging=False)
+    except (ConnectionError, TimeoutError) as e:
+        token = ("this machine presented the token it holds (RAY_AUTH_MODE=token): check that it is the cluster's"
+                 if os.environ.get("RAY_AUTH_MODE") == "token" else
+                 "this machine holds no Ray token: if the cluster uses token authentication (Ray's default), "
+                 "copy the head's token (`ray get-auth-token` there) into ~/.ray/auth_token or RAY_AUTH_TOKEN here")
+        raise ClusterJoinError(
+            f"cannot join the Ray cluster at cluster.address={address} (no answer Ray accepted within "
+            f"{time.monotonic() - t0:.0f} s: {str(e).strip()[:200]}); {token}; else check the address (HOST:PORT of the "
+            "head's GCS, as `ray start --head` printed it) and that the port is reachable from here"
+        ) from None
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    print(f"msrl: joined the Ray cluster at {address} ({len(nodes)} node(s), "
+          f"{ray.cluster_resources().get('CPU', 0):g} CPUs)", file=sys.stderr)
 
 
 class ReplicaActor:
@@ -53,10 +121,17 @@ class ReplicaActor:
             :class:`~msrl.partition.FragmentGraph`.
         fragment, replica: which replica.
         threads: torch intra-op (and OpenMP) threads: the bundle's CPUs.
+        job_id: the job's random id, naming this replica's :class:`~msrl.cluster.watchdog.Heartbeat`.
     """
 
     def __init__(self, algorithm_ref: str | None, spec_bytes: bytes, fragment_graph_bytes: bytes,
-                 fragment: str, replica: int, threads: int) -> None:
+                 fragment: str, replica: int, threads: int, job_id: str = "") -> None:
+        from msrl.cluster.watchdog import Heartbeat
+
+        #: iterations finished (every method), and whether a chunk (:meth:`run`) is under way
+        self.iterations, self.running = 0, False
+        self.replica: Any = None
+        self.heartbeat = Heartbeat(job_id, fragment, replica, self._progress) if job_id else None
         torch.set_num_threads(max(1, min(threads, os.cpu_count() or 1)))  # never more threads than the node's cores
         if algorithm_ref is not None:
             from msrl.job import load_algorithm
@@ -76,6 +151,12 @@ class ReplicaActor:
         for fr in self.fragment_graph.fragments:
             if any(n.kind.value == "output" and n.inputs for n in fr.programs["train_step"]):
                 self.output_fragment = fr.name
+
+    def _progress(self) -> dict[str, Any]:
+        """The heartbeat's record (read on its thread: plain attributes only)."""
+        replica = self.replica
+        return {"iterations": self.iterations, "running": self.running,
+                "env_steps": replica.env_steps if replica is not None else 0}
 
     def address(self) -> tuple[str, int]:
         """This node's IP address and a port free on it (for the rendezvous of rank 0)."""
@@ -155,7 +236,8 @@ class ReplicaActor:
                                       hold=True)  # the endpoint flushes before it waits and every iteration
             asynchronous = AsyncEndpoint(self.fragment_graph.boundaries, self.fragment, self.index, self.mailbox, transport)
         self.comm = DistComm(self.fragment_graph.boundaries, self.fragment, self.index, ranks, own,
-                             own_device, devices, local_group=local, asynchronous=asynchronous)
+                             own_device, devices, local_group=local, asynchronous=asynchronous,
+                             **({"max_message": max_message} if max_message else {}))
         self.comm.inference = self.replica.inference  # central inference's server replica
         if own is not None:
             learner = self.replica.trainer.components.get("learner")
@@ -165,6 +247,7 @@ class ReplicaActor:
     def run(self, method: str, n: int) -> list[dict[str, Any]]:
         """Runs ``method`` ``n`` times; one record per iteration (see the module docstring)."""
         records = []
+        self.running = True
         for _ in range(n):
             t0 = time.perf_counter()
             c0 = self.comm.comm_s - self.comm.wait_s if self.comm is not None else 0.0
@@ -185,8 +268,10 @@ class ReplicaActor:
                 "policy_lags": self.comm.asynchronous.pop_lags() if self.comm is not None and self.comm.asynchronous else [],
                 "inference": self.replica.inference.pop_stats() if self.replica.inference is not None else None,
             })
+            self.iterations += 1
         if self.comm is not None:
             self.comm.flush()
+        self.running = False
         return records
 
     def comm_stats(self) -> dict[str, Any]:
@@ -232,6 +317,8 @@ class ReplicaActor:
 
     def close(self) -> None:
         """Closes the envs, the boundary streams and server, and leaves the process group."""
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
         self.replica.close()
         if self.comm is not None:
             self.comm.close()
@@ -319,7 +406,8 @@ class RayJob:
         spec: the job.
         algorithm_ref: ``algorithm.name`` of the config when the algorithm is loaded from a file
             or module (so each process can import it); ``None`` for built-ins.
-        address: a Ray cluster's address (``None``: the running Ray instance, or a new local one).
+        address: a Ray cluster's address (``None``: the running Ray instance of this process, or
+            a new local one; see :func:`init_ray`).
         cpus_per_replica: the CPUs of each replica's bundle (its torch/OpenMP threads).
         gpus_per_replica: the GPUs of each replica's bundle (``ray.get_gpu_ids()`` in the replica).
         strategy: the placement group's strategy (``"PACK"`` or ``"SPREAD"``).
@@ -330,14 +418,21 @@ class RayJob:
             tensors through shared memory (:mod:`msrl.runtime.shm`); ``"gloo"``: through Gloo.
         tls: a :class:`~msrl.cluster.grpc_transport.TlsConfig` for the gRPC streams of
             asynchronous boundaries (``None``: plain TCP, still token-checked).
-        max_message: the largest gRPC frame (bytes; default
-            :data:`~msrl.cluster.grpc_transport.MAX_MESSAGE`).
+        max_message: the largest message of a boundary (bytes; a Gloo channel's buffer, a gRPC
+            frame; default :data:`~msrl.runtime.codec.MAX_MESSAGE`).
+        replica_timeout_s: seconds without a heartbeat after which a replica is hung
+            (:class:`~msrl.cluster.watchdog.ReplicaHung`, raised like a death).
 
     Raises:
         TraceError, PartitionError, ValueError: as :class:`msrl.job.Job`; ``ValueError`` for a
         strategy other than PACK/SPREAD; :class:`PlacementError` when the cluster cannot hold
         the bundles, or a fragment on a CUDA device would get no GPU (``gpus_per_replica=0``);
         :class:`ReplicaDied` when a replica cannot start.
+
+    A replica that dies (or hangs) while the job runs is a :class:`ReplicaDied`
+    (:class:`~msrl.cluster.watchdog.ReplicaHung`) from the call that met it, after every
+    replica is killed; its ``env_steps`` is the job's env steps when it happened, from the
+    replicas' last heartbeats.
     """
 
     KILL_WAIT_S = 10.0  # how long kill() waits for this node's replica processes to end
@@ -346,7 +441,9 @@ class RayJob:
                  cpus_per_replica: float = 1.0, strategy: str = "PACK", probe: bool = True,
                  gpus_per_replica: float = 0.0,
                  timeout_s: float = 600.0, placement_timeout_s: float = 60.0, intra_node: str = "shm",
-                 tls: Any = None, max_message: int | None = None) -> None:
+                 tls: Any = None, max_message: int | None = None, replica_timeout_s: float = 30.0) -> None:
+        import secrets
+
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -367,6 +464,10 @@ class RayJob:
             )
         self.iteration = 0
         self._env_steps = 0
+        #: (fragment, replica) -> that replica's env steps after the last finished chunk
+        self._replica_steps: dict[tuple[str, int], int] = {}
+        self.watchdog: Any = None
+        self.job_id = secrets.token_hex(8)
         self._stats = EpisodeStats([], [])
         self._eval_actor: Any = None
         self.spec = spec
@@ -383,13 +484,9 @@ class RayJob:
         self._started_ray = not ray.is_initialized()
         if self._started_ray:
             _quiet_token_note()
-            if address is None:
-                # this machine: declare at least the CPUs the bundles ask for (one thread each
-                # when they outnumber the cores; they then share cores, never spin on them)
-                ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(need)), include_dashboard=False,
-                         log_to_driver=False, configure_logging=False)
-            else:
-                ray.init(address=address, log_to_driver=False, configure_logging=False)
+            # on this machine: declare at least the CPUs the bundles ask for (one thread each
+            # when they outnumber the cores; they then share cores, never spin on them)
+            init_ray(address, max(os.cpu_count() or 1, math.ceil(need)))
         for res, per, key in (("CPU", cpus_per_replica, "cpus_per_replica"), ("GPU", gpus_per_replica, "gpus_per_replica")):
             have = ray.cluster_resources().get(res, 0)
             if per * len(self.keys) > have:
@@ -422,7 +519,7 @@ class RayJob:
                 # one thread: a threaded actor (max_concurrency > 1) runs methods off the main
                 # thread and cost coarse PPO ~7% of its env steps/s here (GIL hand-offs)
                 max_concurrency=1,
-            ).remote(algorithm_ref, spec_bytes, fg_bytes, frag, r, threads)
+            ).remote(algorithm_ref, spec_bytes, fg_bytes, frag, r, threads, self.job_id)
             for i, (frag, r) in enumerate(self.keys)
         ]
         ranks = {k: i for i, k in enumerate(self.keys)}
@@ -435,8 +532,6 @@ class RayJob:
         servers: dict[tuple[str, int], str] = {}
         token = ""
         if any(b.asynchronous for b in self.fragment_graph.boundaries):
-            import secrets
-
             token = secrets.token_urlsafe(32)  # the job's secret: every boundary stream presents it
             addresses = self._wait([a.start_boundary_server.remote(token, timeout_s, tls, max_message) for a in self.actors])
             servers = {k: addr for k, addr in zip(self.keys, addresses) if addr is not None}
@@ -445,6 +540,10 @@ class RayJob:
                                                     token, tls, max_message)
                         for a, k in zip(self.actors, self.keys)])
         self._has_env = [k[0] == spec.policy.fragment_of_role("env") for k in self.keys]
+        from msrl.cluster.watchdog import Watchdog
+
+        self.watchdog = Watchdog(self.job_id, self.keys, [peers[k]["pid"] for k in self.keys],
+                                 {f.name: f.roles for f in spec.policy.fragments}, replica_timeout_s)
 
     # -- running ----------------------------------------------------------------------------
     def _wait(self, futures: Sequence[Any]) -> list[Any]:
@@ -456,24 +555,46 @@ class RayJob:
         order = {f: i for i, f in enumerate(futures)}
         results: list[Any] = [None] * len(futures)
         while pending:
-            done, pending = ray.wait(pending, num_returns=1)
+            done, pending = ray.wait(pending, num_returns=1, timeout=1.0 if self.watchdog is not None else None)
+            if not done:
+                hung = self.watchdog.hung()
+                if hung is not None:
+                    raise self._lost(hung)
+                continue
             try:
                 results[order[done[0]]] = ray.get(done[0])
             except ray.exceptions.RayTaskError as e:
                 # a peer's death shows first as a failed boundary in a live replica ("connection
                 # closed by peer"): name the dead replica, not the one that noticed
                 dead = self._dead_replica()
-                self.kill()
                 if dead is not None:
-                    raise dead from None
+                    raise self._lost(dead) from None
+                self.kill()
                 cause = e.cause if getattr(e, "cause", None) is not None else e
                 raise cause from None
             except ray.exceptions.RayActorError:
                 i = order[done[0]]
                 dead = self._died(self.keys[i]) if len(futures) == len(self.keys) else self._dead_replica()
-                self.kill()
-                raise (dead or ReplicaDied("the process of a replica died")) from None
+                raise self._lost(dead or ReplicaDied("the process of a replica died")) from None
         return results
+
+    def _lost(self, cause: ReplicaDied) -> ReplicaDied:
+        """``cause`` with the job's env steps when it happened (the running chunk's included, from
+        the replicas' last heartbeats), after every replica is killed."""
+        if self.watchdog is not None:
+            from msrl.cluster.watchdog import PERIOD_S
+
+            time.sleep(1.5 * PERIOD_S)  # the live replicas, stuck at a boundary, report their final counts
+            beats = self.watchdog.env_steps()
+            reached = {k: max(self._replica_steps.get(k, 0), beats.get(k, 0))
+                       for k, env in zip(self.keys, self._has_env) if env}
+            dead = (cause.fragment, cause.replica)
+            if dead in reached:  # its own last heartbeat may be up to a period old: as far as its peers got
+                ahead = [reached[k] - self._replica_steps.get(k, 0) for k in reached if k != dead]
+                reached[dead] = max(reached[dead], self._replica_steps.get(dead, 0) + max(ahead, default=0))
+            cause.env_steps = max(self._env_steps, sum(reached.values()))
+        self.kill()
+        return cause
 
     def _died(self, key: tuple[str, int]) -> ReplicaDied:
         frag, r = key
@@ -528,6 +649,7 @@ class RayJob:
             if method == "train_step":
                 self.iteration += 1
             self._env_steps = sum(r["env_steps"] for r in rows)
+            self._replica_steps = {k: r["env_steps"] for k, r in zip(self.keys, rows)}
             check_losses(out, self.iteration)
             busy = sum(r["time_s"] for r in rows)
             records.append({"output": out, "env_steps": self._env_steps, "episodes": episodes,
@@ -587,6 +709,7 @@ class RayJob:
         self._wait([a.load_state_dict.remote(s) for a, s in zip(self.actors, replica_states(state, self.keys))])
         self.iteration = int(state["iteration"])
         self._env_steps = int(state.get("env_steps", 0))
+        self._replica_steps = {}  # each replica's count: from its first chunk on
 
     def kill(self) -> None:
         """Kills every replica process and frees the placement group (no process left behind)."""
@@ -638,5 +761,7 @@ class RayJob:
             except Exception:  # noqa: BLE001 - a dead replica has nothing left to close
                 pass
         self.kill()
+        if self.watchdog is not None and ray.is_initialized():
+            self.watchdog.clear()
         if self._started_ray and ray.is_initialized():
             ray.shutdown()

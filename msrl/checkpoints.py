@@ -44,7 +44,7 @@ class Progress:
         threshold: ``(time_s, env_steps)`` when an evaluation first reached
             ``train.stop_at_return``, or ``(None, None)``.
         recent: the last 20 episode returns (the progress bar's figure).
-        faults: ``replica_restarts``, ``dropped_env_steps``, ``lost_episodes`` so far.
+        faults: ``replica_restarts``, ``replica_hangs``, ``dropped_env_steps``, ``lost_episodes`` so far.
     """
 
     time_s: float = 0.0
@@ -52,14 +52,14 @@ class Progress:
     threshold: tuple[float | None, int | None] = (None, None)
     recent: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=20))
     faults: dict[str, int] = dataclasses.field(
-        default_factory=lambda: {"replica_restarts": 0, "dropped_env_steps": 0, "lost_episodes": 0})
+        default_factory=lambda: {"replica_restarts": 0, "replica_hangs": 0, "dropped_env_steps": 0, "lost_episodes": 0})
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> "Progress":
         """The progress a checkpoint holds."""
         return cls(state["time_s"], state["done_eval"], tuple(state["threshold"]),  # type: ignore[arg-type]
                    collections.deque(state["recent_returns"], maxlen=20),
-                   {"replica_restarts": 0, "dropped_env_steps": 0, "lost_episodes": 0, **state.get("faults", {})})
+                   {"replica_restarts": 0, "replica_hangs": 0, "dropped_env_steps": 0, "lost_episodes": 0, **state.get("faults", {})})
 
 
 def atomic_save(obj: Any, path: pathlib.Path, keep_previous: bool = False) -> None:

@@ -128,7 +128,13 @@ class ClusterConfig(_Strict):
     cpus_per_replica: float = Field(1.0, gt=0, description="CPUs of each replica's placement-group bundle (its torch/OpenMP threads)")
     gpus_per_replica: float = Field(0.0, ge=0, description="GPUs of each replica's placement-group bundle")
     strategy: Literal["PACK", "SPREAD"] = Field("PACK", description="placement-group strategy")
-    max_restarts: int = Field(3, ge=0, description="restarts from the last checkpoint after a replica process dies")
+    max_restarts: int = Field(
+        3, ge=0, description="restarts from the last checkpoint after a replica process dies or hangs (any role)"
+    )
+    replica_timeout_s: float = Field(
+        30.0, ge=2.0,
+        description="seconds without a heartbeat after which a replica process counts as hung (restarted like a death)",
+    )
     tls_cert: str | None = Field(
         None, description="PEM certificate the gRPC servers of asynchronous boundaries present (with tls_key: TLS)"
     )
@@ -136,7 +142,11 @@ class ClusterConfig(_Strict):
     tls_server_name: str | None = Field(
         None, description="the name clients check tls_cert against (default: the address they dial)"
     )
-    max_message_mb: float = Field(64.0, gt=0, description="the largest gRPC frame of an asynchronous boundary (MiB)")
+    max_message_mb: float = Field(
+        1024.0, gt=0, le=2047,
+        description="the largest message of a boundary between processes (MiB): a Gloo channel's buffer, a gRPC frame; "
+                    "a receiver never allocates more, a sender names this key when a value is larger",
+    )
     intra_node: Literal["shm", "gloo"] = Field(
         "shm",
         description="how a fragment's replicas on one machine all-reduce host tensors: shm (shared memory, Linux; "

@@ -85,7 +85,7 @@ class TrainingLoop:
                 if self.progress.threshold[0] is not None:
                     break
         except ReplicaDied as e:  # at a checkpoint's or an evaluation's call into the replicas
-            raise ReplicaLost(self.run_dir, self.job.env_steps, e) from e
+            raise ReplicaLost(self.run_dir, _reached(e, self.job.env_steps), e) from e
         except KeyboardInterrupt:
             kept = self.run_dir / CHECKPOINT if (self.run_dir / CHECKPOINT).is_file() else None
             raise TrainingInterrupted(self.run_dir, self.job.env_steps, kept, self.ckpt_steps if kept else None) from None
@@ -112,7 +112,7 @@ class TrainingLoop:
         try:
             records = job.run(n)
         except ReplicaDied as e:
-            raise ReplicaLost(self.run_dir, job.env_steps, e) from e
+            raise ReplicaLost(self.run_dir, _reached(e, job.env_steps), e) from e
         except (FragmentError, FloatingPointError) as e:
             raise self._stopped(e, it, n, steps_before) from e
         chunk_dt = time.perf_counter() - t0
@@ -179,7 +179,7 @@ class TrainingLoop:
         try:
             returns = evaluate_job(job, self.cfg)
         except ReplicaDied as e:
-            raise ReplicaLost(self.run_dir, job.env_steps, e) from e
+            raise ReplicaLost(self.run_dir, _reached(e, job.env_steps), e) from e
         result = TrainResult(self.run_dir, job.iteration, job.env_steps, p.time_s, returns, *p.threshold)
         (self.run_dir / "eval.json").write_text(json.dumps({
             "episodes": len(returns), "mean_return": result.eval_mean if returns else None, "returns": returns,
@@ -190,3 +190,9 @@ class TrainingLoop:
 
         plot_run(self.run_dir)
         return result
+
+
+def _reached(e: ReplicaDied, env_steps: int) -> int:
+    """The env steps the job reached when a replica died: the replicas' own count when the
+    runtime knows it (the running chunk's steps), else the driver's ``env_steps``."""
+    return max(env_steps, e.env_steps) if e.env_steps is not None else env_steps

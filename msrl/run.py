@@ -24,6 +24,7 @@ from msrl.loop import TrainingLoop
 from msrl.outcome import ReplicaLost, TrainingInterrupted, TrainingStopped, TrainResult
 from msrl.rundir import RunLock, check_resumable, check_runs_dir, flatten, load_run_config, write_config
 from msrl.runtime.make import make_job
+from msrl.runtime.replica import ReplicaHung
 
 __all__ = ["TrainResult", "TrainingStopped", "TrainingInterrupted", "train"]
 
@@ -31,11 +32,13 @@ __all__ = ["TrainResult", "TrainingStopped", "TrainingInterrupted", "train"]
 def train(cfg: RunConfig, resume: str | pathlib.Path | None = None) -> TrainResult:
     """Trains ``cfg``'s job on its runtime, in a new run directory or resuming one.
 
-    Under ``runtime: ray``, when a replica's process dies (killed, out of memory, node lost),
-    every replica is stopped and the job restarts from its last checkpoint in fresh processes,
-    up to ``cluster.max_restarts`` times: what the replicas did since that checkpoint (the dead
-    replica's partial rollout included) is dropped, never mixed into a batch, and counted in
-    the metrics (``faults/replica_restarts``, ``faults/dropped_env_steps``). Episodes lost to a
+    Under ``runtime: ray``, when a replica's process dies (killed, out of memory, node lost) or
+    hangs (no heartbeat for ``cluster.replica_timeout_s``), whatever roles it held, every replica
+    is stopped and the job restarts from its last checkpoint in fresh processes, up to
+    ``cluster.max_restarts`` times: what the replicas did since that checkpoint (the running
+    chunk and the dead replica's partial rollout included) is dropped, never mixed into a batch,
+    and counted in the metrics (``faults/replica_restarts``, ``faults/replica_hangs``,
+    ``faults/dropped_env_steps``). Episodes lost to a
     dead env worker of ``env.engine: process`` (restarted in place, training goes on) are
     counted in ``faults/lost_episodes``.
 
@@ -59,21 +62,21 @@ def train(cfg: RunConfig, resume: str | pathlib.Path | None = None) -> TrainResu
             return _train_once(cfg, resume, restarted=restarts > 0)
         except ReplicaLost as lost:
             ckpt = lost.run_dir / CHECKPOINT
-            learner = "learner" in lost.cause.roles  # a learner's death stops the job (--resume continues it)
-            if learner or restarts >= cfg.cluster.max_restarts or not ckpt.is_file():
+            if restarts >= cfg.cluster.max_restarts or not ckpt.is_file():
                 raise TrainingStopped(
                     f"training stopped after env step {lost.env_steps}: {lost.cause}"
-                    + (" (it held the learner)" if learner else
-                       f" ({restarts} restart(s) of cluster.max_restarts={cfg.cluster.max_restarts} used)")
+                    f" ({restarts} restart(s) of cluster.max_restarts={cfg.cluster.max_restarts} used)"
                     + f"\nlast good checkpoint: {ckpt if ckpt.is_file() else 'none'}"
                     + (f"; continue with: msrl train --resume {lost.run_dir}" if ckpt.is_file() else ""),
                     0, lost.env_steps, ckpt if ckpt.is_file() else None,
                 ) from lost.cause
             restarts += 1
             state = read_checkpoint(ckpt)
-            faults = state.setdefault("faults", {"replica_restarts": 0, "dropped_env_steps": 0})
-            faults["replica_restarts"] += 1
-            faults["dropped_env_steps"] += lost.env_steps - int(state["env_steps"])
+            faults = state.setdefault("faults", {})
+            faults["replica_restarts"] = faults.get("replica_restarts", 0) + 1
+            faults["dropped_env_steps"] = faults.get("dropped_env_steps", 0) + lost.env_steps - int(state["env_steps"])
+            if isinstance(lost.cause, ReplicaHung):
+                faults["replica_hangs"] = faults.get("replica_hangs", 0) + 1
             atomic_save(state, ckpt)
             print(f"msrl: {lost.cause}; restarting every replica from the checkpoint at env step "
                   f"{state['env_steps']} (restart {restarts} of {cfg.cluster.max_restarts}; "

@@ -244,6 +244,46 @@ def test_a_malformed_control_buffer_is_a_codec_error_not_an_allocation():
     assert "malformed message on boundary t" in out[("b", 0)] and "1099511627776" in out[("b", 0)]
 
 
+def test_grow_sizes_are_bounded_by_the_limit_before_any_allocation():
+    """hypothesis: any received buffer is a message (``None``), a size in ``(0, limit]``, or a
+    CodecError naming the boundary and ``cluster.max_message_mb``."""
+    import struct
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from msrl.runtime.codec import CodecError
+    from msrl.runtime.dist import grow_size
+
+    grow = st.tuples(st.integers(min_value=0, max_value=2**64 - 1), st.binary(max_size=8)).map(
+        lambda p: struct.pack("<4sQ", b"GROW", p[0]) + p[1])
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.one_of(st.binary(max_size=32), grow), st.integers(min_value=1, max_value=2**40))
+    def fuzz(raw, limit):
+        buffer = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+        try:
+            n = grow_size(buffer, limit, "t")
+        except CodecError as e:
+            assert "boundary t" in str(e) and "cluster.max_message_mb" in str(e)
+            return
+        assert n is None or 0 < n <= limit
+        if raw[:4] == b"GROW" and len(raw) >= 12:
+            assert n == struct.unpack("<Q", raw[4:12])[0]
+
+    fuzz()
+
+
+def test_a_value_over_the_message_limit_is_refused_by_its_sender():
+    from msrl.runtime.codec import CodecError
+    from msrl.runtime.dist import DistComm
+
+    comm = DistComm([boundary("t", NodeKind.SEND, 1, 1)], "a", 0, {("a", 0): 0, ("b", 0): 1}, max_message=4096)
+    with pytest.raises(CodecError, match="over the 4096-byte limit.*cluster.max_message_mb"):
+        comm.send("t", torch.zeros(2048))
+    assert not comm._pending  # nothing was sent
+
+
 def _cuda_src(comm):
     x = torch.arange(6.0, device=comm.device).view(2, 3) + comm.replica
     comm.gather("g", {"x": x})

@@ -125,10 +125,12 @@ def test_a_failing_replica_stops_the_job_with_its_node(ray_local, spec_factory, 
         remote.close()
 
 
-def _sigkill_when(run_dir, fragment, rows, timeout_s=120.0):
-    """Starts a thread that SIGKILLs replica 0 of ``fragment`` (its pid from the run's
-    replicas.json) once the run's metrics.csv has more than ``rows`` lines; returns the list the
-    killed pid is appended to, the set of every replica pid of the table it read, and the thread."""
+def _sigkill_when(run_dir, fragment, rows, timeout_s=120.0, sig=None, delay_s=0.0, logged=None):
+    """Starts a thread that SIGKILLs (or sends ``sig`` to) replica 0 of ``fragment`` (its pid
+    from the run's replicas.json) once the run's metrics.csv has more than ``rows`` lines
+    (``delay_s`` later); returns the list the killed pid is appended to, the set of every replica
+    pid of the table it read, and the thread. ``logged`` (a list) gets the number of rows
+    metrics.csv held when the signal was sent."""
     import json
     import signal
     import threading
@@ -142,7 +144,10 @@ def _sigkill_when(run_dir, fragment, rows, timeout_s=120.0):
             if metrics.is_file() and table.is_file() and metrics.read_text().count("\n") > rows:
                 replicas = json.loads(table.read_text())
                 victim = next(r["pid"] for r in replicas if r["fragment"] == fragment)
-                os.kill(victim, signal.SIGKILL)
+                time.sleep(delay_s)
+                if logged is not None:
+                    logged.append(metrics.read_text().count("\n") - 1)
+                os.kill(victim, sig if sig is not None else signal.SIGKILL)
                 killed.append(victim)
                 seen.update(r["pid"] for r in replicas)  # the run's first replicas, the victim's peers too
             time.sleep(0.05)
@@ -222,34 +227,69 @@ def _rows(run_dir):
         return [{k: r[k] for k in DETERMINISTIC} for r in csv.DictReader(f)]
 
 
-def test_a_killed_learner_stops_the_job_and_resume_finishes_it_exactly(tmp_path):
-    """SIGKILL the learner's process: the job stops with a clear error naming its last
-    checkpoint and no replica left; ``--resume`` then finishes the run with the same metrics,
-    iteration by iteration, as a run that was never interrupted."""
+def _kill_and_compare(tmp_path, capsys, fragment, overrides, budget, every, rows, sig=None, timeout_s=None):
+    """Trains the main job uninterrupted, then again sending ``sig`` (SIGKILL) to replica 0 of
+    ``fragment`` mid-chunk: the second run restarts from its checkpoint, finishes, and its
+    metrics equal the first's iteration by iteration; the dropped env steps count the chunk
+    that was running. Returns the second run's last row and stderr."""
+    import csv
 
     from msrl.config import load_config
-    from msrl.run import TrainingStopped, train
+    from msrl.run import train
 
     if ray.is_initialized():
         ray.shutdown()
     over = [f"runs_dir={tmp_path}", "runtime=ray", "train.progress=false", "train.eval_every=0",
-            "distribution_policy.name=single_learner_coarse", "distribution_policy.replicas.actor=2",
-            "train.total_env_steps=25600", "train.checkpoint_every=20"]
+            f"train.total_env_steps={budget}", f"train.checkpoint_every={every}", *overrides]
+    if timeout_s is not None:
+        over.append(f"cluster.replica_timeout_s={timeout_s}")
     whole = train(load_config("configs/ppo_cartpole.yaml", [*over, "name=whole"]))
-    cfg = load_config("configs/ppo_cartpole.yaml", [*over, "name=cut"])
-    killed, seen, t = _sigkill_when(tmp_path / "cut", "learner", rows=45)
-    with pytest.raises(TrainingStopped) as info:
-        train(cfg)
+    logged: list[int] = []
+    killed, seen, t = _sigkill_when(tmp_path / "cut", fragment, rows=rows, sig=sig, delay_s=0.1, logged=logged)
+    cut = train(load_config("configs/ppo_cartpole.yaml", [*over, "name=cut"]))
     t.join(5)
-    msg = str(info.value)
-    assert "fragment learner replica 0 died" in msg and "(it held the learner)" in msg
-    assert f"continue with: msrl train --resume {tmp_path / 'cut'}" in msg
-    assert info.value.checkpoint == tmp_path / "cut" / "checkpoints" / "latest.pt"
-    assert not _alive(_run_replica_pids(tmp_path / "cut", seen))  # every replica was stopped
-    resumed = train(cfg, resume=tmp_path / "cut")
-    assert resumed.env_steps == whole.env_steps == 25600
-    assert _rows(tmp_path / "cut") == _rows(whole.run_dir)
-    assert not _alive(_run_replica_pids(tmp_path / "cut"))
+    assert killed, "the test never signalled a replica"
+    err = capsys.readouterr().err
+    assert "restarting every replica from the checkpoint" in err
+    assert cut.env_steps == whole.env_steps == budget // 256 * 256
+    assert _rows(cut.run_dir) == _rows(whole.run_dir)  # the restart continued exactly
+    with open(cut.run_dir / "metrics.csv") as f:
+        last = list(csv.DictReader(f))[-1]
+    assert float(last["faults/replica_restarts"]) == 1
+    # the driver had logged `logged[0]` iterations, the checkpoint was at most at the last multiple
+    # of `every` before them: the dropped steps go beyond that, into the chunk that was running
+    assert float(last["faults/dropped_env_steps"]) > (logged[0] - logged[0] // every * every) * 256
+    assert not _alive(_run_replica_pids(cut.run_dir, seen))
+    return last, err
+
+
+def test_a_killed_learner_is_restarted_and_continues_exactly(tmp_path, capsys):
+    """SIGKILL the learner's process under coarse: every replica restarts from the last
+    checkpoint and the run's metrics equal an uninterrupted run's, iteration by iteration."""
+    _, err = _kill_and_compare(tmp_path, capsys, "learner", [
+        "distribution_policy.name=single_learner_coarse", "distribution_policy.replicas.actor=2"], 51200, 20, 45)
+    assert "fragment learner replica 0 died" in err
+
+
+def test_a_killed_multi_learner_replica_is_restarted_and_continues_exactly(tmp_path, capsys):
+    """Under multi_learner every replica holds a learner: killing one restarts them all from the
+    checkpoint, and they stay exact (metrics equal to an uninterrupted run's)."""
+    _, err = _kill_and_compare(tmp_path, capsys, "main", [
+        "distribution_policy.name=multi_learner", "distribution_policy.replicas.main=2"], 30720, 10, 25)
+    assert "fragment main replica 0 died" in err
+
+
+def test_a_stopped_replica_is_reported_hung_and_restarted(tmp_path, capsys):
+    """SIGSTOP an actor replica: within cluster.replica_timeout_s the driver names it (fragment,
+    replica, pid) as hung, restarts every replica from the checkpoint, counts
+    faults/replica_hangs, and the run ends as an uninterrupted one would."""
+    import signal
+
+    last, err = _kill_and_compare(tmp_path, capsys, "actor", [
+        "distribution_policy.name=single_learner_coarse", "distribution_policy.replicas.actor=2"], 30720, 10, 25,
+        sig=signal.SIGSTOP, timeout_s=3)
+    assert "fragment actor replica 0 (pid " in err and "gave no heartbeat for" in err and "hung" in err
+    assert float(last["faults/replica_hangs"]) == 1
 
 
 def test_ctrl_c_leaves_no_process_behind(tmp_path):

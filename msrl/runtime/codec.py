@@ -22,7 +22,8 @@ from typing import Any, Callable
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-__all__ = ["CodecError", "encode", "decode", "encode_parts", "decode_parts", "payload_size", "MAGIC", "VERSION"]
+__all__ = ["CodecError", "encode", "decode", "encode_parts", "decode_parts", "payload_size", "MAGIC", "VERSION",
+           "MAX_MESSAGE"]
 
 MAGIC = b"MSRL"
 VERSION = 1
@@ -37,6 +38,9 @@ ALIGN = 16
 MAX_DIM = 1 << 40
 #: The most dimensions a tensor or a TensorDict batch may declare.
 MAX_NDIM = 32
+#: The default largest message of a boundary between processes (bytes; 1 GiB): the most a
+#: receiver allocates for one value (``cluster.max_message_mb`` sets a job's limit).
+MAX_MESSAGE = 1 << 30
 
 #: The tensor dtypes a boundary carries, by their names in the header.
 DTYPES: dict[str, torch.dtype] = {
@@ -337,7 +341,7 @@ def decode(message: torch.Tensor | bytes | bytearray, device: torch.device | str
     return _plan(header)(payload, torch.device(device) if device is not None else None, copy)
 
 
-def payload_size(head: torch.Tensor, limit: int = 1 << 36) -> int:
+def payload_size(head: torch.Tensor, limit: int = MAX_MESSAGE) -> int:
     """The payload bytes a head's header describes (what a receiver allocates before the payload).
 
     Raises:

@@ -43,17 +43,37 @@ import torch.distributed as dist
 
 from msrl.channels import Serving, concat, split, tensor_leaves
 from msrl.partition import Boundary, boundary_end
-from msrl.runtime.codec import CodecError, decode, decode_parts, encode, encode_parts, payload_size
+from msrl.runtime.codec import MAX_MESSAGE, CodecError, decode, decode_parts, encode, encode_parts, payload_size
 
-__all__ = ["DistComm"]
+__all__ = ["DistComm", "grow_size"]
 
 #: A channel's buffers start at this size (a control message); the first value grows them.
 _CONTROL_BYTES = 16
 #: A control buffer: magic + the channel's new buffer size (bytes).
 _GROW = struct.Struct("<4sQ")
 _GROW_MAGIC = b"GROW"
-#: The largest message a channel accepts (a corrupt control buffer never allocates more).
-_MAX_MESSAGE = 1 << 36
+
+
+def grow_size(control: torch.Tensor, limit: int, boundary: str) -> int | None:
+    """The new buffer size a channel's control buffer announces (``None``: ``control`` is not
+    a control buffer but a message).
+
+    Args:
+        control: a received buffer, 1-D ``uint8``.
+        limit: the largest buffer the channel may grow to (bytes; ``cluster.max_message_mb``).
+        boundary: the boundary's name, for the message.
+
+    Raises:
+        CodecError: a control buffer announcing 0 bytes or more than ``limit``: nothing is
+            allocated for it.
+    """
+    if control.numel() < _GROW.size or bytes(control[:4].numpy()) != _GROW_MAGIC:
+        return None
+    _, n = _GROW.unpack(control[:_GROW.size].numpy().tobytes())
+    if not 0 < n <= limit:
+        raise CodecError(f"malformed message on boundary {boundary}: a channel of {n} bytes (at most {limit}, "
+                         "cluster.max_message_mb)")
+    return n
 
 
 class DistComm(Serving):
@@ -78,6 +98,9 @@ class DistComm(Serving):
         asynchronous: this replica's :class:`~msrl.runtime.asynchronous.AsyncEndpoint` for the
             job's asynchronous boundaries (``put``/``get``; over gRPC between processes), or
             ``None`` when the job has none.
+        max_message: the largest message (bytes) sent or received on a channel
+            (``cluster.max_message_mb``): a receiver never allocates more for one value, a
+            sender refuses a larger one with a :class:`~msrl.runtime.codec.CodecError`.
     """
 
     def __init__(
@@ -92,8 +115,10 @@ class DistComm(Serving):
         split_payload: bool = False,
         local_group: Any = None,
         asynchronous: Any = None,
+        max_message: int = MAX_MESSAGE,
     ) -> None:
         self.boundaries = {b.name: b for b in boundaries}
+        self.max_message = max_message
         self.asynchronous = asynchronous
         #: the replica's :class:`~msrl.runtime.inference.InferenceServer` (central inference's
         #: server replica), set by its runtime
@@ -147,6 +172,7 @@ class DistComm(Serving):
         if isinstance(message, tuple):
             head, payload = message
             self._post_buffer(key, rank, tag, head)
+            self._check_size(payload.numel(), name)
             if payload.numel():
                 self._isend(payload, rank, tag)  # NCCL when it is a CUDA tensor
             self.bytes_sent += payload.numel()
@@ -156,6 +182,7 @@ class DistComm(Serving):
     def _post_buffer(self, key: tuple[str, str, int], rank: int, tag: int, message: torch.Tensor) -> None:
         capacity = self._capacity.get(key, _CONTROL_BYTES)
         n = message.numel()
+        self._check_size(n, key[0])
         if n > capacity:  # grow the channel: a control buffer of the old capacity names the new one
             control = torch.zeros(capacity, dtype=torch.uint8)
             control[:_GROW.size] = torch.frombuffer(bytearray(_GROW.pack(_GROW_MAGIC, n)), dtype=torch.uint8)
@@ -166,6 +193,11 @@ class DistComm(Serving):
         self._isend(message, rank, tag)
         self.bytes_sent += n
 
+    def _check_size(self, n: int, boundary: str) -> None:
+        if n > self.max_message:
+            raise CodecError(f"a value of {n} bytes on boundary {boundary} is over the {self.max_message}-byte limit "
+                             "of a message between processes: raise cluster.max_message_mb, or send less")
+
     def _isend(self, buffer: torch.Tensor, rank: int, tag: int) -> None:
         self._pending.append((dist.isend(buffer, rank, tag=tag), buffer))  # keeps the buffer alive
 
@@ -173,7 +205,7 @@ class DistComm(Serving):
         rank, tag = self.ranks[(fragment, replica)], self.tags[name]
         buffer = self._take_buffer((name, fragment, replica), rank, tag)
         if self._split(fragment):
-            n = payload_size(buffer, _MAX_MESSAGE)
+            n = payload_size(buffer, self.max_message)
             payload = torch.empty(n, dtype=torch.uint8, device=self.device if self.device.type == "cuda" else "cpu")
             if n:
                 dist.recv(payload, rank, tag=tag)
@@ -194,10 +226,8 @@ class DistComm(Serving):
         t0 = time.perf_counter()
         dist.recv(buffer, rank, tag=tag)  # waits for the peer to reach its side of the boundary
         self.wait_s += time.perf_counter() - t0
-        if capacity >= _GROW.size and bytes(buffer[:4].numpy()) == _GROW_MAGIC:
-            _, n = _GROW.unpack(buffer[:_GROW.size].numpy().tobytes())
-            if not 0 < n <= _MAX_MESSAGE:
-                raise CodecError(f"malformed message on boundary {key[0]}: a channel of {n} bytes (at most {_MAX_MESSAGE})")
+        n = grow_size(buffer, self.max_message, key[0])
+        if n is not None:
             self._capacity[key] = capacity = n
             buffer = torch.empty(capacity, dtype=torch.uint8)
             dist.recv(buffer, rank, tag=tag)

@@ -14,7 +14,7 @@ import dataclasses
 import math
 import sys
 import traceback
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -27,7 +27,7 @@ from msrl.partition import FragmentGraph
 from msrl.policy import FragmentSpec
 from msrl.runtime.generators import BATON, KINDS, GlobalGenerators
 
-__all__ = ["FragmentError", "ReplicaDied", "Replica", "build_trainer", "build_trainers", "build_standalone_actor",
+__all__ = ["FragmentError", "ReplicaDied", "ReplicaHung", "Replica", "build_trainer", "build_trainers", "build_standalone_actor",
            "compile_fragment", "as_floats", "check_losses", "replica_states"]
 
 
@@ -36,12 +36,29 @@ class ReplicaDied(RuntimeError):
 
     Attributes:
         fragment, replica: which one (``None`` when not known); ``roles``: the roles it held.
+        env_steps: the job's env steps when it died, the running chunk's included, as the
+            replicas' heartbeats last reported them (``None``: not known; the driver's count at
+            the chunk's start stands).
     """
 
     def __init__(self, message: str, fragment: str | None = None, replica: int | None = None,
                  roles: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.fragment, self.replica, self.roles = fragment, replica, tuple(roles)
+        self.env_steps: int | None = None
+
+
+class ReplicaHung(ReplicaDied):
+    """A replica made no progress for ``cluster.replica_timeout_s``: handled like a death (every
+    replica restarts from the last checkpoint), counted as ``faults/replica_hangs``.
+
+    Attributes:
+        as :class:`~msrl.runtime.replica.ReplicaDied`; ``pid``: its process id.
+    """
+
+    def __init__(self, message: str, fragment: str, replica: int, roles: Sequence[str], pid: int | None) -> None:
+        super().__init__(message, fragment, replica, tuple(roles))
+        self.pid = pid
 
 
 class FragmentError(RuntimeError):
