@@ -3,8 +3,8 @@
 
 Driver side (:class:`RayJob`): traces, probes and partitions the job once, reserves a placement
 group (one bundle ``{"CPU": c}`` per replica, PACK or SPREAD), starts one :class:`ReplicaActor` per
-replica in its bundle, and sets up one Gloo process group across them (rank 0's node address, a
-free port found on that node). Each actor builds its own :class:`~msrl.runtime.replica.Replica` --
+replica in its bundle, and sets up one Gloo process group across them (its rendezvous in Ray's
+key-value store under the job's secret, :mod:`msrl.cluster.rendezvous`). Each actor builds its own :class:`~msrl.runtime.replica.Replica` --
 components, envs, RNG -- from the job spec and its (fragment, replica index), with torch's and
 OpenMP's thread counts set from its bundle's CPUs. From then on the driver only makes Ray calls:
 ``run(method, n)`` runs ``n`` iterations inside every replica, each waiting only at its boundaries,
@@ -18,10 +18,10 @@ boundary) and re-raises the replica's :class:`~msrl.runtime.replica.FragmentErro
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
-import socket
 import sys
 import time
 from datetime import timedelta
@@ -144,7 +144,6 @@ class ReplicaActor:
         self.fragment, self.index = fragment, replica
         self.replica = Replica(self.spec, self.fragment_graph, fragment, replica)
         self.comm: Any = None
-        self._store_socket: Any = None  # rank 0: the socket its rendezvous store serves on
         self.boundary_server: Any = None
         self.mailbox: Any = None
         self.output_fragment = None
@@ -157,15 +156,6 @@ class ReplicaActor:
         replica = self.replica
         return {"iterations": self.iterations, "running": self.running,
                 "env_steps": replica.env_steps if replica is not None else 0}
-
-    def address(self) -> tuple[str, int]:
-        """This node's IP address and a port free on it (for the rendezvous of rank 0)."""
-        import ray
-
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
 
     def start_boundary_server(self, token: str, timeout_s: float, tls: Any = None, max_message: int | None = None,
                               host: str | None = None) -> str | None:
@@ -187,7 +177,7 @@ class ReplicaActor:
                                               max_message=max_message or MAX_MESSAGE)
         return self.boundary_server.address
 
-    def init_process_group(self, master: tuple[str, int], rank: int, ranks: Mapping[tuple[str, int], int],
+    def init_process_group(self, rank: int, ranks: Mapping[tuple[str, int], int],
                            timeout_s: float, peers: Mapping[tuple[str, int], Mapping[str, Any]] | None = None,
                            intra_node: str = "shm", boundary_servers: Mapping[tuple[str, int], str] | None = None,
                            token: str = "", tls: Any = None, max_message: int | None = None) -> None:
@@ -199,6 +189,11 @@ class ReplicaActor:
         ``boundary_servers`` maps every consumer of an asynchronous boundary to its server's
         address (:meth:`start_boundary_server`); this replica's ``put``s stream there over gRPC
         with the job's ``token``.
+
+        The rendezvous goes through Ray's key-value store under the job's secret ``token``
+        (:class:`~msrl.cluster.rendezvous.RayStore`: no port opened for it); when every replica
+        runs on one machine, Gloo's pairs listen on loopback only (``GLOO_SOCKET_IFNAME=lo``
+        unless the environment names an interface), else on the node's own interface.
         """
         import torch.distributed as dist
 
@@ -212,7 +207,13 @@ class ReplicaActor:
         own_device = devices[self.fragment]
         if own_device.type == "cuda":
             torch.cuda.set_device(own_device)  # this process's GPU (Ray's CUDA_VISIBLE_DEVICES)
-        store, self._store_socket = _rendezvous_store(master, rank, len(ranks), timeout_s)
+        from msrl.cluster.rendezvous import RayStore
+
+        if not token:
+            raise ValueError("init_process_group needs the job's secret token (the rendezvous' key prefix)")
+        if peers is not None and len({p["node_id"] for p in peers.values()}) == 1:
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one machine: nothing listens beyond loopback
+        store = RayStore(token, timeout_s)
         dist.init_process_group(backend, store=store, rank=rank, world_size=len(ranks),
                                 timeout=timedelta(seconds=timeout_s))
         groups = {}
@@ -223,7 +224,8 @@ class ReplicaActor:
         mates = sorted(k for k in ranks if k[0] == self.fragment)
         if (own is not None and intra_node == "shm" and own_device.type == "cpu" and shm.available()
                 and peers is not None and len({peers[k]["node_id"] for k in mates}) == 1):
-            local = shm.ShmGroup(f"{master[0]}:{master[1]}:{self.fragment}", mates.index((self.fragment, self.index)),
+            uid = hashlib.sha256(token.encode()).hexdigest()[:32]  # the job's secret names its sockets
+            local = shm.ShmGroup(f"{uid}:{self.fragment}", mates.index((self.fragment, self.index)),
                                  len(mates), pids=[peers[k]["pid"] for k in mates], timeout_s=timeout_s,
                                  barrier=lambda: dist.barrier(group=own))
         asynchronous = None
@@ -328,24 +330,6 @@ class ReplicaActor:
 
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _rendezvous_store(master: tuple[str, int], rank: int, world_size: int, timeout_s: float) -> tuple[Any, Any]:
-    """The process group's rendezvous (a ``TCPStore``) and, on rank 0, the socket it serves on:
-    bound to the node's own address (``master``), never every interface as
-    ``init_method="tcp://"`` would; the other ranks connect to it (their socket: ``None``)."""
-    import torch.distributed as dist
-
-    if rank != 0:
-        return dist.TCPStore(master[0], master[1], world_size, False, timedelta(seconds=timeout_s)), None
-    family = socket.AF_INET6 if ":" in master[0] else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((master[0], master[1]))
-    sock.listen(128)
-    store = dist.TCPStore(master[0], master[1], world_size, True, timedelta(seconds=timeout_s),
-                          master_listen_fd=sock.fileno())
-    return store, sock  # the store serves on this socket: kept open as long as the process group
 
 
 class _DropTokenNote(logging.Filter):
@@ -523,20 +507,20 @@ class RayJob:
             for i, (frag, r) in enumerate(self.keys)
         ]
         ranks = {k: i for i, k in enumerate(self.keys)}
-        self._wait([self.actors[0].address.remote()])
-        master = ray.get(self.actors[0].address.remote())
         peers = dict(zip(self.keys, self._wait([a.info.remote() for a in self.actors])))
         here = ray.get_runtime_context().get_node_id()
         # the processes kill() waits for: those on the driver's node (a remote node's are Ray's)
         self._local_pids = [p["pid"] for p in peers.values() if p["node_id"] == here]
         servers: dict[tuple[str, int], str] = {}
-        token = ""
+        # the job's secret: the rendezvous' key prefix, every boundary stream's token, the
+        # shared-memory sockets' names; handed to the replicas through Ray only
+        token = secrets.token_urlsafe(32)
+        self._token = token
         if any(b.asynchronous for b in self.fragment_graph.boundaries):
-            token = secrets.token_urlsafe(32)  # the job's secret: every boundary stream presents it
             addresses = self._wait([a.start_boundary_server.remote(token, timeout_s, tls, max_message) for a in self.actors])
             servers = {k: addr for k, addr in zip(self.keys, addresses) if addr is not None}
         if len(self.keys) > 1:
-            self._wait([a.init_process_group.remote(master, ranks[k], ranks, timeout_s, peers, intra_node, servers,
+            self._wait([a.init_process_group.remote(ranks[k], ranks, timeout_s, peers, intra_node, servers,
                                                     token, tls, max_message)
                         for a, k in zip(self.actors, self.keys)])
         self._has_env = [k[0] == spec.policy.fragment_of_role("env") for k in self.keys]
@@ -762,6 +746,11 @@ class RayJob:
                 pass
         self.kill()
         if self.watchdog is not None and ray.is_initialized():
+            from ray.experimental import internal_kv
+
+            from msrl.cluster.rendezvous import NAMESPACE
+
             self.watchdog.clear()
+            internal_kv._internal_kv_del(self._token.encode(), del_by_prefix=True, namespace=NAMESPACE)
         if self._started_ray and ray.is_initialized():
             ray.shutdown()

@@ -431,28 +431,50 @@ def test_a_killed_actor_under_async_learner_is_restarted_and_its_work_dropped(tm
     assert all(r["async/policy_lag_mean"] != "" for r in rows)
 
 
-def test_the_rendezvous_store_listens_on_the_nodes_address_only():
-    """The process group's TCPStore serves on a socket bound to the node's address (here
-    loopback), not on every interface as ``init_method="tcp://"`` binds it."""
-    import socket
+def _tcp_listeners(pid: int) -> list[str]:
+    """The local addresses (hex, as /proc/net/tcp{,6} writes them) of the TCP sockets process
+    ``pid`` listens on."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    out = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:
+                    out.append(fields[1].rsplit(":", 1)[0])
+    return out
 
-    from msrl.cluster.ray_runtime import _rendezvous_store
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    store, sock = _rendezvous_store(("127.0.0.1", port), 0, 1, 10.0)
+LOOPBACK = "0100007F"  # 127.0.0.1
+
+
+def test_replicas_on_one_machine_listen_on_loopback_only(ray_local, spec_factory):
+    """Every replica on this machine: the process group opens no rendezvous port (it meets in
+    Ray's key-value store) and Gloo's pairs listen on 127.0.0.1 only. The one other listener of a
+    replica process is Ray's own worker server, which a replica without any process group has
+    too (shown by a one-replica job)."""
+    from msrl.cluster.ray_runtime import RayJob
+
+    alone = RayJob(spec_factory("single"))
     try:
-        store.set("k", "v")
-        assert store.get("k") == b"v"
-        listening = []
-        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-            with open(table) as f:
-                for line in f.readlines()[1:]:
-                    local, state = line.split()[1], line.split()[3]
-                    addr, hexport = local.rsplit(":", 1)
-                    if state == "0A" and int(hexport, 16) == port:
-                        listening.append(addr)
-        assert listening == ["0100007F"], listening  # 127.0.0.1, and no wildcard listener
+        ray_own = [a for p in alone.pids() for a in _tcp_listeners(p)]
     finally:
-        sock.close()
+        alone.close()
+    assert len(ray_own) == 1 and ray_own[0] != LOOPBACK
+    job = RayJob(spec_factory("single_learner_coarse"))
+    try:
+        job.reset()
+        job.run(2)
+        for pid in job.pids():
+            listening = _tcp_listeners(pid)
+            assert LOOPBACK in listening, listening  # Gloo's pairs
+            assert [a for a in listening if a != LOOPBACK] == ray_own, listening  # else Ray's worker server only
+    finally:
+        job.close()

@@ -155,3 +155,42 @@ def test_buffers_of_different_sizes_are_an_error(sizes):
     t.join(20)
     a.close(), b.close()
     assert any("different sizes" in e for e in errors.values()), errors
+
+
+def _forge(address: bytes, message: bytes) -> None:
+    """Another process on this machine sends ``message`` to an abstract socket."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.sendto(message, address)
+
+
+def test_a_forged_arrival_from_another_process_is_dropped():
+    """A local process that is not the group's sends rank 0 an "ARRV" claiming to be rank 1
+    (before rank 1 wrote its slot): rank 0 drops it, counts it, and sums the real values (3.0,
+    not the 1.0 a trusted forgery would make it return)."""
+    import struct
+
+    uid = f"forge-{uuid.uuid4().hex[:8]}"
+    a, b = _pair(uid, pids=[os.getpid(), os.getpid()], timeout_s=30)
+    try:
+        forger = mp.get_context("spawn").Process(
+            target=_forge, args=(b"\0msrl-" + f"{uid}-0".encode(), struct.pack("<4siqq", b"ARRV", 1, 0, 4 * 3)))
+        forger.start()
+        forger.join(30)
+        assert forger.exitcode == 0
+        out = {}
+
+        def late_rank_1():
+            time.sleep(0.5)  # rank 0 waits first, with the forgery in its queue
+            out["b"] = b.allreduce_(torch.full((3,), 2.0)).tolist()
+
+        t = threading.Thread(target=late_rank_1)
+        t.start()
+        out["a"] = a.allreduce_(torch.full((3,), 1.0)).tolist()
+        t.join(30)
+        assert out == {"a": [3.0, 3.0, 3.0], "b": [3.0, 3.0, 3.0]}
+        assert a.rejected == 1 and b.rejected == 0
+    finally:
+        a.close()
+        b.close()

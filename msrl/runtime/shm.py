@@ -28,6 +28,11 @@ Design:
 * **Result.** ``sum = slot_0 + slot_1 + ... + slot_{world-1}``, added in rank order by every
   replica: the same bits on every replica (the invariant multi_learner needs: all replicas hold
   bitwise-identical parameters after every update).
+* **Only the group.** Any local process can send a datagram to an abstract socket, so every
+  socket takes its senders' credentials from the kernel (``SO_PASSCRED``: ``SCM_CREDENTIALS``
+  on each datagram, which a sender cannot forge): a message counts only when it comes from the
+  process of the rank it names (with ``pids``; else from a process of this user). Anything
+  else is dropped, its descriptors closed, and counted in :attr:`ShmGroup.rejected`.
 * **Faults.** A receive waits at most ``timeout_s`` in all; every 0.5 s of waiting it checks
   that the peers' processes are alive and raises :class:`ShmGroupError` naming a dead one.
 
@@ -53,6 +58,10 @@ __all__ = ["ShmGroup", "ShmGroupError", "available", "pid_alive"]
 #: sender's buffer for ARRV, the segment's for SEGM)
 _MSG = struct.Struct("<4siqq")
 _ARRIVE, _SEGMENT = b"ARRV", b"SEGM"
+#: ``struct ucred``: the sender's pid, uid, gid (``SCM_CREDENTIALS``)
+_UCRED = struct.Struct("iII")
+#: room for the ancillary data of one datagram: one descriptor and the sender's credentials
+_ANCILLARY = socket.CMSG_SPACE(array.array("i").itemsize) + socket.CMSG_SPACE(_UCRED.size)
 #: slot offsets are multiples of this (cache line; any dtype's alignment)
 _ALIGN = 64
 #: seconds between liveness checks of the peers while waiting
@@ -123,7 +132,10 @@ class ShmGroup:
             self._sock.close()
             raise RuntimeError(f"ShmGroup {uid!r}: rank {rank}'s socket name is taken ({e}); is another group "
                                "with this uid alive?") from None
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # every datagram: its sender's pid
         self._sock.settimeout(_POLL_S)
+        #: datagrams dropped because they did not come from this group's processes
+        self.rejected = 0
         self._calls = 0
         self._arrived: dict[int, dict[int, int]] = {}  # call -> {peer: its buffer's bytes}
         self._segments: dict[int, tuple[int, int]] = {}  # generation -> (size, fd) received, not mapped yet
@@ -162,14 +174,44 @@ class ShmGroup:
             raise ShmGroupError(f"ShmGroup {self.uid!r}: rank {self.rank} waited more than {self.timeout_s:g} s "
                                 f"{doing}")
 
+    def _receive(self) -> tuple[bytes, list[int], tuple[int, int, int] | None]:
+        """One datagram: its bytes, the descriptors it carried, its sender's ``(pid, uid, gid)``."""
+        data, ancillary, _, _ = self._sock.recvmsg(_MSG.size, _ANCILLARY)
+        fds: list[int] = []
+        cred = None
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.extend(array.array("i", payload[:len(payload) - len(payload) % 4]))
+            elif level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(payload) >= _UCRED.size:
+                cred = _UCRED.unpack(payload[:_UCRED.size])
+        return data, fds, cred
+
+    def _from_group(self, data: bytes, cred: tuple[int, int, int] | None) -> bool:
+        """Whether a datagram comes from the process of the rank it names (any process of this
+        user when the group knows no pids)."""
+        if cred is None or cred[1] != os.getuid():
+            return False
+        if self.pids is None:
+            return True
+        if len(data) != _MSG.size:
+            return False
+        sender = _MSG.unpack(data)[1]
+        return 0 <= sender < self.world and sender != self.rank and cred[0] == self.pids[sender]
+
     def _pump(self, deadline: float, doing: str) -> None:
-        """Receives one message and files it (blocks; checks peers every 0.5 s)."""
+        """Receives one message of the group and files it (blocks; checks peers every 0.5 s);
+        drops those of other processes."""
         while True:
             try:
-                data, fds, _, _ = socket.recv_fds(self._sock, _MSG.size, 1)
-                break
+                data, fds, cred = self._receive()
             except TimeoutError:
                 self._check(deadline, doing)
+                continue
+            if self._from_group(data, cred):
+                break
+            for fd in fds:
+                os.close(fd)
+            self.rejected += 1
         if len(data) != _MSG.size:
             raise ShmGroupError(f"ShmGroup {self.uid!r}: malformed message of {len(data)} bytes")
         kind, sender, n, size = _MSG.unpack(data)
