@@ -7,7 +7,10 @@ process so that nothing of one row's Ray outlives into the next):
 
 * ``single`` under ``runtime: local``: one process, the floor;
 * ``coarse x2`` on Ray: two actor replicas and a learner;
-* ``multi_learner x2`` on Ray.
+* ``multi_learner x2`` on Ray;
+* the floors of a replica process: a Ray actor that imports torch and steps nothing (what any
+  torch replica costs), and one that builds an Adam optimizer and steps it once (what a learner
+  costs: ``torch.optim`` imports TorchDynamo, ~80 MB, in every process that makes an optimizer).
 
 Also per replica: the modules it imported that a replica does not need (plotting, TensorBoard,
 pydantic, the tracer), read from its ``sys.modules``.
@@ -96,13 +99,44 @@ def _child(overrides: list[str], iterations: int) -> None:
         job.close()
 
 
+def _floor() -> None:
+    """Two idle Ray actors: one with torch imported, one that stepped an Adam optimizer."""
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+
+    @ray.remote
+    class Bare:
+        def __init__(self, adam: bool) -> None:
+            import torch
+
+            torch.set_num_threads(1)
+            if adam:
+                m = torch.nn.Linear(4, 2)
+                opt = torch.optim.Adam(m.parameters())
+                m(torch.zeros(1, 4)).sum().backward()
+                opt.step()
+
+        def pid(self) -> int:
+            return os.getpid()
+
+    actors = [Bare.remote(False), Bare.remote(True)]
+    pids = ray.get([a.pid.remote() for a in actors])
+    print("RESULT", json.dumps({"replicas_kb": [pss_kb(p) for p in pids], "total_kb": 0, "processes": 0,
+                                "modules": []}))
+    ray.shutdown()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--iterations", type=int, default=20)
     p.add_argument("--child", nargs="*", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child is not None:
-        _child(args.child, args.iterations)
+        if args.child == ["floor"]:
+            _floor()
+        else:
+            _child(args.child, args.iterations)
         return
     print(f"machine: {platform.machine()}, python {platform.python_version()}, {os.cpu_count()} CPUs")
     print("| row | processes | run PSS (MB) | vs single | replica PSS (MB) | heavy modules in a replica |")
@@ -117,6 +151,11 @@ def main() -> None:
         reps = ", ".join(f"{kb / 1024:.0f}" for kb in r["replicas_kb"]) or "-"
         mods = ", ".join(sorted({m for ms in r["modules"] for m in ms})) or "-"
         print(f"| {name} | {r['processes']} | {total:.0f} | {total / floor:.2f}x | {reps} | {mods} |")
+    out = subprocess.run([sys.executable, __file__, "--child", "floor"], capture_output=True, text=True, check=True)
+    r = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT"))[7:])
+    bare, adam = (kb / 1024 for kb in r["replicas_kb"])
+    print(f"| floor: Ray actor, import torch | - | - | - | {bare:.0f} | - |")
+    print(f"| floor: Ray actor, torch + one Adam step | - | - | - | {adam:.0f} | torch._dynamo (torch.optim) |")
 
 
 if __name__ == "__main__":

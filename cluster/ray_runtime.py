@@ -31,7 +31,7 @@ import cloudpickle
 import torch
 
 from msrl.api import EpisodeStats
-from msrl.config import ConfigError
+from msrl.errors import ConfigError
 from msrl.runtime.replica import ReplicaDied, as_floats, check_losses, replica_states
 from msrl.runtime.shm import pid_alive
 

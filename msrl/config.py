@@ -26,11 +26,9 @@ import pydantic
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from msrl.errors import ConfigError
+
 __all__ = ["ConfigError", "RunConfig", "load_config", "apply_overrides", "parse_overrides", "validate", "build_job_spec"]
-
-
-class ConfigError(ValueError):
-    """A config, override or name that cannot run; the message says what is valid."""
 
 
 class _Strict(BaseModel):
