@@ -25,13 +25,14 @@ class Backend:
         name: the YAML value of a fragment's ``backend``.
         lowering: rule table used by :func:`msrl.codegen.generate`.
         devices: device types it runs on (``("cpu", "cuda")``).
-        processes: every replica of the fragment is its own OS process (needs ``runtime: ray``).
+        env_engine: the env engine (:data:`msrl.envs.factory.ENGINES`) on which a fragment of this
+            backend steps its gymnasium envs, whatever ``env.engine`` says (``None``: ``env.engine``).
     """
 
     name: str
     lowering: Lowering
     devices: tuple[str, ...]
-    processes: bool = False
+    env_engine: str | None = None
 
 
 def available_backends() -> list[str]:

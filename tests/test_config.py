@@ -138,13 +138,44 @@ def test_cli_errors_write_nothing(tmp_path, capsys, override):
     assert not runs.exists()
 
 
-def test_cpu_process_group_needs_the_ray_runtime():
+@pytest.mark.parametrize("extra, match", [
+    (["distribution_policy.backends.learner=cpu_process_group"],
+     "backends.learner=cpu_process_group steps a fragment's envs in a group of worker processes, but fragment "
+     "learner holds no env .*valid: the fragment holding the env, actor"),
+    (["distribution_policy.backends.actor=cpu_process_group", "env.id=msrl/CartPole-v1"],
+     "env.id='msrl/CartPole-v1' is a native batched env, stepped in the replica's own process: use torch_graph"),
+])
+def test_cpu_process_group_where_it_cannot_step_envs_in_processes(extra, match):
     from msrl.config import ConfigError, build_job_spec, load_config
 
-    over = ["distribution_policy.name=single_learner_coarse", "distribution_policy.backends.actor=cpu_process_group"]
-    with pytest.raises(ConfigError, match="backends.actor=cpu_process_group runs each replica in its own process: set runtime: ray"):
-        build_job_spec(load_config("configs/ppo_cartpole.yaml", [*over, "runtime=local"]))
-    # runtime: auto (the default) runs a policy with several replicas on Ray
-    assert build_job_spec(load_config("configs/ppo_cartpole.yaml", over)).policy.fragment("actor").backend == "cpu_process_group"
-    spec = build_job_spec(load_config("configs/ppo_cartpole.yaml", [*over, "runtime=ray"]))
-    assert spec.policy.fragment("actor").backend == "cpu_process_group"
+    with pytest.raises(ConfigError, match=match):
+        build_job_spec(load_config("configs/ppo_cartpole.yaml", ["distribution_policy.name=single_learner_coarse",
+                                                                 "runtime=local", *extra]))
+
+
+def test_cpu_process_group_steps_the_fragments_envs_in_worker_processes():
+    """An env-only fragment chosen in YAML to run on cpu_process_group (here coarse's actor, its
+    replicas threads under runtime: local) steps its envs in the env engine's worker processes:
+    the same run, bitwise, as env.engine=process, while the learner's fragment is untouched."""
+    import os
+
+    from msrl.config import build_job_spec, load_config
+    from msrl.envs.engine import ProcessEnv
+    from msrl.job import Job
+
+    base = ["distribution_policy.name=single_learner_coarse", "distribution_policy.replicas.actor=2", "runtime=local",
+            "env.num_envs=4", "algorithm.hparams.num_steps=16", "env.num_workers=1"]
+    runs = {}
+    for name, extra in (("backend", ["distribution_policy.backends.actor=cpu_process_group"]),
+                        ("engine", ["env.engine=process"])):
+        job = Job(build_job_spec(load_config("configs/ppo_cartpole.yaml", [*base, *extra])))
+        try:
+            envs = [job.component("env", r) for r in range(2)]
+            assert all(isinstance(e, ProcessEnv) for e in envs)
+            if name == "backend":  # each replica's envs in a worker process of this one
+                assert all(e.worker_pids and os.getpid() not in e.worker_pids for e in envs)
+            job.reset()
+            runs[name] = [job.train_step() for _ in range(3)]
+        finally:
+            job.close()
+    assert runs["backend"] == runs["engine"]

@@ -160,7 +160,8 @@ def build_trainer(spec: Any, frag: FragmentSpec, replica: int, inference: Any = 
     for role in frag.roles:
         if role == "env":
             with seeded(role, replica):
-                components[role] = make_env(spec.env_id, n, device, frag.backend, spec.env_engine, spec.env_kwargs,
+                engine = load_backend(frag.backend).env_engine or spec.env_engine  # cpu_process_group: process
+                components[role] = make_env(spec.env_id, n, device, frag.backend, engine, spec.env_kwargs,
                                             spec.env_wrappers, spec.env_num_workers)
         elif role == "learner":
             # every learner replica from the job's base seed: identical initial weights, which
