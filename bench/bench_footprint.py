@@ -23,9 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import platform
 import subprocess
 import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+from procs import descendants  # noqa: E402 - the tests' process-tree reader
 
 ROWS = {
     "single (local)": ["distribution_policy.name=single", "runtime=local"],
@@ -47,25 +51,6 @@ def pss_kb(pid: int) -> int:
     except OSError:
         pass
     return 0
-
-
-def descendants(root: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = set(), [root]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            if c not in out:
-                out.add(c)
-                todo.append(c)
-    return out
 
 
 def _child(overrides: list[str], iterations: int) -> None:
