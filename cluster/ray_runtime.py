@@ -32,6 +32,7 @@ import torch
 
 from msrl.api import EpisodeStats
 from msrl.errors import ConfigError
+from msrl.runtime.codec import MAX_MESSAGE as CODEC_MAX_MESSAGE
 from msrl.runtime.replica import ReplicaDied, as_floats, check_losses, replica_states
 from msrl.runtime.shm import pid_alive
 
@@ -128,8 +129,6 @@ class ReplicaActor:
                  fragment: str, replica: int, threads: int, job_id: str = "") -> None:
         from msrl.cluster.watchdog import Heartbeat
 
-        #: iterations finished (every method), and whether a chunk (:meth:`run`) is under way
-        self.iterations, self.running = 0, False
         self.replica: Any = None
         self.heartbeat = Heartbeat(job_id, fragment, replica, self._progress) if job_id else None
         torch.set_num_threads(max(1, min(threads, os.cpu_count() or 1)))  # never more threads than the node's cores
@@ -152,10 +151,10 @@ class ReplicaActor:
                 self.output_fragment = fr.name
 
     def _progress(self) -> dict[str, Any]:
-        """The heartbeat's record (read on its thread: plain attributes only)."""
+        """The heartbeat's record: this replica's env steps so far (read on the heartbeat's
+        thread: plain attributes only)."""
         replica = self.replica
-        return {"iterations": self.iterations, "running": self.running,
-                "env_steps": replica.env_steps if replica is not None else 0}
+        return {"env_steps": replica.env_steps if replica is not None else 0}
 
     def start_boundary_server(self, token: str, timeout_s: float, tls: Any = None, max_message: int | None = None,
                               host: str | None = None) -> str | None:
@@ -239,7 +238,7 @@ class ReplicaActor:
             asynchronous = AsyncEndpoint(self.fragment_graph.boundaries, self.fragment, self.index, self.mailbox, transport)
         self.comm = DistComm(self.fragment_graph.boundaries, self.fragment, self.index, ranks, own,
                              own_device, devices, local_group=local, asynchronous=asynchronous,
-                             **({"max_message": max_message} if max_message else {}))
+                             max_message=max_message or CODEC_MAX_MESSAGE)
         self.comm.inference = self.replica.inference  # central inference's server replica
         if own is not None:
             learner = self.replica.trainer.components.get("learner")
@@ -249,7 +248,6 @@ class ReplicaActor:
     def run(self, method: str, n: int) -> list[dict[str, Any]]:
         """Runs ``method`` ``n`` times; one record per iteration (see the module docstring)."""
         records = []
-        self.running = True
         for _ in range(n):
             t0 = time.perf_counter()
             c0 = self.comm.comm_s - self.comm.wait_s if self.comm is not None else 0.0
@@ -270,10 +268,8 @@ class ReplicaActor:
                 "policy_lags": self.comm.asynchronous.pop_lags() if self.comm is not None and self.comm.asynchronous else [],
                 "inference": self.replica.inference.pop_stats() if self.replica.inference is not None else None,
             })
-            self.iterations += 1
         if self.comm is not None:
             self.comm.flush()
-        self.running = False
         return records
 
     def comm_stats(self) -> dict[str, Any]:
@@ -746,11 +742,9 @@ class RayJob:
                 pass
         self.kill()
         if self.watchdog is not None and ray.is_initialized():
-            from ray.experimental import internal_kv
-
-            from msrl.cluster.rendezvous import NAMESPACE
+            from msrl.cluster.rendezvous import RayStore
 
             self.watchdog.clear()
-            internal_kv._internal_kv_del(self._token.encode(), del_by_prefix=True, namespace=NAMESPACE)
+            RayStore(self._token, 0.0).clear()  # the rendezvous' keys
         if self._started_ray and ray.is_initialized():
             ray.shutdown()

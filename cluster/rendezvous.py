@@ -94,6 +94,7 @@ class RayStore(dist.Store):
         return sum(int(kv._internal_kv_get(p, namespace=NAMESPACE) or b"0") for p in parts)
 
     def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+        """Not supported (raises ``NotImplementedError``): Gloo's rendezvous never calls it."""
         raise NotImplementedError("RayStore.compare_set: not used by Gloo's rendezvous")
 
     def delete_key(self, key: str) -> bool:
@@ -109,5 +110,5 @@ class RayStore(dist.Store):
         self.timeout_s = timeout.total_seconds()
 
     def clear(self) -> None:
-        """Deletes every key of this job (after the process group is up)."""
+        """Deletes every key of this job (the driver, when the job closes)."""
         self._kv()._internal_kv_del(self._key(""), del_by_prefix=True, namespace=NAMESPACE)

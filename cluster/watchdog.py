@@ -5,8 +5,7 @@ Ray notices a replica whose process *died*; it does not notice one that stopped 
 job would stall in silence until Ray's keepalive fires minutes later. So every replica process
 runs a :class:`Heartbeat`: a daemon thread that every :data:`PERIOD_S` seconds writes a small JSON
 record into Ray's key-value store (the GCS, reachable from every node of the cluster) -- a
-sequence number, the replica's finished iterations, its env steps and whether it is inside a
-chunk of iterations. The driver's :class:`Watchdog` reads them while it waits for the replicas:
+sequence number and the replica's env steps so far. The driver's :class:`Watchdog` reads them while it waits for the replicas:
 
 * a replica whose record has not changed for ``timeout_s`` is **hung** (its process is stopped,
   or its interpreter is stuck with the GIL held): named by fragment, replica and pid;
@@ -44,8 +43,8 @@ class Heartbeat:
     Args:
         job: the job's random id (keys of one job never meet another's).
         fragment, replica: whose heartbeat.
-        snapshot: returns the record's fields (``iterations``, ``env_steps``, ``running``);
-            called on the heartbeat thread, so it must only read plain attributes.
+        snapshot: returns the record's fields (``env_steps``: int); called on the heartbeat
+            thread, so it must only read plain attributes.
         period_s: seconds between writes.
     """
 

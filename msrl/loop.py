@@ -195,4 +195,4 @@ class TrainingLoop:
 def _reached(e: ReplicaDied, env_steps: int) -> int:
     """The env steps the job reached when a replica died: the replicas' own count when the
     runtime knows it (the running chunk's steps), else the driver's ``env_steps``."""
-    return max(env_steps, e.env_steps) if e.env_steps is not None else env_steps
+    return e.env_steps if e.env_steps is not None else env_steps
