@@ -60,7 +60,8 @@ from msrl.runtime.codec import MAX_MESSAGE as CODEC_MAX_MESSAGE
 from msrl.runtime.codec import CodecError, decode, encode
 
 __all__ = ["TransportError", "TlsConfig", "BoundaryServer", "GrpcTransport", "METHOD", "MAX_MESSAGE",
-           "ITEM", "LATEST", "CREDIT", "BATCH", "encode_frame", "parse_frame", "encode_batch", "split_batch"]
+           "ITEM", "LATEST", "CREDIT", "BATCH", "encode_frame", "parse_frame", "encode_batch", "split_batch",
+           "deliver_frame"]
 
 METHOD = "/msrl.Boundaries/Stream"
 MAGIC = b"MSRA"
@@ -197,6 +198,43 @@ class _Abort:
         self.code, self.message = code, message
 
 
+def deliver_frame(boundaries: Sequence[Any], fragment: str, mailbox: Mailbox, frame: bytes,
+                  producer: tuple[str, int]) -> None:
+    """Checks one request frame from ``producer`` (``(fragment, replica)``, as its stream
+    authenticated it) against the job's ``boundaries`` and delivers it into ``mailbox``, the
+    consumer ``fragment``'s: a ``fifo`` item without waiting, a ``latest`` version.
+
+    Raises:
+        TransportError: a malformed frame, a boundary this producer does not send on to this
+            consumer, another replica's frame, the wrong type for the boundary, an item beyond
+            the producer's credits; CodecError: a malformed codec message; ChannelClosed: the
+            mailbox was closed.
+    """
+    kind, tag, rep, version, versions, message = parse_frame(frame, len(boundaries))
+    b = boundaries[tag]
+    if not b.asynchronous or b.dst != fragment or b.src != producer[0]:
+        raise TransportError(f"boundary tag {tag} ({b.name}) is not an asynchronous boundary from "
+                             f"{producer[0]} to {fragment}")
+    if rep != producer[1]:
+        raise TransportError(f"a frame of replica {rep} on the stream of replica {producer[1]}")
+    want = ITEM if b.mode == "fifo" else LATEST
+    if kind != want:
+        raise TransportError(f"a {'LATEST' if kind == LATEST else 'ITEM'} frame on {b.mode} boundary {b.name}")
+    slots = {}
+    for t, v in versions.items():
+        sb = boundaries[t]
+        if sb.mode != "latest":
+            raise TransportError(f"a slot version for boundary {sb.name}, which is not a latest-value slot")
+        slots[sb.name] = v
+    value = decode(bytes(message), copy=False)  # a fresh buffer: its tensors are viewed in it
+    if kind == ITEM:
+        if not mailbox.deliver(b.name, rep, Item(value, slots), block=False):
+            raise TransportError(f"more than {b.capacity} items in flight on {b.name}: the producer ignored "
+                                 "its credits")
+    else:
+        mailbox.publish(b.name, rep, version, value)
+
+
 class BoundaryServer:
     """The gRPC server of one consumer replica: takes its producers' streams and delivers
     their frames into its :class:`~msrl.runtime.asynchronous.Mailbox`.
@@ -313,36 +351,15 @@ class BoundaryServer:
         out.put(None)
 
     def _deliver(self, frame: bytes, producer: tuple[str, int]) -> None:
-        kind, tag, rep, version, versions, message = parse_frame(frame, len(self.boundaries))
-        b = self.boundaries[tag]
-        if not b.asynchronous or b.dst != self.fragment or b.src != producer[0]:
-            raise TransportError(f"boundary tag {tag} ({b.name}) is not an asynchronous boundary from "
-                                 f"{producer[0]} to {self.fragment}")
-        if rep != producer[1]:
-            raise TransportError(f"a frame of replica {rep} on the stream of replica {producer[1]}")
-        want = ITEM if b.mode == "fifo" else LATEST
-        if kind != want:
-            raise TransportError(f"a {'LATEST' if kind == LATEST else 'ITEM'} frame on {b.mode} boundary {b.name}")
-        slots = {}
-        for t, v in versions.items():
-            sb = self.boundaries[t]
-            if sb.mode != "latest":
-                raise TransportError(f"a slot version for boundary {sb.name}, which is not a latest-value slot")
-            slots[sb.name] = v
-        value = decode(bytes(message), copy=False)  # a fresh buffer: its tensors are viewed in it
-        if kind == ITEM:
-            if not self.mailbox.deliver(b.name, rep, Item(value, slots), block=False):
-                raise TransportError(f"more than {b.capacity} items in flight on {b.name}: the producer ignored "
-                                     "its credits")
-        else:
-            self.mailbox.publish(b.name, rep, version, value)
+        deliver_frame(self.boundaries, self.fragment, self.mailbox, frame, producer)
 
-    def _credit(self, boundary: str, producer: int) -> None:
+    def _credit(self, boundary: str, producer: int) -> bool:
         b = self.boundaries[self._tags[boundary]]
         with self._lock:
             out = self._streams.get((b.src, producer))
         if out is not None:
             out.put(_CREDIT.pack(MAGIC, FORMAT, CREDIT, self._tags[boundary], 1))
+        return out is not None
 
     def stop(self, grace_s: float = 1.0) -> None:
         """Ends every stream and stops listening."""
@@ -533,7 +550,13 @@ class GrpcTransport:
                 target = self.addresses.get((fragment, replica))
                 if target is None:
                     raise ChannelClosed(f"no boundary server address for {fragment} replica {replica}")
-                s = self._streams[(fragment, replica)] = _Stream(self, target)
+                if target.startswith("unix:"):  # a consumer on this machine (cluster.uds_transport)
+                    from msrl.cluster.uds_transport import UdsStream
+
+                    s = UdsStream(self, target[len("unix:"):])
+                else:
+                    s = _Stream(self, target)
+                self._streams[(fragment, replica)] = s
             return s
 
     def _frame(self, kind: int, boundary: Any, version: int, versions: Mapping[str, int], value: Any,

@@ -143,7 +143,8 @@ class ReplicaActor:
         self.fragment, self.index = fragment, replica
         self.replica = Replica(self.spec, self.fragment_graph, fragment, replica)
         self.comm: Any = None
-        self.boundary_server: Any = None
+        self.boundary_server: Any = None  # gRPC: producers on other machines
+        self.uds_server: Any = None  # a Unix socket: producers on this machine
         self.mailbox: Any = None
         self.output_fragment = None
         for fr in self.fragment_graph.fragments:
@@ -157,10 +158,16 @@ class ReplicaActor:
         return {"env_steps": replica.env_steps if replica is not None else 0}
 
     def start_boundary_server(self, token: str, timeout_s: float, tls: Any = None, max_message: int | None = None,
-                              host: str | None = None) -> str | None:
-        """Starts this replica's gRPC :class:`~msrl.cluster.grpc_transport.BoundaryServer` when it
-        consumes an asynchronous boundary, bound to this node's address as Ray reports it (or
-        ``host``); returns its ``host:port`` (``None``: it consumes none)."""
+                              host: str | None = None, peers: Mapping[tuple[str, int], Mapping[str, Any]] | None = None,
+                              transport: str = "auto") -> dict[str, str] | None:
+        """Starts this replica's servers when it consumes an asynchronous boundary: with
+        ``transport="auto"``, a :class:`~msrl.cluster.uds_transport.UdsServer` (a Unix socket)
+        for producers on this machine and a gRPC
+        :class:`~msrl.cluster.grpc_transport.BoundaryServer` bound to this node's address as
+        Ray reports it (or ``host``) for producers on other machines; with ``"grpc"`` (or no
+        ``peers``: every replica's :meth:`info`), gRPC for all. Returns their addresses,
+        ``{"grpc": "host:port", "unix": "unix:/path"}`` (either may be missing; ``None``: it
+        consumes none)."""
         import ray
 
         from msrl.cluster.grpc_transport import MAX_MESSAGE, BoundaryServer
@@ -169,12 +176,28 @@ class ReplicaActor:
         boundaries = self.fragment_graph.boundaries
         capacity = {b.name: b.capacity for b in boundaries if b.mode == "fifo"}
         self.mailbox = Mailbox(capacity, timeout_s)
-        if not any(b.asynchronous and b.dst == self.fragment for b in boundaries):
+        sources = {b.src for b in boundaries if b.asynchronous and b.dst == self.fragment}
+        if not sources:
             return None
-        self.boundary_server = BoundaryServer(boundaries, self.fragment, self.index, self.mailbox, token,
-                                              host=host or ray.util.get_node_ip_address(), tls=tls,
-                                              max_message=max_message or MAX_MESSAGE)
-        return self.boundary_server.address
+        if peers is None or transport == "grpc":
+            remote, local = True, False
+        else:
+            here = peers[(self.fragment, self.index)]["node_id"]
+            nodes = {p["node_id"] for k, p in peers.items() if k[0] in sources}
+            remote, local = bool(nodes - {here}), here in nodes
+        out = {}
+        max_message = max_message or MAX_MESSAGE
+        if remote:
+            self.boundary_server = BoundaryServer(boundaries, self.fragment, self.index, self.mailbox, token,
+                                                  host=host or ray.util.get_node_ip_address(), tls=tls,
+                                                  max_message=max_message)
+            out["grpc"] = self.boundary_server.address
+        if local:
+            from msrl.cluster.uds_transport import UdsServer
+
+            self.uds_server = UdsServer(boundaries, self.fragment, self.index, self.mailbox, token, max_message)
+            out["unix"] = self.uds_server.address
+        return out
 
     def init_process_group(self, rank: int, ranks: Mapping[tuple[str, int], int],
                            timeout_s: float, peers: Mapping[tuple[str, int], Mapping[str, Any]] | None = None,
@@ -229,6 +252,10 @@ class ReplicaActor:
                                  barrier=lambda: dist.barrier(group=own))
         asynchronous = None
         if boundary_servers:
+            here = peers[(self.fragment, self.index)]["node_id"] if peers is not None else None
+            # a consumer on this machine over its Unix socket, on another over gRPC
+            boundary_servers = {k: (a["unix"] if "unix" in a and peers is not None and peers[k]["node_id"] == here
+                                    else a["grpc"]) for k, a in boundary_servers.items()}
             from msrl.cluster.grpc_transport import MAX_MESSAGE, GrpcTransport
             from msrl.runtime.asynchronous import AsyncEndpoint
 
@@ -275,7 +302,10 @@ class ReplicaActor:
     def comm_stats(self) -> dict[str, Any]:
         """This replica's totals so far: seconds per comm op (``op_s``), ``comm_s``, ``wait_s``,
         ``bytes_sent``, ``bytes_received``, and ``intra_node``: ``"shm"`` when this replica
-        all-reduces through shared memory, else ``"gloo"`` (empty when the job has one replica)."""
+        all-reduces through shared memory, else ``"gloo"`` (empty when the job has one replica);
+        with asynchronous boundaries, ``async``: its transport's ``bytes_sent``, ``dropped``,
+        ``reconnects``, and its servers' ``servers`` (addresses: ``host:port`` for gRPC,
+        ``unix:/path`` for a Unix socket) and ``rejected`` (``(producer, reason)`` each)."""
         c = self.comm
         if c is None:
             return {}
@@ -284,9 +314,10 @@ class ReplicaActor:
                "intra_node": "shm" if c.local_group is not None else "gloo"}
         if c.asynchronous is not None:
             t = c.asynchronous.transport
-            out["grpc"] = {"bytes_sent": t.bytes_sent, "dropped": t.dropped, "reconnects": t.reconnects,
-                           "server": self.boundary_server.address if self.boundary_server is not None else None,
-                           "rejected": list(self.boundary_server.rejected) if self.boundary_server is not None else []}
+            servers = [x for x in (self.boundary_server, self.uds_server) if x is not None]
+            out["async"] = {"bytes_sent": t.bytes_sent, "dropped": t.dropped, "reconnects": t.reconnects,
+                            "servers": [x.address for x in servers],
+                            "rejected": [r for x in servers for r in x.rejected]}
         return out
 
     def pid(self) -> int:
@@ -322,6 +353,8 @@ class ReplicaActor:
             self.comm.close()
         if self.boundary_server is not None:
             self.boundary_server.stop()
+        if self.uds_server is not None:
+            self.uds_server.stop()
         import torch.distributed as dist
 
         if dist.is_initialized():
@@ -402,6 +435,8 @@ class RayJob:
             frame; default :data:`~msrl.runtime.codec.MAX_MESSAGE`).
         replica_timeout_s: seconds without a heartbeat after which a replica is hung
             (:class:`~msrl.cluster.watchdog.ReplicaHung`, raised like a death).
+        boundary_transport: asynchronous boundaries between replicas of one machine over Unix
+            sockets and between machines over gRPC (``"auto"``), or all over gRPC (``"grpc"``).
 
     Raises:
         TraceError, PartitionError, ValueError: as :class:`msrl.job.Job`; ``ValueError`` for a
@@ -421,7 +456,8 @@ class RayJob:
                  cpus_per_replica: float = 1.0, strategy: str = "PACK", probe: bool = True,
                  gpus_per_replica: float = 0.0,
                  timeout_s: float = 600.0, placement_timeout_s: float = 60.0, intra_node: str = "shm",
-                 tls: Any = None, max_message: int | None = None, replica_timeout_s: float = 30.0) -> None:
+                 tls: Any = None, max_message: int | None = None, replica_timeout_s: float = 30.0,
+                 boundary_transport: str = "auto") -> None:
         import secrets
 
         import ray
@@ -435,6 +471,8 @@ class RayJob:
             raise ValueError(f"cluster.strategy must be PACK or SPREAD, got {strategy!r}")
         if intra_node not in ("shm", "gloo"):
             raise ValueError(f"cluster.intra_node must be shm or gloo, got {intra_node!r}")
+        if boundary_transport not in ("auto", "grpc"):
+            raise ValueError(f"cluster.boundary_transport must be auto or grpc, got {boundary_transport!r}")
         cuda = sorted({f.name for f in spec.policy.fragments if torch.device(f.device).type == "cuda"})
         if cuda and gpus_per_replica <= 0:
             raise PlacementError(
@@ -513,7 +551,8 @@ class RayJob:
         token = secrets.token_urlsafe(32)
         self._token = token
         if any(b.asynchronous for b in self.fragment_graph.boundaries):
-            addresses = self._wait([a.start_boundary_server.remote(token, timeout_s, tls, max_message) for a in self.actors])
+            addresses = self._wait([a.start_boundary_server.remote(token, timeout_s, tls, max_message, None, peers,
+                                                                   boundary_transport) for a in self.actors])
             servers = {k: addr for k, addr in zip(self.keys, addresses) if addr is not None}
         if len(self.keys) > 1:
             self._wait([a.init_process_group.remote(ranks[k], ranks, timeout_s, peers, intra_node, servers,

@@ -150,6 +150,11 @@ class ClusterConfig(_Strict):
         description="how a fragment's replicas on one machine all-reduce host tensors: shm (shared memory, Linux; "
                     "Gloo where unavailable or across machines) or gloo (TCP through Gloo)",
     )
+    boundary_transport: Literal["auto", "grpc"] = Field(
+        "auto",
+        description="how asynchronous boundaries (fifo, latest) cross between processes: auto (a Unix socket between "
+                    "replicas of one machine, gRPC between machines) or grpc (gRPC for all)",
+    )
 
 
 class RunConfig(_Strict):

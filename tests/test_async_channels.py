@@ -1,7 +1,9 @@
-"""Asynchronous boundaries (``fifo`` queues, ``latest`` slots): one semantics suite over both
-transports -- ``local`` (threads delivering into each other's mailboxes, the local runtime) and
+"""Asynchronous boundaries (``fifo`` queues, ``latest`` slots): one semantics suite over every
+transport -- ``local`` (threads delivering into each other's mailboxes, the local runtime),
 ``grpc`` (every consumer a real gRPC server on loopback, every producer streaming frames to it,
-as Ray replicas do) -- then the gRPC server under misuse: missing tokens, foreign producers,
+as Ray replicas on different machines do) and ``uds`` (every consumer a Unix-socket server read
+by its own thread, as Ray replicas on one machine do; its misuse tests are in
+tests/test_uds_transport.py) -- then the gRPC server under misuse: missing tokens, foreign producers,
 fuzzed and oversized frames, ignored credits; TLS; reconnection after a consumer restarts."""
 
 import secrets
@@ -28,9 +30,10 @@ from msrl.cluster.grpc_transport import (  # noqa: E402
     TlsConfig,
     encode_frame,
 )
+from msrl.cluster.uds_transport import UdsServer  # noqa: E402
 from msrl.runtime.codec import encode  # noqa: E402
 
-TRANSPORTS = ["local", "grpc"]
+TRANSPORTS = ["local", "grpc", "uds"]
 TRAJ, WEIGHTS = "train_step/b0:traj", "train_step/b1:w"
 
 
@@ -58,8 +61,10 @@ class Net:
         else:
             self.token = secrets.token_urlsafe(16)
             for k in keys:
-                if any(b.dst == k[0] for b in boundaries):
+                if any(b.dst == k[0] for b in boundaries) and transport == "grpc":
                     self.servers[k] = BoundaryServer(boundaries, k[0], k[1], self.mailboxes[k], self.token)
+                elif any(b.dst == k[0] for b in boundaries):
+                    self.servers[k] = UdsServer(boundaries, k[0], k[1], self.mailboxes[k], self.token, 1 << 20)
             addresses = {k: s.address for k, s in self.servers.items()}
             self.transports = {k: GrpcTransport(boundaries, k[0], k[1], addresses, self.token, timeout_s=timeout_s)
                                for k in keys}

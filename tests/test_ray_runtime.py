@@ -357,25 +357,30 @@ def test_a_cuda_fragment_without_a_gpu_bundle_is_a_placement_error(spec_factory)
         RayJob(spec)
 
 
-def test_overlapped_coarse_streams_over_grpc_on_the_node_address(ray_local, spec_factory):
-    """Coarse with its boundaries made asynchronous, on Ray: the learner's gRPC server listens on
-    the node's address (not a wildcard), the actors' streams carry every trajectory (no frame
-    refused, none dropped), and the learner records each one's policy lag."""
+@pytest.mark.parametrize("transport", ["auto", "grpc"])
+def test_overlapped_coarse_streams_between_its_processes(ray_local, spec_factory, transport):
+    """Coarse with its boundaries made asynchronous, on Ray: the consumers' servers are Unix
+    sockets (every replica on this machine, ``cluster.boundary_transport=auto``) or gRPC servers
+    on the node's address, never a wildcard (``grpc``); the actors' streams carry every
+    trajectory (no frame refused, none dropped), and the learner records each one's policy lag."""
     from msrl.cluster.ray_runtime import RayJob
 
     spec = spec_factory("single_learner_coarse")
     policy = spec.policy.with_overrides(boundaries={"trajectories": "fifo", "weights": "latest"})
-    job = RayJob(dataclasses.replace(spec, policy=policy))
+    job = RayJob(dataclasses.replace(spec, policy=policy), boundary_transport=transport)
     try:
         job.reset()
         records = job.run(12)
         lags = [lag for r in records for lag in r["policy_lags"]]
         assert len(lags) == 12 * 2 and set(lags) <= {0, 1, 2, 3} and max(lags) >= 1  # 2 actors, overlapped
         stats = job.comm_stats()
-        servers = [s["grpc"]["server"] for s in stats if s["grpc"]["server"]]
+        servers = [a for s in stats for a in s["async"]["servers"]]
         assert len(servers) == 3  # the learner (trajectories) and both actors (weights)
-        assert all(not a.startswith(("0.0.0.0", "[::]")) for a in servers)
-        assert all(s["grpc"]["rejected"] == [] and s["grpc"]["dropped"] == 0 for s in stats)
+        if transport == "auto":
+            assert all(a.startswith("unix:/") for a in servers)
+        else:
+            assert all(not a.startswith(("unix:", "0.0.0.0", "[::]")) for a in servers)
+        assert all(s["async"]["rejected"] == [] and s["async"]["dropped"] == 0 for s in stats)
         assert all(s["op_s"].get("put", 0) > 0 or s["op_s"].get("get", 0) > 0 for s in stats)
     finally:
         job.close()
@@ -383,8 +388,8 @@ def test_overlapped_coarse_streams_over_grpc_on_the_node_address(ray_local, spec
 
 def test_central_inference_on_ray_equals_the_local_runtime_bitwise_and_serves_dynamic_batches(ray_local, spec_factory):
     """single_learner_fine with central inference on Ray: the env processes stream to the central
-    replica's gRPC server (on the node's address), which runs one rollout per env replica. In
-    full batches it computes what the local runtime computes, bit for bit; with max_batch=1 every
+    replica's Unix-socket server (every replica on this machine), which runs one rollout per env
+    replica. In full batches it computes what the local runtime computes, bit for bit; with max_batch=1 every
     request is served alone and the records carry the batches and latencies."""
     from msrl.cluster.ray_runtime import RayJob
 
@@ -402,9 +407,9 @@ def test_central_inference_on_ray_equals_the_local_runtime_bitwise_and_serves_dy
         assert all(torch.equal(w_remote[k], w_local[k]) for k in w_local)
         assert all(r["inference"]["batch_sizes"] == [2] * 16 for r in records)  # T=16 steps, both env replicas
         stats = job.comm_stats()
-        servers = [s["grpc"]["server"] for s in stats if s["grpc"]["server"]]
-        assert len(servers) == 3 and all(not a.startswith(("0.0.0.0", "[::]")) for a in servers)
-        assert all(s["grpc"]["rejected"] == [] and s["grpc"]["dropped"] == 0 for s in stats)
+        servers = [a for s in stats for a in s["async"]["servers"]]
+        assert len(servers) == 3 and all(a.startswith("unix:/") for a in servers)  # one machine
+        assert all(s["async"]["rejected"] == [] and s["async"]["dropped"] == 0 for s in stats)
     finally:
         job.close()
         local.close()
@@ -432,7 +437,7 @@ def test_a_killed_env_replica_under_central_inference_is_restarted_and_its_work_
 def test_a_killed_actor_under_async_learner_is_restarted_and_its_work_dropped(tmp_path, capsys):
     """IMPALA under async_learner, one actor process SIGKILLed mid-run: the learner, waiting on
     the dead actor's queue, is stopped with every replica, the job restarts from the last
-    checkpoint in fresh processes (new gRPC servers, a new token), completes, and counts the
+    checkpoint in fresh processes (new boundary servers, a new token), completes, and counts the
     restart and the dropped env steps; every iteration is in metrics.csv once."""
     rows = _train_killing(tmp_path, capsys, "configs/impala_cartpole.yaml", [], "actor", 60000)
     assert all(r["async/policy_lag_mean"] != "" for r in rows)
@@ -466,7 +471,8 @@ def test_replicas_on_one_machine_listen_on_loopback_only(ray_local, spec_factory
     """Every replica on this machine: the process group opens no rendezvous port (it meets in
     Ray's key-value store) and Gloo's pairs listen on 127.0.0.1 only. The one other listener of a
     replica process is Ray's own worker server, which a replica without any process group has
-    too (shown by a one-replica job)."""
+    too (shown by a one-replica job). Asynchronous boundaries between them add no TCP listener
+    at all (Unix sockets)."""
     from msrl.cluster.ray_runtime import RayJob
 
     alone = RayJob(spec_factory("single"))
@@ -475,13 +481,17 @@ def test_replicas_on_one_machine_listen_on_loopback_only(ray_local, spec_factory
     finally:
         alone.close()
     assert len(ray_own) == 1 and ray_own[0] != LOOPBACK
-    job = RayJob(spec_factory("single_learner_coarse"))
-    try:
-        job.reset()
-        job.run(2)
-        for pid in job.pids():
-            listening = _tcp_listeners(pid)
-            assert LOOPBACK in listening, listening  # Gloo's pairs
-            assert [a for a in listening if a != LOOPBACK] == ray_own, listening  # else Ray's worker server only
-    finally:
-        job.close()
+    spec = spec_factory("single_learner_coarse")
+    overlapped = dataclasses.replace(spec, policy=spec.policy.with_overrides(
+        boundaries={"trajectories": "fifo", "weights": "latest"}))
+    for s in (spec, overlapped):
+        job = RayJob(s)
+        try:
+            job.reset()
+            job.run(2)
+            for pid in job.pids():
+                listening = _tcp_listeners(pid)
+                assert LOOPBACK in listening, listening  # Gloo's pairs
+                assert [a for a in listening if a != LOOPBACK] == ray_own, listening  # else Ray's worker server only
+        finally:
+            job.close()

@@ -75,6 +75,14 @@ class Mailbox:
         timeout_s: how long :meth:`take` and :meth:`newest` wait before raising ``TimeoutError``.
         on_take: called with ``(boundary, producer)`` after an item is taken (the gRPC transport
             returns a credit to the producer).
+
+    Attributes:
+        pump: ``pump(timeout_s)`` reads what arrived on the transport and delivers it, waiting
+            up to ``timeout_s`` (a transport read by the replica's own thread sets it, see
+            :mod:`msrl.cluster.uds_transport`): a waiting ``take`` or ``newest`` pumps instead of
+            sleeping, one thread at a time, and ``newest`` pumps once without waiting so that it
+            returns the newest version already sent.
+        wake: ends a pump waiting in another thread (called when a value arrives by another way).
     """
 
     def __init__(self, capacity: Mapping[str, int], timeout_s: float = 600.0,
@@ -82,7 +90,10 @@ class Mailbox:
         self.capacity = dict(capacity)
         self.timeout_s = timeout_s
         self.on_take = on_take
-        self._cond = threading.Condition()
+        self._cond = threading.Condition(threading.Lock())
+        self.pump: Callable[[float], None] | None = None
+        self.wake: Callable[[], None] | None = None
+        self._pumping: int | None = None  # the thread pumping now
         self._fifo: dict[tuple[str, int], collections.deque[Item]] = collections.defaultdict(collections.deque)
         self._slot: dict[tuple[str, int], tuple[int, Any]] = {}
         self._closed: str | None = None
@@ -94,6 +105,26 @@ class Mailbox:
         with self._cond:
             self._closed = reason
             self._cond.notify_all()
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._pumping is not None and self._pumping != threading.get_ident() and self.wake is not None:
+            self.wake()
+
+    def _pump(self, timeout_s: float) -> None:
+        """Pumps once (called with the lock held; released while pumping) unless another
+        thread pumps already, in which case waits for what it delivers."""
+        if self.pump is None or self._pumping is not None:
+            self._cond.wait(timeout_s)
+            return
+        self._pumping = threading.get_ident()
+        self._cond.release()
+        try:
+            self.pump(timeout_s)
+        finally:
+            self._cond.acquire()
+            self._pumping = None
+            self._cond.notify_all()  # what was delivered, and another waiter may pump now
 
     def _wait(self, ready: Callable[[], bool], what: str, block: bool = True, cancel: threading.Event | None = None) -> bool:
         if ready():
@@ -117,7 +148,7 @@ class Mailbox:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"{what}: nothing arrived within {self.timeout_s:g} s")
-            self._cond.wait(min(_POLL_S, left))
+            self._pump(min(_POLL_S, left))
         return True
 
     def deliver(self, boundary: str, producer: int, item: Item, block: bool = True) -> bool:
@@ -135,6 +166,7 @@ class Mailbox:
                 return False
             q.append(item)
             self._cond.notify_all()
+        self._wake()
         return True
 
     def take(self, boundary: str, producer: int, cancel: threading.Event | None = None) -> Item:
@@ -161,6 +193,7 @@ class Mailbox:
             if have is None or version > have[0]:
                 self._slot[(boundary, producer)] = (version, value)
                 self._cond.notify_all()
+        self._wake()
 
     def newest(self, boundary: str, producer: int) -> tuple[int, Any]:
         """``(version, value)`` newest in the slot of ``(boundary, producer)``; waits only
@@ -171,6 +204,8 @@ class Mailbox:
         """
         key = (boundary, producer)
         with BATON.released(), self._cond:
+            if self.pump is not None and key in self._slot:
+                self._pump(0.0)  # versions already sent, not yet read
             self._wait(lambda: key in self._slot, f"boundary {boundary} (first value from replica {producer})")
             return self._slot[key]
 

@@ -1,0 +1,537 @@
+"""Asynchronous boundaries between processes of one machine over Unix-domain stream sockets,
+read and written by the replicas' own threads (DESIGN.md §5, "Boundary kinds").
+
+Why not gRPC here: one ``fifo`` item of 13.5 KB and its credit take 0.34 ms (idle machine) to
+0.86 ms (two busy cores) and ~0.4 ms of CPU over gRPC's Python streams, whose every message
+passes four to five threads and their GIL hand-offs; over a Unix socket written by the
+producer's thread and read by the consumer's when it waits, 0.03-0.04 ms and 0.03 ms
+(``python bench/bench_hop.py``, bench/RESULTS.md). Between machines the gRPC transport stays.
+
+Frames are the gRPC transport's (:mod:`msrl.cluster.grpc_transport`: request frames ``ITEM`` and
+``LATEST``, ``CREDIT``), each preceded on the stream by its length (u32), plus two of its own::
+
+    HELLO    (producer -> consumer, first): b"MSRA" | format | HELLO | token length (u16) |
+             producer name length (u16) | token | producer name ("fragment/replica")
+    REFUSED  (consumer -> producer, last):  b"MSRA" | format | REFUSED | reason (utf-8)
+
+Consumer (:class:`UdsServer`): listens on a socket file in a fresh directory of mode 0700 (no
+other user can connect; nothing listens on any network interface). An acceptor thread takes each
+connection: the peer's uid must be this process's (``SO_PEERCRED``), and its ``HELLO`` must
+arrive within 5 s with the job's token (constant-time comparison) and a producer that sends to
+this replica, else the connection is refused and counted in :attr:`UdsServer.rejected`. Frames
+are read by the replica's own thread while it waits for a value (the mailbox's ``pump``), every
+length and frame checked before anything is allocated or delivered; a bad frame refuses that one
+stream (``REFUSED`` with the reason, then closed) and the server goes on serving the others.
+
+Producer (:class:`UdsStream`, made by :class:`~msrl.cluster.grpc_transport.GrpcTransport` for a
+``unix:`` address): writes without blocking from the producer's thread; bytes the kernel cannot
+take at once (a value larger than the socket's buffer, a consumer that is not reading) go to a
+writer thread, so a ``put`` never waits on the consumer's reading, only on its credits; an
+unsent older ``latest`` version is replaced by a newer one. Credits are read when the producer
+needs one. A broken stream (the consumer's process restarted) drops and counts what was in
+flight, then reconnects to the same path for up to ``reconnect_s``.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import hmac
+import os
+import select
+import shutil
+import socket
+import struct
+import tempfile
+import threading
+import time
+from typing import Any, Sequence
+
+from msrl.channels import ChannelClosed
+from msrl.runtime.asynchronous import Mailbox
+from msrl.runtime.codec import CodecError
+
+__all__ = ["UdsServer", "UdsStream", "HELLO", "REFUSED", "encode_hello"]
+
+HELLO, REFUSED = 5, 6
+_LEN = struct.Struct("<I")
+_HELLO = struct.Struct("<4sBBHH")
+_HELLO_TIMEOUT_S = 5.0
+_MAX_HELLO = 4096
+_CHUNK = 1 << 20
+
+
+def encode_hello(token: str, producer: str) -> bytes:
+    """The ``HELLO`` body a producer sends first (see the module docstring)."""
+    from msrl.cluster.grpc_transport import FORMAT, MAGIC
+
+    t, p = token.encode(), producer.encode()
+    return _HELLO.pack(MAGIC, FORMAT, HELLO, len(t), len(p)) + t + p
+
+
+def _message(body: bytes) -> bytes:
+    return _LEN.pack(len(body)) + body
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        if not chunk:
+            raise ConnectionError("closed before the greeting was complete")
+        out += chunk
+    return bytes(out)
+
+
+class _Reader:
+    """Splits a stream's bytes into length-prefixed bodies, refusing a length over ``limit``
+    before anything of that size is buffered."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.buf = bytearray()
+
+    def need(self) -> int:
+        """Bytes to ask the socket for (at most what completes the current message, and at
+        least a chunk's worth of small messages)."""
+        if len(self.buf) >= _LEN.size:
+            (n,) = _LEN.unpack_from(self.buf)
+            return max(min(_LEN.size + n - len(self.buf), _CHUNK), 65536)
+        return 65536
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """Appends ``data``; returns the complete bodies.
+
+        Raises:
+            TransportError: a declared length over the limit.
+        """
+        from msrl.cluster.grpc_transport import TransportError
+
+        self.buf += data
+        out, at = [], 0
+        while len(self.buf) - at >= _LEN.size:
+            (n,) = _LEN.unpack_from(self.buf, at)
+            if n > self.limit:
+                raise TransportError(f"a message of {n} bytes declared; the limit is {self.limit} "
+                                     "(cluster.max_message_mb)")
+            if len(self.buf) - at < _LEN.size + n:
+                break
+            out.append(bytes(self.buf[at + _LEN.size:at + _LEN.size + n]))
+            at += _LEN.size + n
+        if at:
+            del self.buf[:at]
+        return out
+
+
+class _Conn:
+    def __init__(self, sock: socket.socket, producer: tuple[str, int], limit: int) -> None:
+        self.sock, self.producer = sock, producer
+        self.reader = _Reader(limit)
+        self.out = bytearray()  # credits the kernel has not taken yet
+
+
+class UdsServer:
+    """The same-machine counterpart of :class:`~msrl.cluster.grpc_transport.BoundaryServer`:
+    one consumer replica's socket, read by the replica's own thread while it waits on its
+    :class:`~msrl.runtime.asynchronous.Mailbox` (this server becomes the mailbox's ``pump``).
+
+    Args:
+        boundaries: the job's boundaries in the job's order (a boundary's position is its tag).
+        fragment, replica: the consumer replica this server belongs to.
+        mailbox: where frames are delivered.
+        token: the job's secret; a connection without it is refused.
+        max_message: the largest frame accepted (bytes).
+        path: the socket file to listen on (default: ``s`` in a fresh directory of mode 0700,
+            removed by :meth:`stop`); its directory must not be writable by other users.
+
+    Attributes:
+        address: ``unix:<path>`` of the listening socket.
+        rejected: refused connections and frames so far, each ``(producer, reason)``.
+    """
+
+    def __init__(self, boundaries: Sequence[Any], fragment: str, replica: int, mailbox: Mailbox, token: str,
+                 max_message: int, path: str | None = None) -> None:
+        self.boundaries = list(boundaries)
+        self.fragment, self.replica = fragment, replica
+        self.mailbox, self.token, self.max_message = mailbox, token, max_message
+        self.rejected: list[tuple[str, str]] = []
+        self._tags = {b.name: i for i, b in enumerate(self.boundaries)}
+        self._producers = {b.src: b.src_replicas for b in self.boundaries if b.asynchronous and b.dst == fragment}
+        self._conns: dict[tuple[str, int], _Conn] = {}
+        self._lock = threading.Lock()  # the connection table and credit writes
+        self._dir = tempfile.mkdtemp(prefix="msrl-boundary-") if path is None else None  # mode 0700
+        path = path if path is not None else os.path.join(self._dir, "s")
+        self.path = path
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(path)
+        self._listener.listen(64)
+        self.address = f"unix:{path}"
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._closed = False
+        mailbox.pump, mailbox.wake = self.pump, self.wake
+        grpc_credit = mailbox.on_take  # producers on other machines: the gRPC server's credits
+        mailbox.on_take = lambda b, p: self.credit(b, p) or (grpc_credit is not None and grpc_credit(b, p))
+        self._acceptor = threading.Thread(target=self._accept, daemon=True, name=f"msrl-uds-accept-{fragment}{replica}")
+        self._acceptor.start()
+
+    # -- connections ----------------------------------------------------------------------
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:
+                return  # stopped
+            try:
+                self._greet(sock)
+            except Exception as e:  # noqa: BLE001 - a bad greeting refuses one connection only
+                self._refuse_socket(sock, "?", f"{type(e).__name__}: {e}")
+
+    def _greet(self, sock: socket.socket) -> None:
+        from msrl.cluster.grpc_transport import FORMAT, MAGIC
+
+        pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        if uid != os.getuid():
+            return self._refuse_socket(sock, f"pid {pid}", f"a process of uid {uid}, not this job's ({os.getuid()})")
+        sock.settimeout(_HELLO_TIMEOUT_S)
+        (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
+        if not _HELLO.size <= n <= _MAX_HELLO:
+            return self._refuse_socket(sock, f"pid {pid}", f"a greeting of {n} bytes")
+        body = _recv_exact(sock, n)
+        magic, fmt, kind, nt, npr = _HELLO.unpack_from(body)
+        if magic != MAGIC or fmt != FORMAT or kind != HELLO or _HELLO.size + nt + npr != n:
+            return self._refuse_socket(sock, f"pid {pid}", "a malformed greeting")
+        token, name = body[_HELLO.size:_HELLO.size + nt], body[_HELLO.size + nt:].decode(errors="replace")
+        if not hmac.compare_digest(token, self.token.encode()):
+            return self._refuse_socket(sock, f"pid {pid}", "missing or wrong job token")
+        frag, _, rep = name.partition("/")
+        if frag not in self._producers or not rep.isdigit() or int(rep) >= self._producers[frag]:
+            return self._refuse_socket(sock, name, f"producer {name!r} sends on no boundary to this replica")
+        sock.setblocking(False)
+        producer = (frag, int(rep))
+        with self._lock:
+            old = self._conns.get(producer)
+            self._conns[producer] = _Conn(sock, producer, self.max_message)  # a reconnecting producer replaces its old stream
+        if old is not None:
+            old.sock.close()
+        self.wake()
+
+    def _refuse_socket(self, sock: socket.socket, who: str, why: str) -> None:
+        from msrl.cluster.grpc_transport import FORMAT, MAGIC
+
+        self.rejected.append((who, why))
+        try:
+            sock.setblocking(False)
+            sock.send(_message(struct.pack("<4sBB", MAGIC, FORMAT, REFUSED)
+                               + f"msrl boundary server of {self.fragment} replica {self.replica}: {why}".encode()))
+        except OSError:
+            pass
+        sock.close()
+
+    def _drop(self, conn: _Conn, why: str | None) -> None:
+        with self._lock:
+            if self._conns.get(conn.producer) is conn:
+                del self._conns[conn.producer]
+        if why is not None:
+            self._refuse_socket(conn.sock, f"{conn.producer[0]}/{conn.producer[1]}", why)
+        else:
+            conn.sock.close()
+
+    # -- the replica's thread -------------------------------------------------------------
+    def wake(self) -> None:
+        """Ends a :meth:`pump` waiting in another thread (a value arrived by another way, a
+        new connection, the mailbox closed)."""
+        try:
+            os.write(self._wake_w, b"w")
+        except OSError:
+            pass  # full (a wake is pending anyway) or closed
+
+    def pump(self, timeout_s: float) -> None:
+        """Waits up to ``timeout_s`` for bytes on any producer's stream and delivers every
+        complete frame into the mailbox; writes credits the kernel could not take before.
+        Called by the mailbox with its lock released, by one thread at a time."""
+        from msrl.cluster.grpc_transport import TransportError, deliver_frame
+
+        with self._lock:
+            conns = list(self._conns.values())
+        poller = select.poll()
+        poller.register(self._wake_r, select.POLLIN)
+        by_fd = {}
+        for c in conns:
+            by_fd[c.sock.fileno()] = c
+            poller.register(c.sock, select.POLLIN | (select.POLLOUT if c.out else 0))
+        for fd, ev in poller.poll(max(0.0, timeout_s) * 1000):
+            if fd == self._wake_r:
+                try:
+                    os.read(self._wake_r, 4096)
+                except OSError:
+                    pass
+                continue
+            c = by_fd[fd]
+            if c.out:
+                self._send_credits(c)
+            if not ev & (select.POLLIN | select.POLLHUP | select.POLLERR):
+                continue
+            name = f"{c.producer[0]}/{c.producer[1]}"
+            try:
+                while True:
+                    try:
+                        data = c.sock.recv(c.reader.need())
+                    except BlockingIOError:
+                        break
+                    if not data:
+                        self._drop(c, None)  # the producer went away
+                        break
+                    for body in c.reader.feed(data):
+                        deliver_frame(self.boundaries, self.fragment, self.mailbox, body, c.producer)
+            except (TransportError, CodecError) as e:
+                self._drop(c, f"bad frame from {name}: {e}")
+            except ChannelClosed:
+                return
+            except OSError:
+                self._drop(c, None)
+
+    def _send_credits(self, c: _Conn) -> None:
+        try:
+            n = c.sock.send(c.out)
+            del c.out[:n]
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            c.out.clear()
+
+    def credit(self, boundary: str, producer: int) -> bool:
+        """Returns one credit of ``boundary`` to its producer replica ``producer``; ``False``
+        when that producer has no stream here (it streams over gRPC)."""
+        from msrl.cluster.grpc_transport import _CREDIT, CREDIT, FORMAT, MAGIC
+
+        tag = self._tags[boundary]
+        with self._lock:
+            c = self._conns.get((self.boundaries[tag].src, producer))
+            if c is None:
+                return False
+            c.out += _message(_CREDIT.pack(MAGIC, FORMAT, CREDIT, tag, 1))
+            self._send_credits(c)
+        return True
+
+    def stop(self) -> None:
+        """Closes every stream and the listening socket, and removes its directory."""
+        self._closed = True
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._listener.close()
+        with self._lock:
+            conns, self._conns = list(self._conns.values()), {}
+        for c in conns:
+            c.sock.close()
+        self.wake()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+        else:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+
+
+class UdsStream:
+    """One producer's stream to one consumer replica's :class:`UdsServer` (the interface of the
+    gRPC transport's streams: ``send_item``, ``send_latest``, ``flush``, ``close``).
+
+    Args:
+        transport: the :class:`~msrl.cluster.grpc_transport.GrpcTransport` it belongs to (its
+            token, producer name, timeouts and counters).
+        path: the server's socket file.
+    """
+
+    def __init__(self, transport: Any, path: str) -> None:
+        self.t, self.path, self.target = transport, path, f"unix:{path}"
+        self.cond = threading.Condition()
+        self.in_flight: dict[int, int] = {}
+        self.held: list[bytes] = []
+        #: what the kernel did not take yet: [kind, tag, bytes, offset] entries, oldest first
+        self.pending: collections.deque[list] = collections.deque()
+        self.error: str | None = None
+        self.closed = False
+        self._reader = _Reader(1 << 16)
+        self._writer: threading.Thread | None = None
+        self.sock = self._connect(time.monotonic() + self.t.timeout_s)
+
+    def _connect(self, deadline: float) -> socket.socket:
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(self.path)
+                sock.sendall(_message(encode_hello(self.t.token, f"{self.t.fragment}/{self.t.replica}")))
+                sock.setblocking(False)
+                return sock
+            except OSError as e:
+                sock.close()
+                if time.monotonic() >= deadline or self.closed:
+                    raise ChannelClosed(f"cannot connect to the boundary socket {self.path}: {e}") from None
+                time.sleep(0.05)
+
+    # -- credits and failures (called with cond held) -------------------------------------
+    def _read(self) -> None:
+        from msrl.cluster.grpc_transport import _CREDIT, CREDIT, FORMAT, MAGIC, TransportError
+
+        while True:
+            try:
+                data = self.sock.recv(65536)
+            except BlockingIOError:
+                return
+            except OSError as e:
+                return self._broken(f"the boundary stream to {self.target} broke: {e}")
+            if not data:
+                return self._broken(f"the boundary stream to {self.target} ended")
+            try:
+                bodies = self._reader.feed(data)
+            except TransportError as e:
+                return self._broken(str(e))
+            for body in bodies:
+                if len(body) >= 6 and body[:4] == MAGIC and body[4] == FORMAT and body[5] == REFUSED:
+                    return self._broken(body[6:].decode(errors="replace"), retry=False)
+                if len(body) != _CREDIT.size:
+                    return self._broken(f"a response of {len(body)} bytes from {self.target}", retry=False)
+                magic, fmt, kind, tag, count = _CREDIT.unpack(body)
+                if magic != MAGIC or fmt != FORMAT or kind != CREDIT:
+                    return self._broken(f"a malformed credit from {self.target}", retry=False)
+                self.in_flight[tag] = max(0, self.in_flight.get(tag, 0) - count)
+
+    def _broken(self, why: str, retry: bool = True) -> None:
+        """Drops what was in flight (counted) and reconnects for up to ``reconnect_s``."""
+        # fifo items in flight (held and pending ones among them) and slot values not fully written
+        lost = sum(self.in_flight.values()) + sum(1 for e in self.pending if e[0] == "latest")
+        self.t.dropped += lost
+        self.in_flight.clear()
+        self.pending.clear()
+        self.held.clear()
+        self._reader = _Reader(1 << 16)
+        self.sock.close()
+        if retry and not self.closed:
+            try:
+                self.sock = self._connect(time.monotonic() + self.t.reconnect_s)
+                self.t.reconnects += 1
+                self.cond.notify_all()
+                return
+            except ChannelClosed as e:
+                why = f"{why}; no reconnection within {self.t.reconnect_s:g} s ({e})"
+        self.error = why
+        self.cond.notify_all()
+
+    def _check(self) -> None:
+        if self.error is not None or self.closed:
+            raise ChannelClosed(self.error or f"the stream to {self.target} is closed")
+
+    # -- writing (called with cond held) --------------------------------------------------
+    def _write(self, kind: str, tag: int, data: bytes) -> None:
+        """Queues ``data`` behind what is pending and writes as much as the kernel takes now;
+        the rest is the writer thread's."""
+        if kind == "latest":
+            for e in self.pending:  # an unsent older version of this slot: replaced
+                if e[0] == "latest" and e[1] == tag and e[3] == 0:
+                    e[2] = data
+                    return
+        self.pending.append([kind, tag, data, 0])
+        self._drain()
+        if self.pending and self._writer is None:
+            self._writer = threading.Thread(target=self._write_rest, daemon=True, name=f"msrl-uds-writer-{self.path}")
+            self._writer.start()
+
+    def _drain(self) -> None:
+        while self.pending:
+            e = self.pending[0]
+            try:
+                n = self.sock.send(memoryview(e[2])[e[3]:])
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as err:
+                if err.errno in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN, errno.EBADF):
+                    return self._broken(f"the boundary stream to {self.target} broke: {err}")
+                raise
+            e[3] += n
+            if e[3] == len(e[2]):
+                self.pending.popleft()
+
+    def _write_rest(self) -> None:
+        with self.cond:
+            while self.pending and not self.closed and self.error is None:
+                sock = self.sock
+                self.cond.release()
+                try:
+                    select.select([], [sock], [], 0.05)
+                finally:
+                    self.cond.acquire()
+                if sock is self.sock:
+                    self._drain()
+            self._writer = None  # under the lock: a later _write starts another
+
+    # -- the interface of a stream --------------------------------------------------------
+    def flush(self) -> None:
+        """Writes the held frames."""
+        with self.cond:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.held:
+            data = b"".join(_message(f) for f in self.held)
+            self.held = []
+            self._write("item", -1, data)
+
+    def send_item(self, tag: int, capacity: int, frame: bytes, hold: bool = False) -> None:
+        """Queues one ``fifo`` frame; waits (reading credits) while ``capacity`` are unacknowledged.
+
+        Raises:
+            ChannelClosed: the stream broke for good; TimeoutError: no credit in ``timeout_s``.
+        """
+        deadline = time.monotonic() + self.t.timeout_s
+        with self.cond:
+            self._check()
+            self._read()
+            if self.in_flight.get(tag, 0) >= capacity:
+                t0 = time.perf_counter()
+                self._flush()  # what it holds must leave before it waits for the credits they return
+                while self.in_flight.get(tag, 0) >= capacity and self.error is None and not self.closed:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TimeoutError(f"queue to {self.target} full for {self.t.timeout_s:g} s")
+                    sock = self.sock
+                    self.cond.release()
+                    try:
+                        select.select([sock], [], [], min(0.05, left))
+                    finally:
+                        self.cond.acquire()
+                    self._read()
+                self.t.wait_s += time.perf_counter() - t0
+            self._check()
+            self.in_flight[tag] = self.in_flight.get(tag, 0) + 1
+            if hold:
+                self.held.append(frame)
+                if len(self.held) >= 4096:
+                    self._flush()
+            else:
+                self._flush()
+                self._write("item", tag, _message(frame))
+
+    def send_latest(self, tag: int, frame: bytes) -> None:
+        """Publishes one ``latest`` frame; never waits (an unsent older version is replaced).
+
+        Raises:
+            ChannelClosed: the stream broke for good.
+        """
+        with self.cond:
+            self._check()
+            self._read()
+            self._check()
+            self._flush()  # the stream keeps the order of the puts
+            self._write("latest", tag, _message(frame))
+
+    def close(self) -> None:
+        """Ends the stream."""
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+        self.sock.close()

@@ -1,0 +1,276 @@
+"""The Unix-socket transport of asynchronous boundaries between processes of one machine
+(cluster/uds_transport.py) under misuse and faults: connections without the token or from a
+stranger, oversized and fuzzed frames, ignored credits (each refused with its reason while the
+server serves the legitimate producer), the socket's private directory and no TCP listener,
+a value larger than the socket's buffer, coalesced ``latest`` versions, reconnection after the
+consumer restarts. Its semantics suite is tests/test_async_channels.py's (transport ``uds``)."""
+
+import os
+import secrets
+import socket
+import stat
+import struct
+import threading
+import time
+
+import pytest
+import torch
+
+from msrl.graph import NodeKind
+from msrl.partition import Boundary
+from msrl.runtime.asynchronous import AsyncEndpoint, Mailbox
+
+pytest.importorskip("grpc")
+
+from msrl.cluster.grpc_transport import ITEM, LATEST, GrpcTransport, encode_frame  # noqa: E402
+from msrl.cluster.uds_transport import REFUSED, UdsServer, encode_hello  # noqa: E402
+from msrl.runtime.codec import encode  # noqa: E402
+
+TRAJ, WEIGHTS = "train_step/b0:traj", "train_step/b1:w"
+
+
+def fifo(src_r=2, dst_r=1, pattern=NodeKind.GATHER, capacity=1):
+    return Boundary(TRAJ, "train_step", "traj", NodeKind.PUT, "actor", "learner", src_r, dst_r, "sharded", 0, False,
+                    pattern=pattern, mode="fifo", capacity=capacity)
+
+
+def latest(src_r=1, dst_r=1, pattern=NodeKind.SEND):
+    return Boundary(WEIGHTS, "train_step", "w", NodeKind.PUT, "learner", "actor", src_r, dst_r, "replicated", None,
+                    False, pattern=pattern, mode="latest")
+
+
+@pytest.fixture
+def served():
+    """A learner's Unix-socket server (a fifo from 2 actors, capacity 2, frames up to 64 KiB)
+    and a legitimate producer."""
+    bs = [fifo(capacity=2), latest()]
+    mailbox = Mailbox({TRAJ: 2}, timeout_s=10)
+    token = secrets.token_urlsafe(16)
+    server = UdsServer(bs, "learner", 0, mailbox, token, max_message=1 << 16)
+    good = GrpcTransport(bs, "actor", 0, {("learner", 0): server.address}, token, timeout_s=10)
+    actor = AsyncEndpoint(bs, "actor", 0, Mailbox({}), good)
+    yield server, token, actor, mailbox
+    good.close()
+    server.stop()
+
+
+def _raw(server, frames, token, producer="actor/1", hello=None):
+    """Connects to ``server``, greets with ``token`` and ``producer`` (or the raw ``hello``
+    body), sends ``frames`` (each length-prefixed), and, while the server's thread pumps, reads
+    until the server closes the stream or 2 s pass; returns the REFUSED reason (``None``: not
+    refused)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(server.path)
+    body = hello if hello is not None else encode_hello(token, producer)
+    data = struct.pack("<I", len(body)) + body + b"".join(struct.pack("<I", len(f)) + f for f in frames)
+    sock.sendall(data)
+    sock.settimeout(0.05)
+    got, deadline = b"", time.monotonic() + 2
+    while time.monotonic() < deadline:
+        server.pump(0.05)
+        try:
+            chunk = sock.recv(65536)
+        except (socket.timeout, BlockingIOError):
+            continue
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        got += chunk
+    sock.close()
+    at = 0
+    while at + 4 <= len(got):
+        (n,) = struct.unpack_from("<I", got, at)
+        body = got[at + 4:at + 4 + n]
+        if len(body) >= 6 and body[5] == REFUSED:
+            return body[6:].decode()
+        at += 4 + n
+    return None
+
+
+def _still_serves(actor, mailbox, marker):
+    actor.put(TRAJ, torch.tensor([marker]))
+    assert int(mailbox.take(TRAJ, 0).value) == marker
+
+
+def _msg(x=1):
+    return encode(torch.tensor([x])).numpy().tobytes()
+
+
+def test_the_socket_is_private_and_nothing_listens_on_the_network(served):
+    server, *_ = served
+    mode = os.stat(os.path.dirname(server.path)).st_mode
+    assert stat.S_ISDIR(mode) and stat.S_IMODE(mode) == 0o700  # no other user can reach the socket
+    assert server.address == f"unix:{server.path}" and stat.S_ISSOCK(os.stat(server.path).st_mode)
+    server.stop()
+    assert not os.path.exists(os.path.dirname(server.path))  # removed with its directory
+
+
+def test_a_stream_without_the_token_or_from_a_stranger_is_refused(served):
+    server, token, actor, mailbox = served
+    frame = encode_frame(ITEM, 0, 1, 0, {}, _msg())
+    assert "missing or wrong job token" in _raw(server, [frame], "x" * len(token))
+    assert "missing or wrong job token" in _raw(server, [frame], "")
+    assert "producer 'actor/7' sends on no boundary" in _raw(server, [frame], token, "actor/7")
+    assert "producer 'learner/0' sends on no boundary" in _raw(server, [frame], token, "learner/0")
+    assert "a malformed greeting" in _raw(server, [frame], token, hello=b"MSRA\x01\x05" + b"\xff" * 8)
+    assert mailbox.queued() == 0  # nothing of theirs was delivered
+    assert len(server.rejected) == 5
+    _still_serves(actor, mailbox, 5)
+
+
+def test_an_oversized_frame_is_refused_before_it_is_read(served):
+    """A declared length over the limit refuses the stream before the bytes are buffered."""
+    server, token, actor, mailbox = served
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(server.path)
+    hello = encode_hello(token, "actor/1")
+    sock.sendall(struct.pack("<I", len(hello)) + hello + struct.pack("<I", 1 << 30) + b"x" * 100)
+    deadline = time.monotonic() + 5
+    while not server.rejected and time.monotonic() < deadline:
+        server.pump(0.05)
+    sock.close()
+    assert "a message of 1073741824 bytes declared; the limit is 65536" in server.rejected[-1][1]
+    _still_serves(actor, mailbox, 6)
+
+
+def test_a_producer_ignoring_its_credits_is_cut_off(served):
+    server, token, actor, mailbox = served
+    why = _raw(server, [encode_frame(ITEM, 0, 1, 0, {}, _msg())] * 3, token)
+    assert "more than 2 items in flight" in why
+    _still_serves(actor, mailbox, 7)
+
+
+def test_frames_of_the_wrong_type_or_replica_are_refused(served):
+    server, token, actor, mailbox = served
+    assert "a LATEST frame on fifo boundary" in _raw(server, [encode_frame(LATEST, 0, 1, 1, {}, _msg())], token)
+    assert "a frame of replica 0 on the stream of replica 1" in _raw(server, [encode_frame(ITEM, 0, 0, 0, {}, _msg())],
+                                                                      token)
+    _still_serves(actor, mailbox, 9)
+
+
+def test_fuzzed_frames_are_refused_and_the_server_keeps_serving(served):
+    """hypothesis: random bytes, truncated and bit-flipped real frames, frames naming other
+    boundaries, types, replicas or slots. Each bad stream is refused with its reason (a frame
+    that happens to be well-formed is delivered); the legitimate producer is served after each."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    server, token, actor, mailbox = served
+    real = encode_frame(ITEM, 0, 1, 0, {1: 3}, encode({"x": torch.arange(6.0)}).numpy().tobytes())
+    frames = st.one_of(
+        st.binary(max_size=200),
+        st.integers(min_value=0, max_value=len(real) - 1).map(lambda n: real[:n]),
+        st.tuples(st.integers(min_value=0, max_value=len(real) - 1), st.integers(min_value=0, max_value=255)).map(
+            lambda p: real[:p[0]] + bytes([p[1]]) + real[p[0] + 1:]),
+        st.tuples(st.sampled_from([0, 1, 2, 3, 9]), st.integers(min_value=0, max_value=70000),
+                  st.integers(min_value=0, max_value=3), st.dictionaries(st.integers(0, 5), st.integers(0, 2**64 - 1),
+                                                                           max_size=3)).map(
+            lambda t: encode_frame(t[0], t[1] % 65536, t[2], 0, t[3], _msg())),
+    )
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(frames)
+    def fuzz(frame):
+        n = len(server.rejected)
+        why = _raw(server, [frame], token)
+        assert why is None or (why.endswith(server.rejected[-1][1]) and len(server.rejected) == n + 1)
+        mailbox.drop_queued()  # a well-formed frame was delivered: make room
+        _still_serves(actor, mailbox, 8)
+
+    fuzz()
+    assert server.rejected and all(why.startswith("bad frame from actor/1") for _, why in server.rejected)
+
+
+def test_a_value_larger_than_the_socket_buffer_does_not_wait_for_the_consumer():
+    """A 16 MiB item: ``put`` returns while the consumer is busy (the writer thread sends what the
+    kernel cannot hold), and the consumer reads it whole when it takes it."""
+    bs = [fifo(src_r=1, dst_r=1, pattern=NodeKind.SEND, capacity=2)]
+    token = secrets.token_urlsafe(16)
+    mailbox = Mailbox({TRAJ: 2}, timeout_s=10)
+    server = UdsServer(bs, "learner", 0, mailbox, token, max_message=1 << 26)
+    transport = GrpcTransport(bs, "actor", 0, {("learner", 0): server.address}, token, timeout_s=10)
+    try:
+        actor = AsyncEndpoint(bs, "actor", 0, Mailbox({}), transport)
+        big = torch.arange(4 << 20, dtype=torch.float32)
+        t0 = time.monotonic()
+        actor.put(TRAJ, big)
+        actor.put(TRAJ, big + 1)
+        assert time.monotonic() - t0 < 2.0  # nobody read yet
+        assert torch.equal(mailbox.take(TRAJ, 0).value, big)
+        assert torch.equal(mailbox.take(TRAJ, 0).value, big + 1)
+    finally:
+        transport.close()
+        server.stop()
+
+
+def test_latest_versions_are_coalesced_while_the_consumer_does_not_read():
+    """A slot published 200 times (64 KiB each) to a consumer that reads nothing meanwhile: the
+    producer never waits, and what it holds stays bounded (an unsent version is replaced); the
+    consumer then reads the newest."""
+    bs = [latest()]
+    token = secrets.token_urlsafe(16)
+    mailbox = Mailbox({}, timeout_s=10)
+    server = UdsServer(bs, "actor", 0, mailbox, token, max_message=1 << 20)
+    transport = GrpcTransport(bs, "learner", 0, {("actor", 0): server.address}, token)
+    try:
+        learner = AsyncEndpoint(bs, "learner", 0, Mailbox({}), transport)
+        t0 = time.monotonic()
+        for v in range(200):
+            learner.put(WEIGHTS, torch.full((1 << 14,), float(v)))
+        assert time.monotonic() - t0 < 5.0
+        stream = next(iter(transport._streams.values()))
+        assert sum(1 for e in stream.pending if e[0] == "latest") <= 2
+        reader = AsyncEndpoint(bs, "actor", 0, mailbox, None)
+        deadline = time.monotonic() + 5
+        while float(reader.get(WEIGHTS)[0]) != 199 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert reader.read_versions[WEIGHTS] == 200
+    finally:
+        transport.close()
+        server.stop()
+
+
+def test_a_producer_reconnects_after_its_consumer_restarts(tmp_path):
+    """The learner's server goes away and comes back on the same socket path: the producer's
+    in-flight item is dropped and counted, its stream reopens, and later items arrive."""
+    bs = [fifo(src_r=1, dst_r=1, pattern=NodeKind.SEND, capacity=2)]
+    token = secrets.token_urlsafe(16)
+    path = str(tmp_path / "s")
+    first = Mailbox({TRAJ: 2}, timeout_s=10)
+    server = UdsServer(bs, "learner", 0, first, token, 1 << 20, path=path)
+    transport = GrpcTransport(bs, "actor", 0, {("learner", 0): server.address}, token, timeout_s=10, reconnect_s=20)
+    actor = AsyncEndpoint(bs, "actor", 0, Mailbox({}), transport)
+    try:
+        actor.put(TRAJ, torch.tensor([1]))
+        assert int(first.take(TRAJ, 0).value) == 1
+        actor.put(TRAJ, torch.tensor([2]))  # in flight when the server goes
+        server.stop()
+        second = Mailbox({TRAJ: 2}, timeout_s=10)
+        server = UdsServer(bs, "learner", 0, second, token, 1 << 20, path=path)
+        actor.put(TRAJ, torch.tensor([3]))  # finds the stream broken, reconnects
+        assert transport.reconnects == 1 and transport.dropped == 1
+        assert int(second.take(TRAJ, 0).value) == 3
+    finally:
+        transport.close()
+        server.stop()
+
+
+def test_a_waiting_consumer_is_woken_by_a_value_from_another_thread():
+    """A consumer pumping its socket wakes at once when a value arrives another way (a gRPC
+    server's thread delivering from a producer on another machine), not after its poll."""
+    bs = [fifo(src_r=1, dst_r=1, pattern=NodeKind.SEND)]
+    mailbox = Mailbox({TRAJ: 1}, timeout_s=10)
+    server = UdsServer(bs, "learner", 0, mailbox, "t", 1 << 20)
+    try:
+        import msrl.runtime.asynchronous as a
+
+        old, a._POLL_S = a._POLL_S, 5.0  # a pump that would wait 5 s unless woken
+        t = threading.Timer(0.2, lambda: mailbox.deliver(TRAJ, 0, a.Item(torch.tensor([4]))))
+        t.start()
+        t0 = time.monotonic()
+        assert int(mailbox.take(TRAJ, 0).value) == 4
+        assert time.monotonic() - t0 < 2.0
+    finally:
+        a._POLL_S = old
+        server.stop()
