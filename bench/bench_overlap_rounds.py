@@ -2,8 +2,9 @@
 
 ``bench_runtime.py`` measures every policy once each; on this 2-core VM a row's figure moves by
 up to a third from run to run, so the headline ratio of the asynchronous boundaries is taken here
-from rounds that alternate ``single``, overlapped coarse x1 and x2, each row's median over the
-rounds.
+from rounds that alternate ``single``, overlapped coarse x1 and x2 (their boundaries between
+processes of this machine over Unix sockets, ``cluster.boundary_transport=auto``, and over gRPC,
+``grpc``), each row's median over the rounds.
 
     python bench/bench_overlap_rounds.py --rounds 3
 """
@@ -17,7 +18,10 @@ import statistics
 import torch
 from bench_runtime import OVERLAP, measure
 
-ROWS = [("single", {}, {}), ("single_learner_coarse", {"actor": 1}, OVERLAP), ("single_learner_coarse", {"actor": 2}, OVERLAP)]
+#: (policy, replicas, boundary kinds, cluster.boundary_transport)
+ROWS = [("single", {}, {}, "auto"),
+        ("single_learner_coarse", {"actor": 1}, OVERLAP, "auto"), ("single_learner_coarse", {"actor": 2}, OVERLAP, "auto"),
+        ("single_learner_coarse", {"actor": 1}, OVERLAP, "grpc"), ("single_learner_coarse", {"actor": 2}, OVERLAP, "grpc")]
 
 
 def main() -> None:
@@ -31,8 +35,9 @@ def main() -> None:
 
     sps: dict[int, list[float]] = {i: [] for i in range(len(ROWS))}
     for r in range(args.rounds):
-        for i, (policy, replicas, boundaries) in enumerate(ROWS):
-            sps[i].append(measure(policy, replicas, "ray", args.iterations, args.warmup, boundaries=boundaries)["sps"])
+        for i, (policy, replicas, boundaries, transport) in enumerate(ROWS):
+            sps[i].append(measure(policy, replicas, "ray", args.iterations, args.warmup, boundaries=boundaries,
+                                  boundary_transport=transport)["sps"])
             if ray.is_initialized():
                 ray.shutdown()
         print(f"round {r + 1}: " + ", ".join(f"{s[-1]:.0f}" for s in sps.values()), flush=True)
@@ -41,8 +46,9 @@ def main() -> None:
           f"{args.rounds} rounds x {args.iterations} iterations")
     print("| row | env steps/s per round | median | vs single |")
     print("| --- | --- | --- | --- |")
-    for i, (policy, replicas, boundaries) in enumerate(ROWS):
-        name = policy + (f" x{replicas['actor']}, overlapped" if boundaries else "")
+    for i, (policy, replicas, boundaries, transport) in enumerate(ROWS):
+        name = policy + (f" x{replicas['actor']}, overlapped, {'Unix sockets' if transport == 'auto' else 'gRPC'}"
+                         if boundaries else "")
         m = statistics.median(sps[i])
         print(f"| {name} | {', '.join(f'{x:.0f}' for x in sps[i])} | {m:.0f} | {m / base:.2f}x |")
 
