@@ -69,11 +69,11 @@ def _producer(address: str, n: int, q) -> None:
     import torch
 
     torch.set_num_threads(1)
-    from msrl.cluster.grpc_transport import GrpcTransport
+    from msrl.cluster.uds_transport import ProcessTransport
     from msrl.runtime.asynchronous import Item
 
     bs = _boundaries()
-    t = GrpcTransport(bs, "actor", 0, {("learner", 0): address}, "token", hold=True)
+    t = ProcessTransport(bs, "actor", 0, {("learner", 0): address}, "token", hold=True)
     v = torch.zeros(PAYLOAD)
     t.send_item(bs[0], 0, 0, Item(v))
     t.flush()

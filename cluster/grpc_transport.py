@@ -550,14 +550,12 @@ class GrpcTransport:
                 target = self.addresses.get((fragment, replica))
                 if target is None:
                     raise ChannelClosed(f"no boundary server address for {fragment} replica {replica}")
-                if target.startswith("unix:"):  # a consumer on this machine (cluster.uds_transport)
-                    from msrl.cluster.uds_transport import UdsStream
-
-                    s = UdsStream(self, target[len("unix:"):])
-                else:
-                    s = _Stream(self, target)
-                self._streams[(fragment, replica)] = s
+                s = self._streams[(fragment, replica)] = self._open_stream(target)
             return s
+
+    def _open_stream(self, target: str) -> Any:
+        """A stream to the consumer server at ``target`` (``host:port``)."""
+        return _Stream(self, target)
 
     def _frame(self, kind: int, boundary: Any, version: int, versions: Mapping[str, int], value: Any,
                source: Any) -> bytes:

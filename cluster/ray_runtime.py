@@ -256,10 +256,11 @@ class ReplicaActor:
             # a consumer on this machine over its Unix socket, on another over gRPC
             boundary_servers = {k: (a["unix"] if "unix" in a and peers is not None and peers[k]["node_id"] == here
                                     else a["grpc"]) for k, a in boundary_servers.items()}
-            from msrl.cluster.grpc_transport import MAX_MESSAGE, GrpcTransport
+            from msrl.cluster.grpc_transport import MAX_MESSAGE
+            from msrl.cluster.uds_transport import ProcessTransport
             from msrl.runtime.asynchronous import AsyncEndpoint
 
-            transport = GrpcTransport(self.fragment_graph.boundaries, self.fragment, self.index, boundary_servers, token,
+            transport = ProcessTransport(self.fragment_graph.boundaries, self.fragment, self.index, boundary_servers, token,
                                       tls=tls, timeout_s=timeout_s, max_message=max_message or MAX_MESSAGE,
                                       hold=True)  # the endpoint flushes before it waits and every iteration
             asynchronous = AsyncEndpoint(self.fragment_graph.boundaries, self.fragment, self.index, self.mailbox, transport)

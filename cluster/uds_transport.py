@@ -24,13 +24,13 @@ are read by the replica's own thread while it waits for a value (the mailbox's `
 length and frame checked before anything is allocated or delivered; a bad frame refuses that one
 stream (``REFUSED`` with the reason, then closed) and the server goes on serving the others.
 
-Producer (:class:`UdsStream`, made by :class:`~msrl.cluster.grpc_transport.GrpcTransport` for a
-``unix:`` address): writes without blocking from the producer's thread; bytes the kernel cannot
-take at once (a value larger than the socket's buffer, a consumer that is not reading) go to a
-writer thread, so a ``put`` never waits on the consumer's reading, only on its credits; an
-unsent older ``latest`` version is replaced by a newer one. Credits are read when the producer
-needs one. A broken stream (the consumer's process restarted) drops and counts what was in
-flight, then reconnects to the same path for up to ``reconnect_s``.
+Producer (:class:`UdsStream`, made by :class:`ProcessTransport` for a ``unix:`` address):
+writes without blocking from the producer's thread; bytes the kernel cannot take at once (a
+value larger than the socket's buffer, a consumer that is not reading) go to a writer thread,
+so a ``put`` never waits on the consumer's reading, only on its credits; an unsent older
+``latest`` version is replaced by a newer one. Credits are read when the producer needs one. A
+broken stream (the consumer's process restarted) drops and counts what was in flight, then
+reconnects to the same path for up to ``reconnect_s``.
 """
 
 from __future__ import annotations
@@ -49,10 +49,11 @@ import time
 from typing import Any, Sequence
 
 from msrl.channels import ChannelClosed
+from msrl.cluster.grpc_transport import _CREDIT, CREDIT, FORMAT, MAGIC, GrpcTransport, TransportError, deliver_frame
 from msrl.runtime.asynchronous import Mailbox
 from msrl.runtime.codec import CodecError
 
-__all__ = ["UdsServer", "UdsStream", "HELLO", "REFUSED", "encode_hello"]
+__all__ = ["UdsServer", "UdsStream", "ProcessTransport", "HELLO", "REFUSED", "encode_hello"]
 
 HELLO, REFUSED = 5, 6
 _LEN = struct.Struct("<I")
@@ -64,8 +65,6 @@ _CHUNK = 1 << 20
 
 def encode_hello(token: str, producer: str) -> bytes:
     """The ``HELLO`` body a producer sends first (see the module docstring)."""
-    from msrl.cluster.grpc_transport import FORMAT, MAGIC
-
     t, p = token.encode(), producer.encode()
     return _HELLO.pack(MAGIC, FORMAT, HELLO, len(t), len(p)) + t + p
 
@@ -106,8 +105,6 @@ class _Reader:
         Raises:
             TransportError: a declared length over the limit.
         """
-        from msrl.cluster.grpc_transport import TransportError
-
         self.buf += data
         out, at = [], 0
         while len(self.buf) - at >= _LEN.size:
@@ -190,8 +187,6 @@ class UdsServer:
                 self._refuse_socket(sock, "?", f"{type(e).__name__}: {e}")
 
     def _greet(self, sock: socket.socket) -> None:
-        from msrl.cluster.grpc_transport import FORMAT, MAGIC
-
         pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
         if uid != os.getuid():
             return self._refuse_socket(sock, f"pid {pid}", f"a process of uid {uid}, not this job's ({os.getuid()})")
@@ -219,8 +214,6 @@ class UdsServer:
         self.wake()
 
     def _refuse_socket(self, sock: socket.socket, who: str, why: str) -> None:
-        from msrl.cluster.grpc_transport import FORMAT, MAGIC
-
         self.rejected.append((who, why))
         try:
             sock.setblocking(False)
@@ -252,8 +245,6 @@ class UdsServer:
         """Waits up to ``timeout_s`` for bytes on any producer's stream and delivers every
         complete frame into the mailbox; writes credits the kernel could not take before.
         Called by the mailbox with its lock released, by one thread at a time."""
-        from msrl.cluster.grpc_transport import TransportError, deliver_frame
-
         with self._lock:
             conns = list(self._conns.values())
         poller = select.poll()
@@ -305,8 +296,6 @@ class UdsServer:
     def credit(self, boundary: str, producer: int) -> bool:
         """Returns one credit of ``boundary`` to its producer replica ``producer``; ``False``
         when that producer has no stream here (it streams over gRPC)."""
-        from msrl.cluster.grpc_transport import _CREDIT, CREDIT, FORMAT, MAGIC
-
         tag = self._tags[boundary]
         with self._lock:
             c = self._conns.get((self.boundaries[tag].src, producer))
@@ -343,8 +332,8 @@ class UdsStream:
     gRPC transport's streams: ``send_item``, ``send_latest``, ``flush``, ``close``).
 
     Args:
-        transport: the :class:`~msrl.cluster.grpc_transport.GrpcTransport` it belongs to (its
-            token, producer name, timeouts and counters).
+        transport: the :class:`ProcessTransport` it belongs to (its token, producer name,
+            timeouts and counters).
         path: the server's socket file.
     """
 
@@ -377,8 +366,6 @@ class UdsStream:
 
     # -- credits and failures (called with cond held) -------------------------------------
     def _read(self) -> None:
-        from msrl.cluster.grpc_transport import _CREDIT, CREDIT, FORMAT, MAGIC, TransportError
-
         while True:
             try:
                 data = self.sock.recv(65536)
@@ -536,3 +523,15 @@ class UdsStream:
             self.closed = True
             self.cond.notify_all()
         self.sock.close()
+
+
+class ProcessTransport(GrpcTransport):
+    """A producer replica's side of every asynchronous boundary between processes: a
+    :class:`UdsStream` to each consumer whose address is ``unix:/path`` (same machine), a gRPC
+    stream to each at ``host:port``. Arguments, attributes and errors are
+    :class:`~msrl.cluster.grpc_transport.GrpcTransport`'s (``tls`` applies to the gRPC streams)."""
+
+    def _open_stream(self, target: str) -> Any:
+        if target.startswith("unix:"):
+            return UdsStream(self, target[len("unix:"):])
+        return super()._open_stream(target)

@@ -30,7 +30,7 @@ from msrl.cluster.grpc_transport import (  # noqa: E402
     TlsConfig,
     encode_frame,
 )
-from msrl.cluster.uds_transport import UdsServer  # noqa: E402
+from msrl.cluster.uds_transport import ProcessTransport, UdsServer  # noqa: E402
 from msrl.runtime.codec import encode  # noqa: E402
 
 TRANSPORTS = ["local", "grpc", "uds"]
@@ -66,7 +66,7 @@ class Net:
                 elif any(b.dst == k[0] for b in boundaries):
                     self.servers[k] = UdsServer(boundaries, k[0], k[1], self.mailboxes[k], self.token, 1 << 20)
             addresses = {k: s.address for k, s in self.servers.items()}
-            self.transports = {k: GrpcTransport(boundaries, k[0], k[1], addresses, self.token, timeout_s=timeout_s)
+            self.transports = {k: ProcessTransport(boundaries, k[0], k[1], addresses, self.token, timeout_s=timeout_s)
                                for k in keys}
         self.ep = {k: AsyncEndpoint(boundaries, k[0], k[1], self.mailboxes[k], self.transports[k]) for k in keys}
 

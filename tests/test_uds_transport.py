@@ -22,8 +22,8 @@ from msrl.runtime.asynchronous import AsyncEndpoint, Mailbox
 
 pytest.importorskip("grpc")
 
-from msrl.cluster.grpc_transport import ITEM, LATEST, GrpcTransport, encode_frame  # noqa: E402
-from msrl.cluster.uds_transport import REFUSED, UdsServer, encode_hello  # noqa: E402
+from msrl.cluster.grpc_transport import ITEM, LATEST, encode_frame  # noqa: E402
+from msrl.cluster.uds_transport import REFUSED, ProcessTransport, UdsServer, encode_hello  # noqa: E402
 from msrl.runtime.codec import encode  # noqa: E402
 
 TRAJ, WEIGHTS = "train_step/b0:traj", "train_step/b1:w"
@@ -47,7 +47,7 @@ def served():
     mailbox = Mailbox({TRAJ: 2}, timeout_s=10)
     token = secrets.token_urlsafe(16)
     server = UdsServer(bs, "learner", 0, mailbox, token, max_message=1 << 16)
-    good = GrpcTransport(bs, "actor", 0, {("learner", 0): server.address}, token, timeout_s=10)
+    good = ProcessTransport(bs, "actor", 0, {("learner", 0): server.address}, token, timeout_s=10)
     actor = AsyncEndpoint(bs, "actor", 0, Mailbox({}), good)
     yield server, token, actor, mailbox
     good.close()
@@ -189,7 +189,7 @@ def test_a_value_larger_than_the_socket_buffer_does_not_wait_for_the_consumer():
     token = secrets.token_urlsafe(16)
     mailbox = Mailbox({TRAJ: 2}, timeout_s=10)
     server = UdsServer(bs, "learner", 0, mailbox, token, max_message=1 << 26)
-    transport = GrpcTransport(bs, "actor", 0, {("learner", 0): server.address}, token, timeout_s=10)
+    transport = ProcessTransport(bs, "actor", 0, {("learner", 0): server.address}, token, timeout_s=10)
     try:
         actor = AsyncEndpoint(bs, "actor", 0, Mailbox({}), transport)
         big = torch.arange(4 << 20, dtype=torch.float32)
@@ -212,7 +212,7 @@ def test_latest_versions_are_coalesced_while_the_consumer_does_not_read():
     token = secrets.token_urlsafe(16)
     mailbox = Mailbox({}, timeout_s=10)
     server = UdsServer(bs, "actor", 0, mailbox, token, max_message=1 << 20)
-    transport = GrpcTransport(bs, "learner", 0, {("actor", 0): server.address}, token)
+    transport = ProcessTransport(bs, "learner", 0, {("actor", 0): server.address}, token)
     try:
         learner = AsyncEndpoint(bs, "learner", 0, Mailbox({}), transport)
         t0 = time.monotonic()
@@ -239,7 +239,7 @@ def test_a_producer_reconnects_after_its_consumer_restarts(tmp_path):
     path = str(tmp_path / "s")
     first = Mailbox({TRAJ: 2}, timeout_s=10)
     server = UdsServer(bs, "learner", 0, first, token, 1 << 20, path=path)
-    transport = GrpcTransport(bs, "actor", 0, {("learner", 0): server.address}, token, timeout_s=10, reconnect_s=20)
+    transport = ProcessTransport(bs, "actor", 0, {("learner", 0): server.address}, token, timeout_s=10, reconnect_s=20)
     actor = AsyncEndpoint(bs, "actor", 0, Mailbox({}), transport)
     try:
         actor.put(TRAJ, torch.tensor([1]))
