@@ -18,11 +18,14 @@ boundary) and re-raises the replica's :class:`~msrl.runtime.replica.FragmentErro
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import logging
 import math
 import os
+import shutil
 import sys
+import tempfile
 import time
 from datetime import timedelta
 from typing import Any, Mapping, Sequence
@@ -112,6 +115,12 @@ def init_ray(address: str | None, num_cpus: int) -> None:
           f"{ray.cluster_resources().get('CPU', 0):g} CPUs)", file=sys.stderr)
 
 
+def uds_prefix(job_id: str) -> str:
+    """The name prefix of the directories holding a job's Unix boundary sockets (under the temp
+    directory of each node)."""
+    return f"msrl-boundary-{job_id}-"
+
+
 class ReplicaActor:
     """One fragment replica in its own process (wrapped by ``ray.remote`` in :class:`RayJob`).
 
@@ -130,6 +139,7 @@ class ReplicaActor:
         from msrl.cluster.watchdog import Heartbeat
 
         self.replica: Any = None
+        self.job_id = job_id
         self.heartbeat = Heartbeat(job_id, fragment, replica, self._progress) if job_id else None
         torch.set_num_threads(max(1, min(threads, os.cpu_count() or 1)))  # never more threads than the node's cores
         if algorithm_ref is not None:
@@ -195,7 +205,8 @@ class ReplicaActor:
         if local:
             from msrl.cluster.uds_transport import UdsServer
 
-            self.uds_server = UdsServer(boundaries, self.fragment, self.index, self.mailbox, token, max_message)
+            self.uds_server = UdsServer(boundaries, self.fragment, self.index, self.mailbox, token, max_message,
+                                        prefix=uds_prefix(self.job_id))
             out["unix"] = self.uds_server.address
         return out
 
@@ -755,6 +766,9 @@ class RayJob:
             time.sleep(0.02)
             pids = [p for p in pids if _running(p)]
         self._local_pids = []
+        # the socket directories of this node's replicas (a killed one's are still there)
+        for d in glob.glob(os.path.join(tempfile.gettempdir(), uds_prefix(self.job_id) + "*")):
+            shutil.rmtree(d, ignore_errors=True)
 
     def comm_stats(self) -> list[dict[str, Any]]:
         """Every replica's :meth:`ReplicaActor.comm_stats`, in replica order."""

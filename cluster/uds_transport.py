@@ -139,8 +139,11 @@ class UdsServer:
         mailbox: where frames are delivered.
         token: the job's secret; a connection without it is refused.
         max_message: the largest frame accepted (bytes).
-        path: the socket file to listen on (default: ``s`` in a fresh directory of mode 0700,
-            removed by :meth:`stop`); its directory must not be writable by other users.
+        path: the socket file to listen on (default: ``s`` in a fresh directory of mode 0700
+            under the temp directory, named ``prefix...``, removed by :meth:`stop`); its
+            directory must not be writable by other users.
+        prefix: the fresh directory's name prefix (the Ray runtime puts the job's id in it, so
+            the driver removes what a killed replica left).
 
     Attributes:
         address: ``unix:<path>`` of the listening socket.
@@ -148,7 +151,7 @@ class UdsServer:
     """
 
     def __init__(self, boundaries: Sequence[Any], fragment: str, replica: int, mailbox: Mailbox, token: str,
-                 max_message: int, path: str | None = None) -> None:
+                 max_message: int, path: str | None = None, prefix: str = "msrl-boundary-") -> None:
         self.boundaries = list(boundaries)
         self.fragment, self.replica = fragment, replica
         self.mailbox, self.token, self.max_message = mailbox, token, max_message
@@ -157,7 +160,7 @@ class UdsServer:
         self._producers = {b.src: b.src_replicas for b in self.boundaries if b.asynchronous and b.dst == fragment}
         self._conns: dict[tuple[str, int], _Conn] = {}
         self._lock = threading.Lock()  # the connection table and credit writes
-        self._dir = tempfile.mkdtemp(prefix="msrl-boundary-") if path is None else None  # mode 0700
+        self._dir = tempfile.mkdtemp(prefix=prefix) if path is None else None  # mode 0700
         path = path if path is not None else os.path.join(self._dir, "s")
         self.path = path
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
