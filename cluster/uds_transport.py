@@ -265,7 +265,8 @@ class UdsServer:
                 continue
             c = by_fd[fd]
             if c.out:
-                self._send_credits(c)
+                with self._lock:  # credits are appended by other threads' takes
+                    self._send_credits(c)
             if not ev & (select.POLLIN | select.POLLHUP | select.POLLERR):
                 continue
             name = f"{c.producer[0]}/{c.producer[1]}"
