@@ -189,7 +189,9 @@ class ReplicaActor:
         sources = {b.src for b in boundaries if b.asynchronous and b.dst == self.fragment}
         if not sources:
             return None
-        if peers is None or transport == "grpc":
+        import socket
+
+        if peers is None or transport == "grpc" or not hasattr(socket, "AF_UNIX"):
             remote, local = True, False
         else:
             here = peers[(self.fragment, self.index)]["node_id"]

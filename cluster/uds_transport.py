@@ -190,9 +190,11 @@ class UdsServer:
                 self._refuse_socket(sock, "?", f"{type(e).__name__}: {e}")
 
     def _greet(self, sock: socket.socket) -> None:
-        pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-        if uid != os.getuid():
-            return self._refuse_socket(sock, f"pid {pid}", f"a process of uid {uid}, not this job's ({os.getuid()})")
+        pid = "?"
+        if hasattr(socket, "SO_PEERCRED"):  # Linux; elsewhere the 0700 directory alone keeps other users out
+            pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+            if uid != os.getuid():
+                return self._refuse_socket(sock, f"pid {pid}", f"a process of uid {uid}, not this job's ({os.getuid()})")
         sock.settimeout(_HELLO_TIMEOUT_S)
         (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
         if not _HELLO.size <= n <= _MAX_HELLO:
@@ -455,9 +457,11 @@ class UdsStream:
                 self.cond.release()
                 try:
                     select.select([], [sock], [], 0.05)
+                except (OSError, ValueError):
+                    pass  # closed, or replaced by a reconnection: the loop looks again
                 finally:
                     self.cond.acquire()
-                if sock is self.sock:
+                if sock is self.sock and not self.closed:
                     self._drain()
             self._writer = None  # under the lock: a later _write starts another
 
@@ -494,9 +498,12 @@ class UdsStream:
                     self.cond.release()
                     try:
                         select.select([sock], [], [], min(0.05, left))
+                    except (OSError, ValueError):
+                        pass  # closed, or replaced by a reconnection: the loop looks again
                     finally:
                         self.cond.acquire()
-                    self._read()
+                    if not self.closed:
+                        self._read()
                 self.t.wait_s += time.perf_counter() - t0
             self._check()
             self.in_flight[tag] = self.in_flight.get(tag, 0) + 1
