@@ -337,7 +337,7 @@ class BoundaryServer:
             for message in requests:
                 try:
                     for frame in (split_batch(message) if is_batch(message) else (message,)):
-                        self._deliver(frame, producer)
+                        deliver_frame(self.boundaries, self.fragment, self.mailbox, frame, producer)
                 except (TransportError, CodecError) as e:
                     out.put(_Abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad frame from {producer[0]}/{producer[1]}: {e}"))
                     return
@@ -349,9 +349,6 @@ class BoundaryServer:
             out.put(_Abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}"))
             return
         out.put(None)
-
-    def _deliver(self, frame: bytes, producer: tuple[str, int]) -> None:
-        deliver_frame(self.boundaries, self.fragment, self.mailbox, frame, producer)
 
     def _credit(self, boundary: str, producer: int) -> bool:
         b = self.boundaries[self._tags[boundary]]

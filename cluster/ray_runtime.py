@@ -24,6 +24,7 @@ import logging
 import math
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -189,8 +190,6 @@ class ReplicaActor:
         sources = {b.src for b in boundaries if b.asynchronous and b.dst == self.fragment}
         if not sources:
             return None
-        import socket
-
         if peers is None or transport == "grpc" or not hasattr(socket, "AF_UNIX"):
             remote, local = True, False
         else:
@@ -273,9 +272,9 @@ class ReplicaActor:
             from msrl.cluster.uds_transport import ProcessTransport
             from msrl.runtime.asynchronous import AsyncEndpoint
 
-            transport = ProcessTransport(self.fragment_graph.boundaries, self.fragment, self.index, boundary_servers, token,
-                                      tls=tls, timeout_s=timeout_s, max_message=max_message or MAX_MESSAGE,
-                                      hold=True)  # the endpoint flushes before it waits and every iteration
+            transport = ProcessTransport(self.fragment_graph.boundaries, self.fragment, self.index, boundary_servers,
+                                         token, tls=tls, timeout_s=timeout_s, max_message=max_message or MAX_MESSAGE,
+                                         hold=True)  # the endpoint flushes before it waits and every iteration
             asynchronous = AsyncEndpoint(self.fragment_graph.boundaries, self.fragment, self.index, self.mailbox, transport)
         self.comm = DistComm(self.fragment_graph.boundaries, self.fragment, self.index, ranks, own,
                              own_device, devices, local_group=local, asynchronous=asynchronous,
