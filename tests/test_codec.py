@@ -282,3 +282,61 @@ def _tensors(value):
     if isinstance(value, (list, tuple)):
         return [t for v in value for t in _tensors(v)]
     return []
+
+
+def _full_encode(value, min_size=0):
+    """The message as the full (uncached) path writes it."""
+    from msrl.runtime import codec
+
+    head, chunks = codec._head(value, None)
+    size = head.numel() + sum(c.numel() for c in chunks)
+    if size < min_size:
+        chunks.append(torch.zeros(min_size - size, dtype=torch.uint8))
+    return torch.cat([head, *chunks]) if chunks else head
+
+
+def _values(seed):
+    """Values of one structure per call (fresh tensor contents each time): every dtype, 0-d,
+    empty, non-contiguous, conjugated, grad-requiring and bfloat16 leaves, nested containers."""
+    g = torch.Generator().manual_seed(seed)
+    base = {name: (torch.randn(3, 2, generator=g, dtype=torch.float64) * 50).to(d) for name, d in DTYPES.items()}
+    return {
+        "td": TensorDict({"obs": torch.randn(4, 2, 3, generator=g), "done": torch.rand(4, 2, generator=g) > 0.5,
+                          "inner": TensorDict({"a": torch.randint(0, 9, (4, 2, 1), generator=g)}, [4, 2])}, [4, 2]),
+        "dtypes": base,
+        "zero_d": torch.tensor(float(seed)),
+        "empty": torch.zeros(0, 3),
+        "transposed": torch.randn(3, 5, generator=g).t(),
+        "conj": torch.randn(2, 2, dtype=torch.complex64, generator=g).conj(),
+        "grad": torch.randn(3, generator=g, requires_grad=True),
+        "scalars": [1, -0.0, 2.5, True, None, "s", (7, [0.0])],
+    }
+
+
+def test_the_cached_encode_writes_the_full_paths_message_bitwise():
+    for seed in range(4):  # the first call describes the structure; later ones reuse its header
+        value = _values(seed)
+        for min_size in (0, 1 << 16):
+            fast = encode(value, min_size)
+            assert torch.equal(fast, _full_encode(value, min_size)), seed
+            assert _equal(decode(fast), decode(_full_encode(value)))
+    # a scalar of another value (even one == to the last: -0.0 and 0.0) is another header
+    assert decode(encode({"x": 0.0}))["x"] == 0.0
+    assert str(decode(encode({"x": -0.0}))["x"]) == "-0.0"
+    assert decode(encode({"x": 1}))["x"] == 1 and type(decode(encode({"x": True}))["x"]) is bool
+    # the same structure on another device type or of another dtype is another layout
+    assert decode(encode({"w": torch.zeros(2, dtype=torch.int32)}))["w"].dtype == torch.int32
+    assert decode(encode({"w": torch.zeros(2, dtype=torch.int64)}))["w"].dtype == torch.int64
+
+
+def test_decoded_tensors_are_owned_resizable_torch_memory_unless_viewed():
+    value = {"w": torch.arange(6, dtype=torch.float32).view(2, 3), "m": torch.tensor([True, False])}
+    encode(value)
+    out = decode(encode(value))  # the cached path, too, leaves the sender's tensors as they were
+    torch.zeros(3).set_(value["w"].untyped_storage()).resize_(12)
+    out["w"].resize_(12)  # its own storage, resizable as any tensor's
+    assert out["w"][:6].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0] and out["m"].tolist() == [True, False]
+    buf = bytearray(encode(value).numpy().tobytes())
+    viewed = decode(buf, copy=False)  # a bytearray handed over is viewed in place
+    buf[-1:] = b"\x00"
+    assert _equal(viewed["w"], value["w"])

@@ -15,10 +15,12 @@ is wrong, never a crash, a huge allocation or code execution.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import struct
 from typing import Any, Callable
 
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
@@ -58,14 +60,14 @@ class CodecError(ValueError):
 
 
 def _describe(value: Any, chunks: list[torch.Tensor], offset: list[int], path: str,
-              to: torch.device | None = None) -> Any:
+              to: torch.device | None = None, offsets: list[int] | None = None) -> Any:
     if isinstance(value, torch.Tensor):
         name = str(value.dtype).removeprefix("torch.")
         if name not in DTYPES:
             raise CodecError(f"{path}: tensors of dtype {value.dtype} cannot cross a boundary; dtypes: {', '.join(DTYPES)}")
         if value.layout is not torch.strided:
             raise CodecError(f"{path}: {value.layout} tensors cannot cross a boundary; make them dense")
-        flat = value.detach().reshape(-1).contiguous()
+        flat = value.detach().resolve_conj().resolve_neg().reshape(-1).contiguous()
         target = to if to is not None else torch.device("cpu")
         raw = flat.to(target).view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8, device=target)
         pad = -offset[0] % ALIGN if raw.numel() else 0
@@ -73,11 +75,13 @@ def _describe(value: Any, chunks: list[torch.Tensor], offset: list[int], path: s
             chunks.append(torch.zeros(pad, dtype=torch.uint8, device=target))
             offset[0] += pad
         node = {"t": "tensor", "dtype": name, "shape": list(value.shape), "off": offset[0], "n": raw.numel()}
+        if offsets is not None:
+            offsets.append(offset[0])
         chunks.append(raw)
         offset[0] += raw.numel()
         return node
     if isinstance(value, TensorDictBase):
-        items = {k: _describe(v, chunks, offset, f"{path}.{k}", to) for k, v in value.items()}
+        items = {k: _describe(v, chunks, offset, f"{path}.{k}", to, offsets) for k, v in value.items()}
         return {"t": "td", "batch": list(value.batch_size), "items": items}
     if value is None:
         return {"t": "none"}
@@ -93,10 +97,10 @@ def _describe(value: Any, chunks: list[torch.Tensor], offset: list[int], path: s
         bad = [k for k in value if not isinstance(k, str)]
         if bad:
             raise CodecError(f"{path}: dict keys must be strings to cross a boundary, got {bad[0]!r}")
-        return {"t": "dict", "items": {k: _describe(v, chunks, offset, f"{path}.{k}", to) for k, v in value.items()}}
+        return {"t": "dict", "items": {k: _describe(v, chunks, offset, f"{path}.{k}", to, offsets) for k, v in value.items()}}
     if isinstance(value, (list, tuple)):
         kind = "list" if isinstance(value, list) else "tuple"
-        return {"t": kind, "items": [_describe(v, chunks, offset, f"{path}[{i}]", to) for i, v in enumerate(value)]}
+        return {"t": kind, "items": [_describe(v, chunks, offset, f"{path}[{i}]", to, offsets) for i, v in enumerate(value)]}
     raise CodecError(
         f"{path}: a {type(value).__name__} cannot cross a boundary; values are tensors, TensorDicts, None, "
         "numbers, strings, and dicts/lists/tuples of them"
@@ -105,6 +109,10 @@ def _describe(value: Any, chunks: list[torch.Tensor], offset: list[int], path: s
 
 def encode(value: Any, min_size: int = 0) -> torch.Tensor:
     """One message holding ``value``.
+
+    A channel sends values of one structure over and over: the first message of a structure
+    (its keys, dtypes, shapes and scalars) is described, checked and its header written; later
+    ones reuse that header and copy each tensor's bytes into place (bitwise the same message).
 
     Args:
         value: tensors (any device; copied to the host), TensorDicts, ``None``, ``bool``/``int``/
@@ -119,11 +127,82 @@ def encode(value: Any, min_size: int = 0) -> torch.Tensor:
         CodecError: a leaf of another type (named by its path, e.g. ``value.obs[2]``), a
             non-string dict key, a sparse tensor or an unsupported dtype.
     """
-    head, chunks = _head(value, None)
-    size = head.numel() + sum(c.numel() for c in chunks)
-    if size < min_size:
-        chunks.append(torch.zeros(min_size - size, dtype=torch.uint8))
-    return torch.cat([head, *chunks]) if chunks else head
+    leaves: list[torch.Tensor] = []
+    try:
+        key = _signature(value, leaves)
+        layout = _LAYOUTS.get(key)
+    except (_Unkeyed, TypeError):  # a leaf the cache does not key: the full path names what is wrong
+        key = layout = None
+    if layout is None:
+        offsets: list[int] = []
+        head, chunks = _head(value, None, offsets)
+        size = head.numel() + sum(c.numel() for c in chunks)
+        if key is not None:
+            if len(_LAYOUTS) >= _MAX_PLANS:
+                _LAYOUTS.clear()
+            _LAYOUTS[key] = (head.numpy().tobytes(), tuple(offsets), size)
+        if size < min_size:
+            chunks.append(torch.zeros(min_size - size, dtype=torch.uint8))
+        return torch.cat([head, *chunks]) if chunks else head
+    head_bytes, offsets_, size = layout
+    out = torch.zeros(max(size, min_size), dtype=torch.uint8)
+    base, h = out.data_ptr(), len(head_bytes)
+    ctypes.memmove(base, head_bytes, h)
+    for t, off in zip(leaves, offsets_):  # offsets within the payload, which follows the head
+        n = t.numel() * t.element_size()
+        if n:
+            t = _dense_host(t)
+            ctypes.memmove(base + h + off, t.data_ptr(), n)
+    return out
+
+
+class _Unkeyed(Exception):
+    """A value :func:`_signature` does not key (the full encode path raises what is wrong)."""
+
+
+#: a value's structure (see :func:`_signature`) -> (its message's head bytes, each tensor
+#: leaf's offset in the payload in traversal order, the message's size)
+_LAYOUTS: dict[Any, tuple[bytes, tuple[int, ...], int]] = {}
+
+
+def _signature(value: Any, leaves: list[torch.Tensor]) -> Any:
+    """A hashable key of everything :func:`_describe` writes into a header -- structure, keys,
+    dtypes, shapes, layouts, scalar values (floats by their bits) -- appending the tensor leaves
+    to ``leaves`` in the order :func:`_describe` visits them.
+
+    Raises:
+        _Unkeyed: a leaf of another type.
+    """
+    if isinstance(value, torch.Tensor):
+        leaves.append(value)
+        return (value.dtype, value.layout, tuple(value.shape))
+    if isinstance(value, TensorDictBase):
+        return ("td", tuple(value.batch_size), tuple((k, _signature(v, leaves)) for k, v in value.items()))
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return ("bool", value)
+    if isinstance(value, int):
+        return ("int", int(value))
+    if isinstance(value, float):
+        return ("float", struct.pack("<d", value))
+    if isinstance(value, str):
+        return ("str", str(value))
+    if isinstance(value, dict):
+        return ("dict", tuple((k, _signature(v, leaves)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return ("list" if isinstance(value, list) else "tuple", tuple(_signature(v, leaves) for v in value))
+    raise _Unkeyed
+
+
+def _dense_host(t: torch.Tensor) -> torch.Tensor:
+    """``t`` on the host, contiguous, its conjugate and negative bits resolved: what its bytes
+    in a message are (``t`` itself when it is already so)."""
+    if t.device.type != "cpu":
+        t = t.detach().cpu()
+    if not t.is_contiguous() or t.is_conj() or t.is_neg():
+        t = t.detach().resolve_conj().resolve_neg().contiguous()
+    return t
 
 
 def encode_parts(value: Any, device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -147,9 +226,10 @@ def encode_parts(value: Any, device: torch.device | str | None = None) -> tuple[
     return head, payload
 
 
-def _head(value: Any, to: torch.device | None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def _head(value: Any, to: torch.device | None,
+          offsets: list[int] | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
     chunks: list[torch.Tensor] = []
-    header = json.dumps(_describe(value, chunks, [0], "value", to), separators=(",", ":")).encode()
+    header = json.dumps(_describe(value, chunks, [0], "value", to, offsets), separators=(",", ":")).encode()
     header += b" " * (-(_PREFIX.size + len(header)) % ALIGN)  # the payload starts aligned
     head = torch.frombuffer(bytearray(_PREFIX.pack(MAGIC, VERSION, len(header)) + header), dtype=torch.uint8)
     return head, chunks
@@ -159,9 +239,14 @@ def _fail(what: str) -> CodecError:
     return CodecError(f"malformed message: {what}")
 
 
-#: A compiled header: builds the value from a payload, a device (``None``: where the payload
-#: is) and whether tensors are copied out of the payload (``True``) or viewed in it.
-Plan = Callable[[torch.Tensor, "torch.device | None", bool], Any]
+#: A compiled header: builds the value from a payload (1-D, contiguous), the payload as a numpy
+#: array (``None`` where there is none: a payload on another device, or tensors copied out), a
+#: device (``None``: where the payload is) and whether tensors are copied out of the payload
+#: (``True``) or viewed in it.
+Plan = Callable[[torch.Tensor, "np.ndarray | None", "torch.device | None", bool], Any]
+
+#: numpy's dtype of each carried torch dtype (bfloat16 has none: it is decoded with torch ops)
+_NUMPY = {d: torch.empty(0, dtype=d).numpy().dtype for d in DTYPES.values() if d is not torch.bfloat16}
 
 
 def _compile(node: Any, depth: int) -> Plan:
@@ -181,9 +266,14 @@ def _compile(node: Any, depth: int) -> Plan:
         if not _is_shape(batch):
             raise _fail(f"bad TensorDict batch size {batch!r}")
         parts = {k: _compile(v, depth + 1) for k, v in items.items()}
+        # entries of a shape checked here skip TensorDict's per-message checks
+        checked = _new_unsafe is not None and all(_leading(v, batch) for v in items.values())
+        size = torch.Size(batch)
 
-        def build_td(payload: torch.Tensor, device: torch.device | None, copy: bool) -> Any:
-            built = {k: f(payload, device, copy) for k, f in parts.items()}
+        def build_td(payload: torch.Tensor, arr: np.ndarray | None, device: torch.device | None, copy: bool) -> Any:
+            built = {k: f(payload, arr, device, copy) for k, f in parts.items()}
+            if checked:
+                return _new_unsafe(built, batch_size=size, device=device)
             try:
                 return TensorDict(built, batch_size=batch, device=device)
             except (RuntimeError, ValueError) as e:
@@ -191,29 +281,45 @@ def _compile(node: Any, depth: int) -> Plan:
 
         return build_td
     if t == "none":
-        return lambda payload, device, copy: None
+        return lambda payload, arr, device, copy: None
     if t in ("bool", "int", "float", "str"):
         v = node.get("v")
         ok = {"bool": bool, "int": int, "float": (int, float), "str": str}[t]
         if not isinstance(v, ok) or (t == "int" and isinstance(v, bool)):
             raise _fail(f"a {t} entry holds {v!r}")
         v = float(v) if t == "float" else v
-        return lambda payload, device, copy: v
+        return lambda payload, arr, device, copy: v
     if t == "dict":
         items = node.get("items")
         if not isinstance(items, dict):
             raise _fail("a dict entry without items")
         fields = [(k, _compile(v, depth + 1)) for k, v in items.items()]
-        return lambda payload, device, copy: {k: f(payload, device, copy) for k, f in fields}
+        return lambda payload, arr, device, copy: {k: f(payload, arr, device, copy) for k, f in fields}
     if t in ("list", "tuple"):
         items = node.get("items")
         if not isinstance(items, list):
             raise _fail(f"a {t} entry without items")
         elements = [_compile(v, depth + 1) for v in items]
         if t == "list":
-            return lambda payload, device, copy: [f(payload, device, copy) for f in elements]
-        return lambda payload, device, copy: tuple(f(payload, device, copy) for f in elements)
+            return lambda payload, arr, device, copy: [f(payload, arr, device, copy) for f in elements]
+        return lambda payload, arr, device, copy: tuple(f(payload, arr, device, copy) for f in elements)
     raise _fail(f"unknown entry type {t!r}")
+
+
+#: TensorDict's constructor without its checks (tensordict >= 0.6), for entries checked once per header
+_new_unsafe = getattr(TensorDict, "_new_unsafe", None)
+
+
+def _leading(node: Any, batch: list[int]) -> bool:
+    """Whether a (compiled, so well-formed) header entry is a tensor or a TensorDict whose
+    shape starts with ``batch``."""
+    if node["t"] == "tensor":
+        shape = node["shape"]
+    elif node["t"] == "td":
+        shape = node["batch"]
+    else:
+        return False
+    return len(shape) >= len(batch) and shape[:len(batch)] == batch
 
 
 def _is_shape(shape: Any) -> bool:
@@ -247,12 +353,20 @@ def _compile_tensor(node: dict[str, Any]) -> Plan:
     if numel * itemsize != n:
         raise _fail(f"shape {shape} of {node['dtype']} needs {numel * itemsize} bytes, the header says {n}")
     end = off + n
+    npdtype = _NUMPY.get(dtype)
+    tshape = tuple(shape)
 
-    def build_tensor(payload: torch.Tensor, device: torch.device | None, copy: bool) -> torch.Tensor:
+    def build_tensor(payload: torch.Tensor, arr: np.ndarray | None, device: torch.device | None,
+                     copy: bool) -> torch.Tensor:
         if end > payload.numel():
             raise _fail(f"tensor bytes [{off}, {off}+{n}) outside the {payload.numel()}-byte payload")
         if not n:
             out = torch.empty(shape, dtype=dtype)
+        elif (copy or off % itemsize) and payload.device.type == "cpu":  # one copy into memory torch owns
+            out = torch.empty(tshape, dtype=dtype)
+            ctypes.memmove(out.data_ptr(), payload.data_ptr() + off, n)
+        elif arr is not None and npdtype is not None and not copy:  # numpy's views cost less than torch's
+            out = torch.from_numpy(arr[off:end].view(npdtype).reshape(tshape))
         else:
             raw = payload[off:end]
             if copy or raw.storage_offset() % itemsize:
@@ -319,7 +433,7 @@ def decode(message: torch.Tensor | bytes | bytearray, device: torch.device | str
     """The value :func:`encode` put into ``message``.
 
     Args:
-        message: a 1-D ``uint8`` tensor (or bytes) as :func:`encode` returned it.
+        message: a 1-D ``uint8`` tensor (or bytes, or a bytearray) as :func:`encode` returned it.
         device: where the decoded tensors go (default: the CPU).
         copy: copy every tensor out of ``message`` (default). ``False``: CPU tensors are views of
             ``message`` where their bytes are aligned for their dtype (every tensor of a
@@ -335,10 +449,15 @@ def decode(message: torch.Tensor | bytes | bytearray, device: torch.device | str
             not match its byte count).
     """
     if isinstance(message, (bytes, bytearray)):
-        message = torch.frombuffer(bytearray(message), dtype=torch.uint8) if message else torch.empty(0, dtype=torch.uint8)
+        if not message:
+            message = torch.empty(0, dtype=torch.uint8)
+        else:  # a bytearray the caller hands over (``copy=False``) is viewed, not copied
+            message = torch.frombuffer(message if isinstance(message, bytearray) and not copy else bytearray(message),
+                                       dtype=torch.uint8)
     header, start = _header_bytes(message)
-    payload = message.cpu()[start:]
-    return _plan(header)(payload, torch.device(device) if device is not None else None, copy)
+    payload = message.cpu().contiguous()[start:]
+    return _plan(header)(payload, None if copy else payload.numpy(), torch.device(device) if device is not None else None,
+                         copy)
 
 
 def payload_size(head: torch.Tensor, limit: int = MAX_MESSAGE) -> int:
@@ -388,4 +507,4 @@ def decode_parts(head: torch.Tensor, payload: torch.Tensor, device: torch.device
     header, _ = _header_bytes(head)
     if payload.dtype != torch.uint8 or payload.dim() != 1:
         raise _fail(f"expected a 1-D uint8 payload, got {payload.dtype} of shape {tuple(payload.shape)}")
-    return _plan(header)(payload, torch.device(device) if device is not None else payload.device, True)
+    return _plan(header)(payload.contiguous(), None, torch.device(device) if device is not None else payload.device, True)
