@@ -4,7 +4,8 @@
 up to a third from run to run, so the headline ratio of the asynchronous boundaries is taken here
 from rounds that alternate ``single``, overlapped coarse x1 and x2 (their boundaries between
 processes of this machine over Unix sockets, ``cluster.boundary_transport=auto``, and over gRPC,
-``grpc``), each row's median over the rounds.
+``grpc``; x2 also with ``cluster.learner_priority=off``: under ``auto`` its three replicas
+outnumber the two cores and the actors run at niceness 10), each row's median over the rounds.
 
     python bench/bench_overlap_rounds.py --rounds 3
 """
@@ -18,10 +19,13 @@ import statistics
 import torch
 from bench_runtime import OVERLAP, measure
 
-#: (policy, replicas, boundary kinds, cluster.boundary_transport)
-ROWS = [("single", {}, {}, "auto"),
-        ("single_learner_coarse", {"actor": 1}, OVERLAP, "auto"), ("single_learner_coarse", {"actor": 2}, OVERLAP, "auto"),
-        ("single_learner_coarse", {"actor": 1}, OVERLAP, "grpc"), ("single_learner_coarse", {"actor": 2}, OVERLAP, "grpc")]
+#: (policy, replicas, boundary kinds, cluster.boundary_transport, cluster.learner_priority)
+ROWS = [("single", {}, {}, "auto", "auto"),
+        ("single_learner_coarse", {"actor": 1}, OVERLAP, "auto", "auto"),
+        ("single_learner_coarse", {"actor": 2}, OVERLAP, "auto", "auto"),
+        ("single_learner_coarse", {"actor": 2}, OVERLAP, "auto", "off"),
+        ("single_learner_coarse", {"actor": 1}, OVERLAP, "grpc", "auto"),
+        ("single_learner_coarse", {"actor": 2}, OVERLAP, "grpc", "auto")]
 
 
 def main() -> None:
@@ -35,9 +39,9 @@ def main() -> None:
 
     sps: dict[int, list[float]] = {i: [] for i in range(len(ROWS))}
     for r in range(args.rounds):
-        for i, (policy, replicas, boundaries, transport) in enumerate(ROWS):
+        for i, (policy, replicas, boundaries, transport, priority) in enumerate(ROWS):
             sps[i].append(measure(policy, replicas, "ray", args.iterations, args.warmup, boundaries=boundaries,
-                                  boundary_transport=transport)["sps"])
+                                  boundary_transport=transport, learner_priority=priority)["sps"])
             if ray.is_initialized():
                 ray.shutdown()
         print(f"round {r + 1}: " + ", ".join(f"{s[-1]:.0f}" for s in sps.values()), flush=True)
@@ -46,9 +50,9 @@ def main() -> None:
           f"{args.rounds} rounds x {args.iterations} iterations")
     print("| row | env steps/s per round | median | vs single |")
     print("| --- | --- | --- | --- |")
-    for i, (policy, replicas, boundaries, transport) in enumerate(ROWS):
+    for i, (policy, replicas, boundaries, transport, priority) in enumerate(ROWS):
         name = policy + (f" x{replicas['actor']}, overlapped, {'Unix sockets' if transport == 'auto' else 'gRPC'}"
-                         if boundaries else "")
+                         + (", learner_priority=off" if priority == "off" else "") if boundaries else "")
         m = statistics.median(sps[i])
         print(f"| {name} | {', '.join(f'{x:.0f}' for x in sps[i])} | {m:.0f} | {m / base:.2f}x |")
 

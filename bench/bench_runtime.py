@@ -40,7 +40,7 @@ ROWS = [
 
 def measure(policy: str, replicas: dict[str, int], runtime: str, iterations: int, warmup: int,
             intra_node: str = "shm", boundaries: dict[str, str] | None = None, overrides: tuple[str, ...] = (),
-            chunk: int = 64, boundary_transport: str = "auto") -> dict:
+            chunk: int = 64, boundary_transport: str = "auto", learner_priority: str = "auto") -> dict:
     """Env steps/s over ``iterations`` iterations, the median comm share (Ray only), the
     iterations' records and the job's spec (``overrides``: more YAML overrides)."""
     from msrl.config import build_job_spec, load_config
@@ -53,7 +53,8 @@ def measure(policy: str, replicas: dict[str, int], runtime: str, iterations: int
     if runtime == "ray":
         from msrl.cluster.ray_runtime import RayJob
 
-        job = RayJob(spec, intra_node=intra_node, boundary_transport=boundary_transport)
+        job = RayJob(spec, intra_node=intra_node, boundary_transport=boundary_transport,
+                     learner_priority=learner_priority)
     else:
         job = Job(spec)
     try:

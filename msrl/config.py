@@ -155,6 +155,12 @@ class ClusterConfig(_Strict):
         description="how asynchronous boundaries (fifo, latest) cross between processes: auto (a Unix socket between "
                     "replicas of one machine, gRPC between machines) or grpc (gRPC for all)",
     )
+    learner_priority: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="run producer-only replicas (they put on fifo boundaries and take from none: the actors of "
+                    "overlapped coarse and of async_learner) at niceness 10, so that the replicas they feed run "
+                    "whenever they can: auto (on a machine whose cores the job's replicas outnumber), on, or off",
+    )
 
 
 class RunConfig(_Strict):

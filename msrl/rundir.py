@@ -36,7 +36,8 @@ __all__ = ["RunLock", "check_runs_dir", "new_run_dir", "atomic_write_text", "wri
 #: ``learn(..., reset_num_timesteps=False)`` does.
 RESUMABLE = ("train.total_env_steps", "train.eval_every", "train.checkpoint_every", "train.stop_at_return",
              "train.progress", "cluster.address", "cluster.max_restarts", "cluster.intra_node",
-             "cluster.boundary_transport", "env.num_workers")
+             "cluster.boundary_transport", "cluster.learner_priority",
+             "env.num_workers")
 
 
 class RunLock:

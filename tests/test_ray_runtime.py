@@ -363,13 +363,22 @@ def test_overlapped_coarse_streams_between_its_processes(ray_local, spec_factory
     """Coarse with its boundaries made asynchronous, on Ray: the consumers' servers are Unix
     sockets (every replica on this machine, ``cluster.boundary_transport=auto``) or gRPC servers
     on the node's address, never a wildcard (``grpc``); the actors' streams carry every
-    trajectory (no frame refused, none dropped), and the learner records each one's policy lag."""
-    from msrl.cluster.ray_runtime import RayJob
+    trajectory (no frame refused, none dropped), and the learner records each one's policy lag.
+    With ``cluster.learner_priority=on`` the actors (producer-only) run at niceness 10 above the
+    learner; with ``off`` all run at the driver's."""
+    import ray
+
+    from msrl.cluster.ray_runtime import PRODUCER_NICE, RayJob
 
     spec = spec_factory("single_learner_coarse")
     policy = spec.policy.with_overrides(boundaries={"trajectories": "fifo", "weights": "latest"})
-    job = RayJob(dataclasses.replace(spec, policy=policy), boundary_transport=transport)
+    priority = "on" if transport == "auto" else "off"
+    job = RayJob(dataclasses.replace(spec, policy=policy), boundary_transport=transport, learner_priority=priority)
     try:
+        nice = dict(zip(job.keys, ray.get([a.priority.remote() for a in job.actors])))
+        base = nice[("learner", 0)]
+        want = min(19, base + PRODUCER_NICE) if priority == "on" else base
+        assert nice == {("learner", 0): base, ("actor", 0): want, ("actor", 1): want}, nice
         job.reset()
         records = job.run(12)
         lags = [lag for r in records for lag in r["policy_lags"]]
@@ -500,3 +509,36 @@ def test_replicas_on_one_machine_listen_on_loopback_only(ray_local, spec_factory
                 assert [a for a in listening if a != LOOPBACK] == ray_own, listening  # else Ray's worker server only
         finally:
             job.close()
+
+
+@pytest.mark.parametrize("policy, boundaries, producers", [
+    ("single_learner_coarse", {"trajectories": "fifo", "weights": "latest"}, {"actor"}),
+    ("single_learner_coarse", {}, set()),  # synchronous: everyone waits on everyone
+    ("async_learner", {}, {"actor"}),
+    ("single_learner_fine", {}, set()),  # env replicas wait on the central replica's actions
+])
+def test_learner_priority_lowers_only_producer_only_replicas(spec_factory, policy, boundaries, producers):
+    """``cluster.learner_priority``: the producer-only fragments of each policy, and which of
+    their replicas each mode lowers -- ``auto`` only on a machine the job's replicas outnumber."""
+    from msrl.cluster.ray_runtime import producer_only_fragments, producers_to_lower
+    from msrl.job import METHODS, partition_job
+    from msrl.probe import probe as run_probe
+    from msrl.tracer import trace
+
+    spec = spec_factory(policy)
+    if boundaries:
+        spec = dataclasses.replace(spec, policy=spec.policy.with_overrides(boundaries=boundaries))
+    graphs = {m: trace(spec.algorithm.trainer, m) for m in METHODS}
+    run_probe(graphs, spec)
+    fg = partition_job(graphs, spec.policy)
+    assert producer_only_fragments(fg) == producers
+    keys = [(f.name, r) for f in spec.policy.fragments for r in range(f.replicas)]
+    lowered = [k for k in keys if k[0] in producers]
+    for cores, auto in ((len(keys) - 1, lowered), (len(keys), [])):  # outnumbered, or not
+        peers = {k: {"node_id": "n1", "cores": cores} for k in keys}
+        assert producers_to_lower(keys, peers, producers, "auto") == auto
+        assert producers_to_lower(keys, peers, producers, "on") == lowered
+        assert producers_to_lower(keys, peers, producers, "off") == []
+    # two machines: only the outnumbered one's producers (two replicas on one core, the rest on 64)
+    peers = {k: {"node_id": "n1" if i < 2 else "n2", "cores": 1 if i < 2 else 64} for i, k in enumerate(keys)}
+    assert producers_to_lower(keys, peers, producers, "auto") == [k for k in keys[:2] if k in lowered]

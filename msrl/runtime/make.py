@@ -31,7 +31,7 @@ def make_job(spec: JobSpec, cfg: RunConfig) -> Any:
                   cpus_per_replica=cfg.cluster.cpus_per_replica, gpus_per_replica=cfg.cluster.gpus_per_replica,
                   strategy=cfg.cluster.strategy, intra_node=cfg.cluster.intra_node, tls=tls_config(cfg),
                   max_message=int(cfg.cluster.max_message_mb * (1 << 20)), replica_timeout_s=cfg.cluster.replica_timeout_s,
-                  boundary_transport=cfg.cluster.boundary_transport)
+                  boundary_transport=cfg.cluster.boundary_transport, learner_priority=cfg.cluster.learner_priority)
 
 
 def tls_config(cfg: RunConfig) -> Any:
