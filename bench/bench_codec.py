@@ -16,20 +16,11 @@ import torch
 
 
 def _values():
-    from msrl.config import build_job_spec, load_config
-    from msrl.job import Job
+    from bench_overlap_floor import _rollout, _trainer
 
-    job = Job(build_job_spec(load_config("configs/ppo_cartpole.yaml",
-                                         ["distribution_policy.name=single", "env.num_envs=8"])), probe=False)
-    t = job.trainers[("main", 0)]
-    obs = t.env.reset(seed=1)
-    for _ in range(t.hparams.num_steps):
-        action, log_prob, value = t.actor.act(obs)
-        next_obs, reward, terminated, truncated, info = t.env.step(action)
-        t.buffer.insert(obs=obs, action=action, log_prob=log_prob, value=value, reward=reward,
-                        terminated=terminated, truncated=truncated, next_obs=info["final_obs"])
-        obs = next_obs
-    out = {"trajectory": t.buffer.gather().clone(), "weights": t.learner.get_weights()}
+    job, t = _trainer(8)
+    batch, _ = _rollout(t, t.env.reset(seed=1))
+    out = {"trajectory": batch.clone(), "weights": t.learner.get_weights()}
     job.close()
     return out
 
@@ -56,9 +47,10 @@ def main() -> None:
     for name, value in _values().items():
         message = encode(value)
         received = message.numpy().tobytes()
-        print(f"| {name} | {message.numel()} | {_us(lambda: encode(value), args.calls):.1f} "
-              f"| {_us(lambda: decode(bytearray(received), copy=False), args.calls):.1f} "
-              f"| {_us(lambda: decode(message), args.calls):.1f} |", flush=True)
+        enc = _us(lambda v=value: encode(v), args.calls)
+        viewed = _us(lambda r=received: decode(bytearray(r), copy=False), args.calls)
+        copied = _us(lambda m=message: decode(m), args.calls)
+        print(f"| {name} | {message.numel()} | {enc:.1f} | {viewed:.1f} | {copied:.1f} |", flush=True)
 
 
 if __name__ == "__main__":
