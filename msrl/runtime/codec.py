@@ -131,7 +131,7 @@ def encode(value: Any, min_size: int = 0) -> torch.Tensor:
     try:
         key = _signature(value, leaves)
         layout = _LAYOUTS.get(key)
-    except (_Unkeyed, TypeError):  # a leaf the cache does not key: the full path names what is wrong
+    except _Unkeyed:  # a leaf the cache does not key: the full path names what is wrong
         key = layout = None
     if layout is None:
         offsets: list[int] = []
