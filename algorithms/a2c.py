@@ -147,4 +147,5 @@ ALGORITHM = AlgorithmSpec(
     trainer=A2CTrainer,
     components={"actor": PPOActor, "buffer": RolloutBuffer, "learner": A2CLearner},
     env_steps_per_iteration=lambda hp, total_num_envs: hp.num_steps * total_num_envs,
+    policy_lag="uncorrected",  # its gradient assumes the learner's own policy acted
 )

@@ -362,4 +362,5 @@ ALGORITHM = AlgorithmSpec(
     components={"actor": DQNActor, "buffer": ReplayBuffer, "learner": DQNLearner},
     env_steps_per_iteration=lambda hp, total_num_envs: hp.train_frequency * total_num_envs,
     action_spaces=(gymnasium.spaces.Discrete,),
+    policy_lag="corrected",  # off-policy: learns from a replay buffer
 )

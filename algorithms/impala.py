@@ -170,4 +170,5 @@ ALGORITHM = AlgorithmSpec(
     trainer=IMPALATrainer,
     components={"actor": PPOActor, "buffer": RolloutBuffer, "learner": IMPALALearner},
     env_steps_per_iteration=lambda hp, total_num_envs: hp.num_steps * total_num_envs,
+    policy_lag="corrected",  # V-trace (Espeholt et al. 2018, eq. 1)
 )

@@ -226,4 +226,5 @@ ALGORITHM = AlgorithmSpec(
     env_steps_per_iteration=lambda hp, total_num_envs: hp.num_steps * total_num_envs,
     action_spaces=(gymnasium.spaces.Discrete, gymnasium.spaces.MultiDiscrete),
     num_agents=(2, None),
+    policy_lag="corrected",  # the clipped ratio to the behaviour policy's log-prob
 )

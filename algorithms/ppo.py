@@ -636,4 +636,5 @@ ALGORITHM = AlgorithmSpec(
     trainer=PPOTrainer,
     components={"actor": PPOActor, "buffer": RolloutBuffer, "learner": PPOLearner},
     env_steps_per_iteration=lambda hp, total_num_envs: hp.num_steps * total_num_envs,
+    policy_lag="corrected",  # the clipped ratio to the behaviour policy's log-prob
 )

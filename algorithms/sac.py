@@ -371,4 +371,5 @@ ALGORITHM = AlgorithmSpec(
     components={"actor": SACActor, "buffer": ReplayBuffer, "learner": SACLearner},
     env_steps_per_iteration=lambda hp, total_num_envs: total_num_envs,
     action_spaces=(gymnasium.spaces.Box,),
+    policy_lag="corrected",  # off-policy: learns from a replay buffer
 )

@@ -66,7 +66,47 @@ def _auth_token_available() -> bool:
     return os.path.isfile(path)
 
 
-def init_ray(address: str | None, num_cpus: int) -> None:
+def _check_reachable(address: str, timeout_s: float) -> None:
+    """Opens (and closes) a TCP connection to a ``HOST:PORT`` cluster address within
+    ``timeout_s``: a closed port or an unknown host is one line at once, where Ray's own join
+    retries for minutes. Other forms (``auto``, ``ray://...``) are left to Ray.
+
+    Raises:
+        ClusterJoinError: nothing answers at the address within ``timeout_s``.
+    """
+    import socket
+
+    host, sep, port = address.rpartition(":")
+    if not sep or "://" in address or not port.isdigit() or not host:
+        return
+    host = host.strip("[]")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            pass
+    except OSError as e:
+        why = "timed out" if isinstance(e, TimeoutError) else (e.strerror or str(e))
+        raise ClusterJoinError(
+            f"cannot join the Ray cluster at cluster.address={address}: nothing answered there within "
+            f"cluster.connect_timeout_s={timeout_s:g} s ({why}); check the address (HOST:PORT of the head's GCS, as "
+            "`ray start --head` printed it), that the head runs, and that the port is reachable from here"
+        ) from None
+    if os.environ.get("RAY_USE_TLS", "0") in ("0", ""):  # Ray's GCS speaks gRPC: a handshake, bounded
+        import grpc
+
+        channel = grpc.insecure_channel(f"{host}:{port}")
+        try:
+            grpc.channel_ready_future(channel).result(timeout=timeout_s)
+        except grpc.FutureTimeoutError:
+            raise ClusterJoinError(
+                f"cannot join the Ray cluster at cluster.address={address}: something listens there but did not "
+                f"answer as a Ray GCS (gRPC) within cluster.connect_timeout_s={timeout_s:g} s; check the port (the "
+                "head's GCS port, 6379 unless `ray start --head --port` chose another)"
+            ) from None
+        finally:
+            channel.close()
+
+
+def init_ray(address: str | None, num_cpus: int, connect_timeout_s: float = 60.0) -> None:
     """Starts or joins Ray for a job.
 
     Without ``address`` (and no ``RAY_ADDRESS`` in the environment) a new Ray instance starts on
@@ -77,6 +117,9 @@ def init_ray(address: str | None, num_cpus: int) -> None:
     token authentication on, and a cluster without it accepts a client that presents one.
 
     Joining says so on stderr (``msrl: joined the Ray cluster at ADDRESS (N node(s), C CPUs)``).
+    A join takes at most about ``connect_timeout_s`` (``cluster.connect_timeout_s``): a
+    ``HOST:PORT`` where nothing listens is refused at once, and Ray's own attempts to reach its
+    GCS are bounded by it (``RAY_gcs_server_port_wait_time_s``, unless set).
 
     Raises:
         ClusterJoinError: Ray could not connect to ``address``; the message names the address,
@@ -100,6 +143,8 @@ def init_ray(address: str | None, num_cpus: int) -> None:
         else:
             maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
     t0 = time.monotonic()
+    _check_reachable(address, connect_timeout_s)
+    os.environ.setdefault("RAY_gcs_server_port_wait_time_s", str(max(1, math.ceil(connect_timeout_s))))
     try:
         ray.init(address=address, log_to_driver=False, configure_logging=False)
     except (ConnectionError, TimeoutError) as e:
@@ -527,7 +572,8 @@ class RayJob:
                  gpus_per_replica: float = 0.0,
                  timeout_s: float = 600.0, placement_timeout_s: float = 60.0, intra_node: str = "shm",
                  tls: Any = None, max_message: int | None = None, replica_timeout_s: float = 30.0,
-                 boundary_transport: str = "auto", learner_priority: str = "auto") -> None:
+                 boundary_transport: str = "auto", learner_priority: str = "auto",
+                 connect_timeout_s: float = 60.0) -> None:
         import secrets
 
         import ray
@@ -569,6 +615,10 @@ class RayJob:
             drawn = run_probe(self.graphs, spec)
         self.fragment_graph = partition_job(self.graphs, spec.policy)
         self.fragment_graph.generator_kinds = drawn
+        if probe:
+            from msrl.probe import check_message_sizes
+
+            check_message_sizes(self.graphs, self.fragment_graph, spec.num_envs, max_message or CODEC_MAX_MESSAGE)
         self.keys = [(f.name, r) for f in spec.policy.fragments for r in range(f.replicas)]
         need = cpus_per_replica * len(self.keys)
         self._started_ray = not ray.is_initialized()
@@ -576,7 +626,7 @@ class RayJob:
             _quiet_token_note()
             # on this machine: declare at least the CPUs the bundles ask for (one thread each
             # when they outnumber the cores; they then share cores, never spin on them)
-            init_ray(address, max(os.cpu_count() or 1, math.ceil(need)))
+            init_ray(address, max(os.cpu_count() or 1, math.ceil(need)), connect_timeout_s)
         for res, per, key in (("CPU", cpus_per_replica, "cpus_per_replica"), ("GPU", gpus_per_replica, "gpus_per_replica")):
             have = ray.cluster_resources().get(res, 0)
             if per * len(self.keys) > have:

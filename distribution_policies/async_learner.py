@@ -23,7 +23,8 @@ POLICY = DistributionPolicy(
     ),
     boundaries=(
         BoundaryClass("trajectories", "actor", "learner", "fifo", "what the actors send the learner (rollouts, samples)"),
-        BoundaryClass("weights", "learner", "actor", "latest", "what the learner sends the actors (weights)"),
+        BoundaryClass("weights", "learner", "actor", "latest", "what the learner sends the actors (weights)",
+                      data=False),
     ),
     queue_capacity=1,
 )

@@ -26,6 +26,7 @@ POLICY = DistributionPolicy(
     ),
     boundaries=(
         BoundaryClass("trajectories", "actor", "learner", "sync", "what the actors send the learner (rollouts, samples)"),
-        BoundaryClass("weights", "learner", "actor", "sync", "what the learner sends the actors (weights)"),
+        BoundaryClass("weights", "learner", "actor", "sync", "what the learner sends the actors (weights)",
+                      data=False),
     ),
 )

@@ -541,6 +541,13 @@ class AlgorithmSpec:
         observation_spaces, action_spaces: the gymnasium space classes of one agent's
             observation and action it supports (the config refuses an env with others).
         num_agents: the agents per env it supports, ``(least, most)`` (``None``: no limit).
+        policy_lag: how its update treats data collected with older weights, which actors of
+            a policy with a ``latest`` weights boundary (``async_learner``, overlapped coarse)
+            produce: ``"corrected"`` (it corrects for the behaviour policy: V-trace, PPO's
+            clipped importance ratio, or off-policy learning from a replay buffer),
+            ``"uncorrected"`` (it assumes the learner's own policy acted, as A2C's gradient
+            does: the config refuses such policies), or ``None`` (not declared: a run under
+            such a policy says once on stderr that its actors lag).
     """
 
     name: str
@@ -551,6 +558,11 @@ class AlgorithmSpec:
     observation_spaces: tuple[type[gymnasium.Space], ...] = (gymnasium.spaces.Box,)
     action_spaces: tuple[type[gymnasium.Space], ...] = (gymnasium.spaces.Discrete, gymnasium.spaces.Box)
     num_agents: tuple[int, int | None] = (1, 1)
+    policy_lag: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.policy_lag not in (None, "corrected", "uncorrected"):
+            raise ValueError(f"AlgorithmSpec.policy_lag={self.policy_lag!r}: expected 'corrected', 'uncorrected' or None")
 
     def unsupported(self, env: EnvSpec) -> str | None:
         """Why this algorithm cannot train on ``env`` (``None`` when it can)."""

@@ -34,6 +34,20 @@ __all__ = ["ConfigError", "RunConfig", "load_config", "apply_overrides", "parse_
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _on_off_from_yaml_booleans(cls, data: Any) -> Any:
+        """YAML 1.1 reads an unquoted ``on``/``off`` (and ``yes``/``no``) as a boolean: where a
+        key's values are the words ``on`` and ``off``, ``True``/``False`` mean them."""
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for name, field in cls.model_fields.items():
+            words = getattr(field.annotation, "__args__", ())
+            if isinstance(out.get(name), bool) and "on" in words and "off" in words:
+                out[name] = "on" if out[name] else "off"
+        return out
+
 
 class AlgorithmConfig(_Strict):
     """``algorithm``: which file of ``algorithms/`` and its hyperparameters."""
@@ -123,6 +137,10 @@ class ClusterConfig(_Strict):
     """``cluster``: where the Ray runtime runs its replicas."""
 
     address: str | None = Field(None, description="a Ray cluster's address (default: start Ray on this machine)")
+    connect_timeout_s: float = Field(
+        60.0, gt=0, le=3600, description="the longest a join of cluster.address may take, in seconds: nothing "
+        "answering there by then is one error line (exit status 2)"
+    )
     cpus_per_replica: float = Field(1.0, gt=0, description="CPUs of each replica's placement-group bundle (its torch/OpenMP threads)")
     gpus_per_replica: float = Field(0.0, ge=0, description="GPUs of each replica's placement-group bundle")
     strategy: Literal["PACK", "SPREAD"] = Field("PACK", description="placement-group strategy")
@@ -217,6 +235,9 @@ def _format(e: pydantic.ValidationError, root: type[BaseModel], prefix: str = ""
             lines.append(f"missing key {path!r}")
         elif err["type"] == "value_error":  # a validator's own message names the value
             lines.append(f"{path}={err.get('input')}: {err['msg'].removeprefix('Value error, ')}")
+        elif isinstance(err.get("input"), bool) and err["type"] in ("literal_error", "string_type", "enum"):
+            lines.append(f"{path}: {err['msg']} (got {err['input']!r}: YAML reads an unquoted yes/no/on/off/true/false "
+                         "as a boolean; quote the value, e.g. \"no\")")
         else:
             lines.append(f"{path}: {err['msg']} (got {err.get('input')!r})")
     return "; ".join(lines)
@@ -303,7 +324,7 @@ def _hparams(cfg: RunConfig, algorithm: Any) -> Any:
             + ", ".join(fields)
         )
     try:
-        return pydantic.TypeAdapter(cls).validate_python(dict(cfg.algorithm.hparams))
+        hparams = pydantic.TypeAdapter(cls).validate_python(dict(cfg.algorithm.hparams))
     except pydantic.ValidationError as e:
         msgs = [f"algorithm.hparams.{'.'.join(map(str, x['loc']))}: {x['msg']} (got {x.get('input')!r})" if x["loc"]
                 else f"algorithm.hparams: {x['msg'].removeprefix('Value error, ')}"  # a check across fields
@@ -311,6 +332,31 @@ def _hparams(cfg: RunConfig, algorithm: Any) -> Any:
         raise ConfigError("; ".join(msgs)) from None
     except ValueError as e:
         raise ConfigError(f"algorithm.hparams: {e}") from None
+    for f in dataclasses.fields(hparams):
+        bad = _non_finite(getattr(hparams, f.name))
+        if bad is not None:
+            given = "set in the config" if f.name in cfg.algorithm.hparams else f"the default of {cls.__name__}"
+            raise ConfigError(f"algorithm.hparams.{f.name}={bad}: not a finite number ({given}); hyperparameters are "
+                              f"finite (e.g. {f.name}={_finite_example(f.default)})")
+    return hparams
+
+
+def _non_finite(value: Any) -> float | None:
+    """The first NaN or infinite float in ``value`` (a number, or a tuple/list/dict of them)."""
+    import math
+
+    if isinstance(value, float) and not math.isfinite(value):
+        return value
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (tuple, list)) else ()
+    for v in items:
+        bad = _non_finite(v)
+        if bad is not None:
+            return bad
+    return None
+
+
+def _finite_example(default: Any) -> Any:
+    return default if default is not dataclasses.MISSING and _non_finite(default) is None else 0.001
 
 
 def validate(raw: Mapping[str, Any]) -> RunConfig:
@@ -427,6 +473,10 @@ def build_job_spec(cfg: RunConfig) -> Any:
         if mode not in BOUNDARY_MODES:
             raise ConfigError(f"distribution_policy.boundaries.{key}={mode}: unknown boundary kind; "
                               f"kinds: {', '.join(BOUNDARY_MODES)}")
+        if mode == "latest" and classes[key].data:
+            raise ConfigError(f"distribution_policy.boundaries.{key}=latest: a latest-value slot keeps only the newest "
+                              f"value, and every value of {key} ({classes[key].description}) must arrive: all but the "
+                              "newest would be dropped; valid: sync or fifo (a bounded queue)")
     inference = None
     if dp.inference is not None:
         inf = policy.inference
@@ -453,6 +503,14 @@ def build_job_spec(cfg: RunConfig) -> Any:
     for frag_name, problem in policy.replica_problems():
         n = policy.fragment(frag_name).replicas
         raise ConfigError(f"distribution_policy.replicas.{frag_name}={n}: {problem}")
+    lagging = [bc for bc in policy.boundaries if bc.mode == "latest"]
+    if lagging and algorithm.policy_lag == "uncorrected":
+        slots = ", ".join(f"{bc.name}: latest" for bc in lagging)
+        raise ConfigError(
+            f"algorithm.name={cfg.algorithm.name} under distribution_policy.name={policy.name} ({slots}): the actors act "
+            f"with weights the learner has since updated (the policy lag), and {cfg.algorithm.name}'s update assumes the "
+            "learner's own policy acted, with no correction for it; use an algorithm that corrects for it (impala: "
+            f"V-trace; ppo) or synchronous weights (distribution_policy.boundaries.{lagging[0].name}=sync)")
     policy = policy.with_overrides(devices={f.name: resolve_device(f.device) for f in policy.fragments})
     for frag in policy.fragments:
         try:

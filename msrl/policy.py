@@ -73,6 +73,10 @@ class BoundaryClass:
             always synchronous).
         mode: the default kind, one of :data:`BOUNDARY_MODES`.
         description: what crosses (shown by ``msrl graph`` and in config errors).
+        data: whether every value that crosses must arrive (trajectories, observations): such
+            a class cannot be a ``latest`` slot, which keeps only the newest value and would
+            drop the rest (the config refuses it); ``False`` for state where the newest
+            supersedes the older (weights).
     """
 
     name: str
@@ -80,6 +84,7 @@ class BoundaryClass:
     dst: str
     mode: str = "sync"
     description: str = ""
+    data: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

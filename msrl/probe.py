@@ -14,6 +14,7 @@ graphs: ``{"kind", "axis", "type", "shape", "dtype"}``, shapes with the env axis
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import torch
@@ -21,12 +22,14 @@ from tensordict import TensorDictBase
 
 from msrl.api import declared_kinds
 from msrl.codegen import Lowering, generate
+from msrl.errors import ConfigError
 from msrl.graph import Graph, Node, NodeKind
 from msrl.partition import PartitionError, boundary_values, partition
 from msrl.policy import load_policy
 from msrl.tracer import check_references
 
-__all__ = ["probe", "PROBE_NUM_ENVS", "PROBE_MAX_ENV_STEPS", "describe_value", "DeclarationError"]
+__all__ = ["probe", "PROBE_NUM_ENVS", "PROBE_MAX_ENV_STEPS", "describe_value", "DeclarationError", "ProbeDiverged",
+           "message_nbytes", "check_message_sizes"]
 
 #: The two env counts of the probe runs.
 PROBE_NUM_ENVS = (2, 3)
@@ -40,18 +43,122 @@ class DeclarationError(PartitionError):
     what the probe observed."""
 
 
+class ProbeDiverged(ConfigError):
+    """The probe's first iterations met a NaN or an infinity (a component raised
+    ``FloatingPointError``, or a ``*_loss`` metric was not finite): an input error, raised before
+    any run directory is written. The message names the first non-finite value, the node and the
+    user's ``file:line`` where it showed, and the hyperparameters that feed it (those set in the
+    config, else every float one)."""
+
+
+def _feeding_hparams(hparams: Any) -> str:
+    """``name=value`` of the float hyperparameters set away from their defaults (all float
+    ones when none is), for :class:`ProbeDiverged`'s message."""
+    if not dataclasses.is_dataclass(hparams):
+        return "(none)"
+    floats = [f for f in dataclasses.fields(hparams) if isinstance(getattr(hparams, f.name), float)]
+    changed = [f for f in floats if f.default is dataclasses.MISSING or getattr(hparams, f.name) != f.default]
+    shown = changed or floats
+    text = ", ".join(f"{f.name}={getattr(hparams, f.name):g}" for f in shown) or "(none)"
+    return f"{text} ({'set in the config' if changed else 'the defaults'})"
+
+
+def _diverged(e: BaseException, programs: dict[str, Any], spec: Any, num_envs: int) -> ProbeDiverged:
+    """The :class:`ProbeDiverged` of ``e`` raised by one of ``programs`` (its node found from the
+    traceback, as :meth:`msrl.runtime.replica.Replica.run_method` finds it)."""
+    import traceback
+
+    node = None
+    files = {p.filename: p for p in programs.values()}
+    for frame, lineno in traceback.walk_tb(e.__traceback__):
+        program = files.get(frame.f_code.co_filename)
+        if program is not None:
+            node = program.node_at(lineno) or node
+    where = f" (in {node.describe()} at {node.where()})" if node is not None else ""
+    return ProbeDiverged(
+        f"the probe's first iterations ({num_envs} envs, before any run directory) met a non-finite value: {e}{where}; "
+        f"the hyperparameters that feed it: {_feeding_hparams(spec.hparams)} -- a learning rate or scale this large "
+        "diverges; use finite values of the usual size"
+    )
+
+
 def describe_value(v: Any) -> dict[str, Any]:
-    """``type``, ``shape`` (a tuple, or a dict of shapes for containers) and ``dtype`` of ``v``."""
+    """``type``, ``shape`` (a tuple, or a dict of shapes for containers), ``dtype`` and
+    ``nbytes`` (the bytes of every tensor in it) of ``v``."""
+    return {**_describe(v), "nbytes": _nbytes(v)}
+
+
+def _describe(v: Any) -> dict[str, Any]:
     if isinstance(v, torch.Tensor):
         return {"type": "Tensor", "shape": tuple(v.shape), "dtype": str(v.dtype).replace("torch.", "")}
     if isinstance(v, TensorDictBase):
         return {"type": "TensorDict", "shape": tuple(v.batch_size), "dtype": None}
     if isinstance(v, dict):
-        shapes = {k: describe_value(x)["shape"] for k, x in v.items()}
+        shapes = {k: _describe(x)["shape"] for k, x in v.items()}
         return {"type": "dict", "shape": shapes, "dtype": None}
     if isinstance(v, (tuple, list)):
-        return {"type": type(v).__name__, "shape": tuple(describe_value(x)["shape"] for x in v), "dtype": None}
+        return {"type": type(v).__name__, "shape": tuple(_describe(x)["shape"] for x in v), "dtype": None}
     return {"type": type(v).__name__, "shape": None, "dtype": None}
+
+
+def _nbytes(v: Any) -> int:
+    if isinstance(v, torch.Tensor):
+        return v.numel() * v.element_size()
+    if isinstance(v, TensorDictBase):
+        return sum(_nbytes(x) for x in v.values(include_nested=True, leaves_only=True))
+    if isinstance(v, dict):
+        return sum(_nbytes(x) for x in v.values())
+    if isinstance(v, (tuple, list)):
+        return sum(_nbytes(x) for x in v)
+    return 0
+
+
+def message_nbytes(info: dict[str, Any], envs: int) -> int | None:
+    """The tensor bytes of a probed value when ``envs`` envs produce it: linear in the env count
+    through the two probe runs' sizes (constant for a replicated value or a fixed-size batch);
+    ``None`` without probe sizes."""
+    sizes = info.get("nbytes")
+    if not sizes:
+        return None
+    (n0, b0), (n1, b1) = sorted(sizes.items())
+    per_env = (b1 - b0) / (n1 - n0)
+    return max(0, round(b0 + per_env * (envs - n0)))
+
+
+def check_message_sizes(graphs: dict[str, Graph], fg: Any, num_envs: int, max_message: int) -> None:
+    """Checks, from the probe's sizes, that one message of every boundary fits in
+    ``max_message`` bytes (``cluster.max_message_mb``) with the job's ``num_envs`` envs: a value
+    too large for the channels between processes is a config error before any replica starts or
+    any run directory is made, not a failure in the first iteration.
+
+    Raises:
+        ConfigError: a boundary whose tensors alone exceed the limit, named with its size and the
+            smallest ``cluster.max_message_mb`` that holds it.
+    """
+    infos: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for method, g in graphs.items():
+        for node in g.walk():
+            for name, info in node.meta.get("values", {}).items():
+                infos.setdefault((method, name), []).append(info)
+    for b in fg.boundaries:
+        parts = b.dst_replicas if b.pattern is NodeKind.SCATTER else b.src_replicas
+        envs = max(1, num_envs // max(1, parts))
+        sizes = [n for info in infos.get((b.method, b.value), []) if (n := message_nbytes(info, envs)) is not None]
+        if sizes and max(sizes) > max_message:
+            need = max(sizes) / (1 << 20)
+            size = f"{need:.1f} MiB" if need >= 1 else f"{max(sizes) / 1024:.1f} KiB"
+            raise ConfigError(
+                f"cluster.max_message_mb={max_message / (1 << 20):.4g}: boundary {b.name} ({b.src} -> {b.dst}) carries "
+                f"{size} of tensors in one message with {num_envs} envs, more than a message between processes "
+                f"may hold; set cluster.max_message_mb to at least {math.ceil(need * 1000) / 1000:g}, or send less"
+            )
+
+
+def _sizes(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[int, int] | None:
+    """Env count -> tensor bytes of a value in the two probe runs (``None`` if unseen)."""
+    if a is None or b is None:
+        return None
+    return {PROBE_NUM_ENVS[0]: a["nbytes"], PROBE_NUM_ENVS[1]: b["nbytes"]}
 
 
 def _leaves(shape: Any) -> list[tuple]:
@@ -106,7 +213,7 @@ def _run(
     import sys
 
     from msrl.fragments.torch_graph import LOWERING
-    from msrl.runtime.replica import build_trainers
+    from msrl.runtime.replica import as_floats, build_trainers, check_losses
     from msrl.tracer import TRACED_METHODS as METHODS
 
     single = load_policy("single")
@@ -140,9 +247,17 @@ def _run(
                 module_globals["_msrl_probe"] = record
                 programs[method] = generate(main.programs[method], "main", method, _instrumented(LOWERING), module_globals)
             before = GlobalGenerators()
-            programs["reset"].fn(trainer, None)
+            try:
+                programs["reset"].fn(trainer, None)
+            except FloatingPointError as e:
+                raise _diverged(e, programs, spec, num_envs) from e
+            iteration = 0
             while True:
-                programs["train_step"].fn(trainer, None)
+                iteration += 1
+                try:
+                    check_losses(as_floats(programs["train_step"].fn(trainer, None)), iteration)
+                except FloatingPointError as e:
+                    raise _diverged(e, programs, spec, num_envs) from e
                 if needed <= set(seen) or "env" not in trainer.components:
                     break
                 if trainer.env.env_steps >= PROBE_MAX_ENV_STEPS:
@@ -187,6 +302,7 @@ def _check_declaration(
         if kind == "replicated" and observed is not None:
             raise DeclarationError(what + f": it changes with the env count along axis {observed} (declare 'sharded')")
     info = dict(a) if a is not None else {"type": None, "shape": None, "dtype": None}
+    info["nbytes"] = _sizes(a, b)
     info["kind"], info["axis"], info["declared"] = kind, (None if kind == "replicated" else axis), True
     if kind == "sharded" and a is not None:
         info["shape"] = _symbolic(info["shape"], axis)
@@ -211,6 +327,8 @@ def probe(graphs: dict[str, Graph], spec: Any) -> frozenset[str]:
 
     Raises:
         DeclarationError: a declared kind disagrees with the shapes observed.
+        ProbeDiverged: a NaN or infinity showed in the probe's iterations (e.g. a learning rate
+            of 1e30), named with the node and the hyperparameters that feed it.
         Exception: whatever a component raises on the probe inputs (a bug in the algorithm
             shows here first, on tiny inputs).
     """
@@ -232,6 +350,7 @@ def probe(graphs: dict[str, Graph], spec: Any) -> frozenset[str]:
                     continue
                 axis = _env_axis(a[key]["shape"], b.get(key, a[key])["shape"])
                 info = dict(a[key])
+                info["nbytes"] = _sizes(a[key], b.get(key, a[key]))
                 info["kind"] = "sharded" if axis is not None else "replicated"
                 info["axis"] = axis
                 if axis is not None:

@@ -35,7 +35,7 @@ __all__ = ["RunLock", "check_runs_dir", "new_run_dir", "atomic_write_text", "wri
 #: the budget (``anneal_lr``) follow the new budget from the resume point, as SB3's
 #: ``learn(..., reset_num_timesteps=False)`` does.
 RESUMABLE = ("train.total_env_steps", "train.eval_every", "train.checkpoint_every", "train.stop_at_return",
-             "train.progress", "cluster.address", "cluster.max_restarts", "cluster.intra_node",
+             "train.progress", "cluster.address", "cluster.connect_timeout_s", "cluster.max_restarts", "cluster.intra_node",
              "cluster.boundary_transport", "cluster.learner_priority",
              "env.num_workers")
 
@@ -166,6 +166,13 @@ def check_resumable(saved: RunConfig, cfg: RunConfig, run_dir: str | pathlib.Pat
     """
     a, b = flatten(saved.model_dump()), flatten(cfg.model_dump())
     diff = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    _refuse_fixed(a, b, diff, run_dir)
+    return diff
+
+
+def _refuse_fixed(a: dict[str, Any], b: dict[str, Any], diff: Sequence[str], run_dir: str | pathlib.Path) -> None:
+    """Raises ConfigError naming the first key of ``diff`` outside :data:`RESUMABLE` (the root of
+    a difference first: another algorithm differs in every hyperparameter too)."""
     fixed = [k for k in diff if k not in RESUMABLE]
     if fixed:
         roots = ("algorithm.name", "env.id", "distribution_policy.name")
@@ -174,7 +181,6 @@ def check_resumable(saved: RunConfig, cfg: RunConfig, run_dir: str | pathlib.Pat
             f"--resume {run_dir}: {k}={b.get(k)!r} differs from the run's {a.get(k)!r} (config.yaml); a resumed run "
             f"may change only {', '.join(RESUMABLE)}"
         )
-    return diff
 
 
 def resume_config(run_dir: str | pathlib.Path, overrides: Sequence[str] = (),
@@ -186,11 +192,17 @@ def resume_config(run_dir: str | pathlib.Path, overrides: Sequence[str] = (),
         ConfigError: not a run directory, an invalid override, or a change to a key outside
             :data:`RESUMABLE`.
     """
-    from msrl.config import apply_overrides, load_config
+    from msrl.config import load_config, parse_overrides, set_values
 
     saved = load_run_config(run_dir)
     if config is None:
-        cfg = validate(apply_overrides(saved.model_dump(), overrides))
+        values = parse_overrides(overrides)
+        # a key a resumed run cannot change is named before the new config is checked: with
+        # algorithm.name=dqn the run's PPO hyperparameters would be the first error otherwise
+        a = flatten(saved.model_dump())
+        given = {".".join(path): value for path, value in values}
+        _refuse_fixed(a, given, [k for k, v in given.items() if k not in a or a[k] != v], run_dir)
+        cfg = validate(set_values(saved.model_dump(), values))
     else:
         cfg = load_config(config, overrides)
     check_resumable(saved, cfg, run_dir)

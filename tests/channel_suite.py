@@ -59,7 +59,7 @@ def _dist_worker(rank, world, init_file, scenarios, q, split_payload=False, cuda
         q.put((-1, rank, None, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
 
 
-def run_local(boundaries, fns, timeout=60.0):
+def run_local(boundaries, fns, timeout=300.0):
     """``fns``: ``(fragment, replica) -> fn(comm)``; runs them as threads over a LocalHub.
     Returns ``(fragment, replica) -> result``; re-raises the first failure."""
     keys = sorted(fns)
@@ -86,7 +86,7 @@ def run_local(boundaries, fns, timeout=60.0):
     return out
 
 
-def run_dist(scenarios, timeout=120.0, split_payload=False, cuda=False, shm=False):
+def run_dist(scenarios, timeout=600.0, split_payload=False, cuda=False, shm=False):
     """Runs every scenario ``(boundaries, fns)`` in one world of spawned processes (as many as
     the largest scenario has replicas; one Gloo process group, scenarios one after another,
     module-level ``fns``). Returns one ``(fragment, replica) -> result`` dict per scenario."""
@@ -114,7 +114,7 @@ def run_dist(scenarios, timeout=120.0, split_payload=False, cuda=False, shm=Fals
     return outs
 
 
-def run_threads(fns, timeout=30.0):
+def run_threads(fns, timeout=300.0):
     """Runs ``fns`` (key -> fn()) on threads; returns key -> result; re-raises the first
     failure; fails when one is still running after ``timeout`` s."""
     out, errs = {}, []

@@ -1,4 +1,6 @@
-"""Shared fixtures: small PPO job specs on CartPole-v1."""
+"""Shared fixtures: small PPO job specs on CartPole-v1; the stress option (``MSRL_TEST_STRESS``)."""
+
+import os
 
 import pytest
 import torch
@@ -31,12 +33,67 @@ def pytest_unconfigure(config):
     without the interpreter's teardown: native threads of the libraries the suite loads (gRPC's
     pollers, Ray's core worker, OpenMP pools) can crash while Python finalises (seen twice in CI
     as a segfault after every test had passed, with no Python frame to show). Set
-    MSRL_TEST_FULL_EXIT=1 to exit through the normal teardown."""
-    import os
+    MSRL_TEST_FULL_EXIT=1 to exit through the normal teardown. The stress processes stop first."""
     import sys
 
+    _stop_stress(getattr(config, "_msrl_stress", []))
     status = getattr(config, "_msrl_exitstatus", None)
     if status is not None and os.environ.get("MSRL_TEST_FULL_EXIT") != "1":
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)
+
+
+# -- stress: MSRL_TEST_STRESS=N keeps N busy processes per core running beside the suite, so that
+#    a test that depends on how fast the machine is fails here rather than on a user's busy machine.
+#    The busy processes are this session's own, stopped by pid when the session ends, and each
+#    ends by itself when its parent (this pytest) is gone, even after a SIGKILL.
+
+_BUSY = """
+import os, sys
+parent = int(sys.argv[1])
+while os.getppid() == parent:
+    for _ in range(200_000):
+        pass
+"""
+
+
+def _start_stress(per_core: int) -> list:
+    import subprocess
+    import sys
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return [subprocess.Popen([sys.executable, "-c", _BUSY, str(os.getpid())], stdin=subprocess.DEVNULL)
+            for _ in range(per_core * cores)]
+
+
+def _stop_stress(procs: list) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except Exception:  # noqa: BLE001 - a busy process that does not die is left to its parent check
+            pass
+
+
+def pytest_configure(config):
+    raw = os.environ.get("MSRL_TEST_STRESS", "").strip()
+    if not raw:
+        return
+    try:
+        per_core = int(raw)
+    except ValueError:
+        raise pytest.UsageError(f"MSRL_TEST_STRESS={raw!r}: expected a whole number of busy processes per core "
+                                "(e.g. MSRL_TEST_STRESS=2)") from None
+    if per_core < 0:
+        raise pytest.UsageError(f"MSRL_TEST_STRESS={per_core}: expected 0 or more busy processes per core")
+    config._msrl_stress = _start_stress(per_core)
+
+
+def pytest_report_header(config):
+    procs = getattr(config, "_msrl_stress", None)
+    if procs:
+        return f"msrl: stress on, {len(procs)} busy processes beside the suite (MSRL_TEST_STRESS)"
+    return None

@@ -1,9 +1,19 @@
 """The process table read from ``/proc``, for tests that look at their own run's processes
-(never at the whole machine's: other jobs may run beside the tests)."""
+(never at the whole machine's: other jobs may run beside the tests); the processes a test starts,
+tied to it (:func:`popen`, :func:`stop_tree`); waiting for an event with a generous deadline
+(:func:`wait_for`)."""
 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import time
+from typing import Any, Callable
+
+#: how long a test waits for an event of a run it started (a row, a file, a replica's pid):
+#: generous, for a machine that other jobs keep busy; no test fails for being slow before this
+EVENT_TIMEOUT_S = 900.0
 
 
 def process_table() -> dict[int, tuple[int, bytes]]:
@@ -37,3 +47,71 @@ def descendants(root: int) -> set[int]:
                 out.add(c)
                 todo.append(c)
     return out
+
+
+def kill_tree(root: int) -> None:
+    """SIGKILLs ``root`` and every live process below it (read before the first signal, so
+    that children re-parented by a dying parent are still found)."""
+    for pid in [root, *descendants(root)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _die_with_parent(sig: int) -> Callable[[], None]:
+    def tie() -> None:  # runs in the child before exec
+        import ctypes
+
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG (Linux)
+        except (OSError, AttributeError):
+            pass
+    return tie
+
+
+def popen(cmd: list[str], death_signal: int = signal.SIGINT, **kw: Any) -> subprocess.Popen:
+    """``subprocess.Popen(cmd, **kw)`` for a process a test starts: it gets ``death_signal`` when
+    the test process dies (even SIGKILLed: ``PR_SET_PDEATHSIG``; SIGINT lets ``msrl train`` stop
+    its replicas as after Ctrl-C); the test stops it and everything below it with :func:`stop_tree`."""
+    return subprocess.Popen(cmd, preexec_fn=_die_with_parent(death_signal), **kw)
+
+
+def stop_tree(proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    """SIGKILLs a process a test started and every process below it, if it still runs; reaps it."""
+    if proc.poll() is None:
+        kill_tree(proc.pid)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def run(cmd: list[str], timeout: float = EVENT_TIMEOUT_S, **kw: Any) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, capture_output=True, text=True, ...)`` whose process tree is stopped
+    (:func:`stop_tree`) when it outlasts ``timeout`` or the test is interrupted; raises
+    ``subprocess.TimeoutExpired`` then."""
+    proc = popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        stop_tree(proc)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def wait_for(done: Callable[[], Any], what: str, timeout: float = EVENT_TIMEOUT_S, poll: float = 0.1,
+             alive: subprocess.Popen | None = None) -> Any:
+    """Waits until ``done()`` is true and returns its value; fails naming ``what`` never happened
+    when ``timeout`` passes, or at once when the process ``alive`` ended first (with its stderr's end
+    when it was piped)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = done()
+        if value:
+            return value
+        if alive is not None and alive.poll() is not None:
+            err = alive.stderr.read()[-2000:] if alive.stderr is not None else ""
+            raise AssertionError(f"{what} never happened: the process ended first (exit {alive.returncode}) {err}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} never happened within {timeout:.0f} s")
+        time.sleep(poll)

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from procs import process_table
+from procs import EVENT_TIMEOUT_S, popen, process_table, stop_tree, wait_for
 
 from msrl.envs.engine import EnvWorkerError, ProcessEnv
 from msrl.envs.gymnasium_env import GymnasiumEnv
@@ -97,10 +97,10 @@ def test_async_recv_serves_every_worker_with_a_finished_env():
             _, _, _, _, info = proc.recv()
             returned += info["env_id"].tolist()
             proc.send(torch.zeros(1, dtype=torch.int64), info["env_id"])
-            time.sleep(0.005)
+            time.sleep(0.05)  # (on a busy machine a worker waits its turn for a few scheduler slices)
         # 10 each when every reply is in by the next recv (a worker slowed by the machine can
         # shift a few); reading only the first ready worker returned env 1 once, after the reset
-        assert returned.count(0) >= 5 and returned.count(1) >= 5, returned
+        assert returned.count(0) >= 4 and returned.count(1) >= 4, returned
     finally:
         proc.close()
 
@@ -166,7 +166,7 @@ def test_worker_crash_in_async_mode_loses_every_env_of_that_worker(tmp_path):
         # a worker's death shows once the OS has closed its socket, which can take a few ms on a
         # loaded machine while the live worker's envs go on stepping: receive until both of the
         # dead worker's envs came back lost (bounded), then some more to see nothing else lost
-        deadline, extra = time.monotonic() + 10.0, 40
+        deadline, extra = time.monotonic() + 300.0, 40
         while extra > 0 and time.monotonic() < deadline:
             _, _, _, trunc, info = env.recv()
             returned += info["env_id"].tolist()
@@ -250,7 +250,7 @@ def test_script_without_main_guard_is_not_rerun_by_the_workers(tmp_path):
     script.write_text("import torch\nfrom msrl.envs.engine import ProcessEnv\nprint('ran', flush=True)\n"
                       "env = ProcessEnv('CartPole-v1', 2, num_workers=2)\nenv.reset(seed=0)\n"
                       "print(tuple(env.step(torch.zeros(2, dtype=torch.int64))[0].shape))\nenv.close()\n")
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["ran", "(2,", "4)"]
 
@@ -267,22 +267,20 @@ def test_training_survives_a_sigkilled_env_worker_and_reports_the_lost_episodes(
     import subprocess
     import sys
 
-    proc = subprocess.Popen(
+    proc = popen(
         [sys.executable, "-m", "msrl.cli", "train", "configs/ppo_cartpole.yaml", f"runs_dir={tmp_path}", "name=k",
          "env.engine=process", "env.num_workers=2", "train.total_env_steps=40000", "train.eval_every=0",
          "train.progress=false"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.time() + 120
-        while not (tmp_path / "k" / "metrics.csv").exists() and time.time() < deadline:
-            time.sleep(0.1)  # training has started (the probe's envs, built and closed before, are gone)
+        # training has started (the probe's envs, built and closed before, are gone)
+        wait_for((tmp_path / "k" / "metrics.csv").exists, "the run's first metrics row", alive=proc)
         workers = _worker_children(proc.pid)
-        assert len(workers) == 2, "the run's env workers never started"
+        assert len(workers) == 2, f"the run's env workers: {workers} below the driver, once training started"
         os.kill(workers[1], signal.SIGKILL)
-        out, err = proc.communicate(timeout=300)
+        out, err = proc.communicate(timeout=EVENT_TIMEOUT_S)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        stop_tree(proc)
     assert proc.returncode == 0, err
     assert "died (signal 9); restarted it, and the 8 episode(s) its envs were in are lost" in err
     with open(tmp_path / "k" / "metrics.csv", newline="") as f:

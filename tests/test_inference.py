@@ -79,7 +79,7 @@ def test_a_deadline_closes_a_partial_batch_and_a_finished_client_is_not_waited_f
     t0 = time.perf_counter()
     _clients(b, 2, steps=3, delay=lambda i: 0.04 if i == 1 else 0.0)
     assert sum(b.sizes) == 6 and 1 in b.sizes
-    assert time.perf_counter() - t0 < 2.0
+    assert time.perf_counter() - t0 < 120  # (a finished client waited for: the run would never end)
     # without a deadline, the batch closes once the only client still running waits
     b2 = Batcher(_Doubler(), clients=2, max_batch=2, timeout_s=None)
     _clients(b2, 2, steps=1)
@@ -249,7 +249,7 @@ def test_an_error_in_a_served_call_stops_the_job_naming_the_line(monkeypatch):
         t0 = time.perf_counter()
         with pytest.raises(FragmentError) as info:
             job.run(1)
-        assert time.perf_counter() - t0 < 30
+        assert time.perf_counter() - t0 < 300  # (the other requester waited for: never)
         assert "observation holds NaN" in str(info.value) and "ppo.py" in str(info.value)
     finally:
         job.close()

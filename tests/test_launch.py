@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 
 import pytest
+from procs import popen, stop_tree, wait_for
 
 from msrl.cli import main
 from msrl.cluster.launch import entrypoint
@@ -88,17 +90,31 @@ def ray_head(tmp_path):
     # no token authentication on this throwaway local cluster (a real one's token must be
     # available to msrl launch as to any Ray client)
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
-    start = subprocess.run(
+    # --block: the head's processes stay below this one, and the test stops them by its own
+    # process tree (never `ray stop`, which stops every Ray of the machine)
+    head = popen(
         [str(ray_bin), "start", "--head", f"--port={_free_port()}", f"--dashboard-port={dash}", "--num-cpus=3",
-         "--include-dashboard=true", "--dashboard-host=127.0.0.1", "--disable-usage-stats"],
-        capture_output=True, text=True, env=env, timeout=120,
+         "--include-dashboard=true", "--dashboard-host=127.0.0.1", "--disable-usage-stats", "--block"],
+        death_signal=signal.SIGTERM, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+        start_new_session=True,
     )
-    if start.returncode != 0:
-        pytest.fail(f"ray start failed: {start.stderr[-2000:]}")
     try:
+        wait_for(lambda: _answers(f"http://127.0.0.1:{dash}/api/version"), f"the Ray dashboard on port {dash}",
+                 alive=head)
         yield f"http://127.0.0.1:{dash}"
     finally:
-        subprocess.run([str(ray_bin), "stop", "--force"], capture_output=True, timeout=120)
+        stop_tree(head)
+
+
+def _answers(url: str) -> bool:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 def test_launch_runs_a_distributed_job_on_a_running_cluster(in_repo, ray_head, tmp_path, capsys):

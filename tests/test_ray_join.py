@@ -14,14 +14,15 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
-from procs import descendants
+from procs import popen, run, stop_tree, wait_for
 
 pytest.importorskip("ray")
 
-ADDRESS_FILE = pathlib.Path("/tmp/ray/ray_current_cluster")  # where `ray start` tells ray.init() of its cluster
+#: where `ray start` tells ray.init() of its cluster: Ray's temp folder, under TMPDIR where it is set
+#: (as Ray reads it on Linux; the tests' children get no RAY_TMPDIR, see _env)
+ADDRESS_FILE = pathlib.Path(os.environ.get("TMPDIR") or "/tmp") / "ray" / "ray_current_cluster"
 
 
 def _free_port() -> int:
@@ -47,29 +48,23 @@ class Head:
         ray_cli = str(pathlib.Path(sys.executable).with_name("ray"))
         # the operator's token (~/.ray/auth_token of `home`), as `ray get-auth-token --generate` makes it
         subprocess.run([ray_cli, "get-auth-token", "--generate"], env=_env(home), check=True, capture_output=True,
-                       timeout=60)
-        self.proc = subprocess.Popen(
+                       timeout=600)
+        self.proc = popen(
             [ray_cli, "start", "--head", f"--port={self.port}", "--node-ip-address=127.0.0.1", f"--num-cpus={cpus}",
              "--include-dashboard=false", "--disable-usage-stats", "--block"],
-            env=_env(home, RAY_AUTH_MODE="token"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            death_signal=signal.SIGTERM, env=_env(home, RAY_AUTH_MODE="token"), stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True)
         self.before = before
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            if ADDRESS_FILE.is_file() and ADDRESS_FILE.read_text().strip().endswith(f":{self.port}"):
-                return
-            assert self.proc.poll() is None, "ray start --head exited"
-            time.sleep(0.2)
-        raise AssertionError("the head never wrote its address file")
+        try:
+            wait_for(lambda: ADDRESS_FILE.is_file() and ADDRESS_FILE.read_text().strip().endswith(f":{self.port}"),
+                     f"the head's address {self.address} in {ADDRESS_FILE}", alive=self.proc)
+        except BaseException:
+            self.stop()  # a head that failed to start is stopped too
+            raise
 
     def stop(self) -> None:
         """Kills the head's own process tree; restores the address file it replaced."""
-        tree = descendants(self.proc.pid) | {self.proc.pid}
-        for pid in tree:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.proc.wait(timeout=30)
+        stop_tree(self.proc)
         if ADDRESS_FILE.is_file() and ADDRESS_FILE.read_text().strip().endswith(f":{self.port}"):
             if self.before is None:
                 ADDRESS_FILE.unlink()
@@ -84,11 +79,11 @@ def head(tmp_path):
     h.stop()
 
 
-def _train(tmp_path, env, *over, timeout=240):
+def _train(tmp_path, env, *over):
     cmd = [sys.executable, "-m", "msrl.cli", "train", "configs/ppo_cartpole.yaml", f"runs_dir={tmp_path / 'runs'}",
            "distribution_policy.name=single_learner_coarse", "train.total_env_steps=2560", "train.eval_every=0",
            "train.progress=false", *over]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=pathlib.Path(__file__).parents[1])
+    return run(cmd, env=env, cwd=pathlib.Path(__file__).parents[1])  # its process tree stopped whatever happens
 
 
 def test_joins_a_token_auth_head_with_the_token_it_holds(tmp_path, head):

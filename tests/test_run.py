@@ -7,6 +7,7 @@ import pathlib
 import gymnasium
 import numpy as np
 import pytest
+from procs import popen, stop_tree, wait_for
 
 from msrl.cli import main
 from msrl.config import ConfigError, load_config
@@ -101,7 +102,7 @@ def test_resume_continues_exactly(tmp_path, monkeypatch, config, over):
 
     cfg = load_config(config, over + ["name=crash"])
     real = Job.run
-    calls = {"n": 0}
+    calls = {"n": 0, "chunks_done": 0}
 
     def crashing(self, n):
         records = []
@@ -110,6 +111,7 @@ def test_resume_continues_exactly(tmp_path, monkeypatch, config, over):
             if calls["n"] == 4:
                 raise KeyboardInterrupt  # killed during iteration 4; the checkpoint is at 2
             records += real(self, 1)
+        calls["chunks_done"] = self.iteration  # a chunk that returned: its rows are logged
         return records
 
     monkeypatch.setattr(Job, "run", crashing)
@@ -118,8 +120,11 @@ def test_resume_continues_exactly(tmp_path, monkeypatch, config, over):
     monkeypatch.setattr(Job, "run", real)
     crash_dir = tmp_path / "crash"
     # rows are written per chunk of freely running iterations, and a chunk ends at every
-    # checkpoint: the crashed chunk (iterations 3-4) left no row, the checkpointed ones did
-    assert [int(r["iteration"]) for r in rows(crash_dir)] == [1, 2]
+    # checkpoint: the checkpointed iterations (1-2) left rows, and so did any chunk that returned
+    # before the crash (how many iterations a chunk holds depends on the machine's speed); the
+    # crashed chunk left none
+    assert calls["chunks_done"] in (2, 3)
+    assert [int(r["iteration"]) for r in rows(crash_dir)] == list(range(1, calls["chunks_done"] + 1))
     resumed = train(cfg, resume=crash_dir)
 
     def strip(rs):
@@ -169,16 +174,17 @@ def test_ctrl_c_is_an_interruption_with_a_resume_hint(tmp_path):
     import sys
     import time
 
-    proc = subprocess.Popen([sys.executable, "-m", "msrl.cli", "train", str(MAIN), f"runs_dir={tmp_path}", "name=c",
-                             "train.progress=false", "train.total_env_steps=10000000", "train.checkpoint_every=5"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = popen([sys.executable, "-m", "msrl.cli", "train", str(MAIN), f"runs_dir={tmp_path}", "name=c",
+                  "train.progress=false", "train.total_env_steps=10000000", "train.checkpoint_every=5"],
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ckpt = tmp_path / "c" / "checkpoints" / "latest.pt"
-    deadline = time.time() + 60
-    while not ckpt.is_file() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.1)
-    time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    try:
+        wait_for(ckpt.is_file, f"a checkpoint at {ckpt}", alive=proc)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        stop_tree(proc)
     assert proc.returncode == 130, err[-2000:]
     assert "Traceback" not in err
     last = err.strip().splitlines()[-1]
@@ -194,7 +200,7 @@ def test_help_and_config_errors_do_not_import_torch():
             "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
             "print('torch' in sys.modules)")
     for argv in (["--help"], ["train", str(MAIN), "trian.x=1"]):
-        out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=60)
+        out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=600)
         assert out.stdout.strip().splitlines()[-1] == "False", (argv, out.stdout, out.stderr)
 
 
@@ -361,27 +367,23 @@ def test_two_processes_on_one_run_directory(tmp_path, capsys):
     import signal
     import subprocess
     import sys
-    import time
 
     run = tmp_path / "r"
     assert main(["train", str(MAIN), f"runs_dir={tmp_path}", "name=r", *TINY]) == 0
-    holder = subprocess.Popen([sys.executable, "-m", "msrl.cli", "train", "--resume", str(run),
-                               "train.total_env_steps=10000000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    holder = popen([sys.executable, "-m", "msrl.cli", "train", "--resume", str(run),
+                    "train.total_env_steps=10000000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.time() + 60
-        while time.time() < deadline and str(holder.pid) not in (run / ".lock").read_text():
-            assert holder.poll() is None, holder.communicate()[1][-2000:]
-            time.sleep(0.1)
+        wait_for(lambda: str(holder.pid) in (run / ".lock").read_text(), f"process {holder.pid} holding {run}/.lock",
+                 alive=holder)
         capsys.readouterr()
         assert main(["train", "--resume", str(run), "train.total_env_steps=20000000"]) == 2
         err = capsys.readouterr().err
         assert f"run directory {run} is in use by process {holder.pid} on " in err
         assert load_config(run / "config.yaml").train.total_env_steps == 10000000  # the refused one wrote nothing
         holder.send_signal(signal.SIGKILL)  # a crash: the lock file stays, the lock does not
-        holder.wait(30)
+        holder.wait(300)
     finally:
-        if holder.poll() is None:
-            holder.kill()
+        stop_tree(holder)
     assert str(holder.pid) in (run / ".lock").read_text()
     assert main(["train", "--resume", str(run), "train.total_env_steps=10240", "train.progress=false"]) == 0
 

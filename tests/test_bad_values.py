@@ -1,0 +1,187 @@
+"""Bad values refused before any work: non-finite hyperparameters (in the config, or a NaN the
+probe's first iterations meet), YAML's booleans where a key means on/off, a boundary value larger
+than ``cluster.max_message_mb``, a resumed run told to change its algorithm, a policy whose
+asynchronous boundaries would drop data or feed an update that cannot correct for the policy
+lag, and a ``cluster.address`` where no Ray answers. Each is one line (exit status 2) and leaves
+no run directory."""
+
+from __future__ import annotations
+
+import pathlib
+import socket
+import threading
+
+import pytest
+
+from msrl.cli import main
+from msrl.config import ConfigError, load_config
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CONFIG = str(ROOT / "configs/ppo_cartpole.yaml")
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("msrl:")]
+    assert len(lines) == 1 and lines[0].startswith("msrl: error: ") and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("value, shown", [("inf", "inf"), (".inf", "inf"), ("-.inf", "-inf"), ("1e400", "inf")])
+def test_a_non_finite_hyperparameter_is_one_line_naming_it(tmp_path, capsys, value, shown):
+    code = main(["train", CONFIG, f"algorithm.hparams.learning_rate={value}", f"runs_dir={tmp_path}"])
+    line = _one_line_error(capsys)
+    assert code == 2
+    if shown == "-inf":  # below a PositiveFloat's bound first
+        assert "algorithm.hparams.learning_rate: Input should be greater than 0" in line
+    else:
+        assert line == ("msrl: error: algorithm.hparams.learning_rate=inf: not a finite number (set in the config); "
+                        "hyperparameters are finite (e.g. learning_rate=0.00025)")
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_non_finite_hyperparameter_in_yaml_and_in_a_field_without_bounds(tmp_path):
+    """``.inf`` in a YAML file; ``nan`` in a field that declares no bound (a user's algorithm's
+    plain ``float``) is refused all the same."""
+    text = pathlib.Path(CONFIG).read_text().replace("learning_rate: 0.0025", "learning_rate: .inf")
+    assert ".inf" in text
+    (tmp_path / "c.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=r"algorithm.hparams.learning_rate=inf: not a finite number"):
+        load_config(tmp_path / "c.yaml")
+    algo = tmp_path / "loose_algo.py"
+    algo.write_text(
+        "import dataclasses\nfrom msrl.algorithms.ppo import ALGORITHM as PPO, PPOConfig\n\n"
+        "@dataclasses.dataclass\nclass LooseConfig(PPOConfig):\n    scale: float = 1.0\n    sizes: tuple = (1.0,)\n\n"
+        "ALGORITHM = dataclasses.replace(PPO, name='loose', hparams=LooseConfig)\n")
+    for over, match in ((["algorithm.hparams.scale=.nan"], r"algorithm.hparams.scale=nan: not a finite number"),
+                        (["algorithm.hparams.sizes=[1.0, .inf]"], r"algorithm.hparams.sizes=inf: not a finite number")):
+        with pytest.raises(ConfigError, match=match):
+            load_config(CONFIG, [f"algorithm.name={algo}", *over])
+
+
+def test_a_learning_rate_that_diverges_in_the_probe_is_one_line_before_any_run_directory(tmp_path, capsys):
+    """1e30 is finite, so the schema takes it; the probe's first update turns the loss non-finite:
+    one line naming the value, the call and its line, and the hyperparameters that feed it."""
+    code = main(["train", CONFIG, "algorithm.hparams.learning_rate=1e30", f"runs_dir={tmp_path}",
+                 "train.progress=false"])
+    line = _one_line_error(capsys)
+    assert code == 2
+    assert line.startswith("msrl: error: the probe's first iterations (2 envs, before any run directory) met a "
+                           "non-finite value: loss is ")
+    assert "call learner.learn(trajectory)" in line and "algorithms/ppo.py:" in line
+    assert "learning_rate=1e+30" in line and "(set in the config)" in line
+    assert not any(tmp_path.iterdir())
+    import msrl
+
+    with pytest.raises(msrl.ConfigError, match="met a non-finite value"):  # the Python API's input error
+        msrl.train(CONFIG, runs_dir=str(tmp_path), algorithm__hparams__learning_rate=1e30, train__progress=False)
+
+
+@pytest.mark.parametrize("text, want", [("on", "on"), ("off", "off"), ('"on"', "on"), ("auto", "auto")])
+def test_on_and_off_are_read_as_the_words_they_are(tmp_path, text, want):
+    """YAML 1.1 reads an unquoted on/off as a boolean; where a key's values are on/off, it means them."""
+    assert load_config(CONFIG, [f"cluster.learner_priority={text}"]).cluster.learner_priority == want
+    yaml_text = pathlib.Path(CONFIG).read_text() + f"\ncluster:\n  learner_priority: {text}\n"
+    (tmp_path / "c.yaml").write_text(yaml_text)
+    assert load_config(tmp_path / "c.yaml").cluster.learner_priority == want
+
+
+def test_a_yaml_boolean_where_words_are_expected_says_to_quote_it():
+    with pytest.raises(ConfigError, match=r"cluster.intra_node: Input should be 'shm' or 'gloo' \(got False: YAML reads "
+                                          r"an unquoted yes/no/on/off/true/false as a boolean; quote the value"):
+        load_config(CONFIG, ["cluster.intra_node=off"])
+
+
+def test_a_boundary_value_over_max_message_mb_is_refused_before_any_replica_or_run_directory(tmp_path, capsys):
+    code = main(["train", CONFIG, "distribution_policy.name=single_learner_coarse", "cluster.max_message_mb=0.01",
+                 f"runs_dir={tmp_path}", "train.progress=false"])
+    line = _one_line_error(capsys)
+    assert code == 2 and line.startswith("msrl: error: cluster.max_message_mb=0.01: boundary ")
+    assert "set cluster.max_message_mb to at least" in line
+    assert not any(tmp_path.iterdir())
+
+
+def test_message_sizes_scale_with_the_envs_a_replica_holds():
+    """The probe's sizes (2 and 3 envs) extrapolate linearly; a replicated value is constant."""
+    from msrl.probe import message_nbytes
+
+    assert message_nbytes({"nbytes": {2: 100, 3: 140}}, 10) == 420  # 20 + 40 per env
+    assert message_nbytes({"nbytes": {2: 64, 3: 64}}, 1000) == 64
+    assert message_nbytes({"nbytes": None}, 10) is None
+
+
+def test_resume_with_another_algorithm_names_the_algorithm(tmp_path, capsys):
+    run = tmp_path / "a"
+    assert main(["train", CONFIG, f"runs_dir={tmp_path}", "name=a", "train.total_env_steps=512", "train.eval_every=0",
+                 "train.progress=false"]) == 0
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "algorithm.name=dqn"]) == 2
+    line = _one_line_error(capsys)
+    assert line.startswith(f"msrl: error: --resume {run}: algorithm.name='dqn' differs from the run's 'ppo' (config.yaml)")
+
+
+@pytest.mark.parametrize("config, over, match", [
+    ("a2c_cartpole.yaml", ["distribution_policy.name=async_learner"],
+     "algorithm.name=a2c under distribution_policy.name=async_learner (weights: latest): the actors act with weights "
+     "the learner has since updated"),
+    ("a2c_cartpole.yaml", ["distribution_policy.name=single_learner_coarse", "distribution_policy.boundaries.weights=latest"],
+     "a2c's update assumes the learner's own policy acted"),
+    ("impala_cartpole.yaml", ["distribution_policy.boundaries.trajectories=latest"],
+     "distribution_policy.boundaries.trajectories=latest: a latest-value slot keeps only the newest value, and every "
+     "value of trajectories"),
+])
+def test_asynchronous_boundaries_that_would_change_what_the_algorithm_computes_are_refused(config, over, match):
+    with pytest.raises(ConfigError, match=match.replace("(", r"\(").replace(")", r"\)")):
+        load_config(ROOT / "configs" / config, over)
+
+
+def test_an_algorithm_that_corrects_for_the_lag_runs_under_async_learner():
+    assert load_config(ROOT / "configs/impala_cartpole.yaml").distribution_policy.name == "async_learner"
+    load_config(CONFIG, ["distribution_policy.name=async_learner"])  # PPO: the clipped ratio to the behaviour policy
+
+
+def test_an_address_where_nothing_listens_is_one_line_at_once(tmp_path, capsys):
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = main(["train", CONFIG, f"cluster.address=127.0.0.1:{port}", "distribution_policy.name=single_learner_coarse",
+                 f"runs_dir={tmp_path}", "train.progress=false"])
+    line = _one_line_error(capsys)
+    assert code == 2 and line.startswith(f"msrl: error: cannot join the Ray cluster at cluster.address=127.0.0.1:{port}: "
+                                         "nothing answered there within cluster.connect_timeout_s=60 s")
+    assert not any(tmp_path.iterdir())
+
+
+def test_an_address_that_answers_but_not_as_ray_is_bounded_by_connect_timeout_s(tmp_path, capsys):
+    """A listener that is no Ray GCS (here: one that accepts and says nothing) is given up after
+    cluster.connect_timeout_s, in one line, rather than Ray's minutes of retries."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept():
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                continue
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    try:
+        port = server.getsockname()[1]
+        code = main(["train", CONFIG, f"cluster.address=127.0.0.1:{port}", "cluster.connect_timeout_s=2",
+                     "distribution_policy.name=single_learner_coarse", f"runs_dir={tmp_path}", "train.progress=false"])
+        line = _one_line_error(capsys)
+        assert code == 2 and "something listens there but did not answer as a Ray GCS (gRPC) within " \
+                              "cluster.connect_timeout_s=2 s" in line
+        assert not any(tmp_path.iterdir())
+    finally:
+        stop.set()
+        t.join(5)
+        for c in held:
+            c.close()
+        server.close()
