@@ -5,11 +5,13 @@ tied to it (:func:`popen`, :func:`stop_tree`); waiting for an event with a gener
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pathlib
 import signal
 import subprocess
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 #: how long a test waits for an event of a run it started (a row, a file, a replica's pid):
 #: generous, for a machine that other jobs keep busy; no test fails for being slow before this
@@ -115,3 +117,24 @@ def wait_for(done: Callable[[], Any], what: str, timeout: float = EVENT_TIMEOUT_
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} never happened within {timeout:.0f} s")
         time.sleep(poll)
+
+
+#: where `ray start` tells ray.init() of its cluster: Ray's temp folder, under TMPDIR where it is
+#: set (as Ray reads it on Linux, when no RAY_TMPDIR is given to the test's children)
+RAY_ADDRESS_FILE = pathlib.Path(os.environ.get("TMPDIR") or "/tmp") / "ray" / "ray_current_cluster"
+
+
+@contextlib.contextmanager
+def ray_address_file_kept() -> Iterator[None]:
+    """Restores Ray's address file as it was, for a test that starts (and stops) a Ray head: a
+    file left naming a stopped head would send a later ``ray.init()`` of this machine to it."""
+    before = RAY_ADDRESS_FILE.read_text() if RAY_ADDRESS_FILE.is_file() else None
+    try:
+        yield
+    finally:
+        now = RAY_ADDRESS_FILE.read_text() if RAY_ADDRESS_FILE.is_file() else None
+        if now != before:
+            if before is None:
+                RAY_ADDRESS_FILE.unlink(missing_ok=True)
+            else:
+                RAY_ADDRESS_FILE.write_text(before)

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from procs import popen, stop_tree, wait_for
+from procs import popen, ray_address_file_kept, stop_tree, wait_for
 
 from msrl.cli import main
 from msrl.cluster.launch import entrypoint
@@ -92,18 +92,19 @@ def ray_head(tmp_path):
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
     # --block: the head's processes stay below this one, and the test stops them by its own
     # process tree (never `ray stop`, which stops every Ray of the machine)
-    head = popen(
-        [str(ray_bin), "start", "--head", f"--port={_free_port()}", f"--dashboard-port={dash}", "--num-cpus=3",
-         "--include-dashboard=true", "--dashboard-host=127.0.0.1", "--disable-usage-stats", "--block"],
-        death_signal=signal.SIGTERM, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
-        start_new_session=True,
-    )
-    try:
-        wait_for(lambda: _answers(f"http://127.0.0.1:{dash}/api/version"), f"the Ray dashboard on port {dash}",
-                 alive=head)
-        yield f"http://127.0.0.1:{dash}"
-    finally:
-        stop_tree(head)
+    with ray_address_file_kept():
+        head = popen(
+            [str(ray_bin), "start", "--head", f"--port={_free_port()}", f"--dashboard-port={dash}", "--num-cpus=3",
+             "--include-dashboard=true", "--dashboard-host=127.0.0.1", "--disable-usage-stats", "--block"],
+            death_signal=signal.SIGTERM, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+            start_new_session=True,
+        )
+        try:
+            wait_for(lambda: _answers(f"http://127.0.0.1:{dash}/api/version"), f"the Ray dashboard on port {dash}",
+                     alive=head)
+            yield f"http://127.0.0.1:{dash}"
+        finally:
+            stop_tree(head)
 
 
 def _answers(url: str) -> bool:

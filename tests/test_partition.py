@@ -91,7 +91,9 @@ def test_probe_marks_sharded_and_replicated_values(coarse_job):
     weights = next(n for n in g.walk() if n.kind is NodeKind.CALL and n.target == ("learner", "get_weights"))
     assert weights.meta["values"]["_learner_get_weights2"]["kind"] == "replicated"
     act = next(n for n in g.walk() if n.kind is NodeKind.CALL and n.target == ("actor", "act"))
-    assert act.meta["values"]["action"] == {"type": "Tensor", "shape": ("N",), "dtype": "int64", "kind": "sharded", "axis": 0}
+    # nbytes: the tensor bytes with the probe's 2 and 3 envs (one int64 action per env)
+    assert act.meta["values"]["action"] == {"type": "Tensor", "shape": ("N",), "dtype": "int64", "kind": "sharded", "axis": 0,
+                                            "nbytes": {2: 16, 3: 24}}
 
 
 def test_boundary_fitting_no_rule_names_the_edge(coarse_job):

@@ -16,13 +16,11 @@ import subprocess
 import sys
 
 import pytest
-from procs import popen, run, stop_tree, wait_for
+from procs import RAY_ADDRESS_FILE, popen, run, stop_tree, wait_for
 
 pytest.importorskip("ray")
 
-#: where `ray start` tells ray.init() of its cluster: Ray's temp folder, under TMPDIR where it is set
-#: (as Ray reads it on Linux; the tests' children get no RAY_TMPDIR, see _env)
-ADDRESS_FILE = pathlib.Path(os.environ.get("TMPDIR") or "/tmp") / "ray" / "ray_current_cluster"
+ADDRESS_FILE = RAY_ADDRESS_FILE  # the tests' children get no RAY_TMPDIR (see _env): Ray's own default
 
 
 def _free_port() -> int:

@@ -21,7 +21,7 @@ from msrl.job import Job  # noqa: E402
 
 @pytest.fixture(scope="module")
 def ray_local():
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield
     ray.shutdown()
 

@@ -134,7 +134,7 @@ def test_another_seed_draws_otherwise(tmp_path, capsys):
 def ray_local():
     import ray
 
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield
     ray.shutdown()
 
