@@ -41,7 +41,8 @@ from msrl.runtime.codec import MAX_MESSAGE as CODEC_MAX_MESSAGE
 from msrl.runtime.replica import ReplicaDied, as_floats, check_losses, replica_states
 from msrl.runtime.shm import pid_alive
 
-__all__ = ["RayJob", "ReplicaActor", "ReplicaDied", "PlacementError", "ClusterJoinError", "init_ray", "pid_alive"]
+__all__ = ["RayJob", "ReplicaActor", "ReplicaDied", "PlacementError", "ClusterJoinError", "init_ray", "pid_alive",
+           "cluster_stopped"]
 
 
 class PlacementError(ConfigError):
@@ -64,6 +65,22 @@ def _auth_token_available() -> bool:
         return True
     path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.join(os.path.expanduser("~"), ".ray", "auth_token")
     return os.path.isfile(path)
+
+
+def _report_ray() -> None:
+    """Tells a supervising ``msrl train`` (:mod:`msrl.supervisor`) the pids of the GCS and the
+    raylet of the Ray this driver started, and its log folder."""
+    from msrl.supervisor import report
+
+    try:
+        from ray._private import worker as ray_worker
+
+        node = ray_worker._global_node
+        pids = {kind: [info.process.pid for info in infos] for kind, infos in node.all_processes.items()
+                if kind in ("gcs_server", "raylet")}
+        report(ray={"pids": pids, "logs_dir": node.get_logs_dir_path()})
+    except Exception:  # noqa: BLE001 - another Ray layout: the supervisor knows less, nothing fails
+        pass
 
 
 def _check_reachable(address: str, timeout_s: float) -> None:
@@ -131,6 +148,7 @@ def init_ray(address: str | None, num_cpus: int, connect_timeout_s: float = 60.0
     if address is None:
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
                  configure_logging=False)
+        _report_ray()
         return
     if "RAY_AUTH_MODE" not in os.environ:
         try:  # Ray reads RAY_AUTH_MODE once, at import: its own helper sets it and refreshes its config
@@ -160,6 +178,39 @@ def init_ray(address: str | None, num_cpus: int, connect_timeout_s: float = 60.0
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     print(f"msrl: joined the Ray cluster at {address} ({len(nodes)} node(s), "
           f"{ray.cluster_resources().get('CPU', 0):g} CPUs)", file=sys.stderr)
+
+
+def cluster_stopped() -> str | None:
+    """Why the Ray cluster this driver is connected to has stopped, in a few words, or ``None``
+    while it runs (or when this driver holds no Ray). A Ray this driver started is looked at
+    through its own processes (the GCS and this node's raylet, by pid); a joined cluster
+    through its GCS address (nothing answering there)."""
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    try:
+        from ray._private import worker as ray_worker
+    except ImportError:  # pragma: no cover - another Ray layout: not looked at
+        return None
+    node = getattr(ray_worker, "_global_node", None)
+    if node is None:
+        return None
+    if getattr(node, "head", False) and getattr(node, "all_processes", None):
+        dead = [(kind, p) for kind, p in node.dead_processes() if kind in ("gcs_server", "raylet")]
+        if dead:
+            return ", ".join(f"its {kind} (pid {p.pid}) exited with status {p.returncode}" for kind, p in dead)
+        return None
+    try:
+        address = node.gcs_address
+    except AssertionError:
+        return None
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=10):
+            return None
+    except (OSError, ValueError) as e:
+        return f"its GCS at {address} does not answer: {e.strerror or e}"
 
 
 def uds_prefix(job_id: str) -> str:

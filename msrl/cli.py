@@ -12,7 +12,8 @@ Errors in the input -- a config error, code the tracer cannot read (:class:`Trac
 graph the policy cannot partition (:class:`PartitionError`, a declaration the probe
 contradicts) -- print one line ``msrl: error: ...`` on stderr and exit with status 2, having
 written nothing; a run stopped by an error (e.g. a NaN) exits with status 1 and keeps its last
-checkpoint.
+checkpoint; a run whose Ray cluster (or whose training process itself) stopped under it exits
+with status 3, in one line naming the last checkpoint and the ``--resume`` command.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import argparse
 import json
 import pathlib
 import sys
-from typing import NoReturn
+from typing import Callable, NoReturn
 
 __all__ = ["main"]
 
@@ -43,6 +44,19 @@ def _train(args: argparse.Namespace) -> int:
     else:
         cfg = load_config(configs[0], overrides)  # config errors before torch is imported
 
+    if args.supervise:
+        from msrl.config import resolve_runtime
+        from msrl.policy import load_policy
+
+        policy = load_policy(cfg.distribution_policy.name).with_overrides(cfg.distribution_policy.replicas)
+        if resolve_runtime(cfg.runtime, policy) == "ray":  # a Ray driver: watched by this process (msrl.supervisor)
+            from msrl.supervisor import supervised
+
+            return supervised(lambda: _classified(lambda: _train_run(cfg, args)))
+    return _train_run(cfg, args)
+
+
+def _train_run(cfg: object, args: argparse.Namespace) -> int:
     from msrl.run import train
 
     result = train(cfg, resume=args.resume)
@@ -171,8 +185,17 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "overrides", None) is None or not all("=" in x and not x.startswith("-") for x in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.overrides = list(args.overrides) + extra
+    # the command line (argv None) watches a Ray run's driver from a parent process; a call
+    # from Python (main([...]), the tests) runs in the caller's process
+    args.supervise = argv is None
+    return _classified(lambda: args.fn(args))
+
+
+def _classified(fn: Callable[[], int]) -> int:
+    """``fn()``'s exit status, with msrl's errors turned into their one line and status: input
+    errors 2, a stopped run 1, a lost cluster 3, Ctrl-C 130; anything else is raised."""
     try:
-        return args.fn(args)
+        return fn()
     except KeyboardInterrupt as e:  # Ctrl-C: not a crash (msrl.outcome.TrainingInterrupted says where to resume)
         print(f"\nmsrl: {str(e) or 'interrupted'}", file=sys.stderr)  # a bare Ctrl-C (start-up) has no text
         return 130
@@ -184,7 +207,11 @@ def main(argv: list[str] | None = None) -> int:
             one_line = " ".join(str(e).split("\n"))
             print(f"msrl: error: {one_line}", file=sys.stderr)
             return 2
-        stopped = getattr(sys.modules.get("msrl.outcome"), "TrainingStopped", None)
+        outcome = sys.modules.get("msrl.outcome")
+        if outcome is not None and isinstance(e, outcome.ClusterLost):
+            print(f"msrl: error: {e}", file=sys.stderr)
+            return outcome.EXIT_LOST
+        stopped = getattr(outcome, "TrainingStopped", None)
         if stopped is not None and isinstance(e, stopped):
             print(f"msrl: {e}", file=sys.stderr)
             return 1

@@ -19,6 +19,7 @@ from msrl.outcome import ReplicaLost, TrainingInterrupted, TrainingStopped, Trai
 from msrl.rundir import RunLock, new_run_dir, write_config
 from msrl.runtime.local import FragmentError
 from msrl.runtime.replica import ReplicaDied
+from msrl.supervisor import report
 
 __all__ = ["TrainingLoop"]
 
@@ -37,29 +38,44 @@ class TrainingLoop:
     #: replicas run free for about this long between the driver's looks (s)
     CHUNK_S = 0.5
 
-    def __init__(self, cfg: RunConfig, spec: JobSpec, job: Any, resume: Any, state: Any, locks: list[RunLock]) -> None:
+    def __init__(self, cfg: RunConfig, spec: JobSpec, job: Any, resume: Any, state: Any, locks: list[RunLock],
+                 faults: dict[str, int] | None = None, reuse: pathlib.Path | None = None) -> None:
         self.cfg, self.spec, self.job = cfg, spec, job
         self.on_ray = not isinstance(job, Job)
         self.E = spec.env_steps_per_iteration
         if resume is None:
-            self.run_dir = new_run_dir(cfg)
+            if reuse is None:
+                self.run_dir = new_run_dir(cfg)
+            else:  # an earlier attempt made it and died before its first checkpoint
+                self.run_dir = reuse
             locks.append(RunLock(self.run_dir))  # (a new name: nobody else can hold it yet, but a --resume soon can)
             write_config(self.run_dir, cfg)
-            job.reset()
             self.progress, self.ckpt_steps = Progress(), None
-            clash = pathlib.Path(cfg.runs_dir) / cfg.name
-            print(f"msrl: run directory {self.run_dir}" + (f" ({clash} exists)" if self.run_dir != clash else ""),
-                  file=sys.stderr)
+            for k, v in (faults or {}).items():
+                self.progress.faults[k] = self.progress.faults.get(k, 0) + v
+            if reuse is None:
+                clash = pathlib.Path(cfg.runs_dir) / cfg.name
+                print(f"msrl: run directory {self.run_dir}" + (f" ({clash} exists)" if self.run_dir != clash else ""),
+                      file=sys.stderr)
         else:
             self.run_dir = pathlib.Path(resume)
-            job.load_state_dict(state["job"])
             self.progress, self.ckpt_steps = Progress.from_state(state), int(state["env_steps"])
-            print(f"msrl: resuming {self.run_dir} at env step {job.env_steps}", file=sys.stderr)
-        self.metrics = MetricsWriter(self.run_dir, job.iteration if resume is not None else None)
-        if hasattr(job, "replica_table"):  # where each replica runs (pids, nodes), for operators
-            (self.run_dir / "replicas.json").write_text(json.dumps(job.replica_table(), indent=1))
-        if resume is None and self.on_ray:
-            self.checkpoint()  # a restart point before the first chunk
+        report(run_dir=str(self.run_dir))  # to the process watching a Ray run's driver, if any
+        try:  # a replica that dies here (the job's start) is restarted as one that dies in a chunk
+            if resume is None:
+                job.reset()
+            else:
+                job.load_state_dict(state["job"])
+                print(f"msrl: resuming {self.run_dir} at env step {job.env_steps}", file=sys.stderr)
+            self.metrics = MetricsWriter(self.run_dir, job.iteration if resume is not None else None)
+            if hasattr(job, "replica_table"):  # where each replica runs (pids, nodes), for operators
+                (self.run_dir / "replicas.json").write_text(json.dumps(job.replica_table(), indent=1))
+            if resume is None and self.on_ray:
+                self.checkpoint()  # a restart point before the first chunk
+        except ReplicaDied as e:
+            if hasattr(self, "metrics"):
+                self.metrics.close()
+            raise ReplicaLost(self.run_dir, -1, e) from e
         self.bar = self._progress_bar() if cfg.train.progress else None
 
     def _progress_bar(self) -> Any:

@@ -8,7 +8,12 @@ import pathlib
 
 from msrl.runtime.replica import ReplicaDied
 
-__all__ = ["TrainResult", "TrainingStopped", "TrainingInterrupted", "ReplicaLost"]
+__all__ = ["TrainResult", "TrainingStopped", "TrainingInterrupted", "ReplicaLost", "ClusterLost", "EXIT_LOST",
+           "lost_message"]
+
+#: the exit status of ``msrl train`` when the run's Ray cluster, or the training process itself,
+#: stopped under it (the run directory and its last checkpoint are kept; ``--resume`` continues)
+EXIT_LOST = 3
 
 
 class TrainingStopped(RuntimeError):
@@ -22,6 +27,35 @@ class TrainingStopped(RuntimeError):
     def __init__(self, message: str, iteration: int, env_steps: int, checkpoint: pathlib.Path | None) -> None:
         super().__init__(message)
         self.iteration, self.env_steps, self.checkpoint = iteration, env_steps, checkpoint
+
+
+class ClusterLost(TrainingStopped):
+    """The Ray cluster the run's replicas ran on stopped (its head, GCS or this machine's raylet
+    gone): nothing can restart on it. The run directory and its last checkpoint are kept; the
+    message is one line ending in the ``--resume`` command (``msrl train`` exits with
+    :data:`EXIT_LOST`)."""
+
+    def __init__(self, run_dir: pathlib.Path, why: str) -> None:
+        message, steps, ckpt = lost_message(run_dir, f"the Ray cluster of this run stopped ({why})")
+        super().__init__(message, 0, steps if steps is not None else 0, ckpt)
+        self.run_dir = run_dir
+
+
+def lost_message(run_dir: pathlib.Path | None, what: str) -> tuple[str, int | None, pathlib.Path | None]:
+    """``what`` happened to the run in ``run_dir``: the one line that says so, where its last
+    checkpoint is and how to resume; with the checkpoint's env steps and path (``None`` when
+    there is none yet)."""
+    from msrl.checkpoints import CheckpointError, load_checkpoint
+
+    if run_dir is None:
+        return f"{what}; no run directory was made yet", None, None
+    try:
+        state, used = load_checkpoint(run_dir)
+    except (FileNotFoundError, CheckpointError):
+        return f"{what}; the run ({run_dir}) has no checkpoint yet: start it again", None, None
+    steps = int(state["env_steps"])
+    return (f"{what}; the last checkpoint is at env step {steps}; resume with msrl train --resume {run_dir}",
+            steps, used)
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -76,8 +110,9 @@ class TrainResult:
 
 class ReplicaLost(Exception):
     """A replica process died during an attempt (:func:`msrl.run.train` restarts the job from its last
-    checkpoint); the attempt's run directory and env steps."""
+    checkpoint); the attempt's run directory (``None``: not made yet) and the env steps the job
+    had reached (``-1``: it died while the job started, before any chunk)."""
 
-    def __init__(self, run_dir: pathlib.Path, env_steps: int, cause: ReplicaDied) -> None:
+    def __init__(self, run_dir: pathlib.Path | None, env_steps: int, cause: ReplicaDied) -> None:
         super().__init__(str(cause))
         self.run_dir, self.env_steps, self.cause = run_dir, env_steps, cause

@@ -21,10 +21,10 @@ from msrl.checkpoints import CHECKPOINT, atomic_save, load_checkpoint, read_chec
 from msrl.config import ConfigError, RunConfig, build_job_spec
 from msrl.job import JobSpec
 from msrl.loop import TrainingLoop
-from msrl.outcome import ReplicaLost, TrainingInterrupted, TrainingStopped, TrainResult
+from msrl.outcome import ClusterLost, ReplicaLost, TrainingInterrupted, TrainingStopped, TrainResult
 from msrl.rundir import RunLock, check_resumable, check_runs_dir, flatten, load_run_config, write_config
 from msrl.runtime.make import make_job
-from msrl.runtime.replica import ReplicaHung
+from msrl.runtime.replica import ReplicaDied, ReplicaHung
 
 __all__ = ["TrainResult", "TrainingStopped", "TrainingInterrupted", "train"]
 
@@ -55,37 +55,74 @@ def train(cfg: RunConfig, resume: str | pathlib.Path | None = None) -> TrainResu
         TrainingStopped: a fragment raised (e.g. a NaN loss or observation), or replicas died
             more than ``cluster.max_restarts`` times; the last good checkpoint is kept and
             named in the message.
+        ClusterLost: the Ray cluster itself stopped (its GCS or this machine's raylet gone):
+            one line with the last checkpoint's env step and the ``--resume`` command.
+
+    A replica that dies while the job starts (placing, connecting, loading a checkpoint) counts
+    as any other death: the job starts again, from the last checkpoint where there is one.
     """
     restarts = 0
+    pending: dict[str, int] = {}  # faults of attempts that ended before the run's first checkpoint
+    reuse: pathlib.Path | None = None  # a fresh run's directory, made by an attempt that died at once
     while True:
         try:
-            return _train_once(cfg, resume, restarted=restarts > 0)
-        except ReplicaLost as lost:
-            ckpt = lost.run_dir / CHECKPOINT
-            if restarts >= cfg.cluster.max_restarts or not ckpt.is_file():
+            return _train_once(cfg, resume, restarted=restarts > 0, faults=pending, reuse=reuse)
+        except (ReplicaLost, ReplicaDied) as e:
+            lost = e if isinstance(e, ReplicaLost) else ReplicaLost(
+                pathlib.Path(resume) if resume is not None else reuse, -1, e)  # died while the job started
+            cause, run_dir = lost.cause, lost.run_dir
+            why = _cluster_stopped()
+            if why is not None:  # nothing can restart on it
+                raise ClusterLost(run_dir, why) from cause
+            ckpt = run_dir / CHECKPOINT if run_dir is not None else None
+            if restarts >= cfg.cluster.max_restarts:
+                have = ckpt is not None and ckpt.is_file()
+                steps = lost.env_steps if lost.env_steps >= 0 else 0
                 raise TrainingStopped(
-                    f"training stopped after env step {lost.env_steps}: {lost.cause}"
+                    f"training stopped after env step {steps}: {cause}"
                     f" ({restarts} restart(s) of cluster.max_restarts={cfg.cluster.max_restarts} used)"
-                    + f"\nlast good checkpoint: {ckpt if ckpt.is_file() else 'none'}"
-                    + (f"; continue with: msrl train --resume {lost.run_dir}" if ckpt.is_file() else ""),
-                    0, lost.env_steps, ckpt if ckpt.is_file() else None,
-                ) from lost.cause
+                    + f"\nlast good checkpoint: {ckpt if have else 'none'}"
+                    + (f"; continue with: msrl train --resume {run_dir}" if have else ""),
+                    0, steps, ckpt if have else None,
+                ) from cause
             restarts += 1
-            state = read_checkpoint(ckpt)
-            faults = state.setdefault("faults", {})
-            faults["replica_restarts"] = faults.get("replica_restarts", 0) + 1
-            faults["dropped_env_steps"] = faults.get("dropped_env_steps", 0) + lost.env_steps - int(state["env_steps"])
-            if isinstance(lost.cause, ReplicaHung):
-                faults["replica_hangs"] = faults.get("replica_hangs", 0) + 1
-            atomic_save(state, ckpt)
-            print(f"msrl: {lost.cause}; restarting every replica from the checkpoint at env step "
-                  f"{state['env_steps']} (restart {restarts} of {cfg.cluster.max_restarts}; "
-                  f"{lost.env_steps - int(state['env_steps'])} env steps dropped)", file=sys.stderr)
-            resume = lost.run_dir
+            during = " while the job started" if lost.env_steps < 0 else ""
+            if ckpt is not None and ckpt.is_file():
+                state = read_checkpoint(ckpt)
+                dropped = max(0, lost.env_steps - int(state["env_steps"]))
+                _count_faults(state.setdefault("faults", {}), cause, dropped)
+                atomic_save(state, ckpt)
+                print(f"msrl: {cause}{during}; restarting every replica from the checkpoint at env step "
+                      f"{state['env_steps']} (restart {restarts} of {cfg.cluster.max_restarts}; "
+                      f"{dropped} env steps dropped)", file=sys.stderr)
+                resume = run_dir
+            else:  # a fresh run that died before its first checkpoint: it starts again, in its directory
+                _count_faults(pending, cause, max(0, lost.env_steps))
+                reuse = run_dir
+                print(f"msrl: {cause}{during}; starting every replica again (restart {restarts} of "
+                      f"{cfg.cluster.max_restarts}; the run had no checkpoint yet)", file=sys.stderr)
 
 
-def _train_once(cfg: RunConfig, resume: str | pathlib.Path | None, restarted: bool = False) -> TrainResult:
-    if resume is None:
+def _count_faults(faults: dict[str, int], cause: BaseException, dropped: int) -> None:
+    """Adds one replica restart (and hang) and ``dropped`` env steps to ``faults``."""
+    faults["replica_restarts"] = faults.get("replica_restarts", 0) + 1
+    faults["dropped_env_steps"] = faults.get("dropped_env_steps", 0) + dropped
+    if isinstance(cause, ReplicaHung):
+        faults["replica_hangs"] = faults.get("replica_hangs", 0) + 1
+
+
+def _cluster_stopped() -> str | None:
+    """Why the Ray cluster of this driver stopped, or ``None`` (running, or no Ray imported)."""
+    if "ray" not in sys.modules:
+        return None
+    from msrl.cluster.ray_runtime import cluster_stopped
+
+    return cluster_stopped()
+
+
+def _train_once(cfg: RunConfig, resume: str | pathlib.Path | None, restarted: bool = False,
+                faults: dict[str, int] | None = None, reuse: pathlib.Path | None = None) -> TrainResult:
+    if resume is None and reuse is None:
         check_runs_dir(cfg)  # before tracing and probing: a run that cannot save never starts
     spec: JobSpec = build_job_spec(cfg)
     state = None
@@ -106,9 +143,14 @@ def _train_once(cfg: RunConfig, resume: str | pathlib.Path | None, restarted: bo
                   f"{cfg.algorithm.name} does not declare whether its update corrects for that "
                   "(AlgorithmSpec.policy_lag)", file=sys.stderr)
         try:
-            return TrainingLoop(cfg, spec, job, resume, state, locks).run()
-        except BaseException:
+            return TrainingLoop(cfg, spec, job, resume, state, locks, faults=faults, reuse=reuse).run()
+        except BaseException as e:
+            # a replica lost with the cluster under it: looked at before close() stops the Ray it started
+            why = _cluster_stopped() if isinstance(e, (ReplicaLost, ReplicaDied)) else None
             job.close()  # no replica process outlives a failed or interrupted run
+            if why is not None:
+                where = e.run_dir if isinstance(e, ReplicaLost) else (pathlib.Path(resume) if resume else reuse)
+                raise ClusterLost(where, why) from e
             raise
     finally:
         for lock in locks:
