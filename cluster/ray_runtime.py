@@ -53,8 +53,8 @@ class PlacementError(ConfigError):
 
 class ClusterJoinError(ConfigError):
     """``cluster.address`` names a Ray cluster this machine cannot join (unreachable, or token
-    authentication without this machine holding the cluster's token): a config error, reported
-    as one line before anything is written."""
+    authentication without this machine holding the cluster's token), or Ray could not start on
+    this machine: reported as one line (exit status 2) before anything is written."""
 
 
 def _auth_token_available() -> bool:
@@ -146,8 +146,16 @@ def init_ray(address: str | None, num_cpus: int, connect_timeout_s: float = 60.0
 
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address is None:
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
+        try:
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                     configure_logging=False)
+        except Exception as e:  # noqa: BLE001 - Ray's own start failed (a timeout on a busy machine, ...)
+            said = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+            raise ClusterJoinError(
+                f"cannot start Ray on this machine ({type(e).__name__}: {said[:300]}); Ray's logs are under "
+                f"{os.path.join(tempfile.gettempdir(), 'ray', 'session_latest', 'logs')}; on a machine this busy, "
+                "try again, or run on fewer replicas (runtime=local runs them as threads)"
+            ) from None
         _report_ray()
         return
     if "RAY_AUTH_MODE" not in os.environ:
@@ -597,7 +605,8 @@ class RayJob:
         max_message: the largest message of a boundary (bytes; a Gloo channel's buffer, a gRPC
             frame; default :data:`~msrl.runtime.codec.MAX_MESSAGE`).
         replica_timeout_s: seconds without a heartbeat after which a replica is hung
-            (:class:`~msrl.cluster.watchdog.ReplicaHung`, raised like a death).
+            (:class:`~msrl.cluster.watchdog.ReplicaHung`, raised like a death); ``None``: the
+            watchdog never calls a replica hung (``cluster.watchdog: off``).
         boundary_transport: asynchronous boundaries between replicas of one machine over Unix
             sockets and between machines over gRPC (``"auto"``), or all over gRPC (``"grpc"``).
         learner_priority: ``"on"``: the replicas of producer-only fragments (see
@@ -622,7 +631,7 @@ class RayJob:
                  cpus_per_replica: float = 1.0, strategy: str = "PACK", probe: bool = True,
                  gpus_per_replica: float = 0.0,
                  timeout_s: float = 600.0, placement_timeout_s: float = 60.0, intra_node: str = "shm",
-                 tls: Any = None, max_message: int | None = None, replica_timeout_s: float = 30.0,
+                 tls: Any = None, max_message: int | None = None, replica_timeout_s: float | None = 30.0,
                  boundary_transport: str = "auto", learner_priority: str = "auto",
                  connect_timeout_s: float = 60.0) -> None:
         import secrets

@@ -18,8 +18,10 @@ Frames are the gRPC transport's (:mod:`msrl.cluster.grpc_transport`: request fra
 Consumer (:class:`UdsServer`): listens on a socket file in a fresh directory of mode 0700 (no
 other user can connect; nothing listens on any network interface). An acceptor thread takes each
 connection: the peer's uid must be this process's (``SO_PEERCRED``), and its ``HELLO`` must
-arrive within 5 s with the job's token (constant-time comparison) and a producer that sends to
-this replica, else the connection is refused and counted in :attr:`UdsServer.rejected`. Frames
+arrive whole within 5 s of the connection with the job's token (constant-time comparison) and a
+producer that sends to this replica, else the connection is refused and counted in
+:attr:`UdsServer.rejected`. Greetings are read side by side (up to 64 at once), each against its
+own deadline: a silent or slow peer delays no other. Frames
 are read by the replica's own thread while it waits for a value (the mailbox's ``pump``), every
 length and frame checked before anything is allocated or delivered; a bad frame refuses that one
 stream (``REFUSED`` with the reason, then closed) and the server goes on serving the others.
@@ -58,8 +60,11 @@ __all__ = ["UdsServer", "UdsStream", "ProcessTransport", "HELLO", "REFUSED", "en
 HELLO, REFUSED = 5, 6
 _LEN = struct.Struct("<I")
 _HELLO = struct.Struct("<4sBBHH")
+#: seconds a new connection has to deliver its whole greeting
 _HELLO_TIMEOUT_S = 5.0
 _MAX_HELLO = 4096
+#: greetings read at once; a connection beyond them is refused at once
+_MAX_GREETING = 64
 _CHUNK = 1 << 20
 
 
@@ -71,16 +76,6 @@ def encode_hello(token: str, producer: str) -> bytes:
 
 def _message(body: bytes) -> bytes:
     return _LEN.pack(len(body)) + body
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    out = bytearray()
-    while len(out) < n:
-        chunk = sock.recv(n - len(out))
-        if not chunk:
-            raise ConnectionError("closed before the greeting was complete")
-        out += chunk
-    return bytes(out)
 
 
 class _Reader:
@@ -179,27 +174,95 @@ class UdsServer:
 
     # -- connections ----------------------------------------------------------------------
     def _accept(self) -> None:
-        while not self._closed:
-            try:
-                sock, _ = self._listener.accept()
-            except OSError:
-                return  # stopped
-            try:
-                self._greet(sock)
-            except Exception as e:  # noqa: BLE001 - a bad greeting refuses one connection only
-                self._refuse_socket(sock, "?", f"{type(e).__name__}: {e}")
+        """The acceptor thread: takes new connections and reads their greetings side by side,
+        each with its own deadline (:data:`_HELLO_TIMEOUT_S` from its connection), so a silent
+        or slow peer never delays another's greeting; at most :data:`_MAX_GREETING` greetings
+        are read at once (more are refused at once)."""
+        import selectors
 
-    def _greet(self, sock: socket.socket) -> None:
-        pid = "?"
+        sel = selectors.DefaultSelector()
+        sel.register(self._listener, selectors.EVENT_READ)
+        pending: dict[socket.socket, list[Any]] = {}  # sock -> [bytes so far, deadline, peer pid]
+        try:
+            while not self._closed:
+                now = time.monotonic()
+                soonest = min((p[1] for p in pending.values()), default=now + 0.5)
+                try:
+                    events = sel.select(max(0.0, min(soonest - now, 0.5)))
+                except (OSError, ValueError):
+                    return  # stopped
+                for key, _ in events:
+                    if key.fileobj is self._listener:
+                        self._take_connection(sel, pending)
+                    else:
+                        self._read_greeting(sel, pending, key.fileobj)
+                now = time.monotonic()
+                for sock in [s for s, p in pending.items() if p[1] <= now]:
+                    sel.unregister(sock)
+                    _, _, pid = pending.pop(sock)
+                    self._refuse_socket(sock, f"pid {pid}", f"no complete greeting within {_HELLO_TIMEOUT_S:g} s")
+        finally:
+            for sock in pending:
+                sock.close()
+            sel.close()
+
+    def _take_connection(self, sel: Any, pending: dict[socket.socket, list[Any]]) -> None:
+        import selectors
+
+        try:
+            sock, _ = self._listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._closed = True  # stopped
+            return
+        pid: Any = "?"
         if hasattr(socket, "SO_PEERCRED"):  # Linux; elsewhere the 0700 directory alone keeps other users out
             pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
             if uid != os.getuid():
                 return self._refuse_socket(sock, f"pid {pid}", f"a process of uid {uid}, not this job's ({os.getuid()})")
-        sock.settimeout(_HELLO_TIMEOUT_S)
-        (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
+        if len(pending) >= _MAX_GREETING:
+            return self._refuse_socket(sock, f"pid {pid}", f"{_MAX_GREETING} greetings are being read already")
+        sock.setblocking(False)
+        pending[sock] = [b"", time.monotonic() + _HELLO_TIMEOUT_S, pid]
+        sel.register(sock, selectors.EVENT_READ)
+
+    def _read_greeting(self, sel: Any, pending: dict[socket.socket, list[Any]], sock: Any) -> None:
+        entry = pending[sock]
+        have, _, pid = entry
+        want = _LEN.size + (_LEN.unpack_from(have)[0] if len(have) >= _LEN.size else 0)
+        try:
+            chunk = sock.recv(max(1, want - len(have)) if len(have) >= _LEN.size else _LEN.size - len(have))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            chunk, why = b"", f"{type(e).__name__}: {e}"
+        else:
+            why = "closed before the greeting was complete"
+        if not chunk:
+            sel.unregister(sock)
+            del pending[sock]
+            return self._refuse_socket(sock, f"pid {pid}", why)
+        entry[0] = have = have + chunk
+        if len(have) < _LEN.size:
+            return
+        (n,) = _LEN.unpack_from(have)
         if not _HELLO.size <= n <= _MAX_HELLO:
+            sel.unregister(sock)
+            del pending[sock]
             return self._refuse_socket(sock, f"pid {pid}", f"a greeting of {n} bytes")
-        body = _recv_exact(sock, n)
+        if len(have) < _LEN.size + n:
+            return
+        sel.unregister(sock)
+        del pending[sock]
+        try:
+            self._greet(sock, have[_LEN.size:], pid)
+        except Exception as e:  # noqa: BLE001 - a bad greeting refuses one connection only
+            self._refuse_socket(sock, f"pid {pid}", f"{type(e).__name__}: {e}")
+
+    def _greet(self, sock: socket.socket, body: bytes, pid: Any) -> None:
+        """Checks a whole ``HELLO`` body; the stream joins the served ones, or is refused."""
+        n = len(body)
         magic, fmt, kind, nt, npr = _HELLO.unpack_from(body)
         if magic != MAGIC or fmt != FORMAT or kind != HELLO or _HELLO.size + nt + npr != n:
             return self._refuse_socket(sock, f"pid {pid}", "a malformed greeting")
@@ -209,7 +272,6 @@ class UdsServer:
         frag, _, rep = name.partition("/")
         if frag not in self._producers or not rep.isdigit() or int(rep) >= self._producers[frag]:
             return self._refuse_socket(sock, name, f"producer {name!r} sends on no boundary to this replica")
-        sock.setblocking(False)
         producer = (frag, int(rep))
         with self._lock:
             old = self._conns.get(producer)

@@ -82,11 +82,12 @@ class Watchdog:
         pids: their process ids (named in the report).
         roles: fragment -> the roles it holds.
         timeout_s: seconds without a new heartbeat after which a replica is hung
-            (``cluster.replica_timeout_s``).
+            (``cluster.replica_timeout_s``); ``None``: never (``cluster.watchdog: off``; the
+            heartbeats still give the env steps each replica reached).
     """
 
     def __init__(self, job: str, keys: Sequence[tuple[str, int]], pids: Sequence[int],
-                 roles: Mapping[str, Sequence[str]], timeout_s: float) -> None:
+                 roles: Mapping[str, Sequence[str]], timeout_s: float | None) -> None:
         self.job, self.keys, self.pids, self.roles, self.timeout_s = job, list(keys), list(pids), dict(roles), timeout_s
         now = time.monotonic()
         #: key -> (the last record read, when it last changed: monotonic seconds on the driver)
@@ -110,7 +111,10 @@ class Watchdog:
         return out
 
     def hung(self) -> ReplicaHung | None:
-        """The first replica without a new heartbeat for ``timeout_s`` (``None``: all beat)."""
+        """The first replica without a new heartbeat for ``timeout_s`` (``None``: all beat, or
+        the watchdog is off)."""
+        if self.timeout_s is None:
+            return None
         self.read()
         now = time.monotonic()
         for i, k in enumerate(self.keys):

@@ -148,8 +148,13 @@ class ClusterConfig(_Strict):
         3, ge=0, description="restarts from the last checkpoint after a replica process dies or hangs (any role)"
     )
     replica_timeout_s: float = Field(
-        30.0, ge=2.0,
-        description="seconds without a heartbeat after which a replica process counts as hung (restarted like a death)",
+        30.0, ge=2.0, le=86400.0, allow_inf_nan=False,
+        description="seconds without a heartbeat after which a replica process counts as hung (restarted like a "
+                    "death); at most a day (turn the watchdog off with cluster.watchdog: off)",
+    )
+    watchdog: bool = Field(
+        True, description="call a replica hung after cluster.replica_timeout_s without a heartbeat (off: a stopped "
+                          "or stuck replica stalls the run until it is killed; a dead one is still restarted)",
     )
     tls_cert: str | None = Field(
         None, description="PEM certificate the gRPC servers of asynchronous boundaries present (with tls_key: TLS)"

@@ -103,13 +103,20 @@ class TrainingLoop:
         except ReplicaDied as e:  # at a checkpoint's or an evaluation's call into the replicas
             raise ReplicaLost(self.run_dir, _reached(e, self.job.env_steps), e) from e
         except KeyboardInterrupt:
-            kept = self.run_dir / CHECKPOINT if (self.run_dir / CHECKPOINT).is_file() else None
-            raise TrainingInterrupted(self.run_dir, self.job.env_steps, kept, self.ckpt_steps if kept else None) from None
+            raise self._interrupted() from None
         finally:
             if self.bar is not None:
                 self.bar.close()
             self.metrics.close()
-        return self._finish()
+        try:
+            return self._finish()
+        except KeyboardInterrupt:  # during the final evaluation: the training is in the checkpoint
+            raise self._interrupted() from None
+
+    def _interrupted(self) -> TrainingInterrupted:
+        """The :class:`TrainingInterrupted` of a Ctrl-C now: where the last checkpoint is."""
+        kept = self.run_dir / CHECKPOINT if (self.run_dir / CHECKPOINT).is_file() else None
+        return TrainingInterrupted(self.run_dir, self.job.env_steps, kept, self.ckpt_steps if kept else None)
 
     def _chunk_size(self, iter_s: float | None) -> int:
         """Iterations until the next event (a checkpoint, an evaluation, the end), at most

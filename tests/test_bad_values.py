@@ -185,3 +185,34 @@ def test_an_address_that_answers_but_not_as_ray_is_bounded_by_connect_timeout_s(
         for c in held:
             c.close()
         server.close()
+
+
+def test_a_ray_that_fails_to_start_is_one_line_with_its_cause(tmp_path, capsys, monkeypatch):
+    """Ray's own start failing (seen on a machine under heavy load: "The current node timed out
+    during startup") is one line naming Ray's words and where its logs are, exit status 2."""
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        ray.shutdown()
+
+    def timed_out(*args, **kwargs):
+        raise Exception("The current node timed out during startup. This could happen because some of the Ray "
+                        "processes failed to startup.\nmore lines")
+
+    monkeypatch.setattr(ray, "init", timed_out)
+    code = main(["train", CONFIG, "distribution_policy.name=single_learner_coarse", f"runs_dir={tmp_path}",
+                 "train.progress=false"])
+    line = _one_line_error(capsys)
+    assert code == 2 and line.startswith("msrl: error: cannot start Ray on this machine (Exception: The current node "
+                                         "timed out during startup.")
+    assert "Ray's logs are under " in line and "more lines" not in line
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("over, match", [
+    ("cluster.replica_timeout_s=inf", "cluster.replica_timeout_s: Input should be a finite number"),
+    ("cluster.replica_timeout_s=1e9", "cluster.replica_timeout_s: Input should be less than or equal to 86400"),
+])
+def test_the_watchdog_is_turned_off_explicitly_not_by_an_endless_timeout(over, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(CONFIG, [over])
+    assert load_config(CONFIG, ["cluster.watchdog=off"]).cluster.watchdog is False

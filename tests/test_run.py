@@ -407,3 +407,26 @@ def test_a_multi_agent_plot_draws_the_per_type_returns():
     tag = ["iteration", "env_steps", "charts/episodic_return", "charts/tagger_return", "charts/runner_return"]
     assert return_series(tag) == [("tagger return", "charts/tagger_return"), ("runner return", "charts/runner_return")]
     assert return_series(["iteration", "charts/episodic_return"]) == [("episodic return", "charts/episodic_return")]
+
+
+def test_ctrl_c_during_the_final_evaluation_says_where_to_resume(tmp_path, monkeypatch):
+    """The budget is trained and checkpointed when the final evaluation starts: Ctrl-C there is
+    an interruption with the resume hint, and the resume only evaluates."""
+    import msrl.loop
+    from msrl.outcome import TrainingInterrupted
+
+    real = msrl.loop.evaluate_job
+
+    def interrupted(job, cfg):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(msrl.loop, "evaluate_job", interrupted)
+    cfg = load_config(MAIN, [*TINY, f"runs_dir={tmp_path}", "name=e", "train.eval_every=0"])
+    with pytest.raises(TrainingInterrupted) as info:
+        train(cfg)
+    run = tmp_path / "e"
+    assert str(info.value).endswith(f"resume with: msrl train --resume {run}") and "env step 2048" in str(info.value)
+    monkeypatch.setattr(msrl.loop, "evaluate_job", real)
+    resumed = train(cfg, resume=run)
+    assert resumed.env_steps == 2048 and len(resumed.eval_returns) == cfg.eval.episodes
+    assert [int(r["iteration"]) for r in rows(run)] == list(range(1, 9))

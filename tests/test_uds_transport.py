@@ -275,3 +275,36 @@ def test_a_waiting_consumer_is_woken_by_a_value_from_another_thread():
     finally:
         a._POLL_S = old
         server.stop()
+
+
+def test_a_slow_greeting_delays_no_other_producer_and_is_refused_at_its_deadline(served):
+    """A same-user process connects and dribbles a greeting (it declares 4096 bytes and sends one
+    every half second): the legitimate producer, connecting after it, is greeted and served at
+    once; the dribbler is refused when its greeting's 5 s are up. (Read one at a time, with a
+    deadline per read, the dribbler held every other connection for as long as it dribbled.)"""
+    from procs import wait_for
+
+    server, token, actor, mailbox = served
+    dribbler = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dribbler.connect(server.path)
+    dribbler.sendall(struct.pack("<I", 4096) + encode_hello(token, "actor/1")[:11])
+    stop = threading.Event()
+
+    def dribble():
+        while not stop.wait(0.5):
+            try:
+                dribbler.send(b"x")
+            except OSError:
+                return
+
+    t = threading.Thread(target=dribble, daemon=True)
+    t.start()
+    try:
+        _still_serves(actor, mailbox, 5)  # actor/0's first put: its connection, greeted beside the dribbler's
+        wait_for(lambda: any(why == "no complete greeting within 5 s" for _, why in server.rejected),
+                 "the dribbling greeting refused at its deadline", timeout=300)
+        _still_serves(actor, mailbox, 6)
+    finally:
+        stop.set()
+        t.join(10)
+        dribbler.close()
