@@ -55,6 +55,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import grpc
 
 from msrl.channels import ChannelClosed
+from msrl.cluster.refusals import Refusals
 from msrl.runtime.asynchronous import Item, Mailbox
 from msrl.runtime.codec import MAX_MESSAGE as CODEC_MAX_MESSAGE
 from msrl.runtime.codec import CodecError, decode, encode
@@ -251,7 +252,9 @@ class BoundaryServer:
 
     Attributes:
         address: ``host:port`` the server listens on.
-        rejected: refused streams and frames so far, each ``(producer, reason)``.
+        rejected: the most recent refused streams and frames, each ``(producer, reason)``
+            (bounded: :class:`~msrl.cluster.refusals.Refusals`, whose counts feed
+            ``security/refused_*`` in ``metrics.csv``).
 
     Raises:
         RuntimeError: the address cannot be bound.
@@ -264,7 +267,7 @@ class BoundaryServer:
         self.fragment, self.replica = fragment, replica
         self.mailbox, self.token = mailbox, token
         self.max_message = max_message
-        self.rejected: list[tuple[str, str]] = []
+        self.refusals = Refusals(f"boundary server (gRPC) of {fragment} replica {replica}")
         self._tags = {b.name: i for i, b in enumerate(self.boundaries)}
         # the producers that may stream to this replica: fragment -> replica count
         self._producers = {b.src: b.src_replicas for b in self.boundaries if b.asynchronous and b.dst == fragment}
@@ -294,8 +297,14 @@ class BoundaryServer:
         self._server.start()
 
     # -- a stream -------------------------------------------------------------------------
+    @property
+    def rejected(self) -> Any:
+        """The most recent refusals, ``(producer, reason)`` each, oldest first (bounded)."""
+        return self.refusals.recent
+
     def _refuse(self, context: grpc.ServicerContext, who: str, code: grpc.StatusCode, why: str) -> None:
-        self.rejected.append((who, why))
+        kind = "connections" if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED) else "frames"
+        self.refusals.add(kind, who, why)
         context.abort(code, f"msrl boundary server of {self.fragment} replica {self.replica}: {why}")
 
     def _stream(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
@@ -344,7 +353,9 @@ class BoundaryServer:
                 except ChannelClosed:
                     break
         except grpc.RpcError:
-            pass  # the producer went away
+            # the producer went away, or gRPC refused a message over max_receive_message_length
+            # unread: the two raise the same bare error here, so the latter is not counted
+            pass
         except Exception as e:  # noqa: BLE001 - never let a frame kill the server
             out.put(_Abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}"))
             return

@@ -128,7 +128,9 @@ def init_ray(address: str | None, num_cpus: int, connect_timeout_s: float = 60.0
 
     Without ``address`` (and no ``RAY_ADDRESS`` in the environment) a new Ray instance starts on
     this machine with ``num_cpus`` logical CPUs, even when another Ray cluster already runs here
-    (``ray.init(address="local")``: never the address file of someone else's cluster). With one,
+    (``ray.init(address="local")``: never the address file of someone else's cluster), its
+    workers at niceness 0 (Ray's own default is 15; ``RAY_worker_niceness`` in the environment
+    is honoured). A joined cluster's workers run at the niceness its operator configured. With one,
     the driver joins that cluster; when this machine holds a Ray token and ``RAY_AUTH_MODE`` is
     unset, the token is presented (``RAY_AUTH_MODE=token``): Ray 2.59+ starts clusters with
     token authentication on, and a cluster without it accepts a client that presents one.
@@ -146,9 +148,12 @@ def init_ray(address: str | None, num_cpus: int, connect_timeout_s: float = 60.0
 
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address is None:
+        # replicas at the driver's niceness (Ray's default puts its workers at 15, where any
+        # ordinary process on the machine starves them; cluster.learner_priority counts from here)
+        system = {} if "RAY_worker_niceness" in os.environ else {"worker_niceness": 0}
         try:
             ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-                     configure_logging=False)
+                     configure_logging=False, _system_config=system)
         except Exception as e:  # noqa: BLE001 - Ray's own start failed (a timeout on a busy machine, ...)
             said = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
             raise ClusterJoinError(
@@ -449,10 +454,25 @@ class ReplicaActor:
                 "wait_s": wait_s,
                 "policy_lags": self.comm.asynchronous.pop_lags() if self.comm is not None and self.comm.asynchronous else [],
                 "inference": self.replica.inference.pop_stats() if self.replica.inference is not None else None,
+                "refused": self.refused(),
             })
         if self.comm is not None:
             self.comm.flush()
         return records
+
+    def refused(self) -> dict[str, int]:
+        """What this replica's servers refused since it started: ``connections`` and ``frames``
+        (its boundary servers, :class:`~msrl.cluster.refusals.Refusals`), ``datagrams`` (its
+        shared-memory all-reduce group: from processes outside the group)."""
+        out = {"connections": 0, "frames": 0, "datagrams": 0}
+        for server in (self.boundary_server, self.uds_server):
+            if server is not None:
+                for kind, n in server.refusals.counts.items():
+                    out[kind] += n
+        group = self.comm.local_group if self.comm is not None else None
+        if group is not None:
+            out["datagrams"] += group.rejected
+        return out
 
     def comm_stats(self) -> dict[str, Any]:
         """This replica's totals so far: seconds per comm op (``op_s``), ``comm_s``, ``wait_s``,
@@ -861,7 +881,8 @@ class RayJob:
                             "inference": next((r["inference"] for r in rows if r.get("inference")), None),
                             "time_s": max(r["time_s"] for r in rows),
                             "comm_share": sum(r["comm_s"] for r in rows) / busy if busy > 0 else 0.0,
-                            "wait_share": sum(r["wait_s"] for r in rows) / busy if busy > 0 else 0.0})
+                            "wait_share": sum(r["wait_s"] for r in rows) / busy if busy > 0 else 0.0,
+                            "refused": {k: sum(r["refused"][k] for r in rows) for k in rows[0]["refused"]}})
         return records
 
     def reset(self) -> None:

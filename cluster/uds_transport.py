@@ -52,6 +52,7 @@ from typing import Any, Sequence
 
 from msrl.channels import ChannelClosed
 from msrl.cluster.grpc_transport import _CREDIT, CREDIT, FORMAT, MAGIC, GrpcTransport, TransportError, deliver_frame
+from msrl.cluster.refusals import Refusals
 from msrl.runtime.asynchronous import Mailbox
 from msrl.runtime.codec import CodecError
 
@@ -142,7 +143,9 @@ class UdsServer:
 
     Attributes:
         address: ``unix:<path>`` of the listening socket.
-        rejected: refused connections and frames so far, each ``(producer, reason)``.
+        rejected: the most recent refused connections and frames, each ``(producer, reason)``
+            (bounded: :class:`~msrl.cluster.refusals.Refusals`, whose counts feed
+            ``security/refused_*`` in ``metrics.csv``).
     """
 
     def __init__(self, boundaries: Sequence[Any], fragment: str, replica: int, mailbox: Mailbox, token: str,
@@ -150,7 +153,7 @@ class UdsServer:
         self.boundaries = list(boundaries)
         self.fragment, self.replica = fragment, replica
         self.mailbox, self.token, self.max_message = mailbox, token, max_message
-        self.rejected: list[tuple[str, str]] = []
+        self.refusals = Refusals(f"boundary server (Unix socket) of {fragment} replica {replica}")
         self._tags = {b.name: i for i, b in enumerate(self.boundaries)}
         self._producers = {b.src: b.src_replicas for b in self.boundaries if b.asynchronous and b.dst == fragment}
         self._conns: dict[tuple[str, int], _Conn] = {}
@@ -280,8 +283,13 @@ class UdsServer:
             old.sock.close()
         self.wake()
 
-    def _refuse_socket(self, sock: socket.socket, who: str, why: str) -> None:
-        self.rejected.append((who, why))
+    @property
+    def rejected(self) -> Any:
+        """The most recent refusals, ``(producer, reason)`` each, oldest first."""
+        return self.refusals.recent
+
+    def _refuse_socket(self, sock: socket.socket, who: str, why: str, kind: str = "connections") -> None:
+        self.refusals.add(kind, who, why)
         try:
             sock.setblocking(False)
             sock.send(_message(struct.pack("<4sBB", MAGIC, FORMAT, REFUSED)
@@ -295,7 +303,7 @@ class UdsServer:
             if self._conns.get(conn.producer) is conn:
                 del self._conns[conn.producer]
         if why is not None:
-            self._refuse_socket(conn.sock, f"{conn.producer[0]}/{conn.producer[1]}", why)
+            self._refuse_socket(conn.sock, f"{conn.producer[0]}/{conn.producer[1]}", why, "frames")
         else:
             conn.sock.close()
 

@@ -3,7 +3,9 @@
 Columns: ``iteration``, ``env_steps``, ``time_s`` (training wall time, s), ``charts/SPS`` (env
 steps/s), ``charts/episodic_return`` and ``charts/episodic_length`` (means over the episodes
 finished in the iteration, and any extra episode statistics the env reports), the learner's
-``losses/...``; under Ray ``charts/comm_share``/``wait_share`` and ``faults/...``; with
+``losses/...``; under Ray ``charts/comm_share``/``wait_share``, ``faults/...`` and
+``security/refused_connections``/``_frames``/``_datagrams`` (what the replicas' boundary servers
+and shared-memory groups refused since they started: strangers, wrong tokens, bad frames); with
 asynchronous boundaries ``async/policy_lag_mean``/``_max``; under central inference
 ``inference/...``; ``eval/mean_return`` on evaluation iterations.
 """
@@ -50,6 +52,7 @@ def iteration_row(rec: Mapping[str, Any], iteration: int, time_s: float, steps_p
         **({"charts/comm_share": round(rec["comm_share"], 4), "charts/wait_share": round(rec["wait_share"], 4)}
            if "comm_share" in rec else {}),
         **({"async/policy_lag_mean": sum(lags) / len(lags), "async/policy_lag_max": max(lags)} if lags else {}),
+        **{f"security/refused_{k}": v for k, v in (rec.get("refused") or {}).items()},
         **inference_metrics(rec.get("inference")),
     }
 

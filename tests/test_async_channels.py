@@ -270,6 +270,7 @@ def test_a_stream_without_the_token_or_from_a_stranger_is_refused(served):
         == grpc.StatusCode.PERMISSION_DENIED
     assert mailbox.queued() == 0  # nothing of theirs was delivered
     assert [why for _, why in server.rejected][:2] == ["missing or wrong job token"] * 2
+    assert server.refusals.counts == {"connections": 4, "frames": 0}
     _still_serves(actor, mailbox, 5)
 
 
@@ -279,6 +280,7 @@ def test_an_oversized_frame_is_refused_before_it_is_read(served):
     code = _raw_stream(server.address, [big], [("msrl-token", token), ("msrl-producer", "actor/1")])
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
     _still_serves(actor, mailbox, 6)
+    assert server.refusals.counts == {"connections": 0, "frames": 0}  # refused by gRPC itself, unread: not seen
 
 
 def test_a_producer_ignoring_its_credits_is_cut_off(served):
@@ -500,7 +502,7 @@ def test_held_items_leave_together_when_their_producer_is_about_to_wait():
         t.start()
         assert actor.get(act.name).tolist() == [10.0, 20.0]  # the actor's get sent what it held first
         t.join(5)
-        assert to_learner.bytes_sent > 0 and learner_server.rejected == [] and learner is not None
+        assert to_learner.bytes_sent > 0 and list(learner_server.rejected) == [] and learner is not None
     finally:
         to_learner.close()
         to_actor.close()

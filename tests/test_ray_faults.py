@@ -46,6 +46,11 @@ def _tree(root: int, name: bytes) -> list[int]:
     return [p for p in descendants(root) if name in table.get(p, (0, b""))[1]]
 
 
+def _niceness(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[16])
+
+
 def _running(pids) -> list[int]:
     from msrl.cluster.ray_runtime import _running
 
@@ -98,7 +103,10 @@ def test_no_process_of_the_run_outlives_its_driver(tmp_path, victim):
         drivers = [p for p, (ppid, cmd) in table.items() if ppid == proc.pid and b"msrl.cli" in cmd]
         assert len(drivers) == 1, f"the driver below msrl train ({proc.pid}): {drivers}"
         tree = descendants(proc.pid)
-        assert _tree(proc.pid, b"/raylet") and _tree(proc.pid, b"ray::ReplicaActor"), "the run's Ray processes"
+        replicas = _tree(proc.pid, b"ray::ReplicaActor")
+        assert _tree(proc.pid, b"/raylet") and replicas, "the run's Ray processes"
+        # a Ray msrl starts runs its replicas at the driver's niceness (Ray's default: 15)
+        assert {_niceness(p) for p in replicas} == {os.nice(0)}
         t0 = time.monotonic()
         os.kill(drivers[0] if victim == "driver" else proc.pid, signal.SIGKILL)
         wait_for(lambda: not _running(tree), "every process of the run ending", timeout=120, poll=0.2)

@@ -524,8 +524,30 @@ def test_replicas_on_one_machine_listen_on_loopback_only(ray_local, spec_factory
                 listening = _tcp_listeners(pid)
                 assert LOOPBACK in listening, listening  # Gloo's pairs
                 assert [a for a in listening if a != LOOPBACK] == ray_own, listening  # else Ray's worker server only
+            if s is overlapped:  # a stranger with a wrong token is refused, and the metrics count it
+                assert job.run(1)[-1]["refused"] == {"connections": 0, "frames": 0, "datagrams": 0}
+                _greet_with_a_wrong_token(next(a for st in job.comm_stats() for a in st["async"]["servers"]))
+                assert job.run(1)[-1]["refused"] == {"connections": 1, "frames": 0, "datagrams": 0}
         finally:
             job.close()
+
+
+def _greet_with_a_wrong_token(address: str) -> None:
+    """Connects to a boundary server's Unix socket, greets with a wrong token, and reads until
+    the server closes the connection (its refusal)."""
+    import socket
+    import struct
+
+    from msrl.cluster.uds_transport import encode_hello
+
+    assert address.startswith("unix:")
+    hello = encode_hello("not-the-job-token", "actor/0")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(address[len("unix:"):])
+        sock.sendall(struct.pack("<I", len(hello)) + hello)
+        sock.settimeout(EVENT_TIMEOUT_S)
+        while sock.recv(4096):
+            pass
 
 
 @pytest.mark.parametrize("policy, boundaries, producers", [
