@@ -89,7 +89,9 @@ def ray_head(tmp_path):
     dash = _free_port()
     # no token authentication on this throwaway local cluster (a real one's token must be
     # available to msrl launch as to any Ray client)
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+    # RAY_worker_niceness=0: the operator's setting the README recommends (Ray's default 15 lets
+    # any ordinary process on the machine starve the replicas)
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled", "RAY_worker_niceness": "0"}
     # --block: the head's processes stay below this one, and the test stops them by its own
     # process tree (never `ray stop`, which stops every Ray of the machine)
     with ray_address_file_kept():

@@ -27,7 +27,8 @@ def cluster():
 
     if ray.is_initialized():
         ray.shutdown()
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": GPUS, "num_gpus": GPUS})
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": GPUS, "num_gpus": GPUS,
+                                                     "_system_config": {"worker_niceness": 0}})
     for _ in range(NODES - 1):
         c.add_node(num_cpus=GPUS, num_gpus=GPUS)
     ray.init(address=c.address, log_to_driver=False)

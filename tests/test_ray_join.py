@@ -50,7 +50,7 @@ class Head:
         self.proc = popen(
             [ray_cli, "start", "--head", f"--port={self.port}", "--node-ip-address=127.0.0.1", f"--num-cpus={cpus}",
              "--include-dashboard=false", "--disable-usage-stats", "--block"],
-            death_signal=signal.SIGTERM, env=_env(home, RAY_AUTH_MODE="token"), stdout=subprocess.DEVNULL,
+            death_signal=signal.SIGTERM, env=_env(home, RAY_AUTH_MODE="token", RAY_worker_niceness="0"), stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, start_new_session=True)
         self.before = before
         try:

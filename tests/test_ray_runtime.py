@@ -21,7 +21,9 @@ from msrl.job import Job  # noqa: E402
 
 @pytest.fixture(scope="module")
 def ray_local():
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    # replicas at niceness 0, as in a Ray msrl starts (Ray's default 15 starves them on a busy machine)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False,
+             _system_config={"worker_niceness": 0})
     yield
     ray.shutdown()
 

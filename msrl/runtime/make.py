@@ -30,7 +30,8 @@ def make_job(spec: JobSpec, cfg: RunConfig) -> Any:
     return RayJob(spec, algorithm_ref=ref, address=cfg.cluster.address,
                   cpus_per_replica=cfg.cluster.cpus_per_replica, gpus_per_replica=cfg.cluster.gpus_per_replica,
                   strategy=cfg.cluster.strategy, intra_node=cfg.cluster.intra_node, tls=tls_config(cfg),
-                  max_message=round(cfg.cluster.max_message_mb * (1 << 20)), replica_timeout_s=cfg.cluster.replica_timeout_s if cfg.cluster.watchdog else None,
+                  max_message=round(cfg.cluster.max_message_mb * (1 << 20)),
+                  replica_timeout_s=cfg.cluster.replica_timeout_s if cfg.cluster.watchdog else None,
                   boundary_transport=cfg.cluster.boundary_transport, learner_priority=cfg.cluster.learner_priority,
                   connect_timeout_s=cfg.cluster.connect_timeout_s)
 
