@@ -707,67 +707,77 @@ class RayJob:
             # on this machine: declare at least the CPUs the bundles ask for (one thread each
             # when they outnumber the cores; they then share cores, never spin on them)
             init_ray(address, max(os.cpu_count() or 1, math.ceil(need)), connect_timeout_s)
-        for res, per, key in (("CPU", cpus_per_replica, "cpus_per_replica"), ("GPU", gpus_per_replica, "gpus_per_replica")):
-            have = ray.cluster_resources().get(res, 0)
-            if per * len(self.keys) > have:
-                raise PlacementError(
-                    f"{len(self.keys)} replicas x cluster.{key}={per:g} need {per * len(self.keys):g} {res}s; "
-                    f"the Ray cluster has {have:g}"
-                )
-        threads = max(1, int(math.floor(cpus_per_replica)))
-        bundle = {"CPU": cpus_per_replica, **({"GPU": gpus_per_replica} if gpus_per_replica else {})}
-        self.placement_group = placement_group([dict(bundle) for _ in self.keys], strategy=strategy)
         try:
-            ray.get(self.placement_group.ready(), timeout=placement_timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            from ray.util.placement_group import remove_placement_group
+            for res, per, key in (("CPU", cpus_per_replica, "cpus_per_replica"), ("GPU", gpus_per_replica, "gpus_per_replica")):
+                have = ray.cluster_resources().get(res, 0)
+                if per * len(self.keys) > have:
+                    raise PlacementError(
+                        f"{len(self.keys)} replicas x cluster.{key}={per:g} need {per * len(self.keys):g} {res}s; "
+                        f"the Ray cluster has {have:g}"
+                    )
+            threads = max(1, int(math.floor(cpus_per_replica)))
+            bundle = {"CPU": cpus_per_replica, **({"GPU": gpus_per_replica} if gpus_per_replica else {})}
+            self.placement_group = placement_group([dict(bundle) for _ in self.keys], strategy=strategy)
+            try:
+                ray.get(self.placement_group.ready(), timeout=placement_timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                from ray.util.placement_group import remove_placement_group
 
-            remove_placement_group(self.placement_group)
-            raise PlacementError(
-                f"the placement group of {len(self.keys)} bundles {bundle} ({strategy}) was not "
-                f"placed within {placement_timeout_s:g} s; the cluster's free resources: {ray.available_resources()}"
-            ) from None
-        remote = ray.remote(ReplicaActor)
-        spec_bytes, fg_bytes = cloudpickle.dumps(spec), cloudpickle.dumps(self.fragment_graph)
-        env_vars = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-        self.actors = [
-            remote.options(
-                num_cpus=cpus_per_replica,
-                num_gpus=gpus_per_replica,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=i),
-                runtime_env={"env_vars": env_vars},
-                # one thread: a threaded actor (max_concurrency > 1) runs methods off the main
-                # thread and cost coarse PPO ~7% of its env steps/s here (GIL hand-offs)
-                max_concurrency=1,
-            ).remote(algorithm_ref, spec_bytes, fg_bytes, frag, r, threads, self.job_id)
-            for i, (frag, r) in enumerate(self.keys)
-        ]
-        ranks = {k: i for i, k in enumerate(self.keys)}
-        peers = dict(zip(self.keys, self._wait([a.info.remote() for a in self.actors])))
-        here = ray.get_runtime_context().get_node_id()
-        lower = producers_to_lower(self.keys, peers, producer_only_fragments(self.fragment_graph), learner_priority)
-        actor_of = dict(zip(self.keys, self.actors))
-        self._wait([actor_of[k].lower_priority.remote(PRODUCER_NICE) for k in lower])
-        # the processes kill() waits for: those on the driver's node (a remote node's are Ray's)
-        self._local_pids = [p["pid"] for p in peers.values() if p["node_id"] == here]
-        servers: dict[tuple[str, int], str] = {}
-        # the job's secret: the rendezvous' key prefix, every boundary stream's token, the
-        # shared-memory sockets' names; handed to the replicas through Ray only
-        token = secrets.token_urlsafe(32)
-        self._token = token
-        if any(b.asynchronous for b in self.fragment_graph.boundaries):
-            addresses = self._wait([a.start_boundary_server.remote(token, timeout_s, tls, max_message, None, peers,
-                                                                   boundary_transport) for a in self.actors])
-            servers = {k: addr for k, addr in zip(self.keys, addresses) if addr is not None}
-        if len(self.keys) > 1:
-            self._wait([a.init_process_group.remote(ranks[k], ranks, timeout_s, peers, intra_node, servers,
-                                                    token, tls, max_message)
-                        for a, k in zip(self.actors, self.keys)])
-        self._has_env = [k[0] == spec.policy.fragment_of_role("env") for k in self.keys]
-        from msrl.cluster.watchdog import Watchdog
+                remove_placement_group(self.placement_group)
+                raise PlacementError(
+                    f"the placement group of {len(self.keys)} bundles {bundle} ({strategy}) was not "
+                    f"placed within {placement_timeout_s:g} s; the cluster's free resources: {ray.available_resources()}"
+                ) from None
+            remote = ray.remote(ReplicaActor)
+            spec_bytes, fg_bytes = cloudpickle.dumps(spec), cloudpickle.dumps(self.fragment_graph)
+            env_vars = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+            self.actors = [
+                remote.options(
+                    num_cpus=cpus_per_replica,
+                    num_gpus=gpus_per_replica,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=i),
+                    runtime_env={"env_vars": env_vars},
+                    # one thread: a threaded actor (max_concurrency > 1) runs methods off the main
+                    # thread and cost coarse PPO ~7% of its env steps/s here (GIL hand-offs)
+                    max_concurrency=1,
+                ).remote(algorithm_ref, spec_bytes, fg_bytes, frag, r, threads, self.job_id)
+                for i, (frag, r) in enumerate(self.keys)
+            ]
+            ranks = {k: i for i, k in enumerate(self.keys)}
+            peers = dict(zip(self.keys, self._wait([a.info.remote() for a in self.actors])))
+            here = ray.get_runtime_context().get_node_id()
+            lower = producers_to_lower(self.keys, peers, producer_only_fragments(self.fragment_graph), learner_priority)
+            actor_of = dict(zip(self.keys, self.actors))
+            self._wait([actor_of[k].lower_priority.remote(PRODUCER_NICE) for k in lower])
+            # the processes kill() waits for: those on the driver's node (a remote node's are Ray's)
+            self._local_pids = [p["pid"] for p in peers.values() if p["node_id"] == here]
+            servers: dict[tuple[str, int], str] = {}
+            # the job's secret: the rendezvous' key prefix, every boundary stream's token, the
+            # shared-memory sockets' names; handed to the replicas through Ray only
+            token = secrets.token_urlsafe(32)
+            self._token = token
+            if any(b.asynchronous for b in self.fragment_graph.boundaries):
+                addresses = self._wait([a.start_boundary_server.remote(token, timeout_s, tls, max_message, None, peers,
+                                                                       boundary_transport) for a in self.actors])
+                servers = {k: addr for k, addr in zip(self.keys, addresses) if addr is not None}
+            if len(self.keys) > 1:
+                self._wait([a.init_process_group.remote(ranks[k], ranks, timeout_s, peers, intra_node, servers,
+                                                        token, tls, max_message)
+                            for a, k in zip(self.actors, self.keys)])
+            self._has_env = [k[0] == spec.policy.fragment_of_role("env") for k in self.keys]
+            from msrl.cluster.watchdog import Watchdog
 
-        self.watchdog = Watchdog(self.job_id, self.keys, [peers[k]["pid"] for k in self.keys],
-                                 {f.name: f.roles for f in spec.policy.fragments}, replica_timeout_s)
+            self.watchdog = Watchdog(self.job_id, self.keys, [peers[k]["pid"] for k in self.keys],
+                                     {f.name: f.roles for f in spec.policy.fragments}, replica_timeout_s)
+        except BaseException as e:
+            # a failed start stops what it started: its replicas (killed already where a replica
+            # died) and the Ray it started; whether the cluster itself had stopped is asked first
+            if isinstance(e, ReplicaDied):
+                e.cluster_stopped = cluster_stopped()  # type: ignore[attr-defined]
+            self.kill()
+            if self._started_ray and ray.is_initialized():
+                ray.shutdown()
+            raise
 
     # -- running ----------------------------------------------------------------------------
     def _wait(self, futures: Sequence[Any]) -> list[Any]:
@@ -941,7 +951,7 @@ class RayJob:
         import ray
         from ray.util.placement_group import remove_placement_group
 
-        for a in self.actors:
+        for a in getattr(self, "actors", []):  # (a start that failed early made none)
             try:
                 ray.kill(a)
             except Exception:  # noqa: BLE001 - already dead

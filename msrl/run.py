@@ -71,7 +71,8 @@ def train(cfg: RunConfig, resume: str | pathlib.Path | None = None) -> TrainResu
             lost = e if isinstance(e, ReplicaLost) else ReplicaLost(
                 pathlib.Path(resume) if resume is not None else reuse, -1, e)  # died while the job started
             cause, run_dir = lost.cause, lost.run_dir
-            why = _cluster_stopped()
+            # (a job that failed to start asked before it stopped the Ray it had started)
+            why = getattr(cause, "cluster_stopped", None) or _cluster_stopped()
             if why is not None:  # nothing can restart on it
                 raise ClusterLost(run_dir, why) from cause
             ckpt = run_dir / CHECKPOINT if run_dir is not None else None
