@@ -59,7 +59,7 @@ def _running(pids) -> list[int]:
 
 def test_the_runs_raylet_killed_is_one_line_with_the_checkpoint_and_the_run_resumes(tmp_path):
     run = tmp_path / "r"
-    proc = _train(tmp_path, "train.total_env_steps=40960", "train.checkpoint_every=10")
+    proc = _train(tmp_path, "train.total_env_steps=15360", "train.checkpoint_every=10")
     try:
         wait_for(lambda: _rows(run) >= 25, f"25 rows in {run}/metrics.csv", alive=proc)
         raylets = _tree(proc.pid, b"/raylet")
@@ -87,7 +87,7 @@ def test_the_runs_raylet_killed_is_one_line_with_the_checkpoint_and_the_run_resu
     assert resumed.returncode == 0, err[-3000:]
     assert f"msrl: resuming {run} at env step {steps}" in err
     with open(run / "metrics.csv") as f:
-        assert [int(r["iteration"]) for r in csv.DictReader(f)] == list(range(1, 161))  # 40960 / 256, each once
+        assert [int(r["iteration"]) for r in csv.DictReader(f)] == list(range(1, 61))  # 15360 / 256, each once
 
 
 @pytest.mark.parametrize("victim", ["driver", "msrl train"])
