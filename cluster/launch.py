@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import pathlib
 import shlex
+import sys
 import time
 from typing import Any, Sequence
 
@@ -129,8 +130,7 @@ def launch(config: str | pathlib.Path, overrides: Sequence[str], address: str | 
     if not pathlib.PurePath(cfg.runs_dir).is_absolute():
         excludes.append(f"/{cfg.runs_dir}/")  # earlier local runs stay here
     runtime_env: dict[str, Any] = {"working_dir": str(root), "excludes": excludes}
-    job_id = client.submit_job(entrypoint=command, runtime_env=runtime_env,
-                               submission_id=submission_id or f"msrl-{cfg.name}-{int(time.time())}")
+    job_id = _submit(client, address, command, runtime_env, submission_id or f"msrl-{cfg.name}-{int(time.time())}")
     print(f"submitted Ray job {job_id} to {address}: {command}", flush=True)
     if not wait:
         print(f"follow it with: ray job logs --follow --address {address} {job_id}")
@@ -147,6 +147,27 @@ def launch(config: str | pathlib.Path, overrides: Sequence[str], address: str | 
         status = client.get_job_status(job_id)
     print(f"Ray job {job_id}: {status.value}")
     return 0 if status == JobStatus.SUCCEEDED else 1
+
+
+#: how long a submission waits for a head whose job agent is still starting (s)
+AGENT_WAIT_S = 300.0
+
+
+def _submit(client: Any, address: str, command: str, runtime_env: dict[str, Any], submission_id: str) -> str:
+    """Submits the job; while the head answers that its job agent is not up yet (a cluster
+    that has just started, or a busy head), tries again for up to :data:`AGENT_WAIT_S`."""
+    deadline, said = time.monotonic() + AGENT_WAIT_S, False
+    while True:
+        try:
+            return client.submit_job(entrypoint=command, runtime_env=runtime_env, submission_id=submission_id)
+        except RuntimeError as e:
+            if "No available agent" not in str(e) or time.monotonic() > deadline:
+                raise
+            if not said:
+                print(f"msrl: the Ray cluster at {address} has no job agent up yet; waiting for it "
+                      f"(at most {AGENT_WAIT_S:.0f} s)", file=sys.stderr, flush=True)
+                said = True
+            time.sleep(1.0)
 
 
 def _follow(client: Any, job_id: str) -> None:

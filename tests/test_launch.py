@@ -94,16 +94,26 @@ def ray_head(tmp_path):
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled", "RAY_worker_niceness": "0"}
     # --block: the head's processes stay below this one, and the test stops them by its own
     # process tree (never `ray stop`, which stops every Ray of the machine)
+    log = tmp_path / "ray-start.log"
     with ray_address_file_kept():
-        head = popen(
-            [str(ray_bin), "start", "--head", f"--port={_free_port()}", f"--dashboard-port={dash}", "--num-cpus=3",
-             "--include-dashboard=true", "--dashboard-host=127.0.0.1", "--disable-usage-stats", "--block"],
-            death_signal=signal.SIGTERM, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-            start_new_session=True,
-        )
+        for attempt in range(3):  # Ray's own start-up deadlines can pass on a very busy machine
+            with open(log, "w") as out:
+                head = popen(
+                    # the job agent on a free port (Ray's default, 52365, is taken by any other Ray on the machine)
+                    [str(ray_bin), "start", "--head", f"--port={_free_port()}", f"--dashboard-port={dash}",
+                     "--num-cpus=3", f"--dashboard-agent-listen-port={_free_port()}", "--include-dashboard=true",
+                     "--dashboard-host=127.0.0.1", "--disable-usage-stats", "--block"],
+                    death_signal=signal.SIGTERM, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                )
+            try:
+                wait_for(lambda: _answers(f"http://127.0.0.1:{dash}/api/version"), f"the Ray dashboard on port {dash}",
+                         alive=head)
+                break
+            except AssertionError as e:
+                stop_tree(head)
+                if attempt == 2:
+                    raise AssertionError(f"{e}; ray start said: {log.read_text()[-3000:]}") from None
         try:
-            wait_for(lambda: _answers(f"http://127.0.0.1:{dash}/api/version"), f"the Ray dashboard on port {dash}",
-                     alive=head)
             yield f"http://127.0.0.1:{dash}"
         finally:
             stop_tree(head)
