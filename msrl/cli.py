@@ -212,8 +212,8 @@ def _classified(fn: Callable[[], int]) -> int:
             print(f"msrl: error: {e}", file=sys.stderr)
             return outcome.EXIT_LOST
         stopped = getattr(outcome, "TrainingStopped", None)
-        if stopped is not None and isinstance(e, stopped):
-            print(f"msrl: {e}", file=sys.stderr)
+        if stopped is not None and isinstance(e, stopped):  # one line: what stopped it, where, the checkpoint
+            print("msrl: " + "; ".join(part.strip() for part in str(e).splitlines() if part.strip()), file=sys.stderr)
             return 1
         raise
 

@@ -231,6 +231,8 @@ def test_nan_from_env_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, caps
     assert "FloatingPointError: env 'msrl-test/NaNCartPole-v0' returned a non-finite observation or reward at env step 301" in err
     assert "env.step(action)" in err and "ppo.py" in err
     assert f"last good checkpoint: {tmp_path}/nan/checkpoints/latest.pt" in err
+    last = err.strip().splitlines()[-1]  # one line, no traceback
+    assert "Traceback" not in err and last.startswith("msrl: training stopped at iteration 5") and "latest.pt" in last
     import torch
 
     ckpt = torch.load(tmp_path / "nan" / "checkpoints" / "latest.pt", weights_only=False)
