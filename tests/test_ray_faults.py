@@ -106,8 +106,8 @@ def test_no_process_of_the_run_outlives_its_driver(tmp_path, victim):
         tree = descendants(proc.pid)
         replicas = _tree(proc.pid, b"ray::ReplicaActor")
         assert _tree(proc.pid, b"/raylet") and replicas, "the run's Ray processes"
-        # a Ray msrl starts runs its replicas at the driver's niceness (Ray's default: 15)
-        assert {_niceness(p) for p in replicas} == {os.nice(0)}
+        # a Ray msrl starts runs its replicas at the driver's niceness, not above (Ray's default: 15)
+        assert all(_niceness(p) <= os.nice(0) for p in replicas), [_niceness(p) for p in replicas]
         t0 = time.monotonic()
         os.kill(drivers[0] if victim == "driver" else proc.pid, signal.SIGKILL)
         wait_for(lambda: not _running(tree), "every process of the run ending", timeout=120, poll=0.2)
