@@ -1,4 +1,4 @@
-"""A2C, DQN and SAC: msrl's algorithms vs Stable-Baselines3 with rl-zoo's hyperparameters, same run.
+"""PPO, A2C, DQN and SAC: msrl's algorithms vs Stable-Baselines3 with the same hyperparameters, same run.
 
 For each seed, both systems train until a deterministic evaluation (20 episodes, envs seeded
 10000..10019, every ``eval_every`` env steps) reaches the threshold, or the budget runs out:
@@ -6,6 +6,7 @@ For each seed, both systems train until a deterministic evaluation (20 episodes,
 =====  =============  =========  ===========  ==========
 algo   env            threshold  budget       eval every
 =====  =============  =========  ===========  ==========
+ppo    CartPole-v1    475        300,000      10,000
 a2c    CartPole-v1    475        200,000      5,000
 dqn    CartPole-v1    475        100,000      5,120
 sac    Pendulum-v1    -200       20,000       1,000
@@ -18,9 +19,10 @@ Reported per system as medians over seeds, with the interquartile range:
   as SB3 takes none);
 * ``env steps to threshold`` and ``env steps/s`` (training env steps over training wall time).
 
-msrl runs ``configs/{a2c_cartpole,dqn_cartpole,sac_pendulum}.yaml`` under ``single`` (or
-``--policy``); SB3 runs rl-zoo's hyperparameters for the same algorithm and env (listed in
-:data:`SB3_KWARGS`). Both use one torch thread. The learning curves (eval return vs env steps, and
+msrl runs ``configs/{ppo_cartpole,a2c_cartpole,dqn_cartpole,sac_pendulum}.yaml`` under ``single``
+(or ``--policy``); SB3 runs the same hyperparameters (listed in :data:`SB3_KWARGS`: rl-zoo's for
+A2C, DQN and SAC, which msrl's configs ship; msrl's own for PPO). With ``whole_budget`` (see
+``bench/bench_learning.py``) a run trains its whole budget and ends with a final greedy evaluation. Both use one torch thread. The learning curves (eval return vs env steps, and
 the fraction of seeds at the threshold vs wall time) go to ``--plot``.
 
     python bench/bench_offpolicy.py dqn --seeds 1 2 3
@@ -61,13 +63,27 @@ class Task:
 
 
 TASKS = {
+    "ppo": Task("configs/ppo_cartpole.yaml", "CartPole-v1", 475.0, 300_000, 10_000, "PPO", 16),
     "a2c": Task("configs/a2c_cartpole.yaml", "CartPole-v1", 475.0, 200_000, 5_000, "A2C", 8),
     "dqn": Task("configs/dqn_cartpole.yaml", "CartPole-v1", 475.0, 100_000, 5_120, "DQN", 1),
     "sac": Task("configs/sac_pendulum.yaml", "Pendulum-v1", -200.0, 20_000, 1_000, "SAC", 1),
 }
 
-# rl-zoo (hyperparams/{a2c,dqn,sac}.yml) for these envs; everything else SB3's defaults.
+
+def _linear(v: float) -> Callable[[float], float]:
+    """SB3's schedule annealed linearly from ``v`` to 0 (rl-zoo's ``lin_<v>``; msrl's ``anneal_*``)."""
+    return lambda progress_remaining: progress_remaining * v
+
+
+# rl-zoo (hyperparams/{a2c,dqn,sac}.yml) for these envs, which msrl's configs ship; for PPO msrl's
+# configs/ppo_cartpole.yaml (SB3's MlpPolicy is msrl's network: separate 64-64 tanh MLPs,
+# orthogonal init, Adam eps 1e-5; one difference: msrl clips the value loss as CleanRL does,
+# SB3 does not by default). Everything else SB3's defaults.
 SB3_KWARGS: dict[str, dict[str, Any]] = {
+    "ppo": {
+        "n_steps": 16, "batch_size": 256, "n_epochs": 2, "learning_rate": _linear(2.5e-3), "clip_range": _linear(0.2),
+        "gamma": 0.98, "gae_lambda": 0.95, "ent_coef": 0.0, "vf_coef": 0.5, "max_grad_norm": 0.5,
+    },
     "a2c": {"ent_coef": 0.0},
     "dqn": {
         "learning_rate": 2.3e-3, "batch_size": 64, "buffer_size": 100_000, "learning_starts": 1000, "gamma": 0.99,
@@ -78,8 +94,11 @@ SB3_KWARGS: dict[str, dict[str, Any]] = {
 }
 
 
-def run_msrl(task: Task, seed: int, policy: str | None, runs_dir: str, extra: list[str] = ()) -> dict:
-    """One msrl run; returns time/steps to the threshold, env steps/s and the eval curve."""
+def run_msrl(task: Task, seed: int, policy: str | None, runs_dir: str, extra: list[str] = (),
+             whole_budget: bool = False) -> dict:
+    """One msrl run; returns time/steps to the threshold, env steps/s and the eval curve; with
+    ``whole_budget`` it trains the whole budget (the threshold read off the curve: the first
+    evaluation at or above it) and adds ``final_eval``, the final greedy evaluation's mean return."""
     from msrl.config import load_config
     from msrl.run import train
 
@@ -91,7 +110,7 @@ def run_msrl(task: Task, seed: int, policy: str | None, runs_dir: str, extra: li
             f"runs_dir={runs_dir}",
             "train.progress=false",
             f"train.eval_every={task.eval_every}",
-            f"train.stop_at_return={task.threshold}",
+            f"train.stop_at_return={'null' if whole_budget else task.threshold}",
             f"train.total_env_steps={task.budget}",
             f"train.checkpoint_every={10**9}",
             f"eval.episodes={EVAL_EPISODES}",
@@ -104,8 +123,12 @@ def run_msrl(task: Task, seed: int, policy: str | None, runs_dir: str, extra: li
         for row in csv.DictReader(f):
             if row.get("eval/mean_return"):
                 curve.append((int(row["env_steps"]), float(row["time_s"]), float(row["eval/mean_return"])))
-    return {"time_to_threshold": r.time_to_threshold_s, "steps_to_threshold": r.steps_to_threshold,
-            "sps": r.env_steps / r.time_s, "curve": curve}
+    out = {"time_to_threshold": r.time_to_threshold_s, "steps_to_threshold": r.steps_to_threshold,
+           "sps": r.env_steps / r.time_s, "curve": curve}
+    if whole_budget:
+        hit = next(((t, s) for s, t, ret in curve if ret >= task.threshold), (None, None))
+        out.update(time_to_threshold=hit[0], steps_to_threshold=hit[1], final_eval=r.eval_mean)
+    return out
 
 
 def _sb3_evaluate(model, env_id: str) -> float:
@@ -123,8 +146,10 @@ def _sb3_evaluate(model, env_id: str) -> float:
     return float(ret.mean())
 
 
-def run_sb3(name: str, task: Task, seed: int) -> dict:
-    """One SB3 run with rl-zoo's hyperparameters; evaluation time is excluded from its clock."""
+def run_sb3(name: str, task: Task, seed: int, whole_budget: bool = False) -> dict:
+    """One SB3 run with :data:`SB3_KWARGS`; evaluation time is excluded from its clock. With
+    ``whole_budget`` it trains the whole budget (time/steps to the threshold: the first
+    evaluation at or above it) and adds ``final_eval`` (a greedy evaluation of the final model)."""
     import stable_baselines3
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
@@ -149,9 +174,9 @@ def run_sb3(name: str, task: Task, seed: int) -> dict:
                 mean = _sb3_evaluate(self.model, task.env_id)
                 self.eval_time += time.perf_counter() - s
                 self.curve.append((self.num_timesteps, train_s, mean))
-                if mean >= task.threshold:
+                if mean >= task.threshold and self.hit is None:
                     self.hit = (train_s, self.num_timesteps)
-                    return False
+                    return whole_budget
             return True
 
     env = make_vec_env(task.env_id, n_envs=task.n_envs, seed=seed)
@@ -161,8 +186,11 @@ def run_sb3(name: str, task: Task, seed: int) -> dict:
     t0 = time.perf_counter()
     model.learn(task.budget, callback=cb)
     train_time = time.perf_counter() - t0 - cb.eval_time
-    return {"time_to_threshold": cb.hit[0] if cb.hit else None, "steps_to_threshold": cb.hit[1] if cb.hit else None,
-            "sps": model.num_timesteps / train_time, "curve": cb.curve}
+    out = {"time_to_threshold": cb.hit[0] if cb.hit else None, "steps_to_threshold": cb.hit[1] if cb.hit else None,
+           "sps": model.num_timesteps / train_time, "curve": cb.curve}
+    if whole_budget:
+        out["final_eval"] = _sb3_evaluate(model, task.env_id)
+    return out
 
 
 def _quartiles(xs: list) -> tuple[float, float, float] | None:

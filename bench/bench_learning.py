@@ -1,0 +1,154 @@
+"""Learning quality over many seeds: msrl's five shipped algorithms against their peers, whole budget.
+
+For each algorithm and seed, msrl (the shipped config, as ``msrl train`` runs it) and its peer
+with the same hyperparameters each train their **whole** env-step budget, evaluating greedily
+(20 episodes, envs seeded 10000..10019) every ``eval every`` env steps, and end with a **final
+greedy evaluation** of the final weights. Reported per system, as medians with the interquartile
+range over seeds:
+
+* ``final eval``: the final greedy evaluation's mean return (what a user gets at the end);
+* ``env steps to threshold`` / ``time to threshold``: the first evaluation at or above the
+  threshold (training wall time, evaluations and start-up excluded); a seed that never gets
+  there counts as infinitely slow;
+* ``env steps/s``: env steps over training wall time.
+
+=======  ===========  =========  =========  ===========  =========================================
+algo     env          threshold  budget     eval every   peer (same hyperparameters)
+=======  ===========  =========  =========  ===========  =========================================
+ppo      CartPole-v1  475        300,000    10,000       SB3 PPO (msrl's config)
+a2c      CartPole-v1  475        200,000    10,000       SB3 A2C (rl-zoo's, which msrl ships)
+dqn      CartPole-v1  475        100,000    5,120        SB3 DQN (rl-zoo's, which msrl ships)
+sac      Pendulum-v1  -200       20,000     2,000        SB3 SAC (rl-zoo's, which msrl ships)
+impala   CartPole-v1  475        300,000    10,000       RLlib IMPALA (msrl's config), 2 env runners
+=======  ===========  =========  =========  ===========  =========================================
+
+The budgets and evaluation intervals are the shipped configs' (``--budget`` overrides them).
+msrl's rows run under the config's policy (``single``; IMPALA: ``async_learner`` with 2 actor
+processes on Ray). One torch thread per process. The SB3 runs and the evaluation are
+``bench/bench_offpolicy.py``'s; the RLlib run is ``bench/bench_rllib.py``'s. RLlib pins an older
+gymnasium, so run ``impala`` from an environment that has RLlib (``pip install -e ".[bench,rllib]"``)::
+
+    python bench/bench_learning.py ppo a2c dqn sac --seeds $(seq 1 10) --json learning.json
+    python bench/bench_learning.py impala --seeds $(seq 1 10) --json impala.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import sys
+import tempfile
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_offpolicy import TASKS, Task, _quartiles, run_msrl, run_sb3  # noqa: E402
+
+IMPALA = Task("configs/impala_cartpole.yaml", "CartPole-v1", 475.0, 300_000, 10_000, "IMPALA", 16)
+EVERY = {"ppo": 10_000, "a2c": 10_000, "dqn": 5_120, "sac": 2_000}
+
+
+def _peer(algo: str) -> str:
+    return "RLlib IMPALA" if algo == "impala" else f"SB3 {algo.upper()}"
+
+
+def run_seed(algo: str, task: Task, seed: int, runs_dir: str) -> dict[str, dict]:
+    """One seed of ``algo``: msrl's run and its peer's, each with the whole budget."""
+    if algo == "impala":
+        import ray
+        from bench_rllib import run_rllib
+
+        ours = run_msrl(task, seed, None, runs_dir, ["runtime=ray"], whole_budget=True)
+        if ray.is_initialized():
+            ray.shutdown()
+        peer = run_rllib(seed, task.eval_every, task.budget, "impala_msrl", whole_budget=True)
+        peer = {"time_to_threshold": peer["time_to_475"], "steps_to_threshold": peer["steps_to_475"],
+                "sps": peer["sps"], "final_eval": peer["final_eval"], "curve": peer["curve"]}
+    else:
+        ours = run_msrl(task, seed, None, runs_dir, whole_budget=True)
+        peer = run_sb3(algo, task, seed, whole_budget=True)
+    return {"msrl": ours, _peer(algo): peer}
+
+
+def _fmt(q: tuple[float, float, float] | None, digits: int) -> str:
+    if q is None:
+        return "not reached"
+    return f"{q[1]:.{digits}f} [{q[0]:.{digits}f}, {q[2]:.{digits}f}]"
+
+
+def table(algo: str, task: Task, results: dict[str, list[dict]]) -> str:
+    """The Markdown table of one algorithm (see the module docstring)."""
+    th = f"{task.threshold:g}"
+    lines = [f"| system | final greedy eval: median [IQR] | reached {th} | env steps to {th}: median [IQR] "
+             f"| time to {th} (s): median [IQR] | env steps/s (median) |", "| --- | --- | --- | --- | --- | --- |"]
+    for system, runs in results.items():
+        final = sorted(r["final_eval"] for r in runs)
+        reached = sum(r["steps_to_threshold"] is not None for r in runs)
+        lines.append(
+            f"| {system} | {_fmt(_quartiles(final), 1)} | {reached}/{len(runs)} "
+            f"| {_fmt(_quartiles([r['steps_to_threshold'] for r in runs]), 0)} "
+            f"| {_fmt(_quartiles([r['time_to_threshold'] for r in runs]), 2)} "
+            f"| {_quartiles([r['sps'] for r in runs])[1]:.0f} |")
+    peer = _peer(algo)
+    a, b = results["msrl"], results[peer]
+    qa, qb = (_quartiles([r["time_to_threshold"] for r in x]) for x in (a, b))
+    ratio = f"{qa[1] / qb[1]:.2f}x time to {th}" if qa and qb else "n/a"
+    sps = _quartiles([r["sps"] for r in a])[1] / _quartiles([r["sps"] for r in b])[1]
+    lines.append(f"| msrl / {peer} | | | | {ratio} | {sps:.2f}x throughput |")
+    for system, runs in results.items():
+        lines.append(f"\n{system}, final greedy eval per seed: " + ", ".join(f"{r['final_eval']:.1f}" for r in runs))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("algos", nargs="+", choices=["ppo", "a2c", "dqn", "sac", "impala"])
+    p.add_argument("--seeds", type=int, nargs="+", default=list(range(1, 11)))
+    p.add_argument("--budget", type=int, default=None, help="env-step budget of every algorithm (default: the config's)")
+    p.add_argument("--json", default=None, help="also write the raw results (curves included) here")
+    p.add_argument("--tables-from", nargs="+", default=None, metavar="JSON",
+                   help="train nothing: print the tables of these --json files, seeds of one algorithm merged "
+                        "(runs of one algorithm split over processes)")
+    args = p.parse_args()
+    if args.tables_from:
+        merged: dict[str, dict] = {}
+        for path in args.tables_from:
+            with open(path) as f:
+                for algo, part in json.load(f).items():
+                    m = merged.setdefault(algo, {"task": part["task"], "seeds": [], "results": {}})
+                    m["seeds"] += part["seeds"]
+                    for system, runs in part["results"].items():
+                        m["results"].setdefault(system, []).extend(runs)
+        for algo in args.algos:
+            m = merged[algo]
+            print(f"\n{algo}, seeds {sorted(m['seeds'])}: {m['task']}\n\n{table(algo, Task(**m['task']), m['results'])}\n")
+        return
+    torch.set_num_threads(1)
+    everything: dict[str, dict] = {}
+    for algo in args.algos:
+        task = IMPALA if algo == "impala" else dataclasses.replace(TASKS[algo], eval_every=EVERY[algo])
+        if args.budget is not None:
+            task = dataclasses.replace(task, budget=args.budget)
+        results: dict[str, list[dict]] = {"msrl": [], _peer(algo): []}
+        with tempfile.TemporaryDirectory() as runs_dir:
+            for seed in args.seeds:
+                for system, r in run_seed(algo, task, seed, runs_dir).items():
+                    results[system].append(r)
+                print(f"{algo} seed {seed}: " + "  ".join(
+                    f"{k}: final {v[-1]['final_eval']:.1f}, steps to threshold {v[-1]['steps_to_threshold']}, "
+                    f"{v[-1]['sps']:.0f} env steps/s" for k, v in results.items()), flush=True)
+        everything[algo] = {"task": dataclasses.asdict(task), "seeds": args.seeds, "results": results}
+        print(f"\n{algo} on {task.env_id}, threshold {task.threshold:g}, budget {task.budget}, eval every "
+              f"{task.eval_every}; machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+              f"torch {torch.__version__}, seeds {args.seeds}\n\n{table(algo, task, results)}\n", flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(everything, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
