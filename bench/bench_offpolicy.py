@@ -22,8 +22,9 @@ Reported per system as medians over seeds, with the interquartile range:
 msrl runs ``configs/{ppo_cartpole,a2c_cartpole,dqn_cartpole,sac_pendulum}.yaml`` under ``single``
 (or ``--policy``); SB3 runs the same hyperparameters (listed in :data:`SB3_KWARGS`: rl-zoo's for
 A2C, DQN and SAC, which msrl's configs ship; msrl's own for PPO). With ``whole_budget`` (see
-``bench/bench_learning.py``) a run trains its whole budget and ends with a final greedy evaluation. Both use one torch thread. The learning curves (eval return vs env steps, and
-the fraction of seeds at the threshold vs wall time) go to ``--plot``.
+``bench/bench_learning.py``) a run trains its whole budget and ends with a final greedy
+evaluation. Both use one torch thread. The learning curves (eval return vs env steps, and the
+fraction of seeds at the threshold vs wall time) go to ``--plot``.
 
     python bench/bench_offpolicy.py dqn --seeds 1 2 3
     python bench/bench_offpolicy.py a2c --seeds $(seq 1 10) --json a2c.json --plot bench/a2c_cartpole.png
