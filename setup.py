@@ -51,7 +51,7 @@ setup(
                  "opencv-python-headless>=4.8", "pettingzoo>=1.24", "mpe2>=0.0.1",
                  "envpool>=1.0", "hypothesis>=6.100"],
         # envpool: the env engine's peer in bench/bench_mujoco_envs.py
-        "bench": ["stable-baselines3>=2.3", "envpool>=1.0"],
+        "bench": ["stable-baselines3>=2.3", "envpool>=1.0", "scipy>=1.10"],
         # MuJoCo tasks (HalfCheetah-v5, ...) through the env engine, and the native batched ones
         "mujoco": ["gymnasium[mujoco]>=1.1", "mjbatch>=0.1.4"],
         # PettingZoo parallel envs (pettingzoo/<module>), MPE's among them

@@ -10,7 +10,10 @@ range over seeds:
 * ``env steps to threshold`` / ``time to threshold``: the first evaluation at or above the
   threshold (training wall time, evaluations and start-up excluded); a seed that never gets
   there counts as infinitely slow;
-* ``env steps/s``: env steps over training wall time.
+* ``env steps/s``: env steps over training wall time;
+* on the ratio row, the two-sided Mann-Whitney U test's p-value of the final evaluations and of
+  the env steps to the threshold (a small p: one system tends to be higher; a large one: the
+  difference is within the seeds' spread).
 
 =======  ===========  =========  =========  ===========  =========================================
 algo     env          threshold  budget     eval every   peer (same hyperparameters)
@@ -80,16 +83,28 @@ def _fmt(q: tuple[float, float, float] | None, digits: int) -> str:
     return f"{q[1]:.{digits}f} [{q[0]:.{digits}f}, {q[2]:.{digits}f}]"
 
 
+def _mann_whitney(a: list[dict], b: list[dict], key: str) -> str:
+    """The two-sided Mann-Whitney U test of the two systems' ``key`` over seeds (Mann & Whitney
+    1947; ``scipy.stats.mannwhitneyu``): whether one tends to be higher than the other, with no
+    assumption on the distributions' shape; a seed that never reached the threshold ranks last."""
+    from scipy.stats import mannwhitneyu
+
+    x, y = ([float("inf") if r[key] is None else r[key] for r in runs] for runs in (a, b))
+    if len(set(x) | set(y)) == 1:
+        return "equal on every seed"
+    return f"p = {mannwhitneyu(x, y, alternative='two-sided').pvalue:.2f}"
+
+
 def table(algo: str, task: Task, results: dict[str, list[dict]]) -> str:
     """The Markdown table of one algorithm (see the module docstring)."""
     th = f"{task.threshold:g}"
-    lines = [f"| system | final greedy eval: median [IQR] | reached {th} | env steps to {th}: median [IQR] "
+    lines = [f"| system | final greedy eval: median [IQR] (mean) | reached {th} | env steps to {th}: median [IQR] "
              f"| time to {th} (s): median [IQR] | env steps/s (median) |", "| --- | --- | --- | --- | --- | --- |"]
     for system, runs in results.items():
         final = sorted(r["final_eval"] for r in runs)
         reached = sum(r["steps_to_threshold"] is not None for r in runs)
         lines.append(
-            f"| {system} | {_fmt(_quartiles(final), 1)} | {reached}/{len(runs)} "
+            f"| {system} | {_fmt(_quartiles(final), 1)} ({sum(final) / len(final):.1f}) | {reached}/{len(runs)} "
             f"| {_fmt(_quartiles([r['steps_to_threshold'] for r in runs]), 0)} "
             f"| {_fmt(_quartiles([r['time_to_threshold'] for r in runs]), 2)} "
             f"| {_quartiles([r['sps'] for r in runs])[1]:.0f} |")
@@ -98,7 +113,8 @@ def table(algo: str, task: Task, results: dict[str, list[dict]]) -> str:
     qa, qb = (_quartiles([r["time_to_threshold"] for r in x]) for x in (a, b))
     ratio = f"{qa[1] / qb[1]:.2f}x time to {th}" if qa and qb else "n/a"
     sps = _quartiles([r["sps"] for r in a])[1] / _quartiles([r["sps"] for r in b])[1]
-    lines.append(f"| msrl / {peer} | | | | {ratio} | {sps:.2f}x throughput |")
+    lines.append(f"| msrl / {peer} (Mann-Whitney U) | {_mann_whitney(a, b, 'final_eval')} | "
+                 f"| {_mann_whitney(a, b, 'steps_to_threshold')} | {ratio} | {sps:.2f}x throughput |")
     for system, runs in results.items():
         lines.append(f"\n{system}, final greedy eval per seed: " + ", ".join(f"{r['final_eval']:.1f}" for r in runs))
     return "\n".join(lines)
