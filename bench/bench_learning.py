@@ -33,6 +33,7 @@ gymnasium, so run ``impala`` from an environment that has RLlib (``pip install -
 
     python bench/bench_learning.py ppo a2c dqn sac --seeds $(seq 1 10) --json learning.json
     python bench/bench_learning.py impala --seeds $(seq 1 10) --json impala.json
+    python bench/bench_learning.py impala --msrl-only --override algorithm.hparams.gamma=0.99   # a variant
 """
 
 from __future__ import annotations
@@ -59,28 +60,36 @@ def _peer(algo: str) -> str:
     return "RLlib IMPALA" if algo == "impala" else f"SB3 {algo.upper()}"
 
 
-def run_seed(algo: str, task: Task, seed: int, runs_dir: str) -> dict[str, dict]:
-    """One seed of ``algo``: msrl's run and its peer's, each with the whole budget."""
+def run_seed(algo: str, task: Task, seed: int, runs_dir: str, overrides: list[str] = (),
+             peer_too: bool = True) -> dict[str, dict]:
+    """One seed of ``algo``: msrl's run (with config ``overrides``) and, with ``peer_too``, its
+    peer's, each with the whole budget."""
     if algo == "impala":
         import ray
-        from bench_rllib import run_rllib
 
-        ours = run_msrl(task, seed, None, runs_dir, ["runtime=ray"], whole_budget=True)
+        ours = run_msrl(task, seed, None, runs_dir, ["runtime=ray", *overrides], whole_budget=True)
         if ray.is_initialized():
             ray.shutdown()
+        if not peer_too:
+            return {"msrl": ours}
+        from bench_rllib import run_rllib
+
         peer = run_rllib(seed, task.eval_every, task.budget, "impala_msrl", whole_budget=True)
         peer = {"time_to_threshold": peer["time_to_475"], "steps_to_threshold": peer["steps_to_475"],
                 "sps": peer["sps"], "final_eval": peer["final_eval"], "curve": peer["curve"]}
     else:
-        ours = run_msrl(task, seed, None, runs_dir, whole_budget=True)
+        ours = run_msrl(task, seed, None, runs_dir, list(overrides), whole_budget=True)
+        if not peer_too:
+            return {"msrl": ours}
         peer = run_sb3(algo, task, seed, whole_budget=True)
     return {"msrl": ours, _peer(algo): peer}
 
 
 def _fmt(q: tuple[float, float, float] | None, digits: int) -> str:
+    """``median [Q1, Q3]``; a quartile among the seeds that never reached the threshold is ``never``."""
     if q is None:
-        return "not reached"
-    return f"{q[1]:.{digits}f} [{q[0]:.{digits}f}, {q[2]:.{digits}f}]"
+        return "never"
+    return "{1} [{0}, {2}]".format(*("never" if x == float("inf") else f"{x:.{digits}f}" for x in q))
 
 
 def _mann_whitney(a: list[dict], b: list[dict], key: str) -> str:
@@ -109,9 +118,13 @@ def table(algo: str, task: Task, results: dict[str, list[dict]]) -> str:
             f"| {_fmt(_quartiles([r['time_to_threshold'] for r in runs]), 2)} "
             f"| {_quartiles([r['sps'] for r in runs])[1]:.0f} |")
     peer = _peer(algo)
+    if peer not in results:  # --msrl-only
+        return "\n".join(lines) + "\n\nmsrl, final greedy eval per seed: " + ", ".join(
+            f"{r['final_eval']:.1f}" for r in results["msrl"])
     a, b = results["msrl"], results[peer]
     qa, qb = (_quartiles([r["time_to_threshold"] for r in x]) for x in (a, b))
-    ratio = f"{qa[1] / qb[1]:.2f}x time to {th}" if qa and qb else "n/a"
+    finite = qa and qb and float("inf") not in (qa[1], qb[1])
+    ratio = f"{qa[1] / qb[1]:.2f}x time to {th}" if finite else "n/a (a median seed never got there)"
     sps = _quartiles([r["sps"] for r in a])[1] / _quartiles([r["sps"] for r in b])[1]
     lines.append(f"| msrl / {peer} (Mann-Whitney U) | {_mann_whitney(a, b, 'final_eval')} | "
                  f"| {_mann_whitney(a, b, 'steps_to_threshold')} | {ratio} | {sps:.2f}x throughput |")
@@ -126,6 +139,9 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=list(range(1, 11)))
     p.add_argument("--budget", type=int, default=None, help="env-step budget of every algorithm (default: the config's)")
     p.add_argument("--json", default=None, help="also write the raw results (curves included) here")
+    p.add_argument("--override", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="config overrides of msrl's runs (e.g. algorithm.hparams.gamma=0.99)")
+    p.add_argument("--msrl-only", action="store_true", help="run msrl's rows only (a config variant's seeds)")
     p.add_argument("--tables-from", nargs="+", default=None, metavar="JSON",
                    help="train nothing: print the tables of these --json files, seeds of one algorithm merged "
                         "(runs of one algorithm split over processes)")
@@ -149,10 +165,10 @@ def main() -> None:
         task = IMPALA if algo == "impala" else dataclasses.replace(TASKS[algo], eval_every=EVERY[algo])
         if args.budget is not None:
             task = dataclasses.replace(task, budget=args.budget)
-        results: dict[str, list[dict]] = {"msrl": [], _peer(algo): []}
+        results: dict[str, list[dict]] = {"msrl": []} if args.msrl_only else {"msrl": [], _peer(algo): []}
         with tempfile.TemporaryDirectory() as runs_dir:
             for seed in args.seeds:
-                for system, r in run_seed(algo, task, seed, runs_dir).items():
+                for system, r in run_seed(algo, task, seed, runs_dir, args.override, not args.msrl_only).items():
                     results[system].append(r)
                 print(f"{algo} seed {seed}: " + "  ".join(
                     f"{k}: final {v[-1]['final_eval']:.1f}, steps to threshold {v[-1]['steps_to_threshold']}, "

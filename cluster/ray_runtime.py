@@ -990,16 +990,19 @@ class RayJob:
 
     def close(self) -> None:
         """Closes every replica (envs, process group), ends their processes, and stops Ray
-        when this job started it."""
+        when this job started it. With the cluster itself gone (:func:`cluster_stopped`) nothing
+        is asked of it: the replicas are killed and Ray shut down at once, where each call to a
+        stopped GCS would wait out its own timeout."""
         import ray
 
-        if self.actors:
+        stopped = cluster_stopped() is not None
+        if self.actors and not stopped:
             try:
                 ray.get([a.close.remote() for a in self.actors], timeout=30)
             except Exception:  # noqa: BLE001 - a dead replica has nothing left to close
                 pass
         self.kill()
-        if self.watchdog is not None and ray.is_initialized():
+        if self.watchdog is not None and ray.is_initialized() and not stopped:
             from msrl.cluster.rendezvous import RayStore
 
             self.watchdog.clear()

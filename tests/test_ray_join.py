@@ -95,7 +95,10 @@ def test_joins_a_token_auth_head_with_the_token_it_holds(tmp_path, head):
 
 
 def test_a_machine_without_the_token_gets_one_line_naming_the_address_and_the_fix(tmp_path, head):
-    out = _train(tmp_path, _env(tmp_path / "stranger"), f"cluster.address={head.address}", "name=refused")
+    """Ray retries a refused token until its GCS wait ends: cluster.connect_timeout_s bounds it
+    (20 s here rather than the default 60: the suite's time)."""
+    out = _train(tmp_path, _env(tmp_path / "stranger"), f"cluster.address={head.address}", "name=refused",
+                 "cluster.connect_timeout_s=20")
     assert out.returncode == 2, out.stderr[-3000:]
     lines = [line for line in out.stderr.splitlines() if line.startswith("msrl:")]
     assert len(lines) == 1 and lines[0].startswith("msrl: error: cannot join the Ray cluster at "
