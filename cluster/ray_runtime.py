@@ -83,6 +83,16 @@ def _report_ray() -> None:
         pass
 
 
+def _tcp_refusal(host: str, port: int, timeout_s: float) -> OSError | None:
+    """Why a TCP connection to ``host:port`` (brackets around an IPv6 host allowed) failed
+    within ``timeout_s``, or ``None`` when something accepted it (the connection is closed)."""
+    try:
+        with socket.create_connection((host.strip("[]"), port), timeout=timeout_s):
+            return None
+    except OSError as e:
+        return e
+
+
 def _check_reachable(address: str, timeout_s: float) -> None:
     """Opens (and closes) a TCP connection to a ``HOST:PORT`` cluster address within
     ``timeout_s``: a closed port or an unknown host is one line at once, where Ray's own join
@@ -91,16 +101,12 @@ def _check_reachable(address: str, timeout_s: float) -> None:
     Raises:
         ClusterJoinError: nothing answers at the address within ``timeout_s``.
     """
-    import socket
-
     host, sep, port = address.rpartition(":")
     if not sep or "://" in address or not port.isdigit() or not host:
         return
     host = host.strip("[]")
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout_s):
-            pass
-    except OSError as e:
+    e = _tcp_refusal(host, int(port), timeout_s)
+    if e is not None:
         why = "timed out" if isinstance(e, TimeoutError) else (e.strerror or str(e))
         raise ClusterJoinError(
             f"cannot join the Ray cluster at cluster.address={address}: nothing answered there within "
@@ -219,11 +225,10 @@ def cluster_stopped() -> str | None:
     except AssertionError:
         return None
     host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=10):
-            return None
-    except (OSError, ValueError) as e:
-        return f"its GCS at {address} does not answer: {e.strerror or e}"
+    if not port.isdigit():
+        return None
+    e = _tcp_refusal(host, int(port), 10.0)
+    return None if e is None else f"its GCS at {address} does not answer: {e.strerror or e}"
 
 
 def uds_prefix(job_id: str) -> str:
