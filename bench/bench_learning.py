@@ -53,7 +53,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_offpolicy import TASKS, Task, _quartiles, run_msrl, run_sb3  # noqa: E402
 
 IMPALA = Task("configs/impala_cartpole.yaml", "CartPole-v1", 475.0, 300_000, 10_000, "IMPALA", 16)
-EVERY = {"ppo": 10_000, "a2c": 10_000, "dqn": 5_120, "sac": 2_000}
+
+
+def shipped(algo: str) -> Task:
+    """``algo``'s task with the budget (``train.total_env_steps``) and evaluation interval
+    (``train.eval_every``, env steps) of its shipped config, read from the config itself."""
+    from msrl.config import load_config
+
+    task = IMPALA if algo == "impala" else TASKS[algo]
+    train = load_config(task.config).train
+    return dataclasses.replace(task, budget=train.total_env_steps, eval_every=train.eval_every)
 
 
 def _peer(algo: str) -> str:
@@ -162,7 +171,7 @@ def main() -> None:
     torch.set_num_threads(1)
     everything: dict[str, dict] = {}
     for algo in args.algos:
-        task = IMPALA if algo == "impala" else dataclasses.replace(TASKS[algo], eval_every=EVERY[algo])
+        task = shipped(algo)
         if args.budget is not None:
             task = dataclasses.replace(task, budget=args.budget)
         results: dict[str, list[dict]] = {"msrl": []} if args.msrl_only else {"msrl": [], _peer(algo): []}
