@@ -227,7 +227,8 @@ def deliver_frame(boundaries: Sequence[Any], fragment: str, mailbox: Mailbox, fr
         if sb.mode != "latest":
             raise TransportError(f"a slot version for boundary {sb.name}, which is not a latest-value slot")
         slots[sb.name] = v
-    value = decode(bytearray(message), copy=False)  # a fresh buffer: its tensors are viewed in it
+    # a fresh buffer: its tensors are viewed in it, or moved once onto the consumer's device
+    value = decode(bytearray(message), mailbox.device, copy=False)
     if kind == ITEM:
         if not mailbox.deliver(b.name, rep, Item(value, slots), block=False):
             raise TransportError(f"more than {b.capacity} items in flight on {b.name}: the producer ignored "

@@ -338,7 +338,7 @@ class ReplicaActor:
 
         boundaries = self.fragment_graph.boundaries
         capacity = {b.name: b.capacity for b in boundaries if b.mode == "fifo"}
-        self.mailbox = Mailbox(capacity, timeout_s)
+        self.mailbox = Mailbox(capacity, timeout_s, device=self.spec.policy.fragment(self.fragment).device)
         sources = {b.src for b in boundaries if b.asynchronous and b.dst == self.fragment}
         if not sources:
             return None

@@ -16,8 +16,9 @@ put/get     an asynchronous boundary (a ``fifo`` queue or a ``latest`` slot): th
 ==========  =====================================================================================
 
 A receiver always gets its own copy (as it would over a network): mutating it never changes
-the sender's value. When one replica fails, :meth:`LocalHub.close` wakes every waiting peer
-with :class:`ChannelClosed`.
+the sender's value. The copy is made on the receiving fragment's device (:func:`deliver`): a
+value crosses a boundary onto its consumer's device whatever its producer's, moved once. When one
+replica fails, :meth:`LocalHub.close` wakes every waiting peer with :class:`ChannelClosed`.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from tensordict import TensorDictBase
 from msrl.partition import Boundary, boundary_end
 from msrl.runtime.generators import BATON
 
-__all__ = ["ChannelClosed", "LocalHub", "LocalComm", "Serving", "concat", "split", "copy_value", "tensor_leaves",
-           "payload_bytes"]
+__all__ = ["ChannelClosed", "LocalHub", "LocalComm", "Serving", "concat", "split", "copy_value", "deliver",
+           "move_tensor", "tensor_leaves", "payload_bytes"]
 
 _POLL_S = 0.05
 
@@ -43,13 +44,54 @@ class ChannelClosed(RuntimeError):
 
 
 def copy_value(value: Any) -> Any:
-    """A deep copy of tensors, TensorDicts and (nested) dicts/lists/tuples of them."""
-    if isinstance(value, (torch.Tensor, TensorDictBase)):
-        return value.clone()
+    """A deep copy of tensors, TensorDicts and (nested) dicts/lists/tuples of them, each tensor
+    on its own device (:func:`deliver` with no device)."""
+    return deliver(value, None)
+
+
+def move_tensor(t: torch.Tensor, device: torch.device | None) -> torch.Tensor:
+    """A copy of ``t`` the receiver owns, on ``device`` (``None``: ``t``'s own): the one copy
+    of the delivery rule (see :func:`deliver`).
+
+    CPU -> CUDA goes through pinned host memory and a non-blocking copy on the current stream
+    (the consumer's kernels queue behind it: the producer's thread never waits for the DMA);
+    CUDA -> CPU is a blocking copy (the CPU consumer reads it at once); CUDA -> CUDA a
+    non-blocking device copy. Shape and dtype are kept.
+    """
+    if device is None or t.device == device:
+        return t.clone()
+    if device.type == "cuda" and t.device.type == "cpu":
+        staged = t if t.is_pinned() else t.pin_memory()  # pinned staging: the DMA runs off the host thread
+        return staged.to(device, non_blocking=True)
+    return t.to(device, non_blocking=t.device.type == "cuda" and device.type == "cuda")
+
+
+def deliver(value: Any, device: torch.device | str | None) -> Any:
+    """``value`` as its receiver gets it: a copy the receiver owns (mutating it never changes
+    the sender's value, as over a network), every tensor on ``device``, the consumer
+    fragment's (``None``: each tensor stays on its own device).
+
+    The delivery rule of every boundary (DESIGN.md §3): whatever the producer's device, the
+    consumer gets its fragment's; each tensor is copied exactly once (a tensor already on
+    ``device`` is cloned, one on another device moved: :func:`move_tensor`). Tensors,
+    TensorDicts (their ``device`` set to ``device``) and (nested) dicts/lists/tuples of them;
+    other leaves (numbers, strings, ``None``) are returned as they are.
+    """
+    to = torch.device(device) if device is not None else None
+    return _deliver(value, to)
+
+
+def _deliver(value: Any, to: torch.device | None) -> Any:
+    if isinstance(value, torch.Tensor):
+        return move_tensor(value, to)
+    if isinstance(value, TensorDictBase):
+        if to is None:
+            return value.clone()
+        return value.apply(lambda t: move_tensor(t, to), device=to)
     if isinstance(value, dict):
-        return {k: copy_value(v) for k, v in value.items()}
+        return {k: _deliver(v, to) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(copy_value(v) for v in value)
+        return type(value)(_deliver(v, to) for v in value)
     return value
 
 
@@ -95,7 +137,8 @@ def concat(values: Sequence[Any], axis: int) -> Any:
 
 
 def split(value: Any, parts: int, axis: int) -> list[Any]:
-    """Splits ``value`` into ``parts`` equal shards along ``axis`` (copies).
+    """Splits ``value`` into ``parts`` equal shards along ``axis``: views of ``value`` (the
+    transport that delivers a shard makes the receiver's copy, :func:`deliver` or a codec).
 
     Raises:
         ValueError: the axis size is not divisible by ``parts``.
@@ -104,7 +147,7 @@ def split(value: Any, parts: int, axis: int) -> list[Any]:
         size = value.shape[axis] if isinstance(value, torch.Tensor) else value.batch_size[axis]
         if size % parts:
             raise ValueError(f"cannot scatter {size} envs over {parts} replicas")
-        return [c.clone() for c in torch.chunk(value, parts, dim=axis)]
+        return list(torch.chunk(value, parts, dim=axis))
     if isinstance(value, dict):
         shards = {k: split(v, parts, axis) for k, v in value.items()}
         return [{k: s[i] for k, s in shards.items()} for i in range(parts)]
@@ -121,11 +164,15 @@ class LocalHub:
         boundaries: from :class:`msrl.partition.FragmentGraph`.
         fragment_replicas: fragment -> its replica count (for ``allreduce`` among a fragment's
             replicas; fragments not listed have one).
+        devices: fragment -> the device its values are delivered on (fragments not listed: each
+            tensor stays on its producer's device).
     """
 
-    def __init__(self, boundaries: Sequence[Boundary], fragment_replicas: Mapping[str, int] | None = None) -> None:
+    def __init__(self, boundaries: Sequence[Boundary], fragment_replicas: Mapping[str, int] | None = None,
+                 devices: Mapping[str, torch.device | str] | None = None) -> None:
         self.boundaries = {b.name: b for b in boundaries}
         self.fragment_replicas = dict(fragment_replicas or {})
+        self.devices = {f: torch.device(d) for f, d in (devices or {}).items()}
         self._reduce_cond = threading.Condition()
         self._reduce_parts: dict[str, dict[int, torch.Tensor]] = {}
         self._reduce_done: dict[str, tuple[int, torch.Tensor]] = {}
@@ -179,11 +226,14 @@ class LocalHub:
                 self._reduce_cond.wait(_POLL_S)
             return self._reduce_done[fragment][1].clone()
 
-    def _put(self, boundary: str, replica: int, item: Any) -> None:
-        n = payload_bytes(item)
+    def _put(self, boundary: str, replica: int, value: Any, shard: int | None = None) -> None:
+        """Delivers ``value`` (a copy on the dst fragment's device, :func:`deliver`) to dst
+        replica ``replica``; a gathered ``shard`` travels with its src replica index."""
+        n = payload_bytes(value)
         with self._bytes_lock:
             self.bytes[boundary] = self.bytes.get(boundary, 0) + n
-        self._queues[(boundary, replica)].put(item)
+        copy = deliver(value, self.devices.get(self.boundaries[boundary].dst))
+        self._queues[(boundary, replica)].put(copy if shard is None else (shard, copy))
 
     def _get(self, boundary: str, replica: int) -> Any:
         q = self._queues[(boundary, replica)]
@@ -237,7 +287,7 @@ class LocalComm(Serving):
     def send(self, name: str, value: Any) -> None:
         """Src replica ``i`` -> dst replica ``i``."""
         self._boundary(name, "send")
-        self.hub._put(name, self.replica, copy_value(value))
+        self.hub._put(name, self.replica, value)
 
     def recv(self, name: str) -> Any:
         """Receives what src replica ``i`` sent."""
@@ -249,7 +299,7 @@ class LocalComm(Serving):
         concatenated along the boundary's axis, replica 0 first."""
         b = self._boundary(name, "gather")
         if self.fragment == b.src:
-            self.hub._put(name, 0, (self.replica, copy_value(value)))
+            self.hub._put(name, 0, value, shard=self.replica)
             return None
         shards = sorted((self.hub._get(name, self.replica) for _ in range(b.src_replicas)), key=lambda s: s[0])
         return concat([s[1] for s in shards], b.axis if b.axis is not None else 0)
@@ -268,7 +318,7 @@ class LocalComm(Serving):
         b = self._boundary(name, "broadcast")
         if self.fragment == b.src:
             for r in range(b.dst_replicas):
-                self.hub._put(name, r, copy_value(value))
+                self.hub._put(name, r, value)
             return None
         return self.hub._get(name, self.replica)
 

@@ -42,7 +42,9 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
-from msrl.channels import ChannelClosed, concat, copy_value, payload_bytes, split
+import torch
+
+from msrl.channels import ChannelClosed, concat, copy_value, deliver, payload_bytes, split
 from msrl.graph import NodeKind
 from msrl.partition import boundary_end
 from msrl.runtime.generators import BATON
@@ -75,6 +77,9 @@ class Mailbox:
         timeout_s: how long :meth:`take` and :meth:`newest` wait before raising ``TimeoutError``.
         on_take: called with ``(boundary, producer)`` after an item is taken (the gRPC transport
             returns a credit to the producer).
+        device: the consumer fragment's device: every transport delivers values onto it
+            (:func:`msrl.channels.deliver`; a network transport decodes onto it). ``None``: values
+            stay where they were made.
 
     Attributes:
         pump: ``pump(timeout_s)`` reads what arrived on the transport and delivers it, waiting
@@ -86,8 +91,9 @@ class Mailbox:
     """
 
     def __init__(self, capacity: Mapping[str, int], timeout_s: float = 600.0,
-                 on_take: Callable[[str, int], None] | None = None) -> None:
+                 on_take: Callable[[str, int], None] | None = None, device: torch.device | str | None = None) -> None:
         self.capacity = dict(capacity)
+        self.device = torch.device(device) if device is not None else None
         self.timeout_s = timeout_s
         self.on_take = on_take
         self._cond = threading.Condition(threading.Lock())
@@ -362,7 +368,8 @@ class AsyncEndpoint:
 
 class LocalTransport:
     """Delivers between replicas that are threads of one process: straight into the
-    consumer's :class:`Mailbox`, as a copy (as a network would), blocking on a full queue.
+    consumer's :class:`Mailbox`, as a copy on the consumer's device (``Mailbox.device``,
+    :func:`~msrl.channels.deliver`: the one copy a network would make), blocking on a full queue.
 
     Args:
         mailboxes: ``(fragment, replica) -> Mailbox`` of every consumer replica.
@@ -382,12 +389,14 @@ class LocalTransport:
     def send_item(self, boundary: Any, producer: int, consumer: int, item: Item) -> None:
         """Copies ``item``'s value into the consumer's queue (waits while it is full)."""
         self._count(boundary.name, item.value)
-        self.mailboxes[(boundary.dst, consumer)].deliver(boundary.name, producer, Item(copy_value(item.value), item.versions))
+        mailbox = self.mailboxes[(boundary.dst, consumer)]
+        mailbox.deliver(boundary.name, producer, Item(deliver(item.value, mailbox.device), item.versions))
 
     def send_latest(self, boundary: Any, producer: int, consumer: int, version: int, value: Any) -> None:
         """Copies ``value`` into the consumer's slot."""
         self._count(boundary.name, value)
-        self.mailboxes[(boundary.dst, consumer)].publish(boundary.name, producer, version, copy_value(value))
+        mailbox = self.mailboxes[(boundary.dst, consumer)]
+        mailbox.publish(boundary.name, producer, version, deliver(value, mailbox.device))
 
     def flush(self) -> None:
         """Nothing is held: every value was delivered when it was sent."""

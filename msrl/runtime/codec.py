@@ -372,7 +372,10 @@ def _compile_tensor(node: dict[str, Any]) -> Plan:
             if copy or raw.storage_offset() % itemsize:
                 raw = raw.clone()
             out = raw.view(dtype).view(shape)
-        return out.to(device) if device is not None else out
+        if device is None or out.device == device:
+            return out
+        # from pinned host memory (a receive buffer staged for a GPU consumer) the copy does not block
+        return out.to(device, non_blocking=out.device.type == "cpu" and device.type == "cuda" and out.is_pinned())
 
     return build_tensor
 

@@ -222,14 +222,15 @@ class DistComm(Serving):
     def _take_buffer(self, key: tuple[str, str, int], rank: int, tag: int) -> torch.Tensor:
         self.flush_async()
         capacity = self._capacity.get(key, _CONTROL_BYTES)
-        buffer = torch.empty(capacity, dtype=torch.uint8)
+        # pinned for a GPU consumer: the decoded tensors are copied to it once, without blocking
+        buffer = torch.empty(capacity, dtype=torch.uint8, pin_memory=self.device.type == "cuda")
         t0 = time.perf_counter()
         dist.recv(buffer, rank, tag=tag)  # waits for the peer to reach its side of the boundary
         self.wait_s += time.perf_counter() - t0
         n = grow_size(buffer, self.max_message, key[0])
         if n is not None:
             self._capacity[key] = capacity = n
-            buffer = torch.empty(capacity, dtype=torch.uint8)
+            buffer = torch.empty(capacity, dtype=torch.uint8, pin_memory=self.device.type == "cuda")
             dist.recv(buffer, rank, tag=tag)
         self.bytes_received += capacity
         return buffer

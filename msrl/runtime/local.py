@@ -47,7 +47,8 @@ class LocalRuntime:
         self.timeout_s = timeout_s
         self._hubs: dict[str, LocalHub] = {}
         capacity = {b.name: b.capacity for b in fragment_graph.boundaries if b.mode == "fifo"}
-        self.mailboxes = {key: Mailbox(capacity, timeout_s) for key in self._keys}
+        self._devices = {fr.name: fr.spec.device for fr in fragment_graph.fragments}
+        self.mailboxes = {key: Mailbox(capacity, timeout_s, device=self._devices[key[0]]) for key in self._keys}
         transport = self.transport = LocalTransport(self.mailboxes)
         self.asynchronous = {key: AsyncEndpoint(fragment_graph.boundaries, key[0], key[1], self.mailboxes[key], transport)
                              for key in self._keys}
@@ -63,7 +64,7 @@ class LocalRuntime:
         hub = self._hubs.get(method)
         if hub is None or hub.closed:  # a failed run closed it: the next run starts clean
             hub = self._hubs[method] = LocalHub([b for b in self.fragment_graph.boundaries if b.method == method],
-                                                self._fragment_replicas)
+                                                self._fragment_replicas, self._devices)
         return hub
 
     def run(self, method: str, n: int = 1) -> dict[tuple[str, int], list[dict[str, Any]]]:

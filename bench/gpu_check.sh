@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The GPU check: what only a machine with a CUDA device can run, in one go, each part under its
+# own timeout, a summary printed last.
+#
+#   bash bench/gpu_check.sh            # from the project root, on a machine with a CUDA GPU
+#
+# Installs msrl into a temporary folder first, so the machine's own Python (which must hold a CUDA
+# build of torch) is untouched; on a machine without network access, put wheels of what it lacks
+# into .whl/ first (`pip download --no-deps --only-binary=:all: -d .whl gymnasium tensordict
+# pydantic ...`, for that machine's Python version): they are installed from there.
+# Writes each part's log into $OUT (default: a temporary folder).
+#
+# Parts: the cross-device boundary tests (learner on cuda:0, actors on the CPU, under coarse,
+# overlapped coarse, async_learner and single_learner_fine); the README's heterogeneous run
+# (PPO CartPole, coarse, learner on cuda:0) trained to the end with its final evaluation.
+set -u
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-$(mktemp -d)}
+T=$(mktemp -d)
+py=${PYTHON:-python3}
+if ls .whl/*.whl >/dev/null 2>&1; then
+  $py -m pip install -q --no-index --no-deps --no-compile --target "$T/site" .whl/*.whl || exit 1
+fi
+$py -m pip install -q --no-index --no-deps --no-build-isolation --target "$T/msrl" . || exit 1
+export PYTHONPATH="$T/msrl:$T/site${PYTHONPATH:+:$PYTHONPATH}" PATH="$T/msrl/bin:$PATH"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+$py -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
+
+declare -A rc
+part() {  # part NAME SECONDS COMMAND...
+  local name=$1 limit=$2; shift 2
+  echo "== $name"
+  local t0=$SECONDS
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  rc[$name]=$?
+  tail -n 12 "$OUT/$name.log"
+  echo "== $name: exit ${rc[$name]} in $((SECONDS - t0)) s"
+}
+
+# -P: the checkout's own msrl/ folder must not shadow the installed package
+part devices 240 $py -P -m pytest -q -p no:cacheprovider -m "slow or not slow" tests/test_devices.py -k "not reaches_475"
+part coarse_cuda_learner 300 msrl train configs/ppo_cartpole.yaml distribution_policy.name=single_learner_coarse \
+  runtime=local distribution_policy.devices.learner=cuda:0 "runs_dir=$T/runs" train.progress=false
+
+echo "== summary"
+for k in "${!rc[@]}"; do echo "$k: exit ${rc[$k]}"; done
