@@ -432,10 +432,6 @@ class ReplicaActor:
                              own_device, devices, local_group=local, asynchronous=asynchronous,
                              max_message=max_message or CODEC_MAX_MESSAGE)
         self.comm.inference = self.replica.inference  # central inference's server replica
-        if own is not None:
-            learner = self.replica.trainer.components.get("learner")
-            if learner is not None:  # multi_learner: gradients averaged at the gradient step
-                learner.gradient_hook = lambda grads: self.comm.allreduce("gradients", grads)
 
     def run(self, method: str, n: int) -> list[dict[str, Any]]:
         """Runs ``method`` ``n`` times; one record per iteration (see the module docstring)."""

@@ -54,9 +54,10 @@ LOWERING = Lowering(
         NodeKind.COMPUTE: _compute,
         NodeKind.STATE_OUT: _state_out,
         NodeKind.OUTPUT: _output,
+        # (an ``allreduce`` region is structural, as loops are: :func:`msrl.codegen.generate`)
         **{k: _comm for k in (
             NodeKind.SEND, NodeKind.RECV, NodeKind.GATHER, NodeKind.SCATTER,
-            NodeKind.BROADCAST, NodeKind.ALLREDUCE, NodeKind.PUT, NodeKind.GET,
+            NodeKind.BROADCAST, NodeKind.PUT, NodeKind.GET,
         )},
     },
 )

@@ -361,8 +361,9 @@ class Learner(Component):
 
     parameters: list[torch.Tensor]
     optimizer: torch.optim.Optimizer
-    #: Called on the gradients between backward and the optimiser step; the ``multi_learner``
-    #: policy installs an all-reduce here. ``None`` in one process.
+    #: Called on the gradients between backward and the optimiser step. A replicated learner's
+    #: generated program sets it for the duration of each gradient-point call (the graph's
+    #: ``allreduce`` region, :meth:`msrl.channels.Serving.allreduce_gradients`); ``None`` otherwise.
     gradient_hook: Callable[[list[torch.Tensor]], None] | None = None
 
     def learn(self, batch: Any) -> dict[str, float]:

@@ -23,9 +23,10 @@ replica fails, :meth:`LocalHub.close` wakes every waiting peer with :class:`Chan
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 from tensordict import TensorDictBase
@@ -252,12 +253,31 @@ class LocalHub:
 
 
 class Serving:
-    """The ``serve`` op of an endpoint (central inference), shared by every runtime's endpoint;
-    ``inference`` is the replica's :class:`~msrl.runtime.inference.InferenceServer` or ``None``."""
+    """The ops every runtime's endpoint shares on top of its own ``allreduce``: ``serve``
+    (central inference; ``inference`` is the replica's
+    :class:`~msrl.runtime.inference.InferenceServer` or ``None``) and ``allreduce_gradients``
+    (the gradient all-reduce region)."""
 
     fragment: str
     replica: int
     inference: Any = None
+
+    def allreduce(self, name: str, value: Any = None) -> Any:  # pragma: no cover - every endpoint has its own
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def allreduce_gradients(self, name: str, learner: Any) -> Iterator[None]:
+        """The ``allreduce`` region of boundary ``name`` (:mod:`msrl.partition`): while its call
+        runs, every gradient step ``learner`` takes (:meth:`msrl.api.Learner.apply_gradients`, and
+        whatever else reduces through its ``gradient_hook``, e.g. running normalisation
+        statistics) averages the gradients over this fragment's replicas first (:meth:`allreduce`:
+        every replica ends with the same bits); the hook is restored after the call."""
+        saved = learner.gradient_hook
+        learner.gradient_hook = lambda grads: self.allreduce(name, grads)
+        try:
+            yield
+        finally:
+            learner.gradient_hook = saved
 
     def serve(self, trainer: Any, fn: Any) -> Any:
         """Central inference (the server replica): runs ``fn`` once per client replica through
@@ -340,7 +360,10 @@ class LocalComm(Serving):
         tensors = tensor_leaves(value)
         if not tensors or self.hub.fragment_replicas.get(self.fragment, 1) == 1:
             return value
-        flat = self.hub._allreduce(self.fragment, self.replica, torch.cat([t.detach().reshape(-1) for t in tensors]))
+        flat = torch.cat([t.detach().reshape(-1) for t in tensors])
+        with self.hub._bytes_lock:  # what this replica contributes, as a send counts what it sends
+            self.hub.bytes[name] = self.hub.bytes.get(name, 0) + flat.numel() * flat.element_size()
+        flat = self.hub._allreduce(self.fragment, self.replica, flat)
         offset = 0
         for t in tensors:
             t.copy_(flat[offset:offset + t.numel()].view_as(t))

@@ -1,7 +1,8 @@
 """Code generation: a fragment's region graph -> a Python program held in memory (DESIGN.md §4).
 
 The program keeps the loop and branch structure of the traced method restricted to the fragment's nodes
-plus its comm ops. Each node is lowered by its backend's rule table (:class:`Lowering`), so a
+plus its comm ops; a gradient ``allreduce`` region becomes a ``with comm.allreduce_gradients(...)``
+block around its call. Each node is lowered by its backend's rule table (:class:`Lowering`), so a
 new op is a new table entry. Generated sources are registered with :mod:`linecache` under
 ``<msrl:fragment.method>`` so tracebacks show them, and every generated line maps back to the
 node (and so to the user's ``file:line``) it came from.
@@ -137,6 +138,14 @@ def generate(
                 rng = ", ".join(ctx.arg(a) for a in node.args)
                 var = ctx.var(node.target) if node.target else "_"
                 lines.append(f"{pad}for {var} in range({rng}):  # %{node.id} {node.where()}")
+                line_nodes[len(lines)] = node
+                emit(node.body, depth + 1)
+                continue
+            if node.kind is NodeKind.ALLREDUCE and node.body is not None:
+                # the gradient steps of the call inside are averaged over the fragment's replicas
+                call = next(iter(node.body))
+                lines.append(f"{pad}with {ctx.comm}.allreduce_gradients({node.target.boundary!r}, self.{call.role}):"
+                             f"  # %{node.id} {node.where()}")
                 line_nodes[len(lines)] = node
                 emit(node.body, depth + 1)
                 continue

@@ -51,6 +51,7 @@ from msrl.policy import DistributionPolicy, FragmentSpec
 __all__ = [
     "PartitionError",
     "Boundary",
+    "Collective",
     "Fragment",
     "FragmentGraph",
     "partition",
@@ -118,6 +119,33 @@ class Boundary:
         return self.mode != "sync"
 
 
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    """A collective among the replicas of one fragment, placed by the partitioner: the
+    gradient all-reduce of a replicated learner (an ``allreduce`` region around the call that
+    takes the gradient steps; DD-PPO, Wijmans et al. 2020; as torch DDP averages gradients).
+
+    Attributes:
+        name: unique id, ``"<method>/a<k>:gradients"``; the region's :class:`CommTarget` carries it.
+        method: the traced method; ``fragment``: whose replicas take part; ``replicas``: how many.
+        op: :attr:`NodeKind.ALLREDUCE`; ``value``: what is reduced (``"gradients"``).
+        call: ``file:line`` and ``role.method`` of the gradient-point call.
+        gradient_step: the probe's ``{"tensors", "bytes"}`` of one gradient step (``None``: not probed).
+        in_loop, in_branch: whether the region sits inside a loop, a branch.
+    """
+
+    name: str
+    method: str
+    fragment: str
+    replicas: int
+    call: str
+    op: NodeKind = NodeKind.ALLREDUCE
+    value: str = "gradients"
+    gradient_step: Any = None
+    in_loop: bool = False
+    in_branch: bool = False
+
+
 def boundary_end(boundaries: Mapping[str, Boundary], name: str, fragment: str) -> Boundary:
     """The boundary ``name`` seen from ``fragment``, one of its two ends.
 
@@ -155,6 +183,8 @@ class FragmentGraph:
         graphs: the traced graphs, per method, before partitioning.
         fragments: fragments in order; each holds a program region per method.
         boundaries: every boundary, in program order per method.
+        collectives: every collective among one fragment's replicas (the gradient all-reduce
+            of a replicated learner), in program order per method.
         inference: under central inference, its :class:`~msrl.inference.InferencePlan` (set by
             :func:`msrl.job.partition_job`).
         generator_kinds: the global generators (``"torch"``, ``"numpy"``, ``"python"``) the
@@ -168,6 +198,7 @@ class FragmentGraph:
     boundaries: list[Boundary]
     inference: Any = None
     generator_kinds: frozenset[str] | None = None
+    collectives: list[Collective] = dataclasses.field(default_factory=list)
 
     def fragment(self, name: str) -> Fragment:
         """The fragment called ``name`` (KeyError if absent)."""
@@ -632,6 +663,8 @@ class _Builder:
             self.boundaries[id(c)] = (b, src_kind, dst_kind)
             self.by_pos[(id(c.region), c.after.id)].append(c)
         self.index = {id(c): k for k, c in enumerate(comms)}
+        #: the gradient all-reduces placed (``allreduce`` regions), in program order
+        self.allreduces: list[Collective] = []
 
     def comm_nodes(self, comms: list[_Comm], frag: str) -> list[Node]:
         out = []
@@ -653,14 +686,54 @@ class _Builder:
             out.append(node)
         return out
 
-    def build(self, graph: Graph, frag: str) -> Graph:
+    def averages_gradients(self, node: Node, frag: str) -> bool:
+        """Whether ``node`` (a call of ``frag``) is a gradient point whose steps ``frag``'s
+        replicas average: a fragment of several replicas holding the learner, a call the probe
+        saw take gradient steps (every learner call when the graph was not probed).
+
+        Raises:
+            PartitionError: the call steps an optimiser outside ``apply_gradients``.
+        """
+        spec = self.policy.fragment(frag)
+        if node.kind is not NodeKind.CALL or spec.replicas < 2 or "learner" not in spec.roles:
+            return False
+        if "direct_step" in node.meta:
+            raise PartitionError(
+                f"{node.describe()} at {node.where()} steps an optimiser outside apply_gradients (at "
+                f"{node.meta['direct_step']}): fragment {frag} has {spec.replicas} replicas whose gradients are averaged "
+                "at every apply_gradients, so this step would make the replicas' weights diverge silently; take the "
+                "step through self.apply_gradients(loss, optimizer=...), or give the learner one replica")
+        if "gradient_step" in node.meta:
+            return bool(node.meta["gradient_step"])
+        return node.role == "learner"
+
+    def allreduce(self, call: Node, frag: str, in_loop: bool, in_branch: bool) -> Node:
+        """The ``allreduce`` region around gradient point ``call`` (a copy already in ``frag``)."""
+        k = len(self.allreduces)
+        b = Collective(name=f"{self.method}/a{k}:gradients", method=self.method, fragment=frag,
+                       replicas=self.policy.fragment(frag).replicas,
+                       call=f"{call.target[0]}.{call.target[1]} ({call.where()})",
+                       gradient_step=call.meta.get("gradient_step"), in_loop=in_loop, in_branch=in_branch)
+        self.allreduces.append(b)
+        body = Graph(f"{call.meta.get('fragment', frag)}.allreduce")
+        body.append(call)
+        node = Node(NodeKind.ALLREDUCE, CommTarget(b.name, "gradients", frag, frag, "all"), inputs=body.free_values(),
+                    outputs=body.written_values(), body=body,
+                    meta={"file": call.meta.get("file", "<generated>"), "line": call.meta.get("line", 0), "fragment": frag,
+                          "gradient_step": call.meta.get("gradient_step")})
+        node.id = self.next_id + 2 * len(self.boundaries) + k
+        return node
+
+    def build(self, graph: Graph, frag: str, in_loop: bool = False, in_branch: bool = False) -> Graph:
         g = Graph(graph.name)
         for node in graph:
             if frag in self.a.f(self.method, node):
                 copy = _copy(node)
                 copy.meta["fragment"] = frag
+                if self.averages_gradients(node, frag):
+                    copy = self.allreduce(copy, frag, in_loop, in_branch)
                 if node.kind is NodeKind.LOOP:
-                    copy.body = self.build(node.body, frag)
+                    copy.body = self.build(node.body, frag, True, in_branch)
                     written = copy.body.written_values()
                     free = [n for n in copy.body.free_values() if n != node.target]
                     range_names = [a for a in node.args if isinstance(a, str)]
@@ -668,8 +741,8 @@ class _Builder:
                     copy.outputs = written + ([node.target] if node.target not in written else [])
                     copy.meta["carried"] = [n for n in free if n in written]
                 elif node.kind is NodeKind.BRANCH:
-                    copy.body = self.build(node.body, frag)
-                    copy.orelse = self.build(node.orelse, frag)
+                    copy.body = self.build(node.body, frag, in_loop, True)
+                    copy.orelse = self.build(node.orelse, frag, in_loop, True)
                     sides = [copy.body, copy.orelse]
                     cond = [node.target] if isinstance(node.target, str) else []
                     copy.inputs = list(dict.fromkeys(cond + [n for r in sides for n in r.free_values()]))
@@ -721,6 +794,7 @@ def partition(graphs: dict[str, Graph], policy: DistributionPolicy) -> FragmentG
     assigner = _Assigner(graphs, policy)
     assigner.run()
     boundaries: list[Boundary] = []
+    collectives: list[Collective] = []
     programs: dict[str, dict[str, Graph]] = {f: {} for f in order}
     first_seen: dict[str, int] = {}
     next_id = 1 + max((n.id for g in graphs.values() for n in g.walk()), default=0)
@@ -732,10 +806,11 @@ def partition(graphs: dict[str, Graph], policy: DistributionPolicy) -> FragmentG
             for f in assigner.f(method, node):
                 first_seen.setdefault(f, i + 10_000 * mi)
         boundaries += [b for b, _, _ in builder.boundaries.values()]
-        next_id += 2 * len(builder.boundaries)
+        collectives += builder.allreduces
+        next_id += 2 * len(builder.boundaries) + len(builder.allreduces)
     fragments = [Fragment(policy.fragment(f), programs[f]) for f in order]
     fragments.sort(key=lambda fr: first_seen.get(fr.name, 10**9))
-    fg = FragmentGraph(policy, graphs, fragments, boundaries)
+    fg = FragmentGraph(policy, graphs, fragments, boundaries, collectives=collectives)
     for fr in fragments:
         for method, g in fr.programs.items():
             g.name = f"{fr.name}.{method}"

@@ -42,7 +42,7 @@ def format_graph(graph: Graph, indent: int = 0) -> str:
     pad = "  " * indent
     for node in graph:
         lines.append(f"{pad}{node.describe()}    # {node.where()}{_fmt_values(node)}")
-        if node.kind is NodeKind.LOOP:
+        if node.kind is NodeKind.LOOP or (node.kind is NodeKind.ALLREDUCE and node.body is not None):
             lines.append(format_graph(node.body, indent + 1))
         elif node.kind is NodeKind.BRANCH:
             if len(node.body):
@@ -83,6 +83,13 @@ def format_job(job: Job) -> str:
             how = f"fifo queue of {b.capacity} per {plan.clients} replica (central inference), {b.pattern.value}"
         out.append(f"- {b.name}: {how} {b.value} {b.src} (x{b.src_replicas}) -> {b.dst} (x{b.dst_replicas}), "
                    f"{b.kind}{axis}{cls}")
+    if fg.collectives:
+        out.append("\n## collectives")
+    for c in fg.collectives:
+        step = c.gradient_step
+        size = f": {step['tensors']} tensors, {_human(step['bytes'])} per step" if step else ""
+        out.append(f"- {c.name}: all-reduce (mean) of the learner's gradients over {c.fragment}'s {c.replicas} replicas "
+                   f"at every gradient step of {c.call}{size}")
     plan = fg.inference
     if plan is not None:
         deadline = "no deadline" if plan.timeout_ms is None else f"or after {plan.timeout_ms:g} ms"
@@ -115,10 +122,14 @@ def format_boundary_bytes(job: Job) -> str:
     measured = job.runtime.pop_boundary_bytes()
     out = ["\n## bytes per train_step iteration (measured on one iteration)"]
     rows = [b for b in job.fragment_graph.boundaries if b.method == "train_step"]
-    if not rows:
+    collectives = [c for c in job.fragment_graph.collectives if c.method == "train_step"]
+    if not rows and not collectives:
         out.append("(no boundaries)")
     for b in rows:
         out.append(f"- {b.name}: {_human(measured.get(b.name, 0))} ({b.src} -> {b.dst}{', in a loop' if b.in_loop else ''})")
+    for c in collectives:
+        out.append(f"- {c.name}: {_human(measured.get(c.name, 0))} (all-reduce over {c.fragment}'s replicas, "
+                   f"every replica's contribution{', in a loop' if c.in_loop else ''})")
     return "\n".join(out) + "\n"
 
 

@@ -9,6 +9,13 @@ shape does not is replicated -- unless its component method declares otherwise
 checks. Results land in ``node.meta["values"][name]`` of the traced
 graphs: ``{"kind", "axis", "type", "shape", "dtype"}``, shapes with the env axis shown as
 ``"N"``.
+
+The probe also finds the learner's **gradient points** (under a replicated learner it steps
+until every learner call has run, as for values in branches): every ``call`` node that ran gets
+``meta["gradient_step"]`` (``{"tensors", "bytes"}`` of the largest gradient step the call took
+through :meth:`msrl.api.Learner.apply_gradients`, or ``None``: it took none) and, where the call
+stepped an optimiser outside ``apply_gradients``, ``meta["direct_step"]`` (that step's
+``file:line``): where the partitioner puts a replicated learner's gradient all-reduce.
 """
 
 from __future__ import annotations
@@ -194,6 +201,8 @@ def _instrumented(lowering: Lowering) -> Lowering:
     def wrap(rule):
         def lowered(node, ctx):
             lines = rule(node, ctx)
+            if node.kind is NodeKind.CALL:  # the call running now: where a gradient step is taken
+                lines = [f"_msrl_at({node.id})"] + lines
             if node.kind is NodeKind.OUTPUT:
                 return lines
             return lines + [f"_msrl_probe({node.id}, {o!r}, {ctx.var(o)})" for o in node.outputs]
@@ -203,13 +212,68 @@ def _instrumented(lowering: Lowering) -> Lowering:
     return Lowering(lowering.backend + "+probe", {k: wrap(r) for k, r in lowering.rules.items()})
 
 
+class _GradientPoints:
+    """Watches the probe trainer's learner: which ``call`` nodes take gradient steps (through
+    :meth:`msrl.api.Learner.apply_gradients`, seen at its gradient hook) and which step an
+    optimiser outside it (the caller's ``file:line``): what the partitioner needs to place a
+    replicated learner's gradient all-reduce, or to refuse it.
+
+    Attributes:
+        steps: ``(method, call node id) ->`` ``{"tensors": k, "bytes": b}``, the largest
+            gradient step the call took (tensors and bytes the hook saw).
+        direct: ``(method, call node id) ->`` ``file:line`` of the first optimiser step taken
+            outside ``apply_gradients`` during the call.
+    """
+
+    def __init__(self, learner: Any) -> None:
+        self.at: tuple[str, int] | None = None
+        #: every ``(method, call node id)`` that ran
+        self.called: set[tuple[str, int]] = set()
+        self.steps: dict[tuple[str, int], dict[str, int]] = {}
+        self.direct: dict[tuple[str, int], str] = {}
+        self._inside = 0
+        learner.gradient_hook = self._hook
+        apply = learner.apply_gradients
+
+        def apply_gradients(*args: Any, **kwargs: Any) -> Any:
+            self._inside += 1
+            try:
+                return apply(*args, **kwargs)
+            finally:
+                self._inside -= 1
+
+        learner.apply_gradients = apply_gradients
+        for opt in {id(v): v for v in vars(learner).values() if isinstance(v, torch.optim.Optimizer)}.values():
+            opt.step = self._watched(opt.step)
+
+    def _watched(self, step: Any) -> Any:
+        import sys
+
+        def watched(*args: Any, **kwargs: Any) -> Any:
+            if not self._inside and self.at is not None:
+                caller = sys._getframe(1)
+                self.direct.setdefault(self.at, f"{caller.f_code.co_filename}:{caller.f_lineno}")
+            return step(*args, **kwargs)
+
+        return watched
+
+    def _hook(self, grads: list[torch.Tensor]) -> None:
+        if self.at is None:
+            return
+        have = self.steps.setdefault(self.at, {"tensors": 0, "bytes": 0})
+        have["tensors"] = max(have["tensors"], len(grads))
+        have["bytes"] = max(have["bytes"], sum(g.numel() * g.element_size() for g in grads))
+
+
 def _run(
-    graphs: dict[str, Graph], spec: Any, num_envs: int, needed: set[tuple[str, int, str]]
-) -> tuple[dict[tuple[str, int, str], dict[str, Any]], dict[tuple[str, int], Any], set[str]]:
-    """Runs ``reset`` and then ``train_step`` until every ``needed`` value has been seen (at
-    least one iteration, at most :data:`PROBE_MAX_ENV_STEPS` env steps). Returns what each
-    node wrote, each call node's declaration (:func:`msrl.api.returns`) and the global
-    generators the programs drew from."""
+    graphs: dict[str, Graph], spec: Any, num_envs: int, needed: set[tuple[str, int, str]],
+    needed_calls: set[tuple[str, int]] = frozenset(),  # type: ignore[assignment]
+) -> tuple[dict[tuple[str, int, str], dict[str, Any]], dict[tuple[str, int], Any], set[str], _GradientPoints | None]:
+    """Runs ``reset`` and then ``train_step`` until every ``needed`` value has been seen and
+    every ``needed_calls`` call has run (at least one iteration, at most :data:`PROBE_MAX_ENV_STEPS` env steps). Returns what each
+    node wrote, each call node's declaration (:func:`msrl.api.returns`), the global
+    generators the programs drew from and the learner's gradient points (``None`` without a
+    learner)."""
     import sys
 
     from msrl.fragments.torch_graph import LOWERING
@@ -231,6 +295,8 @@ def _run(
                 if d is not None:
                     declared[(method, node.id)] = (d, type(trainer.components[node.role]))
     main = fg.fragment("main")
+    learner = trainer.components.get("learner")
+    points = _GradientPoints(learner) if learner is not None else None
     from msrl.runtime.generators import BATON, GlobalGenerators, drawn_kinds
 
     try:
@@ -243,8 +309,14 @@ def _run(
                     if (method, nid, name) not in seen:
                         seen[(method, nid, name)] = describe_value(value)
 
+                def at(nid: int, method: str = method) -> None:
+                    if points is not None:
+                        points.at = (method, nid)
+                        points.called.add((method, nid))
+
                 module_globals = dict(module_globals)
                 module_globals["_msrl_probe"] = record
+                module_globals["_msrl_at"] = at
                 programs[method] = generate(main.programs[method], "main", method, _instrumented(LOWERING), module_globals)
             before = GlobalGenerators()
             try:
@@ -258,7 +330,7 @@ def _run(
                     check_losses(as_floats(programs["train_step"].fn(trainer, None)), iteration)
                 except FloatingPointError as e:
                     raise _diverged(e, programs, spec, num_envs) from e
-                if needed <= set(seen) or "env" not in trainer.components:
+                if (needed <= set(seen) and (points is None or needed_calls <= points.called)) or "env" not in trainer.components:
                     break
                 if trainer.env.env_steps >= PROBE_MAX_ENV_STEPS:
                     break
@@ -267,7 +339,7 @@ def _run(
         if "env" in trainer.components:
             trainer.env.close()
         BATON.give_back()
-    return seen, declared, drawn
+    return seen, declared, drawn, points
 
 
 def _check_declaration(
@@ -335,11 +407,23 @@ def probe(graphs: dict[str, Graph], spec: Any) -> frozenset[str]:
     needed: set[tuple[str, int, str]] = set()
     for method, node, name in boundary_values(graphs, spec.policy):
         needed.add((method, node.id, name))
-    a, decl, drawn_a = _run(graphs, spec, PROBE_NUM_ENVS[0], needed)
-    b, _, drawn_b = _run(graphs, spec, PROBE_NUM_ENVS[1], needed)
+    # a replicated learner: every learner call must have run once, to know which take gradient
+    # steps (the partitioner all-reduces those; a call never seen is all-reduced to be safe)
+    replicated = any(f.replicas > 1 and "learner" in f.roles for f in spec.policy.fragments)
+    needed_calls = {(m, n.id) for m, g in graphs.items() for n in g.walk()
+                    if replicated and n.kind is NodeKind.CALL and n.role == "learner"}
+    a, decl, drawn_a, points = _run(graphs, spec, PROBE_NUM_ENVS[0], needed, needed_calls)
+    b, _, drawn_b, _ = _run(graphs, spec, PROBE_NUM_ENVS[1], needed)
     drawn = frozenset(drawn_a | drawn_b)
     for method, g in graphs.items():
         for node in g.walk():
+            if node.kind is NodeKind.CALL and points is not None:
+                node.meta.pop("gradient_step", None)  # absent: never ran in the probe
+                node.meta.pop("direct_step", None)
+                if (method, node.id) in points.called:
+                    node.meta["gradient_step"] = points.steps.get((method, node.id))
+                if (method, node.id) in points.direct:
+                    node.meta["direct_step"] = points.direct[(method, node.id)]
             d = decl.get((method, node.id))
             for i, name in enumerate(node.outputs):
                 key = (method, node.id, name)

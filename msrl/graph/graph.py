@@ -240,6 +240,16 @@ class Graph:
             elif k is NodeKind.OUTPUT:
                 if i != len(self._nodes) - 1:
                     raise GraphLintError(f"{where}: output must be the last node")
+            elif k is NodeKind.ALLREDUCE and node.body is not None:
+                t = node.target
+                if not (isinstance(t, CommTarget) and t.side == "all" and isinstance(node.body, Graph)):
+                    raise GraphLintError(f"{where}: an allreduce region has a CommTarget of side 'all' and a body Graph")
+                calls = [n for n in node.body if n.kind is NodeKind.CALL]
+                if len(node.body) != 1 or len(calls) != 1:
+                    raise GraphLintError(f"{where}: an allreduce region holds exactly one call (its gradient point)")
+                if node.inputs != node.body.free_values() or node.outputs != node.body.written_values():
+                    raise GraphLintError(f"{where}: an allreduce region reads and writes what its call does")
+                node.body._lint(set(avail) if avail is not None else None, seen_ids)
             elif k in COMM_KINDS:
                 t = node.target
                 if not isinstance(t, CommTarget):

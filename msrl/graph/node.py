@@ -20,6 +20,10 @@ state_out      trainer attribute name             (``self.obs``,) -> ()
 output         ``None``                           (value returned by the step,) -> ()
 send/recv/     :class:`CommTarget` (boundary,     src side: (value,) -> ()
 gather/...     op, fragments, axis)               dst side: () -> (value,)
+allreduce      :class:`CommTarget` (boundary,     a region: the ``call`` in ``body`` (a
+               ``gradients``, the fragment at     learner's gradient point) -> its results;
+               both ends, side ``all``)           every gradient step the call takes is
+                                                  averaged over the fragment's replicas
 =============  =================================  =========================================
 
 A ``branch`` is an ``if``/``else`` (or a conditional expression) whose condition is a
@@ -79,8 +83,8 @@ COMM_KINDS = frozenset(
 #: Kinds with side effects: kept and kept in program order by every pass.
 IMPURE_KINDS = COMM_KINDS | {NodeKind.CALL, NodeKind.STATE_OUT, NodeKind.OUTPUT, NodeKind.LOOP, NodeKind.BRANCH}
 
-#: Kinds that hold nested regions.
-REGION_KINDS = frozenset({NodeKind.LOOP, NodeKind.BRANCH})
+#: Kinds that hold nested regions (an ``allreduce`` holds the call whose gradient steps it averages).
+REGION_KINDS = frozenset({NodeKind.LOOP, NodeKind.BRANCH, NodeKind.ALLREDUCE})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +105,8 @@ class CommTarget:
         boundary: unique name of the boundary (``"b0:trajectory"``), shared by both sides.
         value: the value name crossing.
         src: producing fragment; ``dst``: consuming fragment.
-        side: ``"src"`` in the producing fragment's program, ``"dst"`` in the consumer's.
+        side: ``"src"`` in the producing fragment's program, ``"dst"`` in the consumer's;
+            ``"all"`` for an ``allreduce`` (every replica of one fragment contributes and receives).
         axis: for ``gather``/``scatter``, the env-batch axis the value is sharded along.
     """
 
@@ -126,7 +131,7 @@ class Node:
         kwargs: for ``call``: keyword arguments likewise.
         unpack: for ``call``/``compute``: the result is unpacked into ``outputs`` (``a, b = f()``).
         body: for ``loop``: the body's graph; for ``branch``: the region taken when the
-            condition is true.
+            condition is true; for ``allreduce``: the region holding the gradient-step call.
         orelse: for ``branch``: the region taken when it is false (may be empty).
         meta: ``file``, ``line`` (user source), ``fragment``, ``values`` (output name -> probe
             info: shape, dtype, ``sharded``/``replicated``/``batch``, axis), ``carried`` for
@@ -157,8 +162,9 @@ class Node:
         return self.kind in IMPURE_KINDS
 
     def regions(self) -> list[Any]:
-        """The nested region graphs: ``[body]`` of a loop, ``[body, orelse]`` of a branch."""
-        if self.kind is NodeKind.LOOP:
+        """The nested region graphs: ``[body]`` of a loop or an all-reduce, ``[body, orelse]``
+        of a branch."""
+        if self.kind is NodeKind.LOOP or (self.kind is NodeKind.ALLREDUCE and self.body is not None):
             return [self.body]
         if self.kind is NodeKind.BRANCH:
             return [self.body, self.orelse]
@@ -197,7 +203,7 @@ class Node:
         else:
             t: CommTarget = self.target
             axis = f", axis={t.axis}" if t.axis is not None else ""
-            arrow = f"{t.src} -> {t.dst}"
+            arrow = f"{t.src} -> {t.dst}" if t.side != "all" else f"over {t.src}'s replicas"
             text = f"{self.kind.value}[{t.side}] {t.value} ({arrow}{axis})"
         head = f"%{self.id} {text}"
         return f"{head} -> {outs}" if outs and self.kind not in (NodeKind.STATE_IN,) else head

@@ -107,10 +107,6 @@ class LocalRuntime:
         fragment, replica = key
         rep = self.replicas[key]
         comm = hub.endpoint(fragment, replica, self.asynchronous[key], rep.inference) if hub is not None else None
-        learner = rep.trainer.components.get("learner")
-        if learner is not None and self._fragment_replicas[fragment] > 1:
-            # multi_learner: the replicas' gradients are averaged at the gradient step
-            learner.gradient_hook = lambda grads: comm.allreduce("gradients", grads)
         records = []
         try:
             for _ in range(n):
