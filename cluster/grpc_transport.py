@@ -56,6 +56,7 @@ import grpc
 
 from msrl.channels import ChannelClosed
 from msrl.cluster.refusals import Refusals
+from msrl.errors import MsrlError
 from msrl.runtime.asynchronous import Item, Mailbox
 from msrl.runtime.codec import MAX_MESSAGE as CODEC_MAX_MESSAGE
 from msrl.runtime.codec import CodecError, decode, encode
@@ -80,7 +81,7 @@ _CREDIT = struct.Struct("<4sBBHI")
 MAX_MESSAGE = CODEC_MAX_MESSAGE
 
 
-class TransportError(ValueError):
+class TransportError(MsrlError, ValueError):
     """A malformed, unauthorised or out-of-order frame: the message names what is wrong."""
 
 

@@ -38,6 +38,7 @@ import torch
 
 from msrl.backend import Backend
 from msrl.codegen import Lowering
+from msrl.errors import MsrlError
 
 __all__ = [
     "BACKEND",
@@ -63,7 +64,7 @@ HOST_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-ffp-contrac
 DEVICE_FLAGS = ("--std=c++17", "--fmad=false")
 
 
-class KernelCompileError(RuntimeError):
+class KernelCompileError(MsrlError, RuntimeError):
     """A kernel source that does not compile, or no compiler to compile it with."""
 
 

@@ -23,12 +23,13 @@ from msrl._lean_imports import install as _install_lean_imports
 
 _install_lean_imports()  # tensordict without TorchDynamo (msrl never compiles): see msrl/_lean_imports.py
 
-__all__ = ["train", "load", "evaluate", "TrainedPolicy", "TrainResult", "ConfigError", "TraceError",
-           "PartitionError", "TrainingStopped", "TrainingInterrupted"]
+__all__ = ["train", "load", "evaluate", "TrainedPolicy", "TrainResult", "MsrlError", "InputError", "ConfigError",
+           "TraceError", "PartitionError", "TrainingStopped", "TrainingInterrupted"]
 
 #: where each name lives (imported on first use)
 _HOMES = {"train": "msrl.python_api", "load": "msrl.python_api", "evaluate": "msrl.python_api",
-          "TrainedPolicy": "msrl.python_api", "TrainResult": "msrl.outcome", "ConfigError": "msrl.errors",
+          "TrainedPolicy": "msrl.python_api", "TrainResult": "msrl.outcome", "MsrlError": "msrl.errors",
+          "InputError": "msrl.errors", "ConfigError": "msrl.errors",
           "TraceError": "msrl.tracer", "PartitionError": "msrl.partition", "TrainingStopped": "msrl.outcome",
           "TrainingInterrupted": "msrl.outcome"}
 

@@ -9,11 +9,12 @@ import dataclasses
 
 from msrl import registry
 from msrl.codegen import Lowering
+from msrl.errors import InputError
 
 __all__ = ["Backend", "UnknownBackendError", "load_backend", "available_backends"]
 
 
-class UnknownBackendError(ValueError):
+class UnknownBackendError(InputError, ValueError):
     """A backend name with no module in ``fragments/``."""
 
 

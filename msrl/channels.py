@@ -31,6 +31,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 from tensordict import TensorDictBase
 
+from msrl.errors import MsrlError
 from msrl.partition import Boundary, boundary_end
 from msrl.runtime.generators import BATON
 
@@ -40,7 +41,7 @@ __all__ = ["ChannelClosed", "LocalHub", "LocalComm", "Serving", "concat", "split
 _POLL_S = 0.05
 
 
-class ChannelClosed(RuntimeError):
+class ChannelClosed(MsrlError, RuntimeError):
     """A peer fragment replica failed or the job stopped while this one waited on a boundary."""
 
 

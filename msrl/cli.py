@@ -24,6 +24,8 @@ import pathlib
 import sys
 from typing import Callable, NoReturn
 
+from msrl.errors import MsrlError
+
 __all__ = ["main"]
 
 
@@ -163,20 +165,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _input_error(e: BaseException) -> bool:
-    """Whether ``e`` is an error in the user's input (config, traced code, partitioning). The
-    classes are looked up only in modules already imported (so ``--help`` imports no torch): an
-    error of a module that was never imported cannot have been raised."""
-    import sys
-
-    for module, name in (("msrl.config", "ConfigError"), ("msrl.tracer", "TraceError"),
-                         ("msrl.partition", "PartitionError")):
-        cls = getattr(sys.modules.get(module), name, None)
-        if cls is not None and isinstance(e, cls):
-            return True
-    return False
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``msrl``; returns the exit status."""
     parser = build_parser()
@@ -202,20 +190,14 @@ def _classified(fn: Callable[[], int]) -> int:
     except FileNotFoundError as e:
         print(f"msrl: error: {e}", file=sys.stderr)
         return 2
-    except Exception as e:  # noqa: BLE001 - classified below, re-raised otherwise
-        if _input_error(e):
-            one_line = " ".join(str(e).split("\n"))
-            print(f"msrl: error: {one_line}", file=sys.stderr)
-            return 2
-        outcome = sys.modules.get("msrl.outcome")
-        if outcome is not None and isinstance(e, outcome.ClusterLost):
-            print(f"msrl: error: {e}", file=sys.stderr)
-            return outcome.EXIT_LOST
-        stopped = getattr(outcome, "TrainingStopped", None)
-        if stopped is not None and isinstance(e, stopped):  # one line: what stopped it, where, the checkpoint
+    except MsrlError as e:  # each says how the command line ends on it (msrl.errors)
+        if e.exit_status is None:
+            raise
+        if e.exit_status == 1:  # a stopped run: what stopped it, where, the checkpoint
             print("msrl: " + "; ".join(part.strip() for part in str(e).splitlines() if part.strip()), file=sys.stderr)
-            return 1
-        raise
+        else:  # bad input (2), a lost cluster (3)
+            print(f"msrl: error: {' '.join(str(e).split(chr(10)))}", file=sys.stderr)
+        return e.exit_status
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 from msrl import registry
 from msrl.api import AlgorithmSpec, EpisodeStats, Trainer
 from msrl.codegen import Program
+from msrl.errors import InputError
 from msrl.graph import Graph
 from msrl.partition import FragmentGraph, partition
 from msrl.policy import DistributionPolicy
@@ -46,7 +47,7 @@ def partition_job(graphs: dict[str, Graph], policy: DistributionPolicy) -> Fragm
     return fg
 
 
-class UnknownAlgorithmError(ValueError):
+class UnknownAlgorithmError(InputError, ValueError):
     """An algorithm name with no file in ``algorithms/``."""
 
 

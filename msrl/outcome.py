@@ -6,6 +6,7 @@ import csv
 import dataclasses
 import pathlib
 
+from msrl.errors import MsrlError
 from msrl.runtime.replica import ReplicaDied
 
 __all__ = ["TrainResult", "TrainingStopped", "TrainingInterrupted", "ReplicaLost", "ClusterLost", "EXIT_LOST",
@@ -16,13 +17,16 @@ __all__ = ["TrainResult", "TrainingStopped", "TrainingInterrupted", "ReplicaLost
 EXIT_LOST = 3
 
 
-class TrainingStopped(RuntimeError):
-    """Training stopped on an error (e.g. a NaN); the last good checkpoint is kept.
+class TrainingStopped(MsrlError, RuntimeError):
+    """Training stopped on an error (e.g. a NaN); the last good checkpoint is kept (``msrl
+    train`` prints it as one line and exits with status 1).
 
     Attributes:
         iteration: the iteration that failed; ``env_steps``: env steps before it;
         checkpoint: path of the last good checkpoint (or ``None``).
     """
+
+    exit_status = 1
 
     def __init__(self, message: str, iteration: int, env_steps: int, checkpoint: pathlib.Path | None) -> None:
         super().__init__(message)
@@ -34,6 +38,8 @@ class ClusterLost(TrainingStopped):
     gone): nothing can restart on it. The run directory and its last checkpoint are kept; the
     message is one line ending in the ``--resume`` command (``msrl train`` exits with
     :data:`EXIT_LOST`)."""
+
+    exit_status = EXIT_LOST
 
     def __init__(self, run_dir: pathlib.Path, why: str) -> None:
         message, steps, ckpt = lost_message(run_dir, f"the Ray cluster of this run stopped ({why})")
@@ -108,7 +114,7 @@ class TrainResult:
             return [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
 
 
-class ReplicaLost(Exception):
+class ReplicaLost(MsrlError):
     """A replica process died during an attempt (:func:`msrl.run.train` restarts the job from its last
     checkpoint); the attempt's run directory (``None``: not made yet) and the env steps the job
     had reached (``-1``: it died while the job started, before any chunk)."""

@@ -45,6 +45,7 @@ import dataclasses
 from collections import defaultdict
 from typing import Any, Iterable, Mapping
 
+from msrl.errors import InputError
 from msrl.graph import COMM_KINDS, CommTarget, Graph, Node, NodeKind
 from msrl.policy import DistributionPolicy, FragmentSpec
 
@@ -66,7 +67,7 @@ __all__ = [
 VALUE_KINDS = ("sharded", "batch", "replicated")
 
 
-class PartitionError(ValueError):
+class PartitionError(InputError, ValueError):
     """A graph that a policy cannot split: the message names the node or edge."""
 
 

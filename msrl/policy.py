@@ -13,6 +13,7 @@ from typing import Mapping
 
 from msrl import registry
 from msrl.api import ROLES
+from msrl.errors import InputError
 from msrl.graph import Node, NodeKind
 
 __all__ = ["ONE_LEARNER", "BOUNDARY_MODES", "FragmentSpec", "BoundaryClass", "InferenceSpec", "DistributionPolicy",
@@ -35,7 +36,7 @@ BOUNDARY_MODES = ("sync", "fifo", "latest")
 ONE_LEARNER = "a single learner: several learners without gradient all-reduce would train diverging copies"
 
 
-class UnknownPolicyError(ValueError):
+class UnknownPolicyError(InputError, ValueError):
     """A policy name with no file in ``distribution_policies/``."""
 
 

@@ -45,6 +45,7 @@ import textwrap
 from typing import Any, Callable
 
 from msrl.api import ROLES, Trainer
+from msrl.errors import InputError
 from msrl.graph import Const, Graph, Node, NodeKind
 
 __all__ = ["TraceError", "trace", "trace_methods", "check_references", "state_name", "MAX_INLINE_DEPTH", "PURE_CALLS", "READ_ONLY_ATTRS"]
@@ -67,7 +68,7 @@ READ_ONLY_ATTRS = ("hparams", "seed", "num_envs", "total_env_steps")
 TRACED_METHODS = ("reset", "train_step")
 
 
-class TraceError(Exception):
+class TraceError(InputError):
     """Traced code outside the supported subset.
 
     Attributes:

@@ -88,3 +88,36 @@ def test_the_driver_is_split_into_files_under_300_lines():
     for name in ("run", "loop", "rundir", "checkpoints", "metrics", "outcome"):
         lines = (ROOT / "msrl" / f"{name}.py").read_text().count("\n")
         assert lines < 300, (name, lines)
+
+
+def _exception_classes() -> dict[str, tuple[str, list[str]]]:
+    """Every class defined in msrl's packages: name -> (module, base names)."""
+    classes: dict[str, tuple[str, list[str]]] = {}
+    for name, f in _modules().items():
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bases = [b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "") for b in node.bases]
+                classes[node.name] = (name, bases)
+    return classes
+
+
+def test_every_public_error_derives_from_msrl_error():
+    """``msrl.MsrlError`` is the base of every public error (the CLI classifies errors by it and
+    its ``exit_status``, not by names). ``TrainingInterrupted`` is a ``KeyboardInterrupt`` by
+    design (Ctrl-C must stay one)."""
+    import builtins
+
+    classes = _exception_classes()
+    builtin = {n for n, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException)}
+
+    def reaches(name: str, targets: set[str], seen: frozenset = frozenset()) -> bool:
+        if name in targets:
+            return True
+        if name in seen or name not in classes:
+            return False
+        return any(reaches(b, targets, seen | {name}) for b in classes[name][1])
+
+    errors = {n for n in classes if reaches(n, builtin) and not n.startswith("_")}
+    assert len(errors) >= 25  # the check sees them all
+    outside = sorted(f"{classes[n][0]}.{n}" for n in errors if not reaches(n, {"MsrlError"}) and n != "TrainingInterrupted")
+    assert outside == [], f"errors not derived from msrl.MsrlError: {outside}"

@@ -45,6 +45,7 @@ import torch
 from msrl.envs import _worker as W
 from msrl.envs.gymnasium_env import EpisodeTracker, TrackedEnvironment, env_spec_of, obs_dtype
 from msrl.envs.single import make_single_env
+from msrl.errors import MsrlError
 
 __all__ = ["ProcessEnv", "EnvWorkerError", "default_num_workers"]
 
@@ -53,7 +54,7 @@ _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 START_TIMEOUT_S = 120.0
 
 
-class EnvWorkerError(RuntimeError):
+class EnvWorkerError(MsrlError, RuntimeError):
     """An env worker failed: its env raised (with the worker's traceback), it could not start,
     or it died where a restart cannot help (while saving or loading a checkpoint)."""
 

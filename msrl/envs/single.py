@@ -15,10 +15,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 import gymnasium
 
+from msrl.errors import InputError
+
 __all__ = ["make_single_env", "share_mujoco_models", "check_env_id", "check_wrappers", "WRAPPERS", "UnknownEnvError"]
 
 
-class UnknownEnvError(ValueError):
+class UnknownEnvError(InputError, ValueError):
     """An env id that gymnasium's registry does not hold."""
 
 

@@ -26,10 +26,12 @@ from typing import Any, Mapping
 
 from gymnasium.utils.ezpickle import EzPickle
 
+from msrl.errors import MsrlError
+
 __all__ = ["dump_env", "load_env", "EnvStateError"]
 
 
-class EnvStateError(RuntimeError):
+class EnvStateError(MsrlError, RuntimeError):
     """An env whose state cannot be saved or restored exactly."""
 
 

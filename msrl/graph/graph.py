@@ -16,12 +16,13 @@ from typing import Iterator
 
 import networkx as nx
 
+from msrl.errors import MsrlError
 from msrl.graph.node import COMM_KINDS, CommTarget, Const, Node, NodeKind
 
 __all__ = ["Graph", "GraphLintError"]
 
 
-class GraphLintError(AssertionError):
+class GraphLintError(MsrlError, AssertionError):
     """A graph breaks an invariant of the IR (raised by :meth:`Graph.lint`)."""
 
 

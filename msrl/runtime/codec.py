@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from msrl.errors import MsrlError
+
 __all__ = ["CodecError", "encode", "decode", "encode_parts", "decode_parts", "payload_size", "MAGIC", "VERSION",
            "MAX_MESSAGE"]
 
@@ -55,7 +57,7 @@ DTYPES: dict[str, torch.dtype] = {
 }
 
 
-class CodecError(ValueError):
+class CodecError(MsrlError, ValueError):
     """A value the codec cannot carry, or a buffer that is not a well-formed message."""
 
 

@@ -23,6 +23,7 @@ from msrl.backend import load_backend
 from msrl.codegen import Program, generate
 from msrl.envs import env_spec as make_env_spec
 from msrl.envs import make_env
+from msrl.errors import MsrlError
 from msrl.partition import FragmentGraph
 from msrl.policy import FragmentSpec
 from msrl.runtime.generators import BATON, KINDS, GlobalGenerators
@@ -31,7 +32,7 @@ __all__ = ["FragmentError", "ReplicaDied", "ReplicaHung", "Replica", "build_trai
            "compile_fragment", "as_floats", "check_losses", "replica_states"]
 
 
-class ReplicaDied(RuntimeError):
+class ReplicaDied(MsrlError, RuntimeError):
     """A replica's process died (killed, out of memory, node lost).
 
     Attributes:
@@ -61,7 +62,7 @@ class ReplicaHung(ReplicaDied):
         self.pid = pid
 
 
-class FragmentError(RuntimeError):
+class FragmentError(MsrlError, RuntimeError):
     """An exception raised inside a fragment program.
 
     Attributes:

@@ -52,6 +52,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from msrl.errors import MsrlError
+
 __all__ = ["ShmGroup", "ShmGroupError", "available", "pid_alive"]
 
 #: message: kind, sender's rank, call number (ARRV) or segment generation (SEGM), bytes (the
@@ -68,7 +70,7 @@ _ALIGN = 64
 _POLL_S = 0.5
 
 
-class ShmGroupError(RuntimeError):
+class ShmGroupError(MsrlError, RuntimeError):
     """A peer of a :class:`ShmGroup` died, did not arrive within the timeout, or sent a
     malformed message."""
 
