@@ -25,7 +25,7 @@ setup(
         "msrl.fragments": "fragments",
         "msrl.cluster": "cluster",
     },
-    package_data={"msrl.envs.native": ["*.cu", "*.cuh"], "msrl.fragments": ["*.h"]},
+    package_data={"msrl.envs.native": ["*.cu", "*.cuh", "*.h"]},
     install_requires=[
         "torch>=2.2",
         "numpy>=1.24",

@@ -14,14 +14,48 @@ batched env, or another ``env.engine`` than ``sync``/``process`` is a config err
 
 from __future__ import annotations
 
+from typing import Any
+
 from msrl.backend import Backend
+from msrl.errors import ConfigError
 from msrl.fragments.torch_graph import LOWERING as TORCH_GRAPH
 
-__all__ = ["BACKEND"]
+__all__ = ["BACKEND", "ProcessGroupBackend"]
 
-BACKEND = Backend(
+#: the env engine this backend steps its fragment's envs on
+ENGINE = "process"
+
+
+class ProcessGroupBackend(Backend):
+    """``torch_graph``'s lowering; the fragment's envs on the ``process`` engine."""
+
+    def env_engine(self, requested: str) -> str:
+        """Always the ``process`` engine (what ``env.engine: process`` selects for every fragment)."""
+        return ENGINE
+
+    def check(self, fragment: Any, policy: Any, env_id: str, env_engine: str) -> None:
+        """The fragment must hold the env, a gymnasium one, on ``env.engine`` ``sync`` or ``process``.
+
+        Raises:
+            ConfigError: naming ``distribution_policy.backends.<fragment>`` and what is valid.
+        """
+        from msrl.envs.factory import is_native
+
+        key = f"distribution_policy.backends.{fragment.name}={self.name}"
+        if "env" not in fragment.roles:
+            raise ConfigError(f"{key} steps a fragment's envs in a group of worker processes, but fragment "
+                              f"{fragment.name} holds no env (roles: {', '.join(fragment.roles)}); valid: the fragment "
+                              f"holding the env, {policy.fragment_of_role('env')}")
+        if is_native(env_id):
+            raise ConfigError(f"{key} steps gymnasium envs in worker processes; env.id={env_id!r} is a native "
+                              "batched env, stepped in the replica's own process: use torch_graph")
+        if env_engine not in ("sync", ENGINE):
+            raise ConfigError(f"{key} steps its envs on the {ENGINE} engine; env.engine="
+                              f"{env_engine} asks for another: leave env.engine at sync, or use torch_graph")
+
+
+BACKEND = ProcessGroupBackend(
     name="cpu_process_group",
     lowering=TORCH_GRAPH.__class__(backend="cpu_process_group", rules=TORCH_GRAPH.rules),
     devices=("cpu",),
-    env_engine="process",
 )

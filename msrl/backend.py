@@ -1,14 +1,20 @@
 """Fragment backends: the registry of ``fragments/<name>.py`` modules (DESIGN.md §4).
 
-A backend module defines ``BACKEND``, a :class:`Backend`: a lowering table for code
-generation plus how the fragment's components are placed (device)."""
+A backend module defines ``BACKEND``, a :class:`Backend`: its lowering rules for code
+generation plus its hooks -- how a fragment of it builds its env (:meth:`Backend.build_env`),
+what it checks in a config (:meth:`Backend.check`) and how it wraps the fragment's generated
+program (:meth:`Backend.wrap_program`). No module outside ``fragments/`` compares backend
+names: what differs between backends is what their hooks do."""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Sequence
+
+import torch
 
 from msrl import registry
-from msrl.codegen import Lowering
+from msrl.codegen import Lowering, Program
 from msrl.errors import InputError
 
 __all__ = ["Backend", "UnknownBackendError", "load_backend", "available_backends"]
@@ -20,20 +26,49 @@ class UnknownBackendError(InputError, ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Backend:
-    """A fragment backend.
+    """A fragment backend: its lowering rules and hooks. A backend whose hooks differ from these
+    defaults subclasses it (``fragments/cuda_kernel.py``, ``fragments/cpu_process_group.py``).
 
     Attributes:
         name: the YAML value of a fragment's ``backend``.
         lowering: rule table used by :func:`msrl.codegen.generate`.
         devices: device types it runs on (``("cpu", "cuda")``).
-        env_engine: the env engine (:data:`msrl.envs.factory.ENGINES`) on which a fragment of this
-            backend steps its gymnasium envs, whatever ``env.engine`` says (``None``: ``env.engine``).
     """
 
     name: str
     lowering: Lowering
     devices: tuple[str, ...]
-    env_engine: str | None = None
+
+    def env_engine(self, requested: str) -> str:
+        """The env engine (:data:`msrl.envs.factory.ENGINES`) a fragment of this backend steps its
+        gymnasium envs on, given ``env.engine`` (default: that one)."""
+        return requested
+
+    def build_env(self, env_id: str, num_envs: int, device: torch.device | str, engine: str,
+                  env_kwargs: Any = None, wrappers: Sequence[str] = (), num_workers: int | None = None) -> Any:
+        """The env role of a replica of a fragment of this backend: ``num_envs`` envs ``env_id``
+        on ``device`` (default: a native env's torch reference, a gymnasium env on
+        :meth:`env_engine` of ``engine``; see :func:`msrl.envs.factory.make_env`).
+
+        Raises:
+            UnknownEnvError, ValueError: as :func:`msrl.envs.factory.make_env`.
+        """
+        from msrl.envs.factory import make_env
+
+        return make_env(env_id, num_envs, device, self.env_engine(engine), env_kwargs, wrappers, num_workers)
+
+    def check(self, fragment: Any, policy: Any, env_id: str, env_engine: str) -> None:
+        """Checks that ``fragment`` (a :class:`~msrl.policy.FragmentSpec` of ``policy``) can run on
+        this backend with env ``env_id`` on ``env_engine`` (default: nothing to check).
+
+        Raises:
+            ConfigError: naming the config key and what is valid.
+        """
+
+    def wrap_program(self, program: Program) -> Program:
+        """The fragment's generated program as this backend runs it (default: as generated; a
+        backend that compiles or captures the program replaces ``program.fn`` here)."""
+        return program
 
 
 def available_backends() -> list[str]:

@@ -528,18 +528,7 @@ def build_job_spec(cfg: RunConfig) -> Any:
             raise ConfigError(f"fragment {frag.name}: invalid device {frag.device!r} (e.g. cpu, cuda:0)") from None
         if device.type not in backend.devices:
             raise ConfigError(f"fragment {frag.name}: backend {backend.name} runs on {backend.devices}, not {device.type}")
-        if backend.env_engine is not None:
-            key = f"distribution_policy.backends.{frag.name}={backend.name}"
-            if "env" not in frag.roles:
-                raise ConfigError(f"{key} steps a fragment's envs in a group of worker processes, but fragment "
-                                  f"{frag.name} holds no env (roles: {', '.join(frag.roles)}); valid: the fragment "
-                                  f"holding the env, {policy.fragment_of_role('env')}")
-            if is_native(cfg.env.id):
-                raise ConfigError(f"{key} steps gymnasium envs in worker processes; env.id={cfg.env.id!r} is a native "
-                                  "batched env, stepped in the replica's own process: use torch_graph")
-            if cfg.env.engine not in ("sync", backend.env_engine):
-                raise ConfigError(f"{key} steps its envs on the {backend.env_engine} engine; env.engine="
-                                  f"{cfg.env.engine} asks for another: leave env.engine at sync, or use torch_graph")
+        backend.check(frag, policy, cfg.env.id, cfg.env.engine)
         if device.type == "cuda" and not torch.cuda.is_available() and cfg.cluster.address is None:
             # on a cluster the replicas' nodes hold the GPUs, not the submitting machine: Ray's
             # placement checks them (cluster.gpus_per_replica)
@@ -550,15 +539,10 @@ def build_job_spec(cfg: RunConfig) -> Any:
         raise ConfigError(f"cluster.cpus_per_replica={cfg.cluster.cpus_per_replica:g}: each replica runs on this machine, "
                           f"which has {cores} CPUs; valid: up to {cores} (or set cluster.address to run on a cluster)")
     env_frag = policy.fragment(policy.fragment_of_role("env"))
-    if cfg.env.num_workers is not None and cfg.env.engine == "sync" and load_backend(env_frag.backend).env_engine is None:
+    if cfg.env.num_workers is not None and load_backend(env_frag.backend).env_engine(cfg.env.engine) == "sync":
         raise ConfigError(f"env.num_workers={cfg.env.num_workers} sets the process engine's workers (or EnvPool's "
                           "threads), but env.engine='sync'; set env.engine=process (or the env's fragment's backend "
                           f"to cpu_process_group: distribution_policy.backends.{env_frag.name}) or drop env.num_workers")
-    if env_frag.backend == "cuda_kernel" and not is_native(cfg.env.id):
-        raise ConfigError(
-            f"env.id={cfg.env.id!r} is a gymnasium env, but fragment {env_frag.name} runs the env on the cuda_kernel "
-            "backend, which steps native envs only (e.g. msrl/CartPole-v1)"
-        )
     if cfg.eval.env_id is not None:
         if is_native(cfg.eval.env_id):
             raise ConfigError(f"eval.env_id={cfg.eval.env_id!r}: evaluations run on gymnasium envs, not native ones")

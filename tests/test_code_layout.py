@@ -121,3 +121,22 @@ def test_every_public_error_derives_from_msrl_error():
     assert len(errors) >= 25  # the check sees them all
     outside = sorted(f"{classes[n][0]}.{n}" for n in errors if not reaches(n, {"MsrlError"}) and n != "TrainingInterrupted")
     assert outside == [], f"errors not derived from msrl.MsrlError: {outside}"
+
+
+def test_no_module_outside_fragments_compares_backend_names():
+    """What differs between backends lives in their hooks (``msrl.backend.Backend``): nothing
+    outside ``fragments/`` tests a fragment's backend by its name."""
+    names = {f.stem for f in PACKAGES["msrl.fragments"].glob("*.py") if f.stem != "__init__"}
+    assert {"torch_graph", "cuda_kernel", "cpu_process_group"} <= names
+    found = []
+    for mod, f in _modules().items():
+        if mod.startswith("msrl.fragments"):
+            continue
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Compare):
+                consts = [c for c in [node.left, *node.comparators] if isinstance(c, ast.Constant)]
+                consts += [e for c in node.comparators if isinstance(c, (ast.Tuple, ast.List, ast.Set)) for e in c.elts
+                           if isinstance(e, ast.Constant)]
+                if any(c.value in names for c in consts):
+                    found.append(f"{mod}:{node.lineno}")
+    assert found == [], f"backend names compared outside fragments/: {found}"

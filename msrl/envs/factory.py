@@ -46,22 +46,22 @@ def make_env(
     env_id: str,
     num_envs: int,
     device: str | torch.device = "cpu",
-    backend: str = "torch_graph",
     engine: str = "sync",
     env_kwargs: Mapping[str, Any] | None = None,
     wrappers: Sequence[str] = (),
     num_workers: int | None = None,
+    native_impl: str = "torch",
 ) -> Environment:
-    """Builds the env role of a fragment.
+    """Builds ``num_envs`` envs ``env_id`` on ``device`` (what a fragment backend's
+    :meth:`~msrl.backend.Backend.build_env` calls).
 
-    A native env runs its CUDA C kernels in a ``cuda_kernel`` fragment and its torch reference
-    in any other; a gymnasium env runs in ``torch_graph`` fragments only, on ``engine``
+    A native env runs its torch reference (``native_impl="torch"``) or its CUDA C kernels
+    (``"kernel"``, the ``cuda_kernel`` backend's choice); a gymnasium env runs on ``engine``
     (:data:`ENGINES`) with ``num_workers`` worker processes for ``process``.
 
     Raises:
         UnknownEnvError: unknown id.
-        ValueError: a gymnasium env in a ``cuda_kernel`` fragment, an unknown engine, or
-            wrappers on a native env.
+        ValueError: an unknown engine, or wrappers on a native env.
     """
     if engine not in ENGINES:
         raise ValueError(f"unknown env engine {engine!r}; valid: {', '.join(ENGINES)}")
@@ -75,12 +75,7 @@ def make_env(
     if is_native(env_id):
         if wrappers:
             raise ValueError(f"env.wrappers apply to gymnasium envs, not the native env {env_id!r}")
-        return make_native(env_id, num_envs, device=device, impl="kernel" if backend == "cuda_kernel" else "torch",
-                           **dict(env_kwargs or {}))
-    if backend == "cuda_kernel":
-        raise ValueError(
-            f"env {env_id!r} is a gymnasium env; the cuda_kernel backend runs native envs only ({', '.join(NATIVE_ENVS)})"
-        )
+        return make_native(env_id, num_envs, device=device, impl=native_impl, **dict(env_kwargs or {}))
     if engine == "process":
         from msrl.envs.engine import ProcessEnv
 

@@ -22,7 +22,6 @@ from msrl.api import BuildContext, EpisodeStats, Trainer
 from msrl.backend import load_backend
 from msrl.codegen import Program, generate
 from msrl.envs import env_spec as make_env_spec
-from msrl.envs import make_env
 from msrl.errors import MsrlError
 from msrl.partition import FragmentGraph
 from msrl.policy import FragmentSpec
@@ -161,9 +160,8 @@ def build_trainer(spec: Any, frag: FragmentSpec, replica: int, inference: Any = 
     for role in frag.roles:
         if role == "env":
             with seeded(role, replica):
-                engine = load_backend(frag.backend).env_engine or spec.env_engine  # cpu_process_group: process
-                components[role] = make_env(spec.env_id, n, device, frag.backend, engine, spec.env_kwargs,
-                                            spec.env_wrappers, spec.env_num_workers)
+                components[role] = load_backend(frag.backend).build_env(
+                    spec.env_id, n, device, spec.env_engine, spec.env_kwargs, spec.env_wrappers, spec.env_num_workers)
         elif role == "learner":
             # every learner replica from the job's base seed: identical initial weights, which
             # gradient all-reduce keeps identical (one learner: the same seed as before)
@@ -224,7 +222,7 @@ def compile_fragment(fg: FragmentGraph, fragment: str, algorithm: Any) -> dict[s
     out = {}
     for method, g in fr.programs.items():
         serve = (plan.region, plan.live_outs) if plan is not None and (fragment, method) == (plan.server, "train_step") else None
-        out[method] = generate(g, fr.name, method, backend.lowering, module_globals, serve)
+        out[method] = backend.wrap_program(generate(g, fr.name, method, backend.lowering, module_globals, serve))
     return out
 
 

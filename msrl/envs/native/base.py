@@ -1,5 +1,5 @@
 """Native batched environments: state in tensors on one device, stepped by a CUDA C kernel
-(GPU or host build, see :mod:`msrl.fragments.cuda_kernel`) or by a torch reference
+(GPU or host build, see :mod:`msrl.envs.native.kernels`) or by a torch reference
 implementation of the same rules.
 
 Episode statistics stay on the device during an iteration (one ``(N,)`` row per step, NaN where
@@ -111,7 +111,7 @@ class NativeEnv(Environment):
         self.num_envs, self.device, self.impl = num_envs, torch.device(device), impl
         self._kernels = None
         if impl == "kernel":
-            from msrl.fragments.cuda_kernel import load_kernels
+            from msrl.envs.native.kernels import load_kernels
 
             self._kernels = load_kernels(self.KERNEL_SOURCE, self.device)
         self.seed = 0

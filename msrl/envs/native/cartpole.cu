@@ -2,7 +2,7 @@
 // reward 1 per step) under TimeLimit(500), with same-step autoreset.
 // One thread per env; env = blockIdx.x * blockDim.x + threadIdx.x. Sizes are arguments, so a
 // new number of envs needs no recompilation. Compiled by NVRTC/nvcc for GPUs and, through
-// fragments/cuda_host_shim.h, by g++ for the CPU.
+// msrl/envs/native/cuda_host_shim.h, by g++ for the CPU.
 
 #include "msrl_rng.cuh"
 

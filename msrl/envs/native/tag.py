@@ -193,7 +193,7 @@ class Tag(NativeEnv):
         sequence on the host): ``reset``; ``step`` (dynamics, observation, rewards, the end of
         the game, resets of the games that ended); ``observe_done`` (new games' observations)."""
         if self._seqs is None:
-            from msrl.fragments.cuda_kernel import Slot
+            from msrl.envs.native.kernels import Slot
 
             k, p, E, N = self._kernels, self.params, self.num_envs, self.num_agents
             seed, terminated, reward = Slot("seed", pointer=False), Slot("terminated"), Slot("reward")
