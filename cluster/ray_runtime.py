@@ -604,8 +604,9 @@ def _running(pid: int) -> bool:
 
 
 class RayJob:
-    """A job whose fragment replicas are Ray actors (see the module docstring); the same calls
-    as :class:`msrl.job.Job` (what :func:`msrl.run.train` uses).
+    """A job whose fragment replicas are Ray actors (see the module docstring): a
+    :class:`~msrl.runtime.interface.JobRuntime`, as :class:`msrl.job.Job` is (what
+    :func:`msrl.run.train` uses).
 
     Args:
         spec: the job.
@@ -646,6 +647,11 @@ class RayJob:
     replicas' last heartbeats.
     """
 
+    #: a replica's death restarts the job from its last checkpoint (processes under a watchdog)
+    restarts_replicas = True
+    #: a failed :meth:`run` leaves ``iteration`` where the call began
+    iterations_exact = False
+
     KILL_WAIT_S = 10.0  # how long kill() waits for this node's replica processes to end
 
     def __init__(self, spec: Any, algorithm_ref: str | None = None, address: str | None = None,
@@ -661,8 +667,7 @@ class RayJob:
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from msrl.job import METHODS, partition_job
-        from msrl.tracer import trace
+        from msrl.job import compile_job
 
         if strategy not in ("PACK", "SPREAD"):
             raise ValueError(f"cluster.strategy must be PACK or SPREAD, got {strategy!r}")
@@ -688,18 +693,8 @@ class RayJob:
         self._stats = EpisodeStats([], [])
         self._eval_actor: Any = None
         self.spec = spec
-        self.graphs = {m: trace(spec.algorithm.trainer, m) for m in METHODS}
-        drawn = None
-        if probe:
-            from msrl.probe import probe as run_probe
-
-            drawn = run_probe(self.graphs, spec)
-        self.fragment_graph = partition_job(self.graphs, spec.policy)
-        self.fragment_graph.generator_kinds = drawn
-        if probe:
-            from msrl.probe import check_message_sizes
-
-            check_message_sizes(self.graphs, self.fragment_graph, spec.num_envs, max_message or CODEC_MAX_MESSAGE)
+        compiled = compile_job(spec, probe, max_message or CODEC_MAX_MESSAGE)
+        self.graphs, self.fragment_graph = compiled.graphs, compiled.fragment_graph
         self.keys = [(f.name, r) for f in spec.policy.fragments for r in range(f.replicas)]
         need = cpus_per_replica * len(self.keys)
         self._started_ray = not ray.is_initialized()

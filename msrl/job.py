@@ -192,17 +192,18 @@ class Job:
         TraceError, PartitionError, UnknownBackendError, ValueError: as the stages raise them.
     """
 
+    #: a replica's failure stops the job (its replicas are threads of this process)
+    restarts_replicas = False
+    #: a failed :meth:`run` leaves ``iteration`` at the iterations that finished
+    iterations_exact = True
+
     def __init__(self, spec: JobSpec, probe: bool = True) -> None:
         self.spec = spec
-        self.graphs: dict[str, Graph] = {m: trace(spec.algorithm.trainer, m) for m in METHODS}
-        drawn = None
-        if probe:
-            from msrl.probe import probe as run_probe
-
-            drawn = run_probe(self.graphs, spec)
-        self.fragment_graph: FragmentGraph = partition_job(self.graphs, spec.policy)
-        self.fragment_graph.generator_kinds = drawn
-        self.programs: dict[tuple[str, str], Program] = compile_programs(self.fragment_graph, spec.algorithm)
+        compiled = compile_job(spec, probe)
+        self.graphs: dict[str, Graph] = compiled.graphs
+        self.fragment_graph: FragmentGraph = compiled.fragment_graph
+        self.programs: dict[tuple[str, str], Program] = compiled.programs
+        self._eval_actor: Any = None
         self.replicas: dict[tuple[str, int], Replica] = {}
         for frag in spec.policy.fragments:
             programs = {m: p for (f, m), p in self.programs.items() if f == frag.name}
@@ -283,8 +284,19 @@ class Job:
         return self.replicas_with(role)[replica].components[role]
 
     def eval_actor(self) -> Any:
-        """An actor holding the current policy, for evaluation (here: replica 0's own actor)."""
-        return self.component("actor")
+        """An actor built on this process's CPU holding the job's current policy weights (replica
+        0's actor's ``get_weights()``), as :meth:`msrl.cluster.ray_runtime.RayJob.eval_actor`
+        gives: evaluating never touches a training replica."""
+        if self._eval_actor is None:
+            from msrl.runtime.replica import build_standalone_actor
+
+            self._eval_actor, _ = build_standalone_actor(self.spec)
+        self._eval_actor.set_weights({k: v.cpu() for k, v in self.component("actor").get_weights().items()})
+        return self._eval_actor
+
+    def replica_table(self) -> list[dict[str, Any]]:
+        """``[]``: the replicas are threads of this process, nothing for an operator to find."""
+        return []
 
     # -- checkpoints ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -312,6 +324,52 @@ class Job:
         from msrl.runtime.generators import BATON
 
         BATON.give_back()
+
+
+@dataclasses.dataclass
+class CompiledJob:
+    """A job through the front half of the pipeline, before any replica exists.
+
+    Attributes:
+        graphs: traced graph per method (probe info in their nodes' ``meta``).
+        fragment_graph: the partition (its ``generator_kinds`` from the probe).
+        programs: ``(fragment, method) -> Program``, each generated with its backend (and
+            wrapped by its :meth:`~msrl.backend.Backend.wrap_program`).
+    """
+
+    graphs: dict[str, Graph]
+    fragment_graph: FragmentGraph
+    programs: dict[tuple[str, str], Program]
+
+
+def compile_job(spec: JobSpec, probe: bool = True, max_message: int | None = None) -> CompiledJob:
+    """Trace -> probe -> partition -> codegen: what every runtime runs, compiled once by the
+    driver (DESIGN.md §1).
+
+    Args:
+        spec: the job.
+        probe: annotate values by a probe run (needed when fragments have different replica
+            counts, and for a replicated learner's gradient points; see :mod:`msrl.probe`).
+        max_message: the largest message between processes (bytes): a boundary value larger
+            than that is refused here, from the probe's sizes (``None``: no limit, one process).
+
+    Raises:
+        TraceError, PartitionError, ProbeDiverged, ConfigError, UnknownBackendError: as the
+            stages raise them.
+    """
+    graphs = {m: trace(spec.algorithm.trainer, m) for m in METHODS}
+    drawn = None
+    if probe:
+        from msrl.probe import probe as run_probe
+
+        drawn = run_probe(graphs, spec)
+    fg = partition_job(graphs, spec.policy)
+    fg.generator_kinds = drawn
+    if probe and max_message is not None:
+        from msrl.probe import check_message_sizes
+
+        check_message_sizes(graphs, fg, spec.num_envs, max_message)
+    return CompiledJob(graphs, fg, compile_programs(fg, spec.algorithm))
 
 
 def compile_programs(fg: FragmentGraph, algorithm: AlgorithmSpec) -> dict[tuple[str, str], Program]:

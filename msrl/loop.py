@@ -13,12 +13,12 @@ from typing import Any
 from msrl.checkpoints import CHECKPOINT, Progress, save_checkpoint
 from msrl.config import RunConfig
 from msrl.evaluation import evaluate_job
-from msrl.job import Job, JobSpec
+from msrl.job import JobSpec
 from msrl.metrics import MetricsWriter, iteration_row
 from msrl.outcome import ReplicaLost, TrainingInterrupted, TrainingStopped, TrainResult
 from msrl.rundir import RunLock, new_run_dir, write_config
-from msrl.runtime.local import FragmentError
-from msrl.runtime.replica import ReplicaDied
+from msrl.runtime.interface import JobRuntime
+from msrl.runtime.replica import FragmentError, ReplicaDied
 from msrl.supervisor import report
 
 __all__ = ["TrainingLoop"]
@@ -29,7 +29,8 @@ class TrainingLoop:
     return threshold) is reached, then the final evaluation (see the module docstring).
 
     Args:
-        cfg, spec: the run's config and job spec; job: the built job (local or Ray).
+        cfg, spec: the run's config and job spec; job: the built job, a
+            :class:`~msrl.runtime.interface.JobRuntime` (the loop never asks which runtime).
         resume: the run directory being resumed (``None``: a new run, whose directory is made
             here); state: the checkpoint it resumes from.
         locks: the run directory's lock is appended (released by the caller).
@@ -38,10 +39,10 @@ class TrainingLoop:
     #: replicas run free for about this long between the driver's looks (s)
     CHUNK_S = 0.5
 
-    def __init__(self, cfg: RunConfig, spec: JobSpec, job: Any, resume: Any, state: Any, locks: list[RunLock],
+    def __init__(self, cfg: RunConfig, spec: JobSpec, job: JobRuntime, resume: Any, state: Any, locks: list[RunLock],
                  faults: dict[str, int] | None = None, reuse: pathlib.Path | None = None) -> None:
         self.cfg, self.spec, self.job = cfg, spec, job
-        self.on_ray = not isinstance(job, Job)
+        self.metrics: MetricsWriter | None = None
         self.E = spec.env_steps_per_iteration
         if resume is None:
             if reuse is None:
@@ -68,12 +69,13 @@ class TrainingLoop:
                 job.load_state_dict(state["job"])
                 print(f"msrl: resuming {self.run_dir} at env step {job.env_steps}", file=sys.stderr)
             self.metrics = MetricsWriter(self.run_dir, job.iteration if resume is not None else None)
-            if hasattr(job, "replica_table"):  # where each replica runs (pids, nodes), for operators
-                (self.run_dir / "replicas.json").write_text(json.dumps(job.replica_table(), indent=1))
-            if resume is None and self.on_ray:
+            table = job.replica_table()  # where each replica runs (pids, nodes), for operators
+            if table:
+                (self.run_dir / "replicas.json").write_text(json.dumps(table, indent=1))
+            if resume is None and job.restarts_replicas:
                 self.checkpoint()  # a restart point before the first chunk
         except ReplicaDied as e:
-            if hasattr(self, "metrics"):
+            if self.metrics is not None:
                 self.metrics.close()
             raise ReplicaLost(self.run_dir, -1, e) from e
         self.bar = self._progress_bar() if cfg.train.progress else None
@@ -146,8 +148,9 @@ class TrainingLoop:
             p.recent.extend(rec["episodes"].returns)
             p.faults["lost_episodes"] += rec["episodes"].lost
             row = iteration_row(rec, it + i + 1, p.time_s + chunk_dt * (i + 1) / n, self.E,
-                                p.faults if self.on_ray else None,
-                                p.faults["lost_episodes"] if self.cfg.env.engine == "process" and not self.on_ray else None)
+                                p.faults if job.restarts_replicas else None,
+                                p.faults["lost_episodes"] if self.cfg.env.engine == "process" and not job.restarts_replicas
+                                else None)
             if i == n - 1:
                 eval_dt = self._evaluate_if_due(row, t0)
             self.metrics.log(row)
@@ -188,7 +191,7 @@ class TrainingLoop:
         """The error that stops the run after a fragment raised in iterations ``it+1..it+n``."""
         ckpt = self.run_dir / CHECKPOINT
         good = ckpt if ckpt.is_file() else None
-        if isinstance(self.job, Job) or n == 1:  # the in-process job counts the iterations it finished
+        if self.job.iterations_exact or n == 1:  # the job counts the iterations of the chunk that finished
             steps_before += (self.job.iteration - it) * self.E
             where, failed = f"at iteration {self.job.iteration + 1} (after env step {steps_before})", self.job.iteration + 1
         else:

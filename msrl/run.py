@@ -19,11 +19,11 @@ import torch
 
 from msrl.checkpoints import CHECKPOINT, atomic_save, load_checkpoint, read_checkpoint, set_aside_damaged
 from msrl.config import ConfigError, RunConfig, build_job_spec
+from msrl.driver import make_job
 from msrl.job import JobSpec
 from msrl.loop import TrainingLoop
 from msrl.outcome import ClusterLost, ReplicaLost, TrainingInterrupted, TrainingStopped, TrainResult
 from msrl.rundir import RunLock, check_resumable, check_runs_dir, flatten, load_run_config, write_config
-from msrl.runtime.make import make_job
 from msrl.runtime.replica import ReplicaDied, ReplicaHung
 
 __all__ = ["TrainResult", "TrainingStopped", "TrainingInterrupted", "train"]

@@ -140,3 +140,30 @@ def test_no_module_outside_fragments_compares_backend_names():
                 if any(c.value in names for c in consts):
                     found.append(f"{mod}:{node.lineno}")
     assert found == [], f"backend names compared outside fragments/: {found}"
+
+
+def test_the_runtime_seam_is_held():
+    """``msrl/runtime/*`` never imports the config or the job (the driver's side), ``cluster/*``
+    never the tracer or the probe (the driver compiles jobs: ``msrl.job.compile_job``), and the
+    training loop never asks which runtime it has (``isinstance``/``hasattr`` on the job)."""
+    edges = _imports(_modules())
+    runtime = {m: sorted(t for t in ts if t in ("msrl.config", "msrl.job")) for m, ts in edges.items()
+               if m.startswith("msrl.runtime")}
+    assert {m: ts for m, ts in runtime.items() if ts} == {}
+    cluster = {m: sorted(t for t in ts if t in ("msrl.tracer", "msrl.probe")) for m, ts in edges.items()
+               if m.startswith("msrl.cluster")}
+    assert {m: ts for m, ts in cluster.items() if ts} == {}
+    loop = ast.parse((PACKAGES["msrl"] / "loop.py").read_text())
+    asks = [n.lineno for n in ast.walk(loop) if isinstance(n, ast.Call) and getattr(n.func, "id", "") in ("isinstance", "hasattr")
+            and n.args and "job" in ast.unparse(n.args[0])]
+    assert asks == []
+
+
+def test_both_runtimes_implement_the_one_interface():
+    from msrl.cluster.ray_runtime import RayJob
+    from msrl.job import Job
+    from msrl.runtime.interface import JobRuntime
+
+    names = [n for n in dir(JobRuntime) if not n.startswith("_")]
+    for cls in (Job, RayJob):
+        assert [n for n in names if not hasattr(cls, n) and n not in cls.__init__.__code__.co_names] == [], cls

@@ -1,0 +1,98 @@
+"""The one interface every runtime implements: what the driver (:mod:`msrl.loop`,
+:mod:`msrl.evaluation`, :mod:`msrl.checkpoints`) calls, and the record of one iteration it gets
+back. The local runtime (:class:`msrl.job.Job`: replicas as threads of this process) and the Ray
+runtime (:class:`msrl.cluster.ray_runtime.RayJob`: a process per replica) both implement
+:class:`JobRuntime`; the driver never asks which one it has.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Protocol, TypedDict, runtime_checkable
+
+__all__ = ["IterationRecord", "JobRuntime"]
+
+
+class IterationRecord(TypedDict, total=False):
+    """One ``train_step`` iteration of a whole job, as :meth:`JobRuntime.run` returns it (a dict:
+    ``record["output"]``).
+
+    Keys every runtime fills:
+        output: the learner's metrics, ``name -> float``.
+        env_steps: the job's env steps after the iteration, over every env replica (int).
+        episodes: the :class:`~msrl.api.EpisodeStats` finished in it, replica 0 first.
+        time_s: the slowest replica's seconds for it.
+        policy_lags: learner version minus acting version of what asynchronous boundaries
+            delivered in it (empty without them).
+        inference: central inference's ``batch_sizes`` and ``latencies_s`` in it, or ``None``.
+
+    Keys of a runtime whose replicas are processes (Ray):
+        comm_share, wait_share: the replicas' share of their busy time spent moving values, and
+            waiting for a peer (0-1).
+        refused: connections, frames and datagrams its servers refused, ``kind -> count``.
+    """
+
+    output: dict[str, float]
+    env_steps: int
+    episodes: Any
+    time_s: float
+    policy_lags: list[int]
+    inference: Any
+    comm_share: float
+    wait_share: float
+    refused: dict[str, int]
+
+
+@runtime_checkable
+class JobRuntime(Protocol):
+    """A built job ready to run on some runtime.
+
+    Attributes:
+        spec: the :class:`~msrl.job.JobSpec`; ``fragment_graph``: its partition.
+        iteration: ``train_step`` iterations finished; ``env_steps``: env steps taken so far.
+        restarts_replicas: whether a replica's death is recovered by restarting the job from its
+            last checkpoint (replicas in processes under a watchdog: a restart point is saved
+            before the first iteration and ``faults/...`` columns are written).
+        iterations_exact: whether, when an iteration raises in :meth:`run`, ``iteration`` counts
+            the iterations of that call that finished (else only whole calls count).
+    """
+
+    spec: Any
+    fragment_graph: Any
+    iteration: int
+    restarts_replicas: bool
+    iterations_exact: bool
+
+    @property
+    def env_steps(self) -> int:
+        """Env steps taken so far, over every env replica."""
+
+    def reset(self) -> None:
+        """Runs every replica's ``reset`` program (initial state, initial weight sync)."""
+
+    def run(self, n: int) -> list[IterationRecord]:
+        """Runs ``n`` iterations, the replicas free between boundaries; one record each.
+
+        Raises:
+            FragmentError: a fragment raised; FloatingPointError: a ``*_loss`` metric is not
+            finite; ReplicaDied: a replica's process died.
+        """
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resume needs: every replica's state and the iteration count."""
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores :meth:`state_dict`'s output into a job built from the same spec."""
+
+    def eval_actor(self) -> Any:
+        """An actor holding the current policy, for evaluation on this process's CPU."""
+
+    def replica_table(self) -> list[dict[str, Any]]:
+        """Where each replica runs: ``fragment``, ``replica``, ``roles``, ``pid``, ``node``, one row
+        per replica (written as the run's ``replicas.json``); ``[]`` when the replicas are
+        threads of this process."""
+
+    def pop_episode_stats(self) -> Any:
+        """Episodes finished on every env replica since the last call."""
+
+    def close(self) -> None:
+        """Stops the replicas and releases what the job holds."""
