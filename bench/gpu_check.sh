@@ -11,8 +11,10 @@
 # Writes each part's log into $OUT (default: a temporary folder).
 #
 # Parts: the cross-device boundary tests (learner on cuda:0, actors on the CPU, under coarse,
-# overlapped coarse, async_learner and single_learner_fine); the README's heterogeneous run
-# (PPO CartPole, coarse, learner on cuda:0) trained to the end with its final evaluation.
+# overlapped coarse, async_learner and single_learner_fine; multi_learner's all-reduce of CUDA
+# gradients); the native envs' GPU kernels against their host build and the gpu_only tests; the
+# README's GPU job (configs/ppo_cartpole_gpu_only.yaml) trained to the end; with FULL=1 also the
+# heterogeneous run (PPO CartPole, coarse, learner on cuda:0) to the end.
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -40,8 +42,12 @@ part() {  # part NAME SECONDS COMMAND...
 
 # -P: the checkout's own msrl/ folder must not shadow the installed package
 part devices 240 $py -P -m pytest -q -p no:cacheprovider -m "slow or not slow" tests/test_devices.py -k "not reaches_475"
-part coarse_cuda_learner 300 msrl train configs/ppo_cartpole.yaml distribution_policy.name=single_learner_coarse \
-  runtime=local distribution_policy.devices.learner=cuda:0 "runs_dir=$T/runs" train.progress=false
+part native_kernels 240 $py -P -m pytest -q -p no:cacheprovider tests/test_native_envs.py tests/test_gpu_only.py
+part gpu_only_job 240 msrl train configs/ppo_cartpole_gpu_only.yaml "runs_dir=$T/runs" train.progress=false
+if [ "${FULL:-0}" = 1 ]; then  # the heterogeneous run to the end (about a minute on an H100)
+  part coarse_cuda_learner 300 msrl train configs/ppo_cartpole.yaml distribution_policy.name=single_learner_coarse \
+    runtime=local distribution_policy.devices.learner=cuda:0 "runs_dir=$T/runs" train.progress=false
+fi
 
 echo "== summary"
 for k in "${!rc[@]}"; do echo "$k: exit ${rc[$k]}"; done

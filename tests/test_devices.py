@@ -185,3 +185,24 @@ def test_a_cuda_learner_with_cpu_actors_reaches_475(tmp_path, policy):
     cfg = load_config("configs/ppo_cartpole.yaml", [*_POLICIES[policy], "runtime=local", "distribution_policy.devices.learner=cuda:0",
                                                     "train.progress=false", f"runs_dir={tmp_path}"])
     assert train(cfg).eval_mean >= 475
+
+
+@_CUDA
+def test_multi_learner_replicas_on_cuda_average_their_gradients():
+    """The graph's gradient all-reduce on CUDA gradients (the local hub, threads): the two learner
+    replicas hold the same weights after every update."""
+    from msrl.config import build_job_spec, load_config
+    from msrl.job import Job
+
+    cfg = load_config("configs/ppo_cartpole.yaml", ["distribution_policy.name=multi_learner", "distribution_policy.replicas.main=2",
+                                                    "runtime=local", "distribution_policy.devices.main=cuda:0", "env.num_envs=8"])
+    job = Job(build_job_spec(cfg))
+    try:
+        assert len(job.fragment_graph.collectives) == 1
+        job.reset()
+        job.run(3)
+        w = [t.components["learner"].get_weights() for t in job.replicas_with("learner")]
+        assert all(v.device.type == "cuda" for v in w[0].values())
+        assert all(torch.equal(w[0][k], w[1][k]) for k in w[0])
+    finally:
+        job.close()
