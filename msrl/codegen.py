@@ -2,7 +2,8 @@
 
 The program keeps the loop and branch structure of the traced method restricted to the fragment's nodes
 plus its comm ops; a gradient ``allreduce`` region becomes a ``with comm.allreduce_gradients(...)``
-block around its call. Each node is lowered by its backend's rule table (:class:`Lowering`), so a
+block around its call, and central inference's ``serve`` region a nested ``_msrl_served``
+function run by ``comm.serve``. Each node is lowered by its backend's rule table (:class:`Lowering`), so a
 new op is a new table entry. Generated sources are registered with :mod:`linecache` under
 ``<msrl:fragment.method>`` so tracebacks show them, and every generated line maps back to the
 node (and so to the user's ``file:line``) it came from.
@@ -17,7 +18,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import linecache
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 from msrl.graph import Const, Graph, Node, NodeKind
 
@@ -106,7 +107,6 @@ def generate(
     method: str,
     lowering: Lowering,
     globals_: Mapping[str, Any],
-    serve: tuple[int, Sequence[str]] | None = None,
 ) -> Program:
     """Generates and compiles the program of one fragment's region graph.
 
@@ -115,10 +115,6 @@ def generate(
         fragment, method: names used in the function's pseudo file name.
         lowering: the backend's rule table.
         globals_: globals the user's expressions refer to (the trainer module's namespace).
-        serve: ``(k, live_outs)`` under central inference (:mod:`msrl.inference`): the first
-            ``k`` top-level nodes become a nested function ``_msrl_served(self, comm)`` that
-            returns the values ``live_outs``, run by ``comm.serve(self, _msrl_served)`` (once
-            per client replica, :mod:`msrl.runtime.inference`) before the rest of the program.
 
     Returns:
         the compiled :class:`Program`.
@@ -140,6 +136,19 @@ def generate(
                 lines.append(f"{pad}for {var} in range({rng}):  # %{node.id} {node.where()}")
                 line_nodes[len(lines)] = node
                 emit(node.body, depth + 1)
+                continue
+            if node.kind is NodeKind.SERVE:
+                # central inference (msrl.inference): the region becomes a nested function that
+                # returns the values the rest reads, run by comm.serve once per client replica
+                # (msrl.runtime.inference)
+                outs = "".join(f"{ctx.var(v)}, " for v in node.outputs)
+                lines.append(f"{pad}def _msrl_served(self, {COMM_VAR}):  # %{node.id} {node.where()}")
+                line_nodes[len(lines)] = node
+                lines.append(f'{pad}    """The part run once per client replica (central inference)."""')
+                emit(node.body, depth + 1)
+                lines.append(f"{pad}    return ({outs})")
+                lines.append(f"{pad}{outs or '_ = '}{'= ' if outs else ''}{COMM_VAR}.serve(self, _msrl_served)")
+                line_nodes[len(lines)] = node
                 continue
             if node.kind is NodeKind.ALLREDUCE and node.body is not None:
                 # the gradient steps of the call inside are averaged over the fragment's replicas
@@ -171,18 +180,7 @@ def generate(
         if len(lines) == start:
             lines.append(f"{pad}pass")
 
-    if serve is None:
-        emit(graph, 1)
-    else:
-        k, live = serve
-        nodes = list(graph)
-        outs = "".join(f"{ctx.var(v)}, " for v in live)
-        lines.append("    def _msrl_served(self, " + COMM_VAR + "):")
-        lines.append('        """The part run once per client replica (central inference)."""')
-        emit(nodes[:k], 2)
-        lines.append(f"        return ({outs})")
-        lines.append(f"    {outs or '_ = '}{'= ' if outs else ''}{COMM_VAR}.serve(self, _msrl_served)")
-        emit(nodes[k:], 1)
+    emit(graph, 1)
     if not any(n.kind is NodeKind.OUTPUT for n in graph):
         lines.append("    return None")
     source = "\n".join(lines) + "\n"

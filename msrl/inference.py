@@ -185,3 +185,32 @@ def plan_inference(fg: Any) -> InferencePlan:
         max_batch=inf.batch_size(count), timeout_ms=inf.timeout_ms, region=len(region),
         shard_roles=shard_roles, combine=combine, live_outs=tuple(live_outs), state_writes=tuple(state_writes),
     )
+
+
+def wrap_served_region(fg: Any, plan: InferencePlan) -> None:
+    """Puts the served region of ``plan`` into the IR: the first ``plan.region`` top-level nodes
+    of the server fragment's ``train_step`` program become the body of one ``serve`` region node
+    (its outputs: ``plan.live_outs``), which codegen lowers to the function ``comm.serve`` runs
+    once per client replica. The program is linted again.
+
+    Raises:
+        GraphLintError: the wrapped program breaks an IR invariant (a bug of the plan).
+    """
+    from msrl.graph import Graph, Node, NodeKind
+
+    server = fg.fragment(plan.server)
+    program: Graph = server.programs["train_step"]
+    top = list(program)
+    body = Graph(f"{program.name}.serve")
+    for n in top[:plan.region]:
+        body.append(n)
+    first = top[0]
+    node = Node(NodeKind.SERVE, plan.role, inputs=body.free_values(), outputs=list(plan.live_outs), body=body,
+                meta={"file": first.meta.get("file", "<generated>"), "line": first.meta.get("line", 0),
+                      "fragment": plan.server, "clients": plan.clients, "clients_count": plan.clients_count})
+    node.id = 1 + max(n.id for fr in fg.fragments for g in fr.programs.values() for n in g.walk())
+    wrapped = Graph(program.name)
+    for n in [node, *top[plan.region:]]:
+        wrapped.append(n)
+    wrapped.lint(defined=set())
+    server.programs["train_step"] = wrapped

@@ -41,9 +41,10 @@ def partition_job(graphs: dict[str, Graph], policy: DistributionPolicy) -> Fragm
     """
     fg = partition(graphs, policy)
     if policy.serving is not None:
-        from msrl.inference import plan_inference
+        from msrl.inference import plan_inference, wrap_served_region
 
         fg.inference = plan_inference(fg)
+        wrap_served_region(fg, fg.inference)
     return fg
 
 

@@ -42,7 +42,7 @@ def format_graph(graph: Graph, indent: int = 0) -> str:
     pad = "  " * indent
     for node in graph:
         lines.append(f"{pad}{node.describe()}    # {node.where()}{_fmt_values(node)}")
-        if node.kind is NodeKind.LOOP or (node.kind is NodeKind.ALLREDUCE and node.body is not None):
+        if node.kind in (NodeKind.LOOP, NodeKind.SERVE) or (node.kind is NodeKind.ALLREDUCE and node.body is not None):
             lines.append(format_graph(node.body, indent + 1))
         elif node.kind is NodeKind.BRANCH:
             if len(node.body):
@@ -130,6 +130,11 @@ def format_boundary_bytes(job: Job) -> str:
     for c in collectives:
         out.append(f"- {c.name}: {_human(measured.get(c.name, 0))} (all-reduce over {c.fragment}'s replicas, "
                    f"every replica's contribution{', in a loop' if c.in_loop else ''})")
+    plan = job.fragment_graph.inference
+    if plan is not None:  # what the serve region's requests and answers move, over its boundaries
+        served = [b for b in rows if {b.src, b.dst} == {plan.server, plan.clients}]
+        out.append(f"- serve region ({plan.server} serving {plan.role} to {plan.clients} x{plan.clients_count}): "
+                   f"{_human(sum(measured.get(b.name, 0) for b in served))} over its {len(served)} boundaries")
     return "\n".join(out) + "\n"
 
 

@@ -262,3 +262,29 @@ def test_msrl_graph_describes_central_inference():
     assert "## central inference" in text and "fifo queue of 1 per env replica (central inference)" in text
     assert "a batch closes at 1 request(s)" in text and "after 2 ms" in text and "buffer.gather (axis 1)" in text
     assert "_msrl_comm.serve(self, _msrl_served)" in text
+
+
+def test_msrl_graph_shows_the_serve_region_with_its_bytes():
+    """Central inference is a region of the IR (``serve``), lowered to the served function, and
+    ``msrl graph`` shows it and what it moves per iteration."""
+    from msrl.config import build_job_spec, load_config
+    from msrl.graph import NodeKind
+    from msrl.job import Job
+    from msrl.printer import format_boundary_bytes, format_job
+
+    job = Job(build_job_spec(load_config("configs/ppo_cartpole.yaml", [
+        "distribution_policy.name=single_learner_fine", "runtime=local", "env.num_envs=4",
+        "distribution_policy.inference.max_batch=1"])))
+    try:
+        program = job.fragment_graph.fragment("learner").programs["train_step"]
+        serve = [n for n in program if n.kind is NodeKind.SERVE]
+        assert len(serve) == 1 and list(program)[0] is serve[0] and serve[0].target == "actor"
+        assert any(n.kind is NodeKind.GET for n in serve[0].body.walk())  # the requests are inside it
+        text = format_job(job)
+        assert "serve actor to env (x2), once per client replica" in text
+        measured = format_boundary_bytes(job)
+        line = next(x for x in measured.splitlines() if x.startswith("- serve region"))
+        assert line.startswith("- serve region (learner serving actor to env x2): ") and "over its 7 boundaries" in line
+        assert not line.startswith("- serve region (learner serving actor to env x2): 0 B "), line
+    finally:
+        job.close()

@@ -241,6 +241,12 @@ class Graph:
             elif k is NodeKind.OUTPUT:
                 if i != len(self._nodes) - 1:
                     raise GraphLintError(f"{where}: output must be the last node")
+            elif k is NodeKind.SERVE:
+                if not isinstance(node.body, Graph):
+                    raise GraphLintError(f"{where}: a serve region's body must be a Graph")
+                if node.inputs != node.body.free_values() or not set(node.outputs) <= set(node.body.written_values()):
+                    raise GraphLintError(f"{where}: a serve region reads what its body reads and writes values its body writes")
+                node.body._lint(set(avail) if avail is not None else None, seen_ids)
             elif k is NodeKind.ALLREDUCE and node.body is not None:
                 t = node.target
                 if not (isinstance(t, CommTarget) and t.side == "all" and isinstance(node.body, Graph)):

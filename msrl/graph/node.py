@@ -24,6 +24,10 @@ allreduce      :class:`CommTarget` (boundary,     a region: the ``call`` in ``bo
                ``gradients``, the fragment at     learner's gradient point) -> its results;
                both ends, side ``all``)           every gradient step the call takes is
                                                   averaged over the fragment's replicas
+serve          the served role (``"actor"``)      a region: central inference's served part of
+                                                  the server's ``train_step`` (``body``), run
+                                                  once per client replica with the role's calls
+                                                  batched -> the control values the rest reads
 =============  =================================  =========================================
 
 A ``branch`` is an ``if``/``else`` (or a conditional expression) whose condition is a
@@ -64,6 +68,7 @@ class NodeKind(str, enum.Enum):
     ALLREDUCE = "allreduce"
     PUT = "put"
     GET = "get"
+    SERVE = "serve"
 
 
 #: Kinds the partitioner inserts at fragment boundaries.
@@ -81,10 +86,11 @@ COMM_KINDS = frozenset(
 )
 
 #: Kinds with side effects: kept and kept in program order by every pass.
-IMPURE_KINDS = COMM_KINDS | {NodeKind.CALL, NodeKind.STATE_OUT, NodeKind.OUTPUT, NodeKind.LOOP, NodeKind.BRANCH}
+IMPURE_KINDS = COMM_KINDS | {NodeKind.CALL, NodeKind.STATE_OUT, NodeKind.OUTPUT, NodeKind.LOOP, NodeKind.BRANCH,
+                             NodeKind.SERVE}
 
 #: Kinds that hold nested regions (an ``allreduce`` holds the call whose gradient steps it averages).
-REGION_KINDS = frozenset({NodeKind.LOOP, NodeKind.BRANCH, NodeKind.ALLREDUCE})
+REGION_KINDS = frozenset({NodeKind.LOOP, NodeKind.BRANCH, NodeKind.ALLREDUCE, NodeKind.SERVE})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,7 +137,8 @@ class Node:
         kwargs: for ``call``: keyword arguments likewise.
         unpack: for ``call``/``compute``: the result is unpacked into ``outputs`` (``a, b = f()``).
         body: for ``loop``: the body's graph; for ``branch``: the region taken when the
-            condition is true; for ``allreduce``: the region holding the gradient-step call.
+            condition is true; for ``allreduce``: the region holding the gradient-step call;
+            for ``serve``: the served part of the program.
         orelse: for ``branch``: the region taken when it is false (may be empty).
         meta: ``file``, ``line`` (user source), ``fragment``, ``values`` (output name -> probe
             info: shape, dtype, ``sharded``/``replicated``/``batch``, axis), ``carried`` for
@@ -164,7 +171,7 @@ class Node:
     def regions(self) -> list[Any]:
         """The nested region graphs: ``[body]`` of a loop or an all-reduce, ``[body, orelse]``
         of a branch."""
-        if self.kind is NodeKind.LOOP or (self.kind is NodeKind.ALLREDUCE and self.body is not None):
+        if self.kind in (NodeKind.LOOP, NodeKind.SERVE) or (self.kind is NodeKind.ALLREDUCE and self.body is not None):
             return [self.body]
         if self.kind is NodeKind.BRANCH:
             return [self.body, self.orelse]
@@ -200,6 +207,9 @@ class Node:
                 text += f" <- {self.inputs[0]}"
         elif self.kind is NodeKind.OUTPUT:
             text = f"output {self.inputs[0] if self.inputs else 'None'}"
+        elif self.kind is NodeKind.SERVE:
+            text = (f"serve {self.target} to {self.meta.get('clients', '?')} (x{self.meta.get('clients_count', '?')}), "
+                    "once per client replica")
         else:
             t: CommTarget = self.target
             axis = f", axis={t.axis}" if t.axis is not None else ""

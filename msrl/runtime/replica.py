@@ -218,11 +218,9 @@ def compile_fragment(fg: FragmentGraph, fragment: str, algorithm: Any) -> dict[s
     fr = fg.fragment(fragment)
     module_globals = vars(sys.modules[algorithm.trainer.__module__])
     backend = load_backend(fr.spec.backend)
-    plan = fg.inference
     out = {}
     for method, g in fr.programs.items():
-        serve = (plan.region, plan.live_outs) if plan is not None and (fragment, method) == (plan.server, "train_step") else None
-        out[method] = backend.wrap_program(generate(g, fr.name, method, backend.lowering, module_globals, serve))
+        out[method] = backend.wrap_program(generate(g, fr.name, method, backend.lowering, module_globals))
     return out
 
 
