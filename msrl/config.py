@@ -444,67 +444,8 @@ def build_job_spec(cfg: RunConfig) -> Any:
     if why is not None:
         raise ConfigError(f"algorithm.name={cfg.algorithm.name} cannot train on env.id={cfg.env.id}: {why}")
     dp = cfg.distribution_policy
-    for key, table in (("replicas", dp.replicas), ("backends", dp.backends), ("devices", dp.devices)):
-        names = [f.name for f in policy.fragments]
-        for frag in table:
-            if frag not in names:
-                raise ConfigError(
-                    f"distribution_policy.{key}.{frag}: policy {policy.name} has no fragment {frag!r}; fragments: {', '.join(names)}"
-                )
-    for frag, n in dp.replicas.items():
-        if n < 1:
-            raise ConfigError(f"distribution_policy.replicas.{frag}: must be >= 1, got {n}")
-    from msrl.api import ROLES
-
-    for role, frag in dp.placement.items():
-        names = [f.name for f in policy.fragments]
-        if role not in ROLES:
-            raise ConfigError(f"distribution_policy.placement.{role}: unknown role {role!r}; roles: {', '.join(ROLES)}")
-        if frag not in names:
-            raise ConfigError(
-                f"distribution_policy.placement.{role}={frag}: policy {policy.name} has no fragment {frag!r}; "
-                f"fragments: {', '.join(names)}"
-            )
-    from msrl.policy import BOUNDARY_MODES
-
-    for key, mode in dp.boundaries.items():
-        classes = {bc.name: bc for bc in policy.boundaries}
-        if key not in classes:
-            have = ", ".join(f"{n} ({bc.src} -> {bc.dst})" for n, bc in classes.items())
-            raise ConfigError(
-                f"distribution_policy.boundaries.{key}: policy {policy.name} has no boundary class {key!r}; "
-                + (f"classes: {have}" if have else "its boundaries are all synchronous")
-            )
-        if mode not in BOUNDARY_MODES:
-            raise ConfigError(f"distribution_policy.boundaries.{key}={mode}: unknown boundary kind; "
-                              f"kinds: {', '.join(BOUNDARY_MODES)}")
-        if mode == "latest" and classes[key].data:
-            raise ConfigError(f"distribution_policy.boundaries.{key}=latest: a latest-value slot keeps only the newest "
-                              f"value, and every value of {key} ({classes[key].description}) must arrive: all but the "
-                              "newest would be dropped; valid: sync or fifo (a bounded queue)")
-    inference = None
-    if dp.inference is not None:
-        inf = policy.inference
-        if inf is None:
-            raise ConfigError(f"distribution_policy.inference: policy {policy.name} has no central inference; "
-                              "single_learner_fine has (env replicas served by one central actor)")
-        inference = dp.inference.model_dump(exclude_none=True)
-        clients = dp.replicas.get(inf.clients, policy.fragment(inf.clients).replicas)
-        if dp.inference.max_batch is not None and dp.inference.max_batch > clients:
-            raise ConfigError(f"distribution_policy.inference.max_batch={dp.inference.max_batch}: a batch holds the "
-                              f"requests of at most the {clients} {inf.clients} replicas "
-                              f"(distribution_policy.replicas.{inf.clients}); valid: 1..{clients}")
-        for key, mode in dp.boundaries.items():
-            bc = next(b for b in policy.boundaries if b.name == key)
-            if {bc.src, bc.dst} == {inf.server, inf.clients} and mode != "fifo":
-                raise ConfigError(f"distribution_policy.boundaries.{key}={mode}: under distribution_policy.inference "
-                                  f"the boundaries between {inf.clients} and {inf.server} are fifo queues, one per "
-                                  f"{inf.clients} replica; drop the setting or distribution_policy.inference")
-    try:
-        policy = policy.with_overrides(dp.replicas, dp.backends, dp.devices, dp.placement, dp.boundaries,
-                                       dp.queue_capacity, inference)
-    except ValueError as e:
-        raise ConfigError(f"distribution_policy.placement: {e}") from None
+    policy = policy.configured(dp.replicas, dp.backends, dp.devices, dp.placement, dp.boundaries, dp.queue_capacity,
+                               dp.inference.model_dump(exclude_none=True) if dp.inference is not None else None)
     for frag_name, problem in policy.replica_problems():
         n = policy.fragment(frag_name).replicas
         raise ConfigError(f"distribution_policy.replicas.{frag_name}={n}: {problem}")

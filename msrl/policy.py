@@ -9,7 +9,7 @@ does the rest generically.
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping
+from typing import Any, Mapping
 
 from msrl import registry
 from msrl.api import ROLES
@@ -241,6 +241,81 @@ class DistributionPolicy:
         if node.kind is not NodeKind.CALL:
             raise ValueError(f"assign() places call nodes; got {node.kind}")
         return self.fragment_of_role(node.role)
+
+    def configured(
+        self,
+        replicas: Mapping[str, int],
+        backends: Mapping[str, str],
+        devices: Mapping[str, str],
+        placement: Mapping[str, str],
+        boundaries: Mapping[str, str],
+        queue_capacity: int | None = None,
+        inference: Mapping[str, Any] | None = None,
+    ) -> "DistributionPolicy":
+        """:meth:`with_overrides` of the YAML's ``distribution_policy.*`` keys, each checked by
+        the policy that owns the rule first (the config delegates here).
+
+        Raises:
+            ConfigError: naming the key and what is valid (an unknown fragment, role or boundary
+                class; a replica count below 1; a boundary kind this class cannot take; central
+                inference on a policy without it, or a batch larger than its clients).
+        """
+        from msrl.errors import ConfigError
+
+        for key, table in (("replicas", replicas), ("backends", backends), ("devices", devices)):
+            names = [f.name for f in self.fragments]
+            for frag in table:
+                if frag not in names:
+                    raise ConfigError(
+                        f"distribution_policy.{key}.{frag}: policy {self.name} has no fragment {frag!r}; fragments: {', '.join(names)}"
+                    )
+        for frag, n in replicas.items():
+            if n < 1:
+                raise ConfigError(f"distribution_policy.replicas.{frag}: must be >= 1, got {n}")
+        for role, frag in placement.items():
+            names = [f.name for f in self.fragments]
+            if role not in ROLES:
+                raise ConfigError(f"distribution_policy.placement.{role}: unknown role {role!r}; roles: {', '.join(ROLES)}")
+            if frag not in names:
+                raise ConfigError(
+                    f"distribution_policy.placement.{role}={frag}: policy {self.name} has no fragment {frag!r}; "
+                    f"fragments: {', '.join(names)}"
+                )
+        for key, mode in boundaries.items():
+            classes = {bc.name: bc for bc in self.boundaries}
+            if key not in classes:
+                have = ", ".join(f"{n} ({bc.src} -> {bc.dst})" for n, bc in classes.items())
+                raise ConfigError(
+                    f"distribution_policy.boundaries.{key}: policy {self.name} has no boundary class {key!r}; "
+                    + (f"classes: {have}" if have else "its boundaries are all synchronous")
+                )
+            if mode not in BOUNDARY_MODES:
+                raise ConfigError(f"distribution_policy.boundaries.{key}={mode}: unknown boundary kind; "
+                                  f"kinds: {', '.join(BOUNDARY_MODES)}")
+            if mode == "latest" and classes[key].data:
+                raise ConfigError(f"distribution_policy.boundaries.{key}=latest: a latest-value slot keeps only the newest "
+                                  f"value, and every value of {key} ({classes[key].description}) must arrive: all but the "
+                                  "newest would be dropped; valid: sync or fifo (a bounded queue)")
+        if inference is not None:
+            inf = self.inference
+            if inf is None:
+                raise ConfigError(f"distribution_policy.inference: policy {self.name} has no central inference; "
+                                  "single_learner_fine has (env replicas served by one central actor)")
+            clients = replicas.get(inf.clients, self.fragment(inf.clients).replicas)
+            if inference.get("max_batch") is not None and inference["max_batch"] > clients:
+                raise ConfigError(f"distribution_policy.inference.max_batch={inference['max_batch']}: a batch holds the "
+                                  f"requests of at most the {clients} {inf.clients} replicas "
+                                  f"(distribution_policy.replicas.{inf.clients}); valid: 1..{clients}")
+            for key, mode in boundaries.items():
+                bc = next(b for b in self.boundaries if b.name == key)
+                if {bc.src, bc.dst} == {inf.server, inf.clients} and mode != "fifo":
+                    raise ConfigError(f"distribution_policy.boundaries.{key}={mode}: under distribution_policy.inference "
+                                      f"the boundaries between {inf.clients} and {inf.server} are fifo queues, one per "
+                                      f"{inf.clients} replica; drop the setting or distribution_policy.inference")
+        try:
+            return self.with_overrides(replicas, backends, devices, placement, boundaries, queue_capacity, inference)
+        except ValueError as e:
+            raise ConfigError(f"distribution_policy.placement: {e}") from None
 
     def with_overrides(
         self,
