@@ -29,6 +29,7 @@ import threading
 from typing import Any, Iterator, Mapping, Sequence
 
 import torch
+import torch.utils._pytree as pytree
 from tensordict import TensorDictBase
 
 from msrl.errors import MsrlError
@@ -98,28 +99,17 @@ def _deliver(value: Any, to: torch.device | None) -> Any:
 
 
 def tensor_leaves(value: Any) -> list[torch.Tensor]:
-    """The tensors of a tensor or a (nested) dict/list/tuple of them, in a fixed order."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in tensor_leaves(v)]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in tensor_leaves(v)]
-    return []
+    """The tensors of a boundary value -- a tensor, a TensorDict, or (nested) dicts/lists/tuples of
+    them -- in one fixed order (depth first, insertion order; a TensorDict's leaves as
+    ``torch.utils._pytree`` lists them, tensordict registering it): the one walk the all-reduce
+    and the byte counts share."""
+    return [leaf for leaf in pytree.tree_leaves(value) if isinstance(leaf, torch.Tensor)]
 
 
 def payload_bytes(value: Any) -> int:
     """The bytes of the tensors (TensorDicts included) a value holds: what crossing a boundary
-    moves, headers aside."""
-    if isinstance(value, TensorDictBase):
-        return sum(t.numel() * t.element_size() for t in value.values(include_nested=True, leaves_only=True))
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, dict):
-        return sum(payload_bytes(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return sum(payload_bytes(v) for v in value)
-    return 0
+    moves, headers aside (the tensors of :func:`tensor_leaves`)."""
+    return sum(t.numel() * t.element_size() for t in tensor_leaves(value))
 
 
 def concat(values: Sequence[Any], axis: int) -> Any:

@@ -206,3 +206,28 @@ def test_multi_learner_replicas_on_cuda_average_their_gradients():
         assert all(torch.equal(w[0][k], w[1][k]) for k in w[0])
     finally:
         job.close()
+
+
+def test_one_walk_of_boundary_values_counts_and_reduces_tensordicts():
+    """The all-reduce and the byte counts walk a value the same way: a TensorDict's tensors are
+    reduced and counted (the walk the all-reduce used skipped them)."""
+    from msrl.channels import payload_bytes, tensor_leaves
+
+    value = _value()
+    leaves = tensor_leaves(value)
+    assert [t.shape for t in leaves] == [(4, 2), (4, 3), (4,), (4,)]
+    assert payload_bytes(value) == sum(t.numel() * t.element_size() for t in leaves) == 4 * (8 + 12 + 4) + 8 * 4
+    b = _boundary("g", NodeKind.SEND)
+    hub = LocalHub([b], {"learner": 2})
+    got = {}
+
+    def reduce(r):
+        td = TensorDict({"w": torch.full((3,), float(r))}, batch_size=[])
+        got[r] = hub.endpoint("learner", r).allreduce("g", td)
+
+    import threading
+
+    threads = [threading.Thread(target=reduce, args=(r,)) for r in range(2)]
+    [t.start() for t in threads]
+    [t.join(60) for t in threads]
+    assert torch.equal(got[0]["w"], torch.full((3,), 0.5)) and torch.equal(got[1]["w"], torch.full((3,), 0.5))
