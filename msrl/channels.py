@@ -1,7 +1,8 @@
 """In-process channels: the comm ops' semantics for fragment replicas living in one process.
 
 Every generated program talks to its replica's :class:`LocalComm` endpoint. The semantics are
-those the Ray runtime implements over torch.distributed and gRPC:
+those the Ray runtime implements over torch.distributed and gRPC; the replica mapping of each
+pattern is written once, in :mod:`msrl.runtime.patterns`, which every endpoint uses:
 
 ==========  =====================================================================================
 op          semantics (``R_s`` src replicas, ``R_d`` dst replicas)
@@ -169,10 +170,12 @@ class LocalHub:
         self._reduce_parts: dict[str, dict[int, torch.Tensor]] = {}
         self._reduce_done: dict[str, tuple[int, torch.Tensor]] = {}
         self._reduce_round: dict[str, int] = {}
-        self._queues: dict[tuple[str, int], queue.Queue] = {}
+        #: (boundary, src replica, dst replica) -> what src sent dst, in order
+        self._queues: dict[tuple[str, int, int], queue.Queue] = {}
         for b in boundaries:
-            for r in range(b.dst_replicas):
-                self._queues[(b.name, r)] = queue.Queue()
+            for s in range(b.src_replicas):
+                for r in range(b.dst_replicas):
+                    self._queues[(b.name, s, r)] = queue.Queue()
         self._closed = threading.Event()
         self._reason = ""
         #: boundary -> bytes of tensors that crossed it (every replica's sends)
@@ -218,17 +221,17 @@ class LocalHub:
                 self._reduce_cond.wait(_POLL_S)
             return self._reduce_done[fragment][1].clone()
 
-    def _put(self, boundary: str, replica: int, value: Any, shard: int | None = None) -> None:
-        """Delivers ``value`` (a copy on the dst fragment's device, :func:`deliver`) to dst
-        replica ``replica``; a gathered ``shard`` travels with its src replica index."""
+    def _put(self, boundary: str, src: int, dst: int, value: Any) -> None:
+        """Delivers ``value`` from src replica ``src`` to dst replica ``dst`` (a copy on the dst
+        fragment's device, :func:`deliver`)."""
         n = payload_bytes(value)
         with self._bytes_lock:
             self.bytes[boundary] = self.bytes.get(boundary, 0) + n
-        copy = deliver(value, self.devices.get(self.boundaries[boundary].dst))
-        self._queues[(boundary, replica)].put(copy if shard is None else (shard, copy))
+        self._queues[(boundary, src, dst)].put(deliver(value, self.devices.get(self.boundaries[boundary].dst)))
 
-    def _get(self, boundary: str, replica: int) -> Any:
-        q = self._queues[(boundary, replica)]
+    def _get(self, boundary: str, src: int, dst: int) -> Any:
+        """The oldest value src replica ``src`` sent dst replica ``dst``, waiting for it."""
+        q = self._queues[(boundary, src, dst)]
         try:
             return q.get_nowait()
         except queue.Empty:
@@ -284,7 +287,8 @@ class Serving:
 
 class LocalComm(Serving):
     """One fragment replica's endpoint; generated code calls ``comm.<op>(boundary[, value])``:
-    with a value on the src side, without on the dst side (which returns the value)."""
+    with a value on the src side, without on the dst side (which returns the value). Which
+    replicas a value goes to and comes from is :mod:`msrl.runtime.patterns`' table."""
 
     def __init__(self, hub: LocalHub, fragment: str, replica: int, asynchronous: Any = None,
                  inference: Any = None) -> None:
@@ -295,43 +299,39 @@ class LocalComm(Serving):
     def _boundary(self, name: str, op: str) -> Boundary:
         return boundary_end(self.hub.boundaries, name, self.fragment)
 
+    def _op(self, name: str, value: Any) -> Any:
+        """One side of a synchronous boundary, by the pattern table: the src side sends
+        (returns ``None``), the dst side reads and combines."""
+        from msrl.runtime.patterns import combine, deliveries, shards, sources
+
+        b = self._boundary(name, "")
+        if self.fragment == b.src:
+            parts = shards(b, value)
+            for r, part in deliveries(b, self.replica):
+                self.hub._put(name, self.replica, r, value if part is None else parts[part])
+            return None
+        return combine(b, [self.hub._get(name, s, self.replica) for s in sources(b, self.replica)])
+
     def send(self, name: str, value: Any) -> None:
         """Src replica ``i`` -> dst replica ``i``."""
-        self._boundary(name, "send")
-        self.hub._put(name, self.replica, value)
+        self._op(name, value)
 
     def recv(self, name: str) -> Any:
         """Receives what src replica ``i`` sent."""
-        self._boundary(name, "recv")
-        return self.hub._get(name, self.replica)
+        return self._op(name, None)
 
     def gather(self, name: str, value: Any = None) -> Any:
         """Src side (with ``value``): contribute a shard. Dst side: returns the shards
         concatenated along the boundary's axis, replica 0 first."""
-        b = self._boundary(name, "gather")
-        if self.fragment == b.src:
-            self.hub._put(name, 0, value, shard=self.replica)
-            return None
-        shards = sorted((self.hub._get(name, self.replica) for _ in range(b.src_replicas)), key=lambda s: s[0])
-        return concat([s[1] for s in shards], b.axis if b.axis is not None else 0)
+        return self._op(name, value)
 
     def scatter(self, name: str, value: Any = None) -> Any:
         """Src side: split ``value`` over the dst replicas. Dst side: returns this replica's shard."""
-        b = self._boundary(name, "scatter")
-        if self.fragment == b.src:
-            for r, shard in enumerate(split(value, b.dst_replicas, b.axis if b.axis is not None else 0)):
-                self.hub._put(name, r, shard)
-            return None
-        return self.hub._get(name, self.replica)
+        return self._op(name, value)
 
     def broadcast(self, name: str, value: Any = None) -> Any:
         """Src side: send ``value`` to every dst replica. Dst side: returns it."""
-        b = self._boundary(name, "broadcast")
-        if self.fragment == b.src:
-            for r in range(b.dst_replicas):
-                self.hub._put(name, r, value)
-            return None
-        return self.hub._get(name, self.replica)
+        return self._op(name, value)
 
     def put(self, name: str, value: Any) -> None:
         """Asynchronous boundary, src side: queue or publish ``value`` (see

@@ -3,7 +3,7 @@ kinds"), with the semantics every transport shares.
 
 A boundary of kind ``fifo`` or ``latest`` is ``put`` on its src side and ``get`` on its dst
 side. Values combine between the replica counts as the boundary's collective (its ``pattern``)
-would combine them synchronously:
+would combine them synchronously (the one table of :mod:`msrl.runtime.patterns`):
 
 ==========  ==========================================================================
 pattern     what ``put`` sends, and what ``get`` returns
@@ -44,10 +44,10 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import torch
 
-from msrl.channels import ChannelClosed, concat, copy_value, deliver, payload_bytes, split
-from msrl.graph import NodeKind
+from msrl.channels import ChannelClosed, copy_value, deliver, payload_bytes
 from msrl.partition import boundary_end
 from msrl.runtime.generators import BATON
+from msrl.runtime.patterns import combine, deliveries, shards, sources
 
 __all__ = ["ChannelClosed", "Item", "Mailbox", "AsyncTransport", "AsyncEndpoint", "LocalTransport"]
 
@@ -285,19 +285,8 @@ class AsyncEndpoint:
             ChannelClosed, TimeoutError: a full queue stayed full (``fifo`` only).
         """
         b = self._get_boundary(name)
-        p = b.pattern
-        if p is NodeKind.SCATTER:
-            if self.replica != 0:
-                return  # replica 0 scatters (as the synchronous scatter)
-            targets = list(enumerate(split(value, b.dst_replicas, b.axis if b.axis is not None else 0)))
-        elif p is NodeKind.BROADCAST:
-            if self.replica != 0:
-                return
-            targets = [(r, value) for r in range(b.dst_replicas)]
-        elif p is NodeKind.GATHER:
-            targets = [(0, value)]
-        else:
-            targets = [(self.replica, value)]
+        parts = shards(b, value)  # the replica mapping: msrl.runtime.patterns' table
+        targets = [(r, value if part is None else parts[part]) for r, part in deliveries(b, self.replica)]
         if b.mode == "fifo":
             versions = dict(self.read_versions)
             items: dict[int, Item] = {}  # one item per distinct value: a broadcast's is shared
@@ -318,8 +307,7 @@ class AsyncEndpoint:
         """
         b = self._get_boundary(name)
         self._flush()  # what this replica holds leaves before it waits
-        producers = range(b.src_replicas) if b.pattern is NodeKind.GATHER else (
-            [self.replica] if b.pattern in (NodeKind.SEND, NodeKind.RECV) else [0])
+        producers = sources(b, self.replica)
         if b.mode == "fifo":
             values = []
             for p in producers:
@@ -332,9 +320,7 @@ class AsyncEndpoint:
             got = [self.mailbox.newest(name, p) for p in producers]
             self.read_versions[name] = min(v for v, _ in got)
             values = [copy_value(v) for _, v in got]  # a slot may be read again: the reader owns its copy
-        if b.pattern is NodeKind.GATHER:
-            return concat(values, b.axis if b.axis is not None else 0)
-        return values[0]
+        return combine(b, values)
 
     def take_from(self, name: str, producer: int, cancel: threading.Event | None = None) -> Any:
         """Dst side of a ``fifo`` boundary, one producer only (central inference serves each

@@ -41,9 +41,10 @@ from typing import Any, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from msrl.channels import Serving, concat, split, tensor_leaves
+from msrl.channels import Serving, tensor_leaves
 from msrl.partition import Boundary, boundary_end
 from msrl.runtime.codec import MAX_MESSAGE, CodecError, decode, decode_parts, encode, encode_parts, payload_size
+from msrl.runtime.patterns import combine, deliveries, shards, sources
 
 __all__ = ["DistComm", "grow_size"]
 
@@ -264,8 +265,23 @@ class DistComm(Serving):
             return self._send_op(name, value)
 
     def _send_op(self, name: str, value: Any) -> None:
+        self._op(name, value)
+
+    def _op(self, name: str, value: Any) -> Any:
+        """One side of a synchronous boundary, by the pattern table (:mod:`msrl.runtime.patterns`):
+        the src side encodes and posts (a value for several replicas is encoded once), the dst
+        side takes and combines."""
         b = self._boundary(name)
-        self._post(name, b.dst, self.replica, self._prepare(value, b.dst, (name, b.dst, self.replica)))
+        if self.fragment == b.src:
+            parts = shards(b, value)
+            routes = deliveries(b, self.replica)
+            once = self._prepare(value, b.dst) if parts is None and len(routes) > 1 else None  # encoded once
+            for r, part in routes:
+                message = once if once is not None else self._prepare(value if part is None else parts[part], b.dst,
+                                                                      (name, b.dst, r))
+                self._post(name, b.dst, r, message)
+            return None
+        return combine(b, [self._take(name, b.src, s) for s in sources(b, self.replica)])
 
     def recv(self, name: str) -> Any:
         """Receives what src replica ``i`` sent."""
@@ -273,8 +289,7 @@ class DistComm(Serving):
             return self._recv_op(name)
 
     def _recv_op(self, name: str) -> Any:
-        b = self._boundary(name)
-        return self._take(name, b.src, self.replica)
+        return self._op(name, None)
 
     def gather(self, name: str, value: Any = None) -> Any:
         """Src side (with ``value``): contribute a shard. Dst side: returns the shards
@@ -283,12 +298,7 @@ class DistComm(Serving):
             return self._gather(name, value)
 
     def _gather(self, name: str, value: Any = None) -> Any:
-        b = self._boundary(name)
-        if self.fragment == b.src:
-            self._post(name, b.dst, 0, self._prepare(value, b.dst, (name, b.dst, 0)))
-            return None
-        shards = [self._take(name, b.src, r) for r in range(b.src_replicas)]
-        return concat(shards, b.axis if b.axis is not None else 0)
+        return self._op(name, value)
 
     def scatter(self, name: str, value: Any = None) -> Any:
         """Src side: split ``value`` over the dst replicas. Dst side: returns this replica's shard."""
@@ -296,12 +306,7 @@ class DistComm(Serving):
             return self._scatter(name, value)
 
     def _scatter(self, name: str, value: Any = None) -> Any:
-        b = self._boundary(name)
-        if self.fragment == b.src:
-            for r, shard in enumerate(split(value, b.dst_replicas, b.axis if b.axis is not None else 0)):
-                self._post(name, b.dst, r, self._prepare(shard, b.dst, (name, b.dst, r)))
-            return None
-        return self._take(name, b.src, 0)
+        return self._op(name, value)
 
     def broadcast(self, name: str, value: Any = None) -> Any:
         """Src side: send ``value`` to every dst replica. Dst side: returns it."""
@@ -309,13 +314,7 @@ class DistComm(Serving):
             return self._broadcast(name, value)
 
     def _broadcast(self, name: str, value: Any = None) -> Any:
-        b = self._boundary(name)
-        if self.fragment == b.src:
-            message = self._prepare(value, b.dst)  # encoded once
-            for r in range(b.dst_replicas):
-                self._post(name, b.dst, r, message)
-            return None
-        return self._take(name, b.src, 0)
+        return self._op(name, value)
 
     def put(self, name: str, value: Any) -> None:
         """Asynchronous boundary, src side: queue or publish ``value`` over gRPC (see
