@@ -38,7 +38,7 @@ from msrl.partition import Boundary, boundary_end
 from msrl.runtime.generators import BATON
 
 __all__ = ["ChannelClosed", "LocalHub", "LocalComm", "Serving", "concat", "split", "copy_value", "deliver",
-           "move_tensor", "tensor_leaves", "payload_bytes"]
+           "move_tensor", "tensor_leaves", "reduce_leaves", "payload_bytes"]
 
 _POLL_S = 0.05
 
@@ -105,6 +105,22 @@ def tensor_leaves(value: Any) -> list[torch.Tensor]:
     ``torch.utils._pytree`` lists them, tensordict registering it): the one walk the all-reduce
     and the byte counts share."""
     return [leaf for leaf in pytree.tree_leaves(value) if isinstance(leaf, torch.Tensor)]
+
+
+def reduce_leaves(value: Any, reduce_flat: Any) -> Any:
+    """An all-reduce's flatten and copy-back, written once for every endpoint: the tensors of
+    ``value`` (:func:`tensor_leaves`, one dtype) are concatenated into one flat buffer,
+    ``reduce_flat(flat)`` returns the reduced buffer (the mean over the replicas), and its slices
+    are copied back into ``value``'s tensors, which is returned."""
+    tensors = tensor_leaves(value)
+    if not tensors:
+        return value
+    flat = reduce_flat(torch.cat([t.detach().reshape(-1) for t in tensors]))
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()
+    return value
 
 
 def payload_bytes(value: Any) -> int:
@@ -348,18 +364,15 @@ class LocalComm(Serving):
         """The mean over this fragment's replicas of ``value`` (a tensor, or a list/tuple/dict
         of tensors of one dtype), written into ``value``'s tensors and returned; every replica
         gets the same bits."""
-        tensors = tensor_leaves(value)
-        if not tensors or self.hub.fragment_replicas.get(self.fragment, 1) == 1:
+        if self.hub.fragment_replicas.get(self.fragment, 1) == 1:
             return value
-        flat = torch.cat([t.detach().reshape(-1) for t in tensors])
-        with self.hub._bytes_lock:  # what this replica contributes, as a send counts what it sends
-            self.hub.bytes[name] = self.hub.bytes.get(name, 0) + flat.numel() * flat.element_size()
-        flat = self.hub._allreduce(self.fragment, self.replica, flat)
-        offset = 0
-        for t in tensors:
-            t.copy_(flat[offset:offset + t.numel()].view_as(t))
-            offset += t.numel()
-        return value
+
+        def reduce_flat(flat: torch.Tensor) -> torch.Tensor:
+            with self.hub._bytes_lock:  # what this replica contributes, as a send counts what it sends
+                self.hub.bytes[name] = self.hub.bytes.get(name, 0) + flat.numel() * flat.element_size()
+            return self.hub._allreduce(self.fragment, self.replica, flat)
+
+        return reduce_leaves(value, reduce_flat)
 
     def flush(self) -> None:
         """Nothing to wait for: in-process puts complete at once."""

@@ -41,7 +41,7 @@ from typing import Any, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from msrl.channels import Serving, tensor_leaves
+from msrl.channels import Serving, reduce_leaves, tensor_leaves
 from msrl.partition import Boundary, boundary_end
 from msrl.runtime.codec import MAX_MESSAGE, CodecError, decode, decode_parts, encode, encode_parts, payload_size
 from msrl.runtime.patterns import combine, deliveries, shards, sources
@@ -361,24 +361,22 @@ class DistComm(Serving):
             self.asynchronous.transport.close()
 
     def _allreduce(self, name: str, value: Any = None) -> Any:
-        tensors = tensor_leaves(value)
-        if not tensors:
+        if not tensor_leaves(value):
             return value
         self.flush_async()
         world = dist.get_world_size(self.fragment_group) if self.fragment_group is not None else 1
         if world == 1:
             return value
-        flat = torch.cat([t.reshape(-1) for t in tensors])
-        if self.local_group is not None and flat.device.type == "cpu":
-            self.local_group.allreduce_(flat)
-        else:
-            dist.all_reduce(flat, group=self.fragment_group)
-        flat /= world
-        offset = 0
-        for t in tensors:
-            t.copy_(flat[offset:offset + t.numel()].view_as(t))
-            offset += t.numel()
-        return value
+
+        def reduce_flat(flat: torch.Tensor) -> torch.Tensor:
+            if self.local_group is not None and flat.device.type == "cpu":
+                self.local_group.allreduce_(flat)
+            else:
+                dist.all_reduce(flat, group=self.fragment_group)
+            flat /= world
+            return flat
+
+        return reduce_leaves(value, reduce_flat)
 
 
 
