@@ -48,10 +48,10 @@ import struct
 import tempfile
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from msrl.channels import ChannelClosed
-from msrl.cluster.grpc_transport import _CREDIT, CREDIT, FORMAT, MAGIC, GrpcTransport, TransportError, deliver_frame
+from msrl.cluster.frames import _CREDIT, CREDIT, FORMAT, MAGIC, StreamTransport, TransportError, deliver_frame
 from msrl.cluster.refusals import Refusals
 from msrl.runtime.asynchronous import Mailbox
 from msrl.runtime.codec import CodecError
@@ -606,13 +606,20 @@ class UdsStream:
         self.sock.close()
 
 
-class ProcessTransport(GrpcTransport):
-    """A producer replica's side of every asynchronous boundary between processes: a
-    :class:`UdsStream` to each consumer whose address is ``unix:/path`` (same machine), a gRPC
-    stream to each at ``host:port``. Arguments, attributes and errors are
-    :class:`~msrl.cluster.grpc_transport.GrpcTransport`'s (``tls`` applies to the gRPC streams)."""
+def _stream_for(transport: StreamTransport, target: str) -> Any:
+    """A :class:`UdsStream` to a ``unix:/path`` consumer (same machine), a gRPC stream to ``host:port``."""
+    if target.startswith("unix:"):
+        return UdsStream(transport, target[len("unix:"):])
+    from msrl.cluster.grpc_transport import _Stream
 
-    def _open_stream(self, target: str) -> Any:
-        if target.startswith("unix:"):
-            return UdsStream(self, target[len("unix:"):])
-        return super()._open_stream(target)
+    return _Stream(transport, target)
+
+
+def ProcessTransport(boundaries: Sequence[Any], fragment: str, replica: int,  # noqa: N802
+                     addresses: Mapping[tuple[str, int], str], token: str, **kwargs: Any) -> StreamTransport:
+    """A producer replica's side of every asynchronous boundary between processes: a
+    :class:`~msrl.cluster.frames.StreamTransport` with a :class:`UdsStream` to each consumer whose
+    address is ``unix:/path`` (same machine) and a gRPC stream to each at ``host:port`` (peers:
+    neither is a kind of the other). Arguments and errors are ``StreamTransport``'s (``tls``
+    applies to the gRPC streams)."""
+    return StreamTransport(boundaries, fragment, replica, addresses, token, open_stream=_stream_for, **kwargs)

@@ -36,6 +36,7 @@ from tensordict import TensorDictBase
 from msrl.errors import MsrlError
 from msrl.partition import Boundary, boundary_end
 from msrl.runtime.generators import BATON
+from msrl.runtime.patterns import combine, concat, deliveries, shards, sources, split  # noqa: F401 - concat, split re-exported
 
 __all__ = ["ChannelClosed", "LocalHub", "LocalComm", "Serving", "concat", "split", "copy_value", "deliver",
            "move_tensor", "tensor_leaves", "reduce_leaves", "payload_bytes"]
@@ -127,43 +128,6 @@ def payload_bytes(value: Any) -> int:
     """The bytes of the tensors (TensorDicts included) a value holds: what crossing a boundary
     moves, headers aside (the tensors of :func:`tensor_leaves`)."""
     return sum(t.numel() * t.element_size() for t in tensor_leaves(value))
-
-
-def concat(values: Sequence[Any], axis: int) -> Any:
-    """Concatenates replicas' shards along ``axis`` (tensors, TensorDicts, nested containers).
-
-    Raises:
-        TypeError: a leaf that is neither a tensor nor a TensorDict.
-    """
-    first = values[0]
-    if isinstance(first, (torch.Tensor, TensorDictBase)):
-        return torch.cat(list(values), dim=axis)
-    if isinstance(first, dict):
-        return {k: concat([v[k] for v in values], axis) for k in first}
-    if isinstance(first, (list, tuple)):
-        return type(first)(concat([v[i] for v in values], axis) for i in range(len(first)))
-    raise TypeError(f"cannot concatenate {type(first).__name__} values along the env axis")
-
-
-def split(value: Any, parts: int, axis: int) -> list[Any]:
-    """Splits ``value`` into ``parts`` equal shards along ``axis``: views of ``value`` (the
-    transport that delivers a shard makes the receiver's copy, :func:`deliver` or a codec).
-
-    Raises:
-        ValueError: the axis size is not divisible by ``parts``.
-    """
-    if isinstance(value, (torch.Tensor, TensorDictBase)):
-        size = value.shape[axis] if isinstance(value, torch.Tensor) else value.batch_size[axis]
-        if size % parts:
-            raise ValueError(f"cannot scatter {size} envs over {parts} replicas")
-        return list(torch.chunk(value, parts, dim=axis))
-    if isinstance(value, dict):
-        shards = {k: split(v, parts, axis) for k, v in value.items()}
-        return [{k: s[i] for k, s in shards.items()} for i in range(parts)]
-    if isinstance(value, (list, tuple)):
-        shards_l = [split(v, parts, axis) for v in value]
-        return [type(value)(s[i] for s in shards_l) for i in range(parts)]
-    raise TypeError(f"cannot scatter a {type(value).__name__} along the env axis")
 
 
 class LocalHub:
@@ -318,8 +282,6 @@ class LocalComm(Serving):
     def _op(self, name: str, value: Any) -> Any:
         """One side of a synchronous boundary, by the pattern table: the src side sends
         (returns ``None``), the dst side reads and combines."""
-        from msrl.runtime.patterns import combine, deliveries, shards, sources
-
         b = self._boundary(name, "")
         if self.fragment == b.src:
             parts = shards(b, value)

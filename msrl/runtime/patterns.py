@@ -20,11 +20,51 @@ broadcast   (replica 0) its value to every   src 0                     it
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
+
+import torch
+from tensordict import TensorDictBase
 
 from msrl.graph import NodeKind
 
-__all__ = ["deliveries", "sources", "combine", "shards"]
+__all__ = ["deliveries", "sources", "combine", "shards", "concat", "split"]
+
+
+def concat(values: Sequence[Any], axis: int) -> Any:
+    """Concatenates replicas' shards along ``axis`` (tensors, TensorDicts, nested containers).
+
+    Raises:
+        TypeError: a leaf that is neither a tensor nor a TensorDict.
+    """
+    first = values[0]
+    if isinstance(first, (torch.Tensor, TensorDictBase)):
+        return torch.cat(list(values), dim=axis)
+    if isinstance(first, dict):
+        return {k: concat([v[k] for v in values], axis) for k in first}
+    if isinstance(first, (list, tuple)):
+        return type(first)(concat([v[i] for v in values], axis) for i in range(len(first)))
+    raise TypeError(f"cannot concatenate {type(first).__name__} values along the env axis")
+
+
+def split(value: Any, parts: int, axis: int) -> list[Any]:
+    """Splits ``value`` into ``parts`` equal shards along ``axis``: views of ``value`` (the
+    transport that delivers a shard makes the receiver's copy, :func:`deliver` or a codec).
+
+    Raises:
+        ValueError: the axis size is not divisible by ``parts``.
+    """
+    if isinstance(value, (torch.Tensor, TensorDictBase)):
+        size = value.shape[axis] if isinstance(value, torch.Tensor) else value.batch_size[axis]
+        if size % parts:
+            raise ValueError(f"cannot scatter {size} envs over {parts} replicas")
+        return list(torch.chunk(value, parts, dim=axis))
+    if isinstance(value, dict):
+        shards = {k: split(v, parts, axis) for k, v in value.items()}
+        return [{k: s[i] for k, s in shards.items()} for i in range(parts)]
+    if isinstance(value, (list, tuple)):
+        shards_l = [split(v, parts, axis) for v in value]
+        return [type(value)(s[i] for s in shards_l) for i in range(parts)]
+    raise TypeError(f"cannot scatter a {type(value).__name__} along the env axis")
 
 
 def _pattern(boundary: Any) -> NodeKind:
@@ -67,8 +107,6 @@ def shards(boundary: Any, value: Any) -> list[Any] | None:
     ``None`` for the other patterns (the whole value travels)."""
     if _pattern(boundary) is not NodeKind.SCATTER:
         return None
-    from msrl.channels import split
-
     return split(value, boundary.dst_replicas, boundary.axis if boundary.axis is not None else 0)
 
 
@@ -76,7 +114,5 @@ def combine(boundary: Any, values: list[Any]) -> Any:
     """What dst replica gets from the values it read (in :func:`sources` order): a gather's
     concatenation along the boundary's axis, else the one value."""
     if _pattern(boundary) is NodeKind.GATHER:
-        from msrl.channels import concat
-
         return concat(values, boundary.axis if boundary.axis is not None else 0)
     return values[0]
