@@ -51,7 +51,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 from msrl.channels import ChannelClosed
-from msrl.cluster.frames import _CREDIT, CREDIT, FORMAT, MAGIC, StreamTransport, TransportError, deliver_frame
+from msrl.cluster.frames import CREDIT, CREDIT_FRAME, FORMAT, MAGIC, StreamTransport, TransportError, deliver_frame
 from msrl.cluster.refusals import Refusals
 from msrl.runtime.asynchronous import Mailbox
 from msrl.runtime.codec import CodecError
@@ -377,7 +377,7 @@ class UdsServer:
             c = self._conns.get((self.boundaries[tag].src, producer))
             if c is None:
                 return False
-            c.out += _message(_CREDIT.pack(MAGIC, FORMAT, CREDIT, tag, 1))
+            c.out += _message(CREDIT_FRAME.pack(MAGIC, FORMAT, CREDIT, tag, 1))
             self._send_credits(c)
         return True
 
@@ -458,9 +458,9 @@ class UdsStream:
             for body in bodies:
                 if len(body) >= 6 and body[:4] == MAGIC and body[4] == FORMAT and body[5] == REFUSED:
                     return self._broken(body[6:].decode(errors="replace"), retry=False)
-                if len(body) != _CREDIT.size:
+                if len(body) != CREDIT_FRAME.size:
                     return self._broken(f"a response of {len(body)} bytes from {self.target}", retry=False)
-                magic, fmt, kind, tag, count = _CREDIT.unpack(body)
+                magic, fmt, kind, tag, count = CREDIT_FRAME.unpack(body)
                 if magic != MAGIC or fmt != FORMAT or kind != CREDIT:
                     return self._broken(f"a malformed credit from {self.target}", retry=False)
                 self.in_flight[tag] = max(0, self.in_flight.get(tag, 0) - count)
