@@ -276,13 +276,13 @@ class LocalComm(Serving):
         self.asynchronous = asynchronous
         self.inference = inference
 
-    def _boundary(self, name: str, op: str) -> Boundary:
+    def _boundary(self, name: str) -> Boundary:
         return boundary_end(self.hub.boundaries, name, self.fragment)
 
     def _op(self, name: str, value: Any) -> Any:
         """One side of a synchronous boundary, by the pattern table: the src side sends
         (returns ``None``), the dst side reads and combines."""
-        b = self._boundary(name, "")
+        b = self._boundary(name)
         if self.fragment == b.src:
             parts = shards(b, value)
             for r, part in deliveries(b, self.replica):
@@ -314,12 +314,12 @@ class LocalComm(Serving):
     def put(self, name: str, value: Any) -> None:
         """Asynchronous boundary, src side: queue or publish ``value`` (see
         :meth:`msrl.runtime.asynchronous.AsyncEndpoint.put`)."""
-        self._boundary(name, "put")
+        self._boundary(name)
         self.asynchronous.put(name, value)
 
     def get(self, name: str) -> Any:
         """Asynchronous boundary, dst side (see :meth:`msrl.runtime.asynchronous.AsyncEndpoint.get`)."""
-        self._boundary(name, "get")
+        self._boundary(name)
         return self.asynchronous.get(name)
 
     def allreduce(self, name: str, value: Any = None) -> Any:

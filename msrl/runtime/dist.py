@@ -262,10 +262,7 @@ class DistComm(Serving):
     def send(self, name: str, value: Any) -> None:
         """Src replica ``i`` -> dst replica ``i``."""
         with _Timer(self, "send"):
-            return self._send_op(name, value)
-
-    def _send_op(self, name: str, value: Any) -> None:
-        self._op(name, value)
+            return self._op(name, value)
 
     def _op(self, name: str, value: Any) -> Any:
         """One side of a synchronous boundary, by the pattern table (:mod:`msrl.runtime.patterns`):
@@ -286,35 +283,23 @@ class DistComm(Serving):
     def recv(self, name: str) -> Any:
         """Receives what src replica ``i`` sent."""
         with _Timer(self, "recv"):
-            return self._recv_op(name)
-
-    def _recv_op(self, name: str) -> Any:
-        return self._op(name, None)
+            return self._op(name, None)
 
     def gather(self, name: str, value: Any = None) -> Any:
         """Src side (with ``value``): contribute a shard. Dst side: returns the shards
         concatenated along the boundary's axis, replica 0 first."""
         with _Timer(self, "gather"):
-            return self._gather(name, value)
-
-    def _gather(self, name: str, value: Any = None) -> Any:
-        return self._op(name, value)
+            return self._op(name, value)
 
     def scatter(self, name: str, value: Any = None) -> Any:
         """Src side: split ``value`` over the dst replicas. Dst side: returns this replica's shard."""
         with _Timer(self, "scatter"):
-            return self._scatter(name, value)
-
-    def _scatter(self, name: str, value: Any = None) -> Any:
-        return self._op(name, value)
+            return self._op(name, value)
 
     def broadcast(self, name: str, value: Any = None) -> Any:
         """Src side: send ``value`` to every dst replica. Dst side: returns it."""
         with _Timer(self, "broadcast"):
-            return self._broadcast(name, value)
-
-    def _broadcast(self, name: str, value: Any = None) -> Any:
-        return self._op(name, value)
+            return self._op(name, value)
 
     def put(self, name: str, value: Any) -> None:
         """Asynchronous boundary, src side: queue or publish ``value`` over gRPC (see
