@@ -3,8 +3,8 @@ Learning", Algorithm S3, in its synchronous form), as Stable-Baselines3's ``A2C`
 short rollouts of every env, n-step returns bootstrapped from the critic (GAE with
 ``lambda = 1``), one RMSprop step on policy loss, value loss and entropy bonus per rollout.
 
-The actor-critic network, the rollout actor, the rollout buffer and the trainer's loop body
-are PPO's (:mod:`msrl.algorithms.ppo`); this file holds A2C's hyperparameters and learner.
+The actor-critic network, the rollout actor and the rollout buffer are PPO's
+(:mod:`msrl.components`); this file holds A2C's hyperparameters, learner and loop body.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import torch
 from tensordict import TensorDict
 
 from msrl.advantages import gae
-from msrl.algorithms.ppo import ActorCritic, PPOActor, PPOTrainer, RolloutBuffer, build_actor_critic
 from msrl.api import (
     AlgorithmSpec,
     BuildContext,
@@ -26,8 +25,10 @@ from msrl.api import (
     NonNegativeFloat,
     PositiveFloat,
     PositiveInt,
+    Trainer,
     UnitInterval,
 )
+from msrl.components import ActorCritic, PPOActor, RolloutBuffer, build_actor_critic
 
 __all__ = ["A2CConfig", "A2CLearner", "A2CTrainer", "ALGORITHM"]
 
@@ -136,9 +137,35 @@ class A2CLearner(Learner):
         self.iteration = int(state["iteration"])
 
 
-class A2CTrainer(PPOTrainer):
-    """A2C's loop body is PPO's: a rollout of ``num_steps`` steps, one learner update, weight
-    sync (see :meth:`PPOTrainer.train_step`); only the learner differs."""
+class A2CTrainer(Trainer):
+    """A2C's loop body (PPO's, as SB3's ``OnPolicyAlgorithm`` shares it): a rollout of
+    ``num_steps`` steps, one learner update, weight sync."""
+
+    def reset(self) -> None:
+        """First observations, and the learner's initial weights to the actor."""
+        self.obs = self.env.reset(seed=self.seed)
+        self.actor.set_weights(self.learner.get_weights())
+
+    def train_step(self) -> dict[str, float]:
+        """Rollout of ``num_steps`` steps, one learner update, weight sync; returns the metrics."""
+        for _step in range(self.hparams.num_steps):
+            action, log_prob, value = self.actor.act(self.obs)
+            next_obs, reward, terminated, truncated, info = self.env.step(action)
+            self.buffer.insert(
+                obs=self.obs,
+                action=action,
+                log_prob=log_prob,
+                value=value,
+                reward=reward,
+                terminated=terminated,
+                truncated=truncated,
+                next_obs=info["final_obs"],
+            )
+            self.obs = next_obs
+        trajectory = self.buffer.gather()
+        metrics = self.learner.learn(trajectory)
+        self.actor.set_weights(self.learner.get_weights())
+        return metrics
 
 
 ALGORITHM = AlgorithmSpec(

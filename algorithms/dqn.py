@@ -3,11 +3,12 @@ learning", Nature 518:529-533), as CleanRL's ``dqn.py`` and Stable-Baselines3's 
 it, with double Q-learning as an option (van Hasselt et al. 2016, "Deep Reinforcement Learning
 with Double Q-learning", Eq. 4).
 
-Read top to bottom: hyperparameters, the Q-network, the actor (epsilon-greedy), the replay
-buffer, the learner (TD target from a target network, Huber loss, gradient-norm clipping,
-Polyak/hard target update), and the trainer whose ``train_step`` msrl traces. Its decisions --
-the epsilon schedule, when learning starts, when the target network is synced -- are ordinary
-``if``s on step counters: control values every fragment computes identically.
+Read top to bottom: hyperparameters, the Q-network, the actor (epsilon-greedy), the learner
+(TD target from a target network, Huber loss, gradient-norm clipping, Polyak/hard target
+update), and the trainer whose ``train_step`` msrl traces; the replay buffer is
+:class:`msrl.components.ReplayBuffer`, shared with SAC. Its decisions -- the epsilon schedule,
+when learning starts, when the target network is synced -- are ordinary ``if``s on step
+counters: control values every fragment computes identically.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from torch import nn
 from msrl.api import (
     Actor,
     AlgorithmSpec,
-    Buffer,
     BuildContext,
     Fraction,
     LayerSizes,
@@ -36,8 +36,8 @@ from msrl.api import (
     PositiveInt,
     Trainer,
     UnitInterval,
-    returns,
 )
+from msrl.components import ReplayBuffer
 
 __all__ = ["DQNConfig", "QNetwork", "DQNActor", "ReplayBuffer", "DQNLearner", "DQNTrainer", "ALGORITHM"]
 
@@ -155,92 +155,6 @@ class DQNActor(Actor):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.q.load_state_dict(state["q"])
-        self.generator.set_state(state["generator"])
-
-
-class ReplayBuffer(Buffer):
-    """A circular replay buffer of ``buffer_size`` transitions, preallocated on first insert.
-
-    Keys: ``obs``/``next_obs`` ``(*obs_shape)`` float32, ``action`` ``(*action_shape)`` (int64
-    for Discrete, float32 for Box), ``reward`` float32, ``terminated`` bool. It takes however
-    many envs' rows each insert brings, so it serves one actor replica or, placed beside the
-    learner, every replica's gathered transitions. Samples are drawn uniformly with the
-    buffer's own generator (seeded ``ctx.seed + 2``).
-    """
-
-    KEYS = ("obs", "action", "reward", "next_obs", "terminated")
-
-    def __init__(self, ctx: BuildContext) -> None:
-        self.capacity, self.batch_size = ctx.hparams.buffer_size, ctx.hparams.batch_size
-        self.device = ctx.device
-        self.storage: TensorDict | None = None
-        self.pos, self.size = 0, 0
-        self.generator = torch.Generator(device=ctx.device)
-        self.generator.manual_seed(ctx.seed + 2)
-
-    def insert(self, **step: torch.Tensor) -> None:
-        """Stores one step of ``N`` transitions (each tensor ``(N, ...)``, keys exactly
-        :attr:`KEYS`), overwriting the oldest when full.
-
-        Raises:
-            KeyError: missing or unknown keys.
-        """
-        if set(step) != set(self.KEYS):
-            raise KeyError(f"{type(self).__name__}.insert takes exactly {self.KEYS}, got {sorted(step)}")
-        n = step["obs"].shape[0]
-        if self.storage is None:
-            self.storage = TensorDict(
-                {k: torch.zeros(self.capacity, *v.shape[1:], dtype=v.dtype, device=self.device) for k, v in step.items()},
-                batch_size=[self.capacity],
-                device=self.device,
-            )
-        columns = self.storage.to_dict()  # the storage's own tensors (no copies)
-        if self.pos + n <= self.capacity:  # one contiguous run of rows: slices, not an index tensor
-            for k, v in step.items():
-                columns[k][self.pos:self.pos + n] = v
-        else:
-            idx = (self.pos + torch.arange(n, device=self.device)) % self.capacity
-            for k, v in step.items():
-                columns[k][idx] = v
-        self.pos = (self.pos + n) % self.capacity
-        self.size = min(self.size + n, self.capacity)
-
-    @returns("batch")
-    def sample(self) -> TensorDict:
-        """``batch_size`` transitions drawn uniformly with replacement: a TensorDict of batch
-        size ``(batch_size,)``. Gathered from several replicas, the samples concatenate.
-
-        Raises:
-            RuntimeError: the buffer is empty.
-        """
-        return self._draw((self.batch_size,))
-
-    @returns("batch", axis=1)
-    def sample_many(self, num_batches: int) -> TensorDict:
-        """``num_batches`` minibatches of ``batch_size`` transitions at once, each drawn as
-        :meth:`sample` draws (uniformly, with replacement): a TensorDict of batch size
-        ``(num_batches, batch_size)``, indexed with one gather instead of ``num_batches``.
-        Gathered from several replicas, minibatch ``k`` concatenates every replica's ``k``-th.
-
-        Raises:
-            RuntimeError: the buffer is empty.
-            ValueError: ``num_batches`` is not a positive int.
-        """
-        if isinstance(num_batches, bool) or not isinstance(num_batches, int) or num_batches < 1:
-            raise ValueError(f"{type(self).__name__}.sample_many: num_batches must be a positive int, got {num_batches!r}")
-        return self._draw((num_batches, self.batch_size))
-
-    def _draw(self, shape: tuple[int, ...]) -> TensorDict:
-        if self.storage is None or self.size == 0:
-            raise RuntimeError(f"{type(self).__name__} is empty; learning must start after some steps")
-        idx = torch.randint(self.size, shape, generator=self.generator, device=self.device)
-        return self.storage[idx]
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"storage": self.storage, "pos": self.pos, "size": self.size, "generator": self.generator.get_state()}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.storage, self.pos, self.size = state["storage"], int(state["pos"]), int(state["size"])
         self.generator.set_state(state["generator"])
 
 

@@ -5,7 +5,7 @@ msrl's Tag (taggers and runners).
 
 Every agent of type ``k`` acts with the type's actor and is valued by the type's critic from its
 own observation; agent types come from the env (they change from game to game in Tag). The
-update is PPO's (:class:`msrl.algorithms.ppo.PPOLearner`): GAE per agent, the clipped surrogate,
+update is PPO's (:class:`msrl.components.PPOLearner`): GAE per agent, the clipped surrogate,
 value loss, entropy bonus, epochs of shuffled minibatches over all agent-steps.
 
 MultiDiscrete actions (Tag: acceleration index, turn index) are independent Categoricals, one
@@ -24,15 +24,16 @@ from tensordict import TensorDict
 from torch import nn
 
 from msrl.advantages import gae
-from msrl.algorithms.ppo import PPOActor, PPOConfig, PPOLearner, RolloutBuffer, _mlp, categorical_log_prob_entropy, sample_categorical
 from msrl.api import AlgorithmSpec, BuildContext, NonNegativeInt, PositiveInt, Trainer
+from msrl.components import PPOActor, PPOConfig, PPOLearner, RolloutBuffer, categorical_log_prob_entropy, mlp, sample_categorical
 
-__all__ = ["MAPPOConfig", "TypedActorCritic", "MAPPOActor", "MultiAgentRolloutBuffer", "MAPPOLearner", "MAPPOTrainer", "ALGORITHM"]
+__all__ = ["MultiAgentPPOConfig", "TypedActorCritic", "MultiAgentPPOActor", "MultiAgentRolloutBuffer", "MultiAgentPPOLearner",
+           "MultiAgentPPOTrainer", "ALGORITHM"]
 
 
 @dataclasses.dataclass
-class MAPPOConfig(PPOConfig):
-    """PPO's hyperparameters (see :class:`msrl.algorithms.ppo.PPOConfig`) plus the number of agent
+class MultiAgentPPOConfig(PPOConfig):
+    """PPO's hyperparameters (see :class:`msrl.components.PPOConfig`) plus the number of agent
     types."""
 
     num_agent_types: PositiveInt = 2
@@ -67,8 +68,8 @@ class TypedActorCritic(nn.Module):
             raise ValueError(f"multi-agent PPO needs a MultiDiscrete action space, got {action_space}")
         obs_dim = int(np.prod(observation_space.shape))
         self.nvec = [int(n) for n in action_space.nvec]
-        self.actors = nn.ModuleList(_mlp(obs_dim, hidden_sizes, sum(self.nvec), out_std=0.01) for _ in range(num_types))
-        self.critics = nn.ModuleList(_mlp(obs_dim, hidden_sizes, 1, out_std=1.0) for _ in range(num_types))
+        self.actors = nn.ModuleList(mlp(obs_dim, hidden_sizes, sum(self.nvec), out_std=0.01) for _ in range(num_types))
+        self.critics = nn.ModuleList(mlp(obs_dim, hidden_sizes, 1, out_std=1.0) for _ in range(num_types))
 
     def _by_type(self, nets: nn.ModuleList, obs: torch.Tensor, agent_type: torch.Tensor) -> torch.Tensor:
         """Each row through its type's network: ``(B, D), (B,) -> (B, out)``."""
@@ -103,9 +104,9 @@ def _build_net(ctx: BuildContext) -> TypedActorCritic:
     return net.to(ctx.device)
 
 
-class MAPPOActor(PPOActor):
+class MultiAgentPPOActor(PPOActor):
     """Acts for every agent of every env; samples from its own generator (weights and state
-    handling as :class:`msrl.algorithms.ppo.PPOActor`)."""
+    handling as :class:`msrl.components.PPOActor`)."""
 
     def build_net(self, ctx: BuildContext) -> nn.Module:
         """A :class:`TypedActorCritic`."""
@@ -138,7 +139,7 @@ class MultiAgentRolloutBuffer(RolloutBuffer):
     """Preallocated ``(T, E, N, ...)`` storage: ``obs``/``next_obs`` ``(T, E, N, D)``,
     ``agent_type``/``next_agent_type``, ``log_prob``, ``value``, ``reward`` ``(T, E, N)``,
     ``action`` ``(T, E, N, k)`` int64, ``terminated``/``truncated`` ``(T, E)`` bool. ``insert``,
-    ``gather`` and the checkpoint state are :class:`msrl.algorithms.ppo.RolloutBuffer`'s."""
+    ``gather`` and the checkpoint state are :class:`msrl.components.RolloutBuffer`'s."""
 
     KEYS = ("obs", "agent_type", "action", "log_prob", "value", "reward", "terminated", "truncated", "next_obs",
             "next_agent_type")
@@ -167,7 +168,7 @@ class MultiAgentRolloutBuffer(RolloutBuffer):
         self.t = 0
 
 
-class MAPPOLearner(PPOLearner):
+class MultiAgentPPOLearner(PPOLearner):
     """PPO's update over all agent-steps of a ``(T, E, N)`` rollout."""
 
     def build_net(self, ctx: BuildContext) -> nn.Module:
@@ -175,7 +176,7 @@ class MAPPOLearner(PPOLearner):
         return _build_net(ctx)
 
     def learn(self, batch: TensorDict) -> dict[str, Any]:
-        """One PPO update (see :meth:`msrl.algorithms.ppo.PPOLearner.learn` for the metrics).
+        """One PPO update (see :meth:`msrl.components.PPOLearner.learn` for the metrics).
 
         Args:
             batch: TensorDict of batch size ``(T, E)`` with :attr:`MultiAgentRolloutBuffer.KEYS`.
@@ -209,7 +210,7 @@ class MAPPOLearner(PPOLearner):
         )
 
 
-class MAPPOTrainer(Trainer):
+class MultiAgentPPOTrainer(Trainer):
     """The loop body: a rollout of every agent of every env, one update, weight sync."""
 
     def reset(self) -> None:
@@ -245,9 +246,9 @@ class MAPPOTrainer(Trainer):
 
 ALGORITHM = AlgorithmSpec(
     name="ma_ppo",
-    hparams=MAPPOConfig,
-    trainer=MAPPOTrainer,
-    components={"actor": MAPPOActor, "buffer": MultiAgentRolloutBuffer, "learner": MAPPOLearner},
+    hparams=MultiAgentPPOConfig,
+    trainer=MultiAgentPPOTrainer,
+    components={"actor": MultiAgentPPOActor, "buffer": MultiAgentRolloutBuffer, "learner": MultiAgentPPOLearner},
     env_steps_per_iteration=lambda hp, total_num_envs: hp.num_steps * total_num_envs,
     action_spaces=(gymnasium.spaces.MultiDiscrete,),
     num_agents=(2, None),

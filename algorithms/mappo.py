@@ -6,7 +6,7 @@ as the paper's implementation appends the agent id); one shared critic values ag
 the *global* state -- all agents' observations of the env concatenated -- and ``i``'s index
 (the paper's agent-specific global state, section 4.1). Training is centralised, execution
 decentralised: acting needs only the actor. The update is PPO's
-(:meth:`msrl.algorithms.ppo.PPOLearner.update`: clipped surrogate, clipped value loss, entropy
+(:meth:`msrl.components.PPOLearner.update`: clipped surrogate, clipped value loss, entropy
 bonus, epochs of shuffled minibatches) over all agent-steps, with GAE per agent.
 
 Envs: ``(E, A, D)`` observations, per-agent rewards ``(E, A)``, one ``terminated``/``truncated``
@@ -29,24 +29,23 @@ from tensordict import TensorDict
 from torch import nn
 
 from msrl.advantages import gae
-from msrl.algorithms.ppo import (
+from msrl.api import AlgorithmSpec, BuildContext, NonNegativeFloat, PositiveFloat, Trainer
+from msrl.components import (
     PPOActor,
     PPOConfig,
     PPOLearner,
-    PPOTrainer,
     RolloutBuffer,
-    _mlp,
     categorical_log_prob_entropy,
+    mlp,
     sample_categorical,
 )
-from msrl.api import AlgorithmSpec, BuildContext, NonNegativeFloat, PositiveFloat
 
-__all__ = ["MAPPOConfig", "MAPPONet", "MAPPOActor", "MAPPOBuffer", "MAPPOLearner", "ALGORITHM"]
+__all__ = ["MAPPOConfig", "MAPPONet", "MAPPOActor", "MAPPOBuffer", "MAPPOLearner", "MAPPOTrainer", "ALGORITHM"]
 
 
 @dataclasses.dataclass
 class MAPPOConfig(PPOConfig):
-    """PPO's hyperparameters (:class:`msrl.algorithms.ppo.PPOConfig`), with the MAPPO paper's
+    """PPO's hyperparameters (:class:`msrl.components.PPOConfig`), with the MAPPO paper's
     MPE learning rate (7e-4) and entropy coefficient (0.01) as defaults."""
 
     learning_rate: PositiveFloat = 7e-4
@@ -84,8 +83,8 @@ class MAPPONet(nn.Module):
         self.nvec, self.num_agents = _nvec(action_space), num_agents
         self.discrete = isinstance(action_space, gymnasium.spaces.Discrete)
         d = int(np.prod(observation_space.shape))
-        self.actor = _mlp(d + num_agents, hidden_sizes, sum(self.nvec), out_std=0.01)
-        self.critic = _mlp(num_agents * d + num_agents, hidden_sizes, 1, out_std=1.0)
+        self.actor = mlp(d + num_agents, hidden_sizes, sum(self.nvec), out_std=0.01)
+        self.critic = mlp(num_agents * d + num_agents, hidden_sizes, 1, out_std=1.0)
         self.register_buffer("agent_id", torch.eye(num_agents), persistent=False)
 
     def _ids(self, obs: torch.Tensor) -> torch.Tensor:
@@ -124,7 +123,7 @@ def _build_net(ctx: BuildContext) -> MAPPONet:
 
 class MAPPOActor(PPOActor):
     """Acts for every agent of every env from the shared actor; samples from its own generator
-    (weights and state handling as :class:`msrl.algorithms.ppo.PPOActor`)."""
+    (weights and state handling as :class:`msrl.components.PPOActor`)."""
 
     def build_net(self, ctx: BuildContext) -> nn.Module:
         """A :class:`MAPPONet`."""
@@ -159,7 +158,7 @@ class MAPPOBuffer(RolloutBuffer):
     """Preallocated ``(T, E, ...)`` storage: ``obs``/``next_obs`` ``(T, E, A, D)``, ``action``
     ``(T, E, A)`` or ``(T, E, A, k)`` int64, ``log_prob``, ``value``, ``reward`` ``(T, E, A)``,
     ``terminated``/``truncated`` ``(T, E)`` bool (insert, gather and checkpoints as
-    :class:`msrl.algorithms.ppo.RolloutBuffer`)."""
+    :class:`msrl.components.RolloutBuffer`)."""
 
     def __init__(self, ctx: BuildContext) -> None:
         spec, T = ctx.env_spec, ctx.hparams.num_steps
@@ -193,7 +192,7 @@ class MAPPOLearner(PPOLearner):
         return _build_net(ctx)
 
     def learn(self, batch: TensorDict) -> dict[str, Any]:
-        """One PPO update (see :meth:`msrl.algorithms.ppo.PPOLearner.learn` for the metrics).
+        """One PPO update (see :meth:`msrl.components.PPOLearner.learn` for the metrics).
 
         Args:
             batch: TensorDict of batch size ``(T, E)`` with :attr:`MAPPOBuffer.KEYS`.
@@ -218,10 +217,41 @@ class MAPPOLearner(PPOLearner):
                            b_returns, lr, clip)
 
 
+class MAPPOTrainer(Trainer):
+    """MAPPO's loop body (PPO's): a rollout of every agent of every env for ``num_steps``
+    steps, one learner update, weight sync."""
+
+    def reset(self) -> None:
+        """First observations, and the learner's initial weights to the actor."""
+        self.obs = self.env.reset(seed=self.seed)
+        self.actor.set_weights(self.learner.get_weights())
+
+    def train_step(self) -> dict[str, float]:
+        """Rollout of ``num_steps`` steps, one learner update, weight sync; returns the metrics."""
+        for _step in range(self.hparams.num_steps):
+            action, log_prob, value = self.actor.act(self.obs)
+            next_obs, reward, terminated, truncated, info = self.env.step(action)
+            self.buffer.insert(
+                obs=self.obs,
+                action=action,
+                log_prob=log_prob,
+                value=value,
+                reward=reward,
+                terminated=terminated,
+                truncated=truncated,
+                next_obs=info["final_obs"],
+            )
+            self.obs = next_obs
+        trajectory = self.buffer.gather()
+        metrics = self.learner.learn(trajectory)
+        self.actor.set_weights(self.learner.get_weights())
+        return metrics
+
+
 ALGORITHM = AlgorithmSpec(
     name="mappo",
     hparams=MAPPOConfig,
-    trainer=PPOTrainer,  # the loop body is PPO's: rollout, one update, weight sync
+    trainer=MAPPOTrainer,
     components={"actor": MAPPOActor, "buffer": MAPPOBuffer, "learner": MAPPOLearner},
     env_steps_per_iteration=lambda hp, total_num_envs: hp.num_steps * total_num_envs,
     action_spaces=(gymnasium.spaces.Discrete, gymnasium.spaces.MultiDiscrete),

@@ -159,6 +159,16 @@ def test_the_runtime_seam_is_held():
     assert asks == []
 
 
+def test_no_algorithm_imports_another():
+    """What algorithms share (networks, samplers, buffers, PPO's update) lives in
+    ``msrl.components``; an algorithm file never imports another (``sac`` from ``dqn``, ``a2c``
+    from ``ppo``), so each reads on its own and changing one cannot change another's meaning."""
+    edges = _imports(_modules())
+    algorithms = {m for m in edges if m.startswith("msrl.algorithms.")}
+    assert len(algorithms) >= 7
+    assert {m: sorted(edges[m] & algorithms) for m in algorithms if edges[m] & algorithms} == {}
+
+
 def test_both_runtimes_implement_the_one_interface():
     from msrl.cluster.ray_runtime import RayJob
     from msrl.job import Job

@@ -2,6 +2,7 @@
 the batcher, the buffer shards, the served programs, every algorithm under it, and what it refuses."""
 
 import math
+import pathlib
 import threading
 import time
 
@@ -183,13 +184,20 @@ def test_every_on_policy_algorithm_served_in_full_batches_equals_single_bitwise(
     assert ops == {(NodeKind.PUT, "env", "learner"), (NodeKind.PUT, "learner", "env")}  # per-replica queues
 
 
+def _line_of(algo: str, code: str) -> str:
+    """``"<algo>.py:<line>"`` of the first line of ``algorithms/<algo>.py`` that contains ``code``."""
+    lines = (pathlib.Path(__file__).resolve().parents[1] / "algorithms" / f"{algo}.py").read_text().splitlines()
+    return f"{algo}.py:{next(i for i, line in enumerate(lines, 1) if code in line)}"
+
+
 @pytest.mark.parametrize("algo, where, what", [
-    ("dqn", "dqn.py:353", "buffer.sample_many(_t6) -> _buffer_sample_many5 at"),
-    ("sac", "sac.py:346", "'self.obs', written by"),
+    ("dqn", "self.learner.learn(self.buffer.sample_many(", "buffer.sample_many(_t6) -> _buffer_sample_many5 at"),
+    ("sac", "action = self.actor.random_action(self.obs)", "'self.obs', written by"),
 ])
 def test_what_cannot_be_served_exactly_is_an_error_naming_the_line(algo, where, what):
     """Off-policy algorithms sample a replay batch from one buffer: shards per env replica would
     sample another batch, so central inference refuses, naming the call and the setting."""
+    where = _line_of(algo, where)
     with pytest.raises(PartitionError) as info:
         Job(_served(algo, 2))
     msg = str(info.value)
