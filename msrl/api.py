@@ -363,7 +363,7 @@ class Learner(Component):
     optimizer: torch.optim.Optimizer
     #: Called on the gradients between backward and the optimiser step. A replicated learner's
     #: generated program sets it for the duration of each gradient-point call (the graph's
-    #: ``allreduce`` region, :meth:`msrl.channels.Serving.allreduce_gradients`); ``None`` otherwise.
+    #: ``allreduce`` region, :meth:`msrl.runtime.endpoint.Endpoint.allreduce_gradients`); ``None`` otherwise.
     gradient_hook: Callable[[list[torch.Tensor]], None] | None = None
 
     def learn(self, batch: Any) -> dict[str, float]:

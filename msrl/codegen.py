@@ -9,8 +9,8 @@ new op is a new table entry. Generated sources are registered with :mod:`linecac
 node (and so to the user's ``file:line``) it came from.
 
 The generated function is ``program(self, comm)``: ``self`` is the fragment replica's trainer
-(holding only that fragment's components), ``comm`` its channel endpoint (see
-:mod:`msrl.channels`).
+(holding only that fragment's components), ``comm`` its endpoint
+(:class:`msrl.runtime.endpoint.Endpoint`: every call generated code makes on it is listed there).
 """
 
 from __future__ import annotations

@@ -25,7 +25,6 @@ import math
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase
 
 from msrl.api import declared_kinds
 from msrl.codegen import Lowering, generate
@@ -33,6 +32,7 @@ from msrl.errors import ConfigError
 from msrl.graph import Graph, Node, NodeKind
 from msrl.partition import PartitionError, boundary_values, partition
 from msrl.policy import load_policy
+from msrl.runtime.values import describe_value
 from msrl.tracer import check_references
 
 __all__ = ["probe", "PROBE_NUM_ENVS", "PROBE_MAX_ENV_STEPS", "describe_value", "DeclarationError", "ProbeDiverged",
@@ -87,37 +87,6 @@ def _diverged(e: BaseException, programs: dict[str, Any], spec: Any, num_envs: i
         f"the hyperparameters that feed it: {_feeding_hparams(spec.hparams)} -- a learning rate or scale this large "
         "diverges; use finite values of the usual size"
     )
-
-
-def describe_value(v: Any) -> dict[str, Any]:
-    """``type``, ``shape`` (a tuple, or a dict of shapes for containers), ``dtype`` and
-    ``nbytes`` (the bytes of every tensor in it) of ``v``."""
-    return {**_describe(v), "nbytes": _nbytes(v)}
-
-
-def _describe(v: Any) -> dict[str, Any]:
-    if isinstance(v, torch.Tensor):
-        return {"type": "Tensor", "shape": tuple(v.shape), "dtype": str(v.dtype).replace("torch.", "")}
-    if isinstance(v, TensorDictBase):
-        return {"type": "TensorDict", "shape": tuple(v.batch_size), "dtype": None}
-    if isinstance(v, dict):
-        shapes = {k: _describe(x)["shape"] for k, x in v.items()}
-        return {"type": "dict", "shape": shapes, "dtype": None}
-    if isinstance(v, (tuple, list)):
-        return {"type": type(v).__name__, "shape": tuple(_describe(x)["shape"] for x in v), "dtype": None}
-    return {"type": type(v).__name__, "shape": None, "dtype": None}
-
-
-def _nbytes(v: Any) -> int:
-    if isinstance(v, torch.Tensor):
-        return v.numel() * v.element_size()
-    if isinstance(v, TensorDictBase):
-        return sum(_nbytes(x) for x in v.values(include_nested=True, leaves_only=True))
-    if isinstance(v, dict):
-        return sum(_nbytes(x) for x in v.values())
-    if isinstance(v, (tuple, list)):
-        return sum(_nbytes(x) for x in v)
-    return 0
 
 
 def message_nbytes(info: dict[str, Any], envs: int) -> int | None:

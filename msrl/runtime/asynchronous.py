@@ -44,10 +44,11 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import torch
 
-from msrl.channels import ChannelClosed, copy_value, deliver, payload_bytes
+from msrl.channels import ChannelClosed
 from msrl.partition import boundary_end
 from msrl.runtime.generators import BATON
 from msrl.runtime.patterns import combine, deliveries, shards, sources
+from msrl.runtime.values import copy_value, deliver, payload_bytes
 
 __all__ = ["ChannelClosed", "Item", "Mailbox", "AsyncTransport", "AsyncEndpoint", "LocalTransport"]
 

@@ -1,5 +1,5 @@
-"""Channels between processes over ``torch.distributed``: the comm ops of :mod:`msrl.channels`
-with the same semantics, for fragment replicas that are processes (Ray actors).
+"""The endpoint between processes over ``torch.distributed``: the ops of
+:class:`~msrl.runtime.endpoint.Endpoint` for fragment replicas that are processes (Ray actors).
 
 Every fragment replica of a job is one rank of one process group (Gloo for CPU tensors). A
 boundary's value travels as one :mod:`codec <msrl.runtime.codec>` message (dtype + shape + raw
@@ -41,10 +41,9 @@ from typing import Any, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from msrl.channels import Serving, reduce_leaves, tensor_leaves
-from msrl.partition import Boundary, boundary_end
+from msrl.partition import Boundary
 from msrl.runtime.codec import MAX_MESSAGE, CodecError, decode, decode_parts, encode, encode_parts, payload_size
-from msrl.runtime.patterns import combine, deliveries, shards, sources
+from msrl.runtime.endpoint import Endpoint
 
 __all__ = ["DistComm", "grow_size"]
 
@@ -77,8 +76,9 @@ def grow_size(control: torch.Tensor, limit: int, boundary: str) -> int | None:
     return n
 
 
-class DistComm(Serving):
-    """One fragment replica's endpoint over an initialised ``torch.distributed`` process group.
+class DistComm(Endpoint):
+    """One fragment replica's endpoint (:class:`~msrl.runtime.endpoint.Endpoint`: the ops generated
+    code calls) over an initialised ``torch.distributed`` process group.
 
     Args:
         boundaries: every boundary of the job, in the same order in every process (the
@@ -149,9 +149,6 @@ class DistComm(Serving):
         self.op_s: dict[str, float] = {}
 
     # -- messages ---------------------------------------------------------------------------
-    def _boundary(self, name: str) -> Boundary:
-        return boundary_end(self.boundaries, name, self.fragment)
-
     def _split(self, peer: str) -> bool:
         """Whether values to/from ``peer`` travel as a host header plus a payload message
         (both ends on CUDA: the payload goes GPU to GPU), the same answer at both ends."""
@@ -167,7 +164,7 @@ class DistComm(Serving):
             return encode_parts(value, self.device if self.device.type == "cuda" else None)
         return encode(value, self._capacity.get(key, 0) if key is not None else 0)
 
-    def _post(self, name: str, fragment: str, replica: int, message: Any) -> None:
+    def _post_message(self, name: str, fragment: str, replica: int, message: Any) -> None:
         rank, tag = self.ranks[(fragment, replica)], self.tags[name]
         key = (name, fragment, replica)
         if isinstance(message, tuple):
@@ -202,7 +199,8 @@ class DistComm(Serving):
     def _isend(self, buffer: torch.Tensor, rank: int, tag: int) -> None:
         self._pending.append((dist.isend(buffer, rank, tag=tag), buffer))  # keeps the buffer alive
 
-    def _take(self, name: str, fragment: str, replica: int) -> Any:
+    def _take(self, boundary: Boundary, src_replica: int) -> Any:
+        name, fragment, replica = boundary.name, boundary.src, src_replica
         rank, tag = self.ranks[(fragment, replica)], self.tags[name]
         buffer = self._take_buffer((name, fragment, replica), rank, tag)
         if self._split(fragment):
@@ -258,83 +256,31 @@ class DistComm(Serving):
                 work.wait()
             self._pending.clear()
 
-    # -- the comm ops (same signatures and semantics as msrl.channels.LocalComm) ------------
-    def send(self, name: str, value: Any) -> None:
-        """Src replica ``i`` -> dst replica ``i``."""
-        with _Timer(self, "send"):
-            return self._op(name, value)
+    # -- the transport under the endpoint's ops ----------------------------------------------
+    def _post(self, boundary: Boundary, routes: list[tuple[int, Any]]) -> None:
+        """Encodes and posts each route's value; a value for several replicas is encoded once."""
+        first = routes[0][1] if routes else None
+        once = self._prepare(first, boundary.dst) if len(routes) > 1 and all(v is first for _, v in routes) else None
+        for r, value in routes:
+            message = once if once is not None else self._prepare(value, boundary.dst, (boundary.name, boundary.dst, r))
+            self._post_message(boundary.name, boundary.dst, r, message)
 
-    def _op(self, name: str, value: Any) -> Any:
-        """One side of a synchronous boundary, by the pattern table (:mod:`msrl.runtime.patterns`):
-        the src side encodes and posts (a value for several replicas is encoded once), the dst
-        side takes and combines."""
-        b = self._boundary(name)
-        if self.fragment == b.src:
-            parts = shards(b, value)
-            routes = deliveries(b, self.replica)
-            once = self._prepare(value, b.dst) if parts is None and len(routes) > 1 else None  # encoded once
-            for r, part in routes:
-                message = once if once is not None else self._prepare(value if part is None else parts[part], b.dst,
-                                                                      (name, b.dst, r))
-                self._post(name, b.dst, r, message)
-            return None
-        return combine(b, [self._take(name, b.src, s) for s in sources(b, self.replica)])
+    def _timed(self, op: str) -> "_Timer":
+        return _Timer(self, op)
 
-    def recv(self, name: str) -> Any:
-        """Receives what src replica ``i`` sent."""
-        with _Timer(self, "recv"):
-            return self._op(name, None)
+    def _fragment_size(self) -> int:
+        return dist.get_world_size(self.fragment_group) if self.fragment_group is not None else 1
 
-    def gather(self, name: str, value: Any = None) -> Any:
-        """Src side (with ``value``): contribute a shard. Dst side: returns the shards
-        concatenated along the boundary's axis, replica 0 first."""
-        with _Timer(self, "gather"):
-            return self._op(name, value)
-
-    def scatter(self, name: str, value: Any = None) -> Any:
-        """Src side: split ``value`` over the dst replicas. Dst side: returns this replica's shard."""
-        with _Timer(self, "scatter"):
-            return self._op(name, value)
-
-    def broadcast(self, name: str, value: Any = None) -> Any:
-        """Src side: send ``value`` to every dst replica. Dst side: returns it."""
-        with _Timer(self, "broadcast"):
-            return self._op(name, value)
-
-    def put(self, name: str, value: Any) -> None:
-        """Asynchronous boundary, src side: queue or publish ``value`` over gRPC (see
-        :meth:`msrl.runtime.asynchronous.AsyncEndpoint.put`); time waiting for a full queue's
-        credits counts as waiting."""
-        a = self.asynchronous
-        if a is None:
-            raise KeyError(f"{name!r} is not an asynchronous boundary of this job")
-        w0 = a.transport.wait_s
-        with _Timer(self, "put"):
-            a.put(name, value)
-        self.wait_s += a.transport.wait_s - w0
-
-    def get(self, name: str) -> Any:
-        """Asynchronous boundary, dst side (see :meth:`msrl.runtime.asynchronous.AsyncEndpoint.get`);
-        time waiting for a value to arrive counts as waiting."""
-        a = self.asynchronous
-        if a is None:
-            raise KeyError(f"{name!r} is not an asynchronous boundary of this job")
-        w0 = a.mailbox.wait_s
-        with _Timer(self, "get"):
-            value = a.get(name)
-        self.wait_s += a.mailbox.wait_s - w0
-        return value
-
-    def allreduce(self, name: str, value: Any = None) -> Any:
-        """The mean over this fragment's replicas of ``value`` (a tensor, or a list/tuple/dict
-        of tensors of one dtype), reduced in place and returned.
-
-        Every replica passes values of the same structure and shapes; the tensors are flattened
-        into one buffer, summed with ``dist.all_reduce`` on the fragment's group (or through
-        shared memory by ``local_group``), divided by the replica count and copied back.
-        """
-        with _Timer(self, "allreduce"):
-            return self._allreduce(name, value)
+    def _reduce_flat(self, name: str, flat: torch.Tensor) -> torch.Tensor:
+        """Sums with ``dist.all_reduce`` on the fragment's group (or through shared memory by
+        ``local_group`` for a host tensor), divided by the replica count."""
+        self.flush_async()
+        if self.local_group is not None and flat.device.type == "cpu":
+            self.local_group.allreduce_(flat)
+        else:
+            dist.all_reduce(flat, group=self.fragment_group)
+        flat /= self._fragment_size()
+        return flat
 
     def close(self) -> None:
         """Releases the shared-memory group and ends the gRPC streams, if any (the process group
@@ -345,36 +291,27 @@ class DistComm(Serving):
         if self.asynchronous is not None:
             self.asynchronous.transport.close()
 
-    def _allreduce(self, name: str, value: Any = None) -> Any:
-        if not tensor_leaves(value):
-            return value
-        self.flush_async()
-        world = dist.get_world_size(self.fragment_group) if self.fragment_group is not None else 1
-        if world == 1:
-            return value
-
-        def reduce_flat(flat: torch.Tensor) -> torch.Tensor:
-            if self.local_group is not None and flat.device.type == "cpu":
-                self.local_group.allreduce_(flat)
-            else:
-                dist.all_reduce(flat, group=self.fragment_group)
-            flat /= world
-            return flat
-
-        return reduce_leaves(value, reduce_flat)
-
-
 
 class _Timer:
-    """Adds the time spent inside to an endpoint's ``comm_s`` and to its op's ``op_s``."""
+    """Adds the time spent inside to an endpoint's ``comm_s`` and to its op's ``op_s``; for
+    ``put``/``get``, the time the asynchronous transport waited (a full queue's credits) or its
+    mailbox waited (a value to arrive) to ``wait_s``."""
 
     def __init__(self, comm: DistComm, op: str) -> None:
         self.comm, self.op = comm, op
 
+    def _waited(self) -> float:
+        a = self.comm.asynchronous
+        if a is None or self.op not in ("put", "get"):
+            return 0.0
+        return a.transport.wait_s if self.op == "put" else a.mailbox.wait_s
+
     def __enter__(self) -> None:
+        self.w0 = self._waited()
         self.t0 = time.perf_counter()
 
     def __exit__(self, *exc: Any) -> None:
         dt = time.perf_counter() - self.t0
         self.comm.comm_s += dt
         self.comm.op_s[self.op] = self.comm.op_s.get(self.op, 0.0) + dt
+        self.comm.wait_s += self._waited() - self.w0

@@ -36,8 +36,9 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from tensordict import TensorDictBase
 
-from msrl.channels import ChannelClosed, concat
+from msrl.channels import ChannelClosed
 from msrl.runtime.generators import BATON
+from msrl.runtime.patterns import concat
 
 __all__ = ["Batcher", "ClientComm", "ShardedComponent", "InferenceServer", "batch_args", "split_rows", "inference_metrics"]
 

@@ -1,0 +1,189 @@
+"""The endpoint: the one interface a generated fragment program talks through.
+
+Code generation (:mod:`msrl.codegen`, the backends' lowering rules) emits exactly these calls on
+the program's ``comm`` argument, a fragment replica's :class:`Endpoint`:
+
+=====================================  ==========================================================
+generated call                         meaning
+=====================================  ==========================================================
+``comm.send(b, v)``/``comm.recv(b)``   boundary ``b`` (``send``, ``gather``, ``scatter``,
+``comm.gather(b, v)``/``gather(b)``    ``broadcast``): the src side passes its value, the dst
+``comm.scatter``, ``comm.broadcast``   side gets what the pattern table
+                                       (:mod:`msrl.runtime.patterns`) combines for it
+``comm.put(b, v)``/``comm.get(b)``     an asynchronous boundary (``fifo`` queue, ``latest``
+                                       slot): :class:`~msrl.runtime.asynchronous.AsyncEndpoint`
+``with comm.allreduce_gradients(b,     a gradient all-reduce region: every gradient step the
+self.learner):``                       call inside takes is averaged over the fragment's replicas
+``comm.serve(self, fn)``               central inference: ``fn`` (the served region) runs once
+                                       per client replica (:mod:`msrl.runtime.inference`)
+=====================================  ==========================================================
+
+Every op is written here once, over the pattern table. What differs between runtimes is only how
+one value travels, which a transport's endpoint supplies by four methods: :meth:`Endpoint._post`
+(a src replica's values to dst replicas), :meth:`Endpoint._take` (a dst replica's value from one
+src replica), :meth:`Endpoint._reduce_flat` (the mean of one flat buffer over the fragment's
+replicas) and :meth:`Endpoint._fragment_size`. The in-process transport is
+:class:`msrl.channels.LocalComm` (queues between threads), the one between processes
+:class:`msrl.runtime.dist.DistComm` (torch.distributed, shared memory for host all-reduces);
+asynchronous boundaries move over :class:`~msrl.runtime.asynchronous.AsyncTransport`\\ s
+(in-process, Unix sockets, gRPC), peers, none a subclass of another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, ContextManager, Iterator, Mapping
+
+import torch
+
+from msrl.graph import NodeKind
+from msrl.partition import Boundary, boundary_end
+from msrl.runtime.patterns import combine, deliveries, shards, sources
+from msrl.runtime.values import reduce_leaves, tensor_leaves
+
+__all__ = ["Endpoint", "BOUNDARY_OPS"]
+
+#: the node kinds a backend lowers to ``comm.<kind.value>(boundary[, value])`` calls
+BOUNDARY_OPS = (NodeKind.SEND, NodeKind.RECV, NodeKind.GATHER, NodeKind.SCATTER, NodeKind.BROADCAST,
+                NodeKind.PUT, NodeKind.GET)
+
+
+class Endpoint:
+    """One fragment replica's endpoint (see the module docstring for the calls).
+
+    Attributes:
+        fragment, replica: whose endpoint this is.
+        boundaries: every boundary of the job by name.
+        asynchronous: the replica's :class:`~msrl.runtime.asynchronous.AsyncEndpoint` (``put``/
+            ``get``), or ``None`` when the job has no asynchronous boundary.
+        inference: the replica's :class:`~msrl.runtime.inference.InferenceServer` when it is
+            central inference's server, else ``None``.
+    """
+
+    fragment: str
+    replica: int
+    boundaries: Mapping[str, Boundary]
+    asynchronous: Any = None
+    inference: Any = None
+
+    # -- what a transport supplies ----------------------------------------------------------
+    def _post(self, boundary: Boundary, routes: list[tuple[int, Any]]) -> None:
+        """Sends each ``(dst replica, value)`` of a src replica's side of ``boundary``; one
+        value object listed for several replicas (a broadcast) may be encoded once."""
+        raise NotImplementedError
+
+    def _take(self, boundary: Boundary, src_replica: int) -> Any:
+        """The oldest value ``src_replica`` sent this replica on ``boundary``, waiting for it;
+        the receiver's own copy, on this fragment's device."""
+        raise NotImplementedError
+
+    def _reduce_flat(self, name: str, flat: torch.Tensor) -> torch.Tensor:
+        """The mean over this fragment's replicas of a flat buffer (every replica gets the same
+        bits); ``name`` is the all-reduce's, for byte accounting."""
+        raise NotImplementedError
+
+    def _fragment_size(self) -> int:
+        """This fragment's replica count."""
+        raise NotImplementedError
+
+    def _timed(self, op: str) -> ContextManager[None]:
+        """A context the op ``op`` runs in (a transport that accounts its comm time times it)."""
+        return contextlib.nullcontext()
+
+    # -- the ops generated programs call ----------------------------------------------------
+    def _boundary(self, name: str) -> Boundary:
+        return boundary_end(self.boundaries, name, self.fragment)
+
+    def _sync(self, op: str, name: str, value: Any) -> Any:
+        """One side of synchronous boundary ``name``, by the pattern table: the src side posts
+        (returns ``None``), the dst side takes from each of its sources and combines."""
+        with self._timed(op):
+            b = self._boundary(name)
+            if self.fragment == b.src:
+                parts = shards(b, value)
+                self._post(b, [(r, value if part is None else parts[part]) for r, part in deliveries(b, self.replica)])
+                return None
+            return combine(b, [self._take(b, s) for s in sources(b, self.replica)])
+
+    def send(self, name: str, value: Any) -> None:
+        """Src replica ``i`` -> dst replica ``i``."""
+        self._sync("send", name, value)
+
+    def recv(self, name: str) -> Any:
+        """Receives what src replica ``i`` sent."""
+        return self._sync("recv", name, None)
+
+    def gather(self, name: str, value: Any = None) -> Any:
+        """Src side (with ``value``): contribute a shard. Dst side: returns the shards
+        concatenated along the boundary's axis, replica 0 first."""
+        return self._sync("gather", name, value)
+
+    def scatter(self, name: str, value: Any = None) -> Any:
+        """Src side: split ``value`` over the dst replicas. Dst side: returns this replica's shard."""
+        return self._sync("scatter", name, value)
+
+    def broadcast(self, name: str, value: Any = None) -> Any:
+        """Src side: send ``value`` to every dst replica. Dst side: returns it."""
+        return self._sync("broadcast", name, value)
+
+    def _async(self, name: str) -> Any:
+        if self.asynchronous is None:
+            raise KeyError(f"{name!r} is not an asynchronous boundary of this job")
+        return self.asynchronous
+
+    def put(self, name: str, value: Any) -> None:
+        """Asynchronous boundary, src side: queue (``fifo``) or publish (``latest``) ``value``
+        (:meth:`msrl.runtime.asynchronous.AsyncEndpoint.put`).
+
+        Raises:
+            KeyError: ``name`` is not an asynchronous boundary of the job.
+        """
+        with self._timed("put"):
+            self._async(name).put(name, value)
+
+    def get(self, name: str) -> Any:
+        """Asynchronous boundary, dst side (:meth:`msrl.runtime.asynchronous.AsyncEndpoint.get`).
+
+        Raises:
+            KeyError: ``name`` is not an asynchronous boundary of the job.
+        """
+        with self._timed("get"):
+            return self._async(name).get(name)
+
+    def allreduce(self, name: str, value: Any = None) -> Any:
+        """The mean over this fragment's replicas of ``value`` (a boundary value whose tensors
+        share one dtype), written into ``value``'s tensors and returned; every replica passes a
+        value of the same structure and shapes and ends with the same bits
+        (:func:`~msrl.runtime.values.reduce_leaves` flattens and copies back)."""
+        with self._timed("allreduce"):
+            if self._fragment_size() == 1 or not tensor_leaves(value):
+                return value
+            return reduce_leaves(value, lambda flat: self._reduce_flat(name, flat))
+
+    @contextlib.contextmanager
+    def allreduce_gradients(self, name: str, learner: Any) -> Iterator[None]:
+        """The ``allreduce`` region of boundary ``name`` (:mod:`msrl.partition`): while its call
+        runs, every gradient step ``learner`` takes (:meth:`msrl.api.Learner.apply_gradients`, and
+        whatever else reduces through its ``gradient_hook``, e.g. running normalisation
+        statistics) averages the gradients over this fragment's replicas first
+        (:meth:`allreduce`); the hook is restored after the call."""
+        saved = learner.gradient_hook
+        learner.gradient_hook = lambda grads: self.allreduce(name, grads)
+        try:
+            yield
+        finally:
+            learner.gradient_hook = saved
+
+    def serve(self, trainer: Any, fn: Any) -> Any:
+        """Central inference (the server replica): runs ``fn`` once per client replica through
+        this endpoint's :class:`~msrl.runtime.inference.InferenceServer`.
+
+        Raises:
+            RuntimeError: this replica serves no inference.
+        """
+        if self.inference is None:
+            raise RuntimeError(f"fragment {self.fragment} replica {self.replica} serves no central inference")
+        return self.inference.serve(trainer, fn, self)
+
+    def flush(self) -> None:
+        """Waits until every value this endpoint sent has left (in-process: nothing to wait for)."""
