@@ -36,6 +36,7 @@ import cloudpickle
 import torch
 
 from msrl.api import EpisodeStats
+from msrl.cluster.actor_manager import ReplicaGroup
 from msrl.errors import ConfigError
 from msrl.runtime.codec import MAX_MESSAGE as CODEC_MAX_MESSAGE
 from msrl.runtime.replica import ReplicaDied, as_floats, check_losses, replica_states
@@ -591,18 +592,6 @@ def _without_worker_deaths(print_to_stdstream: Any) -> Any:
     return filtered
 
 
-def _running(pid: int) -> bool:
-    """Whether process ``pid`` exists and has not exited (a zombie waiting for its parent to
-    reap it has exited)."""
-    if not pid_alive(pid):
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 class RayJob:
     """A job whose fragment replicas are Ray actors (see the module docstring): a
     :class:`~msrl.runtime.interface.JobRuntime`, as :class:`msrl.job.Job` is (what
@@ -652,8 +641,6 @@ class RayJob:
     #: a failed :meth:`run` leaves ``iteration`` where the call began
     iterations_exact = False
 
-    KILL_WAIT_S = 10.0  # how long kill() waits for this node's replica processes to end
-
     def __init__(self, spec: Any, algorithm_ref: str | None = None, address: str | None = None,
                  cpus_per_replica: float = 1.0, strategy: str = "PACK", probe: bool = True,
                  gpus_per_replica: float = 0.0,
@@ -665,7 +652,6 @@ class RayJob:
 
         import ray
         from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         from msrl.job import compile_job
 
@@ -688,7 +674,6 @@ class RayJob:
         self._env_steps = 0
         #: (fragment, replica) -> that replica's env steps after the last finished chunk
         self._replica_steps: dict[tuple[str, int], int] = {}
-        self.watchdog: Any = None
         self.job_id = secrets.token_hex(8)
         self._stats = EpisodeStats([], [])
         self._eval_actor: Any = None
@@ -696,6 +681,8 @@ class RayJob:
         compiled = compile_job(spec, probe, max_message or CODEC_MAX_MESSAGE)
         self.graphs, self.fragment_graph = compiled.graphs, compiled.fragment_graph
         self.keys = [(f.name, r) for f in spec.policy.fragments for r in range(f.replicas)]
+        #: the one owner of the replica actors and their health
+        self.replicas = ReplicaGroup(self.keys, {f.name: f.roles for f in spec.policy.fragments}, self._count_lost)
         need = cpus_per_replica * len(self.keys)
         self._started_ray = not ray.is_initialized()
         if self._started_ray:
@@ -724,47 +711,33 @@ class RayJob:
                     f"the placement group of {len(self.keys)} bundles {bundle} ({strategy}) was not "
                     f"placed within {placement_timeout_s:g} s; the cluster's free resources: {ray.available_resources()}"
                 ) from None
-            remote = ray.remote(ReplicaActor)
             spec_bytes, fg_bytes = cloudpickle.dumps(spec), cloudpickle.dumps(self.fragment_graph)
             env_vars = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-            self.actors = [
-                remote.options(
-                    num_cpus=cpus_per_replica,
-                    num_gpus=gpus_per_replica,
-                    scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=i),
-                    runtime_env={"env_vars": env_vars},
-                    # one thread: a threaded actor (max_concurrency > 1) runs methods off the main
-                    # thread and cost coarse PPO ~7% of its env steps/s here (GIL hand-offs)
-                    max_concurrency=1,
-                ).remote(algorithm_ref, spec_bytes, fg_bytes, frag, r, threads, self.job_id)
-                for i, (frag, r) in enumerate(self.keys)
-            ]
+            # one thread: a threaded actor (max_concurrency > 1) runs methods off the main thread
+            # and cost coarse PPO ~7% of its env steps/s here (GIL hand-offs)
+            self.replicas.start(ReplicaActor, self.placement_group,
+                                {"num_cpus": cpus_per_replica, "num_gpus": gpus_per_replica,
+                                 "runtime_env": {"env_vars": env_vars}, "max_concurrency": 1},
+                                lambda key: (algorithm_ref, spec_bytes, fg_bytes, *key, threads, self.job_id))
             ranks = {k: i for i, k in enumerate(self.keys)}
-            peers = dict(zip(self.keys, self._wait([a.info.remote() for a in self.actors])))
-            here = ray.get_runtime_context().get_node_id()
+            peers = dict(zip(self.keys, self.replicas.call("info")))
+            self.replicas.locate(peers, ray.get_runtime_context().get_node_id())
             lower = producers_to_lower(self.keys, peers, producer_only_fragments(self.fragment_graph), learner_priority)
-            actor_of = dict(zip(self.keys, self.actors))
-            self._wait([actor_of[k].lower_priority.remote(PRODUCER_NICE) for k in lower])
-            # the processes kill() waits for: those on the driver's node (a remote node's are Ray's)
-            self._local_pids = [p["pid"] for p in peers.values() if p["node_id"] == here]
+            self.replicas.call_each("lower_priority", [(PRODUCER_NICE,)] * len(lower), lower)
             servers: dict[tuple[str, int], str] = {}
             # the job's secret: the rendezvous' key prefix, every boundary stream's token, the
             # shared-memory sockets' names; handed to the replicas through Ray only
             token = secrets.token_urlsafe(32)
             self._token = token
             if any(b.asynchronous for b in self.fragment_graph.boundaries):
-                addresses = self._wait([a.start_boundary_server.remote(token, timeout_s, tls, max_message, None, peers,
-                                                                       boundary_transport) for a in self.actors])
+                addresses = self.replicas.call("start_boundary_server", token, timeout_s, tls, max_message, None, peers,
+                                               boundary_transport)
                 servers = {k: addr for k, addr in zip(self.keys, addresses) if addr is not None}
             if len(self.keys) > 1:
-                self._wait([a.init_process_group.remote(ranks[k], ranks, timeout_s, peers, intra_node, servers,
-                                                        token, tls, max_message)
-                            for a, k in zip(self.actors, self.keys)])
+                self.replicas.call_each("init_process_group", [(ranks[k], ranks, timeout_s, peers, intra_node, servers, token,
+                                                                tls, max_message) for k in self.keys])
             self._has_env = [k[0] == spec.policy.fragment_of_role("env") for k in self.keys]
-            from msrl.cluster.watchdog import Watchdog
-
-            self.watchdog = Watchdog(self.job_id, self.keys, [peers[k]["pid"] for k in self.keys],
-                                     {f.name: f.roles for f in spec.policy.fragments}, replica_timeout_s)
+            self.replicas.watch(self.job_id, replica_timeout_s)
         except BaseException as e:
             # a failed start stops what it started: its replicas (killed already where a replica
             # died) and the Ray it started; whether the cluster itself had stopped is asked first
@@ -776,80 +749,32 @@ class RayJob:
             raise
 
     # -- running ----------------------------------------------------------------------------
-    def _wait(self, futures: Sequence[Any]) -> list[Any]:
-        """Every future's result; on the first failure, every actor is killed and the
-        replica's error re-raised."""
-        import ray
+    @property
+    def actors(self) -> list[Any]:
+        """The replica actors, in replica order (see :class:`~msrl.cluster.actor_manager.ReplicaGroup`)."""
+        return self.replicas.actors
 
-        pending = list(futures)
-        order = {f: i for i, f in enumerate(futures)}
-        results: list[Any] = [None] * len(futures)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1, timeout=1.0 if self.watchdog is not None else None)
-            if not done:
-                hung = self.watchdog.hung()
-                if hung is not None:
-                    raise self._lost(hung)
-                continue
-            try:
-                results[order[done[0]]] = ray.get(done[0])
-            except ray.exceptions.RayTaskError as e:
-                # a peer's death shows first as a failed boundary in a live replica ("connection
-                # closed by peer"): name the dead replica, not the one that noticed
-                dead = self._dead_replica()
-                if dead is not None:
-                    raise self._lost(dead) from None
-                self.kill()
-                cause = e.cause if getattr(e, "cause", None) is not None else e
-                raise cause from None
-            except ray.exceptions.RayActorError:
-                i = order[done[0]]
-                dead = self._died(self.keys[i]) if len(futures) == len(self.keys) else self._dead_replica()
-                raise self._lost(dead or ReplicaDied("the process of a replica died")) from None
-        return results
+    @property
+    def watchdog(self) -> Any:
+        """The replicas' heartbeat :class:`~msrl.cluster.watchdog.Watchdog` (``None`` before they start)."""
+        return self.replicas.watchdog
 
-    def _lost(self, cause: ReplicaDied) -> ReplicaDied:
-        """``cause`` with the job's env steps when it happened (the running chunk's included, from
-        the replicas' last heartbeats), after every replica is killed."""
-        if self.watchdog is not None:
-            from msrl.cluster.watchdog import PERIOD_S
+    def _count_lost(self, cause: ReplicaDied) -> None:
+        """Sets ``cause.env_steps``: the job's env steps when the replica was lost (the running
+        chunk's included, from the replicas' last heartbeats), read while the others live."""
+        if self.watchdog is None:
+            return
+        from msrl.cluster.watchdog import PERIOD_S
 
-            time.sleep(1.5 * PERIOD_S)  # the live replicas, stuck at a boundary, report their final counts
-            beats = self.watchdog.env_steps()
-            reached = {k: max(self._replica_steps.get(k, 0), beats.get(k, 0))
-                       for k, env in zip(self.keys, self._has_env) if env}
-            dead = (cause.fragment, cause.replica)
-            if dead in reached:  # its own last heartbeat may be up to a period old: as far as its peers got
-                ahead = [reached[k] - self._replica_steps.get(k, 0) for k in reached if k != dead]
-                reached[dead] = max(reached[dead], self._replica_steps.get(dead, 0) + max(ahead, default=0))
-            cause.env_steps = max(self._env_steps, sum(reached.values()))
-        self.kill()
-        return cause
-
-    def _died(self, key: tuple[str, int]) -> ReplicaDied:
-        frag, r = key
-        return ReplicaDied(f"the process of fragment {frag} replica {r} died", frag, r, self.spec.policy.fragment(frag).roles)
-
-    def _dead_replica(self, timeout_s: float = 5.0) -> ReplicaDied | None:
-        """The first replica whose process is gone (``None`` when none is found within
-        ``timeout_s`` in all). A probe of a live replica still running its iterations waits
-        behind them (one thread per actor); a dead one's fails as soon as Ray knows."""
-        import ray
-
-        probes = [a.pid.remote() for a in self.actors]
-        key_of = dict(zip(probes, self.keys))
-        pending, deadline = probes, time.monotonic() + timeout_s
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
-            if not ready:
-                break  # the rest are busy, not dead
-            try:
-                ray.get(ready[0])
-            except ray.exceptions.RayActorError:
-                return self._died(key_of[ready[0]])
-            except Exception:  # noqa: BLE001 - answered with an error: alive
-                continue
-        return None
+        time.sleep(1.5 * PERIOD_S)  # the live replicas, stuck at a boundary, report their final counts
+        beats = self.watchdog.env_steps()
+        reached = {k: max(self._replica_steps.get(k, 0), beats.get(k, 0))
+                   for k, env in zip(self.keys, self._has_env) if env}
+        dead = (cause.fragment, cause.replica)
+        if dead in reached:  # its own last heartbeat may be up to a period old: as far as its peers got
+            ahead = [reached[k] - self._replica_steps.get(k, 0) for k in reached if k != dead]
+            reached[dead] = max(reached[dead], self._replica_steps.get(dead, 0) + max(ahead, default=0))
+        cause.env_steps = max(self._env_steps, sum(reached.values()))
 
     def run(self, n: int, method: str = "train_step") -> list[dict[str, Any]]:
         """Runs ``n`` iterations in every replica, each replica free between its boundaries;
@@ -866,7 +791,7 @@ class RayJob:
             ReplicaDied: a replica's process died.
             FloatingPointError: a ``*_loss`` metric is not finite.
         """
-        per_replica = self._wait([a.run.remote(method, n) for a in self.actors])
+        per_replica = self.replicas.call("run", method, n)
         records = []
         for i in range(n):
             rows = [recs[i] for recs in per_replica]
@@ -911,9 +836,7 @@ class RayJob:
 
     def weights(self, role: str, replica: int = 0) -> dict[str, torch.Tensor]:
         """``get_weights()`` of replica ``replica`` of the fragment holding ``role``."""
-        frag = self.spec.policy.fragment_of_role(role)
-        i = self.keys.index((frag, replica))
-        return self._wait([self.actors[i].weights.remote(role)])[0]
+        return self.replicas.call_one((self.spec.policy.fragment_of_role(role), replica), "weights", role)
 
     def eval_actor(self) -> Any:
         """An actor built on the driver (CPU) holding the job's current policy weights."""
@@ -927,7 +850,7 @@ class RayJob:
     # -- checkpoints ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Every replica's state (from its process) and the iteration count."""
-        states = self._wait([a.state_dict.remote() for a in self.actors])
+        states = self.replicas.call("state_dict")
         return {"iteration": self.iteration, "env_steps": self._env_steps,
                 "replicas": {f"{f}/{r}": s for (f, r), s in zip(self.keys, states)}}
 
@@ -937,50 +860,35 @@ class RayJob:
         Raises:
             KeyError: the checkpoint's replicas differ from this job's.
         """
-        self._wait([a.load_state_dict.remote(s) for a, s in zip(self.actors, replica_states(state, self.keys))])
+        self.replicas.call_each("load_state_dict", [(s,) for s in replica_states(state, self.keys)])
         self.iteration = int(state["iteration"])
         self._env_steps = int(state.get("env_steps", 0))
         self._replica_steps = {}  # each replica's count: from its first chunk on
 
     def kill(self) -> None:
         """Kills every replica process and frees the placement group (no process left behind)."""
-        import ray
         from ray.util.placement_group import remove_placement_group
 
-        for a in getattr(self, "actors", []):  # (a start that failed early made none)
-            try:
-                ray.kill(a)
-            except Exception:  # noqa: BLE001 - already dead
-                pass
-        self.actors = []
+        self.replicas.kill()
         try:
             remove_placement_group(self.placement_group)
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - none placed yet, or already removed
             pass
-        # ray.kill only asks: wait until this node's replica processes are gone, so that a
-        # stopped job has none left when kill() returns (a restarted job's new replicas must
-        # not meet the old ones' sockets or shared memory)
-        deadline = time.monotonic() + self.KILL_WAIT_S
-        pids = [p for p in getattr(self, "_local_pids", []) if _running(p)]
-        while pids and time.monotonic() < deadline:
-            time.sleep(0.02)
-            pids = [p for p in pids if _running(p)]
-        self._local_pids = []
         # the socket directories of this node's replicas (a killed one's are still there)
         for d in glob.glob(os.path.join(tempfile.gettempdir(), uds_prefix(self.job_id) + "*")):
             shutil.rmtree(d, ignore_errors=True)
 
     def comm_stats(self) -> list[dict[str, Any]]:
         """Every replica's :meth:`ReplicaActor.comm_stats`, in replica order."""
-        return self._wait([a.comm_stats.remote() for a in self.actors])
+        return self.replicas.call("comm_stats")
 
     def pids(self) -> list[int]:
         """The replicas' process ids, in replica order."""
-        return self._wait([a.pid.remote() for a in self.actors])
+        return self.replicas.call("pid")
 
     def replica_table(self) -> list[dict[str, Any]]:
         """One row per replica: ``fragment``, ``replica``, ``roles``, ``pid`` and ``node`` (IP)."""
-        info = self._wait([a.info.remote() for a in self.actors])
+        info = self.replicas.call("info")
         return [{"fragment": f, "replica": r, "roles": list(self.spec.policy.fragment(f).roles), **i}
                 for (f, r), i in zip(self.keys, info)]
 
@@ -992,11 +900,8 @@ class RayJob:
         import ray
 
         stopped = cluster_stopped() is not None
-        if self.actors and not stopped:
-            try:
-                ray.get([a.close.remote() for a in self.actors], timeout=30)
-            except Exception:  # noqa: BLE001 - a dead replica has nothing left to close
-                pass
+        if not stopped:
+            self.replicas.close(timeout_s=30.0)
         self.kill()
         if self.watchdog is not None and ray.is_initialized() and not stopped:
             from msrl.cluster.rendezvous import RayStore

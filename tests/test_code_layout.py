@@ -169,6 +169,19 @@ def test_no_algorithm_imports_another():
     assert {m: sorted(edges[m] & algorithms) for m in algorithms if edges[m] & algorithms} == {}
 
 
+def test_one_owner_of_the_ray_replica_actors():
+    """On Ray, :class:`msrl.cluster.actor_manager.ReplicaGroup` alone starts, calls, waits for,
+    watches and kills the replica actors (as RLlib's ``FaultTolerantActorManager``): the job
+    (``RayJob``: placement, process group, accounting) makes no Ray actor call itself."""
+    tree = ast.parse((PACKAGES["msrl.cluster"] / "ray_runtime.py").read_text())
+    job = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "RayJob")  # (ray.get of the placement group is placement)
+    calls = sorted({f"{ast.unparse(n.func)}:{n.lineno}" for n in ast.walk(job) if isinstance(n, ast.Call)
+                    and isinstance(n.func, ast.Attribute) and (n.func.attr in ("kill", "wait")
+                                                               and ast.unparse(n.func.value) in ("ray", "remote")
+                                                               or n.func.attr == "remote")})
+    assert calls == []
+
+
 def test_both_runtimes_implement_the_one_interface():
     from msrl.cluster.ray_runtime import RayJob
     from msrl.job import Job

@@ -52,7 +52,7 @@ def _niceness(pid: int) -> int:
 
 
 def _running(pids) -> list[int]:
-    from msrl.cluster.ray_runtime import _running
+    from msrl.cluster.actor_manager import process_running as _running
 
     return [p for p in pids if _running(p)]
 

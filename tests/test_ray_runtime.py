@@ -170,7 +170,7 @@ def _sigkill_when(run_dir, fragment, rows, timeout_s=EVENT_TIMEOUT_S, sig=None, 
 
 def _alive(pids) -> list[int]:
     """The pids of ``pids`` whose processes still run (exited zombies excluded)."""
-    from msrl.cluster.ray_runtime import _running
+    from msrl.cluster.actor_manager import process_running as _running
 
     return [p for p in pids if _running(p)]
 

@@ -1,0 +1,206 @@
+"""The one owner of a Ray job's replica actors and their health (as RLlib's
+``FaultTolerantActorManager`` owns its workers).
+
+:class:`ReplicaGroup` starts one actor per fragment replica in its placement-group bundle, calls
+them (every replica, or one) and collects the results, watches their heartbeats
+(:class:`~msrl.cluster.watchdog.Watchdog`), and turns the first failure into one error: a
+replica's own exception re-raised, or a :class:`~msrl.runtime.replica.ReplicaDied` naming the
+replica whose process died or hung, after every replica is killed -- a peer's death shows first as
+a failed boundary in a live replica, and the group names the dead one, not the one that noticed.
+Placement (the placement group: :class:`msrl.cluster.ray_runtime.RayJob`) and the process group
+(set up through :meth:`ReplicaGroup.call_each`) are not its business.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+from msrl.runtime.replica import ReplicaDied
+from msrl.runtime.shm import pid_alive
+
+__all__ = ["ReplicaGroup", "process_running"]
+
+
+def process_running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie waiting for its parent to
+    reap it has exited)."""
+    if not pid_alive(pid):
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class ReplicaGroup:
+    """A job's replica actors, one per ``(fragment, replica)`` key, and their health.
+
+    Args:
+        keys: ``(fragment, replica)`` of every replica, in replica order (bundle ``i`` holds
+            replica ``keys[i]``).
+        roles: fragment -> the roles it holds (named in a death's error).
+        on_lost: called with the :class:`ReplicaDied` of a dead or hung replica while the other
+            replicas still live (before they are killed), to complete it (the job's env steps).
+
+    Attributes:
+        actors: the actor handles, in replica order (empty once killed).
+        watchdog: the heartbeats' :class:`~msrl.cluster.watchdog.Watchdog`, once :meth:`watch`
+            was called.
+    """
+
+    #: how long :meth:`kill` waits for this node's replica processes to end (seconds)
+    KILL_WAIT_S = 10.0
+
+    def __init__(self, keys: Sequence[tuple[str, int]], roles: Mapping[str, Sequence[str]],
+                 on_lost: Callable[[ReplicaDied], None] | None = None) -> None:
+        self.keys = list(keys)
+        self.roles = dict(roles)
+        self.on_lost = on_lost
+        self.actors: list[Any] = []
+        self.watchdog: Any = None
+        self.peers: dict[tuple[str, int], Mapping[str, Any]] = {}
+        self._local_pids: list[int] = []
+
+    def start(self, actor_class: type, placement_group: Any, options: Mapping[str, Any],
+              args_of: Callable[[tuple[str, int]], Sequence[Any]]) -> None:
+        """Starts one ``actor_class`` actor per key, replica ``i`` in bundle ``i`` of
+        ``placement_group``, with Ray ``options`` and constructor arguments ``args_of(key)``."""
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        remote = ray.remote(actor_class)
+        self.actors = [
+            remote.options(
+                scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group, placement_group_bundle_index=i),
+                **options,
+            ).remote(*args_of(key))
+            for i, key in enumerate(self.keys)
+        ]
+
+    def locate(self, peers: Mapping[tuple[str, int], Mapping[str, Any]], node_id: str) -> None:
+        """Notes which replica processes run on this node (``node_id``): :meth:`kill` waits for
+        them. ``peers``: each key's :meth:`~msrl.cluster.ray_runtime.ReplicaActor.info`."""
+        self.peers = dict(peers)
+        self._local_pids = [p["pid"] for p in peers.values() if p["node_id"] == node_id]
+
+    def watch(self, job_id: str, timeout_s: float | None) -> None:
+        """Watches the replicas' heartbeats from now on (after :meth:`locate`): a replica silent
+        for ``timeout_s`` is hung (``None``: never)."""
+        from msrl.cluster.watchdog import Watchdog
+
+        peers = self.peers
+        self.watchdog = Watchdog(job_id, self.keys, [peers[k]["pid"] for k in self.keys], self.roles, timeout_s)
+
+    # -- calls ------------------------------------------------------------------------------
+    def call(self, method: str, *args: Any) -> list[Any]:
+        """``method(*args)`` on every replica; their results in replica order (see :meth:`wait`)."""
+        return self.wait([getattr(a, method).remote(*args) for a in self.actors])
+
+    def call_each(self, method: str, args: Sequence[Sequence[Any]], keys: Sequence[tuple[str, int]] | None = None) -> list[Any]:
+        """``method(*args[i])`` on replica ``keys[i]`` (every replica when ``keys`` is ``None``)."""
+        actor_of = dict(zip(self.keys, self.actors))
+        keys = self.keys if keys is None else list(keys)
+        return self.wait([getattr(actor_of[k], method).remote(*a) for k, a in zip(keys, args)])
+
+    def call_one(self, key: tuple[str, int], method: str, *args: Any) -> Any:
+        """``method(*args)`` on replica ``key``."""
+        return self.call_each(method, [args], [key])[0]
+
+    def wait(self, futures: Sequence[Any]) -> list[Any]:
+        """Every future's result. On the first failure every replica is killed and the failure
+        raised: a replica's own exception as it raised it, or :class:`ReplicaDied` naming the
+        replica whose process died or hung (:attr:`watchdog`)."""
+        import ray
+
+        pending = list(futures)
+        order = {f: i for i, f in enumerate(futures)}
+        results: list[Any] = [None] * len(futures)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1, timeout=1.0 if self.watchdog is not None else None)
+            if not done:
+                hung = self.watchdog.hung()
+                if hung is not None:
+                    raise self._lost(hung)
+                continue
+            try:
+                results[order[done[0]]] = ray.get(done[0])
+            except ray.exceptions.RayTaskError as e:
+                # a peer's death shows first as a failed boundary in a live replica ("connection
+                # closed by peer"): name the dead replica, not the one that noticed
+                dead = self.dead_replica()
+                if dead is not None:
+                    raise self._lost(dead) from None
+                self.kill()
+                cause = e.cause if getattr(e, "cause", None) is not None else e
+                raise cause from None
+            except ray.exceptions.RayActorError:
+                i = order[done[0]]
+                dead = self.died(self.keys[i]) if len(futures) == len(self.keys) else self.dead_replica()
+                raise self._lost(dead or ReplicaDied("the process of a replica died")) from None
+        return results
+
+    # -- health -----------------------------------------------------------------------------
+    def died(self, key: tuple[str, int]) -> ReplicaDied:
+        """The error naming replica ``key``'s process as dead."""
+        frag, r = key
+        return ReplicaDied(f"the process of fragment {frag} replica {r} died", frag, r, self.roles.get(frag, ()))
+
+    def dead_replica(self, timeout_s: float = 5.0) -> ReplicaDied | None:
+        """The first replica whose process is gone (``None`` when none is found within
+        ``timeout_s`` in all). A probe of a live replica still running its iterations waits
+        behind them (one thread per actor); a dead one's fails as soon as Ray knows."""
+        import ray
+
+        probes = [a.pid.remote() for a in self.actors]
+        key_of = dict(zip(probes, self.keys))
+        pending, deadline = probes, time.monotonic() + timeout_s
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break  # the rest are busy, not dead
+            try:
+                ray.get(ready[0])
+            except ray.exceptions.RayActorError:
+                return self.died(key_of[ready[0]])
+            except Exception:  # noqa: BLE001 - answered with an error: alive
+                continue
+        return None
+
+    def _lost(self, cause: ReplicaDied) -> ReplicaDied:
+        if self.on_lost is not None:
+            self.on_lost(cause)
+        self.kill()
+        return cause
+
+    def close(self, timeout_s: float) -> None:
+        """Asks every replica to close (its envs, process group, servers), waiting up to
+        ``timeout_s`` in all; a dead or stuck replica is left to :meth:`kill`."""
+        import ray
+
+        if not self.actors:
+            return
+        try:
+            ray.get([a.close.remote() for a in self.actors], timeout=timeout_s)
+        except Exception:  # noqa: BLE001 - a dead replica has nothing left to close
+            pass
+
+    def kill(self) -> None:
+        """Kills every replica and waits (up to :attr:`KILL_WAIT_S`) until this node's replica
+        processes are gone: ``ray.kill`` only asks, and a restarted job's new replicas must not
+        meet the old ones' sockets or shared memory."""
+        import ray
+
+        for a in self.actors:
+            try:
+                ray.kill(a)
+            except Exception:  # noqa: BLE001 - already dead
+                pass
+        self.actors = []
+        deadline = time.monotonic() + self.KILL_WAIT_S
+        pids = [p for p in self._local_pids if process_running(p)]
+        while pids and time.monotonic() < deadline:
+            time.sleep(0.02)
+            pids = [p for p in pids if process_running(p)]
+        self._local_pids = []
