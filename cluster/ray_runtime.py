@@ -368,7 +368,7 @@ class ReplicaActor:
                            timeout_s: float, peers: Mapping[tuple[str, int], Mapping[str, Any]] | None = None,
                            intra_node: str = "shm", boundary_servers: Mapping[tuple[str, int], str] | None = None,
                            token: str = "", tls: Any = None, max_message: int | None = None) -> None:
-        """Joins the job's Gloo process group and builds this replica's channel endpoint.
+        """Joins the job's Gloo process group and builds this replica's endpoint.
 
         ``peers`` maps every replica to its :meth:`info` (``pid``, ``node_id``). With
         ``intra_node="shm"``, a fragment whose replicas all run on this machine all-reduces its
@@ -385,7 +385,7 @@ class ReplicaActor:
         import torch.distributed as dist
 
         from msrl.runtime import shm
-        from msrl.runtime.dist import DistComm
+        from msrl.runtime.dist import DistEndpoint
 
         devices = {f.name: torch.device(f.device) for f in self.spec.policy.fragments}
         # Gloo for host tensors; NCCL as well when a fragment holds CUDA tensors (GPU-to-GPU
@@ -429,7 +429,7 @@ class ReplicaActor:
                                          token, tls=tls, timeout_s=timeout_s, max_message=max_message or MAX_MESSAGE,
                                          hold=True)  # the endpoint flushes before it waits and every iteration
             asynchronous = AsyncEndpoint(self.fragment_graph.boundaries, self.fragment, self.index, self.mailbox, transport)
-        self.comm = DistComm(self.fragment_graph.boundaries, self.fragment, self.index, ranks, own,
+        self.comm = DistEndpoint(self.fragment_graph.boundaries, self.fragment, self.index, ranks, own,
                              own_device, devices, local_group=local, asynchronous=asynchronous,
                              max_message=max_message or CODEC_MAX_MESSAGE)
         self.comm.inference = self.replica.inference  # central inference's server replica

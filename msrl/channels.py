@@ -2,7 +2,7 @@
 through a :class:`LocalHub`'s queues.
 
 Every generated program talks to its replica's endpoint (:class:`msrl.runtime.endpoint.Endpoint`,
-the ops written once); here that is a :class:`LocalComm`, which supplies only how a value
+the ops written once); here that is a :class:`LocalEndpoint`, which supplies only how a value
 travels. The semantics are those the Ray runtime implements over torch.distributed and gRPC; the
 replica mapping of each pattern is :mod:`msrl.runtime.patterns`' table:
 
@@ -39,7 +39,7 @@ from msrl.runtime.generators import BATON
 from msrl.runtime.patterns import concat, split  # noqa: F401 - re-exported
 from msrl.runtime.values import copy_value, deliver, move_tensor, payload_bytes, reduce_leaves, tensor_leaves  # noqa: F401
 
-__all__ = ["ChannelClosed", "LocalHub", "LocalComm", "concat", "split", "copy_value", "deliver", "move_tensor",
+__all__ = ["ChannelClosed", "LocalHub", "LocalEndpoint", "concat", "split", "copy_value", "deliver", "move_tensor",
            "tensor_leaves", "reduce_leaves", "payload_bytes"]
 
 _POLL_S = 0.05
@@ -81,11 +81,11 @@ class LocalHub:
         self.bytes: dict[str, int] = {}
         self._bytes_lock = threading.Lock()
 
-    def endpoint(self, fragment: str, replica: int, asynchronous: Any = None, inference: Any = None) -> "LocalComm":
+    def endpoint(self, fragment: str, replica: int, asynchronous: Any = None, inference: Any = None) -> "LocalEndpoint":
         """The endpoint generated programs of ``fragment`` replica ``replica`` call
         (``asynchronous``: its :class:`~msrl.runtime.asynchronous.AsyncEndpoint`, for ``put``/``get``;
         ``inference``: its :class:`~msrl.runtime.inference.InferenceServer`, for ``serve``)."""
-        return LocalComm(self, fragment, replica, asynchronous, inference)
+        return LocalEndpoint(self, fragment, replica, asynchronous, inference)
 
     @property
     def closed(self) -> bool:
@@ -145,7 +145,7 @@ class LocalHub:
                     continue
 
 
-class LocalComm(Endpoint):
+class LocalEndpoint(Endpoint):
     """One fragment replica's endpoint in this process (:class:`~msrl.runtime.endpoint.Endpoint`:
     the ops generated code calls); values travel through the hub's queues."""
 

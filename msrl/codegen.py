@@ -24,7 +24,7 @@ from msrl.graph import Const, Graph, Node, NodeKind
 
 __all__ = ["Program", "Lowering", "CodegenContext", "generate", "python_name", "COMM_VAR"]
 
-#: Name of the comm endpoint inside generated programs (chosen not to clash with user names).
+#: Name of the endpoint argument inside generated programs (chosen not to clash with user names).
 COMM_VAR = "_msrl_comm"
 
 

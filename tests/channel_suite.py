@@ -1,5 +1,5 @@
 """Runs one function per fragment replica over a transport: ``local`` (threads, LocalHub) or
-``dist`` (one spawned process per replica, a Gloo process group, DistComm; ``split_payload``:
+``dist`` (one spawned process per replica, a Gloo process group, DistEndpoint; ``split_payload``:
 every value as a header plus a payload message, the protocol of GPU-to-GPU boundaries;
 ``shm``: all-reduces through a shared-memory ShmGroup, as replicas on one machine do). Used by
 tests/test_channels.py so both runtimes pass the same channel-semantics tests."""
@@ -20,7 +20,7 @@ from msrl.channels import LocalHub
 def _dist_worker(rank, world, init_file, scenarios, q, split_payload=False, cuda=False, shm=False):
     import torch.distributed as dist
 
-    from msrl.runtime.dist import DistComm
+    from msrl.runtime.dist import DistEndpoint
 
     torch.set_num_threads(1)
     try:
@@ -45,7 +45,7 @@ def _dist_worker(rank, world, init_file, scenarios, q, split_payload=False, cuda
 
                         local = ShmGroup(f"{os.path.basename(init_file)}-{idx}-{frag}", mates.index((frag, rep)),
                                          len(mates), barrier=lambda g=pgs[frag]: dist.barrier(group=g))
-                    comm = DistComm(boundaries, frag, rep, ranks, pgs.get(frag), device, devices,
+                    comm = DistEndpoint(boundaries, frag, rep, ranks, pgs.get(frag), device, devices,
                                     split_payload=split_payload, local_group=local)
                     out = fns[keys[rank]](comm)
                     comm.flush()

@@ -1,6 +1,6 @@
 """Channel semantics: the comm ops between fragment replicas, one suite for both transports --
 ``local`` (threads of one process, LocalHub) and ``dist`` (one process per replica over a Gloo
-process group, DistComm with the codec; ``dist_split``: the GPU protocol's header + payload;
+process group, DistEndpoint with the codec; ``dist_split``: the GPU protocol's header + payload;
 ``dist_shm``: all-reduces through shared memory) -- plus the in-process runtime's failure handling."""
 
 import threading
@@ -276,9 +276,9 @@ def test_grow_sizes_are_bounded_by_the_limit_before_any_allocation():
 
 def test_a_value_over_the_message_limit_is_refused_by_its_sender():
     from msrl.runtime.codec import CodecError
-    from msrl.runtime.dist import DistComm
+    from msrl.runtime.dist import DistEndpoint
 
-    comm = DistComm([boundary("t", NodeKind.SEND, 1, 1)], "a", 0, {("a", 0): 0, ("b", 0): 1}, max_message=4096)
+    comm = DistEndpoint([boundary("t", NodeKind.SEND, 1, 1)], "a", 0, {("a", 0): 0, ("b", 0): 1}, max_message=4096)
     with pytest.raises(CodecError, match="over the 4096-byte limit.*cluster.max_message_mb"):
         comm.send("t", torch.zeros(2048))
     assert not comm._pending  # nothing was sent
@@ -323,9 +323,9 @@ class _Work:
 def test_reap_forgets_the_oldest_sends_that_left_and_stops_at_the_first_in_flight():
     import torch
 
-    from msrl.runtime.dist import DistComm
+    from msrl.runtime.dist import DistEndpoint
 
-    comm = DistComm([], "actor", 0, {("actor", 0): 0})
+    comm = DistEndpoint([], "actor", 0, {("actor", 0): 0})
     works = [_Work(True), _Work(True), _Work(False), *[_Work(True) for _ in range(500)]]
     comm._pending.extend((w, torch.empty(0)) for w in works)
     comm.reap()

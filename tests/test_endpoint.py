@@ -10,13 +10,13 @@ import dataclasses
 import pytest
 from test_matrix import spec
 
-from msrl.channels import LocalComm
+from msrl.channels import LocalEndpoint
 from msrl.codegen import COMM_VAR
 from msrl.fragments import torch_graph
 from msrl.graph import NodeKind
 from msrl.job import Job
 from msrl.policy import load_policy
-from msrl.runtime.dist import DistComm
+from msrl.runtime.dist import DistEndpoint
 from msrl.runtime.endpoint import BOUNDARY_OPS, Endpoint
 
 #: the ops generated code may call
@@ -38,7 +38,7 @@ def test_every_comm_node_a_backend_lowers_is_an_endpoint_op():
 
 
 def test_the_ops_are_written_once_and_transports_supply_only_how_values_travel():
-    for cls in (LocalComm, DistComm):
+    for cls in (LocalEndpoint, DistEndpoint):
         assert issubclass(cls, Endpoint)
         assert {op for op in OPS | {"allreduce"} if op in vars(cls)} == set(), cls
         assert {"_post", "_take", "_reduce_flat", "_fragment_size"} <= set(vars(cls)), cls

@@ -24,8 +24,8 @@ put/get     an asynchronous boundary: not torch.distributed but gRPC streams
 
 Sends are non-blocking (``isend``): a replica never waits for its receiver unless the program
 reads a value back, so no order of sends between two replicas can deadlock. A send's buffer is
-kept until the send has left (:meth:`DistComm.reap` forgets the oldest finished ones; the
-runtime calls it after every iteration), and :meth:`DistComm.flush` waits for every send (the
+kept until the send has left (:meth:`DistEndpoint.reap` forgets the oldest finished ones; the
+runtime calls it after every iteration), and :meth:`DistEndpoint.flush` waits for every send (the
 runtime calls it at the end of a chunk of iterations, before state is read or the process group
 is left). A Gloo send only reports that it left once waited for, so on Gloo the buffers of a
 chunk's sends are freed by its flush.
@@ -45,7 +45,7 @@ from msrl.partition import Boundary
 from msrl.runtime.codec import MAX_MESSAGE, CodecError, decode, decode_parts, encode, encode_parts, payload_size
 from msrl.runtime.endpoint import Endpoint
 
-__all__ = ["DistComm", "grow_size"]
+__all__ = ["DistEndpoint", "grow_size"]
 
 #: A channel's buffers start at this size (a control message); the first value grows them.
 _CONTROL_BYTES = 16
@@ -76,7 +76,7 @@ def grow_size(control: torch.Tensor, limit: int, boundary: str) -> int | None:
     return n
 
 
-class DistComm(Endpoint):
+class DistEndpoint(Endpoint):
     """One fragment replica's endpoint (:class:`~msrl.runtime.endpoint.Endpoint`: the ops generated
     code calls) over an initialised ``torch.distributed`` process group.
 
@@ -297,7 +297,7 @@ class _Timer:
     ``put``/``get``, the time the asynchronous transport waited (a full queue's credits) or its
     mailbox waited (a value to arrive) to ``wait_s``."""
 
-    def __init__(self, comm: DistComm, op: str) -> None:
+    def __init__(self, comm: DistEndpoint, op: str) -> None:
         self.comm, self.op = comm, op
 
     def _waited(self) -> float:

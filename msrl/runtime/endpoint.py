@@ -23,8 +23,8 @@ one value travels, which a transport's endpoint supplies by four methods: :meth:
 (a src replica's values to dst replicas), :meth:`Endpoint._take` (a dst replica's value from one
 src replica), :meth:`Endpoint._reduce_flat` (the mean of one flat buffer over the fragment's
 replicas) and :meth:`Endpoint._fragment_size`. The in-process transport is
-:class:`msrl.channels.LocalComm` (queues between threads), the one between processes
-:class:`msrl.runtime.dist.DistComm` (torch.distributed, shared memory for host all-reduces);
+:class:`msrl.channels.LocalEndpoint` (queues between threads), the one between processes
+:class:`msrl.runtime.dist.DistEndpoint` (torch.distributed, shared memory for host all-reduces);
 asynchronous boundaries move over :class:`~msrl.runtime.asynchronous.AsyncTransport`\\ s
 (in-process, Unix sockets, gRPC), peers, none a subclass of another.
 """

@@ -6,8 +6,8 @@ endpoint hands it to this replica's :class:`InferenceServer`, which
 
 1. runs ``_msrl_served`` once per client replica, each in its own thread, on a *view* of the
    trainer: the served role (``actor``) answers through the :class:`Batcher`, each sharded role
-   (``buffer``) is that client's shard of a :class:`ShardedComponent`, and the comm endpoint is
-   a :class:`ClientComm` that reads and writes that client's own ``fifo`` queues;
+   (``buffer``) is that client's shard of a :class:`ShardedComponent`, and the endpoint is
+   a :class:`ClientEndpoint` that reads and writes that client's own ``fifo`` queues;
 2. runs the batches in the calling thread meanwhile: a batch closes when ``max_batch``
    requests wait (or every client still in its run waits), or when the oldest has waited
    ``timeout_ms``; its requests are ordered by client and concatenated along the env axis, the
@@ -40,7 +40,7 @@ from msrl.channels import ChannelClosed
 from msrl.runtime.generators import BATON
 from msrl.runtime.patterns import concat
 
-__all__ = ["Batcher", "ClientComm", "ShardedComponent", "InferenceServer", "batch_args", "split_rows", "inference_metrics"]
+__all__ = ["Batcher", "ClientEndpoint", "ShardedComponent", "InferenceServer", "batch_args", "split_rows", "inference_metrics"]
 
 
 def _rows(value: Any) -> int | None:
@@ -288,8 +288,8 @@ class ShardedComponent:
         return call
 
 
-class ClientComm:
-    """The comm endpoint of one client's run: the server side of that client's own ``fifo``
+class ClientEndpoint:
+    """The endpoint of one client's run: the server side of that client's own ``fifo``
     queues (every boundary of the served region joins the server and the clients)."""
 
     def __init__(self, comm: Any, client: int, cancel: threading.Event) -> None:
@@ -351,7 +351,7 @@ class InferenceServer:
         def run(i: int) -> None:
             try:
                 with BATON.hold(self.generators[i]) if hold else contextlib.nullcontext():
-                    results[i] = fn(views[i], ClientComm(comm, i, cancel))
+                    results[i] = fn(views[i], ClientEndpoint(comm, i, cancel))
             except BaseException as e:  # noqa: BLE001 - re-raised in the replica's thread
                 errors[i] = e
                 cancel.set()

@@ -1,7 +1,7 @@
 """The replica mapping of every boundary pattern, written once (DESIGN.md §3): which dst replicas
 a src replica's value goes to (whole or one shard), which src replicas a dst replica reads, and
-how it combines what it read. Every endpoint -- in-process (:class:`msrl.channels.LocalComm`),
-between processes (:class:`msrl.runtime.dist.DistComm`) and on asynchronous boundaries
+how it combines what it read. Every endpoint -- in-process (:class:`msrl.channels.LocalEndpoint`),
+between processes (:class:`msrl.runtime.dist.DistEndpoint`) and on asynchronous boundaries
 (:class:`msrl.runtime.asynchronous.AsyncEndpoint`) -- moves values by this table; only how a
 value travels differs.
 

@@ -276,7 +276,7 @@ class Replica:
         return "env" in self.trainer.components
 
     def run_method(self, method: str, comm: Any) -> Any:
-        """Runs ``method``'s program once with channel endpoint ``comm``; returns its output.
+        """Runs ``method``'s program once with endpoint ``comm`` (:class:`~msrl.runtime.endpoint.Endpoint`); returns its output.
 
         Raises:
             FragmentError: the program raised; names the node and the user's ``file:line``.
