@@ -184,7 +184,11 @@ class UdsServer:
         import selectors
 
         sel = selectors.DefaultSelector()
-        sel.register(self._listener, selectors.EVENT_READ)
+        try:
+            sel.register(self._listener, selectors.EVENT_READ)
+        except (OSError, ValueError):  # the server was closed before this thread first ran
+            sel.close()
+            return
         pending: dict[socket.socket, list[Any]] = {}  # sock -> [bytes so far, deadline, peer pid]
         try:
             while not self._closed:
