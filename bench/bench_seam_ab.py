@@ -59,11 +59,14 @@ def main() -> None:
     p.add_argument("--after", default=sys.executable, help="Python of the checkout under test (default: this one)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--steps", type=int, default=100_000, help="train.total_env_steps of each run")
+    p.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES), metavar="CASE",
+                   help=f"which cases (default: all of {list(CASES)})")
     args = p.parse_args()
+    cases = {name: CASES[name] for name in args.cases}
     sps: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="msrl-ab-") as runs_dir:
         for r in range(args.rounds):
-            for name, overrides in CASES.items():
+            for name, overrides in cases.items():
                 order = [("before", args.before), ("after", args.after)]
                 if r % 2:
                     order.reverse()  # alternate which goes first
@@ -74,7 +77,7 @@ def main() -> None:
     print(f"\nmachine: {platform.processor() or platform.machine()}, {args.rounds} rounds x {args.steps} env steps")
     print("| case | before (env steps/s per round) | after | median after / before |")
     print("| --- | --- | --- | --- |")
-    for name in CASES:
+    for name in cases:
         b, a = sps[(name, "before")], sps[(name, "after")]
         print(f"| {name} | {', '.join(f'{x:,.0f}' for x in b)} | {', '.join(f'{x:,.0f}' for x in a)} | "
               f"{statistics.median(a) / statistics.median(b):.2f}x |")
