@@ -269,6 +269,9 @@ class AsyncEndpoint:
         #: latest slots this replica publishes -> the versions it published
         self.published = {n: 0 for n, b in self.boundaries.items() if b.mode == "latest" and b.src == fragment}
         self.lags: list[int] = []
+        #: boundary -> this replica's deliveries / sources (the pattern table's answers, fixed)
+        self._routes: dict[str, list[tuple[int, int | None]]] = {}
+        self._sources: dict[str, list[int]] = {}
 
     def _flush(self) -> None:
         if self.transport is not None:
@@ -286,8 +289,11 @@ class AsyncEndpoint:
             ChannelClosed, TimeoutError: a full queue stayed full (``fifo`` only).
         """
         b = self._get_boundary(name)
-        parts = shards(b, value)  # the replica mapping: msrl.runtime.patterns' table
-        targets = [(r, value if part is None else parts[part]) for r, part in deliveries(b, self.replica)]
+        routes = self._routes.get(name)
+        if routes is None:  # the replica mapping (msrl.runtime.patterns' table), fixed per boundary
+            routes = self._routes[name] = deliveries(b, self.replica)
+        parts = shards(b, value)
+        targets = [(r, value if part is None else parts[part]) for r, part in routes]
         if b.mode == "fifo":
             versions = dict(self.read_versions)
             items: dict[int, Item] = {}  # one item per distinct value: a broadcast's is shared
@@ -308,7 +314,9 @@ class AsyncEndpoint:
         """
         b = self._get_boundary(name)
         self._flush()  # what this replica holds leaves before it waits
-        producers = sources(b, self.replica)
+        producers = self._sources.get(name)
+        if producers is None:
+            producers = self._sources[name] = sources(b, self.replica)
         if b.mode == "fifo":
             values = []
             for p in producers:

@@ -47,6 +47,9 @@ __all__ = ["Endpoint", "BOUNDARY_OPS"]
 BOUNDARY_OPS = (NodeKind.SEND, NodeKind.RECV, NodeKind.GATHER, NodeKind.SCATTER, NodeKind.BROADCAST,
                 NodeKind.PUT, NodeKind.GET)
 
+#: the context of an op no one times (reusable: a ``nullcontext`` holds no state)
+_UNTIMED = contextlib.nullcontext()
+
 
 class Endpoint:
     """One fragment replica's endpoint (see the module docstring for the calls).
@@ -88,7 +91,7 @@ class Endpoint:
 
     def _timed(self, op: str) -> ContextManager[None]:
         """A context the op ``op`` runs in (a transport that accounts its comm time times it)."""
-        return contextlib.nullcontext()
+        return _UNTIMED
 
     # -- the ops generated programs call ----------------------------------------------------
     def _boundary(self, name: str) -> Boundary:
