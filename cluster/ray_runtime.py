@@ -232,6 +232,17 @@ def cluster_stopped() -> str | None:
     return None if e is None else f"its GCS at {address} does not answer: {e.strerror or e}"
 
 
+def interface_of(address: str) -> str | None:
+    """The name of this machine's network interface holding IPv4 ``address`` (``None``: none
+    does): where a replica's Gloo pairs listen on a cluster of several nodes."""
+    import psutil  # a dependency of Ray's
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == address for a in addrs):
+            return name
+    return None
+
+
 def uds_prefix(job_id: str) -> str:
     """The name prefix of the directories holding a job's Unix boundary sockets (under the temp
     directory of each node)."""
@@ -380,7 +391,8 @@ class ReplicaActor:
         The rendezvous goes through Ray's key-value store under the job's secret ``token``
         (:class:`~msrl.cluster.rendezvous.RayStore`: no port opened for it); when every replica
         runs on one machine, Gloo's pairs listen on loopback only (``GLOO_SOCKET_IFNAME=lo``
-        unless the environment names an interface), else on the node's own interface.
+        unless the environment names an interface), else on the interface holding the node's
+        address as Ray reports it (:func:`interface_of`).
         """
         import torch.distributed as dist
 
@@ -400,6 +412,12 @@ class ReplicaActor:
             raise ValueError("init_process_group needs the job's secret token (the rendezvous' key prefix)")
         if peers is not None and len({p["node_id"] for p in peers.values()}) == 1:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one machine: nothing listens beyond loopback
+        elif peers is not None:
+            # several machines: Gloo's pairs listen on (and advertise) this node's own address, not
+            # whatever the host name resolves to (often 127.0.0.1, unreachable from another node)
+            ifname = interface_of(peers[(self.fragment, self.index)]["node"])
+            if ifname is not None:
+                os.environ.setdefault("GLOO_SOCKET_IFNAME", ifname)
         store = RayStore(token, timeout_s)
         dist.init_process_group(backend, store=store, rank=rank, world_size=len(ranks),
                                 timeout=timedelta(seconds=timeout_s))
