@@ -246,7 +246,9 @@ class LocalCluster:
         if self.dashboard:
             dport = _free_port(ip)
             self.dashboard_address = f"http://{ip}:{dport}"
-            cmd += ["--include-dashboard=true", f"--dashboard-host={ip}", f"--dashboard-port={dport}"]
+            cmd += ["--include-dashboard=true", f"--dashboard-host={ip}", f"--dashboard-port={dport}",
+                    # the job agent on a free port (Ray's default, 52365, may be another Ray's here)
+                    f"--dashboard-agent-listen-port={_free_port(ip)}"]
         else:
             cmd += ["--include-dashboard=false"]
         self.head = self._popen(cmd, self.root / "head.log")

@@ -53,3 +53,162 @@ def test_a_coarse_job_spreads_over_two_nodes_with_their_own_addresses(tmp_path, 
     nodes = {r["node"] for r in _replicas(tmp_path, "smoke")}
     assert nodes == set(two_nodes.node_ips), nodes
     assert "joined the Ray cluster at" in out.stderr and "(2 node(s), 4 CPUs)" in out.stderr
+
+
+# -- slow: every policy across three nodes ---------------------------------------------------
+
+#: the metrics columns a deterministic policy reproduces bit for bit
+DETERMINISTIC = ("iteration", "env_steps", "charts/episodic_return", "losses/value_loss", "losses/policy_loss",
+                 "losses/approx_kl")
+
+
+def _rows(tmp_path, name):
+    import csv
+
+    with open(tmp_path / "runs" / name / "metrics.csv") as f:
+        return [{k: r[k] for k in DETERMINISTIC if k in r} for r in csv.DictReader(f)]
+
+
+def _train_one_node(tmp_path, name, *over, timeout=900):
+    """The same ``msrl train`` on a Ray of one node that the run starts itself."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    cmd = [sys.executable, "-m", "msrl.cli", "train", "configs/ppo_cartpole.yaml", f"runs_dir={tmp_path / 'runs'}",
+           f"name={name}", "runtime=ray", "train.eval_every=0", "train.progress=false", *over]
+    return run(cmd, cwd=ROOT, timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="module")
+def three_nodes():
+    with LocalCluster(nodes=3, cpus=2, dashboard=True) as c:
+        yield c
+
+
+SYNC_POLICIES = {
+    "coarse-x2": ["distribution_policy.name=single_learner_coarse", "distribution_policy.replicas.actor=2"],
+    "multi_learner-x3": ["distribution_policy.name=multi_learner", "distribution_policy.replicas.main=3",
+                         "env.num_envs=6"],
+    "fine-x2": ["distribution_policy.name=single_learner_fine", "distribution_policy.replicas.env=2"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", list(SYNC_POLICIES))
+def test_a_deterministic_policy_on_three_nodes_equals_one_node_bit_for_bit(tmp_path, three_nodes, policy):
+    """Boundaries and all-reduces between the nodes' addresses (Gloo on each node's interface):
+    the replicas spread over the three nodes, and the metrics equal the same job's on one node,
+    iteration by iteration."""
+    over = [*SYNC_POLICIES[policy], "train.total_env_steps=6144"]
+    out = _train(tmp_path, three_nodes, "spread", *over)
+    assert out.returncode == 0, out.stderr[-3000:]
+    nodes = {r["node"] for r in _replicas(tmp_path, "spread")}
+    assert nodes == set(three_nodes.node_ips), nodes
+    one = _train_one_node(tmp_path, "one", *over)
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert _rows(tmp_path, "spread") == _rows(tmp_path, "one")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("security", ["token", "tls"])
+def test_overlapped_coarse_streams_between_nodes_over_grpc_and_learns(tmp_path, three_nodes, security):
+    """Overlapped coarse with its actors on other nodes than the learner: the trajectories and
+    weights stream over gRPC between the nodes' addresses (the job's token on every stream; with
+    ``cluster.tls_*`` over TLS), and PPO reaches a mean evaluation return of 475."""
+    import shutil
+    import subprocess
+
+    tls = []
+    if security == "tls":
+        if shutil.which("openssl") is None:
+            pytest.skip("openssl is not installed")
+        cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=msrl-test",
+                        "-addext", "subjectAltName=DNS:msrl-test", "-keyout", str(key), "-out", str(cert)],
+                       check=True, capture_output=True)
+        tls = [f"cluster.tls_cert={cert}", f"cluster.tls_key={key}", "cluster.tls_server_name=msrl-test"]
+    out = _train(tmp_path, three_nodes, "overlapped", "distribution_policy.name=single_learner_coarse",
+                 "distribution_policy.replicas.actor=2", "distribution_policy.boundaries.trajectories=fifo",
+                 "distribution_policy.boundaries.weights=latest", "train.eval_every=20000", *tls, timeout=1800)
+    assert out.returncode == 0, out.stderr[-3000:]
+    table = _replicas(tmp_path, "overlapped")
+    learner = {r["node"] for r in table if "learner" in r["roles"]}
+    actors = {r["node"] for r in table if "actor" in r["roles"]}
+    assert actors - learner, table  # an actor on another node than the learner: gRPC between nodes
+    evaluation = json.loads((tmp_path / "runs" / "overlapped" / "eval.json").read_text())
+    assert evaluation["mean_return"] >= 475 or evaluation["time_to_threshold_s"] is not None, evaluation
+
+
+@pytest.mark.slow
+def test_a_node_killed_mid_run_is_recovered_and_the_run_continues_exactly(tmp_path, three_nodes):
+    """Every process of one worker node SIGKILLed mid-run (its raylet, its Ray workers, the
+    replicas on it): the job notices, restarts its replicas on the nodes left from the last
+    checkpoint, counts the restart and the dropped work, and its metrics equal an uninterrupted
+    run's iteration by iteration. The node, started again, is used again."""
+    import csv
+    import threading
+    import time
+
+    over = [*SYNC_POLICIES["coarse-x2"], "train.total_env_steps=30720", "train.checkpoint_every=10",
+            "cluster.replica_timeout_s=20"]
+    whole = _train_one_node(tmp_path, "whole", *over)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    metrics = tmp_path / "runs" / "cut" / "metrics.csv"
+    killed: list[int] = []
+    done = threading.Event()
+
+    def kill_when_running() -> None:
+        while not done.is_set():
+            if metrics.is_file() and metrics.read_text().count("\n") > 25:
+                killed.extend(three_nodes.kill_node(2))
+                return
+            time.sleep(0.05)
+
+    t = threading.Thread(target=kill_when_running, daemon=True)
+    t.start()
+    try:
+        cut = _train(tmp_path, three_nodes, "cut", *over, timeout=1800)
+    finally:
+        done.set()
+        t.join(30)
+    assert killed, "the node was never killed"
+    assert cut.returncode == 0, cut.stderr[-3000:]
+    assert "restarting every replica from the checkpoint" in cut.stderr
+    assert _rows(tmp_path, "cut") == _rows(tmp_path, "whole")  # the restart continued exactly
+    with open(metrics) as f:
+        last = list(csv.DictReader(f))[-1]
+    assert float(last["faults/replica_restarts"]) == 1 and float(last["faults/dropped_env_steps"]) >= 0
+    assert three_nodes.node_ips[2] not in {r["node"] for r in _replicas(tmp_path, "cut")}  # placed on the nodes left
+    three_nodes.restart_node(2)
+    three_nodes.wait_nodes(3)
+    again = _train(tmp_path, three_nodes, "again", *SYNC_POLICIES["coarse-x2"], "train.total_env_steps=2048")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert {r["node"] for r in _replicas(tmp_path, "again")} == set(three_nodes.node_ips)  # used again
+
+
+@pytest.mark.slow
+def test_msrl_launch_runs_on_the_cluster_and_a_dead_head_is_one_line(tmp_path, three_nodes, monkeypatch, capsys):
+    """``msrl launch CONFIG --address http://HEAD:PORT`` against the cluster's head: the job runs
+    on the cluster (its replicas over the nodes), and its run directory and metrics come back;
+    against a head that is not there, one line naming the address."""
+    from msrl.cli import main
+
+    monkeypatch.chdir(ROOT)
+    for k, v in three_nodes.client_env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    status = main(["launch", "configs/ppo_cartpole.yaml", "distribution_policy.name=single_learner_coarse",
+                   "distribution_policy.replicas.actor=2", "runtime=ray", "cluster.strategy=SPREAD",
+                   "train.total_env_steps=2048", "train.eval_every=0", "train.progress=false", f"runs_dir={tmp_path}",
+                   "--address", three_nodes.dashboard_address])
+    out = capsys.readouterr().out
+    assert status == 0, out[-3000:]
+    assert "SUCCEEDED" in out and "2048 env steps" in out
+    run_dir = tmp_path / "ppo_cartpole"
+    assert (run_dir / "metrics.csv").read_text().count("\n") >= 8
+    nodes = {r["node"] for r in json.loads((run_dir / "replicas.json").read_text())}
+    assert nodes == set(three_nodes.node_ips), nodes
+    dead = f"http://{three_nodes.node_ips[0]}:1"
+    assert main(["launch", "configs/ppo_cartpole.yaml", "--address", dead]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("msrl:")]
+    assert len(err) == 1 and dead in err[0], err
