@@ -12,6 +12,7 @@ from __future__ import annotations
 from msrl.backend import Backend
 from msrl.codegen import CodegenContext, Lowering
 from msrl.graph import Node, NodeKind
+from msrl.runtime.endpoint import BOUNDARY_OPS
 
 __all__ = ["BACKEND", "LOWERING"]
 
@@ -55,10 +56,7 @@ LOWERING = Lowering(
         NodeKind.STATE_OUT: _state_out,
         NodeKind.OUTPUT: _output,
         # (an ``allreduce`` region is structural, as loops are: :func:`msrl.codegen.generate`)
-        **{k: _comm for k in (
-            NodeKind.SEND, NodeKind.RECV, NodeKind.GATHER, NodeKind.SCATTER,
-            NodeKind.BROADCAST, NodeKind.PUT, NodeKind.GET,
-        )},
+        **{k: _comm for k in BOUNDARY_OPS},  # comm.<op>(boundary[, value]): msrl.runtime.endpoint
     },
 )
 
