@@ -292,8 +292,11 @@ class AsyncEndpoint:
         routes = self._routes.get(name)
         if routes is None:  # the replica mapping (msrl.runtime.patterns' table), fixed per boundary
             routes = self._routes[name] = deliveries(b, self.replica)
-        parts = shards(b, value)
-        targets = [(r, value if part is None else parts[part]) for r, part in routes]
+        if len(routes) == 1 and routes[0][1] is None:  # one whole value (send, gather): no shards
+            targets = [(routes[0][0], value)]
+        else:
+            parts = shards(b, value)
+            targets = [(r, value if part is None else parts[part]) for r, part in routes]
         if b.mode == "fifo":
             versions = dict(self.read_versions)
             items: dict[int, Item] = {}  # one item per distinct value: a broadcast's is shared

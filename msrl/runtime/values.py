@@ -57,6 +57,8 @@ def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor], device: 
 def payload_bytes(value: Any) -> int:
     """The bytes of the tensors a value holds (TensorDicts included): what crossing a boundary
     moves, headers aside."""
+    if isinstance(value, torch.Tensor):  # the common case, without building a list
+        return value.numel() * value.element_size()
     return sum(t.numel() * t.element_size() for t in tensor_leaves(value))
 
 
@@ -109,7 +111,9 @@ def deliver(value: Any, device: torch.device | str | None) -> Any:
     ``device`` is cloned, one on another device moved: :func:`move_tensor`). A TensorDict's
     ``device`` becomes ``device``; other leaves are returned as they are.
     """
-    to = torch.device(device) if device is not None else None
+    to = device if device is None or isinstance(device, torch.device) else torch.device(device)
+    if isinstance(value, torch.Tensor):  # the common case: one tensor, no closure, no walk
+        return move_tensor(value, to)
     return map_tensors(value, lambda t: move_tensor(t, to), to)
 
 
