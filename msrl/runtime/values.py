@@ -114,6 +114,8 @@ def deliver(value: Any, device: torch.device | str | None) -> Any:
     to = device if device is None or isinstance(device, torch.device) else torch.device(device)
     if isinstance(value, torch.Tensor):  # the common case: one tensor, no closure, no walk
         return move_tensor(value, to)
+    if isinstance(value, TensorDictBase) and (to is None or value.device == to):
+        return value.clone()  # already there: TensorDict's own copy (half the time of an apply)
     return map_tensors(value, lambda t: move_tensor(t, to), to)
 
 
