@@ -212,3 +212,84 @@ def test_msrl_launch_runs_on_the_cluster_and_a_dead_head_is_one_line(tmp_path, t
     assert main(["launch", "configs/ppo_cartpole.yaml", "--address", dead]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("msrl:")]
     assert len(err) == 1 and dead in err[0], err
+
+
+def _listeners(pid: int) -> set[str]:
+    """The IPv4 addresses (dotted) process ``pid`` listens on over TCP, read in its own network
+    namespace (``/proc/<pid>/net/tcp``)."""
+    import os
+    import socket
+    import struct
+
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    out = set()
+    with open(f"/proc/{pid}/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+                out.add(socket.inet_ntoa(struct.pack("<I", int(fields[1].split(":")[0], 16))))
+    return out
+
+
+STRANGER = """
+import sys, grpc
+from msrl.cluster.grpc_transport import METHOD
+channel = grpc.insecure_channel(sys.argv[1])
+call = channel.stream_stream(METHOD, request_serializer=None, response_deserializer=None)(
+    iter([b"x" * 64]), metadata=[("msrl-token", "not-the-job-token"), ("msrl-producer", "actor/0")], timeout=30)
+try:
+    for _ in call:
+        pass
+    print("OK")
+except grpc.RpcError as e:
+    print(e.code().name)
+"""
+
+
+@pytest.mark.slow
+def test_no_open_doors_between_nodes(tmp_path, three_nodes, monkeypatch, spec_factory):
+    """Across nodes every msrl listener is on its node's own address (or loopback): Gloo's pairs
+    and the gRPC boundary servers, never all interfaces (Ray's own worker server aside). A process
+    in another node's namespace that dials a boundary server without the job's token is refused
+    (UNAUTHENTICATED), the refusal is counted, and the run goes on unaffected."""
+    import dataclasses
+    import subprocess
+
+    import ray
+
+    from msrl.cluster.ray_runtime import RayJob
+
+    if ray.is_initialized():
+        ray.shutdown()
+    for k, v in three_nodes.client_env().items():
+        monkeypatch.setenv(k, v)
+    spec = spec_factory("single_learner_coarse")
+    spec = dataclasses.replace(spec, policy=spec.policy.with_overrides(
+        replicas={"actor": 2}, boundaries={"trajectories": "fifo", "weights": "latest"}))
+    job = RayJob(spec, address=three_nodes.address, strategy="SPREAD")
+    try:
+        job.reset()
+        job.run(2)
+        table = job.replica_table()
+        assert {r["node"] for r in table} == set(three_nodes.node_ips)
+        for row in table:
+            others = _listeners(row["pid"]) - {row["node"], "127.0.0.1"}
+            assert len(others) <= 1 and others <= {"0.0.0.0"}, (row, others)  # at most Ray's worker server
+        servers = [a for st in job.comm_stats() for a in st.get("async", {}).get("servers", [])
+                   if not a.startswith("unix:")]
+        assert servers and all(a.rsplit(":", 1)[0] in three_nodes.node_ips for a in servers), servers
+        assert job.run(1)[-1]["refused"]["connections"] == 0
+        stranger = subprocess.run(["ip", "netns", "exec", three_nodes.namespaces[0], sys.executable, "-c", STRANGER,
+                                   servers[0]], capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert stranger.stdout.strip() == "UNAUTHENTICATED", stranger.stderr[-2000:]
+        assert job.run(1)[-1]["refused"]["connections"] == 1
+        assert all(r["output"] is not None for r in job.run(2))  # the run unaffected
+    finally:
+        job.close()
