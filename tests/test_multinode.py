@@ -104,7 +104,9 @@ def test_a_deterministic_policy_on_three_nodes_equals_one_node_bit_for_bit(tmp_p
     assert out.returncode == 0, out.stderr[-3000:]
     nodes = {r["node"] for r in _replicas(tmp_path, "spread")}
     assert nodes == set(three_nodes.node_ips), nodes
-    one = _train_one_node(tmp_path, "one", *over)
+    # an all-reduce sums in its algorithm's order: across nodes Gloo's, on one node the shared-
+    # memory group's (rank order) unless told to use Gloo there too -- the same sum, other bits
+    one = _train_one_node(tmp_path, "one", *over, *(["cluster.intra_node=gloo"] if policy.startswith("multi") else []))
     assert one.returncode == 0, one.stderr[-3000:]
     assert _rows(tmp_path, "spread") == _rows(tmp_path, "one")
 
@@ -187,31 +189,28 @@ def test_a_node_killed_mid_run_is_recovered_and_the_run_continues_exactly(tmp_pa
 
 
 @pytest.mark.slow
-def test_msrl_launch_runs_on_the_cluster_and_a_dead_head_is_one_line(tmp_path, three_nodes, monkeypatch, capsys):
-    """``msrl launch CONFIG --address http://HEAD:PORT`` against the cluster's head: the job runs
-    on the cluster (its replicas over the nodes), and its run directory and metrics come back;
-    against a head that is not there, one line naming the address."""
-    from msrl.cli import main
-
-    monkeypatch.chdir(ROOT)
-    for k, v in three_nodes.client_env().items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    status = main(["launch", "configs/ppo_cartpole.yaml", "distribution_policy.name=single_learner_coarse",
-                   "distribution_policy.replicas.actor=2", "runtime=ray", "cluster.strategy=SPREAD",
-                   "train.total_env_steps=2048", "train.eval_every=0", "train.progress=false", f"runs_dir={tmp_path}",
-                   "--address", three_nodes.dashboard_address])
-    out = capsys.readouterr().out
-    assert status == 0, out[-3000:]
-    assert "SUCCEEDED" in out and "2048 env steps" in out
+def test_msrl_launch_runs_on_the_cluster_and_a_dead_head_is_one_line(tmp_path, three_nodes):
+    """``msrl launch CONFIG --address http://HEAD:PORT`` against the cluster's head (a client
+    holding the cluster's token): the job runs on the cluster (its replicas over the nodes), and its
+    run directory and metrics come back; against a head that is not there, one line naming the
+    address."""
+    env = {k: v for k, v in three_nodes.client_env().items() if k != "RAY_ADDRESS"}
+    cmd = [sys.executable, "-m", "msrl.cli", "launch", "configs/ppo_cartpole.yaml",
+           "distribution_policy.name=single_learner_coarse", "distribution_policy.replicas.actor=2", "runtime=ray",
+           "cluster.strategy=SPREAD", "train.total_env_steps=2048", "train.eval_every=0", "train.progress=false",
+           f"runs_dir={tmp_path}"]
+    out = run([*cmd, "--address", three_nodes.dashboard_address], cwd=ROOT, env=env, timeout=900)
+    assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-2000:])
+    assert "SUCCEEDED" in out.stdout and "2048 env steps" in out.stdout
     run_dir = tmp_path / "ppo_cartpole"
     assert (run_dir / "metrics.csv").read_text().count("\n") >= 8
     nodes = {r["node"] for r in json.loads((run_dir / "replicas.json").read_text())}
     assert nodes == set(three_nodes.node_ips), nodes
     dead = f"http://{three_nodes.node_ips[0]}:1"
-    assert main(["launch", "configs/ppo_cartpole.yaml", "--address", dead]) == 2
-    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("msrl:")]
-    assert len(err) == 1 and dead in err[0], err
+    out = run([*cmd, "--address", dead], cwd=ROOT, env=env, timeout=300)
+    assert out.returncode == 2
+    err = [line for line in out.stderr.splitlines() if line.startswith("msrl:")]
+    assert len(err) == 1 and dead in err[0], out.stderr[-2000:]
 
 
 def _listeners(pid: int) -> set[str]:
@@ -253,43 +252,53 @@ except grpc.RpcError as e:
 """
 
 
+#: the driver side of the no-open-doors check, run as its own process (a client holding the
+#: cluster's token): it starts an overlapped coarse job spread over the nodes, reads every
+#: replica's TCP listeners, has a stranger in another node's namespace dial a boundary server,
+#: and prints what it saw as JSON
+DOORS = """
+import dataclasses, json, subprocess, sys
+sys.path.insert(0, "tests")
+from conftest import ppo_spec
+from test_multinode import STRANGER, _listeners
+from msrl.cluster.ray_runtime import RayJob
+address, namespace = sys.argv[1], sys.argv[2]
+spec = ppo_spec("single_learner_coarse")
+spec = dataclasses.replace(spec, policy=spec.policy.with_overrides(
+    replicas={"actor": 2}, boundaries={"trajectories": "fifo", "weights": "latest"}))
+job = RayJob(spec, address=address, strategy="SPREAD")
+try:
+    job.reset()
+    job.run(2)
+    table = job.replica_table()
+    listeners = {str(r["pid"]): sorted(_listeners(r["pid"])) for r in table}
+    servers = [a for st in job.comm_stats() for a in st.get("async", {}).get("servers", []) if not a.startswith("unix:")]
+    before = job.run(1)[-1]["refused"]["connections"]
+    stranger = subprocess.run(["ip", "netns", "exec", namespace, sys.executable, "-c", STRANGER, servers[0]],
+                              capture_output=True, text=True, timeout=120)
+    after = job.run(1)[-1]["refused"]["connections"]
+    later = [r["output"] is not None for r in job.run(2)]
+finally:
+    job.close()
+print(json.dumps({"table": table, "listeners": listeners, "servers": servers, "before": before,
+                  "stranger": stranger.stdout.strip() or stranger.stderr[-1000:], "after": after, "later": later}))
+"""
+
+
 @pytest.mark.slow
-def test_no_open_doors_between_nodes(tmp_path, three_nodes, monkeypatch, spec_factory):
+def test_no_open_doors_between_nodes(tmp_path, three_nodes):
     """Across nodes every msrl listener is on its node's own address (or loopback): Gloo's pairs
     and the gRPC boundary servers, never all interfaces (Ray's own worker server aside). A process
     in another node's namespace that dials a boundary server without the job's token is refused
     (UNAUTHENTICATED), the refusal is counted, and the run goes on unaffected."""
-    import dataclasses
-    import subprocess
-
-    import ray
-
-    from msrl.cluster.ray_runtime import RayJob
-
-    if ray.is_initialized():
-        ray.shutdown()
-    for k, v in three_nodes.client_env().items():
-        monkeypatch.setenv(k, v)
-    spec = spec_factory("single_learner_coarse")
-    spec = dataclasses.replace(spec, policy=spec.policy.with_overrides(
-        replicas={"actor": 2}, boundaries={"trajectories": "fifo", "weights": "latest"}))
-    job = RayJob(spec, address=three_nodes.address, strategy="SPREAD")
-    try:
-        job.reset()
-        job.run(2)
-        table = job.replica_table()
-        assert {r["node"] for r in table} == set(three_nodes.node_ips)
-        for row in table:
-            others = _listeners(row["pid"]) - {row["node"], "127.0.0.1"}
-            assert len(others) <= 1 and others <= {"0.0.0.0"}, (row, others)  # at most Ray's worker server
-        servers = [a for st in job.comm_stats() for a in st.get("async", {}).get("servers", [])
-                   if not a.startswith("unix:")]
-        assert servers and all(a.rsplit(":", 1)[0] in three_nodes.node_ips for a in servers), servers
-        assert job.run(1)[-1]["refused"]["connections"] == 0
-        stranger = subprocess.run(["ip", "netns", "exec", three_nodes.namespaces[0], sys.executable, "-c", STRANGER,
-                                   servers[0]], capture_output=True, text=True, timeout=120, cwd=ROOT)
-        assert stranger.stdout.strip() == "UNAUTHENTICATED", stranger.stderr[-2000:]
-        assert job.run(1)[-1]["refused"]["connections"] == 1
-        assert all(r["output"] is not None for r in job.run(2))  # the run unaffected
-    finally:
-        job.close()
+    out = run([sys.executable, "-c", DOORS, three_nodes.address, three_nodes.namespaces[0]], cwd=ROOT,
+              env=three_nodes.client_env(), timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert {r["node"] for r in seen["table"]} == set(three_nodes.node_ips)
+    for row in seen["table"]:
+        others = set(seen["listeners"][str(row["pid"])]) - {row["node"], "127.0.0.1"}
+        assert len(others) <= 1 and others <= {"0.0.0.0"}, (row, others)  # at most Ray's worker server
+    assert seen["servers"] and all(a.rsplit(":", 1)[0] in three_nodes.node_ips for a in seen["servers"])
+    assert seen["before"] == 0 and seen["stranger"] == "UNAUTHENTICATED" and seen["after"] == 1, seen
+    assert all(seen["later"])  # the run unaffected
