@@ -4,7 +4,8 @@ short rollouts of every env, n-step returns bootstrapped from the critic (GAE wi
 ``lambda = 1``), one RMSprop step on policy loss, value loss and entropy bonus per rollout.
 
 The actor-critic network, the rollout actor and the rollout buffer are PPO's
-(:mod:`msrl.components`); this file holds A2C's hyperparameters, learner and loop body.
+(:mod:`msrl.components`); this file holds A2C's hyperparameters and learner; the loop body is the on-policy one
+(:class:`msrl.components.OnPolicyTrainer`).
 """
 
 from __future__ import annotations
@@ -25,10 +26,9 @@ from msrl.api import (
     NonNegativeFloat,
     PositiveFloat,
     PositiveInt,
-    Trainer,
     UnitInterval,
 )
-from msrl.components import ActorCritic, PPOActor, RolloutBuffer, build_actor_critic
+from msrl.components import ActorCritic, OnPolicyTrainer, PPOActor, RolloutBuffer, build_actor_critic
 
 __all__ = ["A2CConfig", "A2CLearner", "A2CTrainer", "ALGORITHM"]
 
@@ -137,35 +137,9 @@ class A2CLearner(Learner):
         self.iteration = int(state["iteration"])
 
 
-class A2CTrainer(Trainer):
-    """A2C's loop body (PPO's, as SB3's ``OnPolicyAlgorithm`` shares it): a rollout of
-    ``num_steps`` steps, one learner update, weight sync."""
-
-    def reset(self) -> None:
-        """First observations, and the learner's initial weights to the actor."""
-        self.obs = self.env.reset(seed=self.seed)
-        self.actor.set_weights(self.learner.get_weights())
-
-    def train_step(self) -> dict[str, float]:
-        """Rollout of ``num_steps`` steps, one learner update, weight sync; returns the metrics."""
-        for _step in range(self.hparams.num_steps):
-            action, log_prob, value = self.actor.act(self.obs)
-            next_obs, reward, terminated, truncated, info = self.env.step(action)
-            self.buffer.insert(
-                obs=self.obs,
-                action=action,
-                log_prob=log_prob,
-                value=value,
-                reward=reward,
-                terminated=terminated,
-                truncated=truncated,
-                next_obs=info["final_obs"],
-            )
-            self.obs = next_obs
-        trajectory = self.buffer.gather()
-        metrics = self.learner.learn(trajectory)
-        self.actor.set_weights(self.learner.get_weights())
-        return metrics
+class A2CTrainer(OnPolicyTrainer):
+    """A2C's loop body is the on-policy one (:class:`msrl.components.OnPolicyTrainer`): a rollout
+    of ``num_steps`` steps, one learner update, weight sync; only the learner differs from PPO's."""
 
 
 ALGORITHM = AlgorithmSpec(

@@ -6,7 +6,8 @@ under every other policy.
 
 The actor-critic network, the rollout actor (which records the behaviour policy's
 log-probabilities ``log mu(a|s)``) and the rollout buffer are PPO's (:mod:`msrl.components`);
-this file holds IMPALA's hyperparameters, learner and loop body.
+this file holds IMPALA's hyperparameters and learner; the loop body is the on-policy one
+(:class:`msrl.components.OnPolicyTrainer`).
 """
 
 from __future__ import annotations
@@ -27,10 +28,9 @@ from msrl.api import (
     NonNegativeFloat,
     PositiveFloat,
     PositiveInt,
-    Trainer,
     UnitInterval,
 )
-from msrl.components import ActorCritic, PPOActor, RolloutBuffer, build_actor_critic
+from msrl.components import ActorCritic, OnPolicyTrainer, PPOActor, RolloutBuffer, build_actor_critic
 
 __all__ = ["IMPALAConfig", "IMPALALearner", "IMPALATrainer", "ALGORITHM"]
 
@@ -158,37 +158,11 @@ class IMPALALearner(Learner):
         self.generator.set_state(state["generator"])
 
 
-class IMPALATrainer(Trainer):
-    """IMPALA's loop body: an unroll of ``num_steps`` steps with the behaviour policy's
-    log-probabilities, one learner update, weight sync. Under ``async_learner`` the update and
-    the weight sync cross asynchronous boundaries, so the next unroll runs while the learner
-    learns."""
-
-    def reset(self) -> None:
-        """First observations, and the learner's initial weights to the actor."""
-        self.obs = self.env.reset(seed=self.seed)
-        self.actor.set_weights(self.learner.get_weights())
-
-    def train_step(self) -> dict[str, float]:
-        """Rollout of ``num_steps`` steps, one learner update, weight sync; returns the metrics."""
-        for _step in range(self.hparams.num_steps):
-            action, log_prob, value = self.actor.act(self.obs)
-            next_obs, reward, terminated, truncated, info = self.env.step(action)
-            self.buffer.insert(
-                obs=self.obs,
-                action=action,
-                log_prob=log_prob,
-                value=value,
-                reward=reward,
-                terminated=terminated,
-                truncated=truncated,
-                next_obs=info["final_obs"],
-            )
-            self.obs = next_obs
-        trajectory = self.buffer.gather()
-        metrics = self.learner.learn(trajectory)
-        self.actor.set_weights(self.learner.get_weights())
-        return metrics
+class IMPALATrainer(OnPolicyTrainer):
+    """IMPALA's loop body is the on-policy one (:class:`msrl.components.OnPolicyTrainer`): an
+    unroll of ``num_steps`` steps with the behaviour policy's log-probabilities, one learner
+    update, weight sync. Under ``async_learner`` the update and the weight sync cross
+    asynchronous boundaries, so the next unroll runs while the learner learns."""
 
 
 ALGORITHM = AlgorithmSpec(

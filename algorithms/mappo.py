@@ -29,8 +29,9 @@ from tensordict import TensorDict
 from torch import nn
 
 from msrl.advantages import gae
-from msrl.api import AlgorithmSpec, BuildContext, NonNegativeFloat, PositiveFloat, Trainer
+from msrl.api import AlgorithmSpec, BuildContext, NonNegativeFloat, PositiveFloat
 from msrl.components import (
+    OnPolicyTrainer,
     PPOActor,
     PPOConfig,
     PPOLearner,
@@ -217,35 +218,9 @@ class MAPPOLearner(PPOLearner):
                            b_returns, lr, clip)
 
 
-class MAPPOTrainer(Trainer):
-    """MAPPO's loop body (PPO's): a rollout of every agent of every env for ``num_steps``
-    steps, one learner update, weight sync."""
-
-    def reset(self) -> None:
-        """First observations, and the learner's initial weights to the actor."""
-        self.obs = self.env.reset(seed=self.seed)
-        self.actor.set_weights(self.learner.get_weights())
-
-    def train_step(self) -> dict[str, float]:
-        """Rollout of ``num_steps`` steps, one learner update, weight sync; returns the metrics."""
-        for _step in range(self.hparams.num_steps):
-            action, log_prob, value = self.actor.act(self.obs)
-            next_obs, reward, terminated, truncated, info = self.env.step(action)
-            self.buffer.insert(
-                obs=self.obs,
-                action=action,
-                log_prob=log_prob,
-                value=value,
-                reward=reward,
-                terminated=terminated,
-                truncated=truncated,
-                next_obs=info["final_obs"],
-            )
-            self.obs = next_obs
-        trajectory = self.buffer.gather()
-        metrics = self.learner.learn(trajectory)
-        self.actor.set_weights(self.learner.get_weights())
-        return metrics
+class MAPPOTrainer(OnPolicyTrainer):
+    """MAPPO's loop body is the on-policy one (:class:`msrl.components.OnPolicyTrainer`): a
+    rollout of every agent of every env for ``num_steps`` steps, one learner update, weight sync."""
 
 
 ALGORITHM = AlgorithmSpec(

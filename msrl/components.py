@@ -38,13 +38,14 @@ from msrl.api import (
     NonNegativeFloat,
     PositiveFloat,
     PositiveInt,
+    Trainer,
     UnitInterval,
     returns,
 )
 from msrl.normalization import RunningMeanStd
 
 __all__ = ["PPOConfig", "mlp", "ActorCritic", "nature_cnn", "build_actor_critic", "categorical_log_prob_entropy",
-           "sample_categorical", "PPOActor", "RolloutBuffer", "PPOLearner", "ReplayBuffer"]
+           "sample_categorical", "PPOActor", "RolloutBuffer", "PPOLearner", "ReplayBuffer", "OnPolicyTrainer"]
 
 
 @dataclasses.dataclass
@@ -687,3 +688,35 @@ class ReplayBuffer(Buffer):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.storage, self.pos, self.size = state["storage"], int(state["pos"]), int(state["size"])
         self.generator.set_state(state["generator"])
+
+
+class OnPolicyTrainer(Trainer):
+    """The on-policy loop body A2C, IMPALA and MAPPO share (as SB3's ``OnPolicyAlgorithm`` does
+    for A2C and PPO; PPO's own file spells the same loop out): a rollout of ``num_steps`` steps,
+    one learner update, weight sync."""
+
+    def reset(self) -> None:
+        """First observations, and the learner's initial weights to the actor."""
+        self.obs = self.env.reset(seed=self.seed)
+        self.actor.set_weights(self.learner.get_weights())
+
+    def train_step(self) -> dict[str, float]:
+        """Rollout of ``num_steps`` steps, one learner update, weight sync; returns the metrics."""
+        for _step in range(self.hparams.num_steps):
+            action, log_prob, value = self.actor.act(self.obs)
+            next_obs, reward, terminated, truncated, info = self.env.step(action)
+            self.buffer.insert(
+                obs=self.obs,
+                action=action,
+                log_prob=log_prob,
+                value=value,
+                reward=reward,
+                terminated=terminated,
+                truncated=truncated,
+                next_obs=info["final_obs"],
+            )
+            self.obs = next_obs
+        trajectory = self.buffer.gather()
+        metrics = self.learner.learn(trajectory)
+        self.actor.set_weights(self.learner.get_weights())
+        return metrics
