@@ -39,6 +39,8 @@ import tempfile
 import time
 from typing import Any, Sequence
 
+from msrl.runtime.shm import pid_alive
+
 __all__ = ["LocalCluster", "unavailable", "sweep_stale"]
 
 #: every name this module makes starts with it (namespaces ``msrl-<pid>-n<i>``, links ``m<pid>...``)
@@ -71,16 +73,6 @@ def unavailable() -> str | None:
     return None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _netns_pids(ns: str) -> list[int]:
     out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
     return [int(p) for p in out.stdout.split()] if out.returncode == 0 else []
@@ -108,14 +100,14 @@ def sweep_stale() -> list[str]:
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     for line in out.splitlines():
         ns = line.split()[0] if line.split() else ""
-        if ns.startswith(PREFIX) and ns.split("-")[1].isdigit() and not _alive(int(ns.split("-")[1])):
+        if ns.startswith(PREFIX) and ns.split("-")[1].isdigit() and not pid_alive(int(ns.split("-")[1])):
             _kill_netns(ns)
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
             gone.append(ns)
     links = subprocess.run(["ip", "-o", "link", "show", "type", "bridge"], capture_output=True, text=True).stdout
     for line in links.splitlines():
         name = line.split(":")[1].strip().split("@")[0]
-        if name.startswith("m") and name.endswith("b") and name[1:-1].isdigit() and not _alive(int(name[1:-1])):
+        if name.startswith("m") and name.endswith("b") and name[1:-1].isdigit() and not pid_alive(int(name[1:-1])):
             subprocess.run(["ip", "link", "del", name], capture_output=True)
             gone.append(name)
     return gone
