@@ -10,6 +10,12 @@ its cores: the figure is what crossing node addresses (veth, bridge, Gloo/gRPC o
 loopback/Unix sockets) costs, not what more machines would add.
 
     sudo python bench/bench_multinode.py --steps 60000
+    sudo python bench/bench_multinode.py --node-death      # the time a node's death costs
+
+``--node-death`` instead trains coarse x2 on the 3 nodes, SIGKILLs every process of the node
+holding an actor once 25 iterations are logged, and reports the seconds from the kill to the
+first iteration logged after the restart (the restart resumes from the last checkpoint: its
+iterations are logged again), with the run's ``faults/...`` columns.
 """
 
 from __future__ import annotations
@@ -60,14 +66,57 @@ def train(runs: pathlib.Path, name: str, over: list[str], steps: int, env: dict[
     return sps, share
 
 
+def node_death(steps: int) -> None:
+    """Times a node's death: from the SIGKILL to the first metrics row written after it."""
+    import threading
+    import time
+
+    with tempfile.TemporaryDirectory(prefix="msrl-bench-death-") as tmp, LocalCluster(nodes=3, cpus=2) as cluster:
+        runs = pathlib.Path(tmp)
+        metrics = runs / "death" / "metrics.csv"
+        seen: dict[str, float] = {}
+
+        def watch() -> None:
+            while "killed" not in seen:
+                if metrics.is_file() and metrics.read_text().count("\n") > 25:
+                    rows = metrics.read_text().count("\n")
+                    cluster.kill_node(2)
+                    seen["killed"], seen["rows"] = time.monotonic(), rows
+                time.sleep(0.02)
+            size = metrics.stat().st_size
+            while time.monotonic() - seen["killed"] < 600:
+                if metrics.stat().st_size != size:
+                    seen["next_row"] = time.monotonic()
+                    return
+                time.sleep(0.02)
+
+        t = threading.Thread(target=watch, daemon=True)
+        t.start()
+        over = [*POLICIES["single_learner_coarse x2"], f"cluster.address={cluster.address}", "cluster.strategy=SPREAD",
+                "train.checkpoint_every=10"]
+        train(runs, "death", over, steps, cluster.client_env())
+        t.join(60)
+        with open(metrics) as f:
+            last = list(csv.DictReader(f))[-1]
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; coarse x2 on 3 nodes, "
+          f"node 2 killed after {seen.get('rows', 0) - 1} iterations")
+    print(f"kill -> first iteration logged after the restart: {seen['next_row'] - seen['killed']:.1f} s; "
+          f"faults/replica_restarts {last['faults/replica_restarts']}, "
+          f"faults/dropped_env_steps {last['faults/dropped_env_steps']}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=60_000)
     p.add_argument("--policies", nargs="*", default=list(POLICIES), choices=list(POLICIES), metavar="POLICY")
+    p.add_argument("--node-death", action="store_true", help="time a node's death instead (coarse x2)")
     args = p.parse_args()
     why = unavailable()
     if why is not None:
         sys.exit(f"bench_multinode: {why}")
+    if args.node_death:
+        node_death(args.steps)
+        return
     one_node_env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     results = {}
     with tempfile.TemporaryDirectory(prefix="msrl-bench-multinode-") as tmp, LocalCluster(nodes=3, cpus=2) as cluster:
