@@ -26,9 +26,9 @@ pytestmark = pytest.mark.skipif(WHY is not None, reason=f"no multi-node cluster 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _train(tmp_path, cluster, name, *over, timeout=900):
-    """``msrl train`` of the README's CartPole PPO on ``cluster``, as a user runs it."""
-    cmd = [sys.executable, "-m", "msrl.cli", "train", "configs/ppo_cartpole.yaml", f"runs_dir={tmp_path / 'runs'}",
+def _train(tmp_path, cluster, name, *over, timeout=900, config="configs/ppo_cartpole.yaml"):
+    """``msrl train`` of ``config`` (the README's CartPole PPO) on ``cluster``, as a user runs it."""
+    cmd = [sys.executable, "-m", "msrl.cli", "train", config, f"runs_dir={tmp_path / 'runs'}",
            f"name={name}", "runtime=ray", f"cluster.address={cluster.address}", "cluster.strategy=SPREAD",
            "train.eval_every=0", "train.progress=false", *over]
     return run(cmd, cwd=ROOT, timeout=timeout, env=cluster.client_env())
@@ -111,12 +111,24 @@ def test_a_deterministic_policy_on_three_nodes_equals_one_node_bit_for_bit(tmp_p
     assert _rows(tmp_path, "spread") == _rows(tmp_path, "one")
 
 
+#: policies with asynchronous boundaries: (config, overrides)
+STREAMED = {
+    "overlapped-coarse": ("configs/ppo_cartpole.yaml", [
+        "distribution_policy.name=single_learner_coarse", "distribution_policy.replicas.actor=2",
+        "distribution_policy.boundaries.trajectories=fifo", "distribution_policy.boundaries.weights=latest"]),
+    "async_learner": ("configs/impala_cartpole.yaml", ["distribution_policy.name=async_learner",
+                                                       "distribution_policy.replicas.actor=2"]),
+}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("security", ["token", "tls"])
-def test_overlapped_coarse_streams_between_nodes_over_grpc_and_learns(tmp_path, three_nodes, security):
-    """Overlapped coarse with its actors on other nodes than the learner: the trajectories and
-    weights stream over gRPC between the nodes' addresses (the job's token on every stream; with
-    ``cluster.tls_*`` over TLS), and PPO reaches a mean evaluation return of 475."""
+@pytest.mark.parametrize("policy", list(STREAMED))
+def test_asynchronous_boundaries_stream_between_nodes_over_grpc_and_learn(tmp_path, three_nodes, policy, security):
+    """Overlapped coarse (PPO) and async_learner (IMPALA) with their actors on other nodes than
+    the learner: the trajectories and weights stream over gRPC between the nodes' addresses (the
+    job's token on every stream; with ``cluster.tls_*`` over TLS), and the run reaches a mean
+    evaluation return of 475."""
     import shutil
     import subprocess
 
@@ -129,9 +141,8 @@ def test_overlapped_coarse_streams_between_nodes_over_grpc_and_learns(tmp_path, 
                         "-addext", "subjectAltName=DNS:msrl-test", "-keyout", str(key), "-out", str(cert)],
                        check=True, capture_output=True)
         tls = [f"cluster.tls_cert={cert}", f"cluster.tls_key={key}", "cluster.tls_server_name=msrl-test"]
-    out = _train(tmp_path, three_nodes, "overlapped", "distribution_policy.name=single_learner_coarse",
-                 "distribution_policy.replicas.actor=2", "distribution_policy.boundaries.trajectories=fifo",
-                 "distribution_policy.boundaries.weights=latest", "train.eval_every=20000", *tls, timeout=1800)
+    config, over = STREAMED[policy]
+    out = _train(tmp_path, three_nodes, "overlapped", *over, "train.eval_every=20000", *tls, timeout=1800, config=config)
     assert out.returncode == 0, out.stderr[-3000:]
     table = _replicas(tmp_path, "overlapped")
     learner = {r["node"] for r in table if "learner" in r["roles"]}
