@@ -138,3 +138,26 @@ def ray_address_file_kept() -> Iterator[None]:
                 RAY_ADDRESS_FILE.unlink(missing_ok=True)
             else:
                 RAY_ADDRESS_FILE.write_text(before)
+
+
+def tcp_listeners(pid: int) -> list[str]:
+    """The local addresses (hex, as ``/proc/net/tcp{,6}`` writes them: ``0100007F`` is
+    127.0.0.1) of the TCP sockets process ``pid`` listens on, read from ``/proc/<pid>/net``: the
+    tables of that process's own network namespace (a node of tests/test_multinode.py's cluster
+    has its own)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    out = []
+    for table in (f"/proc/{pid}/net/tcp", f"/proc/{pid}/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+                    out.append(fields[1].rsplit(":", 1)[0])
+    return out

@@ -12,7 +12,6 @@ from test_matrix import spec
 
 from msrl.channels import LocalEndpoint
 from msrl.codegen import COMM_VAR
-from msrl.fragments import torch_graph
 from msrl.graph import NodeKind
 from msrl.job import Job
 from msrl.policy import load_policy
@@ -30,10 +29,15 @@ def _comm_calls(source: str) -> set[str]:
 
 
 def test_every_comm_node_a_backend_lowers_is_an_endpoint_op():
-    comm_kinds = {k for k in torch_graph.LOWERING.rules if k not in (
-        NodeKind.STATE_IN, NodeKind.CALL, NodeKind.COMPUTE, NodeKind.STATE_OUT, NodeKind.OUTPUT)}
-    assert comm_kinds == set(BOUNDARY_OPS)
-    assert {k.value for k in BOUNDARY_OPS} <= OPS
+    """Every node kind any backend lowers, other than the program's own statements, becomes a
+    ``comm.<kind>`` call: each must be an op of the endpoint, and every boundary op is lowered."""
+    from msrl.backend import load_backend
+
+    own = {NodeKind.STATE_IN, NodeKind.CALL, NodeKind.COMPUTE, NodeKind.STATE_OUT, NodeKind.OUTPUT}
+    for name in ("torch_graph", "cuda_kernel", "cpu_process_group"):
+        comm_kinds = set(load_backend(name).lowering.rules) - own
+        assert set(BOUNDARY_OPS) <= comm_kinds, name
+        assert {k.value for k in comm_kinds} <= OPS, name
     assert all(callable(getattr(Endpoint, op)) for op in OPS)
 
 

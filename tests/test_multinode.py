@@ -14,7 +14,7 @@ import pathlib
 import sys
 
 import pytest
-from procs import run
+from procs import run, tcp_listeners
 
 pytest.importorskip("ray")
 
@@ -225,27 +225,11 @@ def test_msrl_launch_runs_on_the_cluster_and_a_dead_head_is_one_line(tmp_path, t
 
 
 def _listeners(pid: int) -> set[str]:
-    """The IPv4 addresses (dotted) process ``pid`` listens on over TCP, read in its own network
-    namespace (``/proc/<pid>/net/tcp``)."""
-    import os
+    """The IPv4 addresses (dotted) process ``pid`` listens on over TCP, in its own namespace."""
     import socket
     import struct
 
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            link = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            inodes.add(link[8:-1])
-    out = set()
-    with open(f"/proc/{pid}/net/tcp") as f:
-        for line in f.readlines()[1:]:
-            fields = line.split()
-            if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
-                out.add(socket.inet_ntoa(struct.pack("<I", int(fields[1].split(":")[0], 16))))
-    return out
+    return {socket.inet_ntoa(struct.pack("<I", int(a, 16))) for a in tcp_listeners(pid) if len(a) == 8}
 
 
 STRANGER = """

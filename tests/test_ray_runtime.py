@@ -13,7 +13,7 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from procs import EVENT_TIMEOUT_S, descendants, popen, stop_tree  # noqa: E402
+from procs import EVENT_TIMEOUT_S, descendants, popen, stop_tree, tcp_listeners  # noqa: E402
 
 from msrl.cluster.ray_runtime import pid_alive  # noqa: E402
 from msrl.job import Job  # noqa: E402
@@ -476,25 +476,7 @@ def test_a_killed_actor_under_async_learner_is_restarted_and_its_work_dropped(tm
     assert all(r["async/policy_lag_mean"] != "" for r in rows)
 
 
-def _tcp_listeners(pid: int) -> list[str]:
-    """The local addresses (hex, as /proc/net/tcp{,6} writes them) of the TCP sockets process
-    ``pid`` listens on."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            link = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            inodes.add(link[8:-1])
-    out = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as f:
-            for line in f.readlines()[1:]:
-                fields = line.split()
-                if fields[3] == "0A" and fields[9] in inodes:
-                    out.append(fields[1].rsplit(":", 1)[0])
-    return out
+_tcp_listeners = tcp_listeners
 
 
 LOOPBACK = "0100007F"  # 127.0.0.1
