@@ -37,7 +37,7 @@ import torch
 
 from msrl.api import EpisodeStats
 from msrl.cluster.actor_manager import ReplicaGroup
-from msrl.errors import ConfigError
+from msrl.errors import ConfigError, PlacementError
 from msrl.runtime.codec import MAX_MESSAGE as CODEC_MAX_MESSAGE
 from msrl.runtime.replica import ReplicaDied, as_floats, check_losses, replica_states
 from msrl.runtime.shm import pid_alive
@@ -46,10 +46,46 @@ __all__ = ["RayJob", "ReplicaActor", "ReplicaDied", "PlacementError", "ClusterJo
            "cluster_stopped"]
 
 
-class PlacementError(ConfigError):
-    """The Ray cluster cannot place the job's replicas (too few CPUs/GPUs for the bundles): a
-    config error (``cluster.*``, ``distribution_policy.replicas``), reported before anything is
-    written."""
+#: seconds a restart's placement may take before the job says it is waiting for capacity (where
+#: the live nodes are too small; else once :data:`CAPACITY_SETTLE_S` has passed)
+CAPACITY_NOTE_S = 5.0
+
+
+#: the longest a restart's note waits for Ray to count a lost node out of the live ones
+CAPACITY_SETTLE_S = 60.0
+
+
+def _lacking(n: int, bundle: Mapping[str, float]) -> bool:
+    """Whether the live nodes of the cluster have, in all, fewer CPUs/GPUs than ``n`` bundles need."""
+    import ray
+
+    have = ray.cluster_resources()
+    return any(v * n > have.get(k, 0) for k, v in bundle.items())
+
+
+def _resources(res: Mapping[str, float]) -> str:
+    """``{"CPU": 4.0, "GPU": 0.0, "memory": ...}`` as ``"4 CPU, 0 GPU"`` (CPUs and GPUs only)."""
+    return ", ".join(f"{res.get(k, 0):g} {k}" for k in ("CPU", "GPU") if k == "CPU" or res.get(k))
+
+
+def capacity_note(n: int, bundle: Mapping[str, float], strategy: str, timeout_s: float) -> str:
+    """The one line a restarting job prints while the cluster cannot hold its ``n`` bundles:
+    what the job needs, the live nodes (addresses) and what they have and have free, how the
+    job gets going again, and the key that bounds the wait."""
+    import ray
+
+    nodes = [x for x in ray.nodes() if x.get("Alive")]
+    have = {k: sum(x.get("Resources", {}).get(k, 0) for x in nodes) for k in ("CPU", "GPU")}
+    need = {k: v * n for k, v in bundle.items()}
+    try:
+        head = ray.get_runtime_context().gcs_address
+    except Exception:  # noqa: BLE001 - only for the message
+        head = "HEAD:PORT"
+    return (f"msrl: waiting for capacity: the job's {n} replicas need {n} bundles of {_resources(bundle)} "
+            f"({strategy}), {_resources(need)} in all; the cluster's {len(nodes)} live node(s) "
+            f"({', '.join(sorted(x.get('NodeManagerAddress', '?') for x in nodes))}) have {_resources(have)}, "
+            f"{_resources(ray.available_resources())} free. The replicas start when nodes join "
+            f"(ray start --address={head}) or resources free up, for up to cluster.capacity_timeout_s={timeout_s:g} s")
 
 
 class ClusterJoinError(ConfigError):
@@ -641,6 +677,13 @@ class RayJob:
         learner_priority: ``"on"``: the replicas of producer-only fragments (see
             :func:`producer_only_fragments`) run at niceness :data:`PRODUCER_NICE`; ``"auto"``:
             those on a machine where the job's replicas outnumber the cores; ``"off"``: none.
+        connect_timeout_s: the longest a join of ``address`` may take (seconds).
+        capacity_timeout_s: ``None`` (a first start): a cluster without the resources for the
+            bundles is a :class:`PlacementError` at once, one that has them but cannot place
+            them within ``placement_timeout_s`` one then. A number (a restart after a replica's
+            or a node's death): the job waits up to that many seconds for the cluster to hold
+            its bundles again (nodes joining, resources freed), saying once on stderr what it
+            waits for and once when it is placed; then :class:`PlacementError`.
 
     Raises:
         TraceError, PartitionError, ValueError: as :class:`msrl.job.Job`; ``ValueError`` for a
@@ -665,11 +708,10 @@ class RayJob:
                  timeout_s: float = 600.0, placement_timeout_s: float = 60.0, intra_node: str = "shm",
                  tls: Any = None, max_message: int | None = None, replica_timeout_s: float | None = 30.0,
                  boundary_transport: str = "auto", learner_priority: str = "auto",
-                 connect_timeout_s: float = 60.0) -> None:
+                 connect_timeout_s: float = 60.0, capacity_timeout_s: float | None = None) -> None:
         import secrets
 
         import ray
-        from ray.util.placement_group import placement_group
 
         from msrl.job import compile_job
 
@@ -709,26 +751,9 @@ class RayJob:
             # when they outnumber the cores; they then share cores, never spin on them)
             init_ray(address, max(os.cpu_count() or 1, math.ceil(need)), connect_timeout_s)
         try:
-            for res, per, key in (("CPU", cpus_per_replica, "cpus_per_replica"), ("GPU", gpus_per_replica, "gpus_per_replica")):
-                have = ray.cluster_resources().get(res, 0)
-                if per * len(self.keys) > have:
-                    raise PlacementError(
-                        f"{len(self.keys)} replicas x cluster.{key}={per:g} need {per * len(self.keys):g} {res}s; "
-                        f"the Ray cluster has {have:g}"
-                    )
             threads = max(1, int(math.floor(cpus_per_replica)))
             bundle = {"CPU": cpus_per_replica, **({"GPU": gpus_per_replica} if gpus_per_replica else {})}
-            self.placement_group = placement_group([dict(bundle) for _ in self.keys], strategy=strategy)
-            try:
-                ray.get(self.placement_group.ready(), timeout=placement_timeout_s)
-            except ray.exceptions.GetTimeoutError:
-                from ray.util.placement_group import remove_placement_group
-
-                remove_placement_group(self.placement_group)
-                raise PlacementError(
-                    f"the placement group of {len(self.keys)} bundles {bundle} ({strategy}) was not "
-                    f"placed within {placement_timeout_s:g} s; the cluster's free resources: {ray.available_resources()}"
-                ) from None
+            self.placement_group = self._place(bundle, strategy, placement_timeout_s, capacity_timeout_s)
             spec_bytes, fg_bytes = cloudpickle.dumps(spec), cloudpickle.dumps(self.fragment_graph)
             env_vars = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
             # one thread: a threaded actor (max_concurrency > 1) runs methods off the main thread
@@ -765,6 +790,57 @@ class RayJob:
             if self._started_ray and ray.is_initialized():
                 ray.shutdown()
             raise
+
+    def _place(self, bundle: dict[str, float], strategy: str, placement_timeout_s: float,
+               capacity_timeout_s: float | None) -> Any:
+        """Reserves and returns the placement group of one ``bundle`` per replica (see
+        ``capacity_timeout_s`` in the class docstring for how long it waits).
+
+        Raises:
+            PlacementError: the cluster lacks the resources (first start), or the group was not
+                placed in time (the message names the free resources and the key that bounds the wait).
+        """
+        import ray
+        from ray.util.placement_group import placement_group, remove_placement_group
+
+        n = len(self.keys)
+        if capacity_timeout_s is None:
+            for res, per in bundle.items():
+                have = ray.cluster_resources().get(res, 0)
+                if per * n > have:
+                    key = {"CPU": "cpus_per_replica", "GPU": "gpus_per_replica"}[res]
+                    raise PlacementError(f"{n} replicas x cluster.{key}={per:g} need {per * n:g} {res}s; "
+                                         f"the Ray cluster has {have:g}")
+        deadline = placement_timeout_s if capacity_timeout_s is None else capacity_timeout_s
+        group = placement_group([dict(bundle) for _ in self.keys], strategy=strategy)
+        t0 = time.monotonic()
+        try:
+            if capacity_timeout_s is None or capacity_timeout_s <= CAPACITY_NOTE_S:
+                ray.get(group.ready(), timeout=deadline)
+            else:
+                ready = group.ready()
+                try:
+                    ray.get(ready, timeout=CAPACITY_NOTE_S)
+                except ray.exceptions.GetTimeoutError:
+                    # Ray marks a lost node dead only once its health checks fail (~15-30 s after):
+                    # until the live nodes are too small, or CAPACITY_SETTLE_S, the note would
+                    # count the lost node as live; placed before then, there is nothing to say
+                    while not _lacking(n, bundle) and time.monotonic() - t0 < min(CAPACITY_SETTLE_S, deadline):
+                        done, _ = ray.wait([ready], timeout=1.0)
+                        if done:
+                            return group
+                    print(capacity_note(n, bundle, strategy, capacity_timeout_s), file=sys.stderr, flush=True)
+                    ray.get(ready, timeout=max(0.1, deadline - (time.monotonic() - t0)))
+                    print(f"msrl: the cluster holds the job's {n} replicas again after {time.monotonic() - t0:.1f} s "
+                          "of waiting; starting them", file=sys.stderr, flush=True)
+        except ray.exceptions.GetTimeoutError:
+            remove_placement_group(group)
+            key = ("cluster.capacity_timeout_s" if capacity_timeout_s is not None else "the placement timeout")
+            raise PlacementError(
+                f"the placement group of {n} bundles {bundle} ({strategy}) was not placed within {deadline:g} s "
+                f"({key}); the cluster's free resources: {_resources(ray.available_resources())}"
+            ) from None
+        return group
 
     # -- running ----------------------------------------------------------------------------
     @property

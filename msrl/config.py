@@ -147,6 +147,12 @@ class ClusterConfig(_Strict):
     max_restarts: int = Field(
         3, ge=0, description="restarts from the last checkpoint after a replica process dies or hangs (any role)"
     )
+    capacity_timeout_s: float = Field(
+        600.0, gt=0, le=86400.0, allow_inf_nan=False,
+        description="after a replica's death (a node lost), how long the restart waits, in seconds, for the cluster to "
+                    "hold the job's replicas again (nodes joining, resources freed), saying so on stderr; then training "
+                    "stops with the last checkpoint kept",
+    )
     replica_timeout_s: float = Field(
         30.0, ge=2.0, le=86400.0, allow_inf_nan=False,
         description="seconds without a heartbeat after which a replica process counts as hung (restarted like a "

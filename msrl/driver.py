@@ -12,10 +12,12 @@ from msrl.job import Job, JobSpec
 __all__ = ["make_job", "tls_config"]
 
 
-def make_job(spec: JobSpec, cfg: RunConfig) -> Any:
+def make_job(spec: JobSpec, cfg: RunConfig, restarted: bool = False) -> Any:
     """The job of ``cfg`` on its runtime: :class:`~msrl.job.Job` (``runtime: local``) or
     :class:`~msrl.cluster.ray_runtime.RayJob` (``runtime: ray``; ``cluster.*`` places it);
-    ``runtime: auto`` runs policies with more than one replica on Ray."""
+    ``runtime: auto`` runs policies with more than one replica on Ray. A ``restarted`` job
+    (after a replica's death) waits up to ``cluster.capacity_timeout_s`` for the cluster to
+    hold its replicas; a first start fails at once where the cluster is too small."""
     from msrl.config import resolve_runtime
 
     if resolve_runtime(cfg.runtime, spec.policy) == "local":
@@ -33,7 +35,8 @@ def make_job(spec: JobSpec, cfg: RunConfig) -> Any:
                   max_message=round(cfg.cluster.max_message_mb * (1 << 20)),
                   replica_timeout_s=cfg.cluster.replica_timeout_s if cfg.cluster.watchdog else None,
                   boundary_transport=cfg.cluster.boundary_transport, learner_priority=cfg.cluster.learner_priority,
-                  connect_timeout_s=cfg.cluster.connect_timeout_s)
+                  connect_timeout_s=cfg.cluster.connect_timeout_s,
+                  capacity_timeout_s=cfg.cluster.capacity_timeout_s if restarted else None)
 
 
 def tls_config(cfg: RunConfig) -> Any:

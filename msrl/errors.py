@@ -12,7 +12,7 @@ or the user's components) raises with its traceback.
 
 from __future__ import annotations
 
-__all__ = ["MsrlError", "InputError", "ConfigError"]
+__all__ = ["MsrlError", "InputError", "ConfigError", "PlacementError"]
 
 
 class MsrlError(Exception):
@@ -35,3 +35,11 @@ class InputError(MsrlError):
 
 class ConfigError(InputError, ValueError):
     """A config, override or name that cannot run; the message says what is valid."""
+
+
+class PlacementError(ConfigError):
+    """The Ray cluster cannot place the job's replicas (too few CPUs/GPUs for the bundles): a
+    config error (``cluster.*``, ``distribution_policy.replicas``), reported before anything is
+    written. After a replica's death (:func:`msrl.run.train`'s restart) it means the cluster did
+    not hold the replicas again within ``cluster.capacity_timeout_s``: the run stops with its
+    checkpoint kept (:class:`msrl.TrainingStopped`)."""

@@ -20,6 +20,7 @@ import torch
 from msrl.checkpoints import CHECKPOINT, atomic_save, load_checkpoint, read_checkpoint, set_aside_damaged
 from msrl.config import ConfigError, RunConfig, build_job_spec
 from msrl.driver import make_job
+from msrl.errors import PlacementError
 from msrl.job import JobSpec
 from msrl.loop import TrainingLoop
 from msrl.outcome import ClusterLost, ReplicaLost, TrainingInterrupted, TrainingStopped, TrainResult
@@ -67,6 +68,19 @@ def train(cfg: RunConfig, resume: str | pathlib.Path | None = None) -> TrainResu
     while True:
         try:
             return _train_once(cfg, resume, restarted=restarts > 0, faults=pending, reuse=reuse)
+        except PlacementError as e:
+            if restarts == 0:
+                raise  # a first start on a cluster too small: a config error
+            ckpt = (pathlib.Path(resume) if resume is not None else reuse)
+            ckpt = ckpt / CHECKPOINT if ckpt is not None else None
+            have = ckpt is not None and ckpt.is_file()
+            steps = int(read_checkpoint(ckpt)["env_steps"]) if have else 0
+            raise TrainingStopped(
+                f"training stopped after env step {steps}: the restart could not place the job's replicas: {e}"
+                + f"\nlast good checkpoint: {ckpt if have else 'none'}"
+                + (f"; continue with: msrl train --resume {ckpt.parent}" if have else ""),
+                0, steps, ckpt if have else None,
+            ) from e
         except (ReplicaLost, ReplicaDied) as e:
             lost = e if isinstance(e, ReplicaLost) else ReplicaLost(
                 pathlib.Path(resume) if resume is not None else reuse, -1, e)  # died while the job started
@@ -132,7 +146,7 @@ def _train_once(cfg: RunConfig, resume: str | pathlib.Path | None, restarted: bo
         if resume is not None:
             state = _open_resumed(cfg, spec, pathlib.Path(resume), locks)
         torch.set_num_threads(cfg.train.torch_threads)
-        job = make_job(spec, cfg)
+        job = make_job(spec, cfg, restarted)
         per, total = spec.env_steps_per_iteration, cfg.train.total_env_steps
         if total % per and not restarted:  # (said once the job is built: an input error comes alone)
             print(f"msrl: train.total_env_steps={total} is {total // per} whole iterations of {per} env steps: "

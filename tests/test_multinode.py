@@ -111,6 +111,22 @@ def test_a_deterministic_policy_on_three_nodes_equals_one_node_bit_for_bit(tmp_p
     assert _rows(tmp_path, "spread") == _rows(tmp_path, "one")
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", list(SYNC_POLICIES))
+def test_a_synchronous_policy_on_three_nodes_trains_cartpole_to_475(tmp_path, three_nodes, policy):
+    """Coarse (actors on other nodes than the learner), ``single_learner_fine`` (env replicas on
+    other nodes than central inference) and ``multi_learner`` x3 (one replica per node, the
+    gradients all-reduced between the nodes' addresses) train the README's CartPole PPO on three
+    nodes until an evaluation's mean return reaches 475, within the config's budget."""
+    out = _train(tmp_path, three_nodes, "trained", *SYNC_POLICIES[policy], "train.eval_every=10000",
+                 "train.stop_at_return=475", timeout=1800)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert {r["node"] for r in _replicas(tmp_path, "trained")} == set(three_nodes.node_ips)
+    evaluation = json.loads((tmp_path / "runs" / "trained" / "eval.json").read_text())
+    assert evaluation["time_to_threshold_s"] is not None, evaluation  # an evaluation reached 475
+    assert evaluation["steps_to_threshold"] <= 300_000, evaluation
+
+
 #: policies with asynchronous boundaries: (config, overrides)
 STREAMED = {
     "overlapped-coarse": ("configs/ppo_cartpole.yaml", [
@@ -297,3 +313,92 @@ def test_no_open_doors_between_nodes(tmp_path, three_nodes):
     assert seen["servers"] and all(a.rsplit(":", 1)[0] in three_nodes.node_ips for a in seen["servers"])
     assert seen["before"] == 0 and seen["stranger"] == "UNAUTHENTICATED" and seen["after"] == 1, seen
     assert all(seen["later"])  # the run unaffected
+
+
+#: a job that needs all three nodes: a learner and 2 actors of 2 CPUs each, one per node
+WHOLE_NODES = [*SYNC_POLICIES["coarse-x2"], "cluster.cpus_per_replica=2", "train.checkpoint_every=10",
+               "cluster.replica_timeout_s=20"]
+
+
+def _train_streamed(tmp_path, cluster, name, *over):
+    """``msrl train`` as :func:`_train` does, started and left running; its stderr goes to a file
+    the test reads while it runs. Returns ``(process, stderr file)``."""
+    from procs import popen
+
+    err = tmp_path / f"{name}.stderr"
+    cmd = [sys.executable, "-m", "msrl.cli", "train", "configs/ppo_cartpole.yaml", f"runs_dir={tmp_path / 'runs'}",
+           f"name={name}", "runtime=ray", f"cluster.address={cluster.address}", "cluster.strategy=SPREAD",
+           "train.eval_every=0", "train.progress=false", *over]
+    with open(err, "w") as f:
+        return popen(cmd, cwd=ROOT, env=cluster.client_env(), stdout=f, stderr=f, text=True), err
+
+
+def _rows_at_least(tmp_path, name, n):
+    m = tmp_path / "runs" / name / "metrics.csv"
+    return m.is_file() and m.read_text().count("\n") > n
+
+
+@pytest.mark.slow
+def test_a_node_lost_without_room_left_waits_for_capacity_and_continues_exactly_when_it_returns(tmp_path, three_nodes):
+    """A job whose replicas fill all three nodes loses one: its restart cannot be placed on the
+    two nodes left, so it says once what it waits for (the bundles, the live nodes, the key that
+    bounds the wait) and waits; the node started again, the replicas are placed (on it too) and
+    the run continues from its checkpoint, its metrics equal to an uninterrupted run's."""
+    from procs import EVENT_TIMEOUT_S, stop_tree, wait_for
+
+    over = [*WHOLE_NODES, "train.total_env_steps=30720"]
+    whole = _train_one_node(tmp_path, "whole", *over)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    proc, err = _train_streamed(tmp_path, three_nodes, "cut", *over)
+    try:
+        wait_for(lambda: _rows_at_least(tmp_path, "cut", 25), "25 rows of the run", alive=proc)
+        assert three_nodes.kill_node(2), "the node had no process to kill"
+        wait_for(lambda: "msrl: waiting for capacity" in err.read_text(), "the job waiting for capacity", alive=proc)
+        three_nodes.restart_node(2)
+        proc.wait(timeout=EVENT_TIMEOUT_S)
+    finally:
+        stop_tree(proc)
+        if len(three_nodes.alive_nodes()) < 3:
+            three_nodes.restart_node(2)
+        three_nodes.wait_nodes(3)
+    text = err.read_text()
+    assert proc.returncode == 0, text[-3000:]
+    note = next(line for line in text.splitlines() if line.startswith("msrl: waiting for capacity"))
+    assert "the job's 3 replicas need 3 bundles of 2 CPU (SPREAD), 6 CPU in all" in note, note
+    assert "2 live node(s)" in note and three_nodes.node_ips[2] not in note.split("live node(s)")[1].split(")")[0], note
+    assert "cluster.capacity_timeout_s=600 s" in note, note
+    assert "the cluster holds the job's 3 replicas again after" in text
+    assert _rows(tmp_path, "cut") == _rows(tmp_path, "whole")  # continued exactly
+    assert {r["node"] for r in _replicas(tmp_path, "cut")} == set(three_nodes.node_ips)  # the node used again
+
+
+@pytest.mark.slow
+def test_a_node_lost_for_longer_than_capacity_timeout_stops_the_run_with_its_checkpoint(tmp_path, three_nodes):
+    """The same loss with the node never coming back: after ``cluster.capacity_timeout_s`` the
+    run stops (exit status 1) in one line naming the placement and the ``--resume`` command, its
+    checkpoint kept; with the node back, ``--resume`` finishes the run."""
+    from procs import EVENT_TIMEOUT_S, stop_tree, wait_for
+
+    over = [*WHOLE_NODES, "train.total_env_steps=30720", "cluster.capacity_timeout_s=15"]
+    proc, err = _train_streamed(tmp_path, three_nodes, "cut", *over)
+    try:
+        wait_for(lambda: _rows_at_least(tmp_path, "cut", 25), "25 rows of the run", alive=proc)
+        assert three_nodes.kill_node(2), "the node had no process to kill"
+        proc.wait(timeout=EVENT_TIMEOUT_S)
+    finally:
+        stop_tree(proc)
+        if len(three_nodes.alive_nodes()) < 3:
+            three_nodes.restart_node(2)
+    text = err.read_text()
+    assert proc.returncode == 1, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    last = [line for line in text.splitlines() if line.startswith("msrl:")][-1]
+    run_dir = tmp_path / "runs" / "cut"
+    assert "the restart could not place the job's replicas" in text and "cluster.capacity_timeout_s" in text, text[-3000:]
+    assert f"continue with: msrl train --resume {run_dir}" in text, text[-3000:]
+    assert (run_dir / "checkpoints" / "latest.pt").is_file(), last
+    three_nodes.wait_nodes(3)
+    out = run([sys.executable, "-m", "msrl.cli", "train", "--resume", str(run_dir)], cwd=ROOT,
+              env=three_nodes.client_env(), timeout=EVENT_TIMEOUT_S)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert _rows(tmp_path, "cut")[-1]["env_steps"] == "30720"

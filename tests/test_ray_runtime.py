@@ -13,7 +13,7 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from procs import EVENT_TIMEOUT_S, descendants, popen, stop_tree, tcp_listeners  # noqa: E402
+from procs import EVENT_TIMEOUT_S, descendants, popen, stop_tree, tcp_listeners, wait_for  # noqa: E402
 
 from msrl.cluster.ray_runtime import pid_alive  # noqa: E402
 from msrl.job import Job  # noqa: E402
@@ -565,3 +565,75 @@ def test_learner_priority_lowers_only_producer_only_replicas(spec_factory, polic
     # two machines: only the outnumbered one's producers (two replicas on one core, the rest on 64)
     peers = {k: {"node_id": "n1" if i < 2 else "n2", "cores": 1 if i < 2 else 64} for i, k in enumerate(keys)}
     assert producers_to_lower(keys, peers, producers, "auto") == [k for k in keys[:2] if k in lowered]
+
+
+class _Tee:
+    """A stderr stand-in that keeps what is written and sets ``seen`` when ``marker`` is written."""
+
+    def __init__(self, marker: str) -> None:
+        import threading
+
+        self.marker, self.text, self.seen = marker, [], threading.Event()
+
+    def write(self, s: str) -> int:
+        self.text.append(s)
+        if self.marker in "".join(self.text):
+            self.seen.set()
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_a_restart_waits_for_capacity_saying_so_and_starts_when_it_is_there(ray_local, spec_factory, monkeypatch):
+    """A restarting job (``capacity_timeout_s`` set) on a cluster whose free CPUs cannot hold
+    its bundles: one line says what it waits for (the bundles, the live nodes, what is free and
+    the key that bounds the wait), and once the CPUs are freed the replicas are placed and run;
+    with the CPUs never freed, :class:`PlacementError` names ``cluster.capacity_timeout_s``."""
+    import sys
+    import threading
+
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    from msrl.cluster.ray_runtime import PlacementError, RayJob
+
+    spec = spec_factory("single_learner_coarse")
+    spec = dataclasses.replace(spec, policy=spec.policy.with_overrides(replicas={"actor": 1}))  # 2 bundles of 1 CPU
+    tee = _Tee("msrl: waiting for capacity")
+    monkeypatch.setattr(sys, "stderr", tee)
+    # the live node is big enough (another group holds its CPUs): the note comes once Ray's view
+    # of the live nodes has had CAPACITY_SETTLE_S to settle, here at once
+    monkeypatch.setattr("msrl.cluster.ray_runtime.CAPACITY_SETTLE_S", 0.0)
+    blocker = placement_group([{"CPU": 1}] * 3)  # 1 of the 4 CPUs left
+    ray.get(blocker.ready(), timeout=EVENT_TIMEOUT_S)
+    made: list = []
+    t = threading.Thread(target=lambda: made.append(RayJob(spec, capacity_timeout_s=EVENT_TIMEOUT_S)), daemon=True)
+    t.start()
+    try:
+        assert tee.seen.wait(EVENT_TIMEOUT_S), "".join(tee.text)
+        assert not made  # still waiting
+        note = next(line for line in "".join(tee.text).splitlines() if line.startswith("msrl: waiting for capacity"))
+        assert "the job's 2 replicas need 2 bundles of 1 CPU (PACK), 2 CPU in all" in note, note
+        assert "1 live node(s)" in note and "have 4 CPU, 1 CPU free" in note, note
+        assert note.endswith(f"cluster.capacity_timeout_s={EVENT_TIMEOUT_S:g} s"), note
+    finally:
+        remove_placement_group(blocker)
+    t.join(EVENT_TIMEOUT_S)
+    assert made, "the job never started after the CPUs were freed"
+    job = made[0]
+    try:
+        job.reset()
+        assert job.run(1)[-1]["output"] is not None
+    finally:
+        job.close()
+    assert "the cluster holds the job's 2 replicas again after" in "".join(tee.text)
+
+    blocker = placement_group([{"CPU": 1}] * 3)
+    ray.get(blocker.ready(), timeout=EVENT_TIMEOUT_S)
+    try:
+        with pytest.raises(PlacementError, match=r"not placed within 6 s \(cluster.capacity_timeout_s\)"):
+            RayJob(spec, capacity_timeout_s=6)
+    finally:
+        remove_placement_group(blocker)
+    # the refused job's pending group was removed with it: every CPU comes back free
+    wait_for(lambda: ray.available_resources().get("CPU", 0) == 4, "the 4 CPUs free after the refused job")
