@@ -29,6 +29,7 @@ import ctypes
 import json
 import os
 import pathlib
+import re
 import secrets
 import shutil
 import signal
@@ -107,7 +108,8 @@ def sweep_stale() -> list[str]:
     links = subprocess.run(["ip", "-o", "link", "show", "type", "bridge"], capture_output=True, text=True).stdout
     for line in links.splitlines():
         name = line.split(":")[1].strip().split("@")[0]
-        if name.startswith("m") and name.endswith("b") and name[1:-1].isdigit() and not pid_alive(int(name[1:-1])):
+        owner = re.fullmatch(r"m(\d+)(?:k\d+)?b", name)
+        if owner is not None and not pid_alive(int(owner.group(1))):
             subprocess.run(["ip", "link", "del", name], capture_output=True)
             gone.append(name)
     return gone
@@ -165,8 +167,9 @@ class LocalCluster:
         self.die_with_parent, self.dashboard = die_with_parent, dashboard
         self.owner = os.getpid()
         self.k = _free_subnet()
-        self.bridge = f"m{self.owner}b"
-        self.namespaces = [f"{PREFIX}{self.owner}-n{i}" for i in range(1, nodes)]
+        # names carry the owner's pid (for sweep_stale) and the subnet (two clusters of one process)
+        self.bridge = f"m{self.owner}k{self.k}b"
+        self.namespaces = [f"{PREFIX}{self.owner}-k{self.k}n{i}" for i in range(1, nodes)]
         self.node_ips = [f"10.211.{self.k}.{i + 1}" for i in range(nodes)]
         self.root = pathlib.Path(tempfile.mkdtemp(prefix=f"msrl-cluster-{self.owner}-"))
         #: the cluster's Ray authentication token (``RAY_AUTH_MODE=token``): every node and every
@@ -205,7 +208,7 @@ class LocalCluster:
         _ip("link", "set", self.bridge, "up")
         for i, ns in enumerate(self.namespaces, start=1):
             _ip("netns", "add", ns)
-            host = f"m{self.owner}h{i}"
+            host = f"m{self.owner}k{self.k}h{i}"  # at most 15 characters (IFNAMSIZ)
             _ip("link", "add", host, "type", "veth", "peer", "name", "eth0", "netns", ns)
             _ip("link", "set", host, "master", self.bridge, "up")
             _ip("addr", "add", f"{self.node_ips[i]}/24", "dev", "eth0", netns=ns)

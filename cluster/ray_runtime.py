@@ -39,7 +39,7 @@ from msrl.api import EpisodeStats
 from msrl.cluster.actor_manager import ReplicaGroup
 from msrl.errors import ConfigError, PlacementError
 from msrl.runtime.codec import MAX_MESSAGE as CODEC_MAX_MESSAGE
-from msrl.runtime.replica import ReplicaDied, as_floats, check_losses, replica_states
+from msrl.runtime.replica import ReplicaDied, check_losses, replica_states
 from msrl.runtime.shm import pid_alive
 
 __all__ = ["RayJob", "ReplicaActor", "ReplicaDied", "PlacementError", "ClusterJoinError", "init_ray", "pid_alive",
@@ -500,9 +500,10 @@ class ReplicaActor:
                 self.comm.reap()
             comm_s = (self.comm.comm_s - self.comm.wait_s - c0) if self.comm is not None else 0.0
             wait_s = (self.comm.wait_s - w0) if self.comm is not None else 0.0
-            stats = self.replica.pop_episode_stats()
+            is_output = self.fragment == self.output_fragment and self.index == 0
+            out, stats = self.replica.read_iteration(out, output=is_output)
             records.append({
-                "output": as_floats(out) if self.fragment == self.output_fragment and self.index == 0 else None,
+                "output": out if is_output else None,
                 "env_steps": self.replica.env_steps,
                 "episodes": stats,
                 "time_s": time.perf_counter() - t0,

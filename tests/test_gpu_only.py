@@ -1,9 +1,6 @@
 """The gpu_only policy: one fragment, env ops as kernels (host build here), rollout on one device."""
 
-import contextlib
 import pathlib
-import sys
-import traceback
 
 import pytest
 import torch
@@ -12,6 +9,7 @@ from msrl.config import ConfigError, build_job_spec, load_config
 from msrl.envs.native import CartPole
 from msrl.job import Job
 from msrl.run import train
+from msrl.runtime.host_syncs import CPU_ONLY_READS, HostSyncRecorder, host_side, recording_program
 
 CFG = pathlib.Path(__file__).resolve().parents[1] / "configs" / "ppo_cartpole_gpu_only.yaml"
 SMALL = ["env.num_envs=8", "algorithm.hparams.num_steps=16", "train.total_env_steps=4096"]
@@ -96,47 +94,84 @@ def test_native_env_replicas_draw_what_one_process_draws():
     one.close(), two.close()
 
 
-@contextlib.contextmanager
-def _host_syncs(allow=(("api.py", "apply_gradients"), ("", "pop_episode_stats"))):
-    """Records every tensor -> Python conversion (``bool``, ``item``, ``tolist``, ``numpy``,
-    ``int``/``float``): on a GPU each is a device-to-host copy and a sync. ``apply_gradients``'s
-    finiteness check is allowed: it runs only for CPU losses; so is the runtime's one read of
-    the iteration's finished episodes after the iteration (as its metrics are read)."""
-    names = ("__bool__", "item", "tolist", "numpy", "__int__", "__float__", "__index__")
-    saved = {n: getattr(torch.Tensor, n) for n in names}
-    hits = []
+#: the iteration's one host read: its metrics and finished episodes, together
+ONE_READ = ("msrl/runtime/replica.py", "read_iteration")
 
-    def recording(name):
-        original = saved[name]
 
-        def f(self, *args, **kwargs):
-            caller = sys._getframe(1).f_code
-            if not any(caller.co_filename.endswith(file) and caller.co_name == fn for file, fn in allow):
-                hits.append(f"Tensor.{name} from " + "".join(traceback.format_stack(limit=4)[:-1]))
-            return original(self, *args, **kwargs)
-        return f
-
-    for n in names:
-        setattr(torch.Tensor, n, recording(n))
+def _one_iteration(job, recorder, fragment=None):
+    """Runs one ``train_step`` of ``job`` with ``recorder`` around it: the whole iteration
+    (every replica's program and the read of its results) in this thread, or only the program
+    of ``fragment``'s replica 0 (run in its worker thread)."""
+    if fragment is None:
+        with recorder:
+            job.runtime.run("train_step")
+        return
+    rep = job.runtime.replicas[(fragment, 0)]
+    program = rep.programs["train_step"]
+    rep.programs["train_step"] = recording_program(program, recorder)
     try:
-        yield hits
+        job.runtime.run("train_step")
     finally:
-        for n, f in saved.items():
-            setattr(torch.Tensor, n, f)
+        rep.programs["train_step"] = program
 
 
 @pytest.mark.parametrize("config, env_id", [(CFG, "msrl/CartPole-v1"), (CFG, "msrl/Pendulum-v1"),
                                              (pathlib.Path(CFG).with_name("ma_ppo_tag.yaml"), "msrl/Tag-v0")])
-def test_no_tensor_to_host_conversion_on_the_gpu_only_hot_path(config, env_id):
-    """The CPU guard against hidden syncs: one iteration of every native env's gpu_only job
-    (rollout, GAE, update) converts no tensor to a Python value (a validating
-    torch.distributions.Normal did, ~3 times per env step)."""
+def test_a_gpu_only_iteration_syncs_the_host_once(config, env_id):
+    """The CPU guard against hidden syncs: every aten op of one iteration of each native env's
+    gpu_only job (rollout, GAE, update, the read of its results) is recorded; none would
+    synchronise a GPU's host (``nonzero``, ``.item()``, boolean masking, ``equal``, a copy to the
+    host, ``tolist``) but the iteration's one read of its metrics and episodes together (a
+    validating torch.distributions.Normal once read ~3 values per env step)."""
     job = Job(build_job_spec(load_config(config, [f"env.id={env_id}", "env.num_envs=8", "algorithm.hparams.num_steps=8"])))
     try:
         job.reset()
         job.runtime.run("train_step")
-        with _host_syncs() as hits:
-            job.runtime.run("train_step")
-        assert hits == [], hits[0]
+        rec = HostSyncRecorder(allow=(*CPU_ONLY_READS, ONE_READ))
+        _one_iteration(job, rec)
     finally:
         job.close()
+    assert rec.syncs == [], rec.report()
+    assert len(rec.reads(ONE_READ)) == 1, rec.reads(ONE_READ)  # metrics and episodes in one copy
+    assert rec.ops_total > 8 * 8  # it saw the iteration's ops (a rollout of 8 steps at least)
+
+
+def test_coarse_learner_fragment_makes_no_host_sync():
+    """The learner fragment of coarse (GAE and the PPO update on the batch the actors sent):
+    no op in its program would synchronise a GPU's host; its metrics are read after it."""
+    cfg = load_config(pathlib.Path(CFG).with_name("ppo_cartpole.yaml"), [
+        "distribution_policy.name=single_learner_coarse", "env.num_envs=8", "algorithm.hparams.num_steps=8"])
+    job = Job(build_job_spec(cfg))
+    try:
+        job.reset()
+        job.runtime.run("train_step")
+        rec = HostSyncRecorder()
+        _one_iteration(job, rec, "learner")
+    finally:
+        job.close()
+    # the CPU loss's finiteness check (skipped for a CUDA loss) is the only host read
+    assert rec.syncs == [], rec.report()
+    assert rec.ops_total > 100 and rec.ops.get("addmm", 0) > 0  # it saw the update
+
+
+def test_the_recorder_finds_each_kind_of_host_sync():
+    """The guard can fail: each kind of op that syncs a GPU's host, run on the CPU, is recorded
+    with the line that made it; the same work written without a sync is not."""
+    x = torch.arange(6.0)
+    rec = HostSyncRecorder(allow=())
+    with rec:
+        x.sum().item()              # a Python number
+        bool(x.max() > 2)           # a truth value
+        torch.nonzero(x > 2)        # a data-dependent shape
+        x[x > 2]                    # boolean masking
+        torch.equal(x, x)           # answered on the host
+        x.to("cpu", copy=True)      # an explicit copy to the host
+        x.tolist()                  # read on the host
+        torch.where(x > 2, x, 0.0).sum()  # the sync-free way
+    ops = [s.op for s in rec.syncs]
+    assert ops == ["_local_scalar_dense", "_local_scalar_dense", "nonzero", "index", "equal", "_to_copy", "Tensor.tolist"], ops
+    assert all(s.where.startswith(__file__) for s in rec.syncs), [s.where for s in rec.syncs]
+    assert rec.ops["where"] == 1 and rec.ops["sum"] == 2
+    with HostSyncRecorder() as quiet, host_side():
+        x[x > 2].tolist()  # work on values already read
+    assert quiet.syncs == [] and quiet.host_ops["index"] == 1

@@ -16,7 +16,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping
 
-from msrl.api import EpisodeStats
 from msrl.channels import ChannelClosed, LocalHub
 from msrl.partition import FragmentGraph
 from msrl.runtime.asynchronous import AsyncEndpoint, LocalTransport, Mailbox
@@ -108,11 +107,13 @@ class LocalRuntime:
         rep = self.replicas[key]
         comm = hub.endpoint(fragment, replica, self.asynchronous[key], rep.inference) if hub is not None else None
         records = []
+        frag = self._output_fragment.get(method)
+        output = (frag, 0) if frag is not None and (frag, 0) in self.replicas else self._keys[0]
         try:
             for _ in range(n):
                 t0 = time.perf_counter()
-                out = rep.run_method(method, comm)
-                records.append({"output": out, "episodes": rep.pop_episode_stats() if rep.has_env else EpisodeStats([], []),
+                out, episodes = rep.read_iteration(rep.run_method(method, comm), output=key == output)
+                records.append({"output": out, "episodes": episodes,
                                 "env_steps": rep.env_steps, "time_s": time.perf_counter() - t0,
                                 "policy_lags": self.asynchronous[key].pop_lags(),
                                 "inference": rep.inference.pop_stats() if rep.inference is not None else None})

@@ -26,6 +26,8 @@ from msrl.errors import MsrlError
 from msrl.partition import FragmentGraph
 from msrl.policy import FragmentSpec
 from msrl.runtime.generators import BATON, KINDS, GlobalGenerators
+from msrl.runtime.host_syncs import host_side
+from msrl.runtime.values import read_host
 
 __all__ = ["FragmentError", "ReplicaDied", "ReplicaHung", "Replica", "build_trainer", "build_trainers", "build_standalone_actor",
            "compile_fragment", "as_floats", "check_losses", "replica_states"]
@@ -303,6 +305,32 @@ class Replica:
     def pop_episode_stats(self) -> EpisodeStats:
         """Episodes this replica's envs finished since the last call."""
         return self.trainer.env.pop_episode_stats() if self.has_env else EpisodeStats([], [])
+
+    def read_iteration(self, out: Any, output: bool) -> tuple[Any, EpisodeStats]:
+        """An iteration's results on the host, read together: with ``output``, the tensor
+        metrics of the program's output (a dict) as Python floats (:func:`as_floats`), and the
+        episodes its envs finished since the last call (:meth:`pop_episode_stats`). On a GPU
+        the metrics and a native env's episode statistics come back in one device-to-host copy
+        (:func:`~msrl.runtime.values.read_host`): the iteration's one host sync.
+
+        Returns:
+            ``(out, episodes)``: ``out`` with its metrics as floats (as it was without
+            ``output`` or when it is not a dict), and the :class:`EpisodeStats`.
+        """
+        env = self.trainer.env if self.has_env else None
+        pending = env.pop_finished() if env is not None and hasattr(env, "pop_finished") else None
+        keys = [k for k, v in out.items() if isinstance(v, torch.Tensor) and v.numel() == 1] \
+            if output and isinstance(out, dict) else []
+        tensors = [out[k] for k in keys] + (pending[0] if pending is not None else [])
+        host = read_host(tensors) if tensors else []
+        if output:
+            with host_side():
+                out = as_floats({**out, **dict(zip(keys, host))}) if isinstance(out, dict) else out
+        if pending is not None:
+            episodes = pending[1](host[len(keys):])
+        else:
+            episodes = env.pop_episode_stats() if env is not None else EpisodeStats([], [])
+        return out, episodes
 
     def component(self, role: str) -> Any:
         """The component of ``role`` (in-process use only)."""

@@ -20,7 +20,7 @@ import torch
 import torch.utils._pytree as pytree
 from tensordict import TensorDictBase
 
-__all__ = ["tensor_leaves", "map_tensors", "payload_bytes", "describe_value", "move_tensor", "deliver", "copy_value",
+__all__ = ["tensor_leaves", "map_tensors", "payload_bytes", "describe_value", "move_tensor", "deliver", "copy_value", "read_host",
            "reduce_leaves"]
 
 
@@ -139,3 +139,31 @@ def reduce_leaves(value: Any, reduce_flat: Callable[[torch.Tensor], torch.Tensor
         t.copy_(flat[offset:offset + t.numel()].view_as(t))
         offset += t.numel()
     return value
+
+
+def read_host(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The ``tensors`` in host memory, read with one copy per device: on a GPU one
+    device-to-host copy (one host sync) for all of them, instead of one per tensor.
+
+    Each tensor is flattened and cast to float64 on its device, the pieces concatenated and
+    copied to the host (``.to("cpu", copy=True)``: on a CPU an explicit copy, the read a
+    :class:`~msrl.runtime.host_syncs.HostSyncRecorder` counts), then split and cast back to
+    each tensor's shape and dtype. Exact for floating dtypes up to float64 and for integers and
+    booleans below 2**53 in magnitude (returns, lengths, counts, flags).
+
+    Returns:
+        one CPU tensor per input, in order, same shape and dtype.
+    """
+    from msrl.runtime.host_syncs import host_side
+
+    out: list[Any] = [None] * len(tensors)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, t in enumerate(tensors):
+        by_device.setdefault(t.device, []).append(i)
+    for idx in by_device.values():
+        with torch.no_grad():
+            flat = torch.cat([tensors[i].reshape(-1).to(torch.float64) for i in idx]).to("cpu", copy=True)
+        with host_side(), torch.no_grad():
+            for i, part in zip(idx, flat.split([tensors[i].numel() for i in idx])):
+                out[i] = part.view(tensors[i].shape).to(tensors[i].dtype)
+    return out

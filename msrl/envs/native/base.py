@@ -11,12 +11,14 @@ from __future__ import annotations
 import ctypes
 import pathlib
 import sys
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
 
 from msrl.api import Environment, EnvSpec, EpisodeStats
+from msrl.runtime.host_syncs import host_side
+from msrl.runtime.values import read_host
 
 __all__ = ["NativeEnv", "IMPLS", "splitmix64", "env_keys", "uniform", "uniform_many", "empty_output"]
 
@@ -145,13 +147,31 @@ class NativeEnv(Environment):
 
     def pop_episode_stats(self) -> EpisodeStats:
         """Episodes finished since the last call (one device-to-host copy)."""
+        tensors, build = self.pop_finished()
+        return build(read_host(tensors))
+
+    def pop_finished(self) -> tuple[list[torch.Tensor], Callable[[list[torch.Tensor]], EpisodeStats]]:
+        """The episodes finished since the last call, still on the device, for a read shared
+        with other values (:meth:`msrl.runtime.replica.Replica.read_iteration`).
+
+        Returns:
+            ``(tensors, build)``: the device tensors to read (here returns ``(S, N)`` float64 and
+            lengths ``(S, N)`` int64, -1 where no episode ended, for the ``S`` steps since the
+            last call), and ``build(host)``, which makes the :class:`EpisodeStats` from their
+            host copies (:func:`~msrl.runtime.values.read_host`'s output, in order).
+        """
         if not self._finished:
-            return EpisodeStats([], [])
-        rets = torch.stack([r for r, _ in self._finished]).cpu()
-        lens = torch.stack([n for _, n in self._finished]).cpu()
+            return [], lambda host: EpisodeStats([], [])
+        tensors = [torch.stack([r for r, _ in self._finished]), torch.stack([n for _, n in self._finished])]
         self._finished = []
-        mask = lens >= 0
-        return EpisodeStats(rets[mask].tolist(), lens[mask].tolist())
+
+        def build(host: list[torch.Tensor]) -> EpisodeStats:
+            rets, lens = host
+            with host_side():
+                mask = lens >= 0
+                return EpisodeStats(rets[mask].tolist(), lens[mask].tolist())
+
+        return tensors, build
 
     @property
     def env_steps(self) -> int:

@@ -34,6 +34,8 @@ import torch
 
 from msrl.envs.native.base import NativeEnv, empty_output, env_keys
 from msrl.envs.native.base import uniform_many as uniform
+from msrl.runtime.host_syncs import host_side
+from msrl.runtime.values import read_host
 
 __all__ = ["Tag", "TagParams"]
 
@@ -441,25 +443,41 @@ class Tag(NativeEnv):
     def pop_episode_stats(self):
         """Games finished since the last call: each game's return summed over its agents, its
         length, and per game the mean return of its taggers and of its runners (``extra``
-        ``tagger_return``/``runner_return``, also in :attr:`last_type_returns`)."""
+        ``tagger_return``/``runner_return``, also in :attr:`last_type_returns`); one
+        device-to-host copy."""
+        tensors, build = self.pop_finished()
+        return build(read_host(tensors))
+
+    def pop_finished(self):
+        """The games finished since the last call, still on the device (see
+        :meth:`NativeEnv.pop_finished`): per-agent returns ``(S, E, N)`` float64, lengths
+        ``(S, E)`` int64 (-1 where no game ended) and agent types ``(S, E, N)``; ``build``
+        makes :meth:`pop_episode_stats`'s :class:`EpisodeStats` from their host copies."""
         from msrl.api import EpisodeStats
 
         if not self._finished:
-            self.last_type_returns = {"tagger": [], "runner": []}
-            return EpisodeStats([], [], {"tagger_return": [], "runner_return": []})
-        rets = torch.stack([r for r, _, _ in self._finished]).cpu()
-        lens = torch.stack([n for _, n, _ in self._finished]).cpu()
-        types = torch.stack([t for _, _, t in self._finished]).cpu()
+            def nothing(host):
+                self.last_type_returns = {"tagger": [], "runner": []}
+                return EpisodeStats([], [], {"tagger_return": [], "runner_return": []})
+            return [], nothing
+        tensors = [torch.stack([r for r, _, _ in self._finished]), torch.stack([n for _, n, _ in self._finished]),
+                   torch.stack([t for _, _, t in self._finished])]
         self._finished = []
-        mask = lens >= 0
-        game_rets, game_types = rets[mask], types[mask]
-        taggers = game_types == 1.0
-        self.last_type_returns = {
-            "tagger": ((game_rets * taggers).sum(1) / taggers.sum(1)).tolist(),
-            "runner": ((game_rets * ~taggers).sum(1) / (~taggers).sum(1)).tolist(),
-        }
-        extra = {"tagger_return": self.last_type_returns["tagger"], "runner_return": self.last_type_returns["runner"]}
-        return EpisodeStats(game_rets.sum(1).tolist(), lens[mask].tolist(), extra)
+
+        def build(host):
+            rets, lens, types = host
+            with host_side():
+                mask = lens >= 0
+                game_rets, game_types = rets[mask], types[mask]
+                taggers = game_types == 1.0
+                self.last_type_returns = {
+                    "tagger": ((game_rets * taggers).sum(1) / taggers.sum(1)).tolist(),
+                    "runner": ((game_rets * ~taggers).sum(1) / (~taggers).sum(1)).tolist(),
+                }
+                extra = {"tagger_return": self.last_type_returns["tagger"], "runner_return": self.last_type_returns["runner"]}
+                return EpisodeStats(game_rets.sum(1).tolist(), lens[mask].tolist(), extra)
+
+        return tensors, build
 
 
 def _sqrtf(x: torch.Tensor) -> torch.Tensor:
