@@ -3,6 +3,7 @@
 # own timeout, a summary printed last.
 #
 #   bash bench/gpu_check.sh            # from the project root, on a machine with a CUDA GPU
+#   bash bench/gpu_check.sh            # on a machine without one: the parts that need no GPU
 #
 # Installs msrl into a temporary folder first, so the machine's own Python (which must hold a CUDA
 # build of torch) is untouched; on a machine without network access, put wheels of what it lacks
@@ -14,20 +15,28 @@
 # overlapped coarse, async_learner and single_learner_fine; multi_learner's all-reduce of CUDA
 # gradients); the native envs' GPU kernels against their host build and the gpu_only tests; the
 # README's GPU job (configs/ppo_cartpole_gpu_only.yaml) trained to the end; with FULL=1 also the
-# heterogeneous run (PPO CartPole, coarse, learner on cuda:0) to the end.
+# heterogeneous run (PPO CartPole, coarse, learner on cuda:0) to the end; the host-sync guard
+# and each gpu_only job's ops per iteration (bench/bench_host_syncs.py). Without a GPU (no
+# nvidia-smi, or torch without CUDA) the same script runs what needs none: the host-sync guard,
+# the kernels' host build against their torch reference, the ops count and the GPU job on the CPU.
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-$(mktemp -d)}
 T=$(mktemp -d)
 py=${PYTHON:-python3}
-if ls .whl/*.whl >/dev/null 2>&1; then
-  $py -m pip install -q --no-index --no-deps --no-compile --target "$T/site" .whl/*.whl || exit 1
+W=${WHEELS:-.whl}  # wheels for this machine's Python (WHEELS=none: install none, the Python has them)
+if ls "$W"/*.whl >/dev/null 2>&1; then
+  $py -m pip install -q --no-index --no-deps --no-compile --target "$T/site" "$W"/*.whl || exit 1
 fi
 $py -m pip install -q --no-index --no-deps --no-build-isolation --target "$T/msrl" . || exit 1
 export PYTHONPATH="$T/msrl:$T/site${PYTHONPATH:+:$PYTHONPATH}" PATH="$T/msrl/bin:$PATH"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+fi
 $py -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
+if $py -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then GPU=1; else GPU=0; fi
+[ "$GPU" = 1 ] || echo "no CUDA device: the parts that need none (CPU mode)"
 
 declare -A rc
 part() {  # part NAME SECONDS COMMAND...
@@ -41,13 +50,21 @@ part() {  # part NAME SECONDS COMMAND...
 }
 
 # -P: the checkout's own msrl/ folder must not shadow the installed package
-part devices 240 $py -P -m pytest -q -p no:cacheprovider -m "slow or not slow" tests/test_devices.py -k "not reaches_475"
+if [ "$GPU" = 1 ]; then
+  part devices 240 $py -P -m pytest -q -p no:cacheprovider -m "slow or not slow" tests/test_devices.py -k "not reaches_475"
+fi
 part native_kernels 240 $py -P -m pytest -q -p no:cacheprovider tests/test_native_envs.py tests/test_gpu_only.py
+part host_syncs 120 $py -P bench/bench_host_syncs.py --json "$OUT/host_syncs.json"
 part gpu_only_job 240 msrl train configs/ppo_cartpole_gpu_only.yaml "runs_dir=$T/runs" train.progress=false
-if [ "${FULL:-0}" = 1 ]; then  # the heterogeneous run to the end (about a minute on an H100)
+if [ "${FULL:-0}" = 1 ] && [ "$GPU" = 1 ]; then  # the heterogeneous run to the end (about a minute on an H100)
   part coarse_cuda_learner 300 msrl train configs/ppo_cartpole.yaml distribution_policy.name=single_learner_coarse \
     runtime=local distribution_policy.devices.learner=cuda:0 "runs_dir=$T/runs" train.progress=false
 fi
 
 echo "== summary"
-for k in "${!rc[@]}"; do echo "$k: exit ${rc[$k]}"; done
+status=0
+for k in "${!rc[@]}"; do
+  echo "$k: exit ${rc[$k]}"
+  [ "${rc[$k]}" = 0 ] || status=1
+done
+exit $status
