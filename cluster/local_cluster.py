@@ -272,11 +272,12 @@ class LocalCluster:
     def alive_nodes(self) -> list[str]:
         """The addresses of the nodes Ray calls alive (asked of the head's GCS)."""
         code = ("import json, ray; ray.init(address=%r, log_to_driver=False); "
-                "print(json.dumps([n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']]))") % self.address
+                "print('msrl-nodes', json.dumps([n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']]))") % self.address
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=self._env(),
                              timeout=JOIN_TIMEOUT_S)
-        lines = out.stdout.strip().splitlines()
-        return json.loads(lines[-1]) if out.returncode == 0 and lines else []
+        # (Ray may print its own notes on stdout too, e.g. of a raylet's lagging heartbeats)
+        lines = [line for line in out.stdout.splitlines() if line.startswith("msrl-nodes ")]
+        return json.loads(lines[-1].split(" ", 1)[1]) if out.returncode == 0 and lines else []
 
     def wait_nodes(self, n: int, timeout_s: float = JOIN_TIMEOUT_S) -> list[str]:
         """Waits until exactly ``n`` nodes are alive; returns their addresses.
