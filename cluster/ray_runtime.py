@@ -827,9 +827,11 @@ class RayJob:
                     # until the live nodes are too small, or CAPACITY_SETTLE_S, the note would
                     # count the lost node as live; placed before then, there is nothing to say
                     while not _lacking(n, bundle) and time.monotonic() - t0 < min(CAPACITY_SETTLE_S, deadline):
-                        done, _ = ray.wait([ready], timeout=1.0)
-                        if done:
+                        try:
+                            ray.get(ready, timeout=1.0)
                             return group
+                        except ray.exceptions.GetTimeoutError:
+                            pass
                     print(capacity_note(n, bundle, strategy, capacity_timeout_s), file=sys.stderr, flush=True)
                     ray.get(ready, timeout=max(0.1, deadline - (time.monotonic() - t0)))
                     print(f"msrl: the cluster holds the job's {n} replicas again after {time.monotonic() - t0:.1f} s "

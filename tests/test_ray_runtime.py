@@ -585,7 +585,18 @@ class _Tee:
         pass
 
 
-def test_a_restart_waits_for_capacity_saying_so_and_starts_when_it_is_there(ray_local, spec_factory, monkeypatch):
+@pytest.fixture
+def ray_of_4_cpus():
+    """A Ray of its own with 4 logical CPUs for one test (whatever Ray earlier tests left)."""
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False,
+             _system_config={"worker_niceness": 0})
+    yield
+    ray.shutdown()
+
+
+def test_a_restart_waits_for_capacity_saying_so_and_starts_when_it_is_there(ray_of_4_cpus, spec_factory, monkeypatch):
     """A restarting job (``capacity_timeout_s`` set) on a cluster whose free CPUs cannot hold
     its bundles: one line says what it waits for (the bundles, the live nodes, what is free and
     the key that bounds the wait), and once the CPUs are freed the replicas are placed and run;
