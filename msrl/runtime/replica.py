@@ -26,7 +26,6 @@ from msrl.errors import MsrlError
 from msrl.partition import FragmentGraph
 from msrl.policy import FragmentSpec
 from msrl.runtime.generators import BATON, KINDS, GlobalGenerators
-from msrl.runtime.host_syncs import host_side
 from msrl.runtime.values import read_host
 
 __all__ = ["FragmentError", "ReplicaDied", "ReplicaHung", "Replica", "build_trainer", "build_trainers", "build_standalone_actor",
@@ -322,10 +321,9 @@ class Replica:
         keys = [k for k, v in out.items() if isinstance(v, torch.Tensor) and v.numel() == 1] \
             if output and isinstance(out, dict) else []
         tensors = [out[k] for k in keys] + (pending[0] if pending is not None else [])
-        host = read_host(tensors) if tensors else []
-        if output:
-            with host_side():
-                out = as_floats({**out, **dict(zip(keys, host))}) if isinstance(out, dict) else out
+        host = read_host(tensors, scalars=len(keys)) if tensors else []
+        if output and isinstance(out, dict):
+            out = as_floats({**out, **dict(zip(keys, host))})
         if pending is not None:
             episodes = pending[1](host[len(keys):])
         else:

@@ -141,18 +141,24 @@ def reduce_leaves(value: Any, reduce_flat: Callable[[torch.Tensor], torch.Tensor
     return value
 
 
-def read_host(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+def read_host(tensors: list[torch.Tensor], scalars: int = 0) -> list[Any]:
     """The ``tensors`` in host memory, read with one copy per device: on a GPU one
     device-to-host copy (one host sync) for all of them, instead of one per tensor.
 
-    Each tensor is flattened and cast to float64 on its device, the pieces concatenated and
-    copied to the host (``.to("cpu", copy=True)``: on a CPU an explicit copy, the read a
-    :class:`~msrl.runtime.host_syncs.HostSyncRecorder` counts), then split and cast back to
-    each tensor's shape and dtype. Exact for floating dtypes up to float64 and for integers and
-    booleans below 2**53 in magnitude (returns, lengths, counts, flags).
+    The tensors of a device are flattened and concatenated as float64 on it (one ``cat``,
+    promoting every dtype), copied to the host (``.to("cpu", copy=True)``: on a CPU an explicit
+    copy, the read a :class:`~msrl.runtime.host_syncs.HostSyncRecorder` counts), then split and
+    cast back to each tensor's shape and dtype. Exact for floating dtypes up to float64 and for
+    integers and booleans below 2**53 in magnitude (returns, lengths, counts, flags).
+
+    Args:
+        tensors: any shapes, dtypes and devices.
+        scalars: the first ``scalars`` tensors hold one element each (metrics) and come back as
+            Python floats (one ``tolist`` of their part, no per-tensor op).
 
     Returns:
-        one CPU tensor per input, in order, same shape and dtype.
+        one value per input, in order: a float for each of the first ``scalars``, then a CPU
+        tensor of the input's shape and dtype.
     """
     from msrl.runtime.host_syncs import host_side
 
@@ -162,8 +168,16 @@ def read_host(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         by_device.setdefault(t.device, []).append(i)
     for idx in by_device.values():
         with torch.no_grad():
-            flat = torch.cat([tensors[i].reshape(-1).to(torch.float64) for i in idx]).to("cpu", copy=True)
+            # a leading empty float64 piece makes the one cat promote every dtype to float64
+            pieces = [torch.empty(0, dtype=torch.float64, device=tensors[idx[0]].device)]
+            flat = torch.cat(pieces + [tensors[i].reshape(-1) for i in idx]).to("cpu", copy=True)
         with host_side(), torch.no_grad():
-            for i, part in zip(idx, flat.split([tensors[i].numel() for i in idx])):
-                out[i] = part.view(tensors[i].shape).to(tensors[i].dtype)
+            head = [i for i in idx if i < scalars]
+            if head:
+                for i, v in zip(head, flat[:len(head)].tolist()):
+                    out[i] = v
+            rest = idx[len(head):]
+            if rest:
+                for i, part in zip(rest, flat[len(head):].split([tensors[i].numel() for i in rest])):
+                    out[i] = part.view(tensors[i].shape).to(tensors[i].dtype)
     return out
