@@ -71,16 +71,10 @@ def train(cfg: RunConfig, resume: str | pathlib.Path | None = None) -> TrainResu
         except PlacementError as e:
             if restarts == 0:
                 raise  # a first start on a cluster too small: a config error
-            ckpt = (pathlib.Path(resume) if resume is not None else reuse)
-            ckpt = ckpt / CHECKPOINT if ckpt is not None else None
-            have = ckpt is not None and ckpt.is_file()
-            steps = int(read_checkpoint(ckpt)["env_steps"]) if have else 0
-            raise TrainingStopped(
-                f"training stopped after env step {steps}: the restart could not place the job's replicas: {e}"
-                + f"\nlast good checkpoint: {ckpt if have else 'none'}"
-                + (f"; continue with: msrl train --resume {ckpt.parent}" if have else ""),
-                0, steps, ckpt if have else None,
-            ) from e
+            run_dir = pathlib.Path(resume) if resume is not None else reuse
+            ckpt = run_dir / CHECKPOINT if run_dir is not None else None
+            steps = int(read_checkpoint(ckpt)["env_steps"]) if ckpt is not None and ckpt.is_file() else 0
+            raise _stopped(f"the restart could not place the job's replicas: {e}", steps, run_dir) from e
         except (ReplicaLost, ReplicaDied) as e:
             lost = e if isinstance(e, ReplicaLost) else ReplicaLost(
                 pathlib.Path(resume) if resume is not None else reuse, -1, e)  # died while the job started
@@ -91,15 +85,8 @@ def train(cfg: RunConfig, resume: str | pathlib.Path | None = None) -> TrainResu
                 raise ClusterLost(run_dir, why) from cause
             ckpt = run_dir / CHECKPOINT if run_dir is not None else None
             if restarts >= cfg.cluster.max_restarts:
-                have = ckpt is not None and ckpt.is_file()
-                steps = lost.env_steps if lost.env_steps >= 0 else 0
-                raise TrainingStopped(
-                    f"training stopped after env step {steps}: {cause}"
-                    f" ({restarts} restart(s) of cluster.max_restarts={cfg.cluster.max_restarts} used)"
-                    + f"\nlast good checkpoint: {ckpt if have else 'none'}"
-                    + (f"; continue with: msrl train --resume {run_dir}" if have else ""),
-                    0, steps, ckpt if have else None,
-                ) from cause
+                raise _stopped(f"{cause} ({restarts} restart(s) of cluster.max_restarts={cfg.cluster.max_restarts} used)",
+                               lost.env_steps if lost.env_steps >= 0 else 0, run_dir) from cause
             restarts += 1
             during = " while the job started" if lost.env_steps < 0 else ""
             if ckpt is not None and ckpt.is_file():
@@ -116,6 +103,19 @@ def train(cfg: RunConfig, resume: str | pathlib.Path | None = None) -> TrainResu
                 reuse = run_dir
                 print(f"msrl: {cause}{during}; starting every replica again (restart {restarts} of "
                       f"{cfg.cluster.max_restarts}; the run had no checkpoint yet)", file=sys.stderr)
+
+
+def _stopped(why: str, steps: int, run_dir: pathlib.Path | None) -> TrainingStopped:
+    """The :class:`TrainingStopped` of a run that cannot go on after env step ``steps``: ``why``,
+    the run's last good checkpoint (or none) and the command that continues it."""
+    ckpt = run_dir / CHECKPOINT if run_dir is not None else None
+    have = ckpt is not None and ckpt.is_file()
+    return TrainingStopped(
+        f"training stopped after env step {steps}: {why}"
+        + f"\nlast good checkpoint: {ckpt if have else 'none'}"
+        + (f"; continue with: msrl train --resume {run_dir}" if have else ""),
+        0, steps, ckpt if have else None,
+    )
 
 
 def _count_faults(faults: dict[str, int], cause: BaseException, dropped: int) -> None:
