@@ -53,8 +53,16 @@ class IMPALAConfig:
     """V-trace's truncation of the trace coefficients c_t (the speed of convergence)"""
     vtrace_lambda: UnitInterval = 1.0
     """Section 4.2's lambda on the trace coefficients (1: Eq. 1)"""
+    update_epochs: PositiveInt = 1
+    """passes over each batch (the paper: 1; RLlib's ``num_epochs``), V-trace recomputed with the
+    learner's current policy at every gradient step"""
     num_minibatches: PositiveInt = 1
-    """gradient steps per batch, each on a slice of the envs' unrolls"""
+    """gradient steps per pass, each on a slice of the envs' unrolls"""
+    reward_scale: PositiveFloat = 1.0
+    """rewards are multiplied by this before V-trace, so the critic learns returns of this scale
+    (1: none; the reward scaling of Henderson et al. 2018, "Deep Reinforcement Learning that
+    Matters", "Reward Scale"). An MLP critic trained by Adam for a few hundred steps cannot reach
+    returns in the hundreds: CartPole's shipped config uses 0.1"""
     ent_coef: NonNegativeFloat = 0.01
     """entropy bonus coefficient"""
     vf_coef: NonNegativeFloat = 0.5
@@ -71,7 +79,7 @@ class IMPALAConfig:
 class IMPALALearner(Learner):
     """V-trace actor-critic updates on ``(T, N)`` unrolls acted by an older policy::
 
-        v_t, A_t = vtrace(log mu, log pi, r, V)                       (Eq. 1, Section 4.2)
+        v_t, A_t = vtrace(log mu, log pi, reward_scale * r, V)        (Eq. 1, Section 4.2)
         loss     = -mean(A_t log pi(a_t|s_t)) + vf_coef * 0.5 * mean((v_t - V(s_t))^2) - ent_coef * H
 
     with ``log mu`` the behaviour log-probabilities the actors recorded and ``log pi`` the
@@ -91,7 +99,7 @@ class IMPALALearner(Learner):
         self.generator.manual_seed(ctx.seed + 1)
 
     def learn(self, batch: TensorDict) -> dict[str, Any]:
-        """``num_minibatches`` gradient steps on one batch of unrolls.
+        """``update_epochs * num_minibatches`` gradient steps on one batch of unrolls.
 
         Args:
             batch: TensorDict of batch size ``(T, N)`` with :attr:`RolloutBuffer.KEYS`
@@ -113,8 +121,9 @@ class IMPALALearner(Learner):
         self.iteration += 1
         T, N = batch.batch_size
         obs_shape = batch["obs"].shape[2:]
-        slices = torch.randperm(N, generator=self.generator, device=batch.device).chunk(min(hp.num_minibatches, N))
         stats: dict[str, Any] = {}
+        slices = [envs for _ in range(hp.update_epochs)
+                  for envs in torch.randperm(N, generator=self.generator, device=batch.device).chunk(min(hp.num_minibatches, N))]
         for envs in slices:
             mb = batch[:, envs]
             n = envs.numel()
@@ -123,7 +132,7 @@ class IMPALALearner(Learner):
             log_prob, entropy, value = log_prob.view(T, n), entropy.view(T, n), value.view(T, n)
             with torch.no_grad():
                 next_values = net.value(mb["next_obs"].reshape(T * n, *obs_shape)).view(T, n)
-            vs, pg_adv = vtrace(mb["log_prob"], log_prob.detach(), mb["reward"], value.detach(), next_values,
+            vs, pg_adv = vtrace(mb["log_prob"], log_prob.detach(), mb["reward"] * hp.reward_scale, value.detach(), next_values,
                                 mb["terminated"], mb["truncated"], hp.gamma, hp.rho_bar, hp.c_bar, hp.vtrace_lambda)
             pg_loss = -(pg_adv * log_prob).mean()
             v_loss = 0.5 * ((vs - value) ** 2).mean()

@@ -92,3 +92,57 @@ def test_the_learner_steps_and_reports_its_importance_weights():
         assert 0.0 <= m["losses/rho_clipped"] <= 1.0 and 0.5 < m["losses/mean_ratio"] < 2.0
     finally:
         job.close()
+
+
+def _learner_and_batch(T=8, N=4, **hp):
+    import gymnasium
+    from tensordict import TensorDict
+
+    from msrl.algorithms import impala
+    from msrl.api import BuildContext, EnvSpec
+
+    spec = EnvSpec("CartPole-v1", gymnasium.spaces.Box(-1.0, 1.0, (4,)), gymnasium.spaces.Discrete(2), N)
+    learner = impala.IMPALALearner(BuildContext(impala.IMPALAConfig(hidden_sizes=(8,), **hp), spec, 0, 1, N,
+                                                100_000, 3, torch.device("cpu")))
+    g = torch.Generator().manual_seed(5)
+    batch = TensorDict({
+        "obs": torch.randn(T, N, 4, generator=g), "next_obs": torch.randn(T, N, 4, generator=g),
+        "action": torch.randint(0, 2, (T, N), generator=g), "log_prob": -torch.rand(T, N, generator=g) - 0.2,
+        "value": torch.randn(T, N, generator=g), "reward": torch.rand(T, N, generator=g) * 3,
+        "terminated": torch.rand(T, N, generator=g) < 0.1, "truncated": torch.zeros(T, N, dtype=torch.bool),
+    }, batch_size=(T, N))
+    return learner, batch
+
+
+def _weights(learner):
+    return {k: t.clone() for k, t in learner.net.state_dict().items()}
+
+
+def test_update_epochs_are_passes_over_the_same_batch():
+    """update_epochs=2 takes the gradient steps of two single-pass updates on the same batch,
+    bitwise (the minibatch order drawn from the learner's generator in the same sequence)."""
+    two, batch = _learner_and_batch(update_epochs=2, num_minibatches=2, anneal_lr=False)
+    one, _ = _learner_and_batch(update_epochs=1, num_minibatches=2, anneal_lr=False)
+    start = _weights(one)
+    two.learn(batch)
+    one.learn(batch)
+    once = _weights(one)
+    one.learn(batch)
+    assert all(torch.equal(a, b) for a, b in zip(_weights(two).values(), _weights(one).values()))
+    assert any(not torch.equal(a, b) for a, b in zip(once.values(), _weights(one).values()))
+    assert any(not torch.equal(a, b) for a, b in zip(start.values(), once.values()))
+
+
+def test_reward_scale_is_the_learning_on_scaled_rewards():
+    """reward_scale=c learns exactly what reward_scale=1 learns from the rewards times c."""
+    scaled, batch = _learner_and_batch(reward_scale=0.125)
+    plain, _ = _learner_and_batch()
+    m_scaled = scaled.learn(batch)
+    rescaled = batch.clone()
+    rescaled["reward"] = batch["reward"] * 0.125
+    m_plain = plain.learn(rescaled)
+    assert all(torch.equal(a, b) for a, b in zip(_weights(scaled).values(), _weights(plain).values()))
+    assert torch.equal(m_scaled["losses/value_loss"], m_plain["losses/value_loss"])
+    unscaled, _ = _learner_and_batch()
+    unscaled.learn(batch)
+    assert any(not torch.equal(a, b) for a, b in zip(_weights(scaled).values(), _weights(unscaled).values()))
