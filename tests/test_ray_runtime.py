@@ -20,12 +20,24 @@ from msrl.job import Job  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def ray_local():
-    # replicas at niceness 0, as in a Ray msrl starts (Ray's default 15 starves them on a busy machine)
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False,
-             _system_config={"worker_niceness": 0})
+def _module_ray():
+    """Stops, at the module's end, the Ray that :func:`ray_local` started (one for the module)."""
     yield
-    ray.shutdown()
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+@pytest.fixture
+def ray_local(_module_ray):
+    """A Ray of 4 CPUs on this machine, started once for the module (again after a test that
+    stopped it): a job finds it running and leaves it running, as under a cluster it joined;
+    every job frees its replicas and placement group when it ends (each test checks that its
+    replica processes are gone)."""
+    if not ray.is_initialized():
+        # replicas at niceness 0, as in a Ray msrl starts (Ray's default 15 starves them on a busy machine)
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                 _system_config={"worker_niceness": 0})
+    yield
 
 
 def _learner_weights_local(job):
@@ -196,8 +208,7 @@ def _train_killing(tmp_path, capsys, config, overrides, fragment, budget):
     from msrl.config import load_config
     from msrl.run import train
 
-    if ray.is_initialized():
-        ray.shutdown()
+    assert ray.is_initialized()  # the module's Ray (ray_local): the job runs on it and leaves it running
     cfg = load_config(config, [f"runs_dir={tmp_path}", "name=kill", "runtime=ray", "train.progress=false",
                                f"train.total_env_steps={budget}", "train.checkpoint_every=20", "train.eval_every=0",
                                *overrides])
@@ -221,7 +232,7 @@ def _train_killing(tmp_path, capsys, config, overrides, fragment, budget):
     return rows
 
 
-def test_a_killed_actor_replica_is_restarted_and_its_work_dropped(tmp_path, capsys):
+def test_a_killed_actor_replica_is_restarted_and_its_work_dropped(ray_local, tmp_path, capsys):
     """SIGKILL one replica process mid-run: the job restarts every replica from the last
     checkpoint, completes, counts the restart and the dropped env steps, and its metrics hold
     each iteration once."""
@@ -254,13 +265,13 @@ def _kill_and_compare(tmp_path, capsys, fragment, overrides, budget, every, rows
     from msrl.config import load_config
     from msrl.run import train
 
-    if ray.is_initialized():
-        ray.shutdown()
+    assert ray.is_initialized()  # the module's Ray (ray_local)
     over = [f"runs_dir={tmp_path}", "runtime=ray", "train.progress=false", "train.eval_every=0",
             f"train.total_env_steps={budget}", f"train.checkpoint_every={every}", *overrides]
     key = (budget, every, *overrides)
     if key not in _UNINTERRUPTED:  # tests of one config share its uninterrupted run
-        whole = train(load_config("configs/ppo_cartpole.yaml", [*over, "name=whole"]))
+        # in this process (runtime=local, replicas as threads): the Ray run must equal it bitwise
+        whole = train(load_config("configs/ppo_cartpole.yaml", [*over, "runtime=local", "name=whole"]))
         _UNINTERRUPTED[key] = (whole.env_steps, _rows(whole.run_dir))
     if timeout_s is not None:
         over.append(f"cluster.replica_timeout_s={timeout_s}")
@@ -287,7 +298,7 @@ def _kill_and_compare(tmp_path, capsys, fragment, overrides, budget, every, rows
     return last, err
 
 
-def test_a_killed_learner_is_restarted_and_continues_exactly(tmp_path, capsys):
+def test_a_killed_learner_is_restarted_and_continues_exactly(ray_local, tmp_path, capsys):
     """SIGKILL the learner's process under coarse: every replica restarts from the last
     checkpoint and the run's metrics equal an uninterrupted run's, iteration by iteration."""
     _, err = _kill_and_compare(tmp_path, capsys, "learner", [
@@ -295,7 +306,7 @@ def test_a_killed_learner_is_restarted_and_continues_exactly(tmp_path, capsys):
     assert "fragment learner replica 0 died" in err
 
 
-def test_a_killed_multi_learner_replica_is_restarted_and_continues_exactly(tmp_path, capsys):
+def test_a_killed_multi_learner_replica_is_restarted_and_continues_exactly(ray_local, tmp_path, capsys):
     """Under multi_learner every replica holds a learner: killing one restarts them all from the
     checkpoint, and they stay exact (metrics equal to an uninterrupted run's)."""
     _, err = _kill_and_compare(tmp_path, capsys, "main", [
@@ -303,7 +314,7 @@ def test_a_killed_multi_learner_replica_is_restarted_and_continues_exactly(tmp_p
     assert "fragment main replica 0 died" in err
 
 
-def test_a_stopped_replica_is_reported_hung_and_restarted(tmp_path, capsys):
+def test_a_stopped_replica_is_reported_hung_and_restarted(ray_local, tmp_path, capsys):
     """SIGSTOP an actor replica: within cluster.replica_timeout_s the driver names it (fragment,
     replica, pid) as hung, restarts every replica from the checkpoint, counts
     faults/replica_hangs, and the run ends as an uninterrupted one would."""
@@ -458,7 +469,7 @@ def test_central_inference_on_ray_equals_the_local_runtime_bitwise_and_serves_dy
         job.close()
 
 
-def test_a_killed_env_replica_under_central_inference_is_restarted_and_its_work_dropped(tmp_path, capsys):
+def test_a_killed_env_replica_under_central_inference_is_restarted_and_its_work_dropped(ray_local, tmp_path, capsys):
     """PPO under single_learner_fine with dynamic batching, one env process SIGKILLed mid-run:
     the central replica, waiting on the dead replica's queue, is stopped with every replica; the
     job restarts from the last checkpoint in fresh processes, completes, and counts the restart
@@ -467,7 +478,7 @@ def test_a_killed_env_replica_under_central_inference_is_restarted_and_its_work_
         "distribution_policy.name=single_learner_fine", "distribution_policy.inference.max_batch=1",
         "distribution_policy.inference.timeout_ms=1"], "env", 40000)
     assert all(r["inference/batch_mean"] == "1.0" for r in rows)
-def test_a_killed_actor_under_async_learner_is_restarted_and_its_work_dropped(tmp_path, capsys):
+def test_a_killed_actor_under_async_learner_is_restarted_and_its_work_dropped(ray_local, tmp_path, capsys):
     """IMPALA under async_learner, one actor process SIGKILLed mid-run: the learner, waiting on
     the dead actor's queue, is stopped with every replica, the job restarts from the last
     checkpoint in fresh processes (new boundary servers, a new token), completes, and counts the
