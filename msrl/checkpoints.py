@@ -13,6 +13,7 @@ import collections
 import dataclasses
 import os
 import pathlib
+import shutil
 import sys
 from typing import Any
 
@@ -64,14 +65,24 @@ class Progress:
 
 def atomic_save(obj: Any, path: pathlib.Path, keep_previous: bool = False) -> None:
     """Writes ``obj`` to ``path`` so that a crash leaves the old file or the new one, whole;
-    with ``keep_previous``, the file it replaces becomes ``previous.pt`` beside it."""
+    with ``keep_previous``, the file it replaces becomes ``previous.pt`` beside it. ``path``
+    exists at every moment once written (a Ctrl-C or a crash mid-save, or a reader looking,
+    never finds it missing): the old file is linked to ``previous.pt`` before the new one
+    replaces it, never moved away first."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     torch.save(obj, tmp)
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
     if keep_previous and path.is_file():
-        os.replace(path, path.with_name("previous.pt"))
+        previous = path.with_name("previous.pt")
+        staged = previous.with_suffix(previous.suffix + ".tmp")
+        staged.unlink(missing_ok=True)
+        try:
+            os.link(path, staged)  # the old file under a second name: path stays in place
+        except OSError:  # a file system without hard links: a copy
+            shutil.copyfile(path, staged)
+        os.replace(staged, previous)
     os.replace(tmp, path)
 
 

@@ -10,7 +10,7 @@ import sys
 import time
 from typing import Any
 
-from msrl.checkpoints import CHECKPOINT, Progress, save_checkpoint
+from msrl.checkpoints import CHECKPOINT, CheckpointError, Progress, read_checkpoint, save_checkpoint
 from msrl.config import RunConfig
 from msrl.evaluation import evaluate_job
 from msrl.job import JobSpec
@@ -43,6 +43,7 @@ class TrainingLoop:
                  faults: dict[str, int] | None = None, reuse: pathlib.Path | None = None) -> None:
         self.cfg, self.spec, self.job = cfg, spec, job
         self.metrics: MetricsWriter | None = None
+        self._saving = False  # a checkpoint is being written
         self.E = spec.env_steps_per_iteration
         if resume is None:
             if reuse is None:
@@ -91,8 +92,10 @@ class TrainingLoop:
 
     def checkpoint(self) -> None:
         """Saves the job and the progress as the run's latest checkpoint."""
+        self._saving = True  # a Ctrl-C until ckpt_steps is set reads the steps from the file
         save_checkpoint(self.run_dir, self.job, self.progress)
         self.ckpt_steps = self.job.env_steps  # once the file is in place
+        self._saving = False
 
     def run(self) -> TrainResult:
         """Trains to the end of the budget (or the threshold), then evaluates and reports."""
@@ -118,7 +121,13 @@ class TrainingLoop:
     def _interrupted(self) -> TrainingInterrupted:
         """The :class:`TrainingInterrupted` of a Ctrl-C now: where the last checkpoint is."""
         kept = self.run_dir / CHECKPOINT if (self.run_dir / CHECKPOINT).is_file() else None
-        return TrainingInterrupted(self.run_dir, self.job.env_steps, kept, self.ckpt_steps if kept else None)
+        steps = self.ckpt_steps
+        if kept is not None and (self._saving or steps is None):  # interrupted mid-save: the old file or the new
+            try:
+                steps = int(read_checkpoint(kept)["env_steps"])
+            except CheckpointError:
+                kept = None if steps is None else kept
+        return TrainingInterrupted(self.run_dir, self.job.env_steps, kept, steps if kept else None)
 
     def _chunk_size(self, iter_s: float | None) -> int:
         """Iterations until the next event (a checkpoint, an evaluation, the end), at most

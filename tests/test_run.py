@@ -432,3 +432,32 @@ def test_ctrl_c_during_the_final_evaluation_says_where_to_resume(tmp_path, monke
     resumed = train(cfg, resume=run)
     assert resumed.env_steps == 2048 and len(resumed.eval_returns) == cfg.eval.episodes
     assert [int(r["iteration"]) for r in rows(run)] == list(range(1, 9))
+
+
+def test_the_latest_checkpoint_is_never_missing_while_the_next_one_is_saved(tmp_path, monkeypatch):
+    """Rotating latest.pt into previous.pt never leaves a moment without latest.pt (a Ctrl-C or a
+    crash there once made `msrl: interrupted ...; no checkpoint was written yet` under load):
+    every rename of the save is made with latest.pt in place, and the files end as they must."""
+    import os
+
+    import torch
+
+    from msrl import checkpoints
+
+    path = tmp_path / "latest.pt"
+    checkpoints.atomic_save({"v": 1}, path, keep_previous=True)
+    renames = []
+    real_replace = os.replace
+
+    def replace(src, dst):
+        assert path.is_file(), f"latest.pt missing before renaming {src} -> {dst}"
+        renames.append((pathlib.Path(src).name, pathlib.Path(dst).name))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(checkpoints.os, "replace", replace)
+    checkpoints.atomic_save({"v": 2}, path, keep_previous=True)
+    assert renames and renames[-1] == ("latest.pt.tmp", "latest.pt")
+    assert torch.load(path)["v"] == 2 and torch.load(tmp_path / "previous.pt")["v"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest.pt", "previous.pt"]
+    checkpoints.atomic_save({"v": 3}, path, keep_previous=True)
+    assert torch.load(path)["v"] == 3 and torch.load(tmp_path / "previous.pt")["v"] == 2
