@@ -122,11 +122,13 @@ class TrainingLoop:
         """The :class:`TrainingInterrupted` of a Ctrl-C now: where the last checkpoint is."""
         kept = self.run_dir / CHECKPOINT if (self.run_dir / CHECKPOINT).is_file() else None
         steps = self.ckpt_steps
-        if kept is not None and (self._saving or steps is None):  # interrupted mid-save: the old file or the new
+        if kept is not None and self._saving:  # interrupted mid-save: latest.pt is the old file or the new, whole
             try:
                 steps = int(read_checkpoint(kept)["env_steps"])
-            except CheckpointError:
-                kept = None if steps is None else kept
+            except CheckpointError:  # (atomic_save never leaves it damaged): the steps last known
+                pass
+        if steps is None:
+            kept = None
         return TrainingInterrupted(self.run_dir, self.job.env_steps, kept, steps if kept else None)
 
     def _chunk_size(self, iter_s: float | None) -> int:
