@@ -22,7 +22,7 @@ Roles:
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated, Any, Callable, Mapping
+from typing import Annotated, Any, Callable, ClassVar, Mapping
 
 import gymnasium
 import torch
@@ -171,7 +171,25 @@ class BuildContext:
 
 class Component:
     """Base of every role. Components are plain objects; their state is saved by
-    :meth:`state_dict` and restored by :meth:`load_state_dict` for exact resume."""
+    :meth:`state_dict` and restored by :meth:`load_state_dict` for exact resume.
+
+    What a captured iteration (:mod:`msrl.runtime.capture`: a CUDA graph on a GPU) needs to
+    know of a component's host-side state is declared here, by class attributes:
+
+    Attributes:
+        CAPTURABLE: its methods do all their work in torch ops (and native kernels) on its
+            tensors, which a replay re-runs (default ``True``; an env stepping on the host,
+            e.g. gymnasium's, is ``False``, and a fragment holding it runs eagerly).
+        REPLAYED_COUNTERS: integer attributes that advance by the same amount every iteration
+            (a step count): after each replay each is advanced by the captured iteration's amount.
+        REPLAYED_LOGS: list attributes an iteration appends device tensors to (finished
+            episodes), emptied by their reader between iterations: after each replay the
+            captured items, holding the replay's values, are appended again.
+    """
+
+    CAPTURABLE: ClassVar[bool] = True
+    REPLAYED_COUNTERS: ClassVar[tuple[str, ...]] = ()
+    REPLAYED_LOGS: ClassVar[tuple[str, ...]] = ()
 
     def state_dict(self) -> dict[str, Any]:
         """Returns everything needed to continue exactly (weights, optimiser, RNG states)."""
@@ -228,6 +246,9 @@ class Environment(Component):
     """
 
     spec: EnvSpec
+    #: host envs (gymnasium's, a worker-process engine) step outside torch: a replayed
+    #: iteration would not step them (see :class:`Component`); native envs set it ``True``
+    CAPTURABLE: ClassVar[bool] = False
 
     def reset(self, seed: int | None = None) -> torch.Tensor:
         """Resets every env.

@@ -65,10 +65,35 @@ class Backend:
             ConfigError: naming the config key and what is valid.
         """
 
-    def wrap_program(self, program: Program) -> Program:
-        """The fragment's generated program as this backend runs it (default: as generated; a
-        backend that compiles or captures the program replaces ``program.fn`` here)."""
-        return program
+    def wrap_program(self, program: Program, fragment: Any = None) -> Program:
+        """The fragment's generated program as this backend runs it.
+
+        Default: as generated, or -- when ``fragment`` (its :class:`~msrl.policy.FragmentSpec`)
+        resolves ``capture`` to ``graph`` (a CUDA device's default) -- wrapped in a
+        :class:`~msrl.runtime.capture.CapturedProgram`: warmed up, probed, captured once (a
+        CUDA graph on a GPU, a host tape on the CPU) and replayed. A program that exchanges
+        values with other fragments (a boundary or an all-reduce: host work, and the other
+        side's timing) is wrapped with that as its reason to run eagerly. A backend that
+        compiles the program otherwise replaces ``program.fn`` here.
+        """
+        if fragment is None:
+            return program
+        from msrl.graph import NodeKind
+        from msrl.runtime.capture import CapturedProgram, resolve_capture
+
+        if resolve_capture(fragment.capture, fragment.device) != "graph":
+            return program
+        reason = None
+        for lineno, line in enumerate(program.source.splitlines(), 1):
+            if "_msrl_comm." in line:
+                node = program.node_at(lineno)
+                where = node.where() if node is not None else f"{program.filename}:{lineno}"
+                reason = (f"the program exchanges values with other fragments ({line.split('_msrl_comm.')[1].split('(')[0]} "
+                          f"at {where}); only a fragment without boundaries is captured")
+                break
+        state_attrs = sorted({n.target for n in program.line_nodes.values() if n.kind is NodeKind.STATE_OUT})
+        fn = CapturedProgram(program.fn, program.method, program.fragment, state_attrs, fragment.device, reason)
+        return dataclasses.replace(program, fn=fn)
 
 
 def available_backends() -> list[str]:

@@ -418,10 +418,17 @@ class PPOLearner(Learner):
         self.net = self.build_net(ctx)
         self.weights = ModuleWeights(self.net)
         self.parameters = list(self.net.parameters())
-        self.optimizer = torch.optim.Adam(self.parameters, lr=self.hp.learning_rate, eps=1e-5, fused=True)
+        # the learning rate and the iteration count live in tensors on the learner's device,
+        # updated in place: a captured iteration (a CUDA graph) replays the schedule with them
+        #: the optimiser's learning rate, a 0-d tensor (float64 on the CPU, float32 on a GPU,
+        #: where the fused Adam kernel reads it)
+        self.lr = torch.tensor(self.hp.learning_rate, device=ctx.device,
+                               dtype=torch.float32 if ctx.device.type == "cuda" else torch.float64)
+        self.optimizer = torch.optim.Adam(self.parameters, lr=self.lr, eps=1e-5, fused=True)
         steps_per_iteration = self.hp.num_steps * ctx.total_num_envs
         self.num_iterations = max(1, ctx.total_env_steps // steps_per_iteration)
-        self.iteration = 0
+        #: updates taken, a 0-d int64 tensor on the learner's device
+        self.iteration = torch.zeros((), dtype=torch.int64, device=ctx.device)
         self.generator = torch.Generator(device=ctx.device)
         self.generator.manual_seed(ctx.seed + 1)
         self.replicas = ctx.num_replicas  # learners whose statistics gradient_hook averages
@@ -445,7 +452,7 @@ class PPOLearner(Learner):
             logs them), ``losses/clipfrac`` (mean over minibatches), ``losses/explained_variance``,
             ``losses/grad_norm``: 0-d tensors on the learner's device, so an update on a GPU
             copies nothing to the host (``target_kl`` early stopping is the exception: it reads
-            the KL once per epoch); ``charts/learning_rate``: float.
+            the KL once per epoch); ``charts/learning_rate``: a 0-d tensor too.
 
         Raises:
             FloatingPointError: a loss became NaN or infinite (no step is taken).
@@ -491,16 +498,20 @@ class PPOLearner(Learner):
         self.return_rms.update(returns.flatten(), self.gradient_hook, self.replicas)
         return self.return_rms.normalize(reward, self.hp.reward_clip, center=False)
 
-    def schedule(self) -> tuple[float, float]:
-        """Sets this iteration's learning rate (linearly annealed when ``anneal_lr``) and
-        returns it with the clip coefficient (annealed when ``anneal_clip``)."""
+    @torch.no_grad()
+    def schedule(self) -> tuple[torch.Tensor, torch.Tensor | float]:
+        """Sets this iteration's learning rate (linearly annealed when ``anneal_lr``: CleanRL's
+        ``frac = 1 - iteration / num_iterations``) and returns it with the clip coefficient
+        (annealed when ``anneal_clip``), on the device without a host read: the learning rate
+        a 0-d tensor (:attr:`lr`, updated in place), the clip coefficient a 0-d float64 tensor
+        when annealed, else the float. Computed in float64, so equal to the same schedule in
+        Python floats."""
         hp = self.hp
-        frac = 1.0 - self.iteration / self.num_iterations
-        lr = frac * hp.learning_rate if hp.anneal_lr else hp.learning_rate
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        frac = 1.0 - self.iteration.to(torch.float64) / self.num_iterations
+        if hp.anneal_lr:
+            self.lr.copy_(frac * hp.learning_rate)
         self.iteration += 1
-        return lr, (frac * hp.clip_coef if hp.anneal_clip else hp.clip_coef)
+        return self.lr, (frac * hp.clip_coef if hp.anneal_clip else hp.clip_coef)
 
     def update(
         self,
@@ -509,8 +520,8 @@ class PPOLearner(Learner):
         b_values: torch.Tensor,
         b_advantages: torch.Tensor,
         b_returns: torch.Tensor,
-        lr: float,
-        clip: float,
+        lr: torch.Tensor | float,
+        clip: torch.Tensor | float,
     ) -> dict[str, Any]:
         """``update_epochs`` epochs of shuffled minibatches of the clipped PPO objective
         (Schulman et al. 2017, Eq. 7 and 9) on a flattened batch of ``B`` samples.
@@ -522,7 +533,8 @@ class PPOLearner(Learner):
                 ``(B, G)``: minibatches then draw whole rows (MAPPO: env-steps, whose ``G``
                 agents the centralised critic values together) and the losses average over
                 their ``b G`` samples.
-            lr: the learning rate (reported); clip: the clipping coefficient.
+            lr: the learning rate (reported, as a 0-d tensor or a float); clip: the clipping
+                coefficient (a 0-d tensor or a float).
 
         Returns:
             the metrics documented in :meth:`learn`.
@@ -575,7 +587,7 @@ class PPOLearner(Learner):
         var_y = torch.var(y_true)
         stats["losses/explained_variance"] = torch.where(var_y == 0, float("nan"), 1 - torch.var(y_true - y_pred) / var_y)
         stats["losses/clipfrac"] = clipfrac_sum / max(n_minibatches, 1)
-        stats["charts/learning_rate"] = lr
+        stats["charts/learning_rate"] = lr.clone() if isinstance(lr, torch.Tensor) else lr
         return stats
 
     def get_weights(self) -> dict[str, torch.Tensor]:
@@ -586,7 +598,7 @@ class PPOLearner(Learner):
         state = {
             "net": self.net.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "iteration": self.iteration,
+            "iteration": int(self.iteration),
             "generator": self.generator.get_state(),
         }
         if self.hp.normalize_reward:
@@ -597,7 +609,10 @@ class PPOLearner(Learner):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.net.load_state_dict(state["net"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.iteration = int(state["iteration"])
+        for group in self.optimizer.param_groups:  # the saved rate into this learner's tensor (in place)
+            self.lr.copy_(torch.as_tensor(group["lr"], dtype=self.lr.dtype))
+            group["lr"] = self.lr
+        self.iteration.fill_(int(state["iteration"]))
         self.generator.set_state(state["generator"])
         if self.hp.normalize_reward:
             self.return_rms.load_state_dict(state["return_rms"])

@@ -96,6 +96,12 @@ class PolicyConfig(_Strict):
     replicas: dict[str, int] = Field(default_factory=dict, description="fragment -> replicas")
     backends: dict[str, str] = Field(default_factory=dict, description="fragment -> backend in fragments/")
     devices: dict[str, str] = Field(default_factory=dict, description="fragment -> torch device")
+    capture: dict[str, str] = Field(
+        default_factory=dict,
+        description="fragment -> graph (its iteration captured once and replayed: a CUDA graph on a GPU, a host tape "
+                    "on the CPU, which checks that the program can be captured) or eager (op by op); default: graph "
+                    "on a CUDA device, eager on the CPU",
+    )
     placement: dict[str, str] = Field(
         default_factory=dict, description="role -> fragment, moving a role from the policy's default fragment"
     )
@@ -451,7 +457,8 @@ def build_job_spec(cfg: RunConfig) -> Any:
         raise ConfigError(f"algorithm.name={cfg.algorithm.name} cannot train on env.id={cfg.env.id}: {why}")
     dp = cfg.distribution_policy
     policy = policy.configured(dp.replicas, dp.backends, dp.devices, dp.placement, dp.boundaries, dp.queue_capacity,
-                               dp.inference.model_dump(exclude_none=True) if dp.inference is not None else None)
+                               dp.inference.model_dump(exclude_none=True) if dp.inference is not None else None,
+                               dp.capture)
     for frag_name, problem in policy.replica_problems():
         n = policy.fragment(frag_name).replicas
         raise ConfigError(f"distribution_policy.replicas.{frag_name}={n}: {problem}")

@@ -30,6 +30,8 @@ __all__ = ["ONE_LEARNER", "BOUNDARY_MODES", "FragmentSpec", "BoundaryClass", "In
 #:   consumer reads the newest one published, waiting only before the first publication, and
 #:   knows its version.
 BOUNDARY_MODES = ("sync", "fifo", "latest")
+#: values of ``distribution_policy.capture.<fragment>`` (:mod:`msrl.runtime.capture`)
+CAPTURE_MODES = ("graph", "eager")
 
 
 #: Why a policy runs a single learner (its ``max_role_replicas`` note).
@@ -52,6 +54,9 @@ class FragmentSpec:
         device: torch device of the fragment's tensors (``"cpu"``, ``"cuda:0"``, or ``"auto"``:
             the first GPU when there is one, else the CPU).
         resources: per-replica resources for a Ray placement-group bundle (``{"CPU": 1}``).
+        capture: whether its iteration is captured once and replayed (``"graph"``: a CUDA
+            graph on a GPU, a host tape on the CPU; :mod:`msrl.runtime.capture`) or run op by
+            op (``"eager"``); ``None``: ``graph`` on a CUDA device, else ``eager``.
     """
 
     name: str
@@ -60,6 +65,7 @@ class FragmentSpec:
     backend: str = "torch_graph"
     device: str = "cpu"
     resources: Mapping[str, float] = dataclasses.field(default_factory=lambda: {"CPU": 1.0})
+    capture: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,6 +257,7 @@ class DistributionPolicy:
         boundaries: Mapping[str, str],
         queue_capacity: int | None = None,
         inference: Mapping[str, Any] | None = None,
+        capture: Mapping[str, str] | None = None,
     ) -> "DistributionPolicy":
         """:meth:`with_overrides` of the YAML's ``distribution_policy.*`` keys, each checked by
         the policy that owns the rule first (the config delegates here).
@@ -262,7 +269,11 @@ class DistributionPolicy:
         """
         from msrl.errors import ConfigError
 
-        for key, table in (("replicas", replicas), ("backends", backends), ("devices", devices)):
+        for frag, mode in (capture or {}).items():
+            if mode not in CAPTURE_MODES:
+                raise ConfigError(f"distribution_policy.capture.{frag}={mode}: unknown capture mode; modes: "
+                                  f"{', '.join(CAPTURE_MODES)} (default: graph on a CUDA device, eager on the CPU)")
+        for key, table in (("replicas", replicas), ("backends", backends), ("devices", devices), ("capture", capture or {})):
             names = [f.name for f in self.fragments]
             for frag in table:
                 if frag not in names:
@@ -313,7 +324,8 @@ class DistributionPolicy:
                                       f"the boundaries between {inf.clients} and {inf.server} are fifo queues, one per "
                                       f"{inf.clients} replica; drop the setting or distribution_policy.inference")
         try:
-            return self.with_overrides(replicas, backends, devices, placement, boundaries, queue_capacity, inference)
+            return self.with_overrides(replicas, backends, devices, placement, boundaries, queue_capacity, inference,
+                                       capture)
         except ValueError as e:
             raise ConfigError(f"distribution_policy.placement: {e}") from None
 
@@ -326,12 +338,13 @@ class DistributionPolicy:
         boundaries: Mapping[str, str] | None = None,
         queue_capacity: int | None = None,
         inference: Mapping[str, float | None] | None = None,
+        capture: Mapping[str, str] | None = None,
     ) -> "DistributionPolicy":
-        """A copy with per-fragment replicas, backends or devices replaced, roles moved and
-        boundary kinds changed.
+        """A copy with per-fragment replicas, backends, devices or capture modes replaced, roles
+        moved and boundary kinds changed.
 
         Args:
-            replicas, backends, devices: fragment -> value.
+            replicas, backends, devices, capture: fragment -> value.
             placement: role -> the fragment that runs it instead of the policy's default (e.g.
                 ``{"buffer": "learner"}``: a replay buffer beside the learner, as in Ape-X).
             boundaries: boundary class -> kind (one of :data:`BOUNDARY_MODES`).
@@ -353,7 +366,7 @@ class DistributionPolicy:
             if mode not in BOUNDARY_MODES:
                 raise ValueError(f"boundary class {key}: unknown kind {mode!r}; kinds: {', '.join(BOUNDARY_MODES)}")
         names = [f.name for f in self.fragments]
-        for table in (replicas, backends, devices, {v: k for k, v in (placement or {}).items()}):
+        for table in (replicas, backends, devices, capture, {v: k for k, v in (placement or {}).items()}):
             for key in table or {}:
                 if key not in names:
                     raise KeyError(f"policy {self.name} has no fragment {key!r}; fragments: {names}")
@@ -378,6 +391,7 @@ class DistributionPolicy:
                 replicas=(replicas or {}).get(f.name, f.replicas),
                 backend=(backends or {}).get(f.name, f.backend),
                 device=(devices or {}).get(f.name, f.device),
+                capture=(capture or {}).get(f.name, f.capture),
             )
             for f in self.fragments
         )

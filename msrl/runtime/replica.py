@@ -221,7 +221,7 @@ def compile_fragment(fg: FragmentGraph, fragment: str, algorithm: Any) -> dict[s
     backend = load_backend(fr.spec.backend)
     out = {}
     for method, g in fr.programs.items():
-        out[method] = backend.wrap_program(generate(g, fr.name, method, backend.lowering, module_globals))
+        out[method] = backend.wrap_program(generate(g, fr.name, method, backend.lowering, module_globals), fr.spec)
     return out
 
 
@@ -353,7 +353,11 @@ class Replica:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores :meth:`state_dict`'s output (a checkpoint written before the generators were
-        saved leaves them as seeded)."""
+        saved leaves them as seeded). A captured program of this replica is captured again
+        (:func:`msrl.runtime.capture.invalidate`: loading may replace the tensors it replays on)."""
+        from msrl.runtime.capture import invalidate
+
+        invalidate(self.trainer)
         for role, c in self.trainer.components.items():
             c.load_state_dict(state["components"][role])
         for a, v in state["state"].items():

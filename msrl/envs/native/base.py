@@ -104,6 +104,12 @@ class NativeEnv(Environment):
     KERNEL_SOURCE: pathlib.Path
     #: threads per block of single-agent kernels.
     BLOCK = 256
+    #: all of a native env's work is torch ops and kernels on its tensors: a captured iteration
+    #: replays it; the step count and the finished-episode log are host bookkeeping a replay
+    #: repeats (see :class:`msrl.api.Component`)
+    CAPTURABLE = True
+    REPLAYED_COUNTERS = ("_env_steps",)
+    REPLAYED_LOGS = ("_finished",)
 
     def __init__(self, num_envs: int, device: str | torch.device = "cpu", impl: str = "kernel") -> None:
         if num_envs < 1:

@@ -38,6 +38,7 @@ from typing import Any, Sequence
 import torch
 
 from msrl.errors import MsrlError
+from msrl.runtime.capture import record_foreign
 
 __all__ = [
     "KernelCompileError",
@@ -322,6 +323,10 @@ class _HostSequence(LaunchSequence):
     def __call__(self, **bound: Any) -> None:
         if len(self._seen) < len(self._slots):
             self._unbound(self._slots, bound, self._seen)
+        # recorded as one foreign call (a replay binds the same tensors and scalars again)
+        record_foreign(self._run_bound, bound)
+
+    def _run_bound(self, bound: dict[str, Any]) -> None:
         for name, value in bound.items():
             cell = self._scalar.get(name)
             if cell is not None:
@@ -418,7 +423,7 @@ class HostKernelModule(KernelModule):
     def launch_unchecked(self, name: str, grid: int, block: int, *args: Any) -> None:
         """:meth:`launch` without argument checks, for callers whose tensors are known good
         (a native env's own state): saves ~10 us per launch."""
-        self._fns[name](grid, block, *[a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args])
+        record_foreign(self._fns[name], grid, block, *[a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args])
 
 
 def _local_includes(source_path: pathlib.Path) -> list[pathlib.Path]:

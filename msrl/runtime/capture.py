@@ -1,0 +1,608 @@
+"""A fragment's iteration captured once and replayed (DESIGN.md §4: the backend's program hook).
+
+On a GPU a fragment program launches every op of its iteration from Python: ~700 kernel
+launches per PPO iteration, each a few microseconds of host work for a few microseconds of GPU
+work, so the GPU waits on the host. A CUDA graph (``torch.cuda.CUDAGraph``) records the
+iteration's launches once and replays them with one call. :class:`CapturedProgram` does this
+for a fragment's generated program, chosen per fragment in YAML
+(``distribution_policy.capture.<fragment>: graph | eager``; default ``graph`` on a CUDA
+device, ``eager`` on the CPU):
+
+1. **warm-up**: the first :data:`WARMUP` iterations run eagerly (the optimiser creates its
+   state, the allocator and the kernels settle);
+2. **probe**: the next iteration runs eagerly under a
+   :class:`~msrl.runtime.host_syncs.HostSyncRecorder` and between two snapshots of the
+   trainer's host state (:func:`host_state`). A replay re-runs the device work only: no Python
+   runs, so an op that reads the device on the host, a Python value that changes each
+   iteration (a step counter, a learning rate computed as a float), a tensor attribute rebound
+   to a new tensor, or a Python number in the program's output would all be frozen at the
+   capture. The first such finding is the fragment's one-line reason to stay eager
+   (:attr:`CapturedProgram.status`; ``msrl graph`` and the run log print it) -- a best effort
+   would change the program's meaning;
+3. **capture**: the next iteration is captured (and, on a GPU, replayed once: capture records
+   without running) with its trainer state attributes (``self.obs``) in static buffers: the
+   program's last op copies each into the buffer the next replay reads;
+4. **replay** from then on. A state attribute whose shape, dtype or device changed, a
+   checkpoint loaded (:func:`invalidate`) or another program of the trainer run in between
+   sends it back to 1.
+
+Host bookkeeping a replay must repeat is declared by the component, not guessed: a class
+attribute ``REPLAYED_COUNTERS`` names integer attributes that advance by the same amount each
+iteration (a native env's ``_env_steps``), each advanced by the captured iteration's amount
+after a replay, and ``REPLAYED_LOGS`` names lists the iteration appends device tensors to (a
+native env's finished episodes), appended the captured items again after a replay (their
+tensors hold the replay's values; items left from the previous replay are cloned first).
+
+On the CPU (``capture: graph`` on a CPU fragment, and CI, which has no GPU) the same machinery
+runs with a :class:`Tape` in place of the CUDA graph: a ``TorchDispatchMode`` that records each
+aten op of the captured iteration with its arguments, and the native kernels' host launches
+(:func:`record_foreign`), and replays them in order on the same tensors: the ops of the
+iteration re-run without Python, exactly what a replayed graph does. A program that is not
+replay-safe gives different results under the tape than eagerly, as it would on a GPU; the
+tests compare the two bitwise. The tape is for checking: it is slower than eager execution.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import random
+import re
+import sys
+import threading
+import weakref
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+from msrl.policy import CAPTURE_MODES
+
+__all__ = ["CAPTURE_MODES", "WARMUP", "CapturedProgram", "NotCapturable", "Tape", "host_state", "invalidate",
+           "record_foreign", "resolve_capture", "statuses"]
+
+#: eager iterations before the probe (the optimiser's state is created in the first)
+WARMUP = 1
+
+_local = threading.local()
+
+
+class NotCapturable(Exception):
+    """Why a program cannot be captured: one line naming the op or attribute and where."""
+
+
+def resolve_capture(mode: str | None, device: str) -> str:
+    """The capture mode of a fragment: ``mode`` as given, or (``None``) ``graph`` on a CUDA
+    device and ``eager`` elsewhere.
+
+    Raises:
+        ValueError: an unknown mode (the valid ones are :data:`CAPTURE_MODES`).
+    """
+    if mode is None:
+        return "graph" if torch.device(device).type == "cuda" else "eager"
+    if mode not in CAPTURE_MODES:
+        raise ValueError(f"unknown capture mode {mode!r}; valid: {', '.join(CAPTURE_MODES)}")
+    return mode
+
+
+# -- the host state a replay would not change --------------------------------------------------
+
+_SCALARS = (int, float, bool, str, bytes, complex, type(None))
+_OPAQUE = (type, type(len), type(lambda: 0), type(inspect), property, staticmethod, classmethod,
+           threading.Thread, weakref.ref)
+
+
+def host_state(roots: dict[str, Any], skip: Sequence[str] = (), max_items: int = 256) -> dict[str, Any]:
+    """A snapshot of the host state reachable from ``roots``: ``path -> value`` for every Python
+    number, string and ``None``, the identity of every tensor and generator (a rebinding shows),
+    the length of every list and dict, a NumPy array's bytes and a host RNG's state. Tensors'
+    contents are not read (that is device state, which a replay does change).
+
+    Args:
+        roots: name -> object (``{"learner": learner, ...}``); paths start with the name.
+        skip: paths left out, with everything under them (declared replayed state).
+        max_items: elements of a list or dict walked (the length is always recorded).
+
+    Returns:
+        the snapshot; compare two with :func:`first_change`.
+    """
+    out: dict[str, Any] = {}
+    seen: set[int] = set()
+    skipped = set(skip)
+
+    def walk(path: str, obj: Any, depth: int) -> None:
+        if path in skipped:
+            return
+        if isinstance(obj, _SCALARS):
+            out[path] = obj
+            return
+        if isinstance(obj, torch.Tensor):
+            out[path] = ("tensor", id(obj))
+            return
+        if isinstance(obj, torch.Generator):
+            out[path] = ("generator", id(obj))
+            return
+        if isinstance(obj, np.ndarray):
+            out[path] = ("ndarray", obj.tobytes() if obj.nbytes <= 1 << 16 else id(obj))
+            return
+        if isinstance(obj, np.random.Generator):
+            out[path] = ("numpy rng", repr(obj.bit_generator.state))
+            return
+        if isinstance(obj, random.Random):
+            out[path] = ("python rng", obj.getstate())
+            return
+        if isinstance(obj, _OPAQUE) or callable(obj) and not hasattr(obj, "__dict__") or depth > 10:
+            return
+        if id(obj) in seen:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, (list, tuple)):
+            out[path + "#len"] = len(obj)
+            for i, v in enumerate(obj[:max_items]):
+                walk(f"{path}[{i}]", v, depth + 1)
+            return
+        if isinstance(obj, dict):
+            out[path + "#len"] = len(obj)
+            for i, (k, v) in enumerate(list(obj.items())[:max_items]):
+                walk(f"{path}[{k!r}]" if isinstance(k, (str, int)) else f"{path}[#{i}]", v, depth + 1)
+            return
+        if isinstance(obj, torch.optim.Optimizer):
+            walk(f"{path}.param_groups", obj.param_groups, depth + 1)
+            walk(f"{path}.state", list(obj.state.values()), depth + 1)
+            return
+        attrs = getattr(obj, "__dict__", None)
+        if attrs is None:
+            return
+        for k, v in list(attrs.items()):
+            if k in ("_forward_hooks", "_backward_hooks", "_forward_pre_hooks", "_state_dict_hooks",
+                     "_load_state_dict_pre_hooks", "_non_persistent_buffers_set"):
+                continue
+            walk(f"{path}.{k}", v, depth + 1)
+
+    for name, obj in roots.items():
+        walk(name, obj, 0)
+    return out
+
+
+def first_change(before: dict[str, Any], after: dict[str, Any]) -> tuple[str, Any, Any] | None:
+    """The first path whose value differs between two :func:`host_state` snapshots, with both
+    values (``None`` for a path one lacks); ``None`` when they are equal."""
+    for path in list(before) + [p for p in after if p not in before]:
+        a, b = before.get(path), after.get(path)
+        if a != b:
+            return path, a, b
+    return None
+
+
+def _source_of(cls: type) -> str:
+    """``file:line`` of a class ('?' when unknown)."""
+    try:
+        return f"{inspect.getsourcefile(cls)}:{inspect.getsourcelines(cls)[1]}"
+    except (OSError, TypeError):
+        return "?"
+
+
+def _assignment_site(root: Any, path: str) -> str:
+    """``file:line`` where the attribute at ``path`` (``learner.iteration``) is assigned outside
+    ``__init__`` in its owner's class, or the owner class's ``file:line`` ('?' when unknown)."""
+    parts = re.split(r"\.|\[", path)
+    obj = root
+    for part in parts[1:-1]:
+        obj = getattr(obj, part, None) if not part.endswith("]") else None
+        if obj is None:
+            return "?"
+    attr = parts[-1].split("#")[0]
+    for cls in type(obj).__mro__:
+        try:
+            lines, start = inspect.getsourcelines(cls)
+            file = inspect.getsourcefile(cls)
+        except (OSError, TypeError):
+            continue
+        func = None
+        for i, line in enumerate(lines):
+            m = re.match(r"\s*def (\w+)", line)
+            if m:
+                func = m.group(1)
+            if func not in (None, "__init__", "load_state_dict") and re.search(rf"self\.{re.escape(attr)}\s*([-+*/]?=)(?!=)", line):
+                return f"{file}:{start + i}"
+    return _source_of(type(obj))
+
+
+# -- the CPU tape ------------------------------------------------------------------------------
+
+def record_foreign(fn: Callable[..., Any], *args: Any) -> None:
+    """Runs ``fn(*args)``, work on tensors that torch does not see (a native kernel's host
+    launch), and records it on the :class:`Tape` recording on this thread, if any: a replay
+    calls it again with the same arguments (keep them valid: tensors by address, numbers by
+    value). On a GPU the kernels go to torch's stream, where a CUDA graph captures them
+    without this."""
+    fn(*args)
+    tape = getattr(_local, "tape", None)
+    if tape is not None:
+        tape.steps.append(("foreign", fn, args, None))
+
+
+def _schema_kind(func: Any) -> str:
+    """``view`` (every output aliases an input, nothing written), ``write`` (mutates an
+    argument or writes an ``out=``), ``meta`` (a profiler marker) or ``compute``."""
+    if func.namespace == "profiler":
+        return "meta"
+    schema = func._schema
+    if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+        return "write"
+    rets = schema.returns
+    if rets and all(r.alias_info is not None for r in rets):
+        return "view"
+    return "compute"
+
+
+def _fresh_outputs(func: Any, out: Any) -> list[torch.Tensor]:
+    """The tensors of an op's outputs that alias no input (what a replay must copy back)."""
+    rets = func._schema.returns
+    groups = [out] if len(rets) == 1 else list(out) if isinstance(out, (tuple, list)) else [out]
+    fresh = []
+    for r, g in zip(rets, groups):
+        if r.alias_info is None:
+            fresh += [t for t in tree_flatten(g)[0] if isinstance(t, torch.Tensor)]
+    return fresh
+
+
+_ALLOC = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
+
+
+def _freeze(x: Any) -> Any:
+    """Lists and dicts in an op's arguments copied (the caller may reuse them), leaves kept."""
+    return tree_map(lambda v: v, x)
+
+
+class Tape(TorchDispatchMode):
+    """The CPU stand-in of a CUDA graph: records the aten ops (and :func:`record_foreign`
+    calls) of the code run inside it, on this thread, and :meth:`replay` re-runs them in order
+    on the same tensors, without the Python that issued them.
+
+    A replayed op that computes fresh outputs writes them into the tensors the recording
+    returned (which later ops and the caller hold); views are not re-run (they alias memory
+    that the replay updates in place); allocations are not re-run; in-place ops and random
+    draws re-run on their tensors and generators. An op that returns a Python value (a host
+    read) is recorded as nothing: the probe refuses programs with such reads, except the
+    CPU-only checks :data:`~msrl.runtime.host_syncs.CPU_ONLY_READS`, which a replay skips as a
+    CUDA graph would.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: ``(kind, func, args, outputs)`` in order
+        self.steps: list[tuple[str, Any, Any, Any]] = []
+
+    def __enter__(self) -> "Tape":
+        if getattr(_local, "tape", None) is not None:
+            raise RuntimeError("a Tape is already recording on this thread")
+        _local.tape = self
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            _local.tape = None
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        kind = _schema_kind(func)
+        if kind in ("view", "meta") or func.overloadpacket.__name__ in _ALLOC:
+            return out
+        fresh = _fresh_outputs(func, out)
+        if kind == "compute" and not fresh:
+            return out  # a host read (vetted by the probe) or a metadata query: nothing to replay
+        self.steps.append((kind, func, (_freeze(tuple(args)), _freeze(dict(kwargs))), fresh))
+        return out
+
+    def replay(self) -> None:
+        """Re-runs the recorded ops in order (no autograd, no Python of the recorded code).
+
+        Raises:
+            RuntimeError: an op's output changed shape (a data-dependent shape, which a CUDA
+                graph cannot hold either).
+        """
+        with torch.no_grad():
+            for kind, func, call, outs in self.steps:
+                if kind == "foreign":
+                    func(*call)
+                    continue
+                args, kwargs = call
+                res = func(*args, **kwargs)
+                for dst, src in zip(outs, _fresh_outputs(func, res)):
+                    if dst.shape != src.shape:
+                        raise RuntimeError(f"{func} returned shape {tuple(src.shape)} on replay, "
+                                           f"{tuple(dst.shape)} when captured: a data-dependent shape")
+                    dst.copy_(src)
+
+
+class _CudaGraph:
+    """A CUDA graph of the captured iteration (``torch.cuda.CUDAGraph``), with the CUDA
+    generators the iteration draws from registered (``register_generator_state``)."""
+
+    def __init__(self, generators: list[torch.Generator]) -> None:
+        self.graph = torch.cuda.CUDAGraph()
+        register = getattr(self.graph, "register_generator_state", None)
+        custom = [g for g in generators if g.device.type == "cuda"]
+        if custom and register is None:
+            raise NotCapturable(f"torch {torch.__version__} cannot capture draws from a torch.Generator of the "
+                                "program's own (CUDAGraph.register_generator_state is missing)")
+        for g in custom:
+            register(g)
+
+    def capture(self, fn: Callable[[], Any]) -> Any:
+        with torch.cuda.graph(self.graph):
+            out = fn()
+        self.graph.replay()  # capture records without running: this runs the captured iteration
+        return out
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+# -- the captured program ---------------------------------------------------------------------
+
+@dataclasses.dataclass
+class _Captured:
+    """One trainer's capture of one program."""
+
+    runs: int = 0
+    probed: bool = False
+    graph: Any = None
+    out: Any = None
+    statics: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    counters: list[tuple[Any, str, int]] = dataclasses.field(default_factory=list)
+    logs: list[tuple[Any, str, list]] = dataclasses.field(default_factory=list)
+    replays: int = 0
+
+
+_registry: "weakref.WeakKeyDictionary[Any, dict[int, _Captured]]" = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
+
+
+def invalidate(trainer: Any) -> None:
+    """Drops every capture made on ``trainer`` (a checkpoint was loaded into it, its tensors
+    replaced): its programs warm up, probe and capture again."""
+    with _lock:
+        _registry.pop(trainer, None)
+
+
+def _replayed(trainer: Any) -> tuple[list[tuple[str, Any, str]], list[tuple[str, Any, str]]]:
+    """The declared ``REPLAYED_COUNTERS`` and ``REPLAYED_LOGS`` of the trainer's components:
+    ``(path, component, attribute)`` each."""
+    counters, logs = [], []
+    for role, comp in getattr(trainer, "_components", {}).items():
+        for attr in getattr(type(comp), "REPLAYED_COUNTERS", ()):
+            counters.append((f"{role}.{attr}", comp, attr))
+        for attr in getattr(type(comp), "REPLAYED_LOGS", ()):
+            logs.append((f"{role}.{attr}", comp, attr))
+    return counters, logs
+
+
+def _roots(trainer: Any, state_attrs: Sequence[str]) -> dict[str, Any]:
+    roots = dict(getattr(trainer, "_components", {}))
+    own = {k: v for k, v in vars(trainer).items() if k != "_components"}
+    roots["self"] = own
+    return roots
+
+
+class CapturedProgram:
+    """A fragment program run eagerly, probed, captured and replayed (see the module's
+    docstring); called as the program it wraps, ``fn(trainer, comm)``.
+
+    Args:
+        fn: the generated program ``program(self, comm)``.
+        method, fragment: what it was generated for (in messages).
+        state_attrs: the trainer attributes the program reads and writes back (``obs``).
+        device: the fragment's device: ``cuda`` captures CUDA graphs, ``cpu`` a :class:`Tape`.
+        reason: why it cannot be captured, known before it runs (boundary ops), or ``None``.
+    """
+
+    def __init__(self, fn: Callable[[Any, Any], Any], method: str, fragment: str, state_attrs: Sequence[str],
+                 device: str, reason: str | None = None) -> None:
+        self.fn, self.method, self.fragment = fn, method, fragment
+        self.state_attrs = tuple(state_attrs)
+        self.device = torch.device(device)
+        #: the one-line reason this program runs eagerly (``None`` while it may be captured)
+        self.reason = reason
+
+    @property
+    def status(self) -> str:
+        """``graph`` (captured and replayed, or still warming up), or ``eager: <reason>``."""
+        return "graph" if self.reason is None else f"eager: {self.reason}"
+
+    def __call__(self, trainer: Any, comm: Any) -> Any:
+        if self.reason is not None:
+            return self.fn(trainer, comm)
+        with _lock:
+            caps = _registry.setdefault(trainer, {})
+            for key in [k for k in caps if k != id(self)]:  # another program ran: its captures re-made
+                del caps[key]
+            cap = caps.get(id(self))
+            if cap is None:
+                cap = caps[id(self)] = _Captured()
+        if cap.runs == 0 and cap.graph is None:
+            for role, comp in getattr(trainer, "_components", {}).items():
+                if not getattr(type(comp), "CAPTURABLE", True):
+                    self._give_up(f"its {role} ({type(comp).__name__}, {_source_of(type(comp))}) works on the host, "
+                                  "outside torch (CAPTURABLE = False): a replay would not run it")
+                    return self.fn(trainer, comm)
+        if cap.graph is not None:
+            if self._inputs_fit(trainer, cap):
+                return self._replay(cap)
+            cap = caps[id(self)] = _Captured()
+        cap.runs += 1
+        if cap.runs <= WARMUP:
+            return self._eager(trainer, comm)
+        if not cap.probed:
+            out = self._probe(trainer, comm)
+            cap.probed = True
+            return out
+        return self._capture(trainer, comm, cap)
+
+    # each stage ---------------------------------------------------------------------------
+    def _eager(self, trainer: Any, comm: Any) -> Any:
+        if self.device.type == "cuda":  # warm up on a side stream (torch.cuda.graphs' advice)
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                out = self.fn(trainer, comm)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            return out
+        return self.fn(trainer, comm)
+
+    def _probe(self, trainer: Any, comm: Any) -> Any:
+        from msrl.runtime.host_syncs import HostSyncRecorder
+
+        counters, logs = _replayed(trainer)
+        skip = [p for p, _, _ in counters + logs] + [f"self['{a}']" for a in self.state_attrs]
+        roots = _roots(trainer, self.state_attrs)
+        before = host_state(roots, skip)
+        with HostSyncRecorder() as rec:
+            out = self.fn(trainer, comm)
+        after = host_state(_roots(trainer, self.state_attrs), skip)
+        reason = None
+        if rec.syncs:
+            s = rec.syncs[0]
+            reason = f"{s.op} at {s.where}: {s.why}; a replay cannot read the device"
+        if reason is None:
+            change = first_change(before, after)
+            if change is not None:
+                path, a, b = change
+                root = roots.get(path.split(".")[0].split("[")[0])
+                site = _assignment_site(root, path) if root is not None and not path.startswith("self") else "?"
+                what = "rebound to another tensor" if isinstance(a, tuple) and a and a[0] == "tensor" else \
+                    f"changed from {a!r} to {b!r}"
+                reason = (f"{path.replace('#len', ' (its length)')} {what} during an iteration (at {site}); "
+                          "a replay runs the device work only: keep it in a tensor updated in place")
+        if reason is None:
+            for path, leaf in _leaves(out):
+                if not isinstance(leaf, torch.Tensor):
+                    reason = (f"the program's output {path} is a Python {type(leaf).__name__}; a replay would "
+                              "return the captured value: return a tensor")
+                    break
+        if reason is not None:
+            self._give_up(reason)
+        return out
+
+    def _give_up(self, reason: str) -> None:
+        """Runs eagerly from now on, for ``reason`` (printed once, one line, to stderr)."""
+        self.reason = reason
+        print(f"msrl: {self.fragment}.{self.method} runs eagerly, not captured: {reason}", file=sys.stderr)
+
+    def _capture(self, trainer: Any, comm: Any, cap: _Captured) -> Any:
+        statics = {}
+        for a in self.state_attrs:
+            v = getattr(trainer, a, None)
+            if isinstance(v, torch.Tensor):
+                statics[a] = v.clone()
+                setattr(trainer, a, statics[a])
+        counters, logs = _replayed(trainer)
+        counts = [(comp, attr, getattr(comp, attr)) for _, comp, attr in counters]
+        lens = [(comp, attr, len(getattr(comp, attr))) for _, comp, attr in logs]
+
+        def iteration() -> Any:
+            out = self.fn(trainer, comm)
+            for a, buf in statics.items():
+                v = getattr(trainer, a)
+                if v is not buf:
+                    buf.copy_(v)
+                    setattr(trainer, a, buf)
+            return out
+
+        if self.device.type == "cuda":
+            generators = [v for _, v in _generators(trainer)]
+            try:
+                graph = _CudaGraph(generators)
+            except NotCapturable as e:
+                self._give_up(str(e))
+                return self.fn(trainer, comm)
+            out = graph.capture(iteration)
+        else:
+            graph = Tape()
+            with graph:
+                out = iteration()
+        cap.graph, cap.out, cap.statics = graph, out, statics
+        cap.counters = [(comp, attr, getattr(comp, attr) - n) for comp, attr, n in counts]
+        cap.logs = [(comp, attr, list(getattr(comp, attr)[n:])) for comp, attr, n in lens]
+        what = "a CUDA graph" if self.device.type == "cuda" else f"a host tape of {len(graph.steps)} ops"
+        print(f"msrl: {self.fragment}.{self.method} captured as {what}, replayed from its next iteration",
+              file=sys.stderr)
+        return _fresh(out)
+
+    def _inputs_fit(self, trainer: Any, cap: _Captured) -> bool:
+        """Whether the state attributes still fit the static buffers (copying a rebound value in)."""
+        for a, buf in cap.statics.items():
+            v = getattr(trainer, a, None)
+            if v is buf:
+                continue
+            if not isinstance(v, torch.Tensor) or v.shape != buf.shape or v.dtype != buf.dtype or v.device != buf.device:
+                return False
+            buf.copy_(v)
+            setattr(trainer, a, buf)
+        return True
+
+    def _replay(self, cap: _Captured) -> Any:
+        for comp, attr, items in cap.logs:  # items still held from the last replay: kept as they are now
+            held = getattr(comp, attr)
+            ids = {id(x) for x in items}
+            for i, x in enumerate(held):
+                if id(x) in ids:
+                    held[i] = tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, x)
+        cap.graph.replay()
+        cap.replays += 1
+        for comp, attr, delta in cap.counters:
+            setattr(comp, attr, getattr(comp, attr) + delta)
+        for comp, attr, items in cap.logs:
+            getattr(comp, attr).extend(items)
+        return _fresh(cap.out)
+
+
+def _fresh(out: Any) -> Any:
+    """The program's output as the caller gets it: containers copied (the caller may change
+    them), tensors as captured (a replay overwrites them: read before the next iteration)."""
+    return tree_map(lambda v: v, out)
+
+
+def _leaves(out: Any, path: str = "output") -> Iterator[tuple[str, Any]]:
+    if isinstance(out, dict):
+        for k, v in out.items():
+            yield from _leaves(v, f"{path}[{k!r}]")
+    elif isinstance(out, (list, tuple)):
+        for i, v in enumerate(out):
+            yield from _leaves(v, f"{path}[{i}]")
+    elif out is not None:
+        yield path, out
+
+
+def _generators(trainer: Any) -> list[tuple[str, torch.Generator]]:
+    """The torch generators the trainer's components hold (``path``, generator)."""
+    found, seen = [], set()
+
+    def walk(path: str, obj: Any, depth: int) -> None:
+        if isinstance(obj, torch.Generator):
+            if id(obj) not in seen:
+                seen.add(id(obj))
+                found.append((path, obj))
+            return
+        if depth > 6 or isinstance(obj, (torch.Tensor, *_SCALARS)) or id(obj) in seen:
+            return
+        seen.add(id(obj))
+        items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else \
+            getattr(obj, "__dict__", {}).items()
+        for k, v in list(items)[:256]:
+            walk(f"{path}.{k}", v, depth + 1)
+
+    for role, comp in getattr(trainer, "_components", {}).items():
+        walk(role, comp, 0)
+    return found
+
+
+def statuses(programs: dict[str, Any]) -> dict[str, str]:
+    """``method -> status`` of a fragment's programs (``eager`` for programs not wrapped)."""
+    return {m: (p.fn.status if isinstance(p.fn, CapturedProgram) else "eager") for m, p in programs.items()}
