@@ -14,7 +14,10 @@
 # Parts: the cross-device boundary tests (learner on cuda:0, actors on the CPU, under coarse,
 # overlapped coarse, async_learner and single_learner_fine; multi_learner's all-reduce of CUDA
 # gradients); the native envs' GPU kernels against their host build and the gpu_only tests; the
-# README's GPU job (configs/ppo_cartpole_gpu_only.yaml) trained to the end; with FULL=1 also the
+# capture tests (tests/test_capture.py: CUDA graphs on a GPU, the host tape on a CPU) and the
+# eager-against-captured table (bench/bench_capture.py); the README's GPU job
+# (configs/ppo_cartpole_gpu_only.yaml) trained to the end, captured (the default on CUDA) and, on
+# a GPU, eager; with FULL=1 also the
 # heterogeneous run (PPO CartPole, coarse, learner on cuda:0) to the end; the host-sync guard
 # and each gpu_only job's ops per iteration (bench/bench_host_syncs.py). Without a GPU (no
 # nvidia-smi, or torch without CUDA) the same script runs what needs none: the host-sync guard,
@@ -23,6 +26,7 @@ set -u
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
 T=$(mktemp -d)
 py=${PYTHON:-python3}
 W=${WHEELS:-.whl}  # wheels for this machine's Python (WHEELS=none: install none, the Python has them)
@@ -54,8 +58,19 @@ if [ "$GPU" = 1 ]; then
   part devices 240 $py -P -m pytest -q -p no:cacheprovider -m "slow or not slow" tests/test_devices.py -k "not reaches_475"
 fi
 part native_kernels 240 $py -P -m pytest -q -p no:cacheprovider tests/test_native_envs.py tests/test_gpu_only.py
+part capture 240 $py -P -m pytest -q -p no:cacheprovider tests/test_capture.py
 part host_syncs 120 $py -P bench/bench_host_syncs.py --json "$OUT/host_syncs.json"
+if [ "$GPU" = 1 ]; then  # eager against captured iterations: ms, launches, GPU busy (issue 33's figures)
+  part capture_bench 300 $py -P bench/bench_capture.py --jobs cartpole,pendulum --envs 16,4096 --json "$OUT/capture.json"
+  part capture_bench_tag 240 $py -P bench/bench_capture.py --jobs tag --envs 100 --iterations 5 --json "$OUT/capture_tag.json"
+else
+  part capture_bench 240 $py -P bench/bench_capture.py --jobs cartpole --envs 16 --iterations 5 --json "$OUT/capture.json"
+fi
 part gpu_only_job 240 msrl train configs/ppo_cartpole_gpu_only.yaml "runs_dir=$T/runs" train.progress=false
+if [ "$GPU" = 1 ]; then  # the same job op by op: what the capture gains end to end
+  part gpu_only_job_eager 240 msrl train configs/ppo_cartpole_gpu_only.yaml "runs_dir=$T/runs" train.progress=false \
+    distribution_policy.capture.main=eager
+fi
 if [ "${FULL:-0}" = 1 ] && [ "$GPU" = 1 ]; then  # the heterogeneous run to the end (about a minute on an H100)
   part coarse_cuda_learner 300 msrl train configs/ppo_cartpole.yaml distribution_policy.name=single_learner_coarse \
     runtime=local distribution_policy.devices.learner=cuda:0 "runs_dir=$T/runs" train.progress=false

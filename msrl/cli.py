@@ -98,13 +98,14 @@ def _plot(args: argparse.Namespace) -> int:
 def _graph(args: argparse.Namespace) -> int:
     from msrl.config import build_job_spec, load_config
     from msrl.job import Job
-    from msrl.printer import draw_fragments, format_boundary_bytes, format_job
+    from msrl.printer import draw_fragments, format_boundary_bytes, format_capture, format_job
 
     cfg = load_config(args.config, args.overrides)
     job = Job(build_job_spec(cfg))
     try:
         sys.stdout.write(format_job(job))
         sys.stdout.write(format_boundary_bytes(job))
+        sys.stdout.write(format_capture(job))
         out = draw_fragments(job, args.out or f"{cfg.name}_fdg.png")
         print(f"\npicture of the fragmented graph: {pathlib.Path(out).resolve()}")
     finally:

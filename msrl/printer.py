@@ -6,6 +6,7 @@ import pathlib
 
 from msrl.graph import COMM_KINDS, Graph, Node, NodeKind
 from msrl.job import METHODS, Job
+from msrl.runtime.capture import resolve_capture
 
 __all__ = ["format_graph", "format_job", "draw_fragments"]
 
@@ -65,7 +66,9 @@ def format_job(job: Job) -> str:
     out.append("\n## fragments")
     for fr in fg.fragments:
         s = fr.spec
-        out.append(f"- {fr.name}: roles {', '.join(s.roles)}; replicas {s.replicas}; backend {s.backend}; device {s.device}")
+        mode = resolve_capture(s.capture, s.device)
+        out.append(f"- {fr.name}: roles {', '.join(s.roles)}; replicas {s.replicas}; backend {s.backend}; device {s.device}; "
+                   f"capture {mode}{' (default)' if s.capture is None else ''}")
     out.append("\n## boundaries")
     if not fg.boundaries:
         out.append("(none)")
@@ -143,6 +146,31 @@ def _human(n: int) -> str:
         if n >= size:
             return f"{n / size:.1f} {unit}"
     return f"{n} B"
+
+
+def format_capture(job: Job) -> str:
+    """Whether each fragment's ``train_step`` is captured (``distribution_policy.capture``),
+    found by running it as training does -- warm-up, probe, capture, one replay -- after
+    :func:`format_boundary_bytes`'s iteration; or why it runs eagerly, in one line. Empty when
+    no fragment asks for capture."""
+    from msrl.runtime import capture
+
+    reps = {k: r for k, r in job.runtime.replicas.items()
+            if "train_step" in r.programs and isinstance(r.programs["train_step"].fn, capture.CapturedProgram)}
+    if not reps:
+        return ""
+    if any(r.programs["train_step"].fn.reason is None for r in reps.values()):
+        job.run(capture.WARMUP + 2)
+    out = ["\n## capture of train_step (measured: warm-up, probe, capture, one replay)"]
+    for (frag, i), rep in sorted(reps.items()):
+        fn = rep.programs["train_step"].fn
+        cap = capture._registry.get(rep.trainer, {}).get(id(fn))
+        if fn.reason is None and cap is not None and cap.graph is not None:
+            what = "a CUDA graph" if fn.device.type == "cuda" else f"a host tape of {len(cap.graph.steps)} ops"
+            out.append(f"- {frag} replica {i}: captured as {what}, replayed")
+        else:
+            out.append(f"- {frag} replica {i}: {fn.status}")
+    return "\n".join(out) + "\n"
 
 
 def draw_fragments(job: Job, path: str | pathlib.Path, method: str = "train_step") -> pathlib.Path:

@@ -410,6 +410,7 @@ class CapturedProgram:
         self.device = torch.device(device)
         #: the one-line reason this program runs eagerly (``None`` while it may be captured)
         self.reason = reason
+        self._calls, self._told = 0, False
 
     @property
     def status(self) -> str:
@@ -418,6 +419,9 @@ class CapturedProgram:
 
     def __call__(self, trainer: Any, comm: Any) -> Any:
         if self.reason is not None:
+            self._calls += 1
+            if self._calls == WARMUP + 1 and not self._told:  # a program that runs once (reset) says nothing
+                self._give_up(self.reason)
             return self.fn(trainer, comm)
         with _lock:
             caps = _registry.setdefault(trainer, {})
@@ -426,12 +430,6 @@ class CapturedProgram:
             cap = caps.get(id(self))
             if cap is None:
                 cap = caps[id(self)] = _Captured()
-        if cap.runs == 0 and cap.graph is None:
-            for role, comp in getattr(trainer, "_components", {}).items():
-                if not getattr(type(comp), "CAPTURABLE", True):
-                    self._give_up(f"its {role} ({type(comp).__name__}, {_source_of(type(comp))}) works on the host, "
-                                  "outside torch (CAPTURABLE = False): a replay would not run it")
-                    return self.fn(trainer, comm)
         if cap.graph is not None:
             if self._inputs_fit(trainer, cap):
                 return self._replay(cap)
@@ -440,6 +438,11 @@ class CapturedProgram:
         if cap.runs <= WARMUP:
             return self._eager(trainer, comm)
         if not cap.probed:
+            for role, comp in getattr(trainer, "_components", {}).items():
+                if not getattr(type(comp), "CAPTURABLE", True):
+                    self._give_up(f"its {role} ({type(comp).__name__}, {_source_of(type(comp))}) works on the host, "
+                                  "outside torch (CAPTURABLE = False): a replay would not run it")
+                    return self.fn(trainer, comm)
             out = self._probe(trainer, comm)
             cap.probed = True
             return out
@@ -492,7 +495,7 @@ class CapturedProgram:
 
     def _give_up(self, reason: str) -> None:
         """Runs eagerly from now on, for ``reason`` (printed once, one line, to stderr)."""
-        self.reason = reason
+        self.reason, self._told = reason, True
         print(f"msrl: {self.fragment}.{self.method} runs eagerly, not captured: {reason}", file=sys.stderr)
 
     def _capture(self, trainer: Any, comm: Any, cap: _Captured) -> Any:

@@ -1,0 +1,124 @@
+"""A ``gpu_only`` iteration eager against captured (``distribution_policy.capture.main``), one run.
+
+For each job and batch size: milliseconds per ``train_step`` (the iteration's program and the
+read of its results, the loop's work less evaluation and checkpoints) and env steps per second,
+eager and captured, after the capture's warm-up; on a CUDA device also, from ``torch.profiler``
+over one iteration, the kernels launched (CUDA runtime launches and graph launches) and the GPU
+busy time (the sum of device kernel and copy durations over the iteration's wall time).
+
+    python bench/bench_capture.py                         # CartPole at 16 and 4096 envs
+    python bench/bench_capture.py --jobs all --json capture.json
+
+On the CPU the capture is the host tape, a check rather than a speed-up (its replay re-dispatches
+every op from Python): the figures there say what the check costs, not what a GPU gains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import platform
+import time
+
+import torch
+
+from msrl.config import build_job_spec, load_config
+from msrl.job import Job
+from msrl.runtime import capture
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+JOBS = {
+    "cartpole": ("configs/ppo_cartpole_gpu_only.yaml", ["env.id=msrl/CartPole-v1"]),
+    "pendulum": ("configs/ppo_cartpole_gpu_only.yaml", ["env.id=msrl/Pendulum-v1"]),
+    "tag": ("configs/ma_ppo_tag.yaml", []),
+}
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def profile_iteration(job: Job) -> dict:
+    """Kernels launched and GPU busy time of one ``train_step`` (CUDA only)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    _sync()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        job.runtime.run("train_step")
+        _sync()
+        wall = time.perf_counter() - t0
+    launches = graph_launches = 0
+    busy_us = 0.0
+    for e in prof.events():
+        name = e.name
+        if name in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx"):
+            launches += 1
+        elif name == "cudaGraphLaunch":
+            graph_launches += 1
+        if e.device_type.name == "CUDA":
+            busy_us += e.device_time if hasattr(e, "device_time") else e.cuda_time
+    copies = sum(1 for e in prof.events() if "Memcpy" in e.name and ("DtoH" in e.name or "HtoD" in e.name))
+    return {"wall_ms": round(wall * 1e3, 3), "kernel_launches": launches, "graph_launches": graph_launches,
+            "gpu_busy_ms": round(busy_us / 1e3, 3), "gpu_busy_pct": round(100 * busy_us / 1e6 / wall, 1),
+            "host_device_copies": copies}
+
+
+def measure(config: str, over: list[str], mode: str, iterations: int) -> dict:
+    cfg = load_config(ROOT / config, [*over, f"distribution_policy.capture.main={mode}"])
+    job = Job(build_job_spec(cfg))
+    try:
+        job.reset()
+        for _ in range(capture.WARMUP + 2):  # warm-up, probe, capture (eager: the same iterations)
+            job.runtime.run("train_step")
+        rep = job.runtime.replicas[("main", 0)]
+        fn = rep.programs["train_step"].fn
+        status = fn.status if isinstance(fn, capture.CapturedProgram) else "eager"
+        _sync()
+        t0 = time.perf_counter()
+        for _ in range(iterations):
+            job.runtime.run("train_step")
+        _sync()
+        per = (time.perf_counter() - t0) / iterations
+        steps = cfg.algorithm.hparams["num_steps"] * cfg.env.num_envs
+        row = {"mode": mode, "status": status, "num_envs": cfg.env.num_envs, "ms_per_iteration": round(per * 1e3, 3),
+               "env_steps_per_s": round(steps / per)}
+        if torch.cuda.is_available():
+            row.update(profile_iteration(job))
+        return row
+    finally:
+        job.close()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--jobs", default="cartpole", help=f"comma-separated of {', '.join(JOBS)}, or all")
+    p.add_argument("--envs", default="16,4096", help="batch sizes (env.num_envs), comma-separated")
+    p.add_argument("--iterations", type=int, default=20)
+    p.add_argument("--json", help="also write the rows here")
+    args = p.parse_args()
+    names = list(JOBS) if args.jobs == "all" else args.jobs.split(",")
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({platform.processor() or 'host'})"
+    print(f"# {device}, torch {torch.__version__}")
+    print("| job | envs | mode | ms / iteration | env steps/s | launches | GPU busy | status |")
+    print("|---|---|---|---|---|---|---|---|")
+    rows = []
+    for name in names:
+        config, over = JOBS[name]
+        for n in [int(x) for x in args.envs.split(",")]:
+            for mode in ("eager", "graph"):
+                row = measure(config, [*over, f"env.num_envs={n}"], mode, args.iterations)
+                row["job"] = name
+                rows.append(row)
+                launches = f"{row['kernel_launches']} + {row['graph_launches']} graph" if "kernel_launches" in row else "-"
+                busy = f"{row['gpu_busy_pct']}%" if "gpu_busy_pct" in row else "-"
+                print(f"| {name} | {n} | {mode} | {row['ms_per_iteration']} | {row['env_steps_per_s']} | {launches} | "
+                      f"{busy} | {row['status'][:60]} |", flush=True)
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps({"device": device, "torch": torch.__version__, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

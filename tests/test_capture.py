@@ -1,0 +1,218 @@
+"""A fragment's iteration captured once and replayed (msrl.runtime.capture).
+
+On the CPU the capture is a host tape (each aten op and native-kernel launch of the iteration,
+re-run without the Python that issued it: what a CUDA graph replays); these tests hold it to
+the eager program bitwise, and hold the probe to its reasons for refusing what a replay would
+get wrong. The CUDA-graph path runs the same tests where a GPU is present.
+"""
+
+import copy
+import pathlib
+import re
+
+import pytest
+import torch
+
+import msrl
+from msrl.config import ConfigError, build_job_spec, load_config
+from msrl.job import Job
+from msrl.runtime import capture
+from msrl.runtime.capture import WARMUP, CapturedProgram, Tape, host_state
+
+CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
+GPU_ONLY = CONFIGS / "ppo_cartpole_gpu_only.yaml"
+SMALL = ["env.num_envs=8", "algorithm.hparams.num_steps=16", "train.total_env_steps=4096"]
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _pair(config, overrides):
+    """The same job twice: captured (``capture.main=graph``) and eager."""
+    graph = Job(build_job_spec(load_config(config, [*overrides, "distribution_policy.capture.main=graph"])))
+    eager = Job(build_job_spec(load_config(config, [*overrides, "distribution_policy.capture.main=eager"])))
+    return graph, eager
+
+
+def _replica(job):
+    return job.runtime.replicas[("main", 0)]
+
+
+def _same_state(a, b):
+    ra, rb = _replica(a), _replica(b)
+    for role in ("actor", "learner"):
+        for (k, x), (_, y) in zip(ra.weights(role).items(), rb.weights(role).items()):
+            assert torch.equal(x, y), f"{role}.{k}"
+    assert torch.equal(ra.trainer.obs, rb.trainer.obs)
+    assert ra.env_steps == rb.env_steps
+
+
+@pytest.mark.parametrize("config, overrides", [
+    (GPU_ONLY, SMALL),
+    (GPU_ONLY, [*SMALL, "env.id=msrl/Pendulum-v1"]),  # Gaussian draws from the actor's own generator
+    (CONFIGS / "ma_ppo_tag.yaml", ["env.num_envs=4", "algorithm.hparams.num_steps=8"]),  # launch sequences
+])
+def test_a_captured_gpu_only_job_equals_the_eager_one_bitwise(config, overrides):
+    """Warm-up, probe, capture and replays: every iteration's metrics, the finished episodes,
+    the env steps, the weights and the observations equal the eager program's bitwise."""
+    graph, eager = _pair(config, overrides)
+    try:
+        graph.reset(), eager.reset()
+        for _ in range(WARMUP + 5):  # three replays after the capture
+            assert graph.train_step() == eager.train_step()
+            eg, ee = _replica(graph).pop_episode_stats(), _replica(eager).pop_episode_stats()
+            assert (eg.returns, eg.lengths, eg.extra) == (ee.returns, ee.lengths, ee.extra)
+        _same_state(graph, eager)
+        fn = _replica(graph).programs["train_step"].fn
+        assert isinstance(fn, CapturedProgram) and fn.status == "graph"
+        (cap,) = capture._registry[_replica(graph).trainer].values()
+        assert cap.replays == 3 and (DEVICE == "cuda" or len(cap.graph.steps) > 100)
+        assert not isinstance(_replica(eager).programs["train_step"].fn, CapturedProgram)
+    finally:
+        graph.close(), eager.close()
+
+
+def test_a_checkpoint_loaded_into_a_captured_job_is_captured_again():
+    """Loading a replica's state (a restart, a resume) replaces tensors the capture replayed
+    on: the program warms up, probes and captures again, and still equals the eager job."""
+    graph, eager = _pair(GPU_ONLY, SMALL)
+    try:
+        graph.reset(), eager.reset()
+        for _ in range(3):
+            graph.train_step(), eager.train_step()
+        saved = {k: copy.deepcopy(r.state_dict()) for k, r in eager.runtime.replicas.items()}
+        for _ in range(WARMUP + 3):
+            graph.train_step(), eager.train_step()
+        for job in (graph, eager):  # both back to iteration 3 (each its own copy: loading shares tensors)
+            for k, r in job.runtime.replicas.items():
+                r.load_state_dict(copy.deepcopy(saved[k]))
+        for _ in range(WARMUP + 4):
+            assert graph.train_step() == eager.train_step()
+        _same_state(graph, eager)
+        (cap,) = capture._registry[_replica(graph).trainer].values()
+        assert cap.graph is not None and cap.replays == 2  # captured anew after the load
+    finally:
+        graph.close(), eager.close()
+
+
+def test_a_whole_captured_training_run_equals_the_eager_run(tmp_path):
+    """``msrl.train`` as a user runs it, with a checkpoint and a resume in the middle: the
+    metrics of every iteration, the env steps and the final evaluation are the eager run's."""
+    runs = {}
+    for mode in ("graph", "eager"):
+        kw = dict(runs_dir=str(tmp_path / mode), train__progress=False, train__checkpoint_every=3,
+                  **{"env.num_envs": 8, "algorithm.hparams.num_steps": 16, "eval.episodes": 3,
+                     "distribution_policy.capture.main": mode})
+        first = msrl.train(GPU_ONLY, train__total_env_steps=1280, **kw)
+        runs[mode] = msrl.train(resume=first.run_dir, train__total_env_steps=2560)
+    g, e = runs["graph"], runs["eager"]
+    assert g.env_steps == e.env_steps == 2560 and g.eval_returns == e.eval_returns
+    keys = [k for k in e.metrics()[0] if k.startswith(("losses/", "charts/episodic", "charts/learning"))]
+    assert len(keys) > 5
+    assert [[r[k] for k in keys] for r in g.metrics()] == [[r[k] for k in keys] for r in e.metrics()]
+
+
+def test_the_probe_names_a_python_counter_and_where_it_changes(capfd):
+    """A2C keeps its iteration count as a Python int (its learning-rate schedule reads it): a
+    replay would not advance it, so the program runs eagerly and says why, with the line."""
+    cfg = CONFIGS / "a2c_cartpole.yaml"
+    over = ["env.id=msrl/CartPole-v1", "distribution_policy.name=gpu_only", "env.num_envs=4"]
+    graph, eager = _pair(cfg, over)
+    try:
+        graph.reset(), eager.reset()
+        for _ in range(WARMUP + 3):
+            assert graph.train_step() == eager.train_step()
+        fn = _replica(graph).programs["train_step"].fn
+        assert re.fullmatch(r"eager: learner\.iteration changed from 1 to 2 during an iteration "
+                            r"\(at .*algorithms/a2c\.py:\d+\); .*keep it in a tensor updated in place", fn.status), fn.status
+        assert capture._registry[_replica(graph).trainer][id(fn)].graph is None
+    finally:
+        graph.close(), eager.close()
+    err = capfd.readouterr().err
+    assert err.count("msrl: main.train_step runs eagerly, not captured: learner.iteration changed") == 1, err
+
+
+def test_a_host_env_or_a_boundary_keeps_a_fragment_eager():
+    """A gymnasium env steps on the host (CAPTURABLE = False); a fragment that exchanges
+    values with another (coarse's learner) has the other side's timing: both run eagerly
+    with the reason, and learn exactly as without the setting."""
+    main = CONFIGS / "ppo_cartpole.yaml"
+    graph, eager = _pair(main, ["env.num_envs=4", "algorithm.hparams.num_steps=8"])
+    try:
+        graph.reset(), eager.reset()
+        for _ in range(2):
+            assert graph.train_step() == eager.train_step()
+        status = _replica(graph).programs["train_step"].fn.status
+        assert re.fullmatch(r"eager: its env \(GymnasiumEnv, .*gymnasium_env\.py:\d+\) works on the host, outside torch "
+                            r"\(CAPTURABLE = False\): a replay would not run it", status), status
+    finally:
+        graph.close(), eager.close()
+    coarse = Job(build_job_spec(load_config(main, ["distribution_policy.name=single_learner_coarse",
+                                                   "distribution_policy.capture.learner=graph"])))
+    try:
+        status = coarse.runtime.replicas[("learner", 0)].programs["train_step"].fn.status
+        assert re.fullmatch(r"eager: the program exchanges values with other fragments \(gather at .*ppo\.py:\d+\); "
+                            r"only a fragment without boundaries is captured", status), status
+    finally:
+        coarse.close()
+
+
+def test_capture_settings_are_checked():
+    with pytest.raises(ConfigError, match=r"distribution_policy\.capture\.main=always: unknown capture mode; modes: "
+                                          r"graph, eager \(default: graph on a CUDA device, eager on the CPU\)"):
+        load_config(GPU_ONLY, ["distribution_policy.capture.main=always"])
+    with pytest.raises(ConfigError, match=r"distribution_policy\.capture\.learner: policy gpu_only has no fragment "
+                                          r"'learner'; fragments: main"):
+        load_config(GPU_ONLY, ["distribution_policy.capture.learner=graph"])
+    spec = build_job_spec(load_config(GPU_ONLY, []))
+    assert spec.policy.fragment("main").capture is None  # the default: graph on CUDA, eager on the CPU
+
+
+def test_the_tape_replays_ops_not_python():
+    """The tape's semantics are a CUDA graph's: a Python number read while recording is frozen
+    into the replay (why the probe refuses programs whose Python state changes), tensors updated
+    in place carry the change, fresh outputs are rewritten where the recording returned them,
+    and a data-dependent shape is an error."""
+    x, step = torch.zeros(3), torch.zeros((), dtype=torch.int64)
+    count = [0]
+
+    def body():
+        count[0] += 1
+        step.add_(1)
+        x.add_(float(count[0]))  # a Python number: recorded as the constant it was
+        return x * step
+
+    tape = Tape()
+    with tape:
+        out = body()
+    assert out.tolist() == [1.0, 1.0, 1.0]
+    tape.replay(), tape.replay()
+    assert count[0] == 1 and int(step) == 3 and x.tolist() == [3.0, 3.0, 3.0] and out.tolist() == [9.0, 9.0, 9.0]
+
+    mask = torch.tensor([True, False, True])
+    with Tape() as shaped:
+        picked = torch.arange(3.0)[mask]
+    assert picked.tolist() == [0.0, 2.0]
+    mask[1] = True
+    with pytest.raises(RuntimeError, match="returned shape \\(3,\\) on replay, \\(2,\\) when captured: a data-dependent shape"):
+        shaped.replay()
+
+
+def test_host_state_sees_counters_rebindings_and_lengths():
+    class Comp:
+        def __init__(self):
+            self.n, self.t, self.items = 0, torch.zeros(2), []
+
+    c = Comp()
+    before = host_state({"c": c})
+    c.t.add_(1)  # device state, which a replay does change: not host state
+    assert capture.first_change(before, host_state({"c": c})) is None
+    c.n += 1
+    assert capture.first_change(before, host_state({"c": c})) == ("c.n", 0, 1)
+    c.n, old, c.t = 0, c.t, torch.zeros(2)
+    path, a, b = capture.first_change(before, host_state({"c": c}))
+    assert path == "c.t" and a[0] == b[0] == "tensor" and a != b
+    c.t = old
+    c.items.append(torch.zeros(1))
+    assert capture.first_change(before, host_state({"c": c})) == ("c.items#len", 0, 1)
+    assert capture.first_change(host_state({"c": Comp()}, skip=["c.items"]), host_state({"c": c}, skip=["c.items"])) \
+        is not None  # another object's tensor
+    assert capture.first_change(before, host_state({"c": c}, skip=["c.items"])) is not None  # skipped paths are gone
