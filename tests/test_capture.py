@@ -216,3 +216,20 @@ def test_host_state_sees_counters_rebindings_and_lengths():
     assert capture.first_change(host_state({"c": Comp()}, skip=["c.items"]), host_state({"c": c}, skip=["c.items"])) \
         is not None  # another object's tensor
     assert capture.first_change(before, host_state({"c": c}, skip=["c.items"])) is not None  # skipped paths are gone
+
+
+def test_msrl_graph_says_whether_the_iteration_is_captured(capsys):
+    from msrl.cli import main
+
+    assert main(["graph", str(GPU_ONLY), *SMALL, "distribution_policy.capture.main=graph", "--out", "/dev/null"]) == 0
+    text = capsys.readouterr().out
+    assert "backend cuda_kernel; device " in text and "; capture graph\n" in text
+    what = "a CUDA graph" if DEVICE == "cuda" else "a host tape of"
+    assert re.search(rf"## capture of train_step .*\n- main replica 0: captured as {what}.*, replayed\n", text), text
+    a2c = ["env.id=msrl/CartPole-v1", "distribution_policy.name=gpu_only", "distribution_policy.capture.main=graph"]
+    assert main(["graph", str(CONFIGS / "a2c_cartpole.yaml"), *a2c, "--out", "/dev/null"]) == 0
+    assert "- main replica 0: eager: learner.iteration changed from 1 to 2" in capsys.readouterr().out
+    assert main(["graph", str(GPU_ONLY), *SMALL, "--out", "/dev/null"]) == 0
+    text = capsys.readouterr().out
+    assert f"; capture {'graph' if DEVICE == 'cuda' else 'eager'} (default)\n" in text
+    assert ("## capture of train_step" in text) == (DEVICE == "cuda")
