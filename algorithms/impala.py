@@ -30,7 +30,16 @@ from msrl.api import (
     PositiveInt,
     UnitInterval,
 )
-from msrl.components import ActorCritic, OnPolicyTrainer, PPOActor, RolloutBuffer, build_actor_critic
+from msrl.components import (
+    ActorCritic,
+    OnPolicyTrainer,
+    PPOActor,
+    RolloutBuffer,
+    anneal_learning_rate,
+    build_actor_critic,
+    learning_rate_tensor,
+    load_learning_rate,
+)
 
 __all__ = ["IMPALAConfig", "IMPALALearner", "IMPALATrainer", "ALGORITHM"]
 
@@ -92,9 +101,12 @@ class IMPALALearner(Learner):
         self.net: ActorCritic = build_actor_critic(ctx)
         self.weights = ModuleWeights(self.net)
         self.parameters = list(self.net.parameters())
-        self.optimizer = torch.optim.Adam(self.parameters, lr=self.hp.learning_rate, eps=1e-5, fused=True)
+        #: the learning rate and updates taken, 0-d tensors updated in place (a captured
+        #: iteration replays the schedule: :func:`msrl.components.anneal_learning_rate`)
+        self.lr = learning_rate_tensor(self.hp.learning_rate, ctx.device)
+        self.optimizer = torch.optim.Adam(self.parameters, lr=self.lr, eps=1e-5, fused=True)
         self.num_iterations = max(1, ctx.total_env_steps // (self.hp.num_steps * ctx.total_num_envs))
-        self.iteration = 0
+        self.iteration = torch.zeros((), dtype=torch.int64, device=ctx.device)
         self.generator = torch.Generator(device=ctx.device)
         self.generator.manual_seed(ctx.seed + 1)
 
@@ -109,16 +121,13 @@ class IMPALALearner(Learner):
             ``losses/policy_loss``, ``losses/value_loss``, ``losses/entropy``,
             ``losses/grad_norm`` (of the last step), ``losses/rho_clipped`` (the fraction of
             importance weights over ``rho_bar``), ``losses/mean_ratio`` (``pi / mu``): 0-d
-            tensors; ``charts/learning_rate``: float.
+            tensors, ``charts/learning_rate`` too.
 
         Raises:
             FloatingPointError: a loss is NaN or infinite (no step is taken).
         """
         hp, net = self.hp, self.net
-        lr = hp.learning_rate * (1.0 - self.iteration / self.num_iterations) if hp.anneal_lr else hp.learning_rate
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.iteration += 1
+        anneal_learning_rate(self.lr, self.iteration, hp.learning_rate, self.num_iterations, hp.anneal_lr)
         T, N = batch.batch_size
         obs_shape = batch["obs"].shape[2:]
         stats: dict[str, Any] = {}
@@ -149,7 +158,7 @@ class IMPALALearner(Learner):
                 "losses/rho_clipped": (ratio > hp.rho_bar).float().mean(),
                 "losses/mean_ratio": ratio.mean(),
             }
-        stats["charts/learning_rate"] = lr
+        stats["charts/learning_rate"] = self.lr.clone()
         return stats
 
     def get_weights(self) -> dict[str, torch.Tensor]:
@@ -157,13 +166,14 @@ class IMPALALearner(Learner):
         return self.weights.get()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"net": self.net.state_dict(), "optimizer": self.optimizer.state_dict(), "iteration": self.iteration,
+        return {"net": self.net.state_dict(), "optimizer": self.optimizer.state_dict(), "iteration": int(self.iteration),
                 "generator": self.generator.get_state()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.net.load_state_dict(state["net"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.iteration = int(state["iteration"])
+        load_learning_rate(self.optimizer, self.lr)
+        self.iteration.fill_(int(state["iteration"]))
         self.generator.set_state(state["generator"])
 
 

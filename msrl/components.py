@@ -256,6 +256,45 @@ def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None = 
     return (probs / q).argmax(-1)
 
 
+def learning_rate_tensor(value: float, device: torch.device) -> torch.Tensor:
+    """A learning rate as a 0-d tensor on ``device``, for an optimiser built with ``lr=`` it
+    and a schedule that updates it in place (:func:`anneal_learning_rate`): a captured
+    iteration (a CUDA graph, :mod:`msrl.runtime.capture`) replays the update. float64 on the CPU
+    (fused Adam reads it as a double: the same steps as with the Python float), float32 on a
+    GPU (where the fused Adam kernel reads it on the device)."""
+    return torch.tensor(value, device=device, dtype=torch.float32 if device.type == "cuda" else torch.float64)
+
+
+@torch.no_grad()
+def anneal_learning_rate(lr: torch.Tensor, iteration: torch.Tensor, base: float, num_iterations: int,
+                         anneal: bool) -> torch.Tensor:
+    """CleanRL's linear annealing on the device, without a host read: ``frac = 1 - iteration /
+    num_iterations``, ``lr <- frac * base`` (in place, when ``anneal``), ``iteration += 1``.
+
+    Args:
+        lr: the optimiser's 0-d learning-rate tensor (:func:`learning_rate_tensor`).
+        iteration: a 0-d int64 tensor, updates taken so far.
+
+    Returns:
+        ``frac``, a 0-d float64 tensor: computed in float64, it equals the same schedule in
+        Python floats, bitwise.
+    """
+    frac = 1.0 - iteration.to(torch.float64) / num_iterations
+    if anneal:
+        lr.copy_(frac * base)
+    iteration += 1
+    return frac
+
+
+def load_learning_rate(optimizer: torch.optim.Optimizer, lr: torch.Tensor) -> None:
+    """After ``optimizer.load_state_dict``: the saved learning rate (a float in checkpoints
+    written before rates were tensors) copied into ``lr``, which the optimiser's groups hold
+    again (the schedule and a captured iteration update that tensor in place)."""
+    for group in optimizer.param_groups:
+        lr.copy_(torch.as_tensor(group["lr"], dtype=lr.dtype))
+        group["lr"] = lr
+
+
 def build_actor_critic(ctx: BuildContext) -> ActorCritic:
     """An :class:`ActorCritic` for ``ctx``'s spaces and ``ctx.hparams.hidden_sizes``, initialised
     from ``ctx.seed`` (so an actor and a learner built from one seed start equal), on
@@ -422,8 +461,7 @@ class PPOLearner(Learner):
         # updated in place: a captured iteration (a CUDA graph) replays the schedule with them
         #: the optimiser's learning rate, a 0-d tensor (float64 on the CPU, float32 on a GPU,
         #: where the fused Adam kernel reads it)
-        self.lr = torch.tensor(self.hp.learning_rate, device=ctx.device,
-                               dtype=torch.float32 if ctx.device.type == "cuda" else torch.float64)
+        self.lr = learning_rate_tensor(self.hp.learning_rate, ctx.device)
         self.optimizer = torch.optim.Adam(self.parameters, lr=self.lr, eps=1e-5, fused=True)
         steps_per_iteration = self.hp.num_steps * ctx.total_num_envs
         self.num_iterations = max(1, ctx.total_env_steps // steps_per_iteration)
@@ -498,19 +536,12 @@ class PPOLearner(Learner):
         self.return_rms.update(returns.flatten(), self.gradient_hook, self.replicas)
         return self.return_rms.normalize(reward, self.hp.reward_clip, center=False)
 
-    @torch.no_grad()
     def schedule(self) -> tuple[torch.Tensor, torch.Tensor | float]:
-        """Sets this iteration's learning rate (linearly annealed when ``anneal_lr``: CleanRL's
-        ``frac = 1 - iteration / num_iterations``) and returns it with the clip coefficient
-        (annealed when ``anneal_clip``), on the device without a host read: the learning rate
-        a 0-d tensor (:attr:`lr`, updated in place), the clip coefficient a 0-d float64 tensor
-        when annealed, else the float. Computed in float64, so equal to the same schedule in
-        Python floats."""
+        """Sets this iteration's learning rate (:func:`anneal_learning_rate`) and returns it
+        with the clip coefficient (annealed the same way when ``anneal_clip``): the learning
+        rate :attr:`lr`, the clip coefficient a 0-d float64 tensor when annealed, else the float."""
         hp = self.hp
-        frac = 1.0 - self.iteration.to(torch.float64) / self.num_iterations
-        if hp.anneal_lr:
-            self.lr.copy_(frac * hp.learning_rate)
-        self.iteration += 1
+        frac = anneal_learning_rate(self.lr, self.iteration, hp.learning_rate, self.num_iterations, hp.anneal_lr)
         return self.lr, (frac * hp.clip_coef if hp.anneal_clip else hp.clip_coef)
 
     def update(
@@ -609,9 +640,7 @@ class PPOLearner(Learner):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.net.load_state_dict(state["net"])
         self.optimizer.load_state_dict(state["optimizer"])
-        for group in self.optimizer.param_groups:  # the saved rate into this learner's tensor (in place)
-            self.lr.copy_(torch.as_tensor(group["lr"], dtype=self.lr.dtype))
-            group["lr"] = self.lr
+        load_learning_rate(self.optimizer, self.lr)
         self.iteration.fill_(int(state["iteration"]))
         self.generator.set_state(state["generator"])
         if self.hp.normalize_reward:

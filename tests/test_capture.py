@@ -49,6 +49,7 @@ def _same_state(a, b):
     (GPU_ONLY, SMALL),
     (GPU_ONLY, [*SMALL, "env.id=msrl/Pendulum-v1"]),  # Gaussian draws from the actor's own generator
     (CONFIGS / "ma_ppo_tag.yaml", ["env.num_envs=4", "algorithm.hparams.num_steps=8"]),  # launch sequences
+    (CONFIGS / "impala_cartpole.yaml", ["env.id=msrl/CartPole-v1", "distribution_policy.name=gpu_only", "env.num_envs=8"]),
 ])
 def test_a_captured_gpu_only_job_equals_the_eager_one_bitwise(config, overrides):
     """Warm-up, probe, capture and replays: every iteration's metrics, the finished episodes,

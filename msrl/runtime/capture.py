@@ -58,6 +58,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from msrl.errors import MsrlError
 from msrl.policy import CAPTURE_MODES
 
 __all__ = ["CAPTURE_MODES", "WARMUP", "CapturedProgram", "NotCapturable", "Tape", "host_state", "invalidate",
@@ -69,8 +70,9 @@ WARMUP = 1
 _local = threading.local()
 
 
-class NotCapturable(Exception):
-    """Why a program cannot be captured: one line naming the op or attribute and where."""
+class NotCapturable(MsrlError, RuntimeError):
+    """Why a program cannot be captured: one line naming the op or attribute and where (the
+    program then runs eagerly: :attr:`CapturedProgram.status`)."""
 
 
 def resolve_capture(mode: str | None, device: str) -> str:
