@@ -234,3 +234,19 @@ def test_msrl_graph_says_whether_the_iteration_is_captured(capsys):
     text = capsys.readouterr().out
     assert f"; capture {'graph' if DEVICE == 'cuda' else 'eager'} (default)\n" in text
     assert ("## capture of train_step" in text) == (DEVICE == "cuda")
+
+
+def test_an_optimiser_that_counts_steps_on_the_host_is_refused():
+    """Adam without ``fused`` or ``capturable`` keeps its step count in a host tensor, which a
+    CUDA graph does not advance (bias correction frozen at the capture): refused by name."""
+    graph = Job(build_job_spec(load_config(GPU_ONLY, [*SMALL, "distribution_policy.capture.main=graph"])))
+    try:
+        learner = _replica(graph).trainer.learner
+        learner.optimizer = torch.optim.Adam(learner.parameters, lr=2.5e-4, foreach=False)
+        graph.reset()
+        for _ in range(WARMUP + 2):
+            graph.train_step()
+        assert _replica(graph).programs["train_step"].fn.status == (
+            "eager: learner.optimizer (Adam) keeps its step count on the host: build it with fused=True or capturable=True")
+    finally:
+        graph.close()

@@ -329,6 +329,8 @@ class _CudaGraph:
 
     def __init__(self, generators: list[torch.Generator]) -> None:
         self.graph = torch.cuda.CUDAGraph()
+        # other threads (the driver, other replicas) may use CUDA meanwhile: only this thread's
+        # unsafe calls end the capture
         register = getattr(self.graph, "register_generator_state", None)
         custom = [g for g in generators if g.device.type == "cuda"]
         if custom and register is None:
@@ -338,7 +340,7 @@ class _CudaGraph:
             register(g)
 
     def capture(self, fn: Callable[[], Any]) -> Any:
-        with torch.cuda.graph(self.graph):
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
             out = fn()
         self.graph.replay()  # capture records without running: this runs the captured iteration
         return out
@@ -486,6 +488,12 @@ class CapturedProgram:
                 reason = (f"{path.replace('#len', ' (its length)')} {what} during an iteration (at {site}); "
                           "a replay runs the device work only: keep it in a tensor updated in place")
         if reason is None:
+            for path, opt in _find(trainer, torch.optim.Optimizer):
+                if not all(g.get("fused") or g.get("capturable") for g in opt.param_groups):
+                    reason = (f"{path} ({type(opt).__name__}) keeps its step count on the host: build it with "
+                              "fused=True or capturable=True")
+                    break
+        if reason is None:
             for path, leaf in _leaves(out):
                 if not isinstance(leaf, torch.Tensor):
                     reason = (f"the program's output {path} is a Python {type(leaf).__name__}; a replay would "
@@ -521,13 +529,24 @@ class CapturedProgram:
             return out
 
         if self.device.type == "cuda":
-            generators = [v for _, v in _generators(trainer)]
+            generators = [v for _, v in _find(trainer, torch.Generator)]
             try:
                 graph = _CudaGraph(generators)
             except NotCapturable as e:
                 self._give_up(str(e))
                 return self.fn(trainer, comm)
-            out = graph.capture(iteration)
+            # torch refuses to capture step() unless the groups say capturable; a fused
+            # optimiser's kernel is the same either way (its step count is on the device), so
+            # the flag is raised for the capture only (a replay runs no Python to check it)
+            groups = [g for _, opt in _find(trainer, torch.optim.Optimizer) for g in opt.param_groups
+                      if g.get("fused") and not g.get("capturable")]
+            for g in groups:
+                g["capturable"] = True
+            try:
+                out = graph.capture(iteration)
+            finally:
+                for g in groups:
+                    g["capturable"] = False
         else:
             graph = Tape()
             with graph:
@@ -585,12 +604,13 @@ def _leaves(out: Any, path: str = "output") -> Iterator[tuple[str, Any]]:
         yield path, out
 
 
-def _generators(trainer: Any) -> list[tuple[str, torch.Generator]]:
-    """The torch generators the trainer's components hold (``path``, generator)."""
+def _find(trainer: Any, kind: type) -> list[tuple[str, Any]]:
+    """The objects of type ``kind`` (generators, optimisers) the trainer's components hold,
+    each once, with its path."""
     found, seen = [], set()
 
     def walk(path: str, obj: Any, depth: int) -> None:
-        if isinstance(obj, torch.Generator):
+        if isinstance(obj, kind):
             if id(obj) not in seen:
                 seen.add(id(obj))
                 found.append((path, obj))
