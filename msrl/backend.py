@@ -73,8 +73,9 @@ class Backend:
         :class:`~msrl.runtime.capture.CapturedProgram`: warmed up, probed, captured once (a
         CUDA graph on a GPU, a host tape on the CPU) and replayed. A program that exchanges
         values with other fragments (a boundary or an all-reduce: host work, and the other
-        side's timing) is wrapped with that as its reason to run eagerly. A backend that
-        compiles the program otherwise replaces ``program.fn`` here.
+        side's timing) runs eagerly: as generated under the default, wrapped with that as its
+        stated reason when ``capture: graph`` was asked for. A backend that compiles the
+        program otherwise replaces ``program.fn`` here.
         """
         if fragment is None:
             return program
@@ -91,6 +92,8 @@ class Backend:
                 reason = (f"the program exchanges values with other fragments ({line.split('_msrl_comm.')[1].split('(')[0]} "
                           f"at {where}); only a fragment without boundaries is captured")
                 break
+        if reason is not None and fragment.capture is None:
+            return program  # the default asks nothing of a fragment with boundaries: eager, silently
         state_attrs = sorted({n.target for n in program.line_nodes.values() if n.kind is NodeKind.STATE_OUT})
         fn = CapturedProgram(program.fn, program.method, program.fragment, state_attrs, fragment.device, reason)
         return dataclasses.replace(program, fn=fn)

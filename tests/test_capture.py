@@ -250,3 +250,49 @@ def test_an_optimiser_that_counts_steps_on_the_host_is_refused():
             "eager: learner.optimizer (Adam) keeps its step count on the host: build it with fused=True or capturable=True")
     finally:
         graph.close()
+
+
+class _Trainer:
+    """The least a CapturedProgram needs of a trainer: components and attributes."""
+
+    def __init__(self, **components):
+        self._components = components
+        self.x = torch.zeros(3)
+
+
+def _run(body, iterations=WARMUP + 4):
+    """``body(trainer)`` as a captured program's iteration, run ``iterations`` times; returns the
+    program and each iteration's output (cloned)."""
+    program = CapturedProgram(lambda trainer, comm: body(trainer), "train_step", "main", ["x"], "cpu")
+    trainer = _Trainer()
+    outs = [{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in program(trainer, None).items()}
+            for _ in range(iterations)]
+    return program, outs, trainer
+
+
+def test_the_probe_refuses_host_randomness_host_data_and_python_outputs():
+    import random
+
+    import numpy as np
+
+    def counts(trainer):
+        trainer.x = trainer.x + 1.0
+        return {"x": trainer.x * 2}
+
+    program, outs, trainer = _run(counts)
+    assert program.status == "graph" and [o["x"][0].item() for o in outs] == [2.0, 4.0, 6.0, 8.0, 10.0]
+    assert trainer.x.tolist() == [5.0] * 3
+
+    cases = {
+        re.escape("Python's global random generator (random.random, ...) drew during an iteration"):
+            lambda t: {"x": t.x + random.random()},
+        re.escape("NumPy's global random generator (np.random.*) drew during an iteration"):
+            lambda t: {"x": t.x + float(np.random.rand())},
+        "lift_fresh at .*test_capture.py:\\d+ in <lambda>: a tensor made from host data":
+            lambda t: {"x": t.x + torch.tensor([1.0, 2.0, 3.0])},
+        "the program's output output\\['n'\\] is a Python int; a replay would return the captured value":
+            lambda t: {"x": t.x * 1, "n": 3},
+    }
+    for why, body in cases.items():
+        program, _, _ = _run(body)
+        assert re.match(f"eager: {why}", program.status), program.status

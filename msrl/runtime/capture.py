@@ -388,7 +388,53 @@ def _replayed(trainer: Any) -> tuple[list[tuple[str, Any, str]], list[tuple[str,
     return counters, logs
 
 
-def _roots(trainer: Any, state_attrs: Sequence[str]) -> dict[str, Any]:
+def _host_rngs(device: torch.device) -> dict[str, Any]:
+    """The states of the host's global generators a replay would not advance: Python's
+    ``random`` and NumPy's, and torch's CPU generator when the fragment is on a GPU (its CPU
+    ops are not in the CUDA graph; on the CPU the tape replays them)."""
+    out = {"Python's global random generator (random.random, ...)": random.getstate(),
+           "NumPy's global random generator (np.random.*)": repr(np.random.get_state())}
+    if device.type == "cuda":
+        out["torch's CPU generator"] = torch.random.get_rng_state().tolist()
+    return out
+
+
+class _ProbeRecorder:
+    """A :class:`~msrl.runtime.host_syncs.HostSyncRecorder` that also records what a CUDA graph
+    cannot hold besides host syncs: a tensor made from host data (``torch.tensor``,
+    ``torch.as_tensor``: ``lift_fresh``) and, on a GPU, a host-to-device copy."""
+
+    def __new__(cls, device: torch.device) -> Any:
+        from msrl.runtime.host_syncs import HostSyncRecorder, in_host_side
+
+        lift = (torch.ops.aten.lift_fresh, torch.ops.aten.lift_fresh_copy)
+        copies = (torch.ops.aten._to_copy, torch.ops.aten.copy_)
+
+        class Recorder(HostSyncRecorder):
+            def __torch_dispatch__(self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None) -> Any:
+                if not in_host_side():
+                    packet = func.overloadpacket
+                    if packet in lift:
+                        self._record(packet.__name__, "a tensor made from host data (torch.tensor, torch.as_tensor, torch.from_numpy): "
+                                                      "on a GPU a copy from host memory")
+                    elif device.type == "cuda" and packet in copies and _host_to_device(packet, args, kwargs):
+                        self._record(packet.__name__, "a copy from host memory to the GPU")
+                return super().__torch_dispatch__(func, types, args, kwargs)
+
+        return Recorder()
+
+
+def _host_to_device(packet: Any, args: Sequence[Any], kwargs: Any) -> bool:
+    kwargs = kwargs or {}
+    if packet is torch.ops.aten._to_copy:
+        src, dev = args[0], kwargs.get("device")
+        return isinstance(src, torch.Tensor) and src.device.type == "cpu" and dev is not None \
+            and torch.device(dev).type == "cuda"
+    dst, src = args[0], args[1]
+    return isinstance(src, torch.Tensor) and src.device.type == "cpu" and dst.device.type == "cuda"
+
+
+def _roots(trainer: Any) -> dict[str, Any]:
     roots = dict(getattr(trainer, "_components", {}))
     own = {k: v for k, v in vars(trainer).items() if k != "_components"}
     roots["self"] = own
@@ -464,19 +510,25 @@ class CapturedProgram:
         return self.fn(trainer, comm)
 
     def _probe(self, trainer: Any, comm: Any) -> Any:
-        from msrl.runtime.host_syncs import HostSyncRecorder
-
         counters, logs = _replayed(trainer)
-        skip = [p for p, _, _ in counters + logs] + [f"self['{a}']" for a in self.state_attrs]
-        roots = _roots(trainer, self.state_attrs)
-        before = host_state(roots, skip)
-        with HostSyncRecorder() as rec:
+        # tensor state attributes are the static buffers' business; Python ones are host state
+        skip = [p for p, _, _ in counters + logs] + [f"self[{a!r}]" for a in self.state_attrs
+                                                      if isinstance(getattr(trainer, a, None), torch.Tensor)]
+        roots = _roots(trainer)
+        before, rngs = host_state(roots, skip), _host_rngs(self.device)
+        with _ProbeRecorder(self.device) as rec:
             out = self.fn(trainer, comm)
-        after = host_state(_roots(trainer, self.state_attrs), skip)
+        after = host_state(_roots(trainer), skip)
         reason = None
         if rec.syncs:
             s = rec.syncs[0]
-            reason = f"{s.op} at {s.where}: {s.why}; a replay cannot read the device"
+            reason = f"{s.op} at {s.where}: {s.why}; a replay cannot do it"
+        if reason is None:
+            for name, state in _host_rngs(self.device).items():
+                if state != rngs[name]:
+                    reason = (f"{name} drew during an iteration: its draws are made on the host, and a replay "
+                              "would repeat the captured ones; draw with torch on the fragment's device")
+                    break
         if reason is None:
             change = first_change(before, after)
             if change is not None:
