@@ -39,7 +39,7 @@ from msrl.api import EpisodeStats
 from msrl.cluster.actor_manager import ReplicaGroup
 from msrl.errors import ConfigError, PlacementError
 from msrl.runtime.codec import MAX_MESSAGE as CODEC_MAX_MESSAGE
-from msrl.runtime.replica import ReplicaDied, check_losses, replica_states
+from msrl.runtime.replica import ReplicaDied, check_losses, print_notices, replica_states
 from msrl.runtime.shm import pid_alive
 
 __all__ = ["RayJob", "ReplicaActor", "ReplicaDied", "PlacementError", "ClusterJoinError", "init_ray", "pid_alive",
@@ -506,6 +506,7 @@ class ReplicaActor:
                 "output": out if is_output else None,
                 "env_steps": self.replica.env_steps,
                 "episodes": stats,
+                "notices": self.replica.pop_notices(),
                 "time_s": time.perf_counter() - t0,
                 "comm_s": comm_s,
                 "wait_s": wait_s,
@@ -889,6 +890,8 @@ class RayJob:
             FloatingPointError: a ``*_loss`` metric is not finite.
         """
         per_replica = self.replicas.call("run", method, n)
+        for recs in per_replica:  # the replicas' notices (a capture, or why not), printed here
+            print_notices(recs)
         records = []
         for i in range(n):
             rows = [recs[i] for recs in per_replica]

@@ -128,7 +128,7 @@ def test_the_probe_names_a_python_counter_and_where_it_changes(capfd):
     finally:
         graph.close(), eager.close()
     err = capfd.readouterr().err
-    assert err.count("msrl: main.train_step runs eagerly, not captured: learner.iteration changed") == 1, err
+    assert err.count("msrl: fragment main replica 0: train_step runs eagerly, not captured: learner.iteration changed") == 1, err
 
 
 def test_a_host_env_or_a_boundary_keeps_a_fragment_eager():

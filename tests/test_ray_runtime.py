@@ -659,3 +659,27 @@ def test_a_restart_waits_for_capacity_saying_so_and_starts_when_it_is_there(ray_
         remove_placement_group(blocker)
     # the refused job's pending group was removed with it: every CPU comes back free
     wait_for(lambda: ray.available_resources().get("CPU", 0) == 4, "the 4 CPUs free after the refused job")
+
+
+def test_a_captured_fragment_in_a_ray_process_equals_the_local_eager_job_and_says_so(ray_local, capfd):
+    """``capture: graph`` in a replica process (the host tape here; a CUDA graph on a GPU): the
+    iterations equal the local runtime's eager ones bitwise, and the replica's notice -- printed
+    in its own process, whose output Ray does not forward -- reaches the driver's stderr."""
+    import pathlib
+
+    from msrl.cluster.ray_runtime import RayJob
+    from msrl.config import build_job_spec, load_config
+
+    cfg = pathlib.Path(__file__).resolve().parents[1] / "configs" / "ppo_cartpole_gpu_only.yaml"
+    over = ["env.num_envs=8", "algorithm.hparams.num_steps=16", "train.total_env_steps=4096"]
+    local = Job(build_job_spec(load_config(cfg, over)))
+    remote = RayJob(build_job_spec(load_config(cfg, [*over, "distribution_policy.capture.main=graph"])))
+    try:
+        local.reset(), remote.reset()
+        assert [r["output"] for r in remote.run(6)] == [local.train_step() for _ in range(6)]
+        assert remote.env_steps == local.env_steps
+    finally:
+        remote.close()
+        local.close()
+    err = capfd.readouterr().err
+    assert err.count("msrl: fragment main replica 0: train_step captured as ") == 1, err

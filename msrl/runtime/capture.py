@@ -17,7 +17,8 @@ device, ``eager`` on the CPU):
    iteration (a step counter, a learning rate computed as a float), a tensor attribute rebound
    to a new tensor, or a Python number in the program's output would all be frozen at the
    capture. The first such finding is the fragment's one-line reason to stay eager
-   (:attr:`CapturedProgram.status`; ``msrl graph`` and the run log print it) -- a best effort
+   (:attr:`CapturedProgram.status`; ``msrl graph`` prints it, and a run prints it on stderr,
+   from whichever process the replica runs in: :func:`pop_notices`) -- a best effort
    would change the program's meaning;
 3. **capture**: the next iteration is captured (and, on a GPU, replayed once: capture records
    without running) with its trainer state attributes (``self.obs``) in static buffers: the
@@ -48,7 +49,6 @@ import dataclasses
 import inspect
 import random
 import re
-import sys
 import threading
 import weakref
 from typing import Any, Callable, Iterator, Sequence
@@ -62,7 +62,7 @@ from msrl.errors import MsrlError
 from msrl.policy import CAPTURE_MODES
 
 __all__ = ["CAPTURE_MODES", "WARMUP", "CapturedProgram", "NotCapturable", "Tape", "host_state", "invalidate",
-           "record_foreign", "resolve_capture", "statuses"]
+           "pop_notices", "record_foreign", "resolve_capture", "statuses"]
 
 #: eager iterations before the probe (the optimiser's state is created in the first)
 WARMUP = 1
@@ -369,6 +369,22 @@ _registry: "weakref.WeakKeyDictionary[Any, dict[int, _Captured]]" = weakref.Weak
 _lock = threading.Lock()
 
 
+_notices: "weakref.WeakKeyDictionary[Any, list[str]]" = weakref.WeakKeyDictionary()
+
+
+def _notify(trainer: Any, line: str) -> None:
+    with _lock:
+        _notices.setdefault(trainer, []).append(line)
+
+
+def pop_notices(trainer: Any) -> list[str]:
+    """What the captured programs of ``trainer`` have to say since the last call, one line each
+    (captured, or why not): :meth:`msrl.runtime.replica.Replica.pop_notices` passes them to the
+    driver, which prints them."""
+    with _lock:
+        return _notices.pop(trainer, [])
+
+
 def invalidate(trainer: Any) -> None:
     """Drops every capture made on ``trainer`` (a checkpoint was loaded into it, its tensors
     replaced): its programs warm up, probe and capture again."""
@@ -471,7 +487,7 @@ class CapturedProgram:
         if self.reason is not None:
             self._calls += 1
             if self._calls == WARMUP + 1 and not self._told:  # a program that runs once (reset) says nothing
-                self._give_up(self.reason)
+                self._give_up(trainer, self.reason)
             return self.fn(trainer, comm)
         with _lock:
             caps = _registry.setdefault(trainer, {})
@@ -490,8 +506,8 @@ class CapturedProgram:
         if not cap.probed:
             for role, comp in getattr(trainer, "_components", {}).items():
                 if not getattr(type(comp), "CAPTURABLE", True):
-                    self._give_up(f"its {role} ({type(comp).__name__}, {_source_of(type(comp))}) works on the host, "
-                                  "outside torch (CAPTURABLE = False): a replay would not run it")
+                    self._give_up(trainer, f"its {role} ({type(comp).__name__}, {_source_of(type(comp))}) works on the "
+                                           "host, outside torch (CAPTURABLE = False): a replay would not run it")
                     return self.fn(trainer, comm)
             out = self._probe(trainer, comm)
             cap.probed = True
@@ -552,13 +568,13 @@ class CapturedProgram:
                               "return the captured value: return a tensor")
                     break
         if reason is not None:
-            self._give_up(reason)
+            self._give_up(trainer, reason)
         return out
 
-    def _give_up(self, reason: str) -> None:
-        """Runs eagerly from now on, for ``reason`` (printed once, one line, to stderr)."""
+    def _give_up(self, trainer: Any, reason: str) -> None:
+        """Runs eagerly from now on, for ``reason`` (one notice, once per program)."""
         self.reason, self._told = reason, True
-        print(f"msrl: {self.fragment}.{self.method} runs eagerly, not captured: {reason}", file=sys.stderr)
+        _notify(trainer, f"{self.method} runs eagerly, not captured: {reason}")
 
     def _capture(self, trainer: Any, comm: Any, cap: _Captured) -> Any:
         statics = {}
@@ -585,7 +601,7 @@ class CapturedProgram:
             try:
                 graph = _CudaGraph(generators)
             except NotCapturable as e:
-                self._give_up(str(e))
+                self._give_up(trainer, str(e))
                 return self.fn(trainer, comm)
             # torch refuses to capture step() unless the groups say capturable; a fused
             # optimiser's kernel is the same either way (its step count is on the device), so
@@ -607,8 +623,7 @@ class CapturedProgram:
         cap.counters = [(comp, attr, getattr(comp, attr) - n) for comp, attr, n in counts]
         cap.logs = [(comp, attr, list(getattr(comp, attr)[n:])) for comp, attr, n in lens]
         what = "a CUDA graph" if self.device.type == "cuda" else f"a host tape of {len(graph.steps)} ops"
-        print(f"msrl: {self.fragment}.{self.method} captured as {what}, replayed from its next iteration",
-              file=sys.stderr)
+        _notify(trainer, f"{self.method} captured as {what}, replayed from its next iteration")
         return _fresh(out)
 
     def _inputs_fit(self, trainer: Any, cap: _Captured) -> bool:

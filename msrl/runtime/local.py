@@ -19,7 +19,7 @@ from typing import Any, Mapping
 from msrl.channels import ChannelClosed, LocalHub
 from msrl.partition import FragmentGraph
 from msrl.runtime.asynchronous import AsyncEndpoint, LocalTransport, Mailbox
-from msrl.runtime.replica import FragmentError, Replica
+from msrl.runtime.replica import FragmentError, Replica, print_notices
 
 __all__ = ["FragmentError", "LocalRuntime"]
 
@@ -80,7 +80,9 @@ class LocalRuntime:
             FragmentError: a replica raised; the others are woken and stopped.
         """
         if self._pool is None:
-            return {self._keys[0]: self._run_one(method, n, self._keys[0], None)}
+            results = {self._keys[0]: self._run_one(method, n, self._keys[0], None)}
+            print_notices(results[self._keys[0]])
+            return results
         hub = self._hub(method)
         futures = {key: self._pool.submit(self._run_one, method, n, key, hub) for key in self._keys}
         results: dict[tuple[str, int], Any] = {}
@@ -91,6 +93,8 @@ class LocalRuntime:
             except FragmentError as e:
                 if first_error is None or isinstance(first_error.cause, ChannelClosed):  # type: ignore[union-attr]
                     first_error = e
+        for key in sorted(results):
+            print_notices(results[key])
         if first_error is not None:
             raise first_error
         return results
@@ -113,7 +117,7 @@ class LocalRuntime:
             for _ in range(n):
                 t0 = time.perf_counter()
                 out, episodes = rep.read_iteration(rep.run_method(method, comm), output=key == output)
-                records.append({"output": out, "episodes": episodes,
+                records.append({"output": out, "episodes": episodes, "notices": rep.pop_notices(),
                                 "env_steps": rep.env_steps, "time_s": time.perf_counter() - t0,
                                 "policy_lags": self.asynchronous[key].pop_lags(),
                                 "inference": rep.inference.pop_stats() if rep.inference is not None else None})

@@ -99,6 +99,14 @@ def check_losses(metrics: Any, iteration: int) -> None:
             raise FloatingPointError(f"non-finite loss in iteration {iteration}: {bad}")
 
 
+def print_notices(records: Any) -> None:
+    """Prints the ``notices`` of iteration records (:meth:`Replica.pop_notices`), each once, on
+    the driver's stderr as ``msrl: <notice>``."""
+    for rec in records:
+        for line in rec.get("notices", ()):
+            print(f"msrl: {line}", file=sys.stderr)
+
+
 def replica_states(state: Mapping[str, Any], keys: Any) -> list[Any]:
     """The per-replica states of a job checkpoint (``state["replicas"]``, keyed
     ``"fragment/replica"``), in the order of ``keys`` (``(fragment, replica)`` pairs).
@@ -329,6 +337,15 @@ class Replica:
         else:
             episodes = env.pop_episode_stats() if env is not None else EpisodeStats([], [])
         return out, episodes
+
+    def pop_notices(self) -> list[str]:
+        """One-line notices of this replica's programs since the last call (a captured program:
+        captured, or why it runs eagerly; :func:`msrl.runtime.capture.pop_notices`), each naming
+        the replica: the runtime hands them to the driver, which prints them
+        (:func:`print_notices`)."""
+        from msrl.runtime.capture import pop_notices
+
+        return [f"fragment {self.fragment} replica {self.replica}: {line}" for line in pop_notices(self.trainer)]
 
     def component(self, role: str) -> Any:
         """The component of ``role`` (in-process use only)."""
