@@ -24,6 +24,9 @@ class IterationRecord(TypedDict, total=False):
         policy_lags: learner version minus acting version of what asynchronous boundaries
             delivered in it (empty without them).
         inference: central inference's ``batch_sizes`` and ``latencies_s`` in it, or ``None``.
+        notices: (each replica's record) one-line notices of its programs in it (a captured
+            program: captured, or why not; :meth:`~msrl.runtime.replica.Replica.pop_notices`),
+            printed by the runtime in the driver's process.
 
     Keys of a runtime whose replicas are processes (Ray):
         comm_share, wait_share: the replicas' share of their busy time spent moving values, and
@@ -37,6 +40,7 @@ class IterationRecord(TypedDict, total=False):
     time_s: float
     policy_lags: list[int]
     inference: Any
+    notices: list[str]
     comm_share: float
     wait_share: float
     refused: dict[str, int]
