@@ -62,7 +62,7 @@ from msrl.errors import MsrlError
 from msrl.policy import CAPTURE_MODES
 
 __all__ = ["CAPTURE_MODES", "WARMUP", "CapturedProgram", "NotCapturable", "Tape", "host_state", "invalidate",
-           "pop_notices", "record_foreign", "resolve_capture", "statuses"]
+           "pop_notices", "record_foreign", "resolve_capture"]
 
 #: eager iterations before the probe (the optimiser's state is created in the first)
 WARMUP = 1
@@ -693,8 +693,3 @@ def _find(trainer: Any, kind: type) -> list[tuple[str, Any]]:
     for role, comp in getattr(trainer, "_components", {}).items():
         walk(role, comp, 0)
     return found
-
-
-def statuses(programs: dict[str, Any]) -> dict[str, str]:
-    """``method -> status`` of a fragment's programs (``eager`` for programs not wrapped)."""
-    return {m: (p.fn.status if isinstance(p.fn, CapturedProgram) else "eager") for m, p in programs.items()}
