@@ -296,3 +296,33 @@ def test_the_probe_refuses_host_randomness_host_data_and_python_outputs():
     for why, body in cases.items():
         program, _, _ = _run(body)
         assert re.match(f"eager: {why}", program.status), program.status
+
+
+def test_a_capture_that_fails_half_way_goes_back_and_runs_eagerly(monkeypatch):
+    """A capture can fail in the middle of the iteration's Python (on a GPU: an op CUDA cannot
+    capture, which records nothing and raises). Here the tape fails at the learner's 40th matrix
+    product: the trainer goes back to its state before the capture, the iteration runs eagerly,
+    the program stays eager with the reason, and the job still equals the eager one bitwise."""
+    real = Tape.__torch_dispatch__
+    seen = [0]
+
+    def failing(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket is torch.ops.aten.addmm:
+            seen[0] += 1
+            if seen[0] == 40:
+                raise RuntimeError("operation not permitted when stream is capturing (injected)")
+        return real(self, func, types, args, kwargs)
+
+    monkeypatch.setattr(Tape, "__torch_dispatch__", failing)
+    graph, eager = _pair(GPU_ONLY, SMALL)
+    try:
+        graph.reset(), eager.reset()
+        for _ in range(WARMUP + 4):
+            assert graph.train_step() == eager.train_step()
+            eg, ee = _replica(graph).pop_episode_stats(), _replica(eager).pop_episode_stats()
+            assert (eg.returns, eg.lengths) == (ee.returns, ee.lengths)
+        _same_state(graph, eager)
+        assert seen[0] == 40 and _replica(graph).programs["train_step"].fn.status == (
+            "eager: capturing it failed (RuntimeError: operation not permitted when stream is capturing (injected))")
+    finally:
+        graph.close(), eager.close()

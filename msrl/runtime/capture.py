@@ -596,6 +596,7 @@ class CapturedProgram:
                     setattr(trainer, a, buf)
             return out
 
+        groups = []
         if self.device.type == "cuda":
             generators = [v for _, v in _find(trainer, torch.Generator)]
             try:
@@ -608,17 +609,31 @@ class CapturedProgram:
             # the flag is raised for the capture only (a replay runs no Python to check it)
             groups = [g for _, opt in _find(trainer, torch.optim.Optimizer) for g in opt.param_groups
                       if g.get("fused") and not g.get("capturable")]
-            for g in groups:
-                g["capturable"] = True
-            try:
-                out = graph.capture(iteration)
-            finally:
-                for g in groups:
-                    g["capturable"] = False
         else:
             graph = Tape()
-            with graph:
-                out = iteration()
+        # what a capture cannot hold fails it half-way through the iteration's Python (a CUDA
+        # capture records without running): the trainer's state is kept to go back to, and the
+        # iteration runs eagerly instead (where an error of the program's own raises again)
+        saved = _snapshot(trainer, self.state_attrs)
+        for g in groups:
+            g["capturable"] = True
+        try:
+            if isinstance(graph, Tape):
+                with graph:
+                    out = iteration()
+            else:
+                out = graph.capture(iteration)
+        except Exception as e:  # noqa: BLE001 - CUDA's capture errors come as RuntimeError, others as they are
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            _restore(trainer, saved)
+            for comp, attr, n in lens:
+                del getattr(comp, attr)[n:]
+            self._give_up(trainer, f"capturing it failed ({type(e).__name__}: {' '.join(str(e).split())[:300]})")
+            return self.fn(trainer, comm)
+        finally:
+            for g in groups:
+                g["capturable"] = False
         cap.graph, cap.out, cap.statics = graph, out, statics
         cap.counters = [(comp, attr, getattr(comp, attr) - n) for comp, attr, n in counts]
         cap.logs = [(comp, attr, list(getattr(comp, attr)[n:])) for comp, attr, n in lens]
@@ -652,6 +667,31 @@ class CapturedProgram:
         for comp, attr, items in cap.logs:
             getattr(comp, attr).extend(items)
         return _fresh(cap.out)
+
+
+def _snapshot(trainer: Any, state_attrs: Sequence[str]) -> dict[str, Any]:
+    """Copies of what an iteration changes: each component's ``state_dict`` and the trainer's
+    state attributes (for :func:`_restore` after a failed capture)."""
+    import copy
+
+    return {"components": {r: copy.deepcopy(c.state_dict()) for r, c in getattr(trainer, "_components", {}).items()},
+            "attrs": {a: copy.deepcopy(getattr(trainer, a)) for a in state_attrs if hasattr(trainer, a)},
+            # the global generators (a replica's own while its program runs: msrl.runtime.generators)
+            "rng": (torch.get_rng_state(), torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+                    random.getstate(), np.random.get_state())}
+
+
+def _restore(trainer: Any, saved: dict[str, Any]) -> None:
+    for role, state in saved["components"].items():
+        trainer._components[role].load_state_dict(state)
+    for a, v in saved["attrs"].items():
+        setattr(trainer, a, v)
+    cpu, cuda, py, nump = saved["rng"]
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
+    random.setstate(py)
+    np.random.set_state(nump)
 
 
 def _fresh(out: Any) -> Any:
