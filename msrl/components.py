@@ -382,6 +382,7 @@ class RolloutBuffer(Buffer):
     #: a subclass or a checkpoint replaces it)
     _rows: list[dict[str, torch.Tensor]] = []
     _rows_of: TensorDict | None = None
+    _key_groups: list[list[str]] = []
 
     def __init__(self, ctx: BuildContext) -> None:
         spec, T, N = ctx.env_spec, ctx.hparams.num_steps, ctx.env_spec.num_envs
@@ -422,9 +423,15 @@ class RolloutBuffer(Buffer):
         if self._rows_of is not self.storage:  # views of each step's row, made once (TensorDict indexing costs ~25 us)
             self._rows = [{k: v[t] for k, v in self.storage.items()} for t in range(self.storage.batch_size[0])]
             self._rows_of = self.storage
+            groups: dict[torch.dtype, list[str]] = {}
+            for k in self.KEYS:
+                groups.setdefault(self.storage[k].dtype, []).append(k)
+            self._key_groups = list(groups.values())
         row = self._rows[self.t]
-        for k, v in step.items():
-            row[k].copy_(v)
+        # one multi-tensor copy per dtype: on a GPU one kernel for each (float, int64, bool)
+        # instead of one per key (torch's fused path needs one dtype per call)
+        for keys in self._key_groups:
+            torch._foreach_copy_([row[k] for k in keys], [step[k] for k in keys])
         self.t += 1
 
     def gather(self) -> TensorDict:
