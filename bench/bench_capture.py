@@ -32,6 +32,11 @@ JOBS = {
     "cartpole": ("configs/ppo_cartpole_gpu_only.yaml", ["env.id=msrl/CartPole-v1"]),
     "pendulum": ("configs/ppo_cartpole_gpu_only.yaml", ["env.id=msrl/Pendulum-v1"]),
     "tag": ("configs/ma_ppo_tag.yaml", []),
+    # the shape of issue 33's end-to-end Tag figure against WarpDrive (43.3k env steps/s on an
+    # H200, eager): 110 agents a game (10 taggers, 100 runners), [256, 256] networks, one update
+    # per 25,000 env steps (with --envs 100: 100 games x 250 steps)
+    "tag110": ("configs/ma_ppo_tag.yaml", ["env.kwargs.num_taggers=10", "env.kwargs.num_runners=100",
+                                           "algorithm.hparams.num_steps=250", "algorithm.hparams.hidden_sizes=[256,256]"]),
 }
 
 

@@ -62,7 +62,7 @@ part capture 240 $py -P -m pytest -q -p no:cacheprovider tests/test_capture.py
 part host_syncs 120 $py -P bench/bench_host_syncs.py --json "$OUT/host_syncs.json"
 if [ "$GPU" = 1 ]; then  # eager against captured iterations: ms, launches, GPU busy (issue 33's figures)
   part capture_bench 300 $py -P bench/bench_capture.py --jobs cartpole,pendulum --envs 16,4096 --json "$OUT/capture.json"
-  part capture_bench_tag 240 $py -P bench/bench_capture.py --jobs tag --envs 100 --iterations 5 --json "$OUT/capture_tag.json"
+  part capture_bench_tag 240 $py -P bench/bench_capture.py --jobs tag110 --envs 100 --iterations 3 --json "$OUT/capture_tag.json"
 else
   part capture_bench 240 $py -P bench/bench_capture.py --jobs cartpole --envs 16 --iterations 5 --json "$OUT/capture.json"
 fi
