@@ -89,8 +89,8 @@ class Backend:
             if "_msrl_comm." in line:
                 node = program.node_at(lineno)
                 where = node.where() if node is not None else f"{program.filename}:{lineno}"
-                reason = (f"the program exchanges values with other fragments ({line.split('_msrl_comm.')[1].split('(')[0]} "
-                          f"at {where}); only a fragment without boundaries is captured")
+                reason = (f"the program exchanges values with other replicas ({line.split('_msrl_comm.')[1].split('(')[0]} "
+                          f"at {where}); only a fragment without boundaries or collectives is captured")
                 break
         if reason is not None and fragment.capture is None:
             return program  # the default asks nothing of a fragment with boundaries: eager, silently

@@ -133,8 +133,8 @@ def test_the_probe_names_a_python_counter_and_where_it_changes(capfd):
 
 def test_a_host_env_or_a_boundary_keeps_a_fragment_eager():
     """A gymnasium env steps on the host (CAPTURABLE = False); a fragment that exchanges
-    values with another (coarse's learner) has the other side's timing: both run eagerly
-    with the reason, and learn exactly as without the setting."""
+    values with other replicas (coarse's learner, multi_learner's all-reduce) has their timing:
+    each runs eagerly with the reason, and learns exactly as without the setting."""
     main = CONFIGS / "ppo_cartpole.yaml"
     graph, eager = _pair(main, ["env.num_envs=4", "algorithm.hparams.num_steps=8"])
     try:
@@ -150,10 +150,17 @@ def test_a_host_env_or_a_boundary_keeps_a_fragment_eager():
                                                    "distribution_policy.capture.learner=graph"])))
     try:
         status = coarse.runtime.replicas[("learner", 0)].programs["train_step"].fn.status
-        assert re.fullmatch(r"eager: the program exchanges values with other fragments \(gather at .*ppo\.py:\d+\); "
-                            r"only a fragment without boundaries is captured", status), status
+        assert re.fullmatch(r"eager: the program exchanges values with other replicas \(gather at .*ppo\.py:\d+\); "
+                            r"only a fragment without boundaries or collectives is captured", status), status
     finally:
         coarse.close()
+    multi = Job(build_job_spec(load_config(main, ["distribution_policy.name=multi_learner",
+                                                  "distribution_policy.capture.main=graph"])))
+    try:  # the gradient all-reduce among the fragment's own replicas
+        status = multi.runtime.replicas[("main", 1)].programs["train_step"].fn.status
+        assert status.startswith("eager: the program exchanges values with other replicas (allreduce_gradients at "), status
+    finally:
+        multi.close()
 
 
 def test_capture_settings_are_checked():
