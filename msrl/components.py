@@ -539,7 +539,7 @@ class PPOLearner(Learner):
         for t in range(T):
             g = g * self.hp.gamma * (~terminated[t]).to(torch.float64) + reward[t].to(torch.float64)
             returns[t] = g
-        self.discounted_return = g
+        self.discounted_return.copy_(g)  # in place: a captured iteration replays the update
         self.return_rms.update(returns.flatten(), self.gradient_hook, self.replicas)
         return self.return_rms.normalize(reward, self.hp.reward_clip, center=False)
 

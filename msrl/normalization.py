@@ -51,7 +51,8 @@ class RunningMeanStd(nn.Module):
             reduce(moments)
         batch_mean, batch_sq = moments
         batch_var = (batch_sq - batch_mean * batch_mean).clamp(min=0.0)
-        batch_count = torch.tensor(float(x.shape[0] * replicas), dtype=torch.float64, device=x.device)
+        # made on the device (a fill, not a copy of host memory: a captured iteration replays it)
+        batch_count = torch.full((), float(x.shape[0] * replicas), dtype=torch.float64, device=x.device)
         delta = batch_mean - self.mean
         total = self.count + batch_count
         m2 = self.var * self.count + batch_var * batch_count + delta * delta * self.count * batch_count / total

@@ -48,6 +48,7 @@ def _same_state(a, b):
 @pytest.mark.parametrize("config, overrides", [
     (GPU_ONLY, SMALL),
     (GPU_ONLY, [*SMALL, "env.id=msrl/Pendulum-v1"]),  # Gaussian draws from the actor's own generator
+    (GPU_ONLY, [*SMALL, "algorithm.hparams.normalize_obs=true", "algorithm.hparams.normalize_reward=true"]),
     (CONFIGS / "ma_ppo_tag.yaml", ["env.num_envs=4", "algorithm.hparams.num_steps=8"]),  # launch sequences
     (CONFIGS / "impala_cartpole.yaml", ["env.id=msrl/CartPole-v1", "distribution_policy.name=gpu_only", "env.num_envs=8"]),
 ])
@@ -129,6 +130,21 @@ def test_the_probe_names_a_python_counter_and_where_it_changes(capfd):
         graph.close(), eager.close()
     err = capfd.readouterr().err
     assert err.count("msrl: fragment main replica 0: train_step runs eagerly, not captured: learner.iteration changed") == 1, err
+
+
+def test_a_host_read_is_named_with_the_line_that_makes_it():
+    """PPO's ``target_kl`` early stop reads the KL on the host once an epoch (a Python ``if`` on
+    a tensor): the program runs eagerly, the reason naming the op and the line."""
+    graph, eager = _pair(GPU_ONLY, [*SMALL, "algorithm.hparams.target_kl=0.01"])
+    try:
+        graph.reset(), eager.reset()
+        for _ in range(WARMUP + 2):
+            assert graph.train_step() == eager.train_step()
+        status = _replica(graph).programs["train_step"].fn.status
+        assert re.fullmatch(r"eager: _local_scalar_dense at .*msrl/components\.py:\d+ in update: a tensor read as a Python "
+                            r"number \(\.item\(\), bool\(\), int\(\), float\(\)\); a replay cannot do it", status), status
+    finally:
+        graph.close(), eager.close()
 
 
 def test_a_host_env_or_a_boundary_keeps_a_fragment_eager():

@@ -427,6 +427,8 @@ class _ProbeRecorder:
         copies = (torch.ops.aten._to_copy, torch.ops.aten.copy_)
 
         class Recorder(HostSyncRecorder):
+            internal_files = (*HostSyncRecorder.internal_files, "msrl/runtime/capture.py")
+
             def __torch_dispatch__(self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None) -> Any:
                 if not in_host_side():
                     packet = func.overloadpacket

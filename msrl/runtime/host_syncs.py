@@ -147,6 +147,9 @@ class HostSyncRecorder(TorchDispatchMode):
         allowed: the same for the allowed ones.
     """
 
+    #: files of recorders (this one and subclasses) whose frames are never the place of a sync
+    internal_files: tuple[str, ...] = ("msrl/runtime/host_syncs.py",)
+
     def __init__(self, allow: Sequence[tuple[str, str]] = CPU_ONLY_READS) -> None:
         super().__init__()
         self.allow = tuple(allow)
@@ -187,7 +190,7 @@ class HostSyncRecorder(TorchDispatchMode):
             frames.append((path, code.co_name))
             if any(path.endswith(file) and code.co_name == fn for file, fn in self.allow):
                 allowed = True
-            if where is None and "/torch/" not in path and not path.endswith("host_syncs.py"):
+            if where is None and "/torch/" not in path and not path.endswith(self.internal_files):
                 where = f"{path}:{frame.f_lineno} in {code.co_name}"
             frame = frame.f_back
         (self.allowed if allowed else self.syncs).append(HostSync(op, why, where or "?", tuple(frames)))
