@@ -13,16 +13,21 @@ device, ``eager`` on the CPU):
 2. **probe**: the next iteration runs eagerly under a
    :class:`~msrl.runtime.host_syncs.HostSyncRecorder` and between two snapshots of the
    trainer's host state (:func:`host_state`). A replay re-runs the device work only: no Python
-   runs, so an op that reads the device on the host, a Python value that changes each
-   iteration (a step counter, a learning rate computed as a float), a tensor attribute rebound
-   to a new tensor, or a Python number in the program's output would all be frozen at the
-   capture. The first such finding is the fragment's one-line reason to stay eager
+   runs, so an op that reads the device on the host, a tensor made from host data, a Python
+   value that changes each iteration (a step counter, a learning rate computed as a float), a
+   tensor attribute rebound to a new tensor, a draw from Python's or NumPy's global generator,
+   an optimiser counting its steps on the host, or a Python number in the program's output
+   would all be frozen at the capture, and a component declaring ``CAPTURABLE = False`` (a
+   gymnasium env) would not run at all. The first such finding is the fragment's one-line
+   reason to stay eager
    (:attr:`CapturedProgram.status`; ``msrl graph`` prints it, and a run prints it on stderr,
    from whichever process the replica runs in: :func:`pop_notices`) -- a best effort
    would change the program's meaning;
 3. **capture**: the next iteration is captured (and, on a GPU, replayed once: capture records
    without running) with its trainer state attributes (``self.obs``) in static buffers: the
-   program's last op copies each into the buffer the next replay reads;
+   program's last op copies each into the buffer the next replay reads. A capture that fails
+   half-way restores the trainer's state and global generators from a snapshot, runs the
+   iteration eagerly, and stays eager with the error as its reason;
 4. **replay** from then on. A state attribute whose shape, dtype or device changed, a
    checkpoint loaded (:func:`invalidate`) or another program of the trainer run in between
    sends it back to 1.
