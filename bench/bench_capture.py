@@ -72,6 +72,13 @@ def profile_iteration(job: Job) -> dict:
 
 
 def measure(config: str, over: list[str], mode: str, iterations: int) -> dict:
+    """``iterations`` timed ``train_step``s of ``config`` with ``over`` under capture ``mode``
+    (``graph`` or ``eager``), after the warm-up, probe and capture iterations.
+
+    Returns:
+        ``mode``, ``status`` (the program's capture status), ``num_envs``, ``ms_per_iteration``
+        (ms), ``env_steps_per_s``; on CUDA also :func:`profile_iteration`'s figures.
+    """
     cfg = load_config(ROOT / config, [*over, f"distribution_policy.capture.main={mode}"])
     job = Job(build_job_spec(cfg))
     try:

@@ -95,7 +95,7 @@ class Backend:
         if reason is not None and fragment.capture is None:
             return program  # the default asks nothing of a fragment with boundaries: eager, silently
         state_attrs = sorted({n.target for n in program.line_nodes.values() if n.kind is NodeKind.STATE_OUT})
-        fn = CapturedProgram(program.fn, program.method, program.fragment, state_attrs, fragment.device, reason)
+        fn = CapturedProgram(program.fn, program.method, state_attrs, fragment.device, reason)
         return dataclasses.replace(program, fn=fn)
 
 

@@ -36,6 +36,23 @@ def _replica(job):
     return job.runtime.replicas[("main", 0)]
 
 
+def _status_after(config, overrides, iterations=WARMUP + 2):
+    """Runs the captured and the eager job side by side for ``iterations`` iterations, each
+    iteration's metrics equal; returns the captured job's ``train_step`` status and whether a
+    capture was made."""
+    graph, eager = _pair(config, overrides)
+    try:
+        graph.reset(), eager.reset()
+        for _ in range(iterations):
+            assert graph.train_step() == eager.train_step()
+        rep = _replica(graph)
+        fn = rep.programs["train_step"].fn
+        made = any(c.graph is not None for c in capture._registry.get(rep.trainer, {}).values())
+        return fn.status, made
+    finally:
+        graph.close(), eager.close()
+
+
 def _same_state(a, b):
     ra, rb = _replica(a), _replica(b)
     for role in ("actor", "learner"):
@@ -115,19 +132,11 @@ def test_a_whole_captured_training_run_equals_the_eager_run(tmp_path):
 def test_the_probe_names_a_python_counter_and_where_it_changes(capfd):
     """A2C keeps its iteration count as a Python int (its learning-rate schedule reads it): a
     replay would not advance it, so the program runs eagerly and says why, with the line."""
-    cfg = CONFIGS / "a2c_cartpole.yaml"
     over = ["env.id=msrl/CartPole-v1", "distribution_policy.name=gpu_only", "env.num_envs=4"]
-    graph, eager = _pair(cfg, over)
-    try:
-        graph.reset(), eager.reset()
-        for _ in range(WARMUP + 3):
-            assert graph.train_step() == eager.train_step()
-        fn = _replica(graph).programs["train_step"].fn
-        assert re.fullmatch(r"eager: learner\.iteration changed from 1 to 2 during an iteration "
-                            r"\(at .*algorithms/a2c\.py:\d+\); .*keep it in a tensor updated in place", fn.status), fn.status
-        assert capture._registry[_replica(graph).trainer][id(fn)].graph is None
-    finally:
-        graph.close(), eager.close()
+    status, made = _status_after(CONFIGS / "a2c_cartpole.yaml", over, WARMUP + 3)
+    assert re.fullmatch(r"eager: learner\.iteration changed from 1 to 2 during an iteration "
+                        r"\(at .*algorithms/a2c\.py:\d+\); .*keep it in a tensor updated in place", status), status
+    assert not made
     err = capfd.readouterr().err
     assert err.count("msrl: fragment main replica 0: train_step runs eagerly, not captured: learner.iteration changed") == 1, err
 
@@ -135,16 +144,9 @@ def test_the_probe_names_a_python_counter_and_where_it_changes(capfd):
 def test_a_host_read_is_named_with_the_line_that_makes_it():
     """PPO's ``target_kl`` early stop reads the KL on the host once an epoch (a Python ``if`` on
     a tensor): the program runs eagerly, the reason naming the op and the line."""
-    graph, eager = _pair(GPU_ONLY, [*SMALL, "algorithm.hparams.target_kl=0.01"])
-    try:
-        graph.reset(), eager.reset()
-        for _ in range(WARMUP + 2):
-            assert graph.train_step() == eager.train_step()
-        status = _replica(graph).programs["train_step"].fn.status
-        assert re.fullmatch(r"eager: _local_scalar_dense at .*msrl/components\.py:\d+ in update: a tensor read as a Python "
-                            r"number \(\.item\(\), bool\(\), int\(\), float\(\)\); a replay cannot do it", status), status
-    finally:
-        graph.close(), eager.close()
+    status, _ = _status_after(GPU_ONLY, [*SMALL, "algorithm.hparams.target_kl=0.01"])
+    assert re.fullmatch(r"eager: _local_scalar_dense at .*msrl/components\.py:\d+ in update: a tensor read as a Python "
+                        r"number \(\.item\(\), bool\(\), int\(\), float\(\)\); a replay cannot do it", status), status
 
 
 def test_a_host_env_or_a_boundary_keeps_a_fragment_eager():
@@ -152,16 +154,9 @@ def test_a_host_env_or_a_boundary_keeps_a_fragment_eager():
     values with other replicas (coarse's learner, multi_learner's all-reduce) has their timing:
     each runs eagerly with the reason, and learns exactly as without the setting."""
     main = CONFIGS / "ppo_cartpole.yaml"
-    graph, eager = _pair(main, ["env.num_envs=4", "algorithm.hparams.num_steps=8"])
-    try:
-        graph.reset(), eager.reset()
-        for _ in range(2):
-            assert graph.train_step() == eager.train_step()
-        status = _replica(graph).programs["train_step"].fn.status
-        assert re.fullmatch(r"eager: its env \(GymnasiumEnv, .*gymnasium_env\.py:\d+\) works on the host, outside torch "
-                            r"\(CAPTURABLE = False\): a replay would not run it", status), status
-    finally:
-        graph.close(), eager.close()
+    status, _ = _status_after(main, ["env.num_envs=4", "algorithm.hparams.num_steps=8"], 2)
+    assert re.fullmatch(r"eager: its env \(GymnasiumEnv, .*gymnasium_env\.py:\d+\) works on the host, outside torch "
+                        r"\(CAPTURABLE = False\): a replay would not run it", status), status
     coarse = Job(build_job_spec(load_config(main, ["distribution_policy.name=single_learner_coarse",
                                                    "distribution_policy.capture.learner=graph"])))
     try:
@@ -286,7 +281,7 @@ class _Trainer:
 def _run(body, iterations=WARMUP + 4):
     """``body(trainer)`` as a captured program's iteration, run ``iterations`` times; returns the
     program and each iteration's output (cloned)."""
-    program = CapturedProgram(lambda trainer, comm: body(trainer), "train_step", "main", ["x"], "cpu")
+    program = CapturedProgram(lambda trainer, comm: body(trainer), "train_step", ["x"], "cpu")
     trainer = _Trainer()
     outs = [{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in program(trainer, None).items()}
             for _ in range(iterations)]

@@ -385,7 +385,9 @@ def _notify(trainer: Any, line: str) -> None:
 def pop_notices(trainer: Any) -> list[str]:
     """What the captured programs of ``trainer`` have to say since the last call, one line each
     (captured, or why not): :meth:`msrl.runtime.replica.Replica.pop_notices` passes them to the
-    driver, which prints them."""
+    driver, which prints them. Called every iteration: without notices it takes no lock."""
+    if trainer not in _notices:
+        return []
     with _lock:
         return _notices.pop(trainer, [])
 
@@ -470,15 +472,15 @@ class CapturedProgram:
 
     Args:
         fn: the generated program ``program(self, comm)``.
-        method, fragment: what it was generated for (in messages).
+        method: the traced method it was generated for (in its notices).
         state_attrs: the trainer attributes the program reads and writes back (``obs``).
         device: the fragment's device: ``cuda`` captures CUDA graphs, ``cpu`` a :class:`Tape`.
         reason: why it cannot be captured, known before it runs (boundary ops), or ``None``.
     """
 
-    def __init__(self, fn: Callable[[Any, Any], Any], method: str, fragment: str, state_attrs: Sequence[str],
-                 device: str, reason: str | None = None) -> None:
-        self.fn, self.method, self.fragment = fn, method, fragment
+    def __init__(self, fn: Callable[[Any, Any], Any], method: str, state_attrs: Sequence[str], device: str,
+                 reason: str | None = None) -> None:
+        self.fn, self.method = fn, method
         self.state_attrs = tuple(state_attrs)
         self.device = torch.device(device)
         #: the one-line reason this program runs eagerly (``None`` while it may be captured)

@@ -25,6 +25,7 @@ from msrl.envs import env_spec as make_env_spec
 from msrl.errors import MsrlError
 from msrl.partition import FragmentGraph
 from msrl.policy import FragmentSpec
+from msrl.runtime.capture import invalidate, pop_notices
 from msrl.runtime.generators import BATON, KINDS, GlobalGenerators
 from msrl.runtime.values import read_host
 
@@ -343,8 +344,6 @@ class Replica:
         captured, or why it runs eagerly; :func:`msrl.runtime.capture.pop_notices`), each naming
         the replica: the runtime hands them to the driver, which prints them
         (:func:`print_notices`)."""
-        from msrl.runtime.capture import pop_notices
-
         return [f"fragment {self.fragment} replica {self.replica}: {line}" for line in pop_notices(self.trainer)]
 
     def component(self, role: str) -> Any:
@@ -372,8 +371,6 @@ class Replica:
         """Restores :meth:`state_dict`'s output (a checkpoint written before the generators were
         saved leaves them as seeded). A captured program of this replica is captured again
         (:func:`msrl.runtime.capture.invalidate`: loading may replace the tensors it replays on)."""
-        from msrl.runtime.capture import invalidate
-
         invalidate(self.trainer)
         for role, c in self.trainer.components.items():
             c.load_state_dict(state["components"][role])
