@@ -65,6 +65,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from msrl.errors import MsrlError
 from msrl.policy import CAPTURE_MODES
+from msrl.runtime.host_syncs import HostSyncRecorder, in_host_side
 
 __all__ = ["CAPTURE_MODES", "WARMUP", "CapturedProgram", "NotCapturable", "Tape", "host_state", "invalidate",
            "pop_notices", "record_foreign", "resolve_capture"]
@@ -422,31 +423,30 @@ def _host_rngs(device: torch.device) -> dict[str, Any]:
     return out
 
 
-class _ProbeRecorder:
+_LIFT = (torch.ops.aten.lift_fresh, torch.ops.aten.lift_fresh_copy)
+_COPIES = (torch.ops.aten._to_copy, torch.ops.aten.copy_)
+
+
+class _ProbeRecorder(HostSyncRecorder):
     """A :class:`~msrl.runtime.host_syncs.HostSyncRecorder` that also records what a CUDA graph
     cannot hold besides host syncs: a tensor made from host data (``torch.tensor``,
-    ``torch.as_tensor``: ``lift_fresh``) and, on a GPU, a host-to-device copy."""
+    ``torch.as_tensor``: ``lift_fresh``) and, on a GPU (``device``), a host-to-device copy."""
 
-    def __new__(cls, device: torch.device) -> Any:
-        from msrl.runtime.host_syncs import HostSyncRecorder, in_host_side
+    internal_files = (*HostSyncRecorder.internal_files, "msrl/runtime/capture.py")
 
-        lift = (torch.ops.aten.lift_fresh, torch.ops.aten.lift_fresh_copy)
-        copies = (torch.ops.aten._to_copy, torch.ops.aten.copy_)
+    def __init__(self, device: torch.device) -> None:
+        super().__init__()
+        self.device = device
 
-        class Recorder(HostSyncRecorder):
-            internal_files = (*HostSyncRecorder.internal_files, "msrl/runtime/capture.py")
-
-            def __torch_dispatch__(self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None) -> Any:
-                if not in_host_side():
-                    packet = func.overloadpacket
-                    if packet in lift:
-                        self._record(packet.__name__, "a tensor made from host data (torch.tensor, torch.as_tensor, torch.from_numpy): "
-                                                      "on a GPU a copy from host memory")
-                    elif device.type == "cuda" and packet in copies and _host_to_device(packet, args, kwargs):
-                        self._record(packet.__name__, "a copy from host memory to the GPU")
-                return super().__torch_dispatch__(func, types, args, kwargs)
-
-        return Recorder()
+    def __torch_dispatch__(self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None) -> Any:
+        if not in_host_side():
+            packet = func.overloadpacket
+            if packet in _LIFT:
+                self._record(packet.__name__, "a tensor made from host data (torch.tensor, torch.as_tensor, torch.from_numpy): "
+                                              "on a GPU a copy from host memory")
+            elif self.device.type == "cuda" and packet in _COPIES and _host_to_device(packet, args, kwargs):
+                self._record(packet.__name__, "a copy from host memory to the GPU")
+        return super().__torch_dispatch__(func, types, args, kwargs)
 
 
 def _host_to_device(packet: Any, args: Sequence[Any], kwargs: Any) -> bool:
