@@ -66,9 +66,10 @@ def profile_iteration(job: Job) -> dict:
         if e.device_type.name == "CUDA":
             busy_us += e.device_time if hasattr(e, "device_time") else e.cuda_time
     copies = sum(1 for e in prof.events() if "Memcpy" in e.name and ("DtoH" in e.name or "HtoD" in e.name))
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70)
     return {"wall_ms": round(wall * 1e3, 3), "kernel_launches": launches, "graph_launches": graph_launches,
             "gpu_busy_ms": round(busy_us / 1e3, 3), "gpu_busy_pct": round(100 * busy_us / 1e6 / wall, 1),
-            "host_device_copies": copies}
+            "host_device_copies": copies, "profile": table}
 
 
 def measure(config: str, over: list[str], mode: str, iterations: int) -> dict:
@@ -110,6 +111,7 @@ def main() -> None:
     p.add_argument("--envs", default="16,4096", help="batch sizes (env.num_envs), comma-separated")
     p.add_argument("--iterations", type=int, default=20)
     p.add_argument("--json", help="also write the rows here")
+    p.add_argument("--profiles", help="on CUDA, write each row's torch.profiler table (top 25 ops by host time) here")
     args = p.parse_args()
     names = list(JOBS) if args.jobs == "all" else args.jobs.split(",")
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({platform.processor() or 'host'})"
@@ -124,6 +126,10 @@ def main() -> None:
                 row = measure(config, [*over, f"env.num_envs={n}"], mode, args.iterations)
                 row["job"] = name
                 rows.append(row)
+                profile = row.pop("profile", None)
+                if args.profiles and profile is not None:
+                    with open(args.profiles, "a") as f:
+                        f.write(f"## {name}, {n} envs, {mode} ({row['status']})\n{profile}\n")
                 launches = f"{row['kernel_launches']} + {row['graph_launches']} graph" if "kernel_launches" in row else "-"
                 busy = f"{row['gpu_busy_pct']}%" if "gpu_busy_pct" in row else "-"
                 print(f"| {name} | {n} | {mode} | {row['ms_per_iteration']} | {row['env_steps_per_s']} | {launches} | "

@@ -9,7 +9,8 @@
 # build of torch) is untouched; on a machine without network access, put wheels of what it lacks
 # into .whl/ first (`pip download --no-deps --only-binary=:all: -d .whl gymnasium tensordict
 # pydantic ...`, for that machine's Python version): they are installed from there.
-# Writes each part's log into $OUT (default: a temporary folder).
+# Writes each part's log into $OUT (default: a temporary folder); with ARCHIVE=FILE also a .tar.gz
+# of them, remade after each part (for a results channel that takes only a few files).
 #
 # Parts: the cross-device boundary tests (learner on cuda:0, actors on the CPU, under coarse,
 # overlapped coarse, async_learner and single_learner_fine; multi_learner's all-reduce of CUDA
@@ -42,33 +43,49 @@ $py -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_av
 if $py -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then GPU=1; else GPU=0; fi
 [ "$GPU" = 1 ] || echo "no CUDA device: the parts that need none (CPU mode)"
 
-declare -A rc
+mkdir -p "$T/rc"
+ARCHIVE=${ARCHIVE:-}  # also keep a .tar.gz of $OUT there, remade after each part (a results channel that takes few files)
 part() {  # part NAME SECONDS COMMAND...
   local name=$1 limit=$2; shift 2
   echo "== $name"
   local t0=$SECONDS
   timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
-  rc[$name]=$?
-  tail -n 12 "$OUT/$name.log"
-  echo "== $name: exit ${rc[$name]} in $((SECONDS - t0)) s"
+  local code=$?
+  echo "$code" >"$T/rc/$name"
+  { tail -n 12 "$OUT/$name.log"; echo "== $name: exit $code in $((SECONDS - t0)) s"; } >"$T/rc/$name.tail"
+  cat "$T/rc/$name.tail"
+  if [ -n "$ARCHIVE" ]; then tar -czf "$ARCHIVE.$name.tmp" -C "$OUT" . && mv -f "$ARCHIVE.$name.tmp" "$ARCHIVE"; fi
 }
+# the tests run side by side on a GPU (16 cores there; their figures are not timings); the
+# benchmarks after them, one at a time, on an otherwise idle GPU
+together() {  # together NAME SECONDS COMMAND... (started now, waited for by `wait`)
+  part "$@" >/dev/null &
+}
+PYTEST=($py -P -m pytest -q -p no:cacheprovider -o faulthandler_timeout=100)
+if $py -c "import pytest_timeout" 2>/dev/null; then PYTEST+=(--timeout=150); fi  # a hung test fails alone
 
 # -P: the checkout's own msrl/ folder must not shadow the installed package
 if [ "$GPU" = 1 ]; then
-  part devices 240 $py -P -m pytest -q -p no:cacheprovider -m "slow or not slow" tests/test_devices.py -k "not reaches_475"
+  together devices 200 "${PYTEST[@]}" -m "slow or not slow" tests/test_devices.py -k "not reaches_475"
+  together native_kernels 200 "${PYTEST[@]}" tests/test_native_envs.py tests/test_native_tag.py tests/test_gpu_only.py
+  together capture 200 "${PYTEST[@]}" tests/test_capture.py
+  together host_syncs 120 $py -P bench/bench_host_syncs.py --json "$OUT/host_syncs.json"
+  wait
+  for k in devices native_kernels capture host_syncs; do echo "== $k"; cat "$T/rc/$k.tail"; done
+else
+  part native_kernels 240 "${PYTEST[@]}" tests/test_native_envs.py tests/test_native_tag.py tests/test_gpu_only.py
+  part capture 240 "${PYTEST[@]}" tests/test_capture.py
+  part host_syncs 120 $py -P bench/bench_host_syncs.py --json "$OUT/host_syncs.json"
 fi
-part native_kernels 240 $py -P -m pytest -q -p no:cacheprovider tests/test_native_envs.py tests/test_gpu_only.py
-part capture 240 $py -P -m pytest -q -p no:cacheprovider tests/test_capture.py
-part host_syncs 120 $py -P bench/bench_host_syncs.py --json "$OUT/host_syncs.json"
 if [ "$GPU" = 1 ]; then  # eager against captured iterations: ms, launches, GPU busy (issue 33's figures)
-  part capture_bench 300 $py -P bench/bench_capture.py --jobs cartpole,pendulum --envs 16,4096 --json "$OUT/capture.json"
-  part capture_bench_tag 240 $py -P bench/bench_capture.py --jobs tag110 --envs 100 --iterations 3 --json "$OUT/capture_tag.json"
+  part capture_bench 200 $py -P bench/bench_capture.py --jobs cartpole,pendulum --envs 16,4096 --json "$OUT/capture.json" --profiles "$OUT/profiles.txt"
 else
   part capture_bench 240 $py -P bench/bench_capture.py --jobs cartpole --envs 16 --iterations 5 --json "$OUT/capture.json"
 fi
 part gpu_only_job 240 msrl train configs/ppo_cartpole_gpu_only.yaml "runs_dir=$T/runs" train.progress=false
-if [ "$GPU" = 1 ]; then  # the same job op by op: what the capture gains end to end
-  part gpu_only_job_eager 240 msrl train configs/ppo_cartpole_gpu_only.yaml "runs_dir=$T/runs" train.progress=false \
+if [ "$GPU" = 1 ]; then  # Tag in the shape of the WarpDrive figure; the GPU job op by op (what the capture gains end to end)
+  part capture_bench_tag 150 $py -P bench/bench_capture.py --jobs tag110 --envs 100 --iterations 3 --json "$OUT/capture_tag.json"
+  part gpu_only_job_eager 120 msrl train configs/ppo_cartpole_gpu_only.yaml "runs_dir=$T/runs" train.progress=false \
     distribution_policy.capture.main=eager
 fi
 if [ "${FULL:-0}" = 1 ] && [ "$GPU" = 1 ]; then  # the heterogeneous run to the end (about a minute on an H100)
@@ -78,8 +95,10 @@ fi
 
 echo "== summary"
 status=0
-for k in "${!rc[@]}"; do
-  echo "$k: exit ${rc[$k]}"
-  [ "${rc[$k]}" = 0 ] || status=1
+for f in "$T"/rc/*; do
+  case $f in *.tail) continue;; esac
+  code=$(cat "$f")
+  echo "$(basename "$f"): exit $code"
+  [ "$code" = 0 ] || status=1
 done
 exit $status
