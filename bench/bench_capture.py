@@ -4,7 +4,8 @@ For each job and batch size: milliseconds per ``train_step`` (the iteration's pr
 read of its results, the loop's work less evaluation and checkpoints) and env steps per second,
 eager and captured, after the capture's warm-up; on a CUDA device also, from ``torch.profiler``
 over one iteration, the kernels launched (CUDA runtime launches and graph launches) and the GPU
-busy time (the sum of device kernel and copy durations over the iteration's wall time).
+busy time (the sum of device kernel and copy durations, in ms and as a share of the unprofiled
+iteration's time: the profiler slows the host, so its own wall clock would understate the share).
 
     python bench/bench_capture.py                         # CartPole at 16 and 4096 envs
     python bench/bench_capture.py --jobs all --json capture.json
@@ -28,6 +29,10 @@ from msrl.job import Job
 from msrl.runtime import capture
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+TAG_RULES = dict(grid_length=20.0, episode_length=500, max_acceleration=0.1, min_acceleration=-0.1, max_turn=2.356,
+                 min_turn=-2.356, num_acceleration_levels=20, num_turn_levels=20, use_full_observation=False,
+                 num_other_agents_observed=10, tagging_distance=0.02, tag_reward_for_tagger=10.0,
+                 tag_penalty_for_runner=-10.0)  # bench/bench_tag.py's YAML
 JOBS = {
     "cartpole": ("configs/ppo_cartpole_gpu_only.yaml", ["env.id=msrl/CartPole-v1"]),
     "pendulum": ("configs/ppo_cartpole_gpu_only.yaml", ["env.id=msrl/Pendulum-v1"]),
@@ -35,8 +40,13 @@ JOBS = {
     # the shape of issue 33's end-to-end Tag figure against WarpDrive (43.3k env steps/s on an
     # H200, eager): 110 agents a game (10 taggers, 100 runners), [256, 256] networks, one update
     # per 25,000 env steps (with --envs 100: 100 games x 250 steps)
+    # WarpDrive's tag_continuous.yaml rules (bench/bench_tag.py's): each agent observes its 10
+    # nearest, 20 x 20 action levels, 500-step games
     "tag110": ("configs/ma_ppo_tag.yaml", ["env.kwargs.num_taggers=10", "env.kwargs.num_runners=100",
-                                           "algorithm.hparams.num_steps=250", "algorithm.hparams.hidden_sizes=[256,256]"]),
+                                           "algorithm.hparams.num_steps=250", "algorithm.hparams.hidden_sizes=[256,256]",
+                                           "env.kwargs.observe_self=false",
+                                           *[f"env.kwargs.{k}={str(v).lower() if isinstance(v, bool) else v}"
+                                             for k, v in TAG_RULES.items()]]),
 }
 
 
@@ -66,7 +76,9 @@ def profile_iteration(job: Job) -> dict:
         if e.device_type.name == "CUDA":
             busy_us += e.device_time if hasattr(e, "device_time") else e.cuda_time
     copies = sum(1 for e in prof.events() if "Memcpy" in e.name and ("DtoH" in e.name or "HtoD" in e.name))
-    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70)
+    avg = prof.key_averages()
+    table = (avg.table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=70)
+             + avg.table(sort_by="self_device_time_total", row_limit=15, max_name_column_width=70))
     return {"wall_ms": round(wall * 1e3, 3), "kernel_launches": launches, "graph_launches": graph_launches,
             "gpu_busy_ms": round(busy_us / 1e3, 3), "gpu_busy_pct": round(100 * busy_us / 1e6 / wall, 1),
             "host_device_copies": copies, "profile": table}
@@ -100,6 +112,9 @@ def measure(config: str, over: list[str], mode: str, iterations: int) -> dict:
                "env_steps_per_s": round(steps / per)}
         if torch.cuda.is_available():
             row.update(profile_iteration(job))
+            # the profiler slows the host (the wall it measures is longer than an iteration's):
+            # the GPU's kernel time against the unprofiled iteration is the busy fraction
+            row["gpu_busy_pct_of_iteration"] = round(100 * row["gpu_busy_ms"] / (per * 1e3), 1)
         return row
     finally:
         job.close()
@@ -131,7 +146,7 @@ def main() -> None:
                     with open(args.profiles, "a") as f:
                         f.write(f"## {name}, {n} envs, {mode} ({row['status']})\n{profile}\n")
                 launches = f"{row['kernel_launches']} + {row['graph_launches']} graph" if "kernel_launches" in row else "-"
-                busy = f"{row['gpu_busy_pct']}%" if "gpu_busy_pct" in row else "-"
+                busy = f"{row['gpu_busy_ms']} ms: {row['gpu_busy_pct_of_iteration']}%" if "gpu_busy_ms" in row else "-"
                 print(f"| {name} | {n} | {mode} | {row['ms_per_iteration']} | {row['env_steps_per_s']} | {launches} | "
                       f"{busy} | {row['status'][:60]} |", flush=True)
     if args.json:

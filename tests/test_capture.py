@@ -318,20 +318,45 @@ def test_the_probe_refuses_host_randomness_host_data_and_python_outputs():
 
 def test_a_capture_that_fails_half_way_goes_back_and_runs_eagerly(monkeypatch):
     """A capture can fail in the middle of the iteration's Python (on a GPU: an op CUDA cannot
-    capture, which records nothing and raises). Here the tape fails at the learner's 40th matrix
+    capture, which records nothing and raises). Here the capture (the host tape; on a GPU the CUDA
+    graph's, under a dispatch mode) fails at the 40th matrix
     product: the trainer goes back to its state before the capture, the iteration runs eagerly,
     the program stays eager with the reason, and the job still equals the eager one bitwise."""
-    real = Tape.__torch_dispatch__
     seen = [0]
 
-    def failing(self, func, types, args=(), kwargs=None):
+    def count(func):
         if func.overloadpacket is torch.ops.aten.addmm:
             seen[0] += 1
             if seen[0] == 40:
                 raise RuntimeError("operation not permitted when stream is capturing (injected)")
-        return real(self, func, types, args, kwargs)
 
-    monkeypatch.setattr(Tape, "__torch_dispatch__", failing)
+    if DEVICE == "cuda":  # the CUDA graph's capture, with a mode that fails it at the 40th product
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        from msrl.runtime.capture import _CudaGraph
+
+        class FailAt40(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                count(func)
+                return func(*args, **(kwargs or {}))
+
+        real_capture = _CudaGraph.capture
+
+        def capture(self, fn):
+            def failing():
+                with FailAt40():
+                    return fn()
+            return real_capture(self, failing)
+
+        monkeypatch.setattr(_CudaGraph, "capture", capture)
+    else:
+        real = Tape.__torch_dispatch__
+
+        def failing(self, func, types, args=(), kwargs=None):
+            count(func)
+            return real(self, func, types, args, kwargs)
+
+        monkeypatch.setattr(Tape, "__torch_dispatch__", failing)
     graph, eager = _pair(GPU_ONLY, SMALL)
     try:
         graph.reset(), eager.reset()
@@ -344,3 +369,71 @@ def test_a_capture_that_fails_half_way_goes_back_and_runs_eagerly(monkeypatch):
             "eager: capturing it failed (RuntimeError: operation not permitted when stream is capturing (injected))")
     finally:
         graph.close(), eager.close()
+
+
+def test_packed_reads_exactly_and_captures_once_per_layout(monkeypatch):
+    """``capture.packed`` (the concatenation a replayed iteration's one host read goes
+    through): equal to the eager ``cat`` for every dtype, a later call on the same tensors
+    replays the same capture and sees their new values, a new layout is a new capture, at most
+    ``MAX_PACKS`` are kept; no tensors is an error."""
+    monkeypatch.setattr(capture, "_packs", type(capture._packs)())
+    monkeypatch.setattr(capture, "MAX_PACKS", 3)
+    g = torch.Generator().manual_seed(0)
+    tensors = [torch.randn((), generator=g).to(DEVICE), torch.randn(4, generator=g, dtype=torch.float64).to(DEVICE),
+               torch.randint(-5, 5, (2, 3), generator=g).to(DEVICE), (torch.randn(5, generator=g) > 0).to(DEVICE)]
+
+    def expected():
+        return torch.cat([t.reshape(-1).to(torch.float64) for t in tensors])
+
+    first = capture.packed(tensors)
+    assert first.dtype == torch.float64 and torch.equal(first, expected())
+    graph = next(iter(capture._packs.values()))[0]
+    for t in tensors:  # new values in the same memory: the same capture replays them
+        t.copy_(torch.ones_like(t) * 3 if t.dtype != torch.bool else ~t)
+    again = capture.packed(tensors)
+    assert again is first and torch.equal(again, expected())
+    assert len(capture._packs) == 1 and next(iter(capture._packs.values()))[0] is graph
+    for n in range(2, 6):  # other layouts: captured anew, the oldest dropped past MAX_PACKS
+        other = [torch.arange(n, dtype=torch.float32, device=DEVICE)]
+        assert torch.equal(capture.packed(other), torch.arange(n, dtype=torch.float64, device=DEVICE))
+    assert len(capture._packs) == 3
+    with pytest.raises(ValueError, match="one device"):
+        capture.packed([])
+
+
+def test_a_replayed_iteration_reads_its_results_through_one_captured_pack(monkeypatch):
+    """After the capture, each iteration's metrics and finished episodes (each step's tensors,
+    logged again by every replay) are read through one pack, captured at the first replay and
+    replayed from then on; the values read equal the eager job's."""
+    calls = []
+    real = capture.packed
+
+    def spy(tensors):
+        calls.append(tuple(t.data_ptr() for t in tensors))
+        return real(tensors)
+
+    monkeypatch.setattr(capture, "packed", spy)
+    graph, eager = _pair(GPU_ONLY, SMALL)
+    try:
+        graph.reset(), eager.reset()
+        for i in range(WARMUP + 6):
+            (rg,), (re_,) = graph.runtime.run("train_step").values(), eager.runtime.run("train_step").values()
+            assert [(r["output"], r["episodes"], r["env_steps"]) for r in rg] == \
+                [(r["output"], r["episodes"], r["env_steps"]) for r in re_]
+            assert rg[0]["episodes"].returns or i < 2  # episodes finish (CartPole: within 8 x 16 steps)
+            assert len(calls) == max(0, i - WARMUP - 1)  # warm-up, probe, capture: read eagerly
+        assert len(calls) == 4 and len(set(calls)) == 1  # the same tensors every replay
+    finally:
+        graph.close(), eager.close()
+
+
+def test_read_host_reads_a_list_as_its_stack():
+    """A list item of ``read_host`` (each step's finished episodes) comes back as the stack of
+    its tensors, in their dtype, beside scalars and plain tensors, from one concatenation."""
+    from msrl.runtime.values import read_host
+
+    steps = [torch.tensor([1, -1, 3]), torch.tensor([-1, 5, 6])]
+    out = read_host([torch.tensor(2.5), steps, torch.tensor([[True, False]])], scalars=1)
+    assert out[0] == 2.5
+    assert out[1].dtype == torch.int64 and torch.equal(out[1], torch.stack(steps))
+    assert out[2].dtype == torch.bool and out[2].tolist() == [[True, False]]

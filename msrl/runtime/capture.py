@@ -50,6 +50,7 @@ tests compare the two bitwise. The tape is for checking: it is slower than eager
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import inspect
 import random
@@ -393,6 +394,70 @@ def pop_notices(trainer: Any) -> list[str]:
         return _notices.pop(trainer, [])
 
 
+_replaying: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+
+
+def replayed(trainer: Any) -> bool:
+    """Whether the last captured program run on ``trainer`` was a replay: its output tensors,
+    and the items its components logged (``REPLAYED_LOGS``), are the captured ones, the same
+    tensors every replay (:meth:`msrl.runtime.replica.Replica.read_iteration` then reads them
+    through :func:`packed`)."""
+    return _replaying.get(trainer, False)
+
+
+#: captured packs kept (:func:`packed`), least recently used dropped first
+MAX_PACKS = 8
+_packs: "collections.OrderedDict[tuple, tuple[Any, torch.Tensor]]" = collections.OrderedDict()
+
+
+def packed(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The ``tensors`` (one device, any shapes and dtypes) flattened and concatenated as one
+    float64 tensor on their device, through a capture of that concatenation.
+
+    The first call for a layout -- each tensor's memory address, shape, strides and dtype --
+    captures it (a CUDA graph on a GPU, a :class:`Tape` on the CPU); later calls with the same
+    layout replay it: on a GPU one graph launch in place of a ``cat`` (one kernel per dtype
+    group, and copies) per read. A replay reads whatever the addresses hold now, which is what
+    the layout names, so a hit is exact. :data:`MAX_PACKS` layouts are kept.
+
+    Returns:
+        ``(sum of numels,)`` float64 on the tensors' device, overwritten by the next call with
+        the same layout: read it before then.
+
+    Raises:
+        ValueError: no tensors, or tensors on more than one device.
+    """
+    if not tensors or len({t.device for t in tensors}) != 1:
+        raise ValueError(f"packed needs tensors on one device, got {len(tensors)} on "
+                         f"{sorted({str(t.device) for t in tensors})}")
+    dev = tensors[0].device
+    key = (dev, tuple((t.data_ptr(), tuple(t.shape), t.stride(), t.dtype) for t in tensors))
+    with _lock:
+        hit = _packs.get(key)
+        if hit is not None:
+            _packs.move_to_end(key)
+    if hit is not None:
+        hit[0].replay()
+        return hit[1]
+
+    def pack() -> torch.Tensor:
+        with torch.no_grad():  # a leading empty float64 piece makes the one cat promote every dtype
+            return torch.cat([torch.empty(0, dtype=torch.float64, device=dev)] + [t.reshape(-1) for t in tensors])
+
+    if dev.type == "cuda":
+        graph: Any = _CudaGraph([])
+        flat = graph.capture(pack)
+    else:
+        graph = Tape()
+        with graph:
+            flat = pack()
+    with _lock:
+        _packs[key] = (graph, flat)
+        while len(_packs) > MAX_PACKS:
+            _packs.popitem(last=False)
+    return flat
+
+
 def invalidate(trainer: Any) -> None:
     """Drops every capture made on ``trainer`` (a checkpoint was loaded into it, its tensors
     replaced): its programs warm up, probe and capture again."""
@@ -493,6 +558,7 @@ class CapturedProgram:
         return "graph" if self.reason is None else f"eager: {self.reason}"
 
     def __call__(self, trainer: Any, comm: Any) -> Any:
+        _replaying.pop(trainer, None)
         if self.reason is not None:
             self._calls += 1
             if self._calls == WARMUP + 1 and not self._told:  # a program that runs once (reset) says nothing
@@ -507,7 +573,9 @@ class CapturedProgram:
                 cap = caps[id(self)] = _Captured()
         if cap.graph is not None:
             if self._inputs_fit(trainer, cap):
-                return self._replay(cap)
+                out = self._replay(cap)
+                _replaying[trainer] = True
+                return out
             cap = caps[id(self)] = _Captured()
         cap.runs += 1
         if cap.runs <= WARMUP:

@@ -81,10 +81,11 @@ NO_KERNEL_OPS = frozenset({
 
 #: frames of msrl's own code allowed to read the host: the loss-finiteness check of
 #: :meth:`msrl.api.Learner.apply_gradients`, which runs only for losses on the CPU, and the
-#: generator watch (:meth:`msrl.runtime.generators.Baton.watch`), which compares the CPU
-#: generator's state, a host tensor on every machine
+#: generator watches (:meth:`msrl.runtime.generators.Baton.watch`, the capture probe's
+#: ``_host_rngs``), which compare the CPU generator's state, a host tensor on every machine
 CPU_ONLY_READS: tuple[tuple[str, str], ...] = (("msrl/api.py", "apply_gradients"),
-                                               ("msrl/runtime/generators.py", "watch"))
+                                               ("msrl/runtime/generators.py", "watch"),
+                                               ("msrl/runtime/capture.py", "_host_rngs"))
 
 
 def _is_mask(index: Any) -> bool:

@@ -25,7 +25,7 @@ from msrl.envs import env_spec as make_env_spec
 from msrl.errors import MsrlError
 from msrl.partition import FragmentGraph
 from msrl.policy import FragmentSpec
-from msrl.runtime.capture import invalidate, pop_notices
+from msrl.runtime.capture import invalidate, pop_notices, replayed
 from msrl.runtime.generators import BATON, KINDS, GlobalGenerators
 from msrl.runtime.values import read_host
 
@@ -319,7 +319,9 @@ class Replica:
         metrics of the program's output (a dict) as Python floats (:func:`as_floats`), and the
         episodes its envs finished since the last call (:meth:`pop_episode_stats`). On a GPU
         the metrics and a native env's episode statistics come back in one device-to-host copy
-        (:func:`~msrl.runtime.values.read_host`): the iteration's one host sync.
+        (:func:`~msrl.runtime.values.read_host`): the iteration's one host sync. After a
+        replayed iteration (:func:`msrl.runtime.capture.replayed`) the packing of that copy is
+        replayed too (on a GPU: one graph launch, then the copy).
 
         Returns:
             ``(out, episodes)``: ``out`` with its metrics as floats (as it was without
@@ -330,7 +332,7 @@ class Replica:
         keys = [k for k, v in out.items() if isinstance(v, torch.Tensor) and v.numel() == 1] \
             if output and isinstance(out, dict) else []
         tensors = [out[k] for k in keys] + (pending[0] if pending is not None else [])
-        host = read_host(tensors, scalars=len(keys)) if tensors else []
+        host = read_host(tensors, scalars=len(keys), static=replayed(self.trainer)) if tensors else []
         if output and isinstance(out, dict):
             out = as_floats({**out, **dict(zip(keys, host))})
         if pending is not None:

@@ -141,7 +141,7 @@ def reduce_leaves(value: Any, reduce_flat: Callable[[torch.Tensor], torch.Tensor
     return value
 
 
-def read_host(tensors: list[torch.Tensor], scalars: int = 0) -> list[Any]:
+def read_host(tensors: list[torch.Tensor | list[torch.Tensor]], scalars: int = 0, static: bool = False) -> list[Any]:
     """The ``tensors`` in host memory, read with one copy per device: on a GPU one
     device-to-host copy (one host sync) for all of them, instead of one per tensor.
 
@@ -152,25 +152,36 @@ def read_host(tensors: list[torch.Tensor], scalars: int = 0) -> list[Any]:
     integers and booleans below 2**53 in magnitude (returns, lengths, counts, flags).
 
     Args:
-        tensors: any shapes, dtypes and devices.
-        scalars: the first ``scalars`` tensors hold one element each (metrics) and come back as
-            Python floats (one ``tolist`` of their part, no per-tensor op).
+        tensors: any shapes, dtypes and devices; an item that is a list of tensors of one
+            shape, dtype and device (each step's finished episodes) is read as their stack
+            ``(len, *shape)``, without stacking them on the device.
+        scalars: the first ``scalars`` items are tensors of one element each (metrics) and come
+            back as Python floats (one ``tolist`` of their part, no per-tensor op).
+        static: the tensors are a captured program's replayed outputs (the same tensors each
+            iteration): the concatenation is itself captured and replayed
+            (:func:`msrl.runtime.capture.packed`; on a GPU one graph launch), same values.
 
     Returns:
-        one value per input, in order: a float for each of the first ``scalars``, then a CPU
-        tensor of the input's shape and dtype.
+        one value per item, in order: a float for each of the first ``scalars``, then a CPU
+        tensor of the item's shape (a list's: its stack's) and dtype.
     """
     from msrl.runtime.host_syncs import host_side
 
     out: list[Any] = [None] * len(tensors)
+    items = [t if isinstance(t, list) else [t] for t in tensors]
     by_device: dict[torch.device, list[int]] = {}
-    for i, t in enumerate(tensors):
-        by_device.setdefault(t.device, []).append(i)
+    for i, group in enumerate(items):
+        by_device.setdefault(group[0].device, []).append(i)
     for idx in by_device.values():
+        parts = [t for i in idx for t in items[i]]
         with torch.no_grad():
-            # a leading empty float64 piece makes the one cat promote every dtype to float64
-            pieces = [torch.empty(0, dtype=torch.float64, device=tensors[idx[0]].device)]
-            flat = torch.cat(pieces + [tensors[i].reshape(-1) for i in idx]).to("cpu", copy=True)
+            if static:
+                from msrl.runtime.capture import packed
+
+                flat = packed(parts).to("cpu", copy=True)
+            else:  # a leading empty float64 piece makes the one cat promote every dtype to float64
+                pieces = [torch.empty(0, dtype=torch.float64, device=parts[0].device)]
+                flat = torch.cat(pieces + [t.reshape(-1) for t in parts]).to("cpu", copy=True)
         with host_side(), torch.no_grad():
             head = [i for i in idx if i < scalars]
             if head:
@@ -178,6 +189,9 @@ def read_host(tensors: list[torch.Tensor], scalars: int = 0) -> list[Any]:
                     out[i] = v
             rest = idx[len(head):]
             if rest:
-                for i, part in zip(rest, flat[len(head):].split([tensors[i].numel() for i in rest])):
-                    out[i] = part.view(tensors[i].shape).to(tensors[i].dtype)
+                sizes = [len(items[i]) * items[i][0].numel() for i in rest]
+                for i, part in zip(rest, flat[len(head):].split(sizes)):
+                    first = items[i][0]
+                    shape = first.shape if isinstance(tensors[i], torch.Tensor) else (len(items[i]), *first.shape)
+                    out[i] = part.view(shape).to(first.dtype)
     return out

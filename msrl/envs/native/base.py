@@ -156,19 +156,21 @@ class NativeEnv(Environment):
         tensors, build = self.pop_finished()
         return build(read_host(tensors))
 
-    def pop_finished(self) -> tuple[list[torch.Tensor], Callable[[list[torch.Tensor]], EpisodeStats]]:
+    def pop_finished(self) -> tuple[list[list[torch.Tensor]], Callable[[list[torch.Tensor]], EpisodeStats]]:
         """The episodes finished since the last call, still on the device, for a read shared
         with other values (:meth:`msrl.runtime.replica.Replica.read_iteration`).
 
         Returns:
-            ``(tensors, build)``: the device tensors to read (here returns ``(S, N)`` float64 and
-            lengths ``(S, N)`` int64, -1 where no episode ended, for the ``S`` steps since the
-            last call), and ``build(host)``, which makes the :class:`EpisodeStats` from their
-            host copies (:func:`~msrl.runtime.values.read_host`'s output, in order).
+            ``(tensors, build)``: the device tensors to read, as the ``S`` steps since the last
+            call logged them (so a replayed iteration reads the same tensors each time): the
+            list of each step's returns ``(N,)`` float64 and the list of each step's lengths
+            ``(N,)`` int64 (-1 where no episode ended), which
+            :func:`~msrl.runtime.values.read_host` reads as ``(S, N)`` stacks; and
+            ``build(host)``, which makes the :class:`EpisodeStats` from those host copies.
         """
         if not self._finished:
             return [], lambda host: EpisodeStats([], [])
-        tensors = [torch.stack([r for r, _ in self._finished]), torch.stack([n for _, n in self._finished])]
+        tensors = [[r for r, _ in self._finished], [n for _, n in self._finished]]
         self._finished = []
 
         def build(host: list[torch.Tensor]) -> EpisodeStats:

@@ -450,9 +450,11 @@ class Tag(NativeEnv):
 
     def pop_finished(self):
         """The games finished since the last call, still on the device (see
-        :meth:`NativeEnv.pop_finished`): per-agent returns ``(S, E, N)`` float64, lengths
-        ``(S, E)`` int64 (-1 where no game ended) and agent types ``(S, E, N)``; ``build``
-        makes :meth:`pop_episode_stats`'s :class:`EpisodeStats` from their host copies."""
+        :meth:`NativeEnv.pop_finished`), as the ``S`` steps since the last call logged them:
+        the lists of each step's per-agent returns ``(E, N)`` float64, lengths ``(E,)`` int64
+        (-1 where no game ended) and agent types ``(E, N)``, read as ``(S, ...)`` stacks;
+        ``build`` makes :meth:`pop_episode_stats`'s :class:`EpisodeStats` from their host
+        copies."""
         from msrl.api import EpisodeStats
 
         if not self._finished:
@@ -460,8 +462,7 @@ class Tag(NativeEnv):
                 self.last_type_returns = {"tagger": [], "runner": []}
                 return EpisodeStats([], [], {"tagger_return": [], "runner_return": []})
             return [], nothing
-        tensors = [torch.stack([r for r, _, _ in self._finished]), torch.stack([n for _, n, _ in self._finished]),
-                   torch.stack([t for _, _, t in self._finished])]
+        tensors = [[r for r, _, _ in self._finished], [n for _, n, _ in self._finished], [t for _, _, t in self._finished]]
         self._finished = []
 
         def build(host):
