@@ -84,7 +84,7 @@ else
 fi
 part gpu_only_job 240 msrl train configs/ppo_cartpole_gpu_only.yaml "runs_dir=$T/runs" train.progress=false
 if [ "$GPU" = 1 ]; then  # Tag in the shape of the WarpDrive figure; the GPU job op by op (what the capture gains end to end)
-  part capture_bench_tag 150 $py -P bench/bench_capture.py --jobs tag110 --envs 100 --iterations 3 --json "$OUT/capture_tag.json"
+  part capture_bench_tag 150 $py -P bench/bench_capture.py --jobs tag110 --envs 100 --iterations 3 --json "$OUT/capture_tag.json" --profiles "$OUT/profiles_tag.txt"
   part gpu_only_job_eager 120 msrl train configs/ppo_cartpole_gpu_only.yaml "runs_dir=$T/runs" train.progress=false \
     distribution_policy.capture.main=eager
 fi
