@@ -25,7 +25,7 @@ from msrl.job import Job
 from msrl.runtime.host_syncs import CPU_ONLY_READS, HostSyncRecorder, recording_program
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-ONE_READ = ("msrl/runtime/replica.py", "read_iteration")
+ONE_READ = ("msrl/runtime/replica.py", "start_read_iteration")
 JOBS = {
     "gpu_only CartPole (PPO)": ("configs/ppo_cartpole_gpu_only.yaml", ["env.id=msrl/CartPole-v1"], None),
     "gpu_only Pendulum (PPO)": ("configs/ppo_cartpole_gpu_only.yaml", ["env.id=msrl/Pendulum-v1"], None),

@@ -437,3 +437,24 @@ def test_read_host_reads_a_list_as_its_stack():
     assert out[0] == 2.5
     assert out[1].dtype == torch.int64 and torch.equal(out[1], torch.stack(steps))
     assert out[2].dtype == torch.bool and out[2].tolist() == [[True, False]]
+
+
+def test_a_chunk_of_replays_reads_each_iteration_after_launching_the_next():
+    """The runtime finishes iteration i's read after launching i+1 (on a GPU the host unpacks
+    i while the device runs i+1): a chunk of iterations in one call gives, record by record,
+    the eager job's outputs, finished episodes and env steps."""
+    graph, eager = _pair(GPU_ONLY, SMALL)
+    try:
+        graph.reset(), eager.reset()
+        for job in (graph, eager):
+            for _ in range(WARMUP + 2):
+                job.runtime.run("train_step")
+        (rg,), (re_,) = graph.runtime.run("train_step", 5).values(), eager.runtime.run("train_step", 5).values()
+        assert len(rg) == 5 and all(r["time_s"] > 0 for r in rg)
+        assert [(r["output"], r["episodes"], r["env_steps"]) for r in rg] == \
+            [(r["output"], r["episodes"], r["env_steps"]) for r in re_]
+        assert sum(len(r["episodes"].returns) for r in rg) > 0
+        assert _replica(graph).programs["train_step"].fn.status == "graph"
+        _same_state(graph, eager)
+    finally:
+        graph.close(), eager.close()

@@ -117,7 +117,7 @@ def test_native_env_replicas_draw_what_one_process_draws():
 
 
 #: the iteration's one host read: its metrics and finished episodes, together
-ONE_READ = ("msrl/runtime/replica.py", "read_iteration")
+ONE_READ = ("msrl/runtime/replica.py", "start_read_iteration")
 
 
 def _one_iteration(job, recorder, fragment=None):

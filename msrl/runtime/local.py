@@ -113,14 +113,29 @@ class LocalRuntime:
         records = []
         frag = self._output_fragment.get(method)
         output = (frag, 0) if frag is not None and (frag, 0) in self.replicas else self._keys[0]
+        # one iteration's read is finished after the next one is launched (Replica.start_read_iteration):
+        # after a replay on a GPU the host unpacks iteration i while the device runs i+1
+        waiting: tuple[Any, dict[str, Any]] | None = None
+        last = time.perf_counter()
+
+        def finish(read: Any, rec: dict[str, Any]) -> None:
+            nonlocal last
+            rec["output"], rec["episodes"] = read()
+            now = time.perf_counter()
+            rec["time_s"], last = now - last, now
+            records.append(rec)
+
         try:
             for _ in range(n):
-                t0 = time.perf_counter()
-                out, episodes = rep.read_iteration(rep.run_method(method, comm), output=key == output)
-                records.append({"output": out, "episodes": episodes, "notices": rep.pop_notices(),
-                                "env_steps": rep.env_steps, "time_s": time.perf_counter() - t0,
-                                "policy_lags": self.asynchronous[key].pop_lags(),
-                                "inference": rep.inference.pop_stats() if rep.inference is not None else None})
+                read = rep.start_read_iteration(rep.run_method(method, comm), output=key == output)
+                rec = {"notices": rep.pop_notices(), "env_steps": rep.env_steps,
+                       "policy_lags": self.asynchronous[key].pop_lags(),
+                       "inference": rep.inference.pop_stats() if rep.inference is not None else None}
+                if waiting is not None:
+                    finish(*waiting)
+                waiting = (read, rec)
+            if waiting is not None:
+                finish(*waiting)
         except FragmentError as e:
             if hub is not None:
                 why = f"fragment {fragment} replica {replica} failed: {type(e.cause).__name__}: {e.cause}"

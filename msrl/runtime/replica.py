@@ -14,7 +14,7 @@ import dataclasses
 import math
 import sys
 import traceback
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -27,7 +27,7 @@ from msrl.partition import FragmentGraph
 from msrl.policy import FragmentSpec
 from msrl.runtime.capture import invalidate, pop_notices, replayed
 from msrl.runtime.generators import BATON, KINDS, GlobalGenerators
-from msrl.runtime.values import read_host
+from msrl.runtime.values import start_read
 
 __all__ = ["FragmentError", "ReplicaDied", "ReplicaHung", "Replica", "build_trainer", "build_trainers", "build_standalone_actor",
            "compile_fragment", "as_floats", "check_losses", "replica_states"]
@@ -322,24 +322,36 @@ class Replica:
         (:func:`~msrl.runtime.values.read_host`): the iteration's one host sync. After a
         replayed iteration (:func:`msrl.runtime.capture.replayed`) the packing of that copy is
         replayed too (on a GPU: one graph launch, then the copy).
+        :meth:`start_read_iteration`, then its result.
 
         Returns:
             ``(out, episodes)``: ``out`` with its metrics as floats (as it was without
             ``output`` or when it is not a dict), and the :class:`EpisodeStats`.
         """
+        return self.start_read_iteration(out, output)()
+
+    def start_read_iteration(self, out: Any, output: bool) -> Callable[[], tuple[Any, EpisodeStats]]:
+        """Starts :meth:`read_iteration`'s read and returns the call that finishes it: after a
+        replay on a GPU the copy runs behind the iteration on the device
+        (:func:`~msrl.runtime.values.start_read`), so the caller may launch the next iteration
+        first and unpack this one while the GPU runs it. What belongs to this iteration (its
+        finished episodes) is taken now."""
         env = self.trainer.env if self.has_env else None
         pending = env.pop_finished() if env is not None and hasattr(env, "pop_finished") else None
         keys = [k for k, v in out.items() if isinstance(v, torch.Tensor) and v.numel() == 1] \
             if output and isinstance(out, dict) else []
         tensors = [out[k] for k in keys] + (pending[0] if pending is not None else [])
-        host = read_host(tensors, scalars=len(keys), static=replayed(self.trainer)) if tensors else []
-        if output and isinstance(out, dict):
-            out = as_floats({**out, **dict(zip(keys, host))})
-        if pending is not None:
-            episodes = pending[1](host[len(keys):])
-        else:
+        read = start_read(tensors, scalars=len(keys), static=replayed(self.trainer)) if tensors else None
+        episodes = None
+        if pending is None:
             episodes = env.pop_episode_stats() if env is not None else EpisodeStats([], [])
-        return out, episodes
+
+        def finish() -> tuple[Any, EpisodeStats]:
+            host = read.result() if read is not None else []
+            result = as_floats({**out, **dict(zip(keys, host))}) if output and isinstance(out, dict) else out
+            return result, (pending[1](host[len(keys):]) if pending is not None else episodes)
+
+        return finish
 
     def pop_notices(self) -> list[str]:
         """One-line notices of this replica's programs since the last call (a captured program:

@@ -21,7 +21,7 @@ import torch.utils._pytree as pytree
 from tensordict import TensorDictBase
 
 __all__ = ["tensor_leaves", "map_tensors", "payload_bytes", "describe_value", "move_tensor", "deliver", "copy_value", "read_host",
-           "reduce_leaves"]
+           "start_read", "HostRead", "reduce_leaves"]
 
 
 def tensor_leaves(value: Any) -> list[torch.Tensor]:
@@ -150,6 +150,7 @@ def read_host(tensors: list[torch.Tensor | list[torch.Tensor]], scalars: int = 0
     copy, the read a :class:`~msrl.runtime.host_syncs.HostSyncRecorder` counts), then split and
     cast back to each tensor's shape and dtype. Exact for floating dtypes up to float64 and for
     integers and booleans below 2**53 in magnitude (returns, lengths, counts, flags).
+    :func:`start_read` then :meth:`HostRead.result`.
 
     Args:
         tensors: any shapes, dtypes and devices; an item that is a list of tensors of one
@@ -165,33 +166,73 @@ def read_host(tensors: list[torch.Tensor | list[torch.Tensor]], scalars: int = 0
         one value per item, in order: a float for each of the first ``scalars``, then a CPU
         tensor of the item's shape (a list's: its stack's) and dtype.
     """
-    from msrl.runtime.host_syncs import host_side
+    return start_read(tensors, scalars, static).result()
 
-    out: list[Any] = [None] * len(tensors)
+
+class HostRead:
+    """A read of device tensors into host memory, started by :func:`start_read`: on a GPU,
+    after a replayed iteration, the copy runs while the host goes on (into page-locked memory,
+    behind the iteration on its stream); :meth:`result` waits for it and unpacks."""
+
+    def __init__(self, tensors: list[Any], items: list[list[torch.Tensor]], scalars: int,
+                 flats: list[tuple[list[int], torch.Tensor, Any]]) -> None:
+        self._tensors, self._items, self._scalars, self._flats = tensors, items, scalars, flats
+
+    def result(self) -> list[Any]:
+        """The values (see :func:`read_host`), once the copies are done (waits for them)."""
+        from msrl.runtime.host_syncs import host_side
+
+        items, scalars = self._items, self._scalars
+        out: list[Any] = [None] * len(items)
+        for idx, flat, done in self._flats:
+            if done is not None:
+                done.synchronize()
+            with host_side(), torch.no_grad():
+                head = [i for i in idx if i < scalars]
+                if head:
+                    for i, v in zip(head, flat[:len(head)].tolist()):
+                        out[i] = v
+                rest = idx[len(head):]
+                if rest:
+                    sizes = [len(items[i]) * items[i][0].numel() for i in rest]
+                    for i, part in zip(rest, flat[len(head):].split(sizes)):
+                        first = items[i][0]
+                        shape = first.shape if isinstance(self._tensors[i], torch.Tensor) else (len(items[i]), *first.shape)
+                        out[i] = part.view(shape).to(first.dtype)
+        self._flats = []
+        return out
+
+
+def start_read(tensors: list[torch.Tensor | list[torch.Tensor]], scalars: int = 0, static: bool = False) -> HostRead:
+    """Starts :func:`read_host`'s read (same arguments); :meth:`HostRead.result` finishes it.
+
+    With ``static`` on a GPU the packed values are copied into page-locked host memory without
+    waiting (``non_blocking``, a CUDA event recorded behind the copy): the caller can launch the
+    next iteration before it unpacks this one, and the GPU does not wait for the host between
+    the two. Otherwise the copy is made here, as :func:`read_host` always did.
+    """
     items = [t if isinstance(t, list) else [t] for t in tensors]
     by_device: dict[torch.device, list[int]] = {}
     for i, group in enumerate(items):
         by_device.setdefault(group[0].device, []).append(i)
+    flats = []
     for idx in by_device.values():
         parts = [t for i in idx for t in items[i]]
+        done = None
         with torch.no_grad():
             if static:
                 from msrl.runtime.capture import packed
 
-                flat = packed(parts).to("cpu", copy=True)
+                dev_flat = packed(parts)
+                if dev_flat.device.type == "cuda":
+                    flat = torch.empty(dev_flat.shape, dtype=dev_flat.dtype, pin_memory=True)
+                    flat.copy_(dev_flat, non_blocking=True)
+                    done = torch.cuda.Event()
+                    done.record()
+                else:
+                    flat = dev_flat.to("cpu", copy=True)
             else:  # a leading empty float64 piece makes the one cat promote every dtype to float64
                 pieces = [torch.empty(0, dtype=torch.float64, device=parts[0].device)]
                 flat = torch.cat(pieces + [t.reshape(-1) for t in parts]).to("cpu", copy=True)
-        with host_side(), torch.no_grad():
-            head = [i for i in idx if i < scalars]
-            if head:
-                for i, v in zip(head, flat[:len(head)].tolist()):
-                    out[i] = v
-            rest = idx[len(head):]
-            if rest:
-                sizes = [len(items[i]) * items[i][0].numel() for i in rest]
-                for i, part in zip(rest, flat[len(head):].split(sizes)):
-                    first = items[i][0]
-                    shape = first.shape if isinstance(tensors[i], torch.Tensor) else (len(items[i]), *first.shape)
-                    out[i] = part.view(shape).to(first.dtype)
-    return out
+        flats.append((idx, flat, done))
+    return HostRead(tensors, items, scalars, flats)
