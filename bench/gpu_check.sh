@@ -14,7 +14,8 @@
 #
 # Parts: the cross-device boundary tests (learner on cuda:0, actors on the CPU, under coarse,
 # overlapped coarse, async_learner and single_learner_fine; multi_learner's all-reduce of CUDA
-# gradients); the native envs' GPU kernels against their host build and the gpu_only tests; the
+# gradients); the native envs' GPU kernels (CartPole, Pendulum, Tag) against their host build and
+# the gpu_only tests (these three side by side on a GPU, the benchmarks after them alone); the
 # capture tests (tests/test_capture.py: CUDA graphs on a GPU, the host tape on a CPU) and the
 # eager-against-captured table (bench/bench_capture.py); the README's GPU job
 # (configs/ppo_cartpole_gpu_only.yaml) trained to the end, captured (the default on CUDA) and, on
