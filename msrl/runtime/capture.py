@@ -56,6 +56,7 @@ import inspect
 import random
 import re
 import threading
+import time
 import weakref
 from typing import Any, Callable, Iterator, Sequence
 
@@ -370,6 +371,7 @@ class _Captured:
     counters: list[tuple[Any, str, int]] = dataclasses.field(default_factory=list)
     logs: list[tuple[Any, str, list]] = dataclasses.field(default_factory=list)
     replays: int = 0
+    probe_s: float = 0.0  # the probe iteration's wall time (s)
 
 
 _registry: "weakref.WeakKeyDictionary[Any, dict[int, _Captured]]" = weakref.WeakKeyDictionary()
@@ -586,7 +588,9 @@ class CapturedProgram:
                     self._give_up(trainer, f"its {role} ({type(comp).__name__}, {_source_of(type(comp))}) works on the "
                                            "host, outside torch (CAPTURABLE = False): a replay would not run it")
                     return self.fn(trainer, comm)
+            t0 = time.perf_counter()
             out = self._probe(trainer, comm)
+            cap.probe_s = time.perf_counter() - t0
             cap.probed = True
             return out
         return self._capture(trainer, comm, cap)
@@ -654,6 +658,7 @@ class CapturedProgram:
         _notify(trainer, f"{self.method} runs eagerly, not captured: {reason}")
 
     def _capture(self, trainer: Any, comm: Any, cap: _Captured) -> Any:
+        t0 = time.perf_counter()
         statics = {}
         for a in self.state_attrs:
             v = getattr(trainer, a, None)
@@ -715,7 +720,9 @@ class CapturedProgram:
         cap.counters = [(comp, attr, getattr(comp, attr) - n) for comp, attr, n in counts]
         cap.logs = [(comp, attr, list(getattr(comp, attr)[n:])) for comp, attr, n in lens]
         what = "a CUDA graph" if self.device.type == "cuda" else f"a host tape of {len(graph.steps)} ops"
-        _notify(trainer, f"{self.method} captured as {what}, replayed from its next iteration")
+        took = time.perf_counter() - t0
+        _notify(trainer, f"{self.method} captured as {what}, replayed from its next iteration (capture {took:.2f} s, "
+                         f"probe {cap.probe_s:.2f} s)")
         return _fresh(out)
 
     def _inputs_fit(self, trainer: Any, cap: _Captured) -> bool:

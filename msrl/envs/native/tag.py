@@ -367,7 +367,7 @@ class Tag(NativeEnv):
             seqs = self._sequences()
             seqs["step"](action=action, reward=reward, final_obs=final_obs, terminated=terminated, done_return=done_return,
                          done_length=done_length, seed=self.seed & ((1 << 64) - 1))
-            self._finished.append((done_return, done_length, agent_type))
+            self._log_games(done_return, done_length, agent_type)
             self._env_steps += E
             obs = empty_output(E, N, self.obs_dim, dtype=torch.float32, device=dev)
             obs.copy_(final_obs)
@@ -435,10 +435,23 @@ class Tag(NativeEnv):
         game logs its agents' returns and types."""
         ret = self._episode_return + reward.to(torch.float64)
         length = self._episode_length + 1
-        self._finished.append((torch.where(done[:, None], ret, 0.0), torch.where(done, length, -1), agent_type))
+        self._log_games(torch.where(done[:, None], ret, 0.0), torch.where(done, length, -1), agent_type)
         self._env_steps += self.num_envs
         self._episode_return.copy_(torch.where(done[:, None], 0.0, ret))
         self._episode_length.copy_(torch.where(done, 0, length))
+
+    def _log_games(self, done_return: torch.Tensor, done_length: torch.Tensor, agent_type: torch.Tensor) -> None:
+        """Keeps one step's finished games until :meth:`pop_finished`, reduced on the device to
+        what the statistics use: per game ``(E, 3)`` float64 -- the return summed over its
+        agents, the mean return of its taggers and of its runners -- and its length ``(E,)``
+        (-1 where no game ended). ``done_return`` ``(E, N)`` float64 is each agent's return (0
+        where no game ended), ``agent_type`` ``(E, N)`` (1.0: a tagger) the types during the
+        step. A read then moves 4 numbers a game, not 2 per agent."""
+        taggers = agent_type == 1.0
+        runners = ~taggers
+        games = torch.stack([done_return.sum(1), (done_return * taggers).sum(1) / taggers.sum(1),
+                             (done_return * runners).sum(1) / runners.sum(1)], dim=1)
+        self._finished.append((games, done_length))
 
     def pop_episode_stats(self):
         """Games finished since the last call: each game's return summed over its agents, its
@@ -450,11 +463,11 @@ class Tag(NativeEnv):
 
     def pop_finished(self):
         """The games finished since the last call, still on the device (see
-        :meth:`NativeEnv.pop_finished`), as the ``S`` steps since the last call logged them:
-        the lists of each step's per-agent returns ``(E, N)`` float64, lengths ``(E,)`` int64
-        (-1 where no game ended) and agent types ``(E, N)``, read as ``(S, ...)`` stacks;
-        ``build`` makes :meth:`pop_episode_stats`'s :class:`EpisodeStats` from their host
-        copies."""
+        :meth:`NativeEnv.pop_finished`), as the ``S`` steps since the last call logged them
+        (:meth:`_log_games`): the lists of each step's per-game returns ``(E, 3)`` float64 (sum,
+        taggers' mean, runners' mean) and lengths ``(E,)`` int64 (-1 where no game ended), read
+        as ``(S, ...)`` stacks; ``build`` makes :meth:`pop_episode_stats`'s
+        :class:`EpisodeStats` from their host copies."""
         from msrl.api import EpisodeStats
 
         if not self._finished:
@@ -462,21 +475,17 @@ class Tag(NativeEnv):
                 self.last_type_returns = {"tagger": [], "runner": []}
                 return EpisodeStats([], [], {"tagger_return": [], "runner_return": []})
             return [], nothing
-        tensors = [[r for r, _, _ in self._finished], [n for _, n, _ in self._finished], [t for _, _, t in self._finished]]
+        tensors = [[g for g, _ in self._finished], [n for _, n in self._finished]]
         self._finished = []
 
         def build(host):
-            rets, lens, types = host
+            games, lens = host
             with host_side():
                 mask = lens >= 0
-                game_rets, game_types = rets[mask], types[mask]
-                taggers = game_types == 1.0
-                self.last_type_returns = {
-                    "tagger": ((game_rets * taggers).sum(1) / taggers.sum(1)).tolist(),
-                    "runner": ((game_rets * ~taggers).sum(1) / (~taggers).sum(1)).tolist(),
-                }
+                total, tagger, runner = games[mask].unbind(1)
+                self.last_type_returns = {"tagger": tagger.tolist(), "runner": runner.tolist()}
                 extra = {"tagger_return": self.last_type_returns["tagger"], "runner_return": self.last_type_returns["runner"]}
-                return EpisodeStats(game_rets.sum(1).tolist(), lens[mask].tolist(), extra)
+                return EpisodeStats(total.tolist(), lens[mask].tolist(), extra)
 
         return tensors, build
 
