@@ -84,6 +84,8 @@ else
   part capture_bench 240 $py -P bench/bench_capture.py --jobs cartpole --envs 16 --iterations 5 --json "$OUT/capture.json"
 fi
 part gpu_only_job 240 msrl train configs/ppo_cartpole_gpu_only.yaml "runs_dir=$T/runs" train.progress=false
+# each iteration's training time (time_s): where a run's seconds go beyond its steady iterations
+cp "$T/runs/ppo_cartpole_gpu_only/metrics.csv" "$OUT/gpu_only_job_metrics.csv" 2>/dev/null
 if [ "$GPU" = 1 ]; then  # Tag in the shape of the WarpDrive figure; the GPU job op by op (what the capture gains end to end)
   part capture_bench_tag 150 $py -P bench/bench_capture.py --jobs tag110 --envs 100 --iterations 3 --json "$OUT/capture_tag.json" --profiles "$OUT/profiles_tag.txt"
   part gpu_only_job_eager 120 msrl train configs/ppo_cartpole_gpu_only.yaml "runs_dir=$T/runs" train.progress=false \
