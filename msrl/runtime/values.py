@@ -177,11 +177,15 @@ class HostRead:
     def __init__(self, tensors: list[Any], items: list[list[torch.Tensor]], scalars: int,
                  flats: list[tuple[list[int], torch.Tensor, Any]]) -> None:
         self._tensors, self._items, self._scalars, self._flats = tensors, items, scalars, flats
+        self._out: list[Any] | None = None
 
     def result(self) -> list[Any]:
-        """The values (see :func:`read_host`), once the copies are done (waits for them)."""
+        """The values (see :func:`read_host`), once the copies are done (waits for them; a
+        second call returns the same list)."""
         from msrl.runtime.host_syncs import host_side
 
+        if self._out is not None:
+            return self._out
         items, scalars = self._items, self._scalars
         out: list[Any] = [None] * len(items)
         for idx, flat, done in self._flats:
@@ -199,7 +203,7 @@ class HostRead:
                         first = items[i][0]
                         shape = first.shape if isinstance(self._tensors[i], torch.Tensor) else (len(items[i]), *first.shape)
                         out[i] = part.view(shape).to(first.dtype)
-        self._flats = []
+        self._flats, self._out = [], out
         return out
 
 
