@@ -490,9 +490,23 @@ class ReplicaActor:
 
     def run(self, method: str, n: int) -> list[dict[str, Any]]:
         """Runs ``method`` ``n`` times; one record per iteration (see the module docstring)."""
-        records = []
+        records: list[dict[str, Any]] = []
+        is_output = self.fragment == self.output_fragment and self.index == 0
+        # as the local runtime: an iteration's read is finished after the next one is launched
+        # (Replica.start_read_iteration), so after a replay on a GPU the host unpacks iteration
+        # i while the device runs i+1
+        waiting: tuple[Any, dict[str, Any]] | None = None
+        last = time.perf_counter()
+
+        def finish(read: Any, rec: dict[str, Any]) -> None:
+            nonlocal last
+            out, rec["episodes"] = read()
+            rec["output"] = out if is_output else None
+            now = time.perf_counter()
+            rec["time_s"], last = now - last, now
+            records.append(rec)
+
         for _ in range(n):
-            t0 = time.perf_counter()
             c0 = self.comm.comm_s - self.comm.wait_s if self.comm is not None else 0.0
             w0 = self.comm.wait_s if self.comm is not None else 0.0
             out = self.replica.run_method(method, self.comm)
@@ -500,20 +514,21 @@ class ReplicaActor:
                 self.comm.reap()
             comm_s = (self.comm.comm_s - self.comm.wait_s - c0) if self.comm is not None else 0.0
             wait_s = (self.comm.wait_s - w0) if self.comm is not None else 0.0
-            is_output = self.fragment == self.output_fragment and self.index == 0
-            out, stats = self.replica.read_iteration(out, output=is_output)
-            records.append({
-                "output": out if is_output else None,
+            read = self.replica.start_read_iteration(out, output=is_output)
+            rec = {
                 "env_steps": self.replica.env_steps,
-                "episodes": stats,
                 "notices": self.replica.pop_notices(),
-                "time_s": time.perf_counter() - t0,
                 "comm_s": comm_s,
                 "wait_s": wait_s,
                 "policy_lags": self.comm.asynchronous.pop_lags() if self.comm is not None and self.comm.asynchronous else [],
                 "inference": self.replica.inference.pop_stats() if self.replica.inference is not None else None,
                 "refused": self.refused(),
-            })
+            }
+            if waiting is not None:
+                finish(*waiting)
+            waiting = (read, rec)
+        if waiting is not None:
+            finish(*waiting)
         if self.comm is not None:
             self.comm.flush()
         return records
