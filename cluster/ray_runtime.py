@@ -39,7 +39,7 @@ from msrl.api import EpisodeStats
 from msrl.cluster.actor_manager import ReplicaGroup
 from msrl.errors import ConfigError, PlacementError
 from msrl.runtime.codec import MAX_MESSAGE as CODEC_MAX_MESSAGE
-from msrl.runtime.replica import ReplicaDied, check_losses, print_notices, replica_states
+from msrl.runtime.replica import ReplicaDied, check_losses, pipelined_records, print_notices, replica_states
 from msrl.runtime.shm import pid_alive
 
 __all__ = ["RayJob", "ReplicaActor", "ReplicaDied", "PlacementError", "ClusterJoinError", "init_ray", "pid_alive",
@@ -490,23 +490,9 @@ class ReplicaActor:
 
     def run(self, method: str, n: int) -> list[dict[str, Any]]:
         """Runs ``method`` ``n`` times; one record per iteration (see the module docstring)."""
-        records: list[dict[str, Any]] = []
         is_output = self.fragment == self.output_fragment and self.index == 0
-        # as the local runtime: an iteration's read is finished after the next one is launched
-        # (Replica.start_read_iteration), so after a replay on a GPU the host unpacks iteration
-        # i while the device runs i+1
-        waiting: tuple[Any, dict[str, Any]] | None = None
-        last = time.perf_counter()
 
-        def finish(read: Any, rec: dict[str, Any]) -> None:
-            nonlocal last
-            out, rec["episodes"] = read()
-            rec["output"] = out if is_output else None
-            now = time.perf_counter()
-            rec["time_s"], last = now - last, now
-            records.append(rec)
-
-        for _ in range(n):
+        def iteration() -> tuple[Any, dict[str, Any]]:
             c0 = self.comm.comm_s - self.comm.wait_s if self.comm is not None else 0.0
             w0 = self.comm.wait_s if self.comm is not None else 0.0
             out = self.replica.run_method(method, self.comm)
@@ -514,8 +500,7 @@ class ReplicaActor:
                 self.comm.reap()
             comm_s = (self.comm.comm_s - self.comm.wait_s - c0) if self.comm is not None else 0.0
             wait_s = (self.comm.wait_s - w0) if self.comm is not None else 0.0
-            read = self.replica.start_read_iteration(out, output=is_output)
-            rec = {
+            return self.replica.start_read_iteration(out, output=is_output), {
                 "env_steps": self.replica.env_steps,
                 "notices": self.replica.pop_notices(),
                 "comm_s": comm_s,
@@ -524,11 +509,8 @@ class ReplicaActor:
                 "inference": self.replica.inference.pop_stats() if self.replica.inference is not None else None,
                 "refused": self.refused(),
             }
-            if waiting is not None:
-                finish(*waiting)
-            waiting = (read, rec)
-        if waiting is not None:
-            finish(*waiting)
+
+        records = pipelined_records(n, iteration, keep_output=is_output)
         if self.comm is not None:
             self.comm.flush()
         return records

@@ -12,14 +12,13 @@ replica, node and user ``file:line``.
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping
 
 from msrl.channels import ChannelClosed, LocalHub
 from msrl.partition import FragmentGraph
 from msrl.runtime.asynchronous import AsyncEndpoint, LocalTransport, Mailbox
-from msrl.runtime.replica import FragmentError, Replica, print_notices
+from msrl.runtime.replica import FragmentError, Replica, pipelined_records, print_notices
 
 __all__ = ["FragmentError", "LocalRuntime"]
 
@@ -110,32 +109,17 @@ class LocalRuntime:
         fragment, replica = key
         rep = self.replicas[key]
         comm = hub.endpoint(fragment, replica, self.asynchronous[key], rep.inference) if hub is not None else None
-        records = []
         frag = self._output_fragment.get(method)
         output = (frag, 0) if frag is not None and (frag, 0) in self.replicas else self._keys[0]
-        # one iteration's read is finished after the next one is launched (Replica.start_read_iteration):
-        # after a replay on a GPU the host unpacks iteration i while the device runs i+1
-        waiting: tuple[Any, dict[str, Any]] | None = None
-        last = time.perf_counter()
 
-        def finish(read: Any, rec: dict[str, Any]) -> None:
-            nonlocal last
-            rec["output"], rec["episodes"] = read()
-            now = time.perf_counter()
-            rec["time_s"], last = now - last, now
-            records.append(rec)
+        def iteration() -> tuple[Any, dict[str, Any]]:
+            read = rep.start_read_iteration(rep.run_method(method, comm), output=key == output)
+            return read, {"notices": rep.pop_notices(), "env_steps": rep.env_steps,
+                          "policy_lags": self.asynchronous[key].pop_lags(),
+                          "inference": rep.inference.pop_stats() if rep.inference is not None else None}
 
         try:
-            for _ in range(n):
-                read = rep.start_read_iteration(rep.run_method(method, comm), output=key == output)
-                rec = {"notices": rep.pop_notices(), "env_steps": rep.env_steps,
-                       "policy_lags": self.asynchronous[key].pop_lags(),
-                       "inference": rep.inference.pop_stats() if rep.inference is not None else None}
-                if waiting is not None:
-                    finish(*waiting)
-                waiting = (read, rec)
-            if waiting is not None:
-                finish(*waiting)
+            records = pipelined_records(n, iteration)
         except FragmentError as e:
             if hub is not None:
                 why = f"fragment {fragment} replica {replica} failed: {type(e.cause).__name__}: {e.cause}"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
+import time
 import traceback
 from typing import Any, Callable, Mapping, Sequence
 
@@ -30,7 +31,7 @@ from msrl.runtime.generators import BATON, KINDS, GlobalGenerators
 from msrl.runtime.values import start_read
 
 __all__ = ["FragmentError", "ReplicaDied", "ReplicaHung", "Replica", "build_trainer", "build_trainers", "build_standalone_actor",
-           "compile_fragment", "as_floats", "check_losses", "replica_states"]
+           "compile_fragment", "as_floats", "check_losses", "replica_states", "pipelined_records"]
 
 
 class ReplicaDied(MsrlError, RuntimeError):
@@ -106,6 +107,45 @@ def print_notices(records: Any) -> None:
     for rec in records:
         for line in rec.get("notices", ()):
             print(f"msrl: {line}", file=sys.stderr)
+
+
+def pipelined_records(n: int, iteration: Callable[[], tuple[Callable[[], tuple[Any, EpisodeStats]], dict[str, Any]]],
+                      keep_output: bool = True) -> list[dict[str, Any]]:
+    """Runs ``n`` iterations, finishing each one's read after the next one is launched: after a
+    replay on a GPU the host unpacks iteration i while the device runs i+1
+    (:meth:`Replica.start_read_iteration`). Both runtimes' replica loops.
+
+    Args:
+        iteration: runs one iteration and returns ``(finish, record)``: the call that finishes
+            its read (``-> (output, episodes)``) and its record so far (what belongs to it and
+            must be taken now: env steps, notices, lags).
+        keep_output: whether the records keep the output (else ``None``).
+
+    Returns:
+        the ``n`` records, in order, each completed with ``output``, ``episodes`` and ``time_s``
+        (seconds since the previous record was finished, the first since the call: they sum
+        to the call's time).
+    """
+    records: list[dict[str, Any]] = []
+    waiting = None
+    last = time.perf_counter()
+
+    def finish(read: Callable[[], tuple[Any, EpisodeStats]], rec: dict[str, Any]) -> None:
+        nonlocal last
+        out, rec["episodes"] = read()
+        rec["output"] = out if keep_output else None
+        now = time.perf_counter()
+        rec["time_s"], last = now - last, now
+        records.append(rec)
+
+    for _ in range(n):
+        launched = iteration()
+        if waiting is not None:
+            finish(*waiting)
+        waiting = launched
+    if waiting is not None:
+        finish(*waiting)
+    return records
 
 
 def replica_states(state: Mapping[str, Any], keys: Any) -> list[Any]:

@@ -14,6 +14,7 @@ concatenated as one, along its batch dimensions); encoding for a network is the 
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import torch
@@ -174,9 +175,10 @@ class HostRead:
     after a replayed iteration, the copy runs while the host goes on (into page-locked memory,
     behind the iteration on its stream); :meth:`result` waits for it and unpacks."""
 
-    def __init__(self, tensors: list[Any], items: list[list[torch.Tensor]], scalars: int,
+    def __init__(self, layout: list[tuple[tuple[int, ...], torch.dtype]], scalars: int,
                  flats: list[tuple[list[int], torch.Tensor, Any]]) -> None:
-        self._tensors, self._items, self._scalars, self._flats = tensors, items, scalars, flats
+        #: each item's host shape (a list's: its stack's) and dtype
+        self._layout, self._scalars, self._flats = layout, scalars, flats
         self._out: list[Any] | None = None
 
     def result(self) -> list[Any]:
@@ -186,8 +188,8 @@ class HostRead:
 
         if self._out is not None:
             return self._out
-        items, scalars = self._items, self._scalars
-        out: list[Any] = [None] * len(items)
+        layout, scalars = self._layout, self._scalars
+        out: list[Any] = [None] * len(layout)
         for idx, flat, done in self._flats:
             if done is not None:
                 done.synchronize()
@@ -198,11 +200,10 @@ class HostRead:
                         out[i] = v
                 rest = idx[len(head):]
                 if rest:
-                    sizes = [len(items[i]) * items[i][0].numel() for i in rest]
+                    sizes = [math.prod(layout[i][0]) for i in rest]
                     for i, part in zip(rest, flat[len(head):].split(sizes)):
-                        first = items[i][0]
-                        shape = first.shape if isinstance(self._tensors[i], torch.Tensor) else (len(items[i]), *first.shape)
-                        out[i] = part.view(shape).to(first.dtype)
+                        shape, dtype = layout[i]
+                        out[i] = part.view(shape).to(dtype)
         self._flats, self._out = [], out
         return out
 
@@ -239,4 +240,6 @@ def start_read(tensors: list[torch.Tensor | list[torch.Tensor]], scalars: int = 
                 pieces = [torch.empty(0, dtype=torch.float64, device=parts[0].device)]
                 flat = torch.cat(pieces + [t.reshape(-1) for t in parts]).to("cpu", copy=True)
         flats.append((idx, flat, done))
-    return HostRead(tensors, items, scalars, flats)
+    layout = [(tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else ((len(t), *t[0].shape), t[0].dtype)
+              for t in tensors]
+    return HostRead(layout, scalars, flats)
