@@ -9,6 +9,7 @@ iteration's time: the profiler slows the host, so its own wall clock would under
 
     python bench/bench_capture.py                         # CartPole at 16 and 4096 envs
     python bench/bench_capture.py --jobs all --json capture.json
+    python bench/bench_capture.py --jobs tag110_tf32 --envs 100 --modes graph   # TF32 products
 
 On the CPU the capture is the host tape, a check rather than a speed-up (its replay re-dispatches
 every op from Python): the figures there say what the check costs, not what a GPU gains.
@@ -50,6 +51,9 @@ JOBS = {
                                            *[f"env.kwargs.{k}={str(v).lower() if isinstance(v, bool) else v}"
                                              for k, v in TAG_RULES.items()]]),
 }
+# the same with float32 matrix products on TensorFloat32 tensor cores (the user's opt-in
+# train.float32_matmul_precision=high; WarpDrive's trainer runs them in float32)
+JOBS["tag110_tf32"] = (JOBS["tag110"][0], [*JOBS["tag110"][1], "train.float32_matmul_precision=high"])
 
 
 def _sync() -> None:
@@ -96,6 +100,8 @@ def measure(config: str, over: list[str], mode: str, iterations: int) -> dict:
     """
     cfg = load_config(ROOT / config, [*over, f"distribution_policy.capture.main={mode}"])
     job = Job(build_job_spec(cfg))
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(cfg.train.float32_matmul_precision)  # as msrl train sets it
     try:
         job.reset()
         for _ in range(capture.WARMUP + 2):  # warm-up, probe, capture (eager: the same iterations)
@@ -118,6 +124,7 @@ def measure(config: str, over: list[str], mode: str, iterations: int) -> dict:
             row["gpu_busy_pct_of_iteration"] = round(100 * row["gpu_busy_ms"] / (per * 1e3), 1)
         return row
     finally:
+        torch.set_float32_matmul_precision(precision)
         job.close()
 
 
@@ -126,6 +133,7 @@ def main() -> None:
     p.add_argument("--jobs", default="cartpole", help=f"comma-separated of {', '.join(JOBS)}, or all")
     p.add_argument("--envs", default="16,4096", help="batch sizes (env.num_envs), comma-separated")
     p.add_argument("--iterations", type=int, default=20)
+    p.add_argument("--modes", default="eager,graph", help="capture modes to time, comma-separated (eager, graph)")
     p.add_argument("--json", help="also write the rows here")
     p.add_argument("--profiles", help="on CUDA, write each row's torch.profiler table (top 25 ops by host time) here")
     args = p.parse_args()
@@ -138,7 +146,7 @@ def main() -> None:
     for name in names:
         config, over = JOBS[name]
         for n in [int(x) for x in args.envs.split(",")]:
-            for mode in ("eager", "graph"):
+            for mode in args.modes.split(","):
                 row = measure(config, [*over, f"env.num_envs={n}"], mode, args.iterations)
                 row["job"] = name
                 rows.append(row)

@@ -350,6 +350,7 @@ class ReplicaActor:
         from msrl.runtime.replica import Replica
 
         self.spec = cloudpickle.loads(spec_bytes)
+        torch.set_float32_matmul_precision(self.spec.float32_matmul_precision)  # train.float32_matmul_precision
         self.fragment_graph = cloudpickle.loads(fragment_graph_bytes)
         self.fragment, self.index = fragment, replica
         self.replica = Replica(self.spec, self.fragment_graph, fragment, replica)

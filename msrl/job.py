@@ -133,6 +133,9 @@ class JobSpec:
         env_engine: how gymnasium envs step (``msrl.envs.ENGINES``); ``env_kwargs``: for
         ``gymnasium.make``; ``env_wrappers``: msrl's named wrappers; ``env_num_workers``: the
         process engine's workers per env replica (None: one per CPU).
+        float32_matmul_precision: the internal precision of float32 matrix products on a CUDA
+        device in every process that runs the job's fragments (``highest``, ``high``, ``medium``:
+        ``torch.set_float32_matmul_precision``).
         policy: the distribution policy, overrides applied.
         seed: base seed; ``total_env_steps``: training budget in env steps.
     """
@@ -148,6 +151,7 @@ class JobSpec:
     env_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     env_wrappers: tuple[str, ...] = ()
     env_num_workers: int | None = None
+    float32_matmul_precision: str = "highest"
 
     @property
     def env_steps_per_iteration(self) -> int:

@@ -142,10 +142,13 @@ def _train_once(cfg: RunConfig, resume: str | pathlib.Path | None, restarted: bo
     spec: JobSpec = build_job_spec(cfg)
     state = None
     locks: list[RunLock] = []
+    # the caller's own precision comes back after the run (msrl.train in a user's process)
+    precision = torch.get_float32_matmul_precision()
     try:
         if resume is not None:
             state = _open_resumed(cfg, spec, pathlib.Path(resume), locks)
         torch.set_num_threads(cfg.train.torch_threads)
+        torch.set_float32_matmul_precision(spec.float32_matmul_precision)  # this process's fragments (a Ray replica sets its own)
         job = make_job(spec, cfg, restarted)
         per, total = spec.env_steps_per_iteration, cfg.train.total_env_steps
         if total % per and not restarted:  # (said once the job is built: an input error comes alone)
@@ -168,6 +171,7 @@ def _train_once(cfg: RunConfig, resume: str | pathlib.Path | None, restarted: bo
                 raise ClusterLost(where, why) from e
             raise
     finally:
+        torch.set_float32_matmul_precision(precision)
         for lock in locks:
             lock.release()
 

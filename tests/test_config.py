@@ -32,7 +32,10 @@ def test_overrides_are_applied_and_typed():
 @pytest.mark.parametrize(
     "overrides,message",
     [
-        (["train.total_env_step=5"], "unknown key 'train.total_env_step'; valid keys at train: total_env_steps, checkpoint_every, eval_every, stop_at_return, torch_threads, progress"),
+        (["train.total_env_step=5"], "unknown key 'train.total_env_step'; valid keys at train: total_env_steps, checkpoint_every, eval_every, stop_at_return, torch_threads, "
+                                          "float32_matmul_precision, progress"),
+        (["train.float32_matmul_precision=tf32"],
+         "train.float32_matmul_precision: Input should be 'highest', 'high' or 'medium'"),
         (["bogus=1"], "unknown key 'bogus'; valid keys at top level: name, seed, runs_dir, algorithm, env, distribution_policy, train, eval"),
         (["algorithm.hparams.lr=0.1"], "unknown key 'algorithm.hparams.lr'; valid keys at algorithm.hparams (ppo): num_steps, learning_rate"),
         (["env.id=CartPole-v9"], "unknown env id 'CartPole-v9'. Did you mean 'CartPole-v1', 'CartPole-v0'"),

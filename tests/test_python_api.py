@@ -46,3 +46,58 @@ def test_bad_input_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="not a run directory"):
         msrl.load(tmp_path)
     assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_the_run_sets_its_matmul_precision_and_gives_the_callers_back(tmp_path, monkeypatch):
+    """``train.float32_matmul_precision`` holds in the process running the fragments for the
+    whole run, and the caller's own setting comes back afterwards (also when the run fails)."""
+    import torch
+
+    from msrl.loop import TrainingLoop
+
+    seen, fail = [], []
+    chunk = TrainingLoop._chunk
+
+    def spy(self, n):
+        seen.append(torch.get_float32_matmul_precision())
+        if fail:
+            raise RuntimeError("a chunk failed")
+        return chunk(self, n)
+
+    monkeypatch.setattr(TrainingLoop, "_chunk", spy)
+    before = torch.get_float32_matmul_precision()
+    assert before == "highest"  # torch's default: the config's default keeps it
+    msrl.train(MAIN, runs_dir=str(tmp_path), train__total_env_steps=1024, train__progress=False,
+               train__float32_matmul_precision="high", **{"eval.episodes": 1})
+    assert seen and set(seen) == {"high"}
+    assert torch.get_float32_matmul_precision() == before
+    seen.clear()
+    msrl.train(MAIN, runs_dir=str(tmp_path), train__total_env_steps=512, train__progress=False, **{"eval.episodes": 1})
+    assert set(seen) == {"highest"}
+    fail.append(True)
+    with pytest.raises(RuntimeError, match="a chunk failed"):
+        msrl.train(MAIN, runs_dir=str(tmp_path), train__total_env_steps=512, train__progress=False,
+                   train__float32_matmul_precision="medium")
+    assert seen[-1] == "medium" and torch.get_float32_matmul_precision() == before
+    with pytest.raises(ConfigError, match="train.float32_matmul_precision: Input should be 'highest', 'high' or 'medium'"):
+        msrl.train(MAIN, runs_dir=str(tmp_path), train__float32_matmul_precision="tf32")
+
+
+def test_a_replica_process_takes_the_jobs_matmul_precision():
+    """A Ray replica (:class:`ReplicaActor`, built here in-process as Ray builds it in its own)
+    sets the job's precision in its process."""
+    import cloudpickle
+    import torch
+
+    from msrl.cluster.ray_runtime import ReplicaActor
+    from msrl.config import build_job_spec, load_config
+    from msrl.job import compile_job
+
+    spec = build_job_spec(load_config(MAIN, ["train.float32_matmul_precision=medium",
+                                             "distribution_policy.name=single_learner_coarse"]))
+    compiled = compile_job(spec)
+    try:
+        ReplicaActor(None, cloudpickle.dumps(spec), cloudpickle.dumps(compiled.fragment_graph), "learner", 0, 1)
+        assert torch.get_float32_matmul_precision() == "medium"
+    finally:
+        torch.set_float32_matmul_precision("highest")
