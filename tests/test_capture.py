@@ -397,8 +397,26 @@ def test_packed_reads_exactly_and_captures_once_per_layout(monkeypatch):
         other = [torch.arange(n, dtype=torch.float32, device=DEVICE)]
         assert torch.equal(capture.packed(other), torch.arange(n, dtype=torch.float64, device=DEVICE))
     assert len(capture._packs) == 3
+    assert len(capture._pack_ids) <= 3  # the objects' notes go with their dropped layouts
     with pytest.raises(ValueError, match="one device"):
         capture.packed([])
+
+
+def test_packed_matches_the_same_objects_by_address_and_sees_a_moved_tensor(monkeypatch):
+    """The same tensor objects again are a hit by identity (no layout walk); one of them given
+    new memory in place (``set_``) misses and is read from its new memory."""
+    monkeypatch.setattr(capture, "_packs", type(capture._packs)())
+    monkeypatch.setattr(capture, "_pack_ids", {})
+    tensors = [torch.arange(3.0, device=DEVICE), torch.arange(4, device=DEVICE)]
+    first = capture.packed(tensors)
+    walks = []
+    with monkeypatch.context() as m:
+        m.setattr(torch.Tensor, "stride", lambda self, *a: walks.append(1) or torch.Tensor.size(self, *a))
+        assert capture.packed(tensors) is first and walks == []  # matched by identity, no layout walk
+    tensors[1].set_(torch.full((4,), 7, device=DEVICE))  # the same object, other memory
+    moved = capture.packed(tensors)
+    assert torch.equal(moved, torch.tensor([0.0, 1.0, 2.0, 7, 7, 7, 7], dtype=torch.float64, device=DEVICE))
+    assert len(capture._packs) == 2
 
 
 def test_a_replayed_iteration_reads_its_results_through_one_captured_pack(monkeypatch):
@@ -458,3 +476,37 @@ def test_a_chunk_of_replays_reads_each_iteration_after_launching_the_next():
         _same_state(graph, eager)
     finally:
         graph.close(), eager.close()
+
+
+def test_a_replay_is_known_beforehand_and_runs_without_the_generator_watch(monkeypatch):
+    """``replays_next`` says whether the next call replays (after the capture; not after
+    another program ran, nor when a state attribute no longer fits its buffer); the runtime
+    watches the global generators around every iteration that runs Python, and skips the watch
+    around a replay, which runs none."""
+    from msrl.runtime import generators
+
+    watched = []
+    real = generators.Baton.watch
+    monkeypatch.setattr(generators.Baton, "watch", lambda self: watched.append(1) or real(self))
+    job = Job(build_job_spec(load_config(GPU_ONLY, [*SMALL, "distribution_policy.capture.main=graph"])))
+    try:
+        job.reset()
+        rep = _replica(job)
+        program = rep.programs["train_step"].fn
+        seen = []
+        for _ in range(WARMUP + 2):  # warm-up, probe, capture: Python runs, watched
+            seen.append(program.replays_next(rep.trainer))
+            job.runtime.run("train_step")
+        assert seen == [False] * (WARMUP + 2) and len(watched) == WARMUP + 3  # (+ the reset)
+        assert program.replays_next(rep.trainer)
+        job.runtime.run("train_step", 3)  # replays: no watch
+        assert len(watched) == WARMUP + 3 and program.replays_next(rep.trainer)
+        obs = rep.trainer.obs
+        rep.trainer.obs = obs[:4].clone()  # a state attribute that no longer fits: warm-up again
+        assert not program.replays_next(rep.trainer)
+        rep.trainer.obs = obs
+        assert program.replays_next(rep.trainer)
+        job.runtime.run("reset")  # another program ran: its next call warms up again
+        assert not program.replays_next(rep.trainer)
+    finally:
+        job.close()

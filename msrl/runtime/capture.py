@@ -410,6 +410,8 @@ def replayed(trainer: Any) -> bool:
 #: captured packs kept (:func:`packed`), least recently used dropped first
 MAX_PACKS = 8
 _packs: "collections.OrderedDict[tuple, tuple[Any, torch.Tensor]]" = collections.OrderedDict()
+#: tensor objects' ids -> (their layout's key in _packs, the tensors, their addresses)
+_pack_ids: dict[tuple[int, ...], tuple[tuple, list[torch.Tensor], list[int]]] = {}
 
 
 def packed(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -420,7 +422,11 @@ def packed(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     captures it (a CUDA graph on a GPU, a :class:`Tape` on the CPU); later calls with the same
     layout replay it: on a GPU one graph launch in place of a ``cat`` (one kernel per dtype
     group, and copies) per read. A replay reads whatever the addresses hold now, which is what
-    the layout names, so a hit is exact. :data:`MAX_PACKS` layouts are kept.
+    the layout names, so a hit is exact. :data:`MAX_PACKS` layouts are kept. A call with the
+    very tensor objects of a kept layout (a replayed iteration's outputs, every iteration) is
+    matched by their identities and addresses (~7 us for 42 tensors, not ~60 us for the whole
+    layout): the same objects at the same addresses are taken to keep their shapes and strides
+    (nothing changes a captured output's shape in place; a replay would write the old one).
 
     Returns:
         ``(sum of numels,)`` float64 on the tensors' device, overwritten by the next call with
@@ -432,12 +438,22 @@ def packed(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     if not tensors or len({t.device for t in tensors}) != 1:
         raise ValueError(f"packed needs tensors on one device, got {len(tensors)} on "
                          f"{sorted({str(t.device) for t in tensors})}")
+    ids = tuple(map(id, tensors))
+    with _lock:
+        known = _pack_ids.get(ids)
+        hit = _packs.get(known[0]) if known is not None and [t.data_ptr() for t in tensors] == known[2] else None
+        if hit is not None:
+            _packs.move_to_end(known[0])
+    if hit is not None:
+        hit[0].replay()
+        return hit[1]
     dev = tensors[0].device
     key = (dev, tuple((t.data_ptr(), tuple(t.shape), t.stride(), t.dtype) for t in tensors))
     with _lock:
         hit = _packs.get(key)
         if hit is not None:
             _packs.move_to_end(key)
+            _remember_ids(ids, key, tensors)
     if hit is not None:
         hit[0].replay()
         return hit[1]
@@ -457,7 +473,16 @@ def packed(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
         _packs[key] = (graph, flat)
         while len(_packs) > MAX_PACKS:
             _packs.popitem(last=False)
+        _remember_ids(ids, key, tensors)
     return flat
+
+
+def _remember_ids(ids: tuple[int, ...], key: tuple, tensors: Sequence[torch.Tensor]) -> None:
+    """Notes that the tensor objects ``ids`` have layout ``key`` (held, so no other object gets
+    their ids while noted; entries whose layout was dropped go too). Under ``_lock``."""
+    _pack_ids[ids] = (key, list(tensors), [t.data_ptr() for t in tensors])
+    for old in [i for i, (k, _, _) in _pack_ids.items() if k not in _packs]:
+        del _pack_ids[old]
 
 
 def invalidate(trainer: Any) -> None:
@@ -558,6 +583,24 @@ class CapturedProgram:
     def status(self) -> str:
         """``graph`` (captured and replayed, or still warming up), or ``eager: <reason>``."""
         return "graph" if self.reason is None else f"eager: {self.reason}"
+
+    def replays_next(self, trainer: Any) -> bool:
+        """Whether the next call on ``trainer`` is a replay (captured, nothing run in between,
+        the state attributes still fit their buffers): no Python of the program runs then, so
+        it cannot draw from the global generators (the runtime's watch over them is skipped:
+        :meth:`msrl.runtime.replica.Replica.run_method`). Changes nothing."""
+        if self.reason is not None:
+            return False
+        caps = _registry.get(trainer)
+        cap = caps.get(id(self)) if caps is not None and len(caps) == 1 else None
+        if cap is None or cap.graph is None:
+            return False
+        for a, buf in cap.statics.items():
+            v = getattr(trainer, a, None)
+            if v is not buf and (not isinstance(v, torch.Tensor) or v.shape != buf.shape or v.dtype != buf.dtype
+                                 or v.device != buf.device):
+                return False
+        return True
 
     def __call__(self, trainer: Any, comm: Any) -> Any:
         _replaying.pop(trainer, None)
@@ -781,6 +824,8 @@ def _restore(trainer: Any, saved: dict[str, Any]) -> None:
 def _fresh(out: Any) -> Any:
     """The program's output as the caller gets it: containers copied (the caller may change
     them), tensors as captured (a replay overwrites them: read before the next iteration)."""
+    if isinstance(out, dict) and not any(isinstance(v, (dict, list, tuple)) for v in out.values()):
+        return dict(out)  # the common output, a flat dict of metrics, without a tree walk (~30 us)
     return tree_map(lambda v: v, out)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+import numpy as np
 import torch
 import torch.utils._pytree as pytree
 from tensordict import TensorDictBase
@@ -193,19 +194,34 @@ class HostRead:
         for idx, flat, done in self._flats:
             if done is not None:
                 done.synchronize()
-            with host_side(), torch.no_grad():
-                head = [i for i in idx if i < scalars]
-                if head:
-                    for i, v in zip(head, flat[:len(head)].tolist()):
-                        out[i] = v
-                rest = idx[len(head):]
-                if rest:
-                    sizes = [math.prod(layout[i][0]) for i in rest]
-                    for i, part in zip(rest, flat[len(head):].split(sizes)):
-                        shape, dtype = layout[i]
-                        out[i] = part.view(shape).to(dtype)
+            # the host copy unpacked with NumPy (~1 us an op; torch's slicing and casts ~5-10 us
+            # each: half the host's work of a replayed GPU iteration); every value is exact in
+            # float64, so each cast back is exact (bfloat16, which NumPy lacks, is cast by torch)
+            with host_side():
+                arr = flat.numpy()
+            head = [i for i in idx if i < scalars]
+            if head:
+                for i, v in zip(head, arr[:len(head)].tolist()):
+                    out[i] = v
+            at = len(head)
+            for i in idx[len(head):]:
+                shape, dtype = layout[i]
+                size = math.prod(shape)
+                part = arr[at:at + size].reshape(shape)
+                at += size
+                np_dtype = _NUMPY_DTYPES.get(dtype)
+                if np_dtype is None:
+                    out[i] = torch.from_numpy(part).to(dtype)
+                else:
+                    out[i] = torch.from_numpy(part if np_dtype == np.float64 else part.astype(np_dtype))
         self._flats, self._out = [], out
         return out
+
+
+#: torch dtypes NumPy holds exactly (the others are cast back by torch)
+_NUMPY_DTYPES = {torch.float64: np.float64, torch.float32: np.float32, torch.float16: np.float16,
+                 torch.int64: np.int64, torch.int32: np.int32, torch.int16: np.int16, torch.int8: np.int8,
+                 torch.uint8: np.uint8, torch.bool: np.bool_}
 
 
 def start_read(tensors: list[torch.Tensor | list[torch.Tensor]], scalars: int = 0, static: bool = False) -> HostRead:

@@ -174,10 +174,10 @@ class NativeEnv(Environment):
         self._finished = []
 
         def build(host: list[torch.Tensor]) -> EpisodeStats:
-            rets, lens = host
-            with host_side():
-                mask = lens >= 0
-                return EpisodeStats(rets[mask].tolist(), lens[mask].tolist())
+            with host_side():  # host copies: NumPy's ops cost ~1 us, torch's ~10
+                rets, lens = host[0].numpy(), host[1].numpy()
+            mask = lens >= 0
+            return EpisodeStats(rets[mask].tolist(), lens[mask].tolist())
 
         return tensors, build
 
