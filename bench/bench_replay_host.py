@@ -4,8 +4,8 @@ replay itself removed, measured on any machine.
 On a GPU a captured iteration is one graph launch; everything else the host does per iteration
 (the runtime's call into the program, reading the iteration's results back, the loop's metrics
 row) runs while the GPU works, and once it takes longer than the GPU's kernels the GPU waits
-for the host. This runs the README's GPU job captured (``capture.main=graph``; on the CPU a
-host tape) with the tape's and the read pack's replays made no-ops, so what is timed is msrl's
+for the host. This runs the README's GPU job captured on the CPU (``devices.main=cpu``,
+``capture.main=graph``: a host tape, on any machine) with the tape's and the read pack's replays made no-ops, so what is timed is msrl's
 host work only, per iteration, in microseconds:
 
 * ``job.run``: the runtime's iterations (the program call, starting and finishing each read);
@@ -66,7 +66,8 @@ def measure(iterations: int) -> dict:
         with tempfile.TemporaryDirectory() as runs:
             msrl.train(ROOT / "configs/ppo_cartpole_gpu_only.yaml", runs_dir=runs, train__progress=False,
                        train__total_env_steps=256 * iterations, train__eval_every=0, train__checkpoint_every=10**9,
-                       **{"distribution_policy.capture.main": "graph", "eval.episodes": 1})
+                       **{"distribution_policy.capture.main": "graph", "distribution_policy.devices.main": "cpu",
+                          "eval.episodes": 1})
     finally:
         loop.TrainingLoop._chunk, capture.Tape.replay = real_chunk, replay
     n = sum(c[0] for c in chunks)

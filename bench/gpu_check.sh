@@ -87,6 +87,8 @@ part gpu_only_job 240 msrl train configs/ppo_cartpole_gpu_only.yaml "runs_dir=$T
 # each iteration's training time (time_s): where a run's seconds go beyond its steady iterations
 cp "$T/runs/ppo_cartpole_gpu_only/metrics.csv" "$OUT/gpu_only_job_metrics.csv" 2>/dev/null
 part gpu_only_job_time 60 $py -P bench/time_breakdown.py "$T/runs/ppo_cartpole_gpu_only" --json "$OUT/gpu_only_job_time.json"
+# this host's own work per replayed iteration (the replay excluded): against the GPU's per-iteration time
+part replay_host 90 $py -P bench/bench_replay_host.py --iterations 1000 --repeats 1
 if [ "$GPU" = 1 ]; then  # Tag in the shape of the WarpDrive figure; the GPU job op by op (what the capture gains end to end)
   part capture_bench_tag 150 $py -P bench/bench_capture.py --jobs tag110 --envs 100 --iterations 3 --json "$OUT/capture_tag.json" --profiles "$OUT/profiles_tag.txt"
   # the same captured with TF32 matrix products (train.float32_matmul_precision=high, an opt-in)
