@@ -46,7 +46,8 @@ setup(
         # stable-baselines3: tests/test_a2c_vs_sb3.py checks msrl's A2C update against SB3's
         # envpool: env.engine=envpool is tested (tests/test_config.py, the engine tests)
         # hypothesis: the codec's and the gRPC transport's fuzz tests
-        "test": ["pytest>=7", "ruff==0.17.6", "stable-baselines3>=2.3", "cupy-cuda12x>=13",
+        # pytest-xdist: the suite runs in two worker processes (pytest.ini)
+        "test": ["pytest>=7", "pytest-xdist>=3.5", "ruff==0.17.6", "stable-baselines3>=2.3", "cupy-cuda12x>=13",
                  "gymnasium[mujoco]>=1.1", "mjbatch>=0.1.4", "ale-py>=0.9",
                  "opencv-python-headless>=4.8", "pettingzoo>=1.24", "mpe2>=0.0.1",
                  "envpool>=1.0", "hypothesis>=6.100"],

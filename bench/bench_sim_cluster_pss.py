@@ -30,7 +30,7 @@ def main() -> None:
     args = p.parse_args()
     root = pathlib.Path(__file__).resolve().parents[1]
     env = dict(os.environ, MSRL_SIM_CLUSTER=args.cluster)
-    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-m", "slow", "tests/test_ray_cluster.py"], cwd=root,
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-n", "0", "-m", "slow", "tests/test_ray_cluster.py"], cwd=root,
                             env=env)
     peak, at_peak = 0, []
     t0 = time.monotonic()

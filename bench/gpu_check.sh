@@ -62,7 +62,9 @@ part() {  # part NAME SECONDS COMMAND...
 together() {  # together NAME SECONDS COMMAND... (started now, waited for by `wait`)
   part "$@" >/dev/null &
 }
-PYTEST=($py -P -m pytest -q -p no:cacheprovider -o faulthandler_timeout=100)
+# the repository's pytest.ini options but its worker processes (pytest-xdist is not among the
+# wheels; the parts below already run side by side)
+PYTEST=($py -P -m pytest -q -o addopts= -m "not slow" -p no:cacheprovider -o faulthandler_timeout=100)
 if $py -c "import pytest_timeout" 2>/dev/null; then PYTEST+=(--timeout=150); fi  # a hung test fails alone
 
 # -P: the checkout's own msrl/ folder must not shadow the installed package
