@@ -152,11 +152,15 @@ class TrainingLoop:
         except (FragmentError, FloatingPointError) as e:
             raise self._stopped(e, it, n, steps_before) from e
         chunk_dt = time.perf_counter() - t0
+        for rec in records:
+            p.recent.extend(rec["episodes"].returns)
         if self.bar is not None:
+            # the speed and return so far set before the update draws: every frame after the
+            # first shows them, whether or not this update redraws (tqdm's mininterval)
+            self._postfix(job.env_steps / max(p.time_s + chunk_dt, 1e-9))
             self.bar.update(self.E * n)  # before an evaluation, so "evaluating" shows the steps it evaluates at
         eval_dt = 0.0
         for i, rec in enumerate(records):
-            p.recent.extend(rec["episodes"].returns)
             p.faults["lost_episodes"] += rec["episodes"].lost
             row = iteration_row(rec, it + i + 1, p.time_s + chunk_dt * (i + 1) / n, self.E,
                                 p.faults if job.restarts_replicas else None,
@@ -168,15 +172,20 @@ class TrainingLoop:
         self.metrics.flush()
         p.time_s += time.perf_counter() - t0 - eval_dt  # training time: the whole chunk, evaluation excluded
         if self.bar is not None:
-            ret = sum(p.recent) / len(p.recent) if p.recent else float("nan")
-            self.bar.set_postfix({"steps/s": f"{job.env_steps / max(p.time_s, 1e-9):.0f}", "return": f"{ret:.1f}"},
-                                 refresh=False)  # the next update() draws it
+            self._postfix(job.env_steps / max(p.time_s, 1e-9))  # the next update() draws it
         if (job.iteration % self.cfg.train.checkpoint_every == 0 or p.threshold[0] is not None
                 or job.iteration == self.spec.num_iterations):
             ckpt_t0 = time.perf_counter()
             self.checkpoint()
             p.time_s += time.perf_counter() - ckpt_t0
         return chunk_dt / n
+
+    def _postfix(self, steps_per_s: float) -> None:
+        """Sets the bar's one speed (training env steps per second of training time) and the
+        mean return of the recent episodes, without drawing."""
+        recent = self.progress.recent
+        ret = sum(recent) / len(recent) if recent else float("nan")
+        self.bar.set_postfix({"steps/s": f"{steps_per_s:.0f}", "return": f"{ret:.1f}"}, refresh=False)
 
     def _evaluate_if_due(self, row: dict[str, Any], chunk_t0: float) -> float:
         """Evaluates when the env steps passed the next ``train.eval_every`` mark, writing

@@ -390,7 +390,17 @@ def test_two_processes_on_one_run_directory(tmp_path, capsys):
     assert main(["train", "--resume", str(run), "train.total_env_steps=10240", "train.progress=false"]) == 0
 
 
-def test_progress_bar_shows_one_speed_an_evaluating_state_and_the_run_directory(tmp_path, capsys):
+def test_progress_bar_shows_one_speed_an_evaluating_state_and_the_run_directory(tmp_path, capsys, monkeypatch):
+    from msrl.loop import TrainingLoop
+
+    make_bar = TrainingLoop._progress_bar
+
+    def every_update_draws(self):  # as on a slow machine, where tqdm's 0.1 s between draws has passed
+        bar = make_bar(self)
+        bar.mininterval = 0
+        return bar
+
+    monkeypatch.setattr(TrainingLoop, "_progress_bar", every_update_draws)
     over = [f"runs_dir={tmp_path}", "name=p", "train.total_env_steps=3072", "train.eval_every=1024", "eval.episodes=2"]
     assert main(["train", str(MAIN), *over]) == 0
     err = capsys.readouterr().err
