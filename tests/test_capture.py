@@ -377,6 +377,7 @@ def test_packed_reads_exactly_and_captures_once_per_layout(monkeypatch):
     replays the same capture and sees their new values, a new layout is a new capture, at most
     ``MAX_PACKS`` are kept; no tensors is an error."""
     monkeypatch.setattr(capture, "_packs", type(capture._packs)())
+    monkeypatch.setattr(capture, "_pack_ids", {})
     monkeypatch.setattr(capture, "MAX_PACKS", 3)
     g = torch.Generator().manual_seed(0)
     tensors = [torch.randn((), generator=g).to(DEVICE), torch.randn(4, generator=g, dtype=torch.float64).to(DEVICE),

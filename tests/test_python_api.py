@@ -96,8 +96,11 @@ def test_a_replica_process_takes_the_jobs_matmul_precision():
     spec = build_job_spec(load_config(MAIN, ["train.float32_matmul_precision=medium",
                                              "distribution_policy.name=single_learner_coarse"]))
     compiled = compile_job(spec)
+    actor = None
     try:
-        ReplicaActor(None, cloudpickle.dumps(spec), cloudpickle.dumps(compiled.fragment_graph), "learner", 0, 1)
+        actor = ReplicaActor(None, cloudpickle.dumps(spec), cloudpickle.dumps(compiled.fragment_graph), "learner", 0, 1)
         assert torch.get_float32_matmul_precision() == "medium"
     finally:
         torch.set_float32_matmul_precision("highest")
+        if actor is not None:
+            actor.close()

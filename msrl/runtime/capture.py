@@ -479,10 +479,12 @@ def packed(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
 
 def _remember_ids(ids: tuple[int, ...], key: tuple, tensors: Sequence[torch.Tensor]) -> None:
     """Notes that the tensor objects ``ids`` have layout ``key`` (held, so no other object gets
-    their ids while noted; entries whose layout was dropped go too). Under ``_lock``."""
-    _pack_ids[ids] = (key, list(tensors), [t.data_ptr() for t in tensors])
-    for old in [i for i, (k, _, _) in _pack_ids.items() if k not in _packs]:
+    their ids while noted): one note per kept layout, the latest objects' (a caller passing new
+    view objects of the same memory each call replaces it), notes of dropped layouts gone.
+    Under ``_lock``."""
+    for old in [i for i, (k, _, _) in _pack_ids.items() if k == key or k not in _packs]:
         del _pack_ids[old]
+    _pack_ids[ids] = (key, list(tensors), [t.data_ptr() for t in tensors])
 
 
 def invalidate(trainer: Any) -> None:
