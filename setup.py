@@ -37,6 +37,7 @@ setup(
         "tqdm>=4.60",
         "grpcio>=1.60",  # asynchronous boundaries between processes (cluster/grpc_transport.py)
         "tensorboard>=2.14",
+        "google-crc32c>=1.5",  # TensorBoard's event checksums in C (msrl.metrics.use_native_crc32c)
         "matplotlib>=3.7",
         "ray[default]>=2.40",  # [default]: the Jobs client of msrl launch
     ],

@@ -89,6 +89,12 @@ part gpu_only_job 240 msrl train configs/ppo_cartpole_gpu_only.yaml "runs_dir=$T
 # each iteration's training time (time_s): where a run's seconds go beyond its steady iterations
 cp "$T/runs/ppo_cartpole_gpu_only/metrics.csv" "$OUT/gpu_only_job_metrics.csv" 2>/dev/null
 part gpu_only_job_time 60 $py -P bench/time_breakdown.py "$T/runs/ppo_cartpole_gpu_only" --json "$OUT/gpu_only_job_time.json"
+if [ "$GPU" = 1 ]; then  # the same job under cProfile: which functions its start-up and its loop spend the seconds in
+  part gpu_only_job_profile 120 $py -P -m cProfile -o "$OUT/gpu_only_job.prof" "$T/msrl/bin/msrl" train \
+    configs/ppo_cartpole_gpu_only.yaml "runs_dir=$T/runs_profiled" train.progress=false
+  part gpu_only_job_profile_top 30 $py -P -c "import pstats, sys; s = pstats.Stats(sys.argv[1]); \
+s.sort_stats('cumulative').print_stats(90); s.sort_stats('tottime').print_stats(40)" "$OUT/gpu_only_job.prof"
+fi
 # this host's own work per replayed iteration (the replay excluded): against the GPU's per-iteration time
 part replay_host 90 $py -P bench/bench_replay_host.py --iterations 1000 --repeats 1
 if [ "$GPU" = 1 ]; then  # Tag in the shape of the WarpDrive figure; the GPU job op by op (what the capture gains end to end)

@@ -260,6 +260,37 @@ def test_tensorboard_holds_every_metrics_row(tmp_path):
         assert [e.value for e in events] == pytest.approx([float(row[tag]) for row in rows], rel=1e-6)
 
 
+def test_tensorboard_checksums_in_c_are_tensorboards_own(tmp_path):
+    """The event records' checksums made by google-crc32c equal TensorBoard's pure-Python ones,
+    and a run's event file written with them reads back through TensorBoard's reader, which
+    checks every record's checksums."""
+    import os
+
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import PyRecordReader_New, masked_crc32c
+    from tensorboard.summary.writer import record_writer
+
+    from msrl.metrics import MetricsWriter, _masked_crc32c, use_native_crc32c
+
+    for n in (0, 1, 3, 8, 300, 4097):
+        data = os.urandom(n)
+        assert _masked_crc32c(data) == masked_crc32c(data)
+    assert use_native_crc32c() and record_writer.masked_crc32c is _masked_crc32c
+    m = MetricsWriter(tmp_path, None)
+    for i in range(1, 40):
+        m.log({"iteration": i, "env_steps": 16 * i, "time_s": 0.1 * i, "losses/value_loss": 1.0 / i})
+    m.close()
+    (events,) = (tmp_path / "tb").glob("events.out.tfevents.*")
+    reader, records = PyRecordReader_New(str(events)), 0
+    while True:
+        try:
+            reader.GetNext()  # raises DataLossError on a checksum that does not match
+        except Exception as e:  # noqa: BLE001 - the stub reader signals the end as OutOfRangeError
+            assert type(e).__name__ == "OutOfRangeError", e
+            break
+        records += 1
+    assert records == 40  # the file's version record and one per row
+
+
 def _snapshot(run_dir):
     """Every file of a run directory but its lock (which names the last process that held it)."""
     return {p.relative_to(run_dir): p.read_bytes() for p in sorted(pathlib.Path(run_dir).rglob("*"))

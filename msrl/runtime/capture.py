@@ -853,7 +853,11 @@ def _find(trainer: Any, kind: type) -> list[tuple[str, Any]]:
                 seen.add(id(obj))
                 found.append((path, obj))
             return
-        if depth > 6 or isinstance(obj, (torch.Tensor, *_SCALARS)) or id(obj) in seen:
+        # what host_state does not walk either: Python modules, classes and functions (a native
+        # env's GPU kernels hold the `cupy` module: walking its namespace visited ~160k objects,
+        # ~0.3 s of a GPU job's start), NumPy arrays, the tensors' contents
+        if depth > 6 or isinstance(obj, (torch.Tensor, np.ndarray, *_SCALARS, *_OPAQUE)) or id(obj) in seen \
+                or callable(obj) and not hasattr(obj, "__dict__"):
             return
         seen.add(id(obj))
         items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else \
