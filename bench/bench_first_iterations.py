@@ -77,6 +77,28 @@ def job_first_iterations(chunks: int = 4) -> None:
             print(s.getvalue())
         return out
 
+    # the capture's stages, timed apart (each after the GPU is drained)
+    from msrl.runtime import capture
+
+    stages: list[tuple[str, float]] = []
+    real_graph = torch.cuda.CUDAGraph
+
+    def timed(name, fn):
+        def run(*a, **k):
+            sync()
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                sync()
+                stages.append((name, time.perf_counter() - t0))
+        return run
+
+    real_init, real_capture = capture._CudaGraph.__init__, capture._CudaGraph.capture
+    capture._CudaGraph.__init__ = timed("_CudaGraph(): torch.cuda.CUDAGraph() and the generators registered", real_init)
+    capture._CudaGraph.capture = timed("_CudaGraph.capture: record, instantiate, the first replay", real_capture)
+    if cuda:
+        torch.cuda.CUDAGraph = timed("torch.cuda.CUDAGraph() alone", real_graph)
     loop.TrainingLoop._chunk = chunk
     try:
         with tempfile.TemporaryDirectory() as runs:
@@ -85,6 +107,11 @@ def job_first_iterations(chunks: int = 4) -> None:
                        **{"eval.episodes": 1})
     finally:
         loop.TrainingLoop._chunk = real_chunk
+        capture._CudaGraph.__init__, capture._CudaGraph.capture = real_init, real_capture
+        torch.cuda.CUDAGraph = real_graph
+    print("\n=== the capture's stages (ms)")
+    for name, dt in stages:
+        print(f"{name:70s} {dt * 1e3:8.1f}")
 
 
 _FLOOR = r"""
@@ -93,20 +120,20 @@ t = [time.perf_counter()]
 def mark(what):
     torch.cuda.synchronize(); now = time.perf_counter(); print(f"{what:58s} {1e3 * (now - t[0]):8.1f} ms"); t[0] = now
 x = torch.zeros(16, 4, device="cuda"); mark("CUDA context, first tensor")
-net = torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(),
-                          torch.nn.Linear(64, 3)).cuda(); mark("the network (4-64-64-3) on the GPU")
-y = net(x); mark("first forward (cuBLAS set-up)")
-y.square().mean().backward(); mark("first backward")
-opt = torch.optim.Adam(net.parameters(), lr=torch.tensor(2.5e-3, device="cuda"), fused=True, capturable=True)
-opt.step(); mark("first fused Adam step (its state made)")
-for _ in range(3):
-    opt.zero_grad(set_to_none=False); net(x).square().mean().backward(); opt.step()
-mark("three more eager iterations")
-side = torch.cuda.Stream(); side.wait_stream(torch.cuda.current_stream())
-with torch.cuda.stream(side):  # torch.cuda.graphs' recipe: warm up on a side stream first
+side = torch.cuda.Stream()
+side.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(side):  # torch.cuda.graphs' recipe: every eager iteration before a capture on a side stream
+    net = torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(),
+                              torch.nn.Linear(64, 3)).cuda(); mark("the network (4-64-64-3) on the GPU")
+    y = net(x); mark("first forward (cuBLAS set-up)")
+    y.square().mean().backward(); mark("first backward")
+    opt = torch.optim.Adam(net.parameters(), lr=torch.tensor(2.5e-3, device="cuda"), fused=True, capturable=True)
+    mark("torch.optim.Adam(fused=True) (imports torch._dynamo)")
+    opt.step(); mark("first fused Adam step (its state made)")
     for _ in range(3):
         opt.zero_grad(set_to_none=False); net(x).square().mean().backward(); opt.step()
-torch.cuda.current_stream().wait_stream(side); mark("three eager iterations on a side stream")
+    mark("three more eager iterations")
+torch.cuda.current_stream().wait_stream(side)
 g = torch.cuda.CUDAGraph(); mark("torch.cuda.CUDAGraph()")
 with torch.cuda.graph(g, capture_error_mode="thread_local"):
     for _ in range(16):  # about the size of the job's iteration (16 steps' forwards, an update)

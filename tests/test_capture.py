@@ -264,6 +264,21 @@ def test_find_reaches_what_components_hold_and_not_module_namespaces():
     comp = trainer._components["learner"]
     assert capture._find(trainer, torch.optim.Optimizer) == [("learner.parts.0.opt", comp.parts[0]["opt"])]
     assert capture._find(trainer, torch.Generator) == [("learner.parts.1.gen", comp.parts[1].gen)]
+    # a dict keyed by tensors (as an optimiser's state is) is walked without formatting a key:
+    # on a GPU that reads the tensor back element by element
+    key, gen = torch.zeros(3), torch.Generator()
+    comp.parts.append({key: {"g": gen}})
+
+    def no_format(*a):
+        raise AssertionError("a tensor was formatted")
+
+    real = torch.Tensor.__format__
+    torch.Tensor.__format__ = no_format
+    try:
+        found = capture._find(trainer, torch.Generator)
+    finally:
+        torch.Tensor.__format__ = real
+    assert found[-1] == ("learner.parts.2[#0].g", gen)
 
 
 def test_msrl_graph_says_whether_the_iteration_is_captured(capsys):
