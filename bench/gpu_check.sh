@@ -19,7 +19,8 @@
 # capture tests (tests/test_capture.py: CUDA graphs on a GPU, the host tape on a CPU) and the
 # eager-against-captured table (bench/bench_capture.py); the README's GPU job
 # (configs/ppo_cartpole_gpu_only.yaml) trained to the end, captured (the default on CUDA) and, on
-# a GPU, eager; with FULL=1 also the
+# a GPU, eager, its time split into steady iterations and the rest, and its first iterations
+# profiled (bench/bench_first_iterations.py); with FULL=1 also the
 # heterogeneous run (PPO CartPole, coarse, learner on cuda:0) to the end; the host-sync guard
 # and each gpu_only job's ops per iteration (bench/bench_host_syncs.py). Without a GPU (no
 # nvidia-smi, or torch without CUDA) the same script runs what needs none: the host-sync guard,
@@ -89,11 +90,8 @@ part gpu_only_job 240 msrl train configs/ppo_cartpole_gpu_only.yaml "runs_dir=$T
 # each iteration's training time (time_s): where a run's seconds go beyond its steady iterations
 cp "$T/runs/ppo_cartpole_gpu_only/metrics.csv" "$OUT/gpu_only_job_metrics.csv" 2>/dev/null
 part gpu_only_job_time 60 $py -P bench/time_breakdown.py "$T/runs/ppo_cartpole_gpu_only" --json "$OUT/gpu_only_job_time.json"
-if [ "$GPU" = 1 ]; then  # the same job under cProfile: which functions its start-up and its loop spend the seconds in
-  part gpu_only_job_profile 120 $py -P -m cProfile -o "$OUT/gpu_only_job.prof" "$T/msrl/bin/msrl" train \
-    configs/ppo_cartpole_gpu_only.yaml "runs_dir=$T/runs_profiled" train.progress=false
-  part gpu_only_job_profile_top 30 $py -P -c "import pstats, sys; s = pstats.Stats(sys.argv[1]); \
-s.sort_stats('cumulative').print_stats(90); s.sort_stats('tottime').print_stats(40)" "$OUT/gpu_only_job.prof"
+if [ "$GPU" = 1 ]; then  # the first iterations (warm-up, probe, capture) profiled, and the capture's stages timed
+  part first_iterations 90 $py -P bench/bench_first_iterations.py
 fi
 # this host's own work per replayed iteration (the replay excluded): against the GPU's per-iteration time
 part replay_host 90 $py -P bench/bench_replay_host.py --iterations 1000 --repeats 1
