@@ -291,6 +291,31 @@ def test_tensorboard_checksums_in_c_are_tensorboards_own(tmp_path):
     assert records == 40  # the file's version record and one per row
 
 
+def test_without_google_crc32c_tensorboards_own_checksum_stays(monkeypatch):
+    """Where google-crc32c is missing (a machine installing from a few wheels) or runs without
+    its C extension, TensorBoard's record writer is left with its own checksum."""
+    import sys
+
+    import google_crc32c
+    from tensorboard.summary.writer import record_writer
+
+    from msrl.metrics import use_native_crc32c
+
+    monkeypatch.setattr(record_writer, "masked_crc32c", record_writer.masked_crc32c)  # restored after
+    own = record_writer.masked_crc32c = _tensorboards_own_crc()
+    monkeypatch.setitem(sys.modules, "google_crc32c", None)  # import google_crc32c raises ImportError
+    assert not use_native_crc32c() and record_writer.masked_crc32c is own
+    monkeypatch.setitem(sys.modules, "google_crc32c", google_crc32c)
+    monkeypatch.setattr(google_crc32c, "implementation", "python", raising=False)
+    assert not use_native_crc32c() and record_writer.masked_crc32c is own
+
+
+def _tensorboards_own_crc():
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    return masked_crc32c
+
+
 def _snapshot(run_dir):
     """Every file of a run directory but its lock (which names the last process that held it)."""
     return {p.relative_to(run_dir): p.read_bytes() for p in sorted(pathlib.Path(run_dir).rglob("*"))
