@@ -297,23 +297,17 @@ def test_without_google_crc32c_tensorboards_own_checksum_stays(monkeypatch):
     import sys
 
     import google_crc32c
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c as own
     from tensorboard.summary.writer import record_writer
 
     from msrl.metrics import use_native_crc32c
 
-    monkeypatch.setattr(record_writer, "masked_crc32c", record_writer.masked_crc32c)  # restored after
-    own = record_writer.masked_crc32c = _tensorboards_own_crc()
+    monkeypatch.setattr(record_writer, "masked_crc32c", own)  # TensorBoard's own (restored after)
     monkeypatch.setitem(sys.modules, "google_crc32c", None)  # import google_crc32c raises ImportError
     assert not use_native_crc32c() and record_writer.masked_crc32c is own
     monkeypatch.setitem(sys.modules, "google_crc32c", google_crc32c)
     monkeypatch.setattr(google_crc32c, "implementation", "python", raising=False)
     assert not use_native_crc32c() and record_writer.masked_crc32c is own
-
-
-def _tensorboards_own_crc():
-    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
-
-    return masked_crc32c
 
 
 def _snapshot(run_dir):

@@ -104,6 +104,13 @@ _OPAQUE = (type, type(len), type(lambda: 0), type(inspect), property, staticmeth
            threading.Thread, weakref.ref)
 
 
+def _not_walked(obj: Any) -> bool:
+    """Whether the walks over a trainer's objects (:func:`host_state`, :func:`_find`) stop at
+    ``obj``: a module, class, function or other code object (its namespace is not the
+    trainer's state; a native env's GPU kernels hold the ``cupy`` module)."""
+    return isinstance(obj, _OPAQUE) or callable(obj) and not hasattr(obj, "__dict__")
+
+
 def host_state(roots: dict[str, Any], skip: Sequence[str] = (), max_items: int = 256) -> dict[str, Any]:
     """A snapshot of the host state reachable from ``roots``: ``path -> value`` for every Python
     number, string and ``None``, the identity of every tensor and generator (a rebinding shows),
@@ -143,7 +150,7 @@ def host_state(roots: dict[str, Any], skip: Sequence[str] = (), max_items: int =
         if isinstance(obj, random.Random):
             out[path] = ("python rng", obj.getstate())
             return
-        if isinstance(obj, _OPAQUE) or callable(obj) and not hasattr(obj, "__dict__") or depth > 10:
+        if _not_walked(obj) or depth > 10:
             return
         if id(obj) in seen:
             return
@@ -853,11 +860,9 @@ def _find(trainer: Any, kind: type) -> list[tuple[str, Any]]:
                 seen.add(id(obj))
                 found.append((path, obj))
             return
-        # what host_state does not walk either: Python modules, classes and functions (a native
-        # env's GPU kernels hold the `cupy` module: walking its namespace visited ~160k objects,
-        # ~0.3 s of a GPU job's start), NumPy arrays, the tensors' contents
-        if depth > 6 or isinstance(obj, (torch.Tensor, np.ndarray, *_SCALARS, *_OPAQUE)) or id(obj) in seen \
-                or callable(obj) and not hasattr(obj, "__dict__"):
+        # not into what host_state does not walk either (walking cupy's namespace visited ~160k
+        # objects, ~0.3 s of a GPU job's start), NumPy arrays or the tensors' contents
+        if depth > 6 or isinstance(obj, (torch.Tensor, np.ndarray, *_SCALARS)) or _not_walked(obj) or id(obj) in seen:
             return
         seen.add(id(obj))
         items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else \
