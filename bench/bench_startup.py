@@ -8,8 +8,14 @@ Rows (medians over ``--repeats`` runs, each a fresh process):
 * ``msrl train`` to its first iteration: from the command until the line ``msrl: run
   directory ...``, which the driver prints once the job is traced, probed, partitioned, built
   and reset, just before the first iteration;
-* ``msrl train`` whole process for one iteration (256 env steps, no evaluation; the final
-  evaluation and the learning curve included);
+* ``msrl train`` whole process for one iteration (256 env steps, no evaluation during training;
+  the final 20-episode evaluation included; the learning curve is drawn by a background process
+  the command does not wait for, and the bench waits for it before the next row);
+* the issue's command, ``msrl train configs/ppo_cartpole.yaml train.total_env_steps=256
+  eval.episodes=1``, whole process (the acceptance row: <= 1.3x ``import torch``);
+* the floor of a plain torch PPO script's start-up: ``import torch, gymnasium``, CartPole's
+  vector env and the same actor-critic's Adam optimiser built (which imports TorchDynamo in
+  torch 2.13, as msrl's learner did before ``msrl._lean_imports.lean_optimizers``);
 * with ``--solved-seeds``: the whole process from the command until the main job is solved
   (an evaluation every 5,000 env steps reaches 475 and the run stops), per seed.
 
@@ -19,6 +25,7 @@ Rows (medians over ``--repeats`` runs, each a fresh process):
 from __future__ import annotations
 
 import argparse
+import pathlib
 import platform
 import statistics
 import subprocess
@@ -33,10 +40,40 @@ def _wall(cmd: list[str]) -> float:
     return time.perf_counter() - t0
 
 
-def _to_first_iteration(runs_dir: str) -> tuple[float, float]:
+PLAIN_PPO_START = """
+import gymnasium, torch
+from torch import nn
+envs = gymnasium.make_vec("CartPole-v1", num_envs=4, vectorization_mode="sync")
+net = nn.ModuleDict({"actor": nn.Sequential(nn.Linear(4, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 2)),
+                     "critic": nn.Sequential(nn.Linear(4, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1))})
+optimizer = torch.optim.Adam(net.parameters(), lr=2.5e-4, eps=1e-5)
+envs.reset(seed=1)
+"""
+
+
+def _wait_for_curve(run_dir: pathlib.Path) -> None:
+    """Waits (up to 120 s) for the background process that draws the run's learning curve."""
+    deadline = time.monotonic() + 120
+    while not (run_dir / "learning_curve.png").is_file() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)  # its exit
+
+
+def _issue_command(runs_dir: str, k: int) -> float:
+    """The whole ``msrl train configs/ppo_cartpole.yaml train.total_env_steps=256 eval.episodes=1``."""
+    cmd = [sys.executable, "-m", "msrl.cli", "train", "configs/ppo_cartpole.yaml", "train.total_env_steps=256",
+           "eval.episodes=1", f"runs_dir={runs_dir}", f"name=issue{k}"]
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, capture_output=True)
+    dt = time.perf_counter() - t0
+    _wait_for_curve(pathlib.Path(runs_dir) / f"issue{k}")
+    return dt
+
+
+def _to_first_iteration(runs_dir: str, k: int) -> tuple[float, float]:
     """Seconds from the command to the ``run directory`` line, and to the process's end."""
     cmd = [sys.executable, "-m", "msrl.cli", "train", "configs/ppo_cartpole.yaml", "train.total_env_steps=256",
-           "train.eval_every=0", "train.progress=false", f"runs_dir={runs_dir}"]
+           "train.eval_every=0", "train.progress=false", f"runs_dir={runs_dir}", f"name=first{k}"]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     first = None
@@ -45,9 +82,11 @@ def _to_first_iteration(runs_dir: str) -> tuple[float, float]:
         if first is None and line.startswith("msrl: run directory"):
             first = time.perf_counter() - t0
     proc.wait()
+    whole = time.perf_counter() - t0
     if proc.returncode or first is None:
         raise RuntimeError(f"msrl train failed (exit {proc.returncode})")
-    return first, time.perf_counter() - t0
+    _wait_for_curve(pathlib.Path(runs_dir) / f"first{k}")
+    return first, whole
 
 
 def _to_solved(runs_dir: str, seed: int) -> tuple[float, bool]:
@@ -71,22 +110,27 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--solved-seeds", type=int, nargs="*", default=[])
     args = p.parse_args()
-    torch_s, msrl_s, first_s, whole_s = [], [], [], []
+    torch_s, plain_s, msrl_s, first_s, whole_s, issue_s = [], [], [], [], [], []
     with tempfile.TemporaryDirectory() as runs_dir:
-        for _ in range(args.repeats):  # interleaved, so a slow moment of the machine hits every row
+        for k in range(args.repeats):  # interleaved, so a slow moment of the machine hits every row
             torch_s.append(_wall([sys.executable, "-c", "import torch"]))
+            plain_s.append(_wall([sys.executable, "-c", PLAIN_PPO_START]))
             msrl_s.append(_wall([sys.executable, "-c", "import msrl.run"]))
-            first, whole = _to_first_iteration(runs_dir)
+            first, whole = _to_first_iteration(runs_dir, k)
             first_s.append(first)
             whole_s.append(whole)
+            issue_s.append(_issue_command(runs_dir, k))
     floor = statistics.median(torch_s)
     print(f"machine: {platform.processor() or platform.machine()}, python {platform.python_version()}, "
           f"{args.repeats} runs each (medians)")
     print("| row | seconds (median) | runs | vs the floor |")
     print("| --- | --- | --- | --- |")
-    for name, xs in (("python -c 'import torch' (floor)", torch_s), ("python -c 'import msrl.run'", msrl_s),
+    for name, xs in (("python -c 'import torch' (floor)", torch_s),
+                     ("plain torch PPO script: imports, vector env, Adam built", plain_s),
+                     ("python -c 'import msrl.run'", msrl_s),
                      ("msrl train: command to first iteration", first_s),
-                     ("msrl train: whole process, one iteration", whole_s)):
+                     ("msrl train: whole process, one iteration, 20 eval episodes", whole_s),
+                     ("msrl train ... train.total_env_steps=256 eval.episodes=1 (whole process)", issue_s)):
         m = statistics.median(xs)
         print(f"| {name} | {m:.2f} | {', '.join(f'{x:.2f}' for x in xs)} | {m / floor:.2f}x |")
     if args.solved_seeds:

@@ -177,6 +177,14 @@ def main(argv: list[str] | None = None) -> int:
     # the command line (argv None) watches a Ray run's driver from a parent process; a call
     # from Python (main([...]), the tests) runs in the caller's process
     args.supervise = argv is None
+    if argv is None:  # this process is msrl's own: no collector during start-up nor at exit (msrl/_lean_imports.py)
+        from msrl._lean_imports import defer_gc, freeze_before_exit
+
+        defer_gc()
+        try:
+            return _classified(lambda: args.fn(args))
+        finally:
+            freeze_before_exit()
     return _classified(lambda: args.fn(args))
 
 

@@ -10,6 +10,7 @@ import sys
 import time
 from typing import Any
 
+from msrl._lean_imports import resume_gc
 from msrl.checkpoints import CHECKPOINT, CheckpointError, Progress, read_checkpoint, save_checkpoint
 from msrl.config import RunConfig
 from msrl.evaluation import evaluate_job
@@ -99,6 +100,7 @@ class TrainingLoop:
 
     def run(self) -> TrainResult:
         """Trains to the end of the budget (or the threshold), then evaluates and reports."""
+        resume_gc()  # start-up is over: the collector back on for the loop (msrl/_lean_imports.py)
         try:
             iter_s = None
             while self.job.iteration < self.spec.num_iterations:
@@ -220,7 +222,7 @@ class TrainingLoop:
                                steps_before, good)
 
     def _finish(self) -> TrainResult:
-        """The final evaluation, ``eval.json``, the learning curve; closes the job."""
+        """The final evaluation and ``eval.json``; closes the job and starts drawing the learning curve."""
         job, p = self.job, self.progress
         try:
             returns = evaluate_job(job, self.cfg)
@@ -232,9 +234,9 @@ class TrainingLoop:
             "env_steps": job.env_steps, "iterations": job.iteration, "time_s": p.time_s,
             "time_to_threshold_s": p.threshold[0], "steps_to_threshold": p.threshold[1]}, indent=2))
         job.close()
-        from msrl.plot import plot_run
+        from msrl.plot import plot_in_background
 
-        plot_run(self.run_dir)
+        plot_in_background(self.run_dir)  # the result line does not wait for matplotlib
         return result
 
 

@@ -104,6 +104,9 @@ def supervised(work: Callable[[], int]) -> int:
             sys.stderr.flush()
             os._exit(status)
     os.close(write_fd)
+    from msrl._lean_imports import resume_gc
+
+    resume_gc()  # the parent only waits: its start-up is over
     return _watch(pid, read_fd)
 
 

@@ -23,6 +23,16 @@ def spec_factory():
     return ppo_spec
 
 
+@pytest.fixture(autouse=True)
+def _background_plots_end():
+    """Every learning curve a test's run started drawing (:func:`msrl.plot.plot_in_background`)
+    is drawn before the next test: no process of a test outlives it."""
+    yield
+    from msrl.plot import wait_for_background_plots
+
+    wait_for_background_plots(timeout_s=900)
+
+
 def pytest_sessionfinish(session, exitstatus):
     session.config._msrl_exitstatus = int(exitstatus)
 

@@ -7,11 +7,12 @@ import pathlib
 import gymnasium
 import numpy as np
 import pytest
-from procs import popen, stop_tree, wait_for
+from procs import EVENT_TIMEOUT_S, popen, stop_tree, wait_for
 
 from msrl.cli import main
 from msrl.config import ConfigError, load_config
 from msrl.job import Job
+from msrl.plot import wait_for_background_plots
 from msrl.run import train
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -31,6 +32,7 @@ def test_cli_train_eval_plot_graph_end_to_end(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "run runs/tiny: 8 iterations, 2048 env steps" in out and "evaluation: mean return" in out
     run = tmp_path / "runs" / "tiny"
+    assert wait_for_background_plots(timeout_s=EVENT_TIMEOUT_S) == [0]  # the curve is drawn beside the run
     assert sorted(p.name for p in run.iterdir()) == [".lock", "checkpoints", "config.yaml", "eval.json", "learning_curve.png",
                                                     "metrics.csv", "tb"]
     assert (run / "checkpoints" / "latest.pt").is_file() and not list((run / "checkpoints").glob("*.tmp"))

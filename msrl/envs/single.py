@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import pickle
+import sys
 from typing import Any, Callable, Mapping, Sequence
 
 import gymnasium
@@ -150,9 +151,8 @@ def share_mujoco_models(envs: Sequence[gymnasium.Env]) -> int:
     Returns:
         how many envs now share another env's model.
     """
-    try:
-        import mujoco
-    except ImportError:
+    mujoco = sys.modules.get("mujoco")  # not loaded: no env holds an MjModel (and no import to pay for)
+    if mujoco is None:
         return 0
     first: dict[tuple[type, bytes], Any] = {}
     shared = 0

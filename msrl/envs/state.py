@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import io
 import pickle
+import sys
 import zlib
 from typing import Any, Mapping
 
@@ -86,11 +87,8 @@ def _is_atari(obj: Any) -> bool:
 
 
 def _mj_model_type() -> type | None:
-    try:
-        import mujoco
-    except ImportError:  # pragma: no cover - mujoco is a test dependency
-        return None
-    return mujoco.MjModel
+    mujoco = sys.modules.get("mujoco")  # not loaded: no env holds an MjModel (and no import to pay for)
+    return None if mujoco is None else mujoco.MjModel
 
 
 class _StatePickler(pickle.Pickler):
