@@ -144,11 +144,17 @@ def _check_reachable(address: str, timeout_s: float) -> None:
     host = host.strip("[]")
     e = _tcp_refusal(host, int(port), timeout_s)
     if e is not None:
-        why = "timed out" if isinstance(e, TimeoutError) else (e.strerror or str(e))
+        if isinstance(e, socket.gaierror):
+            what = f"the host name {host!r} does not resolve ({e.strerror or e})"
+        elif isinstance(e, ConnectionRefusedError):
+            what = f"{host} refused the connection at once: nothing listens on port {port} there"
+        elif isinstance(e, TimeoutError):
+            what = f"nothing answered there within cluster.connect_timeout_s={timeout_s:g} s"
+        else:
+            what = f"the connection failed ({e.strerror or e})"
         raise ClusterJoinError(
-            f"cannot join the Ray cluster at cluster.address={address}: nothing answered there within "
-            f"cluster.connect_timeout_s={timeout_s:g} s ({why}); check the address (HOST:PORT of the head's GCS, as "
-            "`ray start --head` printed it), that the head runs, and that the port is reachable from here"
+            f"cannot join the Ray cluster at cluster.address={address}: {what}; check the address (HOST:PORT of the "
+            "head's GCS, as `ray start --head` printed it), that the head runs, and that the port is reachable from here"
         ) from None
     if os.environ.get("RAY_USE_TLS", "0") in ("0", ""):  # Ray's GCS speaks gRPC: a handshake, bounded
         import grpc

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import pathlib
+import signal
 import sys
 from typing import Callable, NoReturn
 
@@ -58,11 +60,21 @@ def _train(args: argparse.Namespace) -> int:
     return _train_run(cfg, args)
 
 
+def _format_return(value: float) -> str:
+    """A return for a result line: one decimal from 100 up (``500.0``), four significant digits
+    below (``0.9575``, ``54.55``, ``-3.142``), never rounded to another value's look (0.9575 is
+    not ``1.0``)."""
+    if abs(value) >= 100 or value == 0 or not math.isfinite(value):
+        return f"{value:.1f}"
+    text = f"{value:.4g}"
+    return text if "." in text or "e" in text else text + ".0"
+
+
 def _train_run(cfg: object, args: argparse.Namespace) -> int:
     from msrl.run import train
 
     result = train(cfg, resume=args.resume)
-    evaluation = (f"evaluation: mean return {result.eval_mean:.1f} over {len(result.eval_returns)} episodes"
+    evaluation = (f"evaluation: mean return {_format_return(result.eval_mean)} over {len(result.eval_returns)} episodes"
                   if result.eval_returns else "no evaluation (no gymnasium twin)")
     print(
         f"run {result.run_dir}: {result.iterations} iterations, {result.env_steps} env steps, "
@@ -98,13 +110,19 @@ def _plot(args: argparse.Namespace) -> int:
 def _graph(args: argparse.Namespace) -> int:
     from msrl.config import build_job_spec, load_config
     from msrl.job import Job
+    from msrl.outcome import TrainingStopped
     from msrl.printer import draw_fragments, format_boundary_bytes, format_capture, format_job
+    from msrl.runtime.replica import FragmentError
 
     cfg = load_config(args.config, args.overrides)
     job = Job(build_job_spec(cfg))
     try:
         sys.stdout.write(format_job(job))
-        sys.stdout.write(format_boundary_bytes(job))
+        try:
+            measured = format_boundary_bytes(job)
+        except (FragmentError, FloatingPointError) as e:  # the algorithm failed in its measured iteration: as msrl train says it
+            raise TrainingStopped(f"the iteration msrl graph measures bytes on stopped: {e}", 1, 0, None) from e
+        sys.stdout.write(measured)
         sys.stdout.write(format_capture(job))
         out = draw_fragments(job, args.out or f"{cfg.name}_fdg.png")
         print(f"\npicture of the fragmented graph: {pathlib.Path(out).resolve()}")
@@ -181,11 +199,19 @@ def main(argv: list[str] | None = None) -> int:
         from msrl._lean_imports import defer_gc, freeze_before_exit
 
         defer_gc()
+        for sig in (signal.SIGTERM, signal.SIGHUP):  # stop as Ctrl-C stops: checkpoint kept, resume line, status 130
+            signal.signal(sig, _interrupt)
         try:
             return _classified(lambda: args.fn(args))
         finally:
             freeze_before_exit()
     return _classified(lambda: args.fn(args))
+
+
+def _interrupt(signum: int, frame: object) -> NoReturn:
+    """SIGTERM and SIGHUP to the ``msrl`` command: raised as the ``KeyboardInterrupt`` of a
+    Ctrl-C (a run keeps its last checkpoint and says how to resume it; exit status 130)."""
+    raise KeyboardInterrupt
 
 
 def _classified(fn: Callable[[], int]) -> int:

@@ -143,13 +143,14 @@ class EvalConfig(_Strict):
     env_id: str | None = Field(
         None, description="gymnasium env to evaluate on (default: the training env, or a native env's gymnasium twin)"
     )
-    seed: int = Field(10_000, description="seed of the evaluation envs")
+    seed: int = Field(10_000, ge=0, description="seed of the evaluation envs (>= 0)")
 
 
 class ClusterConfig(_Strict):
     """``cluster``: where the Ray runtime runs its replicas."""
 
-    address: str | None = Field(None, description="a Ray cluster's address (default: start Ray on this machine)")
+    address: str | None = Field(None, description="a Ray cluster's address: HOST:PORT (the head's GCS port), "
+                                "ray://HOST:PORT (Ray Client) or auto (default: start Ray on this machine)")
     connect_timeout_s: float = Field(
         60.0, gt=0, le=3600, description="the longest a join of cluster.address may take, in seconds: nothing "
         "answering there by then is one error line (exit status 2)"
@@ -204,12 +205,23 @@ class ClusterConfig(_Strict):
                     "whenever they can: auto (on a machine whose cores the job's replicas outnumber), on, or off",
     )
 
+    @pydantic.field_validator("address")
+    @classmethod
+    def _ray_address(cls, address: str | None) -> str | None:
+        if address is None or address == "auto":
+            return address
+        host, sep, port = address.removeprefix("ray://").rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536 or any(c.isspace() for c in host):
+            raise ValueError("not a Ray address; valid: HOST:PORT (the head's GCS port, 6379 by default, e.g. "
+                             "10.0.0.5:6379), ray://HOST:PORT (Ray Client, e.g. ray://10.0.0.5:10001) or auto")
+        return address
+
 
 class RunConfig(_Strict):
     """A whole job (see the module docstring)."""
 
     name: str = Field(description="run name; the run directory is <runs_dir>/<name>")
-    seed: int = Field(1, description="base seed")
+    seed: int = Field(1, ge=0, description="base seed (>= 0: seeds of every replica's generators and envs derive from it)")
     runs_dir: str = Field("runs", description="where run directories are made")
     algorithm: AlgorithmConfig
     env: EnvConfig
@@ -245,13 +257,22 @@ def _model_at(model: type[BaseModel], loc: Sequence[Any]) -> type[BaseModel] | N
     return model
 
 
-def _format(e: pydantic.ValidationError, root: type[BaseModel], prefix: str = "") -> str:
+def _format(e: pydantic.ValidationError, root: type[BaseModel] | None, prefix: str = "") -> str:
     lines = []
-    for err in e.errors():
+    errors = e.errors()
+    item_errors = {tuple(str(x) for x in err["loc"][:-1]) for err in errors if err["loc"] and isinstance(err["loc"][-1], int)}
+    for err in errors:
         loc = [str(x) for x in err["loc"]]
         path = ".".join([prefix] + loc if prefix else loc)
-        if err["type"] == "extra_forbidden":
-            parent = _model_at(root, loc[:-1])
+        if err["type"] == "too_short" and tuple(loc) in item_errors:
+            continue  # "at least 1 item after validation" only restates the bad items' errors
+        if err["type"] in ("tuple_type", "list_type"):  # a YAML user writes a list, not a "tuple"
+            lines.append(f"{path}: expected a list, e.g. [64, 64] (got {err.get('input')!r})")
+        elif err["type"] == "too_short":
+            n = err.get("ctx", {}).get("min_length", 1)
+            lines.append(f"{path}: expected a list of at least {n} item{'s' if n != 1 else ''} (got {err.get('input')!r})")
+        elif err["type"] == "extra_forbidden":
+            parent = _model_at(root, loc[:-1]) if root is not None else None
             valid = ", ".join(parent.model_fields) if parent else "?"
             level = ".".join(([prefix] if prefix else []) + loc[:-1]) or "top level"
             lines.append(f"unknown key {path!r}; valid keys at {level}: {valid}")
@@ -350,10 +371,10 @@ def _hparams(cfg: RunConfig, algorithm: Any) -> Any:
     try:
         hparams = pydantic.TypeAdapter(cls).validate_python(dict(cfg.algorithm.hparams))
     except pydantic.ValidationError as e:
-        msgs = [f"algorithm.hparams.{'.'.join(map(str, x['loc']))}: {x['msg']} (got {x.get('input')!r})" if x["loc"]
-                else f"algorithm.hparams: {x['msg'].removeprefix('Value error, ')}"  # a check across fields
-                for x in e.errors()]
-        raise ConfigError("; ".join(msgs)) from None
+        if any(not x["loc"] for x in e.errors()):  # a check across fields
+            raise ConfigError("; ".join(f"algorithm.hparams: {x['msg'].removeprefix('Value error, ')}"
+                                        for x in e.errors() if not x["loc"])) from None
+        raise ConfigError(_format(e, None, "algorithm.hparams")) from None
     except ValueError as e:
         raise ConfigError(f"algorithm.hparams: {e}") from None
     for f in dataclasses.fields(hparams):
@@ -445,7 +466,7 @@ def build_job_spec(cfg: RunConfig) -> Any:
     except (UnknownAlgorithmError, UnknownEnvError, UnknownPolicyError) as e:
         raise ConfigError(str(e)) from None
     from msrl.envs import env_spec as make_env_spec
-    from msrl.envs.single import check_wrappers
+    from msrl.envs.single import EnvKwargsError, check_wrappers
 
     try:
         check_wrappers(cfg.env.wrappers)
@@ -454,6 +475,8 @@ def build_job_spec(cfg: RunConfig) -> Any:
         if cfg.env.wrappers and cfg.env.engine == "envpool":
             raise ValueError("they apply to gymnasium envs; EnvPool's tasks take their options as env.kwargs")
         es = make_env_spec(cfg.env.id, 1, cfg.env.kwargs, cfg.env.wrappers, cfg.env.engine)
+    except EnvKwargsError as e:
+        raise ConfigError(str(e)) from None
     except ValueError as e:
         raise ConfigError(f"env.wrappers: {e}") from None
     if cfg.env.engine != "sync" and is_native(cfg.env.id):

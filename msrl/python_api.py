@@ -121,7 +121,10 @@ class TrainedPolicy:
 
 def load(run_dir: str | pathlib.Path, device: str = "cpu") -> TrainedPolicy:
     """The trained actor of a run directory (its last good checkpoint; see
-    :func:`msrl.checkpoints.load_checkpoint`).
+    :func:`msrl.checkpoints.load_checkpoint`). As :func:`train` does, it sets torch's intra-op
+    threads to the run's ``train.torch_threads`` (``torch.set_num_threads``): the policy acts
+    as fast as it trained (on 2 cores, 2 evaluation episodes of the main job took 26.7 s with
+    torch's default threads against 7.9 s with the run's one).
 
     Raises:
         ConfigError: not a run directory, no checkpoint, or no readable one
@@ -139,6 +142,7 @@ def load(run_dir: str | pathlib.Path, device: str = "cpu") -> TrainedPolicy:
         ckpt, _ = load_checkpoint(run_dir)
     except FileNotFoundError as e:
         raise ConfigError(str(e)) from None
+    torch.set_num_threads(cfg.train.torch_threads)
     actor, es = build_standalone_actor(build_job_spec(cfg), device)
     actor.set_weights({k: v.to(device) for k, v in ckpt["actor_weights"].items()})
     return TrainedPolicy(actor, cfg, es, torch.device(device))
@@ -146,7 +150,8 @@ def load(run_dir: str | pathlib.Path, device: str = "cpu") -> TrainedPolicy:
 
 def evaluate(policy: TrainedPolicy | str | pathlib.Path, episodes: int = 20, seed: int | None = None,
              env_id: str | None = None) -> list[float]:
-    """Deterministic episodes of a trained policy on gymnasium envs (env ``i`` seeded ``seed + i``).
+    """Deterministic episodes of a trained policy on gymnasium envs (env ``i`` seeded ``seed + i``),
+    with torch's intra-op threads set to the run's ``train.torch_threads`` (as :func:`load`).
 
     Args:
         policy: a :class:`TrainedPolicy` or a run directory.
@@ -161,12 +166,15 @@ def evaluate(policy: TrainedPolicy | str | pathlib.Path, episodes: int = 20, see
     Raises:
         ConfigError: ``episodes`` < 1, or no gymnasium env to evaluate on (e.g. native Tag).
     """
+    import torch
+
     from msrl.config import ConfigError
     from msrl.evaluation import evaluate as run_episodes
     from msrl.evaluation import evaluation_env
 
     if not isinstance(policy, TrainedPolicy):
         policy = load(policy)
+    torch.set_num_threads(policy.config.train.torch_threads)  # as the run trained (see load)
     if episodes < 1:
         raise ConfigError(f"episodes must be at least 1, got {episodes}")
     default_id, kwargs, wrappers = evaluation_env(policy.config)

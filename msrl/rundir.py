@@ -205,7 +205,13 @@ def resume_config(run_dir: str | pathlib.Path, overrides: Sequence[str] = (),
         given = {".".join(path): value for path, value in values}
         _refuse_fixed(a, given, [k for k, v in given.items() if k not in a or a[k] != v], run_dir)
         cfg = validate(set_values(saved.model_dump(), values))
-    else:
-        cfg = load_config(config, overrides)
+    else:  # the run keeps its name and runs_dir (its directory is given); any other difference is refused
+        cfg = load_config(config, overrides).model_copy(update={"name": saved.name, "runs_dir": saved.runs_dir})
+        try:
+            check_resumable(saved, cfg, run_dir)
+        except ConfigError as e:
+            raise ConfigError(f"{e}. CONFIG {config} is not the run's config: give CONFIG (a new run) or "
+                              f"--resume {run_dir} (the run's own config.yaml), not both") from None
+        return cfg
     check_resumable(saved, cfg, run_dir)
     return cfg

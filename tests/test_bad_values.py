@@ -148,8 +148,17 @@ def test_an_address_where_nothing_listens_is_one_line_at_once(tmp_path, capsys):
                  f"runs_dir={tmp_path}", "train.progress=false"])
     line = _one_line_error(capsys)
     assert code == 2 and line.startswith(f"msrl: error: cannot join the Ray cluster at cluster.address=127.0.0.1:{port}: "
-                                         "nothing answered there within cluster.connect_timeout_s=60 s")
+                                         f"127.0.0.1 refused the connection at once: nothing listens on port {port} there")
     assert not any(tmp_path.iterdir())
+
+
+def test_an_address_whose_host_does_not_resolve_says_so(tmp_path, capsys):
+    code = main(["train", CONFIG, "cluster.address=no-such-host.invalid:6379", "distribution_policy.name=single_learner_coarse",
+                 f"runs_dir={tmp_path}", "train.progress=false"])
+    line = _one_line_error(capsys)
+    assert code == 2 and line.startswith("msrl: error: cannot join the Ray cluster at cluster.address=no-such-host.invalid:6379: "
+                                         "the host name 'no-such-host.invalid' does not resolve ("), line
+    assert "nothing answered" not in line and not any(tmp_path.iterdir())
 
 
 def test_an_address_that_answers_but_not_as_ray_is_bounded_by_connect_timeout_s(tmp_path, capsys):

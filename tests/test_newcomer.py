@@ -318,3 +318,208 @@ def test_pure_module_functions_and_numpy_elementwise_calls_are_control(tmp_path,
         import sys
 
         sys.modules.pop("helped_algo", None)
+
+
+# -- what a newcomer's run still tripped on (issue "The house before the climb", item 5)
+
+
+def test_each_record_of_a_chunk_times_one_iteration():
+    """charts/SPS at a chunk's end: each record holds one iteration's launch (the work on the
+    CPU) and the read of the one before it; the first does not hold two launches, nor the last
+    none (the spikes of 0.1-9.9 million steps/s at every chunk boundary)."""
+    from msrl.runtime.replica import pipelined_records
+
+    now = [0.0]
+
+    def iteration():
+        now[0] += 1.0  # the launch: one iteration's work
+
+        def read():
+            now[0] += 0.01  # the read of its results
+            return None, "episodes"
+        return read, {}
+
+    records = pipelined_records(5, iteration, clock=lambda: now[0])
+    times = [round(r["time_s"], 6) for r in records]
+    assert times == [1.0, 1.01, 1.01, 1.01, 1.02] and sum(times) == pytest.approx(now[0])
+    assert [r["episodes"] for r in records] == ["episodes"] * 5
+
+
+def test_a_single_runs_rows_have_no_sps_spike_at_chunk_ends(tmp_path):
+    """A run's metrics.csv: every row's charts/SPS is its env steps over its own time_s, and
+    time_s grows by each row's share (no row's time is a read alone)."""
+    import csv
+
+    assert main(["train", CONFIG, f"runs_dir={tmp_path}", "train.total_env_steps=8192", "train.eval_every=0",
+                 "eval.episodes=1", "train.progress=false"]) == 0
+    with open(tmp_path / "ppo_cartpole" / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    sps = [float(r["charts/SPS"]) for r in rows]
+    # the whole run's rate bounds every row's: a row at 10x the run's mean is a read-only row
+    mean = int(rows[-1]["env_steps"]) / float(rows[-1]["time_s"])
+    assert max(sps) < 10 * mean, (max(sps), mean)
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_sigterm_or_sighup_stops_a_local_run_as_ctrl_c_does(tmp_path, sig):
+    import signal
+    import subprocess
+    import sys
+
+    from procs import popen, stop_tree, wait_for
+
+    metrics = tmp_path / "ppo_cartpole" / "metrics.csv"
+    proc = popen([sys.executable, "-m", "msrl.cli", "train", CONFIG, f"runs_dir={tmp_path}", "train.progress=false",
+                  "train.checkpoint_every=1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: metrics.is_file() and len(metrics.read_text().splitlines()) > 2, "two logged iterations",
+                 alive=proc)
+        proc.send_signal(getattr(signal, sig))
+        err = proc.stderr.read()
+        assert proc.wait(timeout=300) == 130, err
+    finally:
+        stop_tree(proc)
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("msrl: interrupted at env step ") and "resume with: msrl train --resume" in last, err
+
+
+def test_a_negative_seed_is_one_line_and_a_msrl_error(tmp_path, capsys):
+    import msrl
+
+    assert main(["train", CONFIG, "seed=-1", f"runs_dir={tmp_path}"]) == 2
+    assert capsys.readouterr().err == "msrl: error: seed: Input should be greater than or equal to 0 (got -1)\n"
+    with pytest.raises(msrl.ConfigError, match="seed: Input should be greater than or equal to 0"):
+        msrl.train(CONFIG, seed=-1, runs_dir=str(tmp_path))
+    assert main(["train", CONFIG, "eval.seed=-5", f"runs_dir={tmp_path}"]) == 2
+    assert not any(tmp_path.iterdir())
+
+
+USER_ENV = '''
+import gymnasium
+from gymnasium.envs.classic_control import CartPoleEnv
+
+
+class Reach(CartPoleEnv):
+    def __init__(self, target: float = 1.0, render_mode=None):
+        super().__init__(render_mode=render_mode)
+        self.target = target
+
+
+gymnasium.register("Reach1D-v0", entry_point=Reach)
+'''
+
+
+def test_a_misspelt_env_kwarg_of_a_users_env_is_one_line_naming_the_valid_ones(tmp_path, capsys, monkeypatch):
+    import sys
+
+    (tmp_path / "reach_env.py").write_text(USER_ENV)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        code = main(["train", CONFIG, "env.id=reach_env:Reach1D-v0", "env.kwargs.taget=2.0", f"runs_dir={tmp_path / 'r'}"])
+    finally:
+        sys.modules.pop("reach_env", None)
+    assert code == 2
+    assert capsys.readouterr().err == (
+        "msrl: error: env.kwargs.taget: reach_env:Reach1D-v0 takes no argument 'taget'. Did you mean 'target'? Valid: "
+        "apply_api_compatibility, autoreset, disable_env_checker, max_episode_steps, render_mode, target\n")
+
+
+def test_a_users_env_module_in_the_current_directory_says_pythonpath(tmp_path, capsys, monkeypatch):
+    (tmp_path / "reach_env2.py").write_text(USER_ENV.replace("Reach1D-v0", "Reach1D-v2"))
+    monkeypatch.chdir(tmp_path)
+    code = main(["train", CONFIG, "env.id=reach_env2:Reach1D-v2", f"runs_dir={tmp_path / 'r'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(
+        "msrl: error: env id reach_env2:Reach1D-v2: no module 'reach_env2' on Python's path; the current directory "
+        "holds one, but the msrl command does not search it: run with PYTHONPATH=."), err
+
+
+@pytest.mark.parametrize("address", ["garbage", "10.0.0.5", "ray://host", "host:99999", "host:port"])
+def test_a_cluster_address_without_a_port_is_one_line(tmp_path, capsys, address):
+    code = main(["train", CONFIG, f"cluster.address={address}", "distribution_policy.name=single_learner_coarse",
+                 f"runs_dir={tmp_path}"])
+    assert code == 2
+    assert capsys.readouterr().err == (
+        f"msrl: error: cluster.address={address}: not a Ray address; valid: HOST:PORT (the head's GCS port, 6379 by "
+        "default, e.g. 10.0.0.5:6379), ray://HOST:PORT (Ray Client, e.g. ray://10.0.0.5:10001) or auto\n")
+
+
+@pytest.mark.parametrize("value, shown", [(500.0, "500.0"), (0.9575, "0.9575"), (51.0, "51.0"), (54.55, "54.55"),
+                                          (-3.14159, "-3.142"), (-250.26, "-250.3"), (0.0, "0.0")])
+def test_the_result_line_shows_a_return_as_it_is(value, shown):
+    from msrl.cli import _format_return
+
+    assert _format_return(value) == shown
+
+
+@pytest.mark.parametrize("value, message", [
+    ("[0]", "algorithm.hparams.hidden_sizes.0: Input should be greater than or equal to 1 (got 0)"),
+    ("32", "algorithm.hparams.hidden_sizes: expected a list, e.g. [64, 64] (got 32)"),
+    ("[]", "algorithm.hparams.hidden_sizes: expected a list of at least 1 item (got [])"),
+])
+def test_layer_sizes_errors_say_one_thing_in_yaml_terms(tmp_path, capsys, value, message):
+    assert main(["train", CONFIG, f"algorithm.hparams.hidden_sizes={value}", f"runs_dir={tmp_path}"]) == 2
+    assert capsys.readouterr().err == f"msrl: error: {message}\n"
+
+
+def test_a_config_with_resume_keeps_the_runs_name_and_says_give_one(tmp_path, capsys):
+    args = [f"runs_dir={tmp_path}", "train.total_env_steps=256", "eval.episodes=1", "train.progress=false"]
+    assert main(["train", CONFIG, "name=mine", *args]) == 0
+    capsys.readouterr()
+    run = tmp_path / "mine"
+    # the config's own name (ppo_cartpole) is not the run's: the run keeps its name
+    assert main(["train", CONFIG, "--resume", str(run), "train.total_env_steps=512", "eval.episodes=1",
+                 "train.progress=false"]) == 0
+    assert f"run {run}: 2 iterations, 512 env steps" in capsys.readouterr().out
+    assert main(["train", str(ROOT / "configs/dqn_cartpole.yaml"), "--resume", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"msrl: error: --resume {run}: algorithm.name='dqn' differs from the run's 'ppo'"), err
+    assert err.rstrip().endswith(f"give CONFIG (a new run) or --resume {run} (the run's own config.yaml), not both")
+
+
+def test_eval_load_and_evaluate_use_the_runs_torch_threads(tmp_path, monkeypatch):
+    import torch
+
+    import msrl
+
+    assert main(["train", CONFIG, f"runs_dir={tmp_path}", "train.total_env_steps=256", "eval.episodes=1",
+                 "train.progress=false", "train.torch_threads=1"]) == 0
+    run = tmp_path / "ppo_cartpole"
+    before = torch.get_num_threads()
+    try:
+        for call in (lambda: msrl.load(run), lambda: msrl.evaluate(run, episodes=1),
+                     lambda: main(["eval", str(run), "--episodes", "1"])):
+            torch.set_num_threads(2)
+            call()
+            assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+FAILS_LATER = '''
+import dataclasses
+from msrl.algorithms.ppo import ALGORITHM as PPO, PPOLearner
+
+
+class LaterLearner(PPOLearner):
+    calls = 0
+
+    def learn(self, batch):
+        type(self).calls += 1
+        if type(self).calls > 2:  # the probe's two calls pass; the first real iteration fails
+            raise ValueError("boom in learn")
+        return super().learn(batch)
+
+
+ALGORITHM = dataclasses.replace(PPO, name="later", components={**PPO.components, "learner": LaterLearner})
+'''
+
+
+def test_msrl_graph_says_in_one_line_that_the_measured_iteration_failed(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "later_algo.py"
+    path.write_text(FAILS_LATER)
+    monkeypatch.chdir(tmp_path)
+    assert main(["graph", CONFIG, f"algorithm.name={path}", "-o", "g.png"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("msrl: the iteration msrl graph measures bytes on stopped: fragment main replica 0, "
+                          "train_step: ValueError: boom in learn") and err.count("\n") == 1, err

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import os
 import pickle
 import sys
 from typing import Any, Callable, Mapping, Sequence
@@ -18,11 +19,43 @@ import gymnasium
 
 from msrl.errors import InputError
 
-__all__ = ["make_single_env", "share_mujoco_models", "check_env_id", "check_wrappers", "WRAPPERS", "UnknownEnvError"]
+__all__ = ["make_single_env", "share_mujoco_models", "check_env_id", "check_wrappers", "WRAPPERS", "UnknownEnvError",
+           "EnvKwargsError"]
 
 
 class UnknownEnvError(InputError, ValueError):
     """An env id that gymnasium's registry does not hold."""
+
+
+class EnvKwargsError(InputError, TypeError):
+    """``env.kwargs`` that the env's constructor does not take."""
+
+
+#: what ``gymnasium.make`` takes itself, besides the env constructor's own arguments
+_MAKE_KWARGS = ("max_episode_steps", "disable_env_checker", "render_mode", "autoreset", "apply_api_compatibility")
+
+
+def _kwargs_error(env_id: str, kwargs: Mapping[str, Any], error: TypeError) -> EnvKwargsError | None:
+    """The one-line error for ``env.kwargs`` that ``gymnasium.make(env_id, **kwargs)`` refused
+    with ``error`` (``None`` where ``error`` is not about an unexpected keyword)."""
+    import inspect
+    import re
+
+    found = re.search(r"unexpected keyword argument '([^']+)'", str(error))
+    if found is None or found.group(1) not in kwargs:
+        return None
+    bad = found.group(1)
+    try:
+        entry = gymnasium.spec(env_id.split(":", 1)[-1]).entry_point  # (module:EnvId: the module is imported)
+        creator = entry if callable(entry) else gymnasium.envs.registration.load_env_creator(entry)
+        params = inspect.signature(creator).parameters.values()
+        takes = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"]
+    except Exception:  # noqa: BLE001 - the names are a hint; the refusal stands without them
+        takes = []
+    valid = sorted(set(takes) | set(_MAKE_KWARGS))
+    close = difflib.get_close_matches(bad, valid, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return EnvKwargsError(f"env.kwargs.{bad}: {env_id} takes no argument {bad!r}.{hint} Valid: {', '.join(valid)}")
 
 
 def _register_optional_namespaces(env_id: str) -> str:
@@ -37,6 +70,13 @@ def _register_optional_namespaces(env_id: str) -> str:
         try:
             importlib.import_module(module)
         except ImportError as e:
+            top = module.split(".")[0]
+            if isinstance(e, ModuleNotFoundError) and e.name == top and (
+                    os.path.isfile(f"{top}.py") or os.path.isfile(os.path.join(top, "__init__.py"))):
+                raise UnknownEnvError(
+                    f"env id {module}:{env_id}: no module {top!r} on Python's path; the current directory holds one, "
+                    f"but the msrl command does not search it: run with PYTHONPATH=. (or pip install your env's "
+                    f"package)") from None
             raise UnknownEnvError(f"env id {module}:{env_id}: cannot import module {module!r}: {e}") from None
     if env_id.startswith("ALE/") and env_id not in gymnasium.envs.registry:
         try:
@@ -116,6 +156,7 @@ def make_single_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None,
 
     Raises:
         UnknownEnvError: unknown id.
+        EnvKwargsError: a key of ``env_kwargs`` the env does not take (naming the valid ones).
         ValueError: an unknown wrapper, or one that does not apply to ``env_id``.
     """
     from msrl.envs.pettingzoo_env import is_pettingzoo, make_parallel
@@ -131,7 +172,13 @@ def make_single_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None,
     for w in wrappers:
         kwargs, wrap = WRAPPERS[w](env_id, kwargs)
         wraps.append(wrap)
-    env = gymnasium.make(env_id, **kwargs)
+    try:
+        env = gymnasium.make(env_id, **kwargs)
+    except TypeError as e:
+        refused = _kwargs_error(env_id, kwargs, e)
+        if refused is None:
+            raise
+        raise refused from None
     for wrap in wraps:
         env = wrap(env)
     return env

@@ -110,7 +110,7 @@ def print_notices(records: Any) -> None:
 
 
 def pipelined_records(n: int, iteration: Callable[[], tuple[Callable[[], tuple[Any, EpisodeStats]], dict[str, Any]]],
-                      keep_output: bool = True) -> list[dict[str, Any]]:
+                      keep_output: bool = True, clock: Callable[[], float] = time.perf_counter) -> list[dict[str, Any]]:
     """Runs ``n`` iterations, finishing each one's read after the next one is launched: after a
     replay on a GPU the host unpacks iteration i while the device runs i+1
     (:meth:`Replica.start_read_iteration`). Both runtimes' replica loops.
@@ -120,31 +120,34 @@ def pipelined_records(n: int, iteration: Callable[[], tuple[Callable[[], tuple[A
             its read (``-> (output, episodes)``) and its record so far (what belongs to it and
             must be taken now: env steps, notices, lags).
         keep_output: whether the records keep the output (else ``None``).
+        clock: seconds (monotonic), read around each launch and read.
 
     Returns:
-        the ``n`` records, in order, each completed with ``output``, ``episodes`` and ``time_s``
-        (seconds since the previous record was finished, the first since the call: they sum
-        to the call's time).
+        the ``n`` records, in order, each completed with ``output``, ``episodes`` and ``time_s``:
+        the seconds from its launch to the next one's (the last: to the end of its read), so
+        each record holds one iteration's launch and the read of the one before it, and the
+        records sum to the call's time. (Timing a record to the end of its own read would give
+        the first record two launches and the last none: ``charts/SPS`` spiked at every chunk's
+        end.)
     """
     records: list[dict[str, Any]] = []
     waiting = None
-    last = time.perf_counter()
 
-    def finish(read: Callable[[], tuple[Any, EpisodeStats]], rec: dict[str, Any]) -> None:
-        nonlocal last
+    def finish(read: Callable[[], tuple[Any, EpisodeStats]], rec: dict[str, Any], end: float | None) -> None:
         out, rec["episodes"] = read()
         rec["output"] = out if keep_output else None
-        now = time.perf_counter()
-        rec["time_s"], last = now - last, now
+        rec["time_s"] = (clock() if end is None else end) - rec.pop("_launched_at")
         records.append(rec)
 
     for _ in range(n):
-        launched = iteration()
+        started = clock()
+        read, rec = iteration()
+        rec["_launched_at"] = started
         if waiting is not None:
-            finish(*waiting)
-        waiting = launched
+            finish(*waiting, started)
+        waiting = (read, rec)
     if waiting is not None:
-        finish(*waiting)
+        finish(*waiting, None)
     return records
 
 
