@@ -13,6 +13,7 @@ setup(
         "msrl.envs",
         "msrl.envs.native",
         "msrl.runtime",
+        "msrl.rl",
         "msrl.algorithms",
         "msrl.distribution_policies",
         "msrl.fragments",

@@ -3,9 +3,8 @@ Learning", Algorithm S3, in its synchronous form), as Stable-Baselines3's ``A2C`
 short rollouts of every env, n-step returns bootstrapped from the critic (GAE with
 ``lambda = 1``), one RMSprop step on policy loss, value loss and entropy bonus per rollout.
 
-The actor-critic network, the rollout actor and the rollout buffer are PPO's
-(:mod:`msrl.components`); this file holds A2C's hyperparameters and learner; the loop body is the on-policy one
-(:class:`msrl.components.OnPolicyTrainer`).
+The actor-critic network, its rollout actor and the rollout buffer are :mod:`msrl.rl`'s (as
+PPO's and IMPALA's); this file holds A2C's hyperparameters, learner and loop body.
 """
 
 from __future__ import annotations
@@ -26,9 +25,13 @@ from msrl.api import (
     NonNegativeFloat,
     PositiveFloat,
     PositiveInt,
+    Trainer,
     UnitInterval,
 )
-from msrl.components import ActorCritic, OnPolicyTrainer, PPOActor, RolloutBuffer, build_actor_critic
+from msrl.rl.actors import ActorCriticActor
+from msrl.rl.buffers import RolloutBuffer
+from msrl.rl.losses import normalize_advantages
+from msrl.rl.networks import ActorCritic, build_actor_critic
 
 __all__ = ["A2CConfig", "A2CLearner", "A2CTrainer", "ALGORITHM"]
 
@@ -87,7 +90,7 @@ class A2CLearner(Learner):
         """One update on a rollout.
 
         Args:
-            batch: TensorDict of batch size ``(T, N)`` with :attr:`RolloutBuffer.KEYS`.
+            batch: TensorDict of batch size ``(T, N)`` with :attr:`~msrl.rl.buffers.RolloutBuffer.KEYS`.
 
         Returns:
             ``losses/policy_loss``, ``losses/value_loss``, ``losses/entropy``,
@@ -107,9 +110,7 @@ class A2CLearner(Learner):
         advantages, returns = gae(
             batch["reward"], batch["value"], next_values, batch["terminated"], batch["truncated"], hp.gamma, hp.gae_lambda
         )
-        b_adv = advantages.flatten()
-        if hp.norm_adv and b_adv.numel() > 1:
-            b_adv = (b_adv - b_adv.mean()) / (b_adv.std() + 1e-8)
+        b_adv = normalize_advantages(advantages.flatten()) if hp.norm_adv else advantages.flatten()
         log_prob, entropy, value = net.evaluate(batch["obs"].flatten(0, 1), batch["action"].flatten(0, 1))
         pg_loss = -(b_adv * log_prob).mean()
         v_loss = ((returns.flatten() - value) ** 2).mean()
@@ -137,16 +138,41 @@ class A2CLearner(Learner):
         self.iteration = int(state["iteration"])
 
 
-class A2CTrainer(OnPolicyTrainer):
-    """A2C's loop body is the on-policy one (:class:`msrl.components.OnPolicyTrainer`): a rollout
-    of ``num_steps`` steps, one learner update, weight sync; only the learner differs from PPO's."""
+class A2CTrainer(Trainer):
+    """A2C's loop body: a rollout of ``num_steps`` steps, one learner update, weight sync."""
+
+    def reset(self) -> None:
+        """First observations, and the learner's initial weights to the actor."""
+        self.obs = self.env.reset(seed=self.seed)
+        self.actor.set_weights(self.learner.get_weights())
+
+    def train_step(self) -> dict[str, float]:
+        """Rollout of ``num_steps`` steps, one learner update, weight sync; returns the metrics."""
+        for _step in range(self.hparams.num_steps):
+            action, log_prob, value = self.actor.act(self.obs)
+            next_obs, reward, terminated, truncated, info = self.env.step(action)
+            self.buffer.insert(
+                obs=self.obs,
+                action=action,
+                log_prob=log_prob,
+                value=value,
+                reward=reward,
+                terminated=terminated,
+                truncated=truncated,
+                next_obs=info["final_obs"],
+            )
+            self.obs = next_obs
+        trajectory = self.buffer.gather()
+        metrics = self.learner.learn(trajectory)
+        self.actor.set_weights(self.learner.get_weights())
+        return metrics
 
 
 ALGORITHM = AlgorithmSpec(
     name="a2c",
     hparams=A2CConfig,
     trainer=A2CTrainer,
-    components={"actor": PPOActor, "buffer": RolloutBuffer, "learner": A2CLearner},
+    components={"actor": ActorCriticActor, "buffer": RolloutBuffer, "learner": A2CLearner},
     env_steps_per_iteration=lambda hp, total_num_envs: hp.num_steps * total_num_envs,
     policy_lag="uncorrected",  # its gradient assumes the learner's own policy acted
 )

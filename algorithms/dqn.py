@@ -6,7 +6,7 @@ with Double Q-learning", Eq. 4).
 Read top to bottom: hyperparameters, the Q-network, the actor (epsilon-greedy), the learner
 (TD target from a target network, Huber loss, gradient-norm clipping, Polyak/hard target
 update), and the trainer whose ``train_step`` msrl traces; the replay buffer is
-:class:`msrl.components.ReplayBuffer`, shared with SAC. Its decisions -- the epsilon schedule,
+:class:`msrl.rl.buffers.ReplayBuffer`, shared with SAC. Its decisions -- the epsilon schedule,
 when learning starts, when the target network is synced -- are ordinary ``if``s on step
 counters: control values every fragment computes identically.
 """
@@ -37,7 +37,7 @@ from msrl.api import (
     Trainer,
     UnitInterval,
 )
-from msrl.components import ReplayBuffer
+from msrl.rl.buffers import ReplayBuffer
 
 __all__ = ["DQNConfig", "QNetwork", "DQNActor", "ReplayBuffer", "DQNLearner", "DQNTrainer", "ALGORITHM"]
 

@@ -4,10 +4,9 @@ acting with an older policy by V-trace (Eq. 1), written to run under ``async_lea
 queue trajectories and pull the newest weights, never waiting for the learner) and, unchanged,
 under every other policy.
 
-The actor-critic network, the rollout actor (which records the behaviour policy's
-log-probabilities ``log mu(a|s)``) and the rollout buffer are PPO's (:mod:`msrl.components`);
-this file holds IMPALA's hyperparameters and learner; the loop body is the on-policy one
-(:class:`msrl.components.OnPolicyTrainer`).
+The actor-critic network, its rollout actor (which records the behaviour policy's
+log-probabilities ``log mu(a|s)``) and the rollout buffer are :mod:`msrl.rl`'s (as PPO's and
+A2C's); this file holds IMPALA's hyperparameters, learner and loop body.
 """
 
 from __future__ import annotations
@@ -28,18 +27,13 @@ from msrl.api import (
     NonNegativeFloat,
     PositiveFloat,
     PositiveInt,
+    Trainer,
     UnitInterval,
 )
-from msrl.components import (
-    ActorCritic,
-    OnPolicyTrainer,
-    PPOActor,
-    RolloutBuffer,
-    anneal_learning_rate,
-    build_actor_critic,
-    learning_rate_tensor,
-    load_learning_rate,
-)
+from msrl.rl.actors import ActorCriticActor
+from msrl.rl.buffers import RolloutBuffer
+from msrl.rl.networks import ActorCritic, build_actor_critic
+from msrl.rl.schedules import anneal_learning_rate, learning_rate_tensor, load_learning_rate
 
 __all__ = ["IMPALAConfig", "IMPALALearner", "IMPALATrainer", "ALGORITHM"]
 
@@ -102,7 +96,7 @@ class IMPALALearner(Learner):
         self.weights = ModuleWeights(self.net)
         self.parameters = list(self.net.parameters())
         #: the learning rate and updates taken, 0-d tensors updated in place (a captured
-        #: iteration replays the schedule: :func:`msrl.components.anneal_learning_rate`)
+        #: iteration replays the schedule: :func:`msrl.rl.schedules.anneal_learning_rate`)
         self.lr = learning_rate_tensor(self.hp.learning_rate, ctx.device)
         self.optimizer = torch.optim.Adam(self.parameters, lr=self.lr, eps=1e-5, fused=True)
         self.num_iterations = max(1, ctx.total_env_steps // (self.hp.num_steps * ctx.total_num_envs))
@@ -114,7 +108,7 @@ class IMPALALearner(Learner):
         """``update_epochs * num_minibatches`` gradient steps on one batch of unrolls.
 
         Args:
-            batch: TensorDict of batch size ``(T, N)`` with :attr:`RolloutBuffer.KEYS`
+            batch: TensorDict of batch size ``(T, N)`` with :attr:`~msrl.rl.buffers.RolloutBuffer.KEYS`
                 (``log_prob``: the behaviour policy's).
 
         Returns:
@@ -177,18 +171,44 @@ class IMPALALearner(Learner):
         self.generator.set_state(state["generator"])
 
 
-class IMPALATrainer(OnPolicyTrainer):
-    """IMPALA's loop body is the on-policy one (:class:`msrl.components.OnPolicyTrainer`): an
-    unroll of ``num_steps`` steps with the behaviour policy's log-probabilities, one learner
-    update, weight sync. Under ``async_learner`` the update and the weight sync cross
-    asynchronous boundaries, so the next unroll runs while the learner learns."""
+class IMPALATrainer(Trainer):
+    """IMPALA's loop body: an unroll of ``num_steps`` steps with the behaviour policy's
+    log-probabilities, one learner update, weight sync. Under ``async_learner`` the update and
+    the weight sync cross asynchronous boundaries, so the next unroll runs while the learner
+    learns."""
+
+    def reset(self) -> None:
+        """First observations, and the learner's initial weights to the actor."""
+        self.obs = self.env.reset(seed=self.seed)
+        self.actor.set_weights(self.learner.get_weights())
+
+    def train_step(self) -> dict[str, float]:
+        """Unroll of ``num_steps`` steps, one learner update, weight sync; returns the metrics."""
+        for _step in range(self.hparams.num_steps):
+            action, log_prob, value = self.actor.act(self.obs)
+            next_obs, reward, terminated, truncated, info = self.env.step(action)
+            self.buffer.insert(
+                obs=self.obs,
+                action=action,
+                log_prob=log_prob,
+                value=value,
+                reward=reward,
+                terminated=terminated,
+                truncated=truncated,
+                next_obs=info["final_obs"],
+            )
+            self.obs = next_obs
+        trajectory = self.buffer.gather()
+        metrics = self.learner.learn(trajectory)
+        self.actor.set_weights(self.learner.get_weights())
+        return metrics
 
 
 ALGORITHM = AlgorithmSpec(
     name="impala",
     hparams=IMPALAConfig,
     trainer=IMPALATrainer,
-    components={"actor": PPOActor, "buffer": RolloutBuffer, "learner": IMPALALearner},
+    components={"actor": ActorCriticActor, "buffer": RolloutBuffer, "learner": IMPALALearner},
     env_steps_per_iteration=lambda hp, total_num_envs: hp.num_steps * total_num_envs,
     policy_lag="corrected",  # V-trace (Espeholt et al. 2018, eq. 1)
 )

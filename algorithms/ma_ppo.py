@@ -5,7 +5,7 @@ msrl's Tag (taggers and runners).
 
 Every agent of type ``k`` acts with the type's actor and is valued by the type's critic from its
 own observation; agent types come from the env (they change from game to game in Tag). The
-update is PPO's (:class:`msrl.components.PPOLearner`): GAE per agent, the clipped surrogate,
+update is PPO's (:func:`msrl.rl.losses.ppo_loss`): GAE per agent, the clipped surrogate,
 value loss, entropy bonus, epochs of shuffled minibatches over all agent-steps.
 
 MultiDiscrete actions (Tag: acceleration index, turn index) are independent Categoricals, one
@@ -15,7 +15,7 @@ per component; log-probabilities and entropies add up.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import gymnasium
 import numpy as np
@@ -24,18 +24,66 @@ from tensordict import TensorDict
 from torch import nn
 
 from msrl.advantages import gae
-from msrl.api import AlgorithmSpec, BuildContext, NonNegativeInt, PositiveInt, Trainer
-from msrl.components import PPOActor, PPOConfig, PPOLearner, RolloutBuffer, categorical_log_prob_entropy, mlp, sample_categorical
+from msrl.api import (
+    AlgorithmSpec,
+    BuildContext,
+    LayerSizes,
+    Learner,
+    ModuleWeights,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Trainer,
+    UnitInterval,
+)
+from msrl.rl.actors import ActorCriticActor
+from msrl.rl.buffers import RolloutBuffer
+from msrl.rl.distributions import categorical_log_prob_entropy, sample_categorical
+from msrl.rl.losses import explained_variance, ppo_loss, shuffled_minibatches
+from msrl.rl.networks import mlp
+from msrl.rl.schedules import anneal_learning_rate, learning_rate_tensor, load_learning_rate
 
 __all__ = ["MultiAgentPPOConfig", "TypedActorCritic", "MultiAgentPPOActor", "MultiAgentRolloutBuffer", "MultiAgentPPOLearner",
            "MultiAgentPPOTrainer", "ALGORITHM"]
 
 
 @dataclasses.dataclass
-class MultiAgentPPOConfig(PPOConfig):
-    """PPO's hyperparameters (see :class:`msrl.components.PPOConfig`) plus the number of agent
-    types."""
+class MultiAgentPPOConfig:
+    """Multi-agent PPO's hyperparameters (PPO's names and CleanRL's defaults) and the agent types."""
 
+    num_steps: PositiveInt = 128
+    """rollout length per env per iteration (T)"""
+    learning_rate: PositiveFloat = 2.5e-4
+    """Adam learning rate at the start of training"""
+    anneal_lr: bool = True
+    """anneal the learning rate linearly to 0 over training"""
+    gamma: UnitInterval = 0.99
+    """discount factor"""
+    gae_lambda: UnitInterval = 0.95
+    """GAE lambda (per agent)"""
+    num_minibatches: PositiveInt = 4
+    """minibatches per epoch"""
+    update_epochs: PositiveInt = 4
+    """epochs over each rollout"""
+    norm_adv: bool = True
+    """normalise advantages per minibatch"""
+    clip_coef: PositiveFloat = 0.2
+    """surrogate clipping coefficient"""
+    anneal_clip: bool = False
+    """anneal the clipping coefficient linearly to 0"""
+    clip_vloss: bool = True
+    """clip the value loss around the rollout's values"""
+    ent_coef: NonNegativeFloat = 0.01
+    """entropy bonus coefficient"""
+    vf_coef: NonNegativeFloat = 0.5
+    """value loss coefficient"""
+    max_grad_norm: PositiveFloat = 0.5
+    """global gradient-norm clip"""
+    target_kl: PositiveFloat | None = None
+    """stop the epochs of an iteration early when the approximate KL exceeds this"""
+    hidden_sizes: LayerSizes = (64, 64)
+    """hidden layer widths of the actor and of the critic MLPs"""
     num_agent_types: PositiveInt = 2
     """agent types, each with its own actor and critic (Tag: runners = 0, taggers = 1)"""
     trained_types: tuple[NonNegativeInt, ...] | None = None
@@ -43,10 +91,7 @@ class MultiAgentPPOConfig(PPOConfig):
     policy, i.e. act at random"""
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.normalize_obs or self.normalize_reward:
-            raise ValueError("normalize_obs and normalize_reward are PPO's single-agent options; ma_ppo does not "
-                             "normalize (leave them false)")
+        self.hidden_sizes = tuple(self.hidden_sizes)
 
 
 class TypedActorCritic(nn.Module):
@@ -104,9 +149,9 @@ def _build_net(ctx: BuildContext) -> TypedActorCritic:
     return net.to(ctx.device)
 
 
-class MultiAgentPPOActor(PPOActor):
+class MultiAgentPPOActor(ActorCriticActor):
     """Acts for every agent of every env; samples from its own generator (weights and state
-    handling as :class:`msrl.components.PPOActor`)."""
+    handling as :class:`msrl.rl.actors.ActorCriticActor`)."""
 
     def build_net(self, ctx: BuildContext) -> nn.Module:
         """A :class:`TypedActorCritic`."""
@@ -139,7 +184,7 @@ class MultiAgentRolloutBuffer(RolloutBuffer):
     """Preallocated ``(T, E, N, ...)`` storage: ``obs``/``next_obs`` ``(T, E, N, D)``,
     ``agent_type``/``next_agent_type``, ``log_prob``, ``value``, ``reward`` ``(T, E, N)``,
     ``action`` ``(T, E, N, k)`` int64, ``terminated``/``truncated`` ``(T, E)`` bool. ``insert``,
-    ``gather`` and the checkpoint state are :class:`msrl.components.RolloutBuffer`'s."""
+    ``gather`` and the checkpoint state are :class:`msrl.rl.buffers.RolloutBuffer`'s."""
 
     KEYS = ("obs", "agent_type", "action", "log_prob", "value", "reward", "terminated", "truncated", "next_obs",
             "next_agent_type")
@@ -168,21 +213,82 @@ class MultiAgentRolloutBuffer(RolloutBuffer):
         self.t = 0
 
 
-class MultiAgentPPOLearner(PPOLearner):
-    """PPO's update over all agent-steps of a ``(T, E, N)`` rollout."""
+class MultiAgentPPOLearner(Learner):
+    """PPO's update over all agent-steps of a ``(T, E, N)`` rollout (Schulman et al. 2017, Eq. 7
+    and 9, :func:`msrl.rl.losses.ppo_loss`), each agent valued by its type's critic."""
 
-    def build_net(self, ctx: BuildContext) -> nn.Module:
-        """A :class:`TypedActorCritic`."""
-        return _build_net(ctx)
+    def __init__(self, ctx: BuildContext) -> None:
+        self.hp = ctx.hparams
+        self.net = _build_net(ctx)
+        self.weights = ModuleWeights(self.net)
+        self.parameters = list(self.net.parameters())
+        #: the learning rate and updates taken, 0-d tensors on the learner's device updated in
+        #: place (:mod:`msrl.rl.schedules`: a captured iteration replays the schedule)
+        self.lr = learning_rate_tensor(self.hp.learning_rate, ctx.device)
+        self.optimizer = torch.optim.Adam(self.parameters, lr=self.lr, eps=1e-5, fused=True)
+        self.num_iterations = max(1, ctx.total_env_steps // (self.hp.num_steps * ctx.total_num_envs))
+        self.iteration = torch.zeros((), dtype=torch.int64, device=ctx.device)
+        self.generator = torch.Generator(device=ctx.device)
+        self.generator.manual_seed(ctx.seed + 1)
+
+    def _update(self, evaluate: Callable[[torch.Tensor], tuple[torch.Tensor, ...]], b_logprobs: torch.Tensor,
+                b_values: torch.Tensor, b_advantages: torch.Tensor, b_returns: torch.Tensor) -> dict[str, Any]:
+        """The learning rate and clip of this iteration, then ``update_epochs`` epochs of shuffled
+        minibatches of rows of the ``(B, ...)`` batch, each one step on
+        :func:`msrl.rl.losses.ppo_loss` over the rows' samples."""
+        hp = self.hp
+        frac = anneal_learning_rate(self.lr, self.iteration, hp.learning_rate, self.num_iterations, hp.anneal_lr)
+        clip = frac * hp.clip_coef if hp.anneal_clip else hp.clip_coef
+        clipfrac_sum = torch.zeros((), device=b_logprobs.device)
+        n_minibatches = 0
+        stats: dict[str, Any] = {}
+        for _epoch in range(hp.update_epochs):
+            for mb in shuffled_minibatches(b_logprobs.shape[0], hp.num_minibatches, self.generator, b_logprobs.device):
+                newlogprob, entropy, newvalue = (x.flatten() for x in evaluate(mb))
+                loss, stats = ppo_loss(newlogprob, entropy, newvalue, b_logprobs[mb].flatten(), b_values[mb].flatten(),
+                                       b_advantages[mb].flatten(), b_returns[mb].flatten(), clip, norm_adv=hp.norm_adv,
+                                       clip_vloss=hp.clip_vloss, ent_coef=hp.ent_coef, vf_coef=hp.vf_coef)
+                clipfrac_sum += stats.pop("losses/clipfrac")
+                n_minibatches += 1
+                stats["losses/grad_norm"] = self.apply_gradients(loss, hp.max_grad_norm)
+            if hp.target_kl is not None and stats["losses/approx_kl"] > hp.target_kl:
+                break
+        stats["losses/explained_variance"] = explained_variance(b_values, b_returns)
+        stats["losses/clipfrac"] = clipfrac_sum / max(n_minibatches, 1)
+        stats["charts/learning_rate"] = self.lr.clone()
+        return stats
+
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        """The networks' state dict (detached tensors)."""
+        return self.weights.get()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"net": self.net.state_dict(), "optimizer": self.optimizer.state_dict(), "iteration": int(self.iteration),
+                "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.net.load_state_dict(state["net"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        load_learning_rate(self.optimizer, self.lr)
+        self.iteration.fill_(int(state["iteration"]))
+        self.generator.set_state(state["generator"])
 
     def learn(self, batch: TensorDict) -> dict[str, Any]:
-        """One PPO update (see :meth:`msrl.components.PPOLearner.learn` for the metrics).
+        """One PPO update.
 
         Args:
             batch: TensorDict of batch size ``(T, E)`` with :attr:`MultiAgentRolloutBuffer.KEYS`.
+
+        Returns:
+            ``losses/value_loss``, ``losses/policy_loss``, ``losses/entropy``,
+            ``losses/old_approx_kl``, ``losses/approx_kl`` (of the last minibatch),
+            ``losses/grad_norm``, ``losses/explained_variance``, ``losses/clipfrac`` (mean over
+            minibatches), ``charts/learning_rate``: 0-d tensors on the learner's device.
+
+        Raises:
+            FloatingPointError: a loss became NaN or infinite (no step is taken).
         """
         hp, net = self.hp, self.net
-        lr, clip = self.schedule()
         T, E, N, D = batch["obs"].shape
         with torch.no_grad():
             next_values = net.value(batch["next_obs"].reshape(-1, D), batch["next_agent_type"].reshape(-1)).view(T, E * N)
@@ -199,15 +305,8 @@ class MultiAgentPPOLearner(PPOLearner):
             keep = torch.isin(b_types.to(torch.int64), torch.tensor(list(hp.trained_types), device=b_types.device))
             b_obs, b_types, b_actions = b_obs[keep], b_types[keep], b_actions[keep]
             b_logprobs, b_values, b_advantages, b_returns = b_logprobs[keep], b_values[keep], b_advantages[keep], b_returns[keep]
-        return self.update(
-            lambda mb: net.evaluate(b_obs[mb], b_types[mb], b_actions[mb]),
-            b_logprobs,
-            b_values,
-            b_advantages,
-            b_returns,
-            lr,
-            clip,
-        )
+        return self._update(lambda mb: net.evaluate(b_obs[mb], b_types[mb], b_actions[mb]), b_logprobs, b_values,
+                            b_advantages, b_returns)
 
 
 class MultiAgentPPOTrainer(Trainer):

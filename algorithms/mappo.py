@@ -6,8 +6,8 @@ as the paper's implementation appends the agent id); one shared critic values ag
 the *global* state -- all agents' observations of the env concatenated -- and ``i``'s index
 (the paper's agent-specific global state, section 4.1). Training is centralised, execution
 decentralised: acting needs only the actor. The update is PPO's
-(:meth:`msrl.components.PPOLearner.update`: clipped surrogate, clipped value loss, entropy
-bonus, epochs of shuffled minibatches) over all agent-steps, with GAE per agent.
+(:func:`msrl.rl.losses.ppo_loss`: clipped surrogate, clipped value loss, entropy bonus, epochs
+of shuffled minibatches) over all agent-steps, with GAE per agent.
 
 Envs: ``(E, A, D)`` observations, per-agent rewards ``(E, A)``, one ``terminated``/``truncated``
 per env (a PettingZoo parallel env such as MPE's ``simple_spread``, msrl's native Tag). Actions
@@ -20,7 +20,7 @@ Categoricals whose log-probabilities add).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import gymnasium
 import numpy as np
@@ -29,34 +29,68 @@ from tensordict import TensorDict
 from torch import nn
 
 from msrl.advantages import gae
-from msrl.api import AlgorithmSpec, BuildContext, NonNegativeFloat, PositiveFloat
-from msrl.components import (
-    OnPolicyTrainer,
-    PPOActor,
-    PPOConfig,
-    PPOLearner,
-    RolloutBuffer,
-    categorical_log_prob_entropy,
-    mlp,
-    sample_categorical,
+from msrl.api import (
+    AlgorithmSpec,
+    BuildContext,
+    LayerSizes,
+    Learner,
+    ModuleWeights,
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveInt,
+    Trainer,
+    UnitInterval,
 )
+from msrl.rl.actors import ActorCriticActor
+from msrl.rl.buffers import RolloutBuffer
+from msrl.rl.distributions import categorical_log_prob_entropy, sample_categorical
+from msrl.rl.losses import explained_variance, ppo_loss, shuffled_minibatches
+from msrl.rl.networks import mlp
+from msrl.rl.schedules import anneal_learning_rate, learning_rate_tensor, load_learning_rate
 
 __all__ = ["MAPPOConfig", "MAPPONet", "MAPPOActor", "MAPPOBuffer", "MAPPOLearner", "MAPPOTrainer", "ALGORITHM"]
 
 
 @dataclasses.dataclass
-class MAPPOConfig(PPOConfig):
-    """PPO's hyperparameters (:class:`msrl.components.PPOConfig`), with the MAPPO paper's
-    MPE learning rate (7e-4) and entropy coefficient (0.01) as defaults."""
+class MAPPOConfig:
+    """MAPPO's hyperparameters (PPO's names and CleanRL's defaults), with the MAPPO paper's MPE
+    learning rate (7e-4) and entropy coefficient (0.01)."""
 
+    num_steps: PositiveInt = 128
+    """rollout length per env per iteration (T)"""
     learning_rate: PositiveFloat = 7e-4
+    """Adam learning rate at the start of training"""
+    anneal_lr: bool = True
+    """anneal the learning rate linearly to 0 over training"""
+    gamma: UnitInterval = 0.99
+    """discount factor"""
+    gae_lambda: UnitInterval = 0.95
+    """GAE lambda (per agent)"""
+    num_minibatches: PositiveInt = 4
+    """minibatches per epoch"""
+    update_epochs: PositiveInt = 4
+    """epochs over each rollout"""
+    norm_adv: bool = True
+    """normalise advantages per minibatch"""
+    clip_coef: PositiveFloat = 0.2
+    """surrogate clipping coefficient"""
+    anneal_clip: bool = False
+    """anneal the clipping coefficient linearly to 0"""
+    clip_vloss: bool = True
+    """clip the value loss around the rollout's values"""
     ent_coef: NonNegativeFloat = 0.01
+    """entropy bonus coefficient"""
+    vf_coef: NonNegativeFloat = 0.5
+    """value loss coefficient"""
+    max_grad_norm: PositiveFloat = 0.5
+    """global gradient-norm clip"""
+    target_kl: PositiveFloat | None = None
+    """stop the epochs of an iteration early when the approximate KL exceeds this"""
+    hidden_sizes: LayerSizes = (64, 64)
+    """hidden layer widths of the actor and of the critic MLPs"""
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.normalize_obs or self.normalize_reward:
-            raise ValueError("normalize_obs and normalize_reward are PPO's single-agent options; mappo does not "
-                             "normalize (leave them false)")
+        self.hidden_sizes = tuple(self.hidden_sizes)
 
 
 def _nvec(space: gymnasium.Space) -> list[int]:
@@ -122,9 +156,9 @@ def _build_net(ctx: BuildContext) -> MAPPONet:
     return net.to(ctx.device)
 
 
-class MAPPOActor(PPOActor):
+class MAPPOActor(ActorCriticActor):
     """Acts for every agent of every env from the shared actor; samples from its own generator
-    (weights and state handling as :class:`msrl.components.PPOActor`)."""
+    (weights and state handling as :class:`msrl.rl.actors.ActorCriticActor`)."""
 
     def build_net(self, ctx: BuildContext) -> nn.Module:
         """A :class:`MAPPONet`."""
@@ -159,7 +193,7 @@ class MAPPOBuffer(RolloutBuffer):
     """Preallocated ``(T, E, ...)`` storage: ``obs``/``next_obs`` ``(T, E, A, D)``, ``action``
     ``(T, E, A)`` or ``(T, E, A, k)`` int64, ``log_prob``, ``value``, ``reward`` ``(T, E, A)``,
     ``terminated``/``truncated`` ``(T, E)`` bool (insert, gather and checkpoints as
-    :class:`msrl.components.RolloutBuffer`)."""
+    :class:`msrl.rl.buffers.RolloutBuffer`)."""
 
     def __init__(self, ctx: BuildContext) -> None:
         spec, T = ctx.env_spec, ctx.hparams.num_steps
@@ -184,22 +218,83 @@ class MAPPOBuffer(RolloutBuffer):
         self.t = 0
 
 
-class MAPPOLearner(PPOLearner):
-    """PPO's update over every agent-step of a ``(T, E, A)`` rollout, values from the
-    centralised critic."""
+class MAPPOLearner(Learner):
+    """PPO's update over every agent-step of a ``(T, E, A)`` rollout (Schulman et al. 2017, Eq. 7
+    and 9, :func:`msrl.rl.losses.ppo_loss`), values from the centralised critic; minibatches
+    draw whole env-steps, whose ``A`` agents the critic values together."""
 
-    def build_net(self, ctx: BuildContext) -> nn.Module:
-        """A :class:`MAPPONet`."""
-        return _build_net(ctx)
+    def __init__(self, ctx: BuildContext) -> None:
+        self.hp = ctx.hparams
+        self.net = _build_net(ctx)
+        self.weights = ModuleWeights(self.net)
+        self.parameters = list(self.net.parameters())
+        #: the learning rate and updates taken, 0-d tensors on the learner's device updated in
+        #: place (:mod:`msrl.rl.schedules`: a captured iteration replays the schedule)
+        self.lr = learning_rate_tensor(self.hp.learning_rate, ctx.device)
+        self.optimizer = torch.optim.Adam(self.parameters, lr=self.lr, eps=1e-5, fused=True)
+        self.num_iterations = max(1, ctx.total_env_steps // (self.hp.num_steps * ctx.total_num_envs))
+        self.iteration = torch.zeros((), dtype=torch.int64, device=ctx.device)
+        self.generator = torch.Generator(device=ctx.device)
+        self.generator.manual_seed(ctx.seed + 1)
+
+    def _update(self, evaluate: Callable[[torch.Tensor], tuple[torch.Tensor, ...]], b_logprobs: torch.Tensor,
+                b_values: torch.Tensor, b_advantages: torch.Tensor, b_returns: torch.Tensor) -> dict[str, Any]:
+        """The learning rate and clip of this iteration, then ``update_epochs`` epochs of shuffled
+        minibatches of rows of the ``(B, ...)`` batch, each one step on
+        :func:`msrl.rl.losses.ppo_loss` over the rows' samples."""
+        hp = self.hp
+        frac = anneal_learning_rate(self.lr, self.iteration, hp.learning_rate, self.num_iterations, hp.anneal_lr)
+        clip = frac * hp.clip_coef if hp.anneal_clip else hp.clip_coef
+        clipfrac_sum = torch.zeros((), device=b_logprobs.device)
+        n_minibatches = 0
+        stats: dict[str, Any] = {}
+        for _epoch in range(hp.update_epochs):
+            for mb in shuffled_minibatches(b_logprobs.shape[0], hp.num_minibatches, self.generator, b_logprobs.device):
+                newlogprob, entropy, newvalue = (x.flatten() for x in evaluate(mb))
+                loss, stats = ppo_loss(newlogprob, entropy, newvalue, b_logprobs[mb].flatten(), b_values[mb].flatten(),
+                                       b_advantages[mb].flatten(), b_returns[mb].flatten(), clip, norm_adv=hp.norm_adv,
+                                       clip_vloss=hp.clip_vloss, ent_coef=hp.ent_coef, vf_coef=hp.vf_coef)
+                clipfrac_sum += stats.pop("losses/clipfrac")
+                n_minibatches += 1
+                stats["losses/grad_norm"] = self.apply_gradients(loss, hp.max_grad_norm)
+            if hp.target_kl is not None and stats["losses/approx_kl"] > hp.target_kl:
+                break
+        stats["losses/explained_variance"] = explained_variance(b_values, b_returns)
+        stats["losses/clipfrac"] = clipfrac_sum / max(n_minibatches, 1)
+        stats["charts/learning_rate"] = self.lr.clone()
+        return stats
+
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        """The networks' state dict (detached tensors)."""
+        return self.weights.get()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"net": self.net.state_dict(), "optimizer": self.optimizer.state_dict(), "iteration": int(self.iteration),
+                "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.net.load_state_dict(state["net"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        load_learning_rate(self.optimizer, self.lr)
+        self.iteration.fill_(int(state["iteration"]))
+        self.generator.set_state(state["generator"])
 
     def learn(self, batch: TensorDict) -> dict[str, Any]:
-        """One PPO update (see :meth:`msrl.components.PPOLearner.learn` for the metrics).
+        """One PPO update.
 
         Args:
             batch: TensorDict of batch size ``(T, E)`` with :attr:`MAPPOBuffer.KEYS`.
+
+        Returns:
+            ``losses/value_loss``, ``losses/policy_loss``, ``losses/entropy``,
+            ``losses/old_approx_kl``, ``losses/approx_kl`` (of the last minibatch),
+            ``losses/grad_norm``, ``losses/explained_variance``, ``losses/clipfrac`` (mean over
+            minibatches), ``charts/learning_rate``: 0-d tensors on the learner's device.
+
+        Raises:
+            FloatingPointError: a loss became NaN or infinite (no step is taken).
         """
         hp, net = self.hp, self.net
-        lr, clip = self.schedule()
         T, E, A, D = batch["obs"].shape
         with torch.no_grad():
             next_values = net.value(batch["next_obs"].reshape(T * E, A, D)).view(T, E * A)
@@ -214,13 +309,39 @@ class MAPPOLearner(PPOLearner):
         b_logprobs, b_values = batch["log_prob"].reshape(shape), batch["value"].reshape(shape)
         b_advantages, b_returns = advantages.reshape(shape), returns.reshape(shape)
 
-        return self.update(lambda mb: net.evaluate(b_obs[mb], b_actions[mb]), b_logprobs, b_values, b_advantages,
-                           b_returns, lr, clip)
+        return self._update(lambda mb: net.evaluate(b_obs[mb], b_actions[mb]), b_logprobs, b_values, b_advantages,
+                            b_returns)
 
 
-class MAPPOTrainer(OnPolicyTrainer):
-    """MAPPO's loop body is the on-policy one (:class:`msrl.components.OnPolicyTrainer`): a
-    rollout of every agent of every env for ``num_steps`` steps, one learner update, weight sync."""
+class MAPPOTrainer(Trainer):
+    """MAPPO's loop body: a rollout of every agent of every env for ``num_steps`` steps, one
+    learner update, weight sync."""
+
+    def reset(self) -> None:
+        """First observations, and the learner's initial weights to the actor."""
+        self.obs = self.env.reset(seed=self.seed)
+        self.actor.set_weights(self.learner.get_weights())
+
+    def train_step(self) -> dict[str, float]:
+        """Rollout of ``num_steps`` steps, one learner update, weight sync; returns the metrics."""
+        for _step in range(self.hparams.num_steps):
+            action, log_prob, value = self.actor.act(self.obs)
+            next_obs, reward, terminated, truncated, info = self.env.step(action)
+            self.buffer.insert(
+                obs=self.obs,
+                action=action,
+                log_prob=log_prob,
+                value=value,
+                reward=reward,
+                terminated=terminated,
+                truncated=truncated,
+                next_obs=info["final_obs"],
+            )
+            self.obs = next_obs
+        trajectory = self.buffer.gather()
+        metrics = self.learner.learn(trajectory)
+        self.actor.set_weights(self.learner.get_weights())
+        return metrics
 
 
 ALGORITHM = AlgorithmSpec(

@@ -7,7 +7,7 @@ Q-networks), the actor, the learner with its three optimisers (critics, policy, 
 each step through :meth:`~msrl.api.Learner.apply_gradients`), and the trainer: uniform random
 actions until ``learning_starts``, one critic update per env step after it, delayed policy
 updates and target Polyak averaging -- all ``if``s on step counters. The replay buffer is
-DQN's (:class:`msrl.components.ReplayBuffer`).
+DQN's (:class:`msrl.rl.buffers.ReplayBuffer`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from msrl.api import (
     Trainer,
     UnitInterval,
 )
-from msrl.components import ReplayBuffer
+from msrl.rl.buffers import ReplayBuffer
 
 __all__ = ["SACConfig", "SquashedGaussianPolicy", "SoftQNetwork", "SACActor", "SACLearner", "SACTrainer", "ALGORITHM"]
 

@@ -160,13 +160,38 @@ def test_the_runtime_seam_is_held():
 
 
 def test_no_algorithm_imports_another():
-    """What algorithms share (networks, samplers, buffers, PPO's update) lives in
-    ``msrl.components``; an algorithm file never imports another (``sac`` from ``dqn``, ``a2c``
+    """What algorithms share (networks, samplers, buffers, schedules, losses) lives in
+    ``msrl.rl``; an algorithm file never imports another (``sac`` from ``dqn``, ``a2c``
     from ``ppo``), so each reads on its own and changing one cannot change another's meaning."""
     edges = _imports(_modules())
     algorithms = {m for m in edges if m.startswith("msrl.algorithms.")}
     assert len(algorithms) >= 7
     assert {m: sorted(edges[m] & algorithms) for m in algorithms if edges[m] & algorithms} == {}
+
+
+def test_no_learner_subclasses_another_algorithms_learner():
+    """Each algorithm's learner is its own: every learner class in its lineage (below
+    ``msrl.api.Learner``) is defined in the algorithm's own file, and the shared package
+    ``msrl.rl`` holds no learner, so a change to PPO's learner cannot change MA-PPO's or MAPPO's."""
+    import importlib
+    import inspect
+
+    from msrl.api import Learner
+    from msrl.job import available_algorithms
+
+    borrowed = {}
+    for name in available_algorithms():
+        module = importlib.import_module(f"msrl.algorithms.{name}")
+        for cls in vars(module).values():
+            if inspect.isclass(cls) and issubclass(cls, Learner) and cls.__module__ == module.__name__:
+                foreign = [c.__qualname__ for c in cls.__mro__[1:]
+                           if issubclass(c, Learner) and c is not Learner and c.__module__ != module.__name__]
+                if foreign:
+                    borrowed[f"{name}.{cls.__qualname__}"] = foreign
+    assert borrowed == {}
+    for path in (ROOT / "msrl" / "rl").glob("*.py"):
+        module = importlib.import_module(f"msrl.rl.{path.stem}" if path.stem != "__init__" else "msrl.rl")
+        assert not [c for c in vars(module).values() if inspect.isclass(c) and issubclass(c, Learner)], path
 
 
 def test_one_owner_of_the_ray_replica_actors():

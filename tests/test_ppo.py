@@ -75,7 +75,7 @@ def test_buffer_checks_its_keys_and_fill():
 
 
 def test_categorical_log_prob_entropy_matches_torch_distributions():
-    from msrl.components import categorical_log_prob_entropy
+    from msrl.rl.distributions import categorical_log_prob_entropy
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(512, 5, generator=g) * 3
@@ -90,7 +90,7 @@ def test_categorical_log_prob_entropy_matches_torch_distributions():
 
 @pytest.mark.parametrize("shape", [(8, 2), (1, 3), (300, 18)])
 def test_sample_categorical_is_torch_multinomial_bitwise(shape):
-    from msrl.components import sample_categorical
+    from msrl.rl.distributions import sample_categorical
 
     g = torch.Generator().manual_seed(1)
     ours, theirs = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)

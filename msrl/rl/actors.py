@@ -1,0 +1,79 @@
+"""The rollout actor of an actor-critic network: samples actions and records their
+log-probabilities and values."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from msrl.api import Actor, BuildContext, ModuleWeights
+from msrl.rl.distributions import sample_categorical
+from msrl.rl.networks import build_actor_critic
+
+__all__ = ["ActorCriticActor"]
+
+
+class ActorCriticActor(Actor):
+    """Samples actions from an :class:`~msrl.rl.networks.ActorCritic` during rollouts, recording
+    each action's log-probability under the behaviour policy and the critic's value (PPO, A2C
+    and IMPALA act with it; the multi-agent actors build other networks through
+    :meth:`build_net` and keep its weights and state handling).
+
+    Sampling draws from the actor's own ``torch.Generator`` (seeded by ``ctx.seed``), so
+    replicas running side by side stay reproducible.
+    """
+
+    def __init__(self, ctx: BuildContext) -> None:
+        self.net = self.build_net(ctx)
+        self.weights = ModuleWeights(self.net)
+        self.generator = torch.Generator(device=ctx.device)
+        self.generator.manual_seed(ctx.seed)
+
+    def build_net(self, ctx: BuildContext) -> nn.Module:
+        """The policy network (an :class:`ActorCritic`); subclasses build others."""
+        return build_actor_critic(ctx)
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Chooses actions.
+
+        Args:
+            obs: ``(N, *obs_shape)`` float32.
+            deterministic: take the mode (argmax / mean) instead of sampling.
+
+        Returns:
+            ``(action, log_prob, value)``: action ``(N,)`` int64 (Discrete) or
+            ``(N, *action_shape)`` float32 (Box, unclipped); log_prob and value ``(N,)`` float32.
+        """
+        net = self.net
+        x = net.features(obs)
+        out = net.actor(x)
+        value = net.critic(x).squeeze(-1)
+        if net.discrete:
+            log_probs = torch.log_softmax(out, dim=-1)
+            if deterministic:
+                action = out.argmax(-1)
+            else:
+                action = sample_categorical(log_probs.exp(), self.generator)
+            return action, log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1), value
+        std = net.actor_logstd.expand_as(out).exp()
+        flat = out if deterministic else out + std * torch.randn(out.shape, generator=self.generator, device=out.device)
+        log_prob = torch.distributions.Normal(out, std, validate_args=False).log_prob(flat).sum(-1)
+        return flat.view(-1, *net.action_shape), log_prob, value
+
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        """The actor-critic's state dict (detached tensors)."""
+        return self.weights.get()
+
+    def set_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Copies ``weights`` into the actor-critic (in place)."""
+        self.weights.load_(weights)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"net": self.net.state_dict(), "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.net.load_state_dict(state["net"])
+        self.generator.set_state(state["generator"])

@@ -1,0 +1,189 @@
+"""Rollout and replay storage: the on-policy ``(T, N, ...)`` :class:`RolloutBuffer` (PPO, A2C,
+IMPALA; the multi-agent ones extend its storage) and the uniform :class:`ReplayBuffer` (DQN,
+SAC)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import gymnasium
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from msrl.api import Buffer, BuildContext, returns
+
+__all__ = ["RolloutBuffer", "ReplayBuffer"]
+
+
+class RolloutBuffer(Buffer):
+    """Preallocated ``(T, N, ...)`` storage for one rollout of ``T = num_steps`` steps.
+
+    Keys: ``obs`` ``(T, N, *obs_shape)`` float32 (uint8 for uint8 frames), ``action`` ``(T, N, *action_shape)``,
+    ``log_prob``, ``value``, ``reward`` ``(T, N)`` float32, ``terminated``, ``truncated``
+    ``(T, N)`` bool, ``next_obs`` (the true next observation: the final one where an episode
+    ended) ``(T, N, *obs_shape)`` float32.
+    """
+
+    KEYS = ("obs", "action", "log_prob", "value", "reward", "terminated", "truncated", "next_obs")
+    #: per-step views of ``storage`` for :meth:`insert`, and the storage they view (rebuilt when
+    #: a subclass or a checkpoint replaces it)
+    _rows: list[dict[str, torch.Tensor]] = []
+    _rows_of: TensorDict | None = None
+    _key_groups: list[list[str]] = []
+
+    def __init__(self, ctx: BuildContext) -> None:
+        spec, T, N = ctx.env_spec, ctx.hparams.num_steps, ctx.env_spec.num_envs
+        obs_shape = tuple(spec.observation_space.shape)
+        discrete = isinstance(spec.action_space, gymnasium.spaces.Discrete)
+        act_shape = () if discrete else tuple(spec.action_space.shape)
+        f32, dev = torch.float32, ctx.device
+        # uint8 frames stay bytes (a quarter of the memory); the network scales them
+        obs_t = torch.uint8 if spec.observation_space.dtype == np.uint8 else f32
+        self.storage = TensorDict(
+            {
+                "obs": torch.zeros(T, N, *obs_shape, dtype=obs_t, device=dev),
+                "action": torch.zeros(T, N, *act_shape, dtype=torch.int64 if discrete else f32, device=dev),
+                "log_prob": torch.zeros(T, N, dtype=f32, device=dev),
+                "value": torch.zeros(T, N, dtype=f32, device=dev),
+                "reward": torch.zeros(T, N, dtype=f32, device=dev),
+                "terminated": torch.zeros(T, N, dtype=torch.bool, device=dev),
+                "truncated": torch.zeros(T, N, dtype=torch.bool, device=dev),
+                "next_obs": torch.zeros(T, N, *obs_shape, dtype=obs_t, device=dev),
+            },
+            batch_size=[T, N],
+            device=dev,
+        )
+        self.t = 0
+
+    def insert(self, **step: torch.Tensor) -> None:
+        """Stores step ``t`` (each tensor ``(N, ...)``, keys exactly :attr:`KEYS`).
+
+        Raises:
+            KeyError: missing or unknown keys.
+            IndexError: the buffer already holds ``T`` steps.
+        """
+        name = type(self).__name__
+        if set(step) != set(self.KEYS):
+            raise KeyError(f"{name}.insert takes exactly {self.KEYS}, got {sorted(step)}")
+        if self.t >= self.storage.batch_size[0]:
+            raise IndexError(f"{name} is full ({self.t} steps); call gather() first")
+        if self._rows_of is not self.storage:  # views of each step's row, made once (TensorDict indexing costs ~25 us)
+            self._rows = [{k: v[t] for k, v in self.storage.items()} for t in range(self.storage.batch_size[0])]
+            self._rows_of = self.storage
+            groups: dict[torch.dtype, list[str]] = {}
+            for k in self.KEYS:
+                groups.setdefault(self.storage[k].dtype, []).append(k)
+            self._key_groups = list(groups.values())
+        row = self._rows[self.t]
+        # one multi-tensor copy per dtype: on a GPU one kernel for each (float, int64, bool)
+        # instead of one per key (torch's fused path needs one dtype per call)
+        for keys in self._key_groups:
+            torch._foreach_copy_([row[k] for k in keys], [step[k] for k in keys])
+        self.t += 1
+
+    def gather(self) -> TensorDict:
+        """Returns the rollout, a TensorDict of batch size ``(T, N)``, and empties the buffer.
+
+        The returned tensors are the buffer's storage: valid until the next :meth:`insert`.
+
+        Raises:
+            RuntimeError: fewer than ``T`` steps were inserted.
+        """
+        T = self.storage.batch_size[0]
+        if self.t != T:
+            raise RuntimeError(f"{type(self).__name__} holds {self.t} of {T} steps")
+        self.t = 0
+        return self.storage
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"t": self.t}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.t = int(state["t"])
+
+
+class ReplayBuffer(Buffer):
+    """A circular replay buffer of ``buffer_size`` transitions, preallocated on first insert.
+
+    Keys: ``obs``/``next_obs`` ``(*obs_shape)`` float32, ``action`` ``(*action_shape)`` (int64
+    for Discrete, float32 for Box), ``reward`` float32, ``terminated`` bool. It takes however
+    many envs' rows each insert brings, so it serves one actor replica or, placed beside the
+    learner, every replica's gathered transitions. Samples are drawn uniformly with the
+    buffer's own generator (seeded ``ctx.seed + 2``).
+    """
+
+    KEYS = ("obs", "action", "reward", "next_obs", "terminated")
+
+    def __init__(self, ctx: BuildContext) -> None:
+        self.capacity, self.batch_size = ctx.hparams.buffer_size, ctx.hparams.batch_size
+        self.device = ctx.device
+        self.storage: TensorDict | None = None
+        self.pos, self.size = 0, 0
+        self.generator = torch.Generator(device=ctx.device)
+        self.generator.manual_seed(ctx.seed + 2)
+
+    def insert(self, **step: torch.Tensor) -> None:
+        """Stores one step of ``N`` transitions (each tensor ``(N, ...)``, keys exactly
+        :attr:`KEYS`), overwriting the oldest when full.
+
+        Raises:
+            KeyError: missing or unknown keys.
+        """
+        if set(step) != set(self.KEYS):
+            raise KeyError(f"{type(self).__name__}.insert takes exactly {self.KEYS}, got {sorted(step)}")
+        n = step["obs"].shape[0]
+        if self.storage is None:
+            self.storage = TensorDict(
+                {k: torch.zeros(self.capacity, *v.shape[1:], dtype=v.dtype, device=self.device) for k, v in step.items()},
+                batch_size=[self.capacity],
+                device=self.device,
+            )
+        columns = self.storage.to_dict()  # the storage's own tensors (no copies)
+        if self.pos + n <= self.capacity:  # one contiguous run of rows: slices, not an index tensor
+            for k, v in step.items():
+                columns[k][self.pos:self.pos + n] = v
+        else:
+            idx = (self.pos + torch.arange(n, device=self.device)) % self.capacity
+            for k, v in step.items():
+                columns[k][idx] = v
+        self.pos = (self.pos + n) % self.capacity
+        self.size = min(self.size + n, self.capacity)
+
+    @returns("batch")
+    def sample(self) -> TensorDict:
+        """``batch_size`` transitions drawn uniformly with replacement: a TensorDict of batch
+        size ``(batch_size,)``. Gathered from several replicas, the samples concatenate.
+
+        Raises:
+            RuntimeError: the buffer is empty.
+        """
+        return self._draw((self.batch_size,))
+
+    @returns("batch", axis=1)
+    def sample_many(self, num_batches: int) -> TensorDict:
+        """``num_batches`` minibatches of ``batch_size`` transitions at once, each drawn as
+        :meth:`sample` draws (uniformly, with replacement): a TensorDict of batch size
+        ``(num_batches, batch_size)``, indexed with one gather instead of ``num_batches``.
+        Gathered from several replicas, minibatch ``k`` concatenates every replica's ``k``-th.
+
+        Raises:
+            RuntimeError: the buffer is empty.
+            ValueError: ``num_batches`` is not a positive int.
+        """
+        if isinstance(num_batches, bool) or not isinstance(num_batches, int) or num_batches < 1:
+            raise ValueError(f"{type(self).__name__}.sample_many: num_batches must be a positive int, got {num_batches!r}")
+        return self._draw((num_batches, self.batch_size))
+
+    def _draw(self, shape: tuple[int, ...]) -> TensorDict:
+        if self.storage is None or self.size == 0:
+            raise RuntimeError(f"{type(self).__name__} is empty; learning must start after some steps")
+        idx = torch.randint(self.size, shape, generator=self.generator, device=self.device)
+        return self.storage[idx]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"storage": self.storage, "pos": self.pos, "size": self.size, "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.storage, self.pos, self.size = state["storage"], int(state["pos"]), int(state["size"])
+        self.generator.set_state(state["generator"])

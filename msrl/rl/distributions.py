@@ -1,0 +1,52 @@
+"""Categorical sampling and log-probabilities without host syncs (a GPU iteration stays on the
+device), bitwise equal to ``torch.distributions.Categorical``'s and ``torch.multinomial``'s."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["categorical_log_prob_entropy", "sample_categorical"]
+
+
+def categorical_log_prob_entropy(logits: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probability of ``action`` and entropy of a Categorical over ``logits``.
+
+    What ``torch.distributions.Categorical(logits=...)``'s ``log_prob``/``entropy`` compute (the
+    entropy with log-probabilities clamped to the dtype's smallest finite value, so a zero
+    probability adds 0, not NaN), without its argument validation and bookkeeping: forward and
+    backward take 57 us instead of 147 us for 256 samples of 2 actions on one CPU thread, ~9%
+    of a PPO gradient step on CartPole. Log-probabilities come from ``log_softmax``, as
+    :meth:`msrl.rl.actors.ActorCriticActor.act` computes them, so a rollout's and an update's agree bitwise.
+
+    Args:
+        logits: ``(B, n)`` float; action: ``(B,)`` int64 indices in ``[0, n)``.
+
+    Returns:
+        ``(log_prob, entropy)``, each ``(B,)``.
+    """
+    logp = torch.log_softmax(logits, dim=-1)
+    log_prob = logp.gather(-1, action.unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp.exp() * logp.clamp(min=torch.finfo(logp.dtype).min)).sum(-1)
+    return log_prob, entropy
+
+
+def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One draw per row of a Categorical over ``probs``: what ``torch.multinomial(probs, 1,
+    generator=generator).squeeze(-1)`` returns, bitwise, with the same generator use.
+
+    That is ATen's own single-sample path (``multinomial`` in ``aten/src/ATen/native/
+    Distributions.cpp``: the exponential race ``argmax(p / q)``, ``q ~ Exp(1)``, equivalent to
+    the Gumbel-max trick), without its argument checks -- two host syncs per call on a GPU and
+    ~10 us of a ~100 us inference call on one CPU thread. ``probs`` come from a softmax here, so
+    the checks (no NaN, no negative entries, rows summing to more than 0) hold by construction;
+    a NaN loss is caught where the weights are updated (:meth:`msrl.api.Learner.apply_gradients`).
+
+    Args:
+        probs: ``(B, n)`` float, non-negative rows with positive sums (need not be normalised).
+        generator: the RNG to draw from (default: torch's global one).
+
+    Returns:
+        ``(B,)`` int64 indices in ``[0, n)``.
+    """
+    q = torch.empty_like(probs).exponential_(generator=generator)
+    return (probs / q).argmax(-1)

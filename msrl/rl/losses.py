@@ -1,0 +1,94 @@
+"""Policy-gradient losses and the minibatch plumbing of epoch-based updates, written once for
+the algorithms that use them (PPO, MA-PPO and MAPPO call :func:`ppo_loss`; A2C and IMPALA
+:func:`normalize_advantages`), as rlax shares losses between Acme's agents. Each returns 0-d
+tensors on its inputs' device: nothing is read back to the host.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+
+__all__ = ["clipped_surrogate_loss", "clipped_value_loss", "normalize_advantages", "ppo_loss", "explained_variance",
+           "shuffled_minibatches"]
+
+
+def normalize_advantages(advantages: torch.Tensor) -> torch.Tensor:
+    """``(A - mean(A)) / (std(A) + 1e-8)`` over all of ``advantages`` (CleanRL's and SB3's
+    per-minibatch normalisation); a single advantage is returned as it is (its std is NaN)."""
+    if advantages.numel() <= 1:
+        return advantages
+    return (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+
+
+def clipped_surrogate_loss(advantages: torch.Tensor, ratio: torch.Tensor, clip: torch.Tensor | float) -> torch.Tensor:
+    """PPO's clipped surrogate objective as a loss (Schulman et al. 2017, Eq. 7, negated):
+    ``mean(max(-A r, -A clamp(r, 1 - clip, 1 + clip)))`` for advantages and probability ratios
+    ``r = pi(a|s) / pi_old(a|s)`` of the same shape."""
+    return torch.max(-advantages * ratio, -advantages * torch.clamp(ratio, 1 - clip, 1 + clip)).mean()
+
+
+def clipped_value_loss(value: torch.Tensor, old_value: torch.Tensor, returns: torch.Tensor,
+                       clip: torch.Tensor | float | None) -> torch.Tensor:
+    """``0.5 mean((V - R)^2)``, or with ``clip`` the pessimistic clipped form of OpenAI baselines'
+    PPO2 (CleanRL's ``clip_vloss``): ``0.5 mean(max((V - R)^2, (V_old + clamp(V - V_old, -clip,
+    clip) - R)^2))``. All ``(B,)``."""
+    if clip is None:
+        return 0.5 * ((value - returns) ** 2).mean()
+    unclipped = (value - returns) ** 2
+    clipped = old_value + torch.clamp(value - old_value, -clip, clip)
+    return 0.5 * torch.max(unclipped, (clipped - returns) ** 2).mean()
+
+
+def ppo_loss(new_log_prob: torch.Tensor, entropy: torch.Tensor, new_value: torch.Tensor, old_log_prob: torch.Tensor,
+             old_value: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor, clip: torch.Tensor | float, *,
+             norm_adv: bool, clip_vloss: bool, ent_coef: float, vf_coef: float,
+             ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO's loss on one minibatch (Schulman et al. 2017, Eq. 9 with the clipped surrogate of
+    Eq. 7; CleanRL ``ppo.py``): ``L = L_clip - ent_coef * H + vf_coef * L_V``.
+
+    Args:
+        new_log_prob, entropy, new_value: ``(b,)`` under the current networks (with gradients).
+        old_log_prob, old_value, advantages, returns: ``(b,)`` from the rollout.
+        clip: the clipping coefficient (a float or a 0-d tensor); norm_adv: normalise the
+        minibatch's advantages; clip_vloss: the clipped value loss; ent_coef, vf_coef: weights.
+
+    Returns:
+        ``(loss, metrics)``: the scalar loss, and 0-d tensors ``losses/value_loss``,
+        ``losses/policy_loss``, ``losses/entropy``, ``losses/old_approx_kl``,
+        ``losses/approx_kl`` (Schulman's k3 estimator, ``(r - 1) - log r``) and
+        ``losses/clipfrac`` (the fraction of ratios outside ``1 +- clip``), detached.
+    """
+    logratio = new_log_prob - old_log_prob
+    ratio = logratio.exp()
+    with torch.no_grad():
+        old_approx_kl = (-logratio).mean()
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > clip).float().mean()
+    adv = normalize_advantages(advantages) if norm_adv else advantages
+    pg_loss = clipped_surrogate_loss(adv, ratio, clip)
+    v_loss = clipped_value_loss(new_value, old_value, returns, clip if clip_vloss else None)
+    entropy_loss = entropy.mean()
+    loss = pg_loss - ent_coef * entropy_loss + v_loss * vf_coef
+    return loss, {"losses/value_loss": v_loss.detach(), "losses/policy_loss": pg_loss.detach(),
+                  "losses/entropy": entropy_loss.detach(), "losses/old_approx_kl": old_approx_kl,
+                  "losses/approx_kl": approx_kl, "losses/clipfrac": clipfrac}
+
+
+def explained_variance(predicted: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """``1 - Var(target - predicted) / Var(target)`` (NaN where the target does not vary), a 0-d
+    tensor: how much of the returns' variance the value function explains."""
+    var_y = torch.var(target)
+    return torch.where(var_y == 0, float("nan"), 1 - torch.var(target - predicted) / var_y)
+
+
+def shuffled_minibatches(batch_size: int, num_minibatches: int, generator: torch.Generator,
+                         device: torch.device) -> Iterator[torch.Tensor]:
+    """One epoch's minibatches: a permutation of ``range(batch_size)`` drawn from ``generator``,
+    cut into ``num_minibatches`` index tensors of ``batch_size // num_minibatches`` (at least 1)
+    each, int64 on ``device``; a remainder of the permutation is left out (CleanRL's loop)."""
+    minibatch_size = max(1, batch_size // num_minibatches)
+    perm = torch.randperm(batch_size, generator=generator, device=device)
+    for start in range(0, batch_size - minibatch_size + 1, minibatch_size):
+        yield perm[start:start + minibatch_size]

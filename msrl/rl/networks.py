@@ -1,0 +1,148 @@
+"""Networks the algorithms build on: CleanRL's orthogonally initialised layers and tanh MLPs,
+the separate-MLP actor-critic (with the Nature CNN trunk for frames), built from a seed.
+
+Shared math and plumbing only (:mod:`msrl.rl`): no algorithm's learner lives here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium
+import numpy as np
+import torch
+from torch import nn
+
+from msrl.api import BuildContext
+from msrl.normalization import RunningMeanStd
+from msrl.rl.distributions import categorical_log_prob_entropy
+
+__all__ = ["layer", "mlp", "nature_cnn", "ActorCritic", "build_actor_critic"]
+
+
+def layer(n_in: int, n_out: int, std: float = math.sqrt(2), bias: float = 0.0) -> nn.Linear:
+    """A linear layer ``(B, n_in) -> (B, n_out)`` with orthogonal weights of gain ``std`` and a
+    constant bias (CleanRL's ``layer_init``; Saxe et al. 2014 for orthogonal initialisation)."""
+    linear = nn.Linear(n_in, n_out)
+    nn.init.orthogonal_(linear.weight, std)
+    nn.init.constant_(linear.bias, bias)
+    return linear
+
+
+def mlp(n_in: int, hidden: tuple[int, ...], n_out: int, out_std: float) -> nn.Sequential:
+    """A tanh MLP ``(B, n_in) -> (B, n_out)``: hidden layers of widths ``hidden`` (orthogonal
+    init, gain sqrt(2)) and an output layer of gain ``out_std`` (CleanRL: 0.01 for policy
+    logits, 1.0 for values)."""
+    layers: list[nn.Module] = []
+    for h in hidden:
+        layers += [layer(n_in, h), nn.Tanh()]
+        n_in = h
+    layers.append(layer(n_in, n_out, std=out_std))
+    return nn.Sequential(*layers)
+
+
+class ActorCritic(nn.Module):
+    """Separate actor and critic MLPs with tanh activations and orthogonal init (CleanRL).
+
+    Args:
+        observation_space: a Box; observations are flattened to ``obs_dim``.
+        action_space: Discrete (logits over ``n``) or Box (Gaussian mean over its flat size).
+        hidden_sizes: widths of the hidden layers.
+        obs_clip: normalize observations by running statistics (``obs_rms``, a
+            :class:`~msrl.normalization.RunningMeanStd` in the state dict) and clip them to
+            ``[-obs_clip, obs_clip]``; ``None``: observations as they come.
+
+    Raises:
+        ValueError: another kind of space.
+    """
+
+    def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space, hidden_sizes: tuple[int, ...],
+                 obs_clip: float | None = None) -> None:
+        super().__init__()
+        if not isinstance(observation_space, gymnasium.spaces.Box):
+            raise ValueError(f"PPO needs a Box observation space, got {observation_space}")
+        obs_dim = int(np.prod(observation_space.shape))
+        self.discrete = isinstance(action_space, gymnasium.spaces.Discrete)
+        if self.discrete:
+            n_out = int(action_space.n)
+        elif isinstance(action_space, gymnasium.spaces.Box):
+            n_out = int(np.prod(action_space.shape))
+            self.action_shape = tuple(action_space.shape)
+            self.actor_logstd = nn.Parameter(torch.zeros(1, n_out))
+        else:
+            raise ValueError(f"PPO supports Discrete and Box action spaces, got {action_space}")
+        self.obs_clip = obs_clip
+        self.image = observation_space.dtype == np.uint8 and len(observation_space.shape) == 3
+        if self.image:  # frames (C, H, W): the Nature CNN trunk shared by both heads (CleanRL ppo_atari.py)
+            if obs_clip is not None:
+                raise ValueError("normalize_obs is for vector observations; image observations are scaled by 1/255")
+            self.trunk = nature_cnn(observation_space.shape[0], observation_space.shape[1:])
+            self.critic = layer(512, 1, std=1.0)
+            self.actor = layer(512, n_out, std=0.01)
+            return
+        self.critic = mlp(obs_dim, hidden_sizes, 1, out_std=1.0)
+        self.actor = mlp(obs_dim, hidden_sizes, n_out, out_std=0.01)
+        if obs_clip is not None:
+            self.obs_rms = RunningMeanStd((obs_dim,))
+
+    def features(self, obs: torch.Tensor) -> torch.Tensor:
+        """The heads' input: observations ``(B, *obs_shape)`` flattened to ``(B, obs_dim)``
+        (normalized when the net normalizes), or for frames the CNN trunk's ``(B, 512)``."""
+        if self.image:
+            return self.trunk(obs.float() / 255.0)
+        x = obs.flatten(1)
+        return x if self.obs_clip is None else self.obs_rms.normalize(x, self.obs_clip)
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        """``V(s)`` for observations ``(B, *obs_shape)`` -> ``(B,)``."""
+        return self.critic(self.features(obs)).squeeze(-1)
+
+    def distribution(self, obs: torch.Tensor) -> torch.distributions.Distribution:
+        """The policy's action distribution for ``(B, *obs_shape)`` observations."""
+        out = self.actor(self.features(obs))
+        if self.discrete:
+            return torch.distributions.Categorical(logits=out, validate_args=False)
+        # validate_args=False: the default checks are data-dependent ifs, a host sync per call on a GPU
+        return torch.distributions.Normal(out, self.actor_logstd.expand_as(out).exp(), validate_args=False)
+
+    def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(log_prob, entropy, value)`` of ``action`` under the current policy, each ``(B,)``."""
+        x = self.features(obs)
+        value = self.critic(x).squeeze(-1)
+        out = self.actor(x)
+        if self.discrete:
+            log_prob, entropy = categorical_log_prob_entropy(out, action)
+            return log_prob, entropy, value
+        dist = torch.distributions.Normal(out, self.actor_logstd.expand_as(out).exp(), validate_args=False)
+        flat = action.flatten(1)
+        return dist.log_prob(flat).sum(-1), dist.entropy().sum(-1), value
+
+
+def nature_cnn(channels: int, hw: tuple[int, ...]) -> nn.Sequential:
+    """The DQN paper's convolutional trunk (Mnih et al. 2015, Methods: 32 8x8 filters stride 4,
+    64 4x4 stride 2, 64 3x3 stride 1, then 512 units, ReLU), orthogonally initialised as CleanRL's
+    ``ppo_atari.py``: ``(B, channels, *hw)`` float in [0, 1] -> ``(B, 512)``."""
+    conv = nn.Sequential(_layer_conv(channels, 32, 8, 4), nn.ReLU(), _layer_conv(32, 64, 4, 2), nn.ReLU(),
+                         _layer_conv(64, 64, 3, 1), nn.ReLU(), nn.Flatten())
+    with torch.no_grad():
+        n = conv(torch.zeros(1, channels, *hw)).shape[1]
+    return nn.Sequential(*conv, layer(n, 512), nn.ReLU())
+
+
+def _layer_conv(c_in: int, c_out: int, kernel: int, stride: int) -> nn.Conv2d:
+    layer = nn.Conv2d(c_in, c_out, kernel, stride)
+    nn.init.orthogonal_(layer.weight, math.sqrt(2))
+    nn.init.constant_(layer.bias, 0.0)
+    return layer
+
+
+def build_actor_critic(ctx: BuildContext) -> ActorCritic:
+    """An :class:`ActorCritic` for ``ctx``'s spaces and ``ctx.hparams.hidden_sizes``, initialised
+    from ``ctx.seed`` (so an actor and a learner built from one seed start equal), on
+    ``ctx.device``."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(ctx.seed)
+        hp = ctx.hparams  # PPO's, or another algorithm's (A2C) without normalization options
+        net = ActorCritic(ctx.env_spec.observation_space, ctx.env_spec.action_space, hp.hidden_sizes,
+                          hp.obs_clip if getattr(hp, "normalize_obs", False) else None)
+    return net.to(ctx.device)
