@@ -3,9 +3,8 @@
 Programs are lowered as by ``torch_graph``; what differs is the env: a native env built in a
 ``cuda_kernel`` fragment runs its ``reset``/``step`` through its kernels (the GPU build on a CUDA
 device, the host build on the CPU; :mod:`msrl.envs.native.kernels`) instead of its torch
-reference. A gymnasium env is refused (a config error; a ``ValueError`` when built directly).
-
-The kernel machinery's names are re-exported here for the code written against this module.
+reference. A gymnasium env is refused (a config error; a ``ValueError`` when built directly). The
+kernel machinery itself is :mod:`msrl.envs.native.kernels`.
 """
 
 from __future__ import annotations
@@ -16,33 +15,15 @@ import torch
 
 from msrl.backend import Backend
 from msrl.codegen import Lowering
-from msrl.envs.native.kernels import (  # noqa: F401 - re-exported
-    DEVICE_FLAGS,
-    HOST_FLAGS,
-    SHIM,
-    DeviceKernelModule,
-    HostKernelModule,
-    KernelCompileError,
-    KernelModule,
-    KernelSignature,
-    LaunchSequence,
-    Slot,
-    keyed_source,
-    load_kernels,
-    nvcc_compile,
-    parse_kernels,
-)
 from msrl.errors import ConfigError
 from msrl.fragments.torch_graph import LOWERING as TORCH_GRAPH
 
-__all__ = ["BACKEND", "CudaKernelBackend", "KernelCompileError", "KernelSignature", "KernelModule", "LaunchSequence",
-           "Slot", "HostKernelModule", "DeviceKernelModule", "load_kernels", "parse_kernels", "nvcc_compile", "SHIM",
-           "HOST_FLAGS"]
+__all__ = ["BACKEND", "CudaKernelBackend"]
 
 
 class CudaKernelBackend(Backend):
     """``torch_graph``'s lowering; the fragment's env is a native env stepped by its CUDA C
-    kernels (GPU build on CUDA, host build on the CPU: :func:`load_kernels`)."""
+    kernels (GPU build on CUDA, host build on the CPU: :func:`msrl.envs.native.kernels.load_kernels`)."""
 
     def build_env(self, env_id: str, num_envs: int, device: torch.device | str, engine: str,
                   env_kwargs: Any = None, wrappers: Sequence[str] = (), num_workers: int | None = None) -> Any:

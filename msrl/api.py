@@ -74,7 +74,10 @@ Fraction = Annotated[float, Gt(0), Le(1)]
 #: hidden layer widths, each >= 1, at least one layer
 LayerSizes = Annotated[tuple[PositiveInt, ...], MinLen(1)]
 
-#: How a component method's result relates to the env axis (see :func:`returns`).
+#: How a value relates to the env axis (see :func:`returns`): ``sharded`` (one row per env,
+#: split with the envs), ``batch`` (rows of a fixed-size batch, concatenated when gathered: a
+#: replay sample) or ``replicated`` (the same whole value everywhere: weights, metrics). The
+#: one definition; the partitioner chooses comm ops by it.
 VALUE_KINDS: tuple[str, ...] = ("sharded", "batch", "replicated")
 
 

@@ -45,7 +45,7 @@ class TrainingLoop:
         self.cfg, self.spec, self.job = cfg, spec, job
         self.metrics: MetricsWriter | None = None
         self._saving = False  # a checkpoint is being written
-        self.E = spec.env_steps_per_iteration
+        self.steps_per_iteration = spec.env_steps_per_iteration
         if resume is None:
             if reuse is None:
                 self.run_dir = new_run_dir(cfg)
@@ -87,7 +87,7 @@ class TrainingLoop:
 
         # one speed: training env steps per second of training time (evaluations excluded), the
         # figure the final summary reports; tqdm's own rate only feeds the time-remaining estimate
-        return tqdm(total=self.spec.num_iterations * self.E, initial=self.job.env_steps, unit="step", dynamic_ncols=True,
+        return tqdm(total=self.spec.num_iterations * self.steps_per_iteration, initial=self.job.env_steps, unit="step", dynamic_ncols=True,
                     desc="training", bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} "
                                                 "[{elapsed}<{remaining}{postfix}]")
 
@@ -139,7 +139,7 @@ class TrainingLoop:
         cfg, it, done_eval = self.cfg, self.job.iteration, self.progress.done_eval
         n = min(self.spec.num_iterations - it, cfg.train.checkpoint_every - it % cfg.train.checkpoint_every)
         if cfg.train.eval_every:
-            n = min(n, max(1, -(-((done_eval + 1) * cfg.train.eval_every - self.job.env_steps) // self.E)))
+            n = min(n, max(1, -(-((done_eval + 1) * cfg.train.eval_every - self.job.env_steps) // self.steps_per_iteration)))
         return max(1, min(n, 1 if iter_s is None else int(self.CHUNK_S / max(iter_s, 1e-6)) or 1))
 
     def _chunk(self, n: int) -> float:
@@ -160,11 +160,11 @@ class TrainingLoop:
             # the speed and return so far set before the update draws: every frame after the
             # first shows them, whether or not this update redraws (tqdm's mininterval)
             self._postfix(job.env_steps / max(p.time_s + chunk_dt, 1e-9))
-            self.bar.update(self.E * n)  # before an evaluation, so "evaluating" shows the steps it evaluates at
+            self.bar.update(self.steps_per_iteration * n)  # before an evaluation, so "evaluating" shows the steps it evaluates at
         eval_dt = 0.0
         for i, rec in enumerate(records):
             p.faults["lost_episodes"] += rec["episodes"].lost
-            row = iteration_row(rec, it + i + 1, p.time_s + chunk_dt * (i + 1) / n, self.E,
+            row = iteration_row(rec, it + i + 1, p.time_s + chunk_dt * (i + 1) / n, self.steps_per_iteration,
                                 p.faults if job.restarts_replicas else None,
                                 p.faults["lost_episodes"] if self.cfg.env.engine == "process" and not job.restarts_replicas
                                 else None)
@@ -214,7 +214,7 @@ class TrainingLoop:
         ckpt = self.run_dir / CHECKPOINT
         good = ckpt if ckpt.is_file() else None
         if self.job.iterations_exact or n == 1:  # the job counts the iterations of the chunk that finished
-            steps_before += (self.job.iteration - it) * self.E
+            steps_before += (self.job.iteration - it) * self.steps_per_iteration
             where, failed = f"at iteration {self.job.iteration + 1} (after env step {steps_before})", self.job.iteration + 1
         else:
             where, failed = f"in iterations {it + 1}-{it + n} (after env step {steps_before})", it + 1

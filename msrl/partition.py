@@ -45,6 +45,7 @@ import dataclasses
 from collections import defaultdict
 from typing import Any, Iterable, Mapping
 
+from msrl.api import VALUE_KINDS
 from msrl.errors import InputError
 from msrl.graph import COMM_KINDS, CommTarget, Graph, Node, NodeKind
 from msrl.policy import DistributionPolicy, FragmentSpec
@@ -58,13 +59,8 @@ __all__ = [
     "partition",
     "value_info",
     "boundary_values",
-    "VALUE_KINDS",
+    "VALUE_KINDS",  # (msrl.api's, where a component declares them)
 ]
-
-#: How a value relates to the env axis: ``sharded`` (one row per env, split with the envs),
-#: ``batch`` (rows of a fixed-size batch, concatenated when gathered: a replay sample) or
-#: ``replicated`` (the same whole value everywhere: weights, metrics).
-VALUE_KINDS = ("sharded", "batch", "replicated")
 
 
 class PartitionError(InputError, ValueError):
@@ -384,7 +380,8 @@ class _Assigner:
         self.order = [f.name for f in policy.fragments]
         self.flows = {m: _Flow(g) for m, g in graphs.items()}
         self.users = {m: fl.users() for m, fl in self.flows.items()}
-        self.F: dict[tuple[str, int], set[str]] = {}
+        #: (method, node id) -> the fragments the node runs in (the fixpoint being computed)
+        self.fragments_of: dict[tuple[str, int], set[str]] = {}
         self.comms: dict[tuple[str, int, int, str, str], _Comm] = {}
         # trainer attribute -> its state_in / state_out nodes over every method
         self.state_in: dict[str, list[tuple[str, Node]]] = defaultdict(list)
@@ -399,7 +396,7 @@ class _Assigner:
     # helpers
     def f(self, m: str, node: Node | int) -> set[str]:
         nid = node if isinstance(node, int) else node.id
-        return self.F.setdefault((m, nid), set())
+        return self.fragments_of.setdefault((m, nid), set())
 
     def node(self, m: str, nid: int) -> Node:
         return self.flows[m].nodes[nid]
@@ -444,7 +441,7 @@ class _Assigner:
             for node in g.walk():
                 if node.kind is NodeKind.CALL:
                     try:
-                        self.F[(m, node.id)] = {self.policy.assign(node)}
+                        self.fragments_of[(m, node.id)] = {self.policy.assign(node)}
                     except KeyError:
                         raise PartitionError(
                             f"node %{node.id} at {node.where()} calls role {node.role!r}, which policy "
@@ -456,7 +453,7 @@ class _Assigner:
                 for node in g.walk():
                     new = self.rule(m, node)
                     if new is not None and new != self.f(m, node):
-                        self.F[(m, node.id)] = new
+                        self.fragments_of[(m, node.id)] = new
                         changed = True
             self.comms = {}
             changed |= self.plan_comms()
@@ -525,7 +522,7 @@ class _Assigner:
                         for c in at:
                             cn = self.node(m, c)
                             if self.control(cn) and cn.kind is not NodeKind.LOOP and src not in self.f(m, cn):
-                                self.F[(m, c)] = self.f(m, cn) | {src}
+                                self.fragments_of[(m, c)] = self.f(m, cn) | {src}
                                 grown = True
                         if key not in self.comms:
                             self.comms[key] = _Comm(m, region, after, name, src, dst, data, self.node(m, u))

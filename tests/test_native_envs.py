@@ -8,7 +8,7 @@ import torch
 
 from msrl.envs.native import CartPole
 from msrl.envs.native.check import check_cartpole
-from msrl.fragments.cuda_kernel import DeviceKernelModule, KernelCompileError, KernelModule, Slot, load_kernels, nvcc_compile, parse_kernels
+from msrl.envs.native.kernels import DeviceKernelModule, KernelCompileError, KernelModule, Slot, load_kernels, nvcc_compile, parse_kernels
 
 CU_FILES = sorted(pathlib.Path(__file__).resolve().parents[1].glob("msrl/envs/native/*.cu"))
 
@@ -221,7 +221,7 @@ def test_gpu_module_converts_arguments_once_and_launches_in_order(tmp_path, monk
 
 def test_gpu_source_changes_with_its_headers(tmp_path):
     """CuPy caches kernels by source text: a header's edit must change the text NVRTC gets."""
-    from msrl.fragments.cuda_kernel import keyed_source
+    from msrl.envs.native.kernels import keyed_source
 
     (tmp_path / "h.cuh").write_text("#define K 1\n")
     src = tmp_path / "k.cu"
