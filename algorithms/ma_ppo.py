@@ -84,6 +84,10 @@ class MultiAgentPPOConfig:
     """stop the epochs of an iteration early when the approximate KL exceeds this"""
     hidden_sizes: LayerSizes = (64, 64)
     """hidden layer widths of the actor and of the critic MLPs"""
+    normalize_obs: bool = False
+    """PPO's single-agent observation normalisation: not supported here (must stay false)"""
+    normalize_reward: bool = False
+    """PPO's single-agent reward normalisation: not supported here (must stay false)"""
     num_agent_types: PositiveInt = 2
     """agent types, each with its own actor and critic (Tag: runners = 0, taggers = 1)"""
     trained_types: tuple[NonNegativeInt, ...] | None = None
@@ -92,6 +96,9 @@ class MultiAgentPPOConfig:
 
     def __post_init__(self) -> None:
         self.hidden_sizes = tuple(self.hidden_sizes)
+        if self.normalize_obs or self.normalize_reward:
+            raise ValueError("normalize_obs and normalize_reward are PPO's single-agent options; ma_ppo does not "
+                             "normalize (leave them false)")
 
 
 class TypedActorCritic(nn.Module):

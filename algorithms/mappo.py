@@ -88,9 +88,16 @@ class MAPPOConfig:
     """stop the epochs of an iteration early when the approximate KL exceeds this"""
     hidden_sizes: LayerSizes = (64, 64)
     """hidden layer widths of the actor and of the critic MLPs"""
+    normalize_obs: bool = False
+    """PPO's single-agent observation normalisation: not supported here (must stay false)"""
+    normalize_reward: bool = False
+    """PPO's single-agent reward normalisation: not supported here (must stay false)"""
 
     def __post_init__(self) -> None:
         self.hidden_sizes = tuple(self.hidden_sizes)
+        if self.normalize_obs or self.normalize_reward:
+            raise ValueError("normalize_obs and normalize_reward are PPO's single-agent options; mappo does not "
+                             "normalize (leave them false)")
 
 
 def _nvec(space: gymnasium.Space) -> list[int]:

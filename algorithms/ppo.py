@@ -122,7 +122,7 @@ class PPOLearner(Learner):
         self.iteration = torch.zeros((), dtype=torch.int64, device=ctx.device)
         self.generator = torch.Generator(device=ctx.device)
         self.generator.manual_seed(ctx.seed + 1)
-        self.replicas = ctx.num_replicas  # learners whose statistics gradient_hook averages
+        self.replicas = ctx.num_replicas  # learners whose statistics reduce_statistics averages
         if self.hp.normalize_reward:
             self.return_rms = RunningMeanStd(()).to(ctx.device)
             self.discounted_return: torch.Tensor | None = None  # (N,), per env, across iterations
@@ -165,7 +165,7 @@ class PPOLearner(Learner):
             clip,
         )
         if hp.normalize_obs:  # after the update: the next rollout normalizes with these statistics
-            net.obs_rms.update(b_obs.flatten(1), self.gradient_hook, self.replicas)
+            net.obs_rms.update(b_obs.flatten(1), self.reduce_statistics, self.replicas)
         return metrics
 
     @torch.no_grad()
@@ -182,7 +182,7 @@ class PPOLearner(Learner):
             g = g * self.hp.gamma * (~terminated[t]).to(torch.float64) + reward[t].to(torch.float64)
             returns[t] = g
         self.discounted_return.copy_(g)  # in place: a captured iteration replays the update
-        self.return_rms.update(returns.flatten(), self.gradient_hook, self.replicas)
+        self.return_rms.update(returns.flatten(), self.reduce_statistics, self.replicas)
         return self.return_rms.normalize(reward, self.hp.reward_clip, center=False)
 
     def schedule(self) -> tuple[torch.Tensor, torch.Tensor | float]:

@@ -14,15 +14,20 @@ Roles:
 * :class:`Environment` -- batched env on tensors with a leading env dimension ``(N, ...)``.
 * :class:`Actor` -- policy inference; holds networks; ``get_weights``/``set_weights``.
 * :class:`Learner` -- ``learn(batch) -> metrics``; owns networks and optimiser. Its gradient
-  step goes through :meth:`Learner.apply_gradients`, the point where ``multi_learner``
-  all-reduces gradients.
+  step goes through :meth:`Learner.apply_gradients` and its running statistics through
+  :meth:`Learner.reduce_statistics`: the declared **collective points** where a replicated
+  learner (``multi_learner``) averages over its replicas, each an ``allreduce`` node of the
+  graph (:data:`COLLECTIVE_POINTS`, :func:`collective_scope`).
 * :class:`Buffer` -- rollout or replay storage.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
-from typing import Annotated, Any, Callable, ClassVar, Mapping
+import types
+from typing import Annotated, Any, Callable, ClassVar, Iterator, Mapping
 
 import gymnasium
 import torch
@@ -55,6 +60,9 @@ __all__ = [
     "returns",
     "declared_kinds",
     "VALUE_KINDS",
+    "COLLECTIVE_POINTS",
+    "collective_scope",
+    "in_gradient_step",
 ]
 
 # -- hyperparameter types: bounds an algorithm's hparams dataclass declares on its fields, which
@@ -377,6 +385,48 @@ def _clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor
     return total
 
 
+#: The learner's declared collective points: what a replicated learner averages over its
+#: replicas, each reached through its method -- ``"gradients"``: every gradient step's
+#: gradients (:meth:`Learner.apply_gradients`, as torch DDP); ``"statistics"``: running
+#: statistics such as observation normalisation's (:meth:`Learner.reduce_statistics`, as
+#: SyncBatchNorm beside DDP). The partitioner gives each point a call reaches its own
+#: ``allreduce`` node.
+COLLECTIVE_POINTS: tuple[str, ...] = ("gradients", "statistics")
+
+#: (id of a learner, point) -> what reduces there, for the code running in this context
+_NO_REDUCERS: Mapping[tuple[int, str], Callable[[list[torch.Tensor]], Any]] = types.MappingProxyType({})
+_REDUCERS: contextvars.ContextVar[Mapping[tuple[int, str], Callable[[list[torch.Tensor]], Any]]] = contextvars.ContextVar(
+    "msrl_collective_reducers", default=_NO_REDUCERS)
+_IN_GRADIENT_STEP: contextvars.ContextVar[bool] = contextvars.ContextVar("msrl_in_gradient_step", default=False)
+
+
+@contextlib.contextmanager
+def collective_scope(learner: Any, point: str, reduce: Callable[[list[torch.Tensor]], Any]) -> Iterator[None]:
+    """While the block runs (in this thread or task: a ``contextvars`` scope, nothing is set on
+    ``learner``), ``learner``'s collective point ``point`` passes its tensors to ``reduce``,
+    which replaces them in place by their mean over the learner's replicas. What a generated
+    program's ``allreduce`` region opens around its call
+    (:meth:`msrl.runtime.endpoint.Endpoint.allreduce`); the probe opens it to see which calls
+    reach which point.
+
+    Raises:
+        ValueError: ``point`` is not one of :data:`COLLECTIVE_POINTS`.
+    """
+    if point not in COLLECTIVE_POINTS:
+        raise ValueError(f"unknown collective point {point!r}; points are {COLLECTIVE_POINTS}")
+    token = _REDUCERS.set({**_REDUCERS.get(), (id(learner), point): reduce})
+    try:
+        yield
+    finally:
+        _REDUCERS.reset(token)
+
+
+def in_gradient_step() -> bool:
+    """Whether the code running now is inside :meth:`Learner.apply_gradients` (an optimiser
+    stepped outside it is not at the learner's gradient point: the probe names its line)."""
+    return _IN_GRADIENT_STEP.get()
+
+
 class Learner(Component):
     """Owns the trained networks and their optimisers. Typical use::
 
@@ -386,15 +436,29 @@ class Learner(Component):
     every gradient step through :meth:`apply_gradients`. A learner with several optimisers
     (SAC: actor, twin critics, entropy temperature) passes each step's optimiser:
     ``self.apply_gradients(critic_loss, optimizer=self.q_optimizer)``, one call per optimiser,
-    so the gradient hook (``multi_learner``'s all-reduce) covers each.
+    so the gradient all-reduce (``multi_learner``) covers each. Running statistics that every
+    replica must share (observation or return normalisation) go through
+    :meth:`reduce_statistics`.
     """
 
     parameters: list[torch.Tensor]
     optimizer: torch.optim.Optimizer
-    #: Called on the gradients between backward and the optimiser step. A replicated learner's
-    #: generated program sets it for the duration of each gradient-point call (the graph's
-    #: ``allreduce`` region, :meth:`msrl.runtime.endpoint.Endpoint.allreduce_gradients`); ``None`` otherwise.
-    gradient_hook: Callable[[list[torch.Tensor]], None] | None = None
+
+    def _reduce(self, point: str, tensors: list[torch.Tensor]) -> None:
+        reduce = _REDUCERS.get().get((id(self), point))
+        if reduce is not None:
+            reduce(tensors)
+
+    def reduce_statistics(self, tensors: list[torch.Tensor]) -> None:
+        """The statistics collective point: replaces ``tensors`` (one dtype, e.g. a batch's
+        float64 moments) in place by their mean over a replicated learner's replicas, so every
+        replica's running statistics stay bitwise equal; a single learner's are left as they
+        are. An ``allreduce`` node of the graph of its own (``<method>/a<k>:statistics``).
+
+        Args:
+            tensors: this replica's values; every replica passes the same shapes.
+        """
+        self._reduce("statistics", tensors)
 
     def learn(self, batch: Any) -> dict[str, float]:
         """Updates the networks from ``batch``; returns scalar metrics keyed ``losses/...``."""
@@ -410,14 +474,15 @@ class Learner(Component):
         max_grad_norm: float | None = None,
         optimizer: torch.optim.Optimizer | None = None,
     ) -> torch.Tensor:
-        """One optimiser step on ``loss``: zero grads, backward, gradient hook, clip, step.
+        """One optimiser step on ``loss``: zero grads, backward, the gradient collective point
+        (under a replicated learner: the gradients averaged over its replicas), clip, step.
 
         Args:
             loss: scalar tensor.
             max_grad_norm: clip the global L2 norm of the optimiser's gradients to this value
                 (``None``: no clipping).
             optimizer: the optimiser to step (default ``self.optimizer``). Only its parameters
-                are zeroed, passed to the gradient hook, clipped and stepped; gradients the loss
+                are zeroed, all-reduced, clipped and stepped; gradients the loss
                 leaves on other parameters are zeroed by their own optimiser's next step.
 
         Returns:
@@ -440,13 +505,18 @@ class Learner(Component):
             for p in group["params"]:
                 p.grad = None
         loss.backward()
-        if self.gradient_hook is not None:
-            self.gradient_hook([p.grad for p in params if p.grad is not None])
+        reduce = _REDUCERS.get().get((id(self), "gradients"))
+        if reduce is not None:  # a replicated learner's gradient all-reduce
+            reduce([p.grad for p in params if p.grad is not None])
         if max_grad_norm is not None:
             norm = _clip_grad_norm(params, max_grad_norm)
         else:
             norm = torch.full((), float("nan"), device=loss.device)
-        optimizer.step()
+        token = _IN_GRADIENT_STEP.set(True)
+        try:
+            optimizer.step()
+        finally:
+            _IN_GRADIENT_STEP.reset(token)
         return norm.detach()
 
 

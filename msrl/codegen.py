@@ -1,7 +1,7 @@
 """Code generation: a fragment's region graph -> a Python program held in memory (DESIGN.md §4).
 
 The program keeps the loop and branch structure of the traced method restricted to the fragment's nodes
-plus its comm ops; a gradient ``allreduce`` region becomes a ``with comm.allreduce_gradients(...)``
+plus its comm ops; an ``allreduce`` region becomes a ``with comm.allreduce_region(...)``
 block around its call, and central inference's ``serve`` region a nested ``_msrl_served``
 function run by ``comm.serve``. Each node is lowered by its backend's rule table (:class:`Lowering`), so a
 new op is a new table entry. Generated sources are registered with :mod:`linecache` under
@@ -151,10 +151,10 @@ def generate(
                 line_nodes[len(lines)] = node
                 continue
             if node.kind is NodeKind.ALLREDUCE and node.body is not None:
-                # the gradient steps of the call inside are averaged over the fragment's replicas
-                call = next(iter(node.body))
-                lines.append(f"{pad}with {ctx.comm}.allreduce_gradients({node.target.boundary!r}, self.{call.role}):"
-                             f"  # %{node.id} {node.where()}")
+                # what the call inside passes through its collective point (the target's value:
+                # gradients, statistics) is averaged over the fragment's replicas
+                lines.append(f"{pad}with {ctx.comm}.allreduce_region({node.target.boundary!r}, {node.target.value!r}, "
+                             f"self.{node.meta['role']}):  # %{node.id} {node.where()}")
                 line_nodes[len(lines)] = node
                 emit(node.body, depth + 1)
                 continue

@@ -4,9 +4,10 @@ buffers so they travel with its weights (to actors, into checkpoints, to ``msrl.
 The statistics are updated a batch at a time with the parallel-variance combination of Chan,
 Golub and LeVeque (1979, "Updating formulae and a pairwise algorithm for computing sample
 variances"), as gymnasium's ``RunningMeanStd`` (used by ``NormalizeObservation`` and
-``NormalizeReward``, CleanRL's normalization) does. A ``reduce`` hook (a learner's
-``gradient_hook``: the mean over ``multi_learner``'s replicas) turns a replica's batch moments
-into the moments of every replica's batch, so every replica's statistics stay bitwise equal.
+``NormalizeReward``, CleanRL's normalization) does. A ``reduce`` function (a learner's
+statistics point, :meth:`msrl.api.Learner.reduce_statistics`: the mean over ``multi_learner``'s
+replicas) turns a replica's batch moments into the moments of every replica's batch, so every
+replica's statistics stay bitwise equal.
 """
 
 from __future__ import annotations

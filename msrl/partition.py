@@ -45,7 +45,7 @@ import dataclasses
 from collections import defaultdict
 from typing import Any, Iterable, Mapping
 
-from msrl.api import VALUE_KINDS
+from msrl.api import COLLECTIVE_POINTS, VALUE_KINDS
 from msrl.errors import InputError
 from msrl.graph import COMM_KINDS, CommTarget, Graph, Node, NodeKind
 from msrl.policy import DistributionPolicy, FragmentSpec
@@ -118,16 +118,20 @@ class Boundary:
 
 @dataclasses.dataclass(frozen=True)
 class Collective:
-    """A collective among the replicas of one fragment, placed by the partitioner: the
-    gradient all-reduce of a replicated learner (an ``allreduce`` region around the call that
-    takes the gradient steps; DD-PPO, Wijmans et al. 2020; as torch DDP averages gradients).
+    """A collective among the replicas of one fragment, placed by the partitioner at one of a
+    replicated learner's collective points (:data:`msrl.api.COLLECTIVE_POINTS`): the gradient
+    all-reduce (an ``allreduce`` region around the call that takes the gradient steps; DD-PPO,
+    Wijmans et al. 2020; as torch DDP averages gradients) and, beside it, the all-reduce of its
+    running statistics (as SyncBatchNorm's own collective beside DDP's).
 
     Attributes:
-        name: unique id, ``"<method>/a<k>:gradients"``; the region's :class:`CommTarget` carries it.
+        name: unique id, ``"<method>/a<k>:<point>"``; the region's :class:`CommTarget` carries it.
         method: the traced method; ``fragment``: whose replicas take part; ``replicas``: how many.
-        op: :attr:`NodeKind.ALLREDUCE`; ``value``: what is reduced (``"gradients"``).
-        call: ``file:line`` and ``role.method`` of the gradient-point call.
-        gradient_step: the probe's ``{"tensors", "bytes"}`` of one gradient step (``None``: not probed).
+        op: :attr:`NodeKind.ALLREDUCE`; ``value``: the point, what is reduced (``"gradients"``
+            or ``"statistics"``).
+        call: ``file:line`` and ``role.method`` of the call that reaches the point.
+        gradient_step: the probe's ``{"tensors", "bytes"}`` of one reduction at the point (the
+            largest; ``None``: not probed).
         in_loop, in_branch: whether the region sits inside a loop, a branch.
     """
 
@@ -661,7 +665,7 @@ class _Builder:
             self.boundaries[id(c)] = (b, src_kind, dst_kind)
             self.by_pos[(id(c.region), c.after.id)].append(c)
         self.index = {id(c): k for k, c in enumerate(comms)}
-        #: the gradient all-reduces placed (``allreduce`` regions), in program order
+        #: the all-reduces placed (``allreduce`` regions, one per collective point), in program order
         self.allreduces: list[Collective] = []
 
     def comm_nodes(self, comms: list[_Comm], frag: str) -> list[Node]:
@@ -684,41 +688,45 @@ class _Builder:
             out.append(node)
         return out
 
-    def averages_gradients(self, node: Node, frag: str) -> bool:
-        """Whether ``node`` (a call of ``frag``) is a gradient point whose steps ``frag``'s
-        replicas average: a fragment of several replicas holding the learner, a call the probe
-        saw take gradient steps (every learner call when the graph was not probed).
+    def collective_points(self, node: Node, frag: str) -> list[str]:
+        """The collective points (:data:`msrl.api.COLLECTIVE_POINTS`) ``node`` (a call of
+        ``frag``) reaches that ``frag``'s replicas average, outermost first: none unless
+        ``frag`` has several replicas holding the learner; the points the probe saw the call
+        reach (``meta["collective_steps"]``), or, for a learner call the probe never ran, every
+        point (to be safe).
 
         Raises:
             PartitionError: the call steps an optimiser outside ``apply_gradients``.
         """
         spec = self.policy.fragment(frag)
         if node.kind is not NodeKind.CALL or spec.replicas < 2 or "learner" not in spec.roles:
-            return False
+            return []
         if "direct_step" in node.meta:
             raise PartitionError(
                 f"{node.describe()} at {node.where()} steps an optimiser outside apply_gradients (at "
                 f"{node.meta['direct_step']}): fragment {frag} has {spec.replicas} replicas whose gradients are averaged "
                 "at every apply_gradients, so this step would make the replicas' weights diverge silently; take the "
                 "step through self.apply_gradients(loss, optimizer=...), or give the learner one replica")
-        if "gradient_step" in node.meta:
-            return bool(node.meta["gradient_step"])
-        return node.role == "learner"
+        if "collective_steps" in node.meta:
+            return [p for p in COLLECTIVE_POINTS if node.meta["collective_steps"].get(p)]
+        return list(COLLECTIVE_POINTS) if node.role == "learner" else []
 
-    def allreduce(self, call: Node, frag: str, in_loop: bool, in_branch: bool) -> Node:
-        """The ``allreduce`` region around gradient point ``call`` (a copy already in ``frag``)."""
-        k = len(self.allreduces)
-        b = Collective(name=f"{self.method}/a{k}:gradients", method=self.method, fragment=frag,
+    def allreduce(self, inner: Node, call: Node, point: str, k: int, frag: str, in_loop: bool, in_branch: bool) -> Node:
+        """The ``allreduce`` region of collective point ``point`` (the job's ``k``-th collective
+        of this method) around ``inner``: the call (a copy already in ``frag``) or the region of
+        its next point."""
+        step = call.meta.get("collective_steps", {}).get(point)
+        b = Collective(name=f"{self.method}/a{k}:{point}", method=self.method, fragment=frag,
                        replicas=self.policy.fragment(frag).replicas,
-                       call=f"{call.target[0]}.{call.target[1]} ({call.where()})",
-                       gradient_step=call.meta.get("gradient_step"), in_loop=in_loop, in_branch=in_branch)
+                       call=f"{call.target[0]}.{call.target[1]} ({call.where()})", value=point,
+                       gradient_step=step, in_loop=in_loop, in_branch=in_branch)
         self.allreduces.append(b)
         body = Graph(f"{call.meta.get('fragment', frag)}.allreduce")
-        body.append(call)
-        node = Node(NodeKind.ALLREDUCE, CommTarget(b.name, "gradients", frag, frag, "all"), inputs=body.free_values(),
+        body.append(inner)
+        node = Node(NodeKind.ALLREDUCE, CommTarget(b.name, point, frag, frag, "all"), inputs=body.free_values(),
                     outputs=body.written_values(), body=body,
                     meta={"file": call.meta.get("file", "<generated>"), "line": call.meta.get("line", 0), "fragment": frag,
-                          "gradient_step": call.meta.get("gradient_step")})
+                          "role": call.role, f"{point}_step" if point != "gradients" else "gradient_step": step})
         node.id = self.next_id + 2 * len(self.boundaries) + k
         return node
 
@@ -728,8 +736,10 @@ class _Builder:
             if frag in self.a.f(self.method, node):
                 copy = _copy(node)
                 copy.meta["fragment"] = frag
-                if self.averages_gradients(node, frag):
-                    copy = self.allreduce(copy, frag, in_loop, in_branch)
+                call, points, base = copy, self.collective_points(node, frag), len(self.allreduces)
+                for i in reversed(range(len(points))):  # the first point outermost, numbered first
+                    copy = self.allreduce(copy, call, points[i], base + i, frag, in_loop, in_branch)
+                self.allreduces[base:] = self.allreduces[base:][::-1]  # in program order
                 if node.kind is NodeKind.LOOP:
                     copy.body = self.build(node.body, frag, True, in_branch)
                     written = copy.body.written_values()

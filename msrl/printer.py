@@ -91,8 +91,10 @@ def format_job(job: Job) -> str:
     for c in fg.collectives:
         step = c.gradient_step
         size = f": {step['tensors']} tensors, {_human(step['bytes'])} per step" if step else ""
-        out.append(f"- {c.name}: all-reduce (mean) of the learner's gradients over {c.fragment}'s {c.replicas} replicas "
-                   f"at every gradient step of {c.call}{size}")
+        what, when = (("gradients", "gradient step") if c.value == "gradients"
+                      else ("running statistics", "reduce_statistics"))
+        out.append(f"- {c.name}: all-reduce (mean) of the learner's {what} over {c.fragment}'s {c.replicas} replicas "
+                   f"at every {when} of {c.call}{size.replace('per step', 'per ' + when) if size else ''}")
     plan = fg.inference
     if plan is not None:
         deadline = "no deadline" if plan.timeout_ms is None else f"or after {plan.timeout_ms:g} ms"

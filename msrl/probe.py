@@ -10,23 +10,27 @@ checks. Results land in ``node.meta["values"][name]`` of the traced
 graphs: ``{"kind", "axis", "type", "shape", "dtype"}``, shapes with the env axis shown as
 ``"N"``.
 
-The probe also finds the learner's **gradient points** (under a replicated learner it steps
-until every learner call has run, as for values in branches): every ``call`` node that ran gets
-``meta["gradient_step"]`` (``{"tensors", "bytes"}`` of the largest gradient step the call took
-through :meth:`msrl.api.Learner.apply_gradients`, or ``None``: it took none) and, where the call
+The probe also finds which calls reach the learner's **collective points** (under a
+replicated learner it steps until every learner call has run, as for values in branches): every
+``call`` node that ran gets ``meta["collective_steps"]`` (point -> ``{"tensors", "bytes"}`` of
+the largest reduction the call passed through :meth:`msrl.api.Learner.apply_gradients` or
+:meth:`~msrl.api.Learner.reduce_statistics`; empty: it reached none) and, where the call
 stepped an optimiser outside ``apply_gradients``, ``meta["direct_step"]`` (that step's
-``file:line``): where the partitioner puts a replicated learner's gradient all-reduce.
+``file:line``): where the partitioner puts a replicated learner's all-reduces. It watches
+through the component API's scope and torch's optimiser hook, never by replacing a method.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import math
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
-from msrl.api import declared_kinds
+from msrl.api import COLLECTIVE_POINTS, collective_scope, declared_kinds, in_gradient_step
 from msrl.codegen import Lowering, generate
 from msrl.errors import ConfigError
 from msrl.graph import Graph, Node, NodeKind
@@ -181,63 +185,78 @@ def _instrumented(lowering: Lowering) -> Lowering:
     return Lowering(lowering.backend + "+probe", {k: wrap(r) for k, r in lowering.rules.items()})
 
 
-class _GradientPoints:
-    """Watches the probe trainer's learner: which ``call`` nodes take gradient steps (through
-    :meth:`msrl.api.Learner.apply_gradients`, seen at its gradient hook) and which step an
-    optimiser outside it (the caller's ``file:line``): what the partitioner needs to place a
-    replicated learner's gradient all-reduce, or to refuse it.
+class _CollectivePoints:
+    """Watches which ``call`` nodes reach the probe trainer's learner's collective points
+    (:data:`msrl.api.COLLECTIVE_POINTS`: gradient steps through
+    :meth:`~msrl.api.Learner.apply_gradients`, running statistics through
+    :meth:`~msrl.api.Learner.reduce_statistics`) and which step one of its optimisers outside
+    ``apply_gradients`` (named by the line that stepped it): what the partitioner needs to place
+    a replicated learner's all-reduces, or to refuse them. Nothing on the learner is replaced:
+    the points are watched through the component API's own scope
+    (:func:`msrl.api.collective_scope`) and the optimisers through torch's global step hook
+    (``torch.optim.optimizer.register_optimizer_step_pre_hook``), both only while
+    :meth:`watching`.
 
     Attributes:
-        steps: ``(method, call node id) ->`` ``{"tensors": k, "bytes": b}``, the largest
-            gradient step the call took (tensors and bytes the hook saw).
+        steps: ``(method, call node id) -> {point: {"tensors": k, "bytes": b}}``, the largest
+            reduction the call passed through each point it reached.
         direct: ``(method, call node id) ->`` ``file:line`` of the first optimiser step taken
             outside ``apply_gradients`` during the call.
     """
 
     def __init__(self, learner: Any) -> None:
+        self.learner = learner
         self.at: tuple[str, int] | None = None
         #: every ``(method, call node id)`` that ran
         self.called: set[tuple[str, int]] = set()
-        self.steps: dict[tuple[str, int], dict[str, int]] = {}
+        self.steps: dict[tuple[str, int], dict[str, dict[str, int]]] = {}
         self.direct: dict[tuple[str, int], str] = {}
-        self._inside = 0
-        learner.gradient_hook = self._hook
-        apply = learner.apply_gradients
+        self._optimizers = {id(v) for v in vars(learner).values() if isinstance(v, torch.optim.Optimizer)}
 
-        def apply_gradients(*args: Any, **kwargs: Any) -> Any:
-            self._inside += 1
-            try:
-                return apply(*args, **kwargs)
-            finally:
-                self._inside -= 1
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[None]:
+        """The scope in which the probe's programs run."""
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-        learner.apply_gradients = apply_gradients
-        for opt in {id(v): v for v in vars(learner).values() if isinstance(v, torch.optim.Optimizer)}.values():
-            opt.step = self._watched(opt.step)
+        with contextlib.ExitStack() as stack:
+            for point in COLLECTIVE_POINTS:
+                stack.enter_context(collective_scope(self.learner, point, functools.partial(self._reached, point)))
+            stack.callback(register_optimizer_step_pre_hook(self._stepping).remove)
+            yield
 
-    def _watched(self, step: Any) -> Any:
-        import sys
-
-        def watched(*args: Any, **kwargs: Any) -> Any:
-            if not self._inside and self.at is not None:
-                caller = sys._getframe(1)
-                self.direct.setdefault(self.at, f"{caller.f_code.co_filename}:{caller.f_lineno}")
-            return step(*args, **kwargs)
-
-        return watched
-
-    def _hook(self, grads: list[torch.Tensor]) -> None:
+    def _reached(self, point: str, tensors: list[torch.Tensor]) -> None:
         if self.at is None:
             return
-        have = self.steps.setdefault(self.at, {"tensors": 0, "bytes": 0})
-        have["tensors"] = max(have["tensors"], len(grads))
-        have["bytes"] = max(have["bytes"], sum(g.numel() * g.element_size() for g in grads))
+        have = self.steps.setdefault(self.at, {}).setdefault(point, {"tensors": 0, "bytes": 0})
+        have["tensors"] = max(have["tensors"], len(tensors))
+        have["bytes"] = max(have["bytes"], sum(t.numel() * t.element_size() for t in tensors))
+
+    def _stepping(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.at is None or in_gradient_step() or id(optimizer) not in self._optimizers:
+            return
+        self.direct.setdefault(self.at, _caller_outside_torch())
+
+
+def _caller_outside_torch() -> str:
+    """``file:line`` of the innermost frame of the running stack that is neither torch's nor
+    msrl's own (the line of the learner's code that called ``optimizer.step()``), for an error
+    message."""
+    import os
+    import sys
+
+    torch_dir = os.path.dirname(torch.__file__)
+    here = os.path.dirname(os.path.abspath(__file__))
+    frame = sys._getframe(1)
+    while frame is not None and (frame.f_code.co_filename.startswith(torch_dir)
+                                 or os.path.dirname(frame.f_code.co_filename) == here):
+        frame = frame.f_back
+    return "<unknown>" if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
 def _run(
     graphs: dict[str, Graph], spec: Any, num_envs: int, needed: set[tuple[str, int, str]],
     needed_calls: set[tuple[str, int]] = frozenset(),  # type: ignore[assignment]
-) -> tuple[dict[tuple[str, int, str], dict[str, Any]], dict[tuple[str, int], Any], set[str], _GradientPoints | None]:
+) -> tuple[dict[tuple[str, int, str], dict[str, Any]], dict[tuple[str, int], Any], set[str], _CollectivePoints | None]:
     """Runs ``reset`` and then ``train_step`` until every ``needed`` value has been seen and
     every ``needed_calls`` call has run (at least one iteration, at most :data:`PROBE_MAX_ENV_STEPS` env steps). Returns what each
     node wrote, each call node's declaration (:func:`msrl.api.returns`), the global
@@ -265,13 +284,14 @@ def _run(
                     declared[(method, node.id)] = (d, type(trainer.components[node.role]))
     main = fg.fragment("main")
     learner = trainer.components.get("learner")
-    points = _GradientPoints(learner) if learner is not None else None
+    points = _CollectivePoints(learner) if learner is not None else None
     from msrl.runtime.generators import BATON, GlobalGenerators, drawn_kinds
 
     try:
         # the probe's draws from the global generators come from a stream of its own, and the
         # driver gets its own states back afterwards
-        with BATON.hold(GlobalGenerators.seeded(spec.seed, "probe")):
+        with BATON.hold(GlobalGenerators.seeded(spec.seed, "probe")), \
+                points.watching() if points is not None else contextlib.nullcontext():
             programs = {}
             for method in METHODS:
                 def record(nid: int, name: str, value: Any, method: str = method) -> None:
@@ -387,10 +407,10 @@ def probe(graphs: dict[str, Graph], spec: Any) -> frozenset[str]:
     for method, g in graphs.items():
         for node in g.walk():
             if node.kind is NodeKind.CALL and points is not None:
-                node.meta.pop("gradient_step", None)  # absent: never ran in the probe
+                node.meta.pop("collective_steps", None)  # absent: never ran in the probe
                 node.meta.pop("direct_step", None)
                 if (method, node.id) in points.called:
-                    node.meta["gradient_step"] = points.steps.get((method, node.id))
+                    node.meta["collective_steps"] = points.steps.get((method, node.id), {})
                 if (method, node.id) in points.direct:
                     node.meta["direct_step"] = points.direct[(method, node.id)]
             d = decl.get((method, node.id))

@@ -1,7 +1,8 @@
-"""The gradient all-reduce is in the graph: the partitioner places it at the learner's gradient
-point (found by the probe), ``msrl graph`` shows it with its bytes, no runtime installs hooks, and
-a learner that steps its optimiser outside ``apply_gradients`` under a replicated learner is a
-``file:line`` error rather than diverging copies."""
+"""The all-reduces are in the graph: the partitioner places one at each of the learner's
+collective points a call reaches (its gradient steps; its running statistics, in an all-reduce of
+their own), found by the probe; ``msrl graph`` shows each with its bytes; nothing is set on a
+component at run time; and a learner that steps its optimiser outside ``apply_gradients`` under
+a replicated learner is a ``file:line`` error rather than diverging copies."""
 
 from __future__ import annotations
 
@@ -60,11 +61,15 @@ def test_the_partitioner_places_the_gradient_allreduce_at_the_learners_gradient_
         assert (b.name, b.fragment, b.replicas, b.op) == (node.target.boundary, "main", 2, NodeKind.ALLREDUCE)
         assert not job.fragment_graph.boundaries  # a collective among one fragment's replicas, no boundary
         source = job.programs[("main", "train_step")].source
-        assert f"with _msrl_comm.allreduce_gradients({b.name!r}, self.learner):" in source
-        # nothing installed on the component: the region sets the hook only while its call runs
+        assert f"with _msrl_comm.allreduce_region({b.name!r}, 'gradients', self.learner):" in source
+        # nothing set on the component: the region is a scope of the running code, not an attribute
+        learners = [t.components["learner"] for t in job.trainers.values()]
+        before = [dict(vars(learner)) for learner in learners]
         job.reset()
         job.run(2)
-        assert all(t.components["learner"].gradient_hook is None for t in job.trainers.values())
+        assert [sorted(vars(learner)) for learner in learners] == [sorted(b) for b in before]
+        assert all(vars(learner)[k] is v for learner, b in zip(learners, before) for k, v in b.items()
+                   if not isinstance(v, (int, float)))
         w = [t.components["learner"].get_weights() for t in job.replicas_with("learner")]
         assert all(torch.equal(w[0][k], w[1][k]) for k in w[0])  # the replicas averaged: the same weights
     finally:
@@ -107,3 +112,72 @@ def test_a_learner_stepping_its_optimiser_directly_under_a_replicated_learner_is
         job.run(1)
     finally:
         job.close()
+
+
+def _ppo_spec(policy, replicas=None, **hp):
+    from msrl.algorithms.ppo import ALGORITHM, PPOConfig
+
+    pol = load_policy(policy).with_overrides(replicas=replicas)
+    hparams = PPOConfig(**{"num_steps": 8, "update_epochs": 1, "num_minibatches": 2, "hidden_sizes": (8,), **hp})
+    return JobSpec(ALGORITHM, hparams, "CartPole-v1", 4, pol, seed=3, total_env_steps=5_000)
+
+
+def test_running_statistics_get_an_allreduce_of_their_own_beside_the_gradients():
+    """PPO with observation and reward normalisation under multi_learner: the learner's call
+    sits in two nested all-reduce regions, gradients and statistics, each a collective with its
+    own name, lowering and bytes; the replicas' statistics stay bitwise equal."""
+    from msrl.printer import _human, format_boundary_bytes, format_job
+
+    job = Job(_ppo_spec("multi_learner", {"main": 2}, normalize_obs=True, normalize_reward=True))
+    try:
+        (_, outer), (_, inner) = _allreduce_nodes(job)  # (walk: the outer region, then its body's)
+        assert list(outer.body) == [inner]
+        assert (outer.target.value, inner.target.value) == ("gradients", "statistics")
+        assert [n.target for n in inner.body] == [("learner", "learn")]
+        grads, stats = job.fragment_graph.collectives
+        assert (grads.name, grads.value, stats.name, stats.value) == ("train_step/a0:gradients", "gradients",
+                                                                     "train_step/a1:statistics", "statistics")
+        # the observations' moments (2 x 4 float64) are the largest reduction: 64 bytes
+        assert stats.gradient_step == {"tensors": 2, "bytes": 64}
+        source = job.programs[("main", "train_step")].source
+        assert ("with _msrl_comm.allreduce_region('train_step/a0:gradients', 'gradients', self.learner):" in source
+                and "with _msrl_comm.allreduce_region('train_step/a1:statistics', 'statistics', self.learner):" in source)
+        text = format_job(job)
+        assert ("- train_step/a1:statistics: all-reduce (mean) of the learner's running statistics over main's 2 "
+                "replicas at every reduce_statistics of learner.learn") in text, text
+        measured = format_boundary_bytes(job)
+        # per iteration and replica: the observations' moments (64 B) and the returns' (16 B)
+        assert f"- train_step/a1:statistics: {_human(2 * (64 + 16))} (all-reduce over main's replicas" in measured, measured
+        job.run(2)
+        a, b = (t.components["learner"] for t in job.replicas_with("learner"))
+        for k in ("mean", "var", "count"):
+            assert torch.equal(getattr(a.net.obs_rms, k), getattr(b.net.obs_rms, k))
+            assert torch.equal(getattr(a.return_rms, k), getattr(b.return_rms, k))
+    finally:
+        job.close()
+
+
+def test_a_learner_without_running_statistics_gets_no_statistics_allreduce():
+    job = Job(_ppo_spec("multi_learner", {"main": 2}))
+    try:
+        assert [c.value for c in job.fragment_graph.collectives] == ["gradients"]
+    finally:
+        job.close()
+
+
+def test_the_statistics_point_is_a_no_op_for_one_learner_and_the_mean_in_a_scope():
+    from msrl.api import Learner, collective_scope
+
+    learner = Learner()
+    x = [torch.tensor([1.0, 3.0], dtype=torch.float64)]
+    learner.reduce_statistics(x)
+    assert x[0].tolist() == [1.0, 3.0]
+    with collective_scope(learner, "statistics", lambda ts: [t.mul_(0.5) for t in ts]):
+        learner.reduce_statistics(x)
+        Learner().reduce_statistics(x)  # another learner's point is not in the scope
+    assert x[0].tolist() == [0.5, 1.5]
+    learner.reduce_statistics(x)  # the scope ended
+    assert x[0].tolist() == [0.5, 1.5]
+    with pytest.raises(ValueError, match="unknown collective point 'weights'; points are"):
+        with collective_scope(learner, "weights", lambda ts: None):
+            pass

@@ -169,7 +169,7 @@ def test_a_host_env_or_a_boundary_keeps_a_fragment_eager():
                                                   "distribution_policy.capture.main=graph"])))
     try:  # the gradient all-reduce among the fragment's own replicas
         status = multi.runtime.replicas[("main", 1)].programs["train_step"].fn.status
-        assert status.startswith("eager: the program exchanges values with other replicas (allreduce_gradients at "), status
+        assert status.startswith("eager: the program exchanges values with other replicas (allreduce_region at "), status
     finally:
         multi.close()
 

@@ -19,7 +19,7 @@ from msrl.runtime.dist import DistEndpoint
 from msrl.runtime.endpoint import BOUNDARY_OPS, Endpoint
 
 #: the ops generated code may call
-OPS = {"send", "recv", "gather", "scatter", "broadcast", "put", "get", "allreduce_gradients", "serve"}
+OPS = {"send", "recv", "gather", "scatter", "broadcast", "put", "get", "allreduce_region", "serve"}
 
 
 def _comm_calls(source: str) -> set[str]:
@@ -52,7 +52,7 @@ def test_the_ops_are_written_once_and_transports_supply_only_how_values_travel()
     ("ppo", "single_learner_coarse", {"actor": 2}, {"gather", "broadcast"}),
     ("impala", "async_learner", {"actor": 2}, {"put", "get"}),
     ("ppo", "single_learner_fine", {"env": 2}, {"serve", "put", "get"}),
-    ("ppo", "multi_learner", {"main": 2}, {"allreduce_gradients"}),
+    ("ppo", "multi_learner", {"main": 2}, {"allreduce_region"}),
 ])
 def test_generated_programs_call_nothing_but_the_endpoint(algo, policy, replicas, expected):
     s = spec(algo, policy, replicas, None)

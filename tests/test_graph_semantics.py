@@ -359,13 +359,15 @@ def test_apply_gradients_steps_one_optimiser_and_hooks_its_gradients():
             self.opt_a = torch.optim.SGD(self.a.parameters(), lr=0.1)
             self.opt_b = torch.optim.SGD(self.b.parameters(), lr=0.1)
 
+    from msrl.api import collective_scope
+
     learner, hooked = TwoOpt(), []
-    learner.gradient_hook = lambda grads: hooked.append([g.shape for g in grads])
     x = torch.ones(4, 3)
     b_before = [p.clone() for p in learner.b.parameters()]
-    learner.apply_gradients((learner.a(x) + learner.b(x)).sum(), optimizer=learner.opt_a)
-    assert all(torch.equal(p, q) for p, q in zip(learner.b.parameters(), b_before))  # b not stepped
-    learner.apply_gradients(learner.b(x).sum(), optimizer=learner.opt_b)
+    with collective_scope(learner, "gradients", lambda grads: hooked.append([g.shape for g in grads])):
+        learner.apply_gradients((learner.a(x) + learner.b(x)).sum(), optimizer=learner.opt_a)
+        assert all(torch.equal(p, q) for p, q in zip(learner.b.parameters(), b_before))  # b not stepped
+        learner.apply_gradients(learner.b(x).sum(), optimizer=learner.opt_b)
     assert not all(torch.equal(p, q) for p, q in zip(learner.b.parameters(), b_before))
     assert hooked == [[torch.Size([1, 3]), torch.Size([1])]] * 2  # one call per optimiser, its own parameters
 

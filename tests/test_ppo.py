@@ -39,7 +39,9 @@ def test_gaussian_program_matches_eager_bitwise():
     job.close()
 
 
-def test_gradient_hook_sees_every_gradient_before_the_step():
+def test_the_gradient_point_sees_every_gradient_before_the_step():
+    from msrl.api import collective_scope
+
     trainer = build_trainers(pendulum_spec())[("main", 0)]
     trainer.reset()
     learner = trainer.learner
@@ -50,9 +52,9 @@ def test_gradient_hook_sees_every_gradient_before_the_step():
         for g in grads:
             g.zero_()  # an all-reduce would average here; zero grads make the step a no-op
 
-    learner.gradient_hook = hook
     before = {k: v.clone() for k, v in learner.get_weights().items()}
-    trainer.train_step()
+    with collective_scope(learner, "gradients", hook):
+        trainer.train_step()
     assert seen == [len(learner.parameters)] * 4  # 2 epochs x 2 minibatches
     after = learner.get_weights()
     # Adam with zero gradients and zero moments leaves the weights unchanged

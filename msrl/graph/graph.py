@@ -251,9 +251,11 @@ class Graph:
                 t = node.target
                 if not (isinstance(t, CommTarget) and t.side == "all" and isinstance(node.body, Graph)):
                     raise GraphLintError(f"{where}: an allreduce region has a CommTarget of side 'all' and a body Graph")
-                calls = [n for n in node.body if n.kind is NodeKind.CALL]
-                if len(node.body) != 1 or len(calls) != 1:
-                    raise GraphLintError(f"{where}: an allreduce region holds exactly one call (its gradient point)")
+                inner = list(node.body)
+                if len(inner) != 1 or not (inner[0].kind is NodeKind.CALL or
+                                           inner[0].kind is NodeKind.ALLREDUCE and inner[0].body is not None):
+                    raise GraphLintError(f"{where}: an allreduce region holds exactly one call (the call that reaches its "
+                                         "collective point) or the region of the call's next point")
                 if node.inputs != node.body.free_values() or node.outputs != node.body.written_values():
                     raise GraphLintError(f"{where}: an allreduce region reads and writes what its call does")
                 node.body._lint(set(avail) if avail is not None else None, seen_ids)

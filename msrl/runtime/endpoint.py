@@ -12,8 +12,9 @@ generated call                         meaning
                                        (:mod:`msrl.runtime.patterns`) combines for it
 ``comm.put(b, v)``/``comm.get(b)``     an asynchronous boundary (``fifo`` queue, ``latest``
                                        slot): :class:`~msrl.runtime.asynchronous.AsyncEndpoint`
-``with comm.allreduce_gradients(b,     a gradient all-reduce region: every gradient step the
-self.learner):``                       call inside takes is averaged over the fragment's replicas
+``with comm.allreduce_region(b, p,     an all-reduce region: what the call inside passes through
+self.learner):``                       the learner's collective point ``p`` (its gradients, its
+                                       running statistics) is averaged over the fragment's replicas
 ``comm.serve(self, fn)``               central inference: ``fn`` (the served region) runs once
                                        per client replica (:mod:`msrl.runtime.inference`)
 =====================================  ==========================================================
@@ -32,10 +33,11 @@ asynchronous boundaries move over :class:`~msrl.runtime.asynchronous.AsyncTransp
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ContextManager, Iterator, Mapping
+from typing import Any, ContextManager, Mapping
 
 import torch
 
+from msrl.api import collective_scope
 from msrl.graph import NodeKind
 from msrl.partition import Boundary, boundary_end
 from msrl.runtime.patterns import combine, deliveries, shards, sources
@@ -163,19 +165,15 @@ class Endpoint:
                 return value
             return reduce_leaves(value, lambda flat: self._reduce_flat(name, flat))
 
-    @contextlib.contextmanager
-    def allreduce_gradients(self, name: str, learner: Any) -> Iterator[None]:
-        """The ``allreduce`` region of boundary ``name`` (:mod:`msrl.partition`): while its call
-        runs, every gradient step ``learner`` takes (:meth:`msrl.api.Learner.apply_gradients`, and
-        whatever else reduces through its ``gradient_hook``, e.g. running normalisation
-        statistics) averages the gradients over this fragment's replicas first
-        (:meth:`allreduce`); the hook is restored after the call."""
-        saved = learner.gradient_hook
-        learner.gradient_hook = lambda grads: self.allreduce(name, grads)
-        try:
-            yield
-        finally:
-            learner.gradient_hook = saved
+    def allreduce_region(self, name: str, point: str, learner: Any) -> ContextManager[None]:
+        """The ``allreduce`` region of collective ``name`` (:mod:`msrl.partition`): while its call
+        runs, what ``learner`` passes through its collective point ``point``
+        (:data:`msrl.api.COLLECTIVE_POINTS`: every gradient step's gradients at
+        :meth:`~msrl.api.Learner.apply_gradients`, its running statistics at
+        :meth:`~msrl.api.Learner.reduce_statistics`) is averaged over this fragment's replicas
+        (:meth:`allreduce`). A ``contextvars`` scope (:func:`msrl.api.collective_scope`):
+        nothing is set on the learner."""
+        return collective_scope(learner, point, lambda tensors: self.allreduce(name, tensors))
 
     def serve(self, trainer: Any, fn: Any) -> Any:
         """Central inference (the server replica): runs ``fn`` once per client replica through
