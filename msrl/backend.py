@@ -85,13 +85,11 @@ class Backend:
         if resolve_capture(fragment.capture, fragment.device) != "graph":
             return program
         reason = None
-        for lineno, line in enumerate(program.source.splitlines(), 1):
-            if "_msrl_comm." in line:
-                node = program.node_at(lineno)
-                where = node.where() if node is not None else f"{program.filename}:{lineno}"
-                reason = (f"the program exchanges values with other replicas ({line.split('_msrl_comm.')[1].split('(')[0]} "
-                          f"at {where}); only a fragment without boundaries or collectives is captured")
-                break
+        first = program.first_communication()  # from the graph's node kinds
+        if first is not None:
+            node, op = first
+            reason = (f"the program exchanges values with other replicas ({op} at {node.where()}); only a fragment "
+                      "without boundaries or collectives is captured")
         if reason is not None and fragment.capture is None:
             return program  # the default asks nothing of a fragment with boundaries: eager, silently
         state_attrs = sorted({n.target for n in program.line_nodes.values() if n.kind is NodeKind.STATE_OUT})

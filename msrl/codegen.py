@@ -20,9 +20,9 @@ import dataclasses
 import linecache
 from typing import Any, Callable, Mapping
 
-from msrl.graph import Const, Graph, Node, NodeKind
+from msrl.graph import COMM_KINDS, Const, Graph, Node, NodeKind
 
-__all__ = ["Program", "Lowering", "CodegenContext", "generate", "python_name", "COMM_VAR"]
+__all__ = ["endpoint_op", "Program", "Lowering", "CodegenContext", "generate", "python_name", "COMM_VAR"]
 
 #: Name of the endpoint argument inside generated programs (chosen not to clash with user names).
 COMM_VAR = "_msrl_comm"
@@ -87,6 +87,7 @@ class Program:
         fn: the compiled ``program(self, comm)``.
         line_nodes: generated line number (1-based) -> the node it lowers.
         filename: the pseudo file name used in tracebacks.
+        graph: the fragment program graph it was generated from.
     """
 
     fragment: str
@@ -95,10 +96,33 @@ class Program:
     fn: Callable[..., Any]
     line_nodes: dict[int, Node]
     filename: str
+    graph: Graph | None = None
 
     def node_at(self, lineno: int) -> Node | None:
         """The node whose lowering holds generated line ``lineno``."""
         return self.line_nodes.get(lineno)
+
+    def first_communication(self) -> tuple[Node, str] | None:
+        """The program's first node (in program order, regions included) that exchanges values
+        with other replicas, with the endpoint op it lowers to (:func:`endpoint_op`), or ``None``:
+        known from the graph's node kinds, not from the generated text."""
+        for node in self.graph.walk() if self.graph is not None else ():
+            op = endpoint_op(node)
+            if op is not None:
+                return node, op
+        return None
+
+
+def endpoint_op(node: Node) -> str | None:
+    """The :class:`~msrl.runtime.endpoint.Endpoint` op a node lowers to (``gather``, ``put``,
+    ``allreduce_region``, ``serve``, ...), or ``None`` for a node that communicates with no one."""
+    if node.kind is NodeKind.ALLREDUCE and node.body is not None:
+        return "allreduce_region"
+    if node.kind is NodeKind.SERVE:
+        return "serve"
+    if node.kind in COMM_KINDS:
+        return node.kind.value
+    return None
 
 
 def generate(
@@ -188,4 +212,4 @@ def generate(
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     namespace: dict[str, Any] = dict(globals_)
     exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - our own generated code
-    return Program(fragment, method, source, namespace["program"], line_nodes, filename)
+    return Program(fragment, method, source, namespace["program"], line_nodes, filename, graph)

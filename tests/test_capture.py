@@ -493,7 +493,7 @@ def test_a_replayed_iteration_reads_its_results_through_one_captured_pack(monkey
 def test_read_host_reads_a_list_as_its_stack():
     """A list item of ``read_host`` (each step's finished episodes) comes back as the stack of
     its tensors, in their dtype, beside scalars and plain tensors, from one concatenation."""
-    from msrl.runtime.values import read_host
+    from msrl.device import read_host
 
     steps = [torch.tensor([1, -1, 3]), torch.tensor([-1, 5, 6])]
     out = read_host([torch.tensor(2.5), steps, torch.tensor([[True, False]])], scalars=1)

@@ -169,6 +169,19 @@ def test_no_algorithm_imports_another():
     assert {m: sorted(edges[m] & algorithms) for m in algorithms if edges[m] & algorithms} == {}
 
 
+def test_envs_do_not_import_the_runtime():
+    """The library layer (``msrl.envs``) sits below the runtimes: what a native env needs of
+    device memory (one host read, host-side blocks, foreign kernel launches a replay repeats) is
+    ``msrl.device``, which the runtime plugs into; no env module imports ``msrl.runtime``."""
+    edges = _imports(_modules())
+    envs = {m for m in edges if m.startswith("msrl.envs")}
+    assert len(envs) >= 10
+    assert {m: sorted(t for t in edges[m] if t.startswith("msrl.runtime")) for m in envs
+            if any(t.startswith("msrl.runtime") for t in edges[m])} == {}
+    assert "msrl.device" in edges["msrl.envs.native.base"]
+    assert not any(t.startswith("msrl.runtime") for t in edges["msrl.device"]), edges["msrl.device"]
+
+
 def test_no_learner_subclasses_another_algorithms_learner():
     """Each algorithm's learner is its own: every learner class in its lineage (below
     ``msrl.api.Learner``) is defined in the algorithm's own file, and the shared package

@@ -42,7 +42,7 @@ tensors hold the replay's values; items left from the previous replay are cloned
 On the CPU (``capture: graph`` on a CPU fragment, and CI, which has no GPU) the same machinery
 runs with a :class:`Tape` in place of the CUDA graph: a ``TorchDispatchMode`` that records each
 aten op of the captured iteration with its arguments, and the native kernels' host launches
-(:func:`record_foreign`), and replays them in order on the same tensors: the ops of the
+(:func:`msrl.device.record_foreign`), and replays them in order on the same tensors: the ops of the
 iteration re-run without Python, exactly what a replayed graph does. A program that is not
 replay-safe gives different results under the tape than eagerly, as it would on a GPU; the
 tests compare the two bitwise. The tape is for checking: it is slower than eager execution.
@@ -65,12 +65,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from msrl.device import in_host_side, register_packer, set_foreign_recorder
 from msrl.errors import MsrlError
 from msrl.policy import CAPTURE_MODES
-from msrl.runtime.host_syncs import HostSyncRecorder, in_host_side
+from msrl.runtime.host_syncs import HostSyncRecorder
 
 __all__ = ["CAPTURE_MODES", "WARMUP", "CapturedProgram", "NotCapturable", "Tape", "host_state", "invalidate",
-           "pop_notices", "record_foreign", "resolve_capture"]
+           "pop_notices", "resolve_capture"]
 
 #: eager iterations before the probe (the optimiser's state is created in the first)
 WARMUP = 1
@@ -229,18 +230,6 @@ def _assignment_site(root: Any, path: str) -> str:
 
 # -- the CPU tape ------------------------------------------------------------------------------
 
-def record_foreign(fn: Callable[..., Any], *args: Any) -> None:
-    """Runs ``fn(*args)``, work on tensors that torch does not see (a native kernel's host
-    launch), and records it on the :class:`Tape` recording on this thread, if any: a replay
-    calls it again with the same arguments (keep them valid: tensors by address, numbers by
-    value). On a GPU the kernels go to torch's stream, where a CUDA graph captures them
-    without this."""
-    fn(*args)
-    tape = getattr(_local, "tape", None)
-    if tape is not None:
-        tape.steps.append(("foreign", fn, args, None))
-
-
 def _schema_kind(func: Any) -> str:
     """``view`` (every output aliases an input, nothing written), ``write`` (mutates an
     argument or writes an ``out=``), ``meta`` (a profiler marker) or ``compute``."""
@@ -275,7 +264,7 @@ def _freeze(x: Any) -> Any:
 
 
 class Tape(TorchDispatchMode):
-    """The CPU stand-in of a CUDA graph: records the aten ops (and :func:`record_foreign`
+    """The CPU stand-in of a CUDA graph: records the aten ops (and :func:`msrl.device.record_foreign`
     calls) of the code run inside it, on this thread, and :meth:`replay` re-runs them in order
     on the same tensors, without the Python that issued them.
 
@@ -294,16 +283,14 @@ class Tape(TorchDispatchMode):
         self.steps: list[tuple[str, Any, Any, Any]] = []
 
     def __enter__(self) -> "Tape":
-        if getattr(_local, "tape", None) is not None:
-            raise RuntimeError("a Tape is already recording on this thread")
-        _local.tape = self
+        set_foreign_recorder(self.steps.append)  # (raises when a Tape already records on this thread)
         return super().__enter__()
 
     def __exit__(self, *exc: Any) -> None:
         try:
             super().__exit__(*exc)
         finally:
-            _local.tape = None
+            set_foreign_recorder(None)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
@@ -483,6 +470,10 @@ def packed(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
         _remember_ids(ids, key, tensors)
     return flat
 
+
+
+# msrl.device.start_read(static=True) packs a replayed iteration's outputs with it (looked up at each call)
+register_packer(lambda tensors: packed(tensors))
 
 def _remember_ids(ids: tuple[int, ...], key: tuple, tensors: Sequence[torch.Tensor]) -> None:
     """Notes that the tensor objects ``ids`` have layout ``key`` (held, so no other object gets

@@ -22,38 +22,21 @@ program, see :func:`recording_program`, to see a replica that runs in another th
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import sys
 import threading
 from collections import Counter
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["HostSync", "HostSyncRecorder", "NO_KERNEL_OPS", "SYNC_OPS", "host_side", "recording_program", "sync_reason"]
+from msrl.device import in_host_side
+
+__all__ = ["HostSync", "HostSyncRecorder", "NO_KERNEL_OPS", "SYNC_OPS", "recording_program", "sync_reason"]
 
 _local = threading.local()
 
-
-@contextlib.contextmanager
-def host_side() -> Iterator[None]:
-    """Marks a block that works on tensors already in host memory (after the iteration's one
-    read, :func:`msrl.runtime.values.read_host`): a :class:`HostSyncRecorder` counts its ops
-    apart (``host_ops``) and records no sync in it. On a CPU-only machine the recorder cannot
-    tell host tensors from device ones; the block says so."""
-    depth = getattr(_local, "depth", 0)
-    _local.depth = depth + 1
-    try:
-        yield
-    finally:
-        _local.depth = depth
-
-
-def in_host_side() -> bool:
-    """Whether this thread is inside :func:`host_side`."""
-    return getattr(_local, "depth", 0) > 0
 
 _aten = torch.ops.aten
 
@@ -110,7 +93,7 @@ def sync_reason(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> str |
             return "repeat_interleave without output_size: an output whose shape depends on the data"
     if packet is _aten._to_copy and kwargs.get("device") is not None and torch.device(kwargs["device"]).type == "cpu":
         # on a GPU a copy to the host; on a CPU an explicit copy into host memory (``.to("cpu",
-        # copy=True)``, as :func:`~msrl.runtime.values.read_host` makes): the same read
+        # copy=True)``, as :func:`~msrl.device.read_host` makes): the same read
         return "a copy into host memory (a device-to-host read)"
     if packet is _aten.copy_ and isinstance(args[1], torch.Tensor) and args[1].device.type == "cuda" \
             and args[0].device.type == "cpu":
@@ -142,8 +125,8 @@ class HostSyncRecorder(TorchDispatchMode):
             :data:`CPU_ONLY_READS`); a sync is allowed when any frame of its stack matches.
 
     Attributes:
-        ops: aten op name -> calls (outside :func:`host_side` blocks).
-        host_ops: the same inside :func:`host_side` blocks (work on values already read).
+        ops: aten op name -> calls (outside :func:`msrl.device.host_side` blocks).
+        host_ops: the same inside :func:`msrl.device.host_side` blocks (work on values already read).
         syncs: the :class:`HostSync` of each sync not allowed, in order.
         allowed: the same for the allowed ones.
     """

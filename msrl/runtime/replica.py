@@ -22,13 +22,13 @@ import torch
 from msrl.api import BuildContext, EpisodeStats, Trainer
 from msrl.backend import load_backend
 from msrl.codegen import Program, generate
+from msrl.device import start_read
 from msrl.envs import env_spec as make_env_spec
 from msrl.errors import MsrlError
 from msrl.partition import FragmentGraph
 from msrl.policy import FragmentSpec
 from msrl.runtime.capture import invalidate, pop_notices, replayed
 from msrl.runtime.generators import BATON, KINDS, GlobalGenerators
-from msrl.runtime.values import start_read
 
 __all__ = ["FragmentError", "ReplicaDied", "ReplicaHung", "Replica", "build_trainer", "build_trainers", "build_standalone_actor",
            "compile_fragment", "as_floats", "check_losses", "replica_states", "pipelined_records"]
@@ -365,7 +365,7 @@ class Replica:
         metrics of the program's output (a dict) as Python floats (:func:`as_floats`), and the
         episodes its envs finished since the last call (:meth:`pop_episode_stats`). On a GPU
         the metrics and a native env's episode statistics come back in one device-to-host copy
-        (:func:`~msrl.runtime.values.read_host`): the iteration's one host sync. After a
+        (:func:`~msrl.device.read_host`): the iteration's one host sync. After a
         replayed iteration (:func:`msrl.runtime.capture.replayed`) the packing of that copy is
         replayed too (on a GPU: one graph launch, then the copy).
         :meth:`start_read_iteration`, then its result.
@@ -379,7 +379,7 @@ class Replica:
     def start_read_iteration(self, out: Any, output: bool) -> Callable[[], tuple[Any, EpisodeStats]]:
         """Starts :meth:`read_iteration`'s read and returns the call that finishes it: after a
         replay on a GPU the copy runs behind the iteration on the device
-        (:func:`~msrl.runtime.values.start_read`), so the caller may launch the next iteration
+        (:func:`~msrl.device.start_read`), so the caller may launch the next iteration
         first and unpack this one while the GPU runs it. What belongs to this iteration (its
         finished episodes) is taken now."""
         env = self.trainer.env if self.has_env else None

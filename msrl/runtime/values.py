@@ -14,16 +14,14 @@ concatenated as one, along its batch dimensions); encoding for a network is the 
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable
 
-import numpy as np
 import torch
 import torch.utils._pytree as pytree
 from tensordict import TensorDictBase
 
-__all__ = ["tensor_leaves", "map_tensors", "payload_bytes", "describe_value", "move_tensor", "deliver", "copy_value", "read_host",
-           "start_read", "HostRead", "reduce_leaves"]
+__all__ = ["tensor_leaves", "map_tensors", "payload_bytes", "describe_value", "move_tensor", "deliver", "copy_value",
+           "reduce_leaves"]
 
 
 def tensor_leaves(value: Any) -> list[torch.Tensor]:
@@ -141,121 +139,3 @@ def reduce_leaves(value: Any, reduce_flat: Callable[[torch.Tensor], torch.Tensor
         t.copy_(flat[offset:offset + t.numel()].view_as(t))
         offset += t.numel()
     return value
-
-
-def read_host(tensors: list[torch.Tensor | list[torch.Tensor]], scalars: int = 0, static: bool = False) -> list[Any]:
-    """The ``tensors`` in host memory, read with one copy per device: on a GPU one
-    device-to-host copy (one host sync) for all of them, instead of one per tensor.
-
-    The tensors of a device are flattened and concatenated as float64 on it (one ``cat``,
-    promoting every dtype), copied to the host (``.to("cpu", copy=True)``: on a CPU an explicit
-    copy, the read a :class:`~msrl.runtime.host_syncs.HostSyncRecorder` counts), then split and
-    cast back to each tensor's shape and dtype. Exact for floating dtypes up to float64 and for
-    integers and booleans below 2**53 in magnitude (returns, lengths, counts, flags).
-    :func:`start_read` then :meth:`HostRead.result`.
-
-    Args:
-        tensors: any shapes, dtypes and devices; an item that is a list of tensors of one
-            shape, dtype and device (each step's finished episodes) is read as their stack
-            ``(len, *shape)``, without stacking them on the device.
-        scalars: the first ``scalars`` items are tensors of one element each (metrics) and come
-            back as Python floats (one ``tolist`` of their part, no per-tensor op).
-        static: the tensors are a captured program's replayed outputs (the same tensors each
-            iteration): the concatenation is itself captured and replayed
-            (:func:`msrl.runtime.capture.packed`; on a GPU one graph launch), same values.
-
-    Returns:
-        one value per item, in order: a float for each of the first ``scalars``, then a CPU
-        tensor of the item's shape (a list's: its stack's) and dtype.
-    """
-    return start_read(tensors, scalars, static).result()
-
-
-class HostRead:
-    """A read of device tensors into host memory, started by :func:`start_read`: on a GPU,
-    after a replayed iteration, the copy runs while the host goes on (into page-locked memory,
-    behind the iteration on its stream); :meth:`result` waits for it and unpacks."""
-
-    def __init__(self, layout: list[tuple[tuple[int, ...], torch.dtype]], scalars: int,
-                 flats: list[tuple[list[int], torch.Tensor, Any]]) -> None:
-        #: each item's host shape (a list's: its stack's) and dtype
-        self._layout, self._scalars, self._flats = layout, scalars, flats
-        self._out: list[Any] | None = None
-
-    def result(self) -> list[Any]:
-        """The values (see :func:`read_host`), once the copies are done (waits for them; a
-        second call returns the same list)."""
-        from msrl.runtime.host_syncs import host_side
-
-        if self._out is not None:
-            return self._out
-        layout, scalars = self._layout, self._scalars
-        out: list[Any] = [None] * len(layout)
-        for idx, flat, done in self._flats:
-            if done is not None:
-                done.synchronize()
-            # the host copy unpacked with NumPy (~1 us an op; torch's slicing and casts ~5-10 us
-            # each: half the host's work of a replayed GPU iteration); every value is exact in
-            # float64, so each cast back is exact (bfloat16, which NumPy lacks, is cast by torch)
-            with host_side():
-                arr = flat.numpy()
-            head = [i for i in idx if i < scalars]
-            if head:
-                for i, v in zip(head, arr[:len(head)].tolist()):
-                    out[i] = v
-            at = len(head)
-            for i in idx[len(head):]:
-                shape, dtype = layout[i]
-                size = math.prod(shape)
-                part = arr[at:at + size].reshape(shape)
-                at += size
-                np_dtype = _NUMPY_DTYPES.get(dtype)
-                if np_dtype is None:
-                    out[i] = torch.from_numpy(part).to(dtype)
-                else:
-                    out[i] = torch.from_numpy(part if np_dtype == np.float64 else part.astype(np_dtype))
-        self._flats, self._out = [], out
-        return out
-
-
-#: torch dtypes NumPy holds exactly (the others are cast back by torch)
-_NUMPY_DTYPES = {torch.float64: np.float64, torch.float32: np.float32, torch.float16: np.float16,
-                 torch.int64: np.int64, torch.int32: np.int32, torch.int16: np.int16, torch.int8: np.int8,
-                 torch.uint8: np.uint8, torch.bool: np.bool_}
-
-
-def start_read(tensors: list[torch.Tensor | list[torch.Tensor]], scalars: int = 0, static: bool = False) -> HostRead:
-    """Starts :func:`read_host`'s read (same arguments); :meth:`HostRead.result` finishes it.
-
-    With ``static`` on a GPU the packed values are copied into page-locked host memory without
-    waiting (``non_blocking``, a CUDA event recorded behind the copy): the caller can launch the
-    next iteration before it unpacks this one, and the GPU does not wait for the host between
-    the two. Otherwise the copy is made here, as :func:`read_host` always did.
-    """
-    items = [t if isinstance(t, list) else [t] for t in tensors]
-    by_device: dict[torch.device, list[int]] = {}
-    for i, group in enumerate(items):
-        by_device.setdefault(group[0].device, []).append(i)
-    flats = []
-    for idx in by_device.values():
-        parts = [t for i in idx for t in items[i]]
-        done = None
-        with torch.no_grad():
-            if static:
-                from msrl.runtime.capture import packed
-
-                dev_flat = packed(parts)
-                if dev_flat.device.type == "cuda":
-                    flat = torch.empty(dev_flat.shape, dtype=dev_flat.dtype, pin_memory=True)
-                    flat.copy_(dev_flat, non_blocking=True)
-                    done = torch.cuda.Event()
-                    done.record()
-                else:
-                    flat = dev_flat.to("cpu", copy=True)
-            else:  # a leading empty float64 piece makes the one cat promote every dtype to float64
-                pieces = [torch.empty(0, dtype=torch.float64, device=parts[0].device)]
-                flat = torch.cat(pieces + [t.reshape(-1) for t in parts]).to("cpu", copy=True)
-        flats.append((idx, flat, done))
-    layout = [(tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else ((len(t), *t[0].shape), t[0].dtype)
-              for t in tensors]
-    return HostRead(layout, scalars, flats)

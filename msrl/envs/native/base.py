@@ -17,8 +17,7 @@ import numpy as np
 import torch
 
 from msrl.api import Environment, EnvSpec, EpisodeStats
-from msrl.runtime.host_syncs import host_side
-from msrl.runtime.values import read_host
+from msrl.device import host_side, read_host
 
 __all__ = ["NativeEnv", "IMPLS", "splitmix64", "env_keys", "uniform", "uniform_many", "empty_output"]
 
@@ -165,7 +164,7 @@ class NativeEnv(Environment):
             call logged them (so a replayed iteration reads the same tensors each time): the
             list of each step's returns ``(N,)`` float64 and the list of each step's lengths
             ``(N,)`` int64 (-1 where no episode ended), which
-            :func:`~msrl.runtime.values.read_host` reads as ``(S, N)`` stacks; and
+            :func:`~msrl.device.read_host` reads as ``(S, N)`` stacks; and
             ``build(host)``, which makes the :class:`EpisodeStats` from those host copies.
         """
         if not self._finished:

@@ -37,8 +37,8 @@ from typing import Any, Sequence
 
 import torch
 
+from msrl.device import record_foreign
 from msrl.errors import MsrlError
-from msrl.runtime.capture import record_foreign
 
 __all__ = [
     "KernelCompileError",

@@ -32,10 +32,9 @@ import gymnasium
 import numpy as np
 import torch
 
+from msrl.device import host_side, read_host
 from msrl.envs.native.base import NativeEnv, empty_output, env_keys
 from msrl.envs.native.base import uniform_many as uniform
-from msrl.runtime.host_syncs import host_side
-from msrl.runtime.values import read_host
 
 __all__ = ["Tag", "TagParams"]
 
