@@ -27,7 +27,7 @@ import contextlib
 import contextvars
 import dataclasses
 import types
-from typing import Annotated, Any, Callable, ClassVar, Iterator, Mapping
+from typing import Annotated, Any, Callable, Iterator, Mapping
 
 import gymnasium
 import torch
@@ -46,6 +46,7 @@ __all__ = [
     "Fraction",
     "LayerSizes",
     "ROLES",
+    "ReplayContract",
     "Component",
     "Environment",
     "Actor",
@@ -184,27 +185,40 @@ class BuildContext:
     device: torch.device
 
 
-class Component:
-    """Base of every role. Components are plain objects; their state is saved by
-    :meth:`state_dict` and restored by :meth:`load_state_dict` for exact resume.
-
-    What a captured iteration (:mod:`msrl.runtime.capture`: a CUDA graph on a GPU) needs to
-    know of a component's host-side state is declared here, by class attributes:
+@dataclasses.dataclass(frozen=True)
+class ReplayContract:
+    """What a captured iteration (``msrl.runtime.capture``: a CUDA graph on a GPU, a host tape
+    on the CPU) may assume of a component: its answer to :meth:`Component.replay_contract`.
+    A replay re-runs the iteration's device work and no Python; everything else of the
+    component's host state is frozen at the capture (the capture's probe checks that, naming
+    what it finds changed).
 
     Attributes:
-        CAPTURABLE: its methods do all their work in torch ops (and native kernels) on its
-            tensors, which a replay re-runs (default ``True``; an env stepping on the host,
-            e.g. gymnasium's, is ``False``, and a fragment holding it runs eagerly).
-        REPLAYED_COUNTERS: integer attributes that advance by the same amount every iteration
-            (a step count): after each replay each is advanced by the captured iteration's amount.
-        REPLAYED_LOGS: list attributes an iteration appends device tensors to (finished
-            episodes), emptied by their reader between iterations: after each replay the
-            captured items, holding the replay's values, are appended again.
+        capturable: its methods do all their work in torch ops (and native kernels) on its
+            tensors, which a replay re-runs (``False``: an env stepping on the host, e.g.
+            gymnasium's; a fragment holding it runs eagerly, saying so).
+        counters: integer attributes that advance by the same amount every iteration (a step
+            count): after each replay each is advanced by the captured iteration's amount.
+        logs: list attributes an iteration appends device tensors to (finished episodes),
+            emptied by their reader between iterations: after each replay the captured items,
+            holding the replay's values, are appended again.
     """
 
-    CAPTURABLE: ClassVar[bool] = True
-    REPLAYED_COUNTERS: ClassVar[tuple[str, ...]] = ()
-    REPLAYED_LOGS: ClassVar[tuple[str, ...]] = ()
+    capturable: bool = True
+    counters: tuple[str, ...] = ()
+    logs: tuple[str, ...] = ()
+
+
+class Component:
+    """Base of every role. Components are plain objects; their state is saved by
+    :meth:`state_dict` and restored by :meth:`load_state_dict` for exact resume; what a
+    captured iteration may assume of their host state they declare by :meth:`replay_contract`.
+    """
+
+    def replay_contract(self) -> ReplayContract:
+        """What a replayed iteration may assume of this component (:class:`ReplayContract`).
+        Default: all its work is torch ops on its tensors; no host bookkeeping to repeat."""
+        return ReplayContract()
 
     def state_dict(self) -> dict[str, Any]:
         """Returns everything needed to continue exactly (weights, optimiser, RNG states)."""
@@ -261,9 +275,12 @@ class Environment(Component):
     """
 
     spec: EnvSpec
-    #: host envs (gymnasium's, a worker-process engine) step outside torch: a replayed
-    #: iteration would not step them (see :class:`Component`); native envs set it ``True``
-    CAPTURABLE: ClassVar[bool] = False
+
+    def replay_contract(self) -> ReplayContract:
+        """Host envs (gymnasium's, a worker-process engine) step outside torch: a replayed
+        iteration would not step them (native envs, whose steps are torch ops and kernels,
+        declare otherwise)."""
+        return ReplayContract(capturable=False)
 
     def reset(self, seed: int | None = None) -> torch.Tensor:
         """Resets every env.

@@ -150,13 +150,13 @@ def test_a_host_read_is_named_with_the_line_that_makes_it():
 
 
 def test_a_host_env_or_a_boundary_keeps_a_fragment_eager():
-    """A gymnasium env steps on the host (CAPTURABLE = False); a fragment that exchanges
+    """A gymnasium env steps on the host (its replay contract: not capturable); a fragment that exchanges
     values with other replicas (coarse's learner, multi_learner's all-reduce) has their timing:
     each runs eagerly with the reason, and learns exactly as without the setting."""
     main = CONFIGS / "ppo_cartpole.yaml"
     status, _ = _status_after(main, ["env.num_envs=4", "algorithm.hparams.num_steps=8"], 2)
     assert re.fullmatch(r"eager: its env \(GymnasiumEnv, .*gymnasium_env\.py:\d+\) works on the host, outside torch "
-                        r"\(CAPTURABLE = False\): a replay would not run it", status), status
+                        r"\(its replay_contract: capturable=False\): a replay would not run it", status), status
     coarse = Job(build_job_spec(load_config(main, ["distribution_policy.name=single_learner_coarse",
                                                    "distribution_policy.capture.learner=graph"])))
     try:
@@ -555,3 +555,19 @@ def test_a_replay_is_known_beforehand_and_runs_without_the_generator_watch(monke
         assert not program.replays_next(rep.trainer)
     finally:
         job.close()
+
+
+def test_a_component_declares_its_replay_contract_through_one_method():
+    """The contract is :meth:`msrl.api.Component.replay_contract`: components by default are
+    capturable without host bookkeeping, host envs are not capturable, native envs declare
+    their step counter and finished-episode log; no class attribute is read."""
+    from msrl.api import Component, Environment, ReplayContract
+    from msrl.envs.native.cartpole import CartPole
+
+    assert Component().replay_contract() == ReplayContract(True, (), ())
+    assert Environment.replay_contract(object.__new__(Environment)) == ReplayContract(capturable=False)
+    env = CartPole(2, impl="torch")
+    assert env.replay_contract() == ReplayContract(True, ("_env_steps",), ("_finished",))
+    assert isinstance(env._env_steps, int) and isinstance(env._finished, list)
+    assert not [c for c in (Component, Environment, CartPole)
+                if {"CAPTURABLE", "REPLAYED_COUNTERS", "REPLAYED_LOGS"} & set(dir(c))]

@@ -17,8 +17,9 @@ device, ``eager`` on the CPU):
    value that changes each iteration (a step counter, a learning rate computed as a float), a
    tensor attribute rebound to a new tensor, a draw from Python's or NumPy's global generator,
    an optimiser counting its steps on the host, or a Python number in the program's output
-   would all be frozen at the capture, and a component declaring ``CAPTURABLE = False`` (a
-   gymnasium env) would not run at all. The first such finding is the fragment's one-line
+   would all be frozen at the capture, and a component whose
+   :meth:`~msrl.api.Component.replay_contract` says ``capturable=False`` (a gymnasium env)
+   would not run at all. The first such finding is the fragment's one-line
    reason to stay eager
    (:attr:`CapturedProgram.status`; ``msrl graph`` prints it, and a run prints it on stderr,
    from whichever process the replica runs in: :func:`pop_notices`) -- a best effort
@@ -32,12 +33,15 @@ device, ``eager`` on the CPU):
    checkpoint loaded (:func:`invalidate`) or another program of the trainer run in between
    sends it back to 1.
 
-Host bookkeeping a replay must repeat is declared by the component, not guessed: a class
-attribute ``REPLAYED_COUNTERS`` names integer attributes that advance by the same amount each
-iteration (a native env's ``_env_steps``), each advanced by the captured iteration's amount
-after a replay, and ``REPLAYED_LOGS`` names lists the iteration appends device tensors to (a
-native env's finished episodes), appended the captured items again after a replay (their
-tensors hold the replay's values; items left from the previous replay are cloned first).
+Host bookkeeping a replay must repeat is declared by the component through one protocol
+method, :meth:`msrl.api.Component.replay_contract` (a :class:`~msrl.api.ReplayContract`), not
+guessed: ``counters`` names integer attributes that advance by the same amount each iteration
+(a native env's ``_env_steps``), each advanced by the captured iteration's amount after a
+replay, and ``logs`` names lists the iteration appends device tensors to (a native env's
+finished episodes), appended the captured items again after a replay (their tensors hold the
+replay's values; items left from the previous replay are cloned first). The object walk of
+the probe (:func:`host_state`) is the check of that contract: what it finds changed that no
+contract declares keeps the fragment eager, named in the reason.
 
 On the CPU (``capture: graph`` on a CPU fragment, and CI, which has no GPU) the same machinery
 runs with a :class:`Tape` in place of the CUDA graph: a ``TorchDispatchMode`` that records each
@@ -65,6 +69,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from msrl.api import ReplayContract
 from msrl.device import in_host_side, register_packer, set_foreign_recorder
 from msrl.errors import MsrlError
 from msrl.policy import CAPTURE_MODES
@@ -395,7 +400,7 @@ _replaying: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
 
 def replayed(trainer: Any) -> bool:
     """Whether the last captured program run on ``trainer`` was a replay: its output tensors,
-    and the items its components logged (``REPLAYED_LOGS``), are the captured ones, the same
+    and the items its components logged (their contracts' ``logs``), are the captured ones, the same
     tensors every replay (:meth:`msrl.runtime.replica.Replica.read_iteration` then reads them
     through :func:`packed`)."""
     return _replaying.get(trainer, False)
@@ -493,15 +498,20 @@ def invalidate(trainer: Any) -> None:
 
 
 def _replayed(trainer: Any) -> tuple[list[tuple[str, Any, str]], list[tuple[str, Any, str]]]:
-    """The declared ``REPLAYED_COUNTERS`` and ``REPLAYED_LOGS`` of the trainer's components:
-    ``(path, component, attribute)`` each."""
+    """The counters and logs the trainer's components declare in their replay contracts
+    (:meth:`msrl.api.Component.replay_contract`): ``(path, component, attribute)`` each."""
     counters, logs = [], []
     for role, comp in getattr(trainer, "_components", {}).items():
-        for attr in getattr(type(comp), "REPLAYED_COUNTERS", ()):
-            counters.append((f"{role}.{attr}", comp, attr))
-        for attr in getattr(type(comp), "REPLAYED_LOGS", ()):
-            logs.append((f"{role}.{attr}", comp, attr))
+        contract = _contract(comp)
+        counters += [(f"{role}.{attr}", comp, attr) for attr in contract.counters]
+        logs += [(f"{role}.{attr}", comp, attr) for attr in contract.logs]
     return counters, logs
+
+
+def _contract(component: Any) -> ReplayContract:
+    """A component's :class:`~msrl.api.ReplayContract` (an object without the method: the default)."""
+    declare = getattr(component, "replay_contract", None)
+    return declare() if declare is not None else ReplayContract()
 
 
 def _host_rngs(device: torch.device) -> dict[str, Any]:
@@ -627,9 +637,10 @@ class CapturedProgram:
             return self._eager(trainer, comm)
         if not cap.probed:
             for role, comp in getattr(trainer, "_components", {}).items():
-                if not getattr(type(comp), "CAPTURABLE", True):
+                if not _contract(comp).capturable:
                     self._give_up(trainer, f"its {role} ({type(comp).__name__}, {_source_of(type(comp))}) works on the "
-                                           "host, outside torch (CAPTURABLE = False): a replay would not run it")
+                                           "host, outside torch (its replay_contract: capturable=False): a replay would "
+                                           "not run it")
                     return self.fn(trainer, comm)
             t0 = time.perf_counter()
             out = self._probe(trainer, comm)

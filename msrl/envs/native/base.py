@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
-from msrl.api import Environment, EnvSpec, EpisodeStats
+from msrl.api import Environment, EnvSpec, EpisodeStats, ReplayContract
 from msrl.device import host_side, read_host
 
 __all__ = ["NativeEnv", "IMPLS", "splitmix64", "env_keys", "uniform", "uniform_many", "empty_output"]
@@ -103,12 +103,12 @@ class NativeEnv(Environment):
     KERNEL_SOURCE: pathlib.Path
     #: threads per block of single-agent kernels.
     BLOCK = 256
-    #: all of a native env's work is torch ops and kernels on its tensors: a captured iteration
-    #: replays it; the step count and the finished-episode log are host bookkeeping a replay
-    #: repeats (see :class:`msrl.api.Component`)
-    CAPTURABLE = True
-    REPLAYED_COUNTERS = ("_env_steps",)
-    REPLAYED_LOGS = ("_finished",)
+
+    def replay_contract(self) -> ReplayContract:
+        """All of a native env's work is torch ops and kernels on its tensors, which a captured
+        iteration replays; the step count and the finished-episode log are host bookkeeping a
+        replay repeats."""
+        return ReplayContract(capturable=True, counters=("_env_steps",), logs=("_finished",))
 
     def __init__(self, num_envs: int, device: str | torch.device = "cpu", impl: str = "kernel") -> None:
         if num_envs < 1:
