@@ -37,6 +37,7 @@ import torch
 from tensordict import TensorDictBase
 
 from msrl.channels import ChannelClosed
+from msrl.runtime.endpoint import Endpoint
 from msrl.runtime.generators import BATON
 from msrl.runtime.patterns import concat
 
@@ -288,20 +289,41 @@ class ShardedComponent:
         return call
 
 
-class ClientEndpoint:
-    """The endpoint of one client's run: the server side of that client's own ``fifo``
-    queues (every boundary of the served region joins the server and the clients)."""
+class _ClientQueues:
+    """The asynchronous side of a :class:`ClientEndpoint`: the server replica's ``fifo`` queues
+    to and from one client replica."""
 
-    def __init__(self, comm: Any, client: int, cancel: threading.Event) -> None:
-        self.comm, self.client, self.cancel = comm, client, cancel
+    def __init__(self, asynchronous: Any, client: int, cancel: threading.Event) -> None:
+        self.asynchronous, self.client, self.cancel = asynchronous, client, cancel
 
     def get(self, name: str) -> Any:
-        """The oldest value the client put on boundary ``name``."""
-        return self.comm.asynchronous.take_from(name, self.client, self.cancel)
+        return self.asynchronous.take_from(name, self.client, self.cancel)
 
     def put(self, name: str, value: Any) -> None:
-        """Queues ``value`` (this client's rows) for the client on boundary ``name``."""
-        self.comm.asynchronous.put_to(name, self.client, value)
+        self.asynchronous.put_to(name, self.client, value)
+
+
+class ClientEndpoint(Endpoint):
+    """The :class:`~msrl.runtime.endpoint.Endpoint` of one client's run of the served region: the
+    server replica's endpoint narrowed to that client (every boundary of the served region is a
+    ``fifo`` joining the server and the clients): ``get`` takes the oldest value the client put,
+    ``put`` queues a value for the client alone; the ops are :class:`Endpoint`'s own (untimed:
+    the client runs wait concurrently, inside the server's timed ``serve``). A served region
+    holds no synchronous boundary (the partitioner's plan), so no value travels by
+    ``_post``/``_take``.
+
+    Args:
+        comm: the server replica's endpoint; client: the client replica's index; cancel: set
+            when the serve stops (a run waiting on a queue gives up).
+    """
+
+    def __init__(self, comm: Endpoint, client: int, cancel: threading.Event) -> None:
+        self.comm, self.client = comm, client
+        self.fragment, self.replica, self.boundaries = comm.fragment, comm.replica, comm.boundaries
+        self.asynchronous = _ClientQueues(comm.asynchronous, client, cancel)
+
+    def _fragment_size(self) -> int:
+        return self.comm._fragment_size()
 
 
 class InferenceServer:
