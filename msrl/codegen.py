@@ -21,8 +21,9 @@ import linecache
 from typing import Any, Callable, Mapping
 
 from msrl.graph import COMM_KINDS, Const, Graph, Node, NodeKind
+from msrl.graph.regions import REGIONS, region_of
 
-__all__ = ["endpoint_op", "Program", "Lowering", "CodegenContext", "generate", "python_name", "COMM_VAR"]
+__all__ = ["endpoint_op", "REGION_LOWERING", "Program", "Lowering", "CodegenContext", "generate", "python_name", "COMM_VAR"]
 
 #: Name of the endpoint argument inside generated programs (chosen not to clash with user names).
 COMM_VAR = "_msrl_comm"
@@ -116,13 +117,68 @@ class Program:
 def endpoint_op(node: Node) -> str | None:
     """The :class:`~msrl.runtime.endpoint.Endpoint` op a node lowers to (``gather``, ``put``,
     ``allreduce_region``, ``serve``, ...), or ``None`` for a node that communicates with no one."""
-    if node.kind is NodeKind.ALLREDUCE and node.body is not None:
-        return "allreduce_region"
-    if node.kind is NodeKind.SERVE:
-        return "serve"
-    if node.kind in COMM_KINDS:
-        return node.kind.value
-    return None
+    region = region_of(node)
+    if region is not None:
+        return region.endpoint_op
+    return node.kind.value if node.kind in COMM_KINDS else None
+
+
+def _lower_loop(node: Node, ctx: CodegenContext, pad: str, depth: int, emit: Callable[[Graph, int], None],
+                lines: list[str], line_nodes: dict[int, Node]) -> None:
+    rng = ", ".join(ctx.arg(a) for a in node.args)
+    var = ctx.var(node.target) if node.target else "_"
+    lines.append(f"{pad}for {var} in range({rng}):  # %{node.id} {node.where()}")
+    line_nodes[len(lines)] = node
+    emit(node.body, depth + 1)
+
+
+def _lower_branch(node: Node, ctx: CodegenContext, pad: str, depth: int, emit: Callable[[Graph, int], None],
+                  lines: list[str], line_nodes: dict[int, Node]) -> None:
+    lines.append(f"{pad}if {ctx.arg(node.target)}:  # %{node.id} {node.where()}")
+    line_nodes[len(lines)] = node
+    emit(node.body, depth + 1)
+    if len(node.orelse):
+        lines.append(f"{pad}else:")
+        line_nodes[len(lines)] = node
+        emit(node.orelse, depth + 1)
+
+
+def _lower_allreduce(node: Node, ctx: CodegenContext, pad: str, depth: int, emit: Callable[[Graph, int], None],
+                     lines: list[str], line_nodes: dict[int, Node]) -> None:
+    # what the call inside passes through its collective point (the target's value: gradients,
+    # statistics) is averaged over the fragment's replicas
+    lines.append(f"{pad}with {ctx.comm}.allreduce_region({node.target.boundary!r}, {node.target.value!r}, "
+                 f"self.{node.meta['role']}):  # %{node.id} {node.where()}")
+    line_nodes[len(lines)] = node
+    emit(node.body, depth + 1)
+
+
+def _lower_serve(node: Node, ctx: CodegenContext, pad: str, depth: int, emit: Callable[[Graph, int], None],
+                 lines: list[str], line_nodes: dict[int, Node]) -> None:
+    # central inference (msrl.inference): the region becomes a nested function that returns
+    # the values the rest reads, run by comm.serve once per client replica (msrl.runtime.inference)
+    outs = "".join(f"{ctx.var(v)}, " for v in node.outputs)
+    lines.append(f"{pad}def _msrl_served(self, {COMM_VAR}):  # %{node.id} {node.where()}")
+    line_nodes[len(lines)] = node
+    lines.append(f'{pad}    """The part run once per client replica (central inference)."""')
+    emit(node.body, depth + 1)
+    lines.append(f"{pad}    return ({outs})")
+    lines.append(f"{pad}{outs or '_ = '}{'= ' if outs else ''}{COMM_VAR}.serve(self, _msrl_served)")
+    line_nodes[len(lines)] = node
+
+
+#: How each region kind of :data:`msrl.graph.regions.REGIONS` is written as Python (every
+#: backend alike: a region's structure is the program's, its sub-graphs lowered by the
+#: backend's rules): ``(node, ctx, pad, depth, emit, lines, line_nodes)``.
+REGION_LOWERING: dict[NodeKind, Callable[..., None]] = {
+    NodeKind.LOOP: _lower_loop,
+    NodeKind.BRANCH: _lower_branch,
+    NodeKind.ALLREDUCE: _lower_allreduce,
+    NodeKind.SERVE: _lower_serve,
+}
+if set(REGION_LOWERING) != set(REGIONS):  # a region kind without its lowering rule
+    raise ImportError(f"msrl.codegen lowers regions {sorted(k.value for k in REGION_LOWERING)}, the region table holds "
+                      f"{sorted(k.value for k in REGIONS)}")
 
 
 def generate(
@@ -154,42 +210,8 @@ def generate(
         pad = "    " * depth
         start = len(lines)
         for node in region:
-            if node.kind is NodeKind.LOOP:
-                rng = ", ".join(ctx.arg(a) for a in node.args)
-                var = ctx.var(node.target) if node.target else "_"
-                lines.append(f"{pad}for {var} in range({rng}):  # %{node.id} {node.where()}")
-                line_nodes[len(lines)] = node
-                emit(node.body, depth + 1)
-                continue
-            if node.kind is NodeKind.SERVE:
-                # central inference (msrl.inference): the region becomes a nested function that
-                # returns the values the rest reads, run by comm.serve once per client replica
-                # (msrl.runtime.inference)
-                outs = "".join(f"{ctx.var(v)}, " for v in node.outputs)
-                lines.append(f"{pad}def _msrl_served(self, {COMM_VAR}):  # %{node.id} {node.where()}")
-                line_nodes[len(lines)] = node
-                lines.append(f'{pad}    """The part run once per client replica (central inference)."""')
-                emit(node.body, depth + 1)
-                lines.append(f"{pad}    return ({outs})")
-                lines.append(f"{pad}{outs or '_ = '}{'= ' if outs else ''}{COMM_VAR}.serve(self, _msrl_served)")
-                line_nodes[len(lines)] = node
-                continue
-            if node.kind is NodeKind.ALLREDUCE and node.body is not None:
-                # what the call inside passes through its collective point (the target's value:
-                # gradients, statistics) is averaged over the fragment's replicas
-                lines.append(f"{pad}with {ctx.comm}.allreduce_region({node.target.boundary!r}, {node.target.value!r}, "
-                             f"self.{node.meta['role']}):  # %{node.id} {node.where()}")
-                line_nodes[len(lines)] = node
-                emit(node.body, depth + 1)
-                continue
-            if node.kind is NodeKind.BRANCH:
-                lines.append(f"{pad}if {ctx.arg(node.target)}:  # %{node.id} {node.where()}")
-                line_nodes[len(lines)] = node
-                emit(node.body, depth + 1)
-                if len(node.orelse):
-                    lines.append(f"{pad}else:")
-                    line_nodes[len(lines)] = node
-                    emit(node.orelse, depth + 1)
+            if region_of(node) is not None:  # loop, branch, allreduce, serve: each kind's own rule
+                REGION_LOWERING[node.kind](node, ctx, pad, depth, emit, lines, line_nodes)
                 continue
             rule = lowering.rules.get(node.kind)
             if rule is None:

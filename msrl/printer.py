@@ -5,6 +5,7 @@ from __future__ import annotations
 import pathlib
 
 from msrl.graph import COMM_KINDS, Graph, Node, NodeKind
+from msrl.graph.regions import region_of
 from msrl.job import METHODS, Job
 from msrl.runtime.capture import resolve_capture
 
@@ -43,14 +44,13 @@ def format_graph(graph: Graph, indent: int = 0) -> str:
     pad = "  " * indent
     for node in graph:
         lines.append(f"{pad}{node.describe()}    # {node.where()}{_fmt_values(node)}")
-        if node.kind in (NodeKind.LOOP, NodeKind.SERVE) or (node.kind is NodeKind.ALLREDUCE and node.body is not None):
-            lines.append(format_graph(node.body, indent + 1))
-        elif node.kind is NodeKind.BRANCH:
-            if len(node.body):
-                lines.append(format_graph(node.body, indent + 1))
-            if len(node.orelse):
-                lines.append(f"{pad}else:")
-                lines.append(format_graph(node.orelse, indent + 1))
+        region = region_of(node)
+        for (_, label), sub in zip(region.subgraphs if region is not None else (), node.regions()):
+            if not len(sub) and len(region.subgraphs) > 1:  # an empty side of a branch is not printed
+                continue
+            if label is not None:
+                lines.append(f"{pad}{label}")
+            lines.append(format_graph(sub, indent + 1))
     return "\n".join(lines)
 
 

@@ -169,6 +169,23 @@ def test_no_algorithm_imports_another():
     assert {m: sorted(edges[m] & algorithms) for m in algorithms if edges[m] & algorithms} == {}
 
 
+def test_region_kinds_are_read_from_one_table():
+    """Loop, branch, all-reduce and serve regions: node (its sub-graphs, its one-line form), lint,
+    codegen and the printer read them from ``msrl.graph.regions.REGIONS``; no ``if`` on a region
+    kind is left in those files, and codegen holds a lowering for every kind of the table."""
+    from msrl.codegen import REGION_LOWERING
+    from msrl.graph import REGION_KINDS
+    from msrl.graph.regions import REGIONS
+
+    assert set(REGIONS) == set(REGION_KINDS) == set(REGION_LOWERING)
+    for path in ("msrl/graph/node.py", "msrl/graph/graph.py", "msrl/codegen.py", "msrl/printer.py"):
+        tree = ast.parse((ROOT / path).read_text())
+        tests = [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.Compare)
+                 and any(f"NodeKind.{k.name}" in ast.unparse(c) for c in n.comparators for k in REGIONS)
+                 and "ALLREDUCE" not in ast.unparse(n)]  # (an allreduce without a body is a comm node)
+        assert tests == [], (path, tests)
+
+
 def test_envs_do_not_import_the_runtime():
     """The library layer (``msrl.envs``) sits below the runtimes: what a native env needs of
     device memory (one host read, host-side blocks, foreign kernel launches a replay repeats) is

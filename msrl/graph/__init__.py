@@ -1,5 +1,5 @@
-"""The FDG's intermediate representation: nodes (:mod:`msrl.graph.node`) and regions
-(:mod:`msrl.graph.graph`)."""
+"""The FDG's intermediate representation: nodes (:mod:`msrl.graph.node`), the region kinds'
+table (:mod:`msrl.graph.regions`) and region graphs (:mod:`msrl.graph.graph`)."""
 
 from msrl.graph.graph import Graph, GraphLintError
 from msrl.graph.node import COMM_KINDS, IMPURE_KINDS, REGION_KINDS, CommTarget, Const, Node, NodeKind

@@ -18,6 +18,7 @@ import networkx as nx
 
 from msrl.errors import MsrlError
 from msrl.graph.node import COMM_KINDS, CommTarget, Const, Node, NodeKind
+from msrl.graph.regions import region_of
 
 __all__ = ["Graph", "GraphLintError"]
 
@@ -215,50 +216,14 @@ class Graph:
                     raise GraphLintError(f"{where}: compute target must be an ast.expr")
                 if not node.outputs:
                     raise GraphLintError(f"{where}: compute writes no value")
-            elif k is NodeKind.LOOP:
-                if not isinstance(node.body, Graph):
-                    raise GraphLintError(f"{where}: loop body must be a Graph")
-                inner = None
-                if avail is not None:
-                    inner = avail | ({node.target} if node.target else set())
-                    outside = [n for n in node.body.free_values() if n not in inner]
-                    if outside:
-                        raise GraphLintError(f"{where}: loop body reads undefined {outside}")
-                node.body._lint(inner, seen_ids)
-            elif k is NodeKind.BRANCH:
-                if not (isinstance(node.body, Graph) and isinstance(node.orelse, Graph)):
-                    raise GraphLintError(f"{where}: branch body and orelse must be Graphs")
-                if not isinstance(node.target, (str, Const)):
-                    raise GraphLintError(f"{where}: branch condition must be a value name or Const")
-                if isinstance(node.target, str) and node.target not in node.inputs:
-                    raise GraphLintError(f"{where}: branch inputs must hold its condition {node.target!r}")
-                for region in node.regions():
-                    if avail is not None:
-                        outside = [n for n in region.free_values() if n not in avail]
-                        if outside:
-                            raise GraphLintError(f"{where}: branch body reads undefined {outside}")
-                    region._lint(set(avail) if avail is not None else None, seen_ids)
             elif k is NodeKind.OUTPUT:
                 if i != len(self._nodes) - 1:
                     raise GraphLintError(f"{where}: output must be the last node")
-            elif k is NodeKind.SERVE:
-                if not isinstance(node.body, Graph):
-                    raise GraphLintError(f"{where}: a serve region's body must be a Graph")
-                if node.inputs != node.body.free_values() or not set(node.outputs) <= set(node.body.written_values()):
-                    raise GraphLintError(f"{where}: a serve region reads what its body reads and writes values its body writes")
-                node.body._lint(set(avail) if avail is not None else None, seen_ids)
-            elif k is NodeKind.ALLREDUCE and node.body is not None:
-                t = node.target
-                if not (isinstance(t, CommTarget) and t.side == "all" and isinstance(node.body, Graph)):
-                    raise GraphLintError(f"{where}: an allreduce region has a CommTarget of side 'all' and a body Graph")
-                inner = list(node.body)
-                if len(inner) != 1 or not (inner[0].kind is NodeKind.CALL or
-                                           inner[0].kind is NodeKind.ALLREDUCE and inner[0].body is not None):
-                    raise GraphLintError(f"{where}: an allreduce region holds exactly one call (the call that reaches its "
-                                         "collective point) or the region of the call's next point")
-                if node.inputs != node.body.free_values() or node.outputs != node.body.written_values():
-                    raise GraphLintError(f"{where}: an allreduce region reads and writes what its call does")
-                node.body._lint(set(avail) if avail is not None else None, seen_ids)
+            elif region_of(node) is not None:  # loop, branch, allreduce, serve: the region table's own checks
+                wrong = region_of(node).lint(node, where, None if avail is None else set(avail),
+                                             lambda sub, names: sub._lint(names, seen_ids))
+                if wrong is not None:
+                    raise GraphLintError(wrong)
             elif k in COMM_KINDS:
                 t = node.target
                 if not isinstance(t, CommTarget):

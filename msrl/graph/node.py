@@ -47,7 +47,7 @@ import dataclasses
 import enum
 from typing import Any
 
-__all__ = ["NodeKind", "Node", "CommTarget", "Const", "COMM_KINDS", "IMPURE_KINDS", "REGION_KINDS"]
+__all__ = ["NodeKind", "Node", "CommTarget", "Const", "COMM_KINDS", "IMPURE_KINDS", "REGION_KINDS", "REGION_TABLE"]
 
 
 class NodeKind(str, enum.Enum):
@@ -89,8 +89,14 @@ COMM_KINDS = frozenset(
 IMPURE_KINDS = COMM_KINDS | {NodeKind.CALL, NodeKind.STATE_OUT, NodeKind.OUTPUT, NodeKind.LOOP, NodeKind.BRANCH,
                              NodeKind.SERVE}
 
-#: Kinds that hold nested regions (an ``allreduce`` holds the call whose gradient steps it averages).
+#: Kinds that hold nested regions (an ``allreduce`` with a body holds the call that reaches its
+#: collective point): the keys of :data:`msrl.graph.regions.REGIONS`, the table of what each is.
 REGION_KINDS = frozenset({NodeKind.LOOP, NodeKind.BRANCH, NodeKind.ALLREDUCE, NodeKind.SERVE})
+
+
+#: the region kinds' table, node kind -> :class:`msrl.graph.regions.RegionKind` (registered by
+#: :mod:`msrl.graph.regions`, which ``msrl.graph`` imports: the kinds' rules live there)
+REGION_TABLE: dict["NodeKind", Any] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,14 +174,20 @@ class Node:
         """Whether the node has side effects (see :data:`IMPURE_KINDS`)."""
         return self.kind in IMPURE_KINDS
 
+    def region_kind(self) -> Any:
+        """This node's :class:`~msrl.graph.regions.RegionKind` in the region table, ``None`` for
+        a node that is no region (an ``allreduce`` without a body among them)."""
+        region = REGION_TABLE.get(self.kind)
+        if region is None or (self.kind is NodeKind.ALLREDUCE and self.body is None):
+            return None
+        return region
+
     def regions(self) -> list[Any]:
-        """The nested region graphs: ``[body]`` of a loop or an all-reduce, ``[body, orelse]``
-        of a branch."""
-        if self.kind in (NodeKind.LOOP, NodeKind.SERVE) or (self.kind is NodeKind.ALLREDUCE and self.body is not None):
-            return [self.body]
-        if self.kind is NodeKind.BRANCH:
-            return [self.body, self.orelse]
-        return []
+        """The nested region graphs, in program order, as the region table
+        (:data:`msrl.graph.regions.REGIONS`) names them: ``[body]`` of a loop, an all-reduce or a
+        serve region, ``[body, orelse]`` of a branch; ``[]`` for any other node."""
+        region = self.region_kind()
+        return [getattr(self, attr) for attr, _ in region.subgraphs] if region is not None else []
 
     def where(self) -> str:
         """``file:line`` of the user source the node came from (``"<generated>"`` otherwise)."""
@@ -192,24 +204,14 @@ class Node:
             text = f"call {self.target[0]}.{self.target[1]}({', '.join(args)})"
         elif self.kind is NodeKind.COMPUTE:
             text = f"compute {ast.unparse(self.target)}"
-        elif self.kind is NodeKind.LOOP:
-            carried = self.meta.get("carried", [])
-            rng = ", ".join(a if isinstance(a, str) else repr(a) for a in self.args)
-            text = f"loop {self.target or '_'} in range({rng})"
-            if carried:
-                text += f" carried=({', '.join(carried)})"
-        elif self.kind is NodeKind.BRANCH:
-            cond = self.target if isinstance(self.target, str) else repr(self.target)
-            text = f"branch if {cond}"
+        elif self.region_kind() is not None and self.region_kind().describe is not None:
+            text = self.region_kind().describe(self)
         elif self.kind in (NodeKind.STATE_IN, NodeKind.STATE_OUT):
             text = f"{self.kind.value} self.{self.target}"
             if self.kind is NodeKind.STATE_OUT:
                 text += f" <- {self.inputs[0]}"
         elif self.kind is NodeKind.OUTPUT:
             text = f"output {self.inputs[0] if self.inputs else 'None'}"
-        elif self.kind is NodeKind.SERVE:
-            text = (f"serve {self.target} to {self.meta.get('clients', '?')} (x{self.meta.get('clients_count', '?')}), "
-                    "once per client replica")
         else:
             t: CommTarget = self.target
             axis = f", axis={t.axis}" if t.axis is not None else ""
