@@ -1,7 +1,8 @@
 """The replica mapping of every boundary pattern, written once (DESIGN.md §3): which dst replicas
 a src replica's value goes to (whole or one shard), which src replicas a dst replica reads, and
-how it combines what it read. Every endpoint -- in-process (:class:`msrl.channels.LocalEndpoint`),
-between processes (:class:`msrl.runtime.dist.DistEndpoint`) and on asynchronous boundaries
+how it combines what it read, as one table of :class:`Pattern` records (:data:`PATTERNS`).
+Every endpoint -- in-process (:class:`msrl.channels.LocalEndpoint`), between processes
+(:class:`msrl.runtime.dist.DistEndpoint`) and on asynchronous boundaries
 (:class:`msrl.runtime.asynchronous.AsyncEndpoint`) -- moves values by this table; only how a
 value travels differs.
 
@@ -20,14 +21,15 @@ broadcast   (replica 0) its value to every   src 0                     it
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import dataclasses
+from typing import Any, Callable, Sequence
 
 import torch
 from tensordict import TensorDictBase
 
 from msrl.graph import NodeKind
 
-__all__ = ["deliveries", "sources", "combine", "shards", "concat", "split"]
+__all__ = ["Pattern", "PATTERNS", "pattern_of", "deliveries", "sources", "combine", "shards", "concat", "split"]
 
 
 def concat(values: Sequence[Any], axis: int) -> Any:
@@ -67,9 +69,57 @@ def split(value: Any, parts: int, axis: int) -> list[Any]:
     raise TypeError(f"cannot scatter a {type(value).__name__} along the env axis")
 
 
-def _pattern(boundary: Any) -> NodeKind:
-    p = boundary.pattern
-    return NodeKind.SEND if p is NodeKind.RECV else p
+def _axis(boundary: Any) -> int:
+    return boundary.axis if boundary.axis is not None else 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Pattern:
+    """One row of the table in the module docstring: how a boundary of this pattern maps its
+    replicas (``boundary`` has ``src_replicas``, ``dst_replicas`` and ``axis``).
+
+    Attributes:
+        kind: the pattern (``send`` also stands for its ``recv`` side).
+        deliveries: ``(boundary, src replica) -> [(dst replica, shard index or None)]``.
+        sources: ``(boundary, dst replica) ->`` the src replicas it reads, in combine order.
+        sharded: whether the src splits its value into one shard per dst replica.
+        combine: ``(boundary, values read) ->`` what the dst replica gets.
+    """
+
+    kind: NodeKind
+    deliveries: Callable[[Any, int], list[tuple[int, int | None]]]
+    sources: Callable[[Any, int], list[int]]
+    sharded: bool
+    combine: Callable[[Any, list[Any]], Any]
+
+
+def _one(boundary: Any, values: list[Any]) -> Any:
+    return values[0]
+
+
+#: every pattern's replica mapping, by node kind
+PATTERNS: dict[NodeKind, Pattern] = {p.kind: p for p in (
+    Pattern(NodeKind.SEND, lambda b, r: [(r, None)], lambda b, r: [r], False, _one),
+    Pattern(NodeKind.GATHER, lambda b, r: [(0, None)], lambda b, r: list(range(b.src_replicas)), False,
+            lambda b, values: concat(values, _axis(b))),
+    Pattern(NodeKind.SCATTER, lambda b, r: [(d, d) for d in range(b.dst_replicas)] if r == 0 else [],
+            lambda b, r: [0], True, _one),
+    Pattern(NodeKind.BROADCAST, lambda b, r: [(d, None) for d in range(b.dst_replicas)] if r == 0 else [],
+            lambda b, r: [0], False, _one),
+)}
+
+
+def pattern_of(boundary: Any) -> Pattern:
+    """The :class:`Pattern` of ``boundary`` (a ``recv`` side is its ``send``'s).
+
+    Raises:
+        ValueError: a pattern with no replica mapping (an all-reduce is not a boundary).
+    """
+    kind = NodeKind.SEND if boundary.pattern is NodeKind.RECV else boundary.pattern
+    row = PATTERNS.get(kind)
+    if row is None:
+        raise ValueError(f"boundary {boundary.name}: pattern {kind.value} has no replica mapping")
+    return row
 
 
 def deliveries(boundary: Any, replica: int) -> list[tuple[int, int | None]]:
@@ -79,40 +129,24 @@ def deliveries(boundary: Any, replica: int) -> list[tuple[int, int | None]]:
     Raises:
         ValueError: a pattern with no replica mapping (an all-reduce is not a boundary).
     """
-    p = _pattern(boundary)
-    if p is NodeKind.SEND:
-        return [(replica, None)]
-    if p is NodeKind.GATHER:
-        return [(0, None)]
-    if p is NodeKind.SCATTER:
-        return [(r, r) for r in range(boundary.dst_replicas)] if replica == 0 else []
-    if p is NodeKind.BROADCAST:
-        return [(r, None) for r in range(boundary.dst_replicas)] if replica == 0 else []
-    raise ValueError(f"boundary {boundary.name}: pattern {p.value} has no replica mapping")
+    return pattern_of(boundary).deliveries(boundary, replica)
 
 
 def sources(boundary: Any, replica: int) -> list[int]:
     """Dst side: the src replicas whose values dst replica ``replica`` reads, in the order
     :func:`combine` takes them."""
-    p = _pattern(boundary)
-    if p is NodeKind.GATHER:
-        return list(range(boundary.src_replicas))
-    if p is NodeKind.SEND:
-        return [replica]
-    return [0]
+    return pattern_of(boundary).sources(boundary, replica)
 
 
 def shards(boundary: Any, value: Any) -> list[Any] | None:
     """The shards a scatter's src splits ``value`` into (views; one per dst replica), or
     ``None`` for the other patterns (the whole value travels)."""
-    if _pattern(boundary) is not NodeKind.SCATTER:
+    if not pattern_of(boundary).sharded:
         return None
-    return split(value, boundary.dst_replicas, boundary.axis if boundary.axis is not None else 0)
+    return split(value, boundary.dst_replicas, _axis(boundary))
 
 
 def combine(boundary: Any, values: list[Any]) -> Any:
     """What dst replica gets from the values it read (in :func:`sources` order): a gather's
     concatenation along the boundary's axis, else the one value."""
-    if _pattern(boundary) is NodeKind.GATHER:
-        return concat(values, boundary.axis if boundary.axis is not None else 0)
-    return values[0]
+    return pattern_of(boundary).combine(boundary, values)
