@@ -420,7 +420,8 @@ def test_a_misspelt_env_kwarg_of_a_users_env_is_one_line_naming_the_valid_ones(t
         sys.modules.pop("reach_env", None)
     assert code == 2
     assert capsys.readouterr().err == (
-        "msrl: error: env.kwargs.taget: reach_env:Reach1D-v0 takes no argument 'taget'. Did you mean 'target'? Valid: "
+        "msrl: error: env.kwargs.taget: an unexpected keyword argument 'taget' for reach_env:Reach1D-v0. Did you mean "
+        "'target'? Valid: "
         "apply_api_compatibility, autoreset, disable_env_checker, max_episode_steps, render_mode, target\n")
 
 

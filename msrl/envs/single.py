@@ -55,7 +55,8 @@ def _kwargs_error(env_id: str, kwargs: Mapping[str, Any], error: TypeError) -> E
     valid = sorted(set(takes) | set(_MAKE_KWARGS))
     close = difflib.get_close_matches(bad, valid, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
-    return EnvKwargsError(f"env.kwargs.{bad}: {env_id} takes no argument {bad!r}.{hint} Valid: {', '.join(valid)}")
+    return EnvKwargsError(f"env.kwargs.{bad}: an unexpected keyword argument {bad!r} for {env_id}.{hint} Valid: "
+                          f"{', '.join(valid)}")
 
 
 def _register_optional_namespaces(env_id: str) -> str:
