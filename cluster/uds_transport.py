@@ -1,12 +1,11 @@
 """Asynchronous boundaries between processes of one machine over Unix-domain stream sockets,
 read and written by the replicas' own threads (DESIGN.md §5, "Boundary kinds").
 
-Why not gRPC here: one ``fifo`` item of 13.5 KB and its credit take 0.38 ms (idle machine) to
-1.1 ms (two busy cores) and ~0.4 ms of CPU over gRPC's Python streams, whose every message
-passes four to five threads and their GIL hand-offs; over a Unix socket written by the
-producer's thread and read by the consumer's while it waits, 0.09-0.10 ms and 0.1 ms of CPU
-(a bare socket exchanging the same bytes: 0.04 ms; ``python bench/bench_hop.py``,
-bench/RESULTS.md). Between machines the gRPC transport stays.
+Why not gRPC here: over gRPC's Python streams every message passes four to five threads and
+their GIL hand-offs; over a Unix socket written by the producer's thread and read by the
+consumer's while it waits, an item and its credit take a fraction of the time and CPU, close to
+a bare socket's (``python bench/bench_hop.py``; figures: bench/RESULTS.md, "Figures behind the
+code"). Between machines the gRPC transport stays.
 
 Frames are the gRPC transport's (:mod:`msrl.cluster.grpc_transport`: request frames ``ITEM`` and
 ``LATEST``, ``CREDIT``), each preceded on the stream by its length (u32), plus two of its own::

@@ -2,9 +2,8 @@
 
 tensordict marks a few of its functions for ``torch.compile`` at import time
 (``torch.compiler.allow_in_graph``, ``assume_constant_result``), and each mark imports
-``torch._dynamo`` -- with sympy, ~0.7 s and ~83 MB of private memory in every process that
-imports tensordict (measured on the dev machine: ``python -X importtime -c "import torch;
-import tensordict"``, ``/proc/self/smaps_rollup``). msrl never compiles, and a replica process
+``torch._dynamo`` -- with sympy, most of a second and tens of MB of private memory in every
+process that imports tensordict (``bench/RESULTS.md``, "Figures behind the code"). msrl never compiles, and a replica process
 pays this once per process: a coarse job with two actors pays it four times.
 
 :func:`install` puts a finder first on ``sys.meta_path`` that, the first time ``tensordict`` is
@@ -18,8 +17,9 @@ slower compiled code, never different results. ``MSRL_EAGER_TENSORDICT=0`` turns
 component imports). In torch 2.13 an optimiser's constructor (``add_param_group``), ``zero_grad``,
 ``state_dict`` and ``load_state_dict`` are wrapped by ``torch._disable_dynamo``, and every
 ``step`` by ``_use_grad_for_differentiable``, and both import ``torch._dynamo`` on their first
-call: ``torch.optim.Adam([p], lr=0.1)`` alone costs ~3 s on the 2-core dev machine (``import
-torch`` ~2.8 s there), and every replica that builds a learner pays it. Both wrappers exist only
+call: ``torch.optim.Adam([p], lr=0.1)`` alone costs about as much as ``import torch`` itself
+(``bench/RESULTS.md``, "Figures behind the code"), and every replica that builds a learner pays
+it. Both wrappers exist only
 for Dynamo's tracing (``disable`` marks a function opaque to it; ``graph_break`` is a no-op when
 nothing is being traced), and nothing can be traced before ``torch._dynamo`` is loaded. So:
 
@@ -39,15 +39,15 @@ reaches an optimiser after something loaded Dynamo runs torch's wrappers unchang
 :func:`defer_gc` and :func:`resume_gc` bracket a process's start-up (the ``msrl`` command, from
 its first line to the job's first iteration): with torch's ~2 million objects alive, Python's
 cyclic collector runs hundreds of collections during the imports and the job's build, its
-full (generation 2) ones rescanning all of torch; measured on the 2-core dev machine, 0.9 s of
-the main job's ~5 s command (``user+sys`` 5.0 -> 4.0 s). Start-up is then collected once it
+full (generation 2) ones rescanning all of torch: a fifth of the main job's command
+(``bench/RESULTS.md``, "Figures behind the code"). Start-up is then collected once it
 is over: :func:`resume_gc` moves what start-up made into the permanent generation
 (``gc.freeze``: the modules, classes and networks that live as long as the process, never
 rescanned again) and turns the collector back on for the training loop.
 
 :func:`freeze_before_exit` does the same for the interpreter's exit: its final collections
-rescan every object torch made (~0.6-0.9 s of ``python -c "import torch"``'s ~2.7 s here; with
-``gc.freeze()`` first, 1.8-2.2 s), although the process is about to end. Only the ``msrl``
+rescan every object torch made (a quarter of ``python -c "import torch"``; figures:
+``bench/RESULTS.md``, "Figures behind the code"), although the process is about to end. Only the ``msrl``
 command calls it, when its work is done (files closed, processes stopped); ``atexit`` handlers
 still run.
 """

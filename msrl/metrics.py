@@ -36,9 +36,8 @@ def _masked_crc32c(data: bytes) -> int:
 def use_native_crc32c() -> bool:
     """Makes TensorBoard's event writer checksum its records with ``google-crc32c``'s C
     implementation instead of TensorBoard's pure-Python one (without TensorFlow installed,
-    ``tensorboard.summary.writer.record_writer`` uses a byte-at-a-time Python loop: ~85 us for a
-    300-byte metrics row on the 2-core dev VM; writing a 1,171-row run's events took 160-200 ms
-    of training time, 55 ms with this and :attr:`MetricsWriter.TB_QUEUE`; ``bench/RESULTS.md``).
+    ``tensorboard.summary.writer.record_writer`` uses a byte-at-a-time Python loop, a large part
+    of writing a long run's events; figures: ``bench/RESULTS.md``, "Figures behind the code").
     The bytes written are the same (checked against TensorBoard's own function on first use).
 
     Returns:
@@ -102,9 +101,8 @@ class MetricsWriter:
     TensorBoard events are written in batches, every :attr:`TB_EVERY_S` seconds of
     :meth:`flush` calls and at :meth:`close`, each batch drained before training goes on.
     Handed over one row per iteration, TensorBoard's writer thread (event serialisation and a
-    pure-Python CRC per record) competed with the training thread for the GIL: measured on the
-    dev machine, A2C on native CartPole ran 5-15% slower than with TensorBoard off
-    (``bench/RESULTS.md``)."""
+    pure-Python CRC per record) competed with the training thread for the GIL and slowed small
+    jobs measurably (``bench/RESULTS.md``, "Figures behind the code")."""
 
     TB_EVERY_S = 5.0
     #: events TensorBoard's writer thread may hold queued: a batch is handed over without the

@@ -189,9 +189,9 @@ def share_mujoco_models(envs: Sequence[gymnasium.Env]) -> int:
     """Makes gymnasium's own MuJoCo envs (``gymnasium.envs.mujoco``: HalfCheetah, Hopper, Ant,
     ...) in ``envs`` step on one ``MjModel`` where their models are byte-for-byte the same.
 
-    Each ``gymnasium.make`` loads its own model (~0.5 MB for HalfCheetah-v5), so 32 envs in one
-    process step through ~16 MB of models and miss the CPU's caches; measured on the dev
-    machine, 64 HalfCheetah-v5 envs stepped in turn ran 13% faster on one shared model. Only
+    Each ``gymnasium.make`` loads its own model, so many envs in one process step through many
+    copies of it and miss the CPU's caches; stepped in turn on one shared model they run faster
+    (``bench/RESULTS.md``, "Figures behind the code"). Only
     gymnasium's own classes are shared: they never write their model after construction
     (``mj_step`` reads it), so nothing an env computes changes. A user's env, which may
     randomise its model per env, keeps its own. Each env keeps its own ``MjData``.

@@ -12,8 +12,9 @@ Pendulum, HalfCheetah, Hopper, Ant, Pong and MPE's simple_spread). pygame's rend
 
 Large objects that are the same in every env of a batch (a MuJoCo ``MjModel``, ~1.2 MB) are
 stored once: :func:`dump_env` returns them apart, keyed by content hash, and :func:`load_env`
-takes them back. Snapshots are zlib-compressed (level 1): a HalfCheetah-v5's ``MjData`` arena is
-mostly zeros, 694 kB raw and 39 kB compressed, in 2 ms.
+takes them back. Snapshots are zlib-compressed (level 1): a MuJoCo ``MjData`` arena is mostly
+zeros and compresses by an order of magnitude in milliseconds (``bench/RESULTS.md``, "Figures
+behind the code").
 """
 
 from __future__ import annotations

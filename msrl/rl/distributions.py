@@ -13,10 +13,10 @@ def categorical_log_prob_entropy(logits: torch.Tensor, action: torch.Tensor) -> 
 
     What ``torch.distributions.Categorical(logits=...)``'s ``log_prob``/``entropy`` compute (the
     entropy with log-probabilities clamped to the dtype's smallest finite value, so a zero
-    probability adds 0, not NaN), without its argument validation and bookkeeping: forward and
-    backward take 57 us instead of 147 us for 256 samples of 2 actions on one CPU thread, ~9%
-    of a PPO gradient step on CartPole. Log-probabilities come from ``log_softmax``, as
-    :meth:`msrl.rl.actors.ActorCriticActor.act` computes them, so a rollout's and an update's agree bitwise.
+    probability adds 0, not NaN), without its argument validation and bookkeeping (less than
+    half the time forward and backward: ``bench/RESULTS.md``, "Figures behind the code").
+    Log-probabilities come from ``log_softmax``, as :meth:`msrl.rl.actors.ActorCriticActor.act`
+    computes them, so a rollout's and an update's agree bitwise.
 
     Args:
         logits: ``(B, n)`` float; action: ``(B,)`` int64 indices in ``[0, n)``.
@@ -36,8 +36,9 @@ def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None = 
 
     That is ATen's own single-sample path (``multinomial`` in ``aten/src/ATen/native/
     Distributions.cpp``: the exponential race ``argmax(p / q)``, ``q ~ Exp(1)``, equivalent to
-    the Gumbel-max trick), without its argument checks -- two host syncs per call on a GPU and
-    ~10 us of a ~100 us inference call on one CPU thread. ``probs`` come from a softmax here, so
+    the Gumbel-max trick), without its argument checks -- two host syncs per call on a GPU and a
+    tenth of an inference call on a CPU (``bench/RESULTS.md``, "Figures behind the code").
+    ``probs`` come from a softmax here, so
     the checks (no NaN, no negative entries, rows summing to more than 0) hold by construction;
     a NaN loss is caught where the weights are updated (:meth:`msrl.api.Learner.apply_gradients`).
 

@@ -24,9 +24,9 @@ replicas and however their threads interleave.
   from none (every shipped algorithm: they own their generators) runs without the baton, so
   its process's threads never wait for one another because of it; :meth:`Baton.watch` checks
   that no global state changed meanwhile and, if one did, makes every replica hold the baton
-  from then on. A hand-over swaps torch's state (under 1 us) and NumPy's (``get_state``/
-  ``set_state``, ~45 us) and Python's (~8 us) only when the probe saw them drawn: central
-  inference hands the baton over ~150 times an iteration. A holder taking over from the process
+  from then on. A hand-over swaps torch's state (cheap) and NumPy's and Python's (tens of
+  microseconds: ``bench/RESULTS.md``, "Figures behind the code") only when the probe saw them
+  drawn: central inference hands the baton over ~150 times an iteration. A holder taking over from the process
   itself loads every state, so a process with one replica draws seeded values even from a
   generator the probe did not see used; a holder that drew from NumPy's generator although the
   probe saw no draw is caught as it lets go (a 2.5 KB comparison of the Mersenne Twister's

@@ -2,11 +2,10 @@
 
 Gloo moves a fragment's gradients between processes over TCP, through a worker thread and an
 I/O thread in each process. On a machine whose cores the replicas keep busy, every all-reduce
-then waits for those threads to be scheduled: measured on the 2-core dev machine, an
-all-reduce of 9,000 float32 (the main job's gradients) between two processes took ~1 ms of
-wall time and ~0.6 ms of CPU time in each (median; p90 ~4 ms), against ~45 us for a round trip
-on a Unix socket. multi_learner with two replicas spent ~27% of its iteration time in
-all-reduces (``bench/RESULTS.md``). :class:`ShmGroup` does the same collective the way NCCL's
+then waits for those threads to be scheduled: on a busy 2-core machine a Gloo all-reduce of
+the main job's gradients takes many times a Unix socket's round trip, and multi_learner with two
+replicas spent a large share of its iteration in all-reduces (figures: ``bench/RESULTS.md``,
+"Figures behind the code"). :class:`ShmGroup` does the same collective the way NCCL's
 and oneCCL's intra-node transports do: every replica writes its buffer into a slot of one
 shared-memory segment, tells its peers with one datagram each, waits for theirs, and sums the
 slots in rank order.
