@@ -40,7 +40,7 @@ from msrl.api import (
 from msrl.rl.actors import ActorCriticActor
 from msrl.rl.buffers import RolloutBuffer
 from msrl.rl.distributions import categorical_log_prob_entropy, sample_categorical
-from msrl.rl.losses import explained_variance, ppo_loss, shuffled_minibatches
+from msrl.rl.losses import ppo_epochs
 from msrl.rl.networks import mlp
 from msrl.rl.schedules import anneal_learning_rate, learning_rate_tensor, load_learning_rate
 
@@ -240,28 +240,15 @@ class MultiAgentPPOLearner(Learner):
 
     def _update(self, evaluate: Callable[[torch.Tensor], tuple[torch.Tensor, ...]], b_logprobs: torch.Tensor,
                 b_values: torch.Tensor, b_advantages: torch.Tensor, b_returns: torch.Tensor) -> dict[str, Any]:
-        """The learning rate and clip of this iteration, then ``update_epochs`` epochs of shuffled
-        minibatches of rows of the ``(B, ...)`` batch, each one step on
-        :func:`msrl.rl.losses.ppo_loss` over the rows' samples."""
+        """The learning rate and clip of this iteration, then PPO's epochs of shuffled
+        minibatches of rows of the ``(B, ...)`` batch (:func:`msrl.rl.losses.ppo_epochs`)."""
         hp = self.hp
         frac = anneal_learning_rate(self.lr, self.iteration, hp.learning_rate, self.num_iterations, hp.anneal_lr)
         clip = frac * hp.clip_coef if hp.anneal_clip else hp.clip_coef
-        clipfrac_sum = torch.zeros((), device=b_logprobs.device)
-        n_minibatches = 0
-        stats: dict[str, Any] = {}
-        for _epoch in range(hp.update_epochs):
-            for mb in shuffled_minibatches(b_logprobs.shape[0], hp.num_minibatches, self.generator, b_logprobs.device):
-                newlogprob, entropy, newvalue = (x.flatten() for x in evaluate(mb))
-                loss, stats = ppo_loss(newlogprob, entropy, newvalue, b_logprobs[mb].flatten(), b_values[mb].flatten(),
-                                       b_advantages[mb].flatten(), b_returns[mb].flatten(), clip, norm_adv=hp.norm_adv,
-                                       clip_vloss=hp.clip_vloss, ent_coef=hp.ent_coef, vf_coef=hp.vf_coef)
-                clipfrac_sum += stats.pop("losses/clipfrac")
-                n_minibatches += 1
-                stats["losses/grad_norm"] = self.apply_gradients(loss, hp.max_grad_norm)
-            if hp.target_kl is not None and stats["losses/approx_kl"] > hp.target_kl:
-                break
-        stats["losses/explained_variance"] = explained_variance(b_values, b_returns)
-        stats["losses/clipfrac"] = clipfrac_sum / max(n_minibatches, 1)
+        stats = ppo_epochs(evaluate, b_logprobs, b_values, b_advantages, b_returns, clip,
+                           step=lambda loss: self.apply_gradients(loss, hp.max_grad_norm), generator=self.generator,
+                           update_epochs=hp.update_epochs, num_minibatches=hp.num_minibatches, norm_adv=hp.norm_adv,
+                           clip_vloss=hp.clip_vloss, ent_coef=hp.ent_coef, vf_coef=hp.vf_coef, target_kl=hp.target_kl)
         stats["charts/learning_rate"] = self.lr.clone()
         return stats
 

@@ -35,7 +35,7 @@ from msrl.api import (
 from msrl.normalization import RunningMeanStd
 from msrl.rl.actors import ActorCriticActor
 from msrl.rl.buffers import RolloutBuffer
-from msrl.rl.losses import explained_variance, ppo_loss, shuffled_minibatches
+from msrl.rl.losses import ppo_epochs
 from msrl.rl.networks import ActorCritic, build_actor_critic
 from msrl.rl.schedules import anneal_learning_rate, learning_rate_tensor, load_learning_rate
 
@@ -204,8 +204,8 @@ class PPOLearner(Learner):
         clip: torch.Tensor | float,
     ) -> dict[str, Any]:
         """``update_epochs`` epochs of shuffled minibatches of the clipped PPO objective
-        (Schulman et al. 2017, Eq. 7 and 9; :func:`msrl.rl.losses.ppo_loss`) on a flattened
-        batch of ``B`` samples.
+        (Schulman et al. 2017, Eq. 7 and 9; :func:`msrl.rl.losses.ppo_epochs` over
+        :func:`~msrl.rl.losses.ppo_loss`) on a flattened batch of ``B`` samples.
 
         Args:
             evaluate: minibatch indices ``(b,)`` -> ``(log_prob, entropy, value)``, each ``(b,)``,
@@ -218,22 +218,10 @@ class PPOLearner(Learner):
             the metrics documented in :meth:`learn`.
         """
         hp = self.hp
-        clipfrac_sum = torch.zeros((), device=b_logprobs.device)
-        n_minibatches = 0
-        stats: dict[str, Any] = {}
-        for _epoch in range(hp.update_epochs):
-            for mb in shuffled_minibatches(b_logprobs.shape[0], hp.num_minibatches, self.generator, b_logprobs.device):
-                newlogprob, entropy, newvalue = evaluate(mb)
-                loss, stats = ppo_loss(newlogprob, entropy, newvalue, b_logprobs[mb], b_values[mb], b_advantages[mb],
-                                       b_returns[mb], clip, norm_adv=hp.norm_adv, clip_vloss=hp.clip_vloss,
-                                       ent_coef=hp.ent_coef, vf_coef=hp.vf_coef)
-                clipfrac_sum += stats.pop("losses/clipfrac")
-                n_minibatches += 1
-                stats["losses/grad_norm"] = self.apply_gradients(loss, hp.max_grad_norm)
-            if hp.target_kl is not None and stats["losses/approx_kl"] > hp.target_kl:
-                break
-        stats["losses/explained_variance"] = explained_variance(b_values, b_returns)
-        stats["losses/clipfrac"] = clipfrac_sum / max(n_minibatches, 1)
+        stats = ppo_epochs(evaluate, b_logprobs, b_values, b_advantages, b_returns, clip,
+                           step=lambda loss: self.apply_gradients(loss, hp.max_grad_norm), generator=self.generator,
+                           update_epochs=hp.update_epochs, num_minibatches=hp.num_minibatches, norm_adv=hp.norm_adv,
+                           clip_vloss=hp.clip_vloss, ent_coef=hp.ent_coef, vf_coef=hp.vf_coef, target_kl=hp.target_kl)
         stats["charts/learning_rate"] = lr.clone() if isinstance(lr, torch.Tensor) else lr
         return stats
 

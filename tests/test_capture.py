@@ -145,7 +145,7 @@ def test_a_host_read_is_named_with_the_line_that_makes_it():
     """PPO's ``target_kl`` early stop reads the KL on the host once an epoch (a Python ``if`` on
     a tensor): the program runs eagerly, the reason naming the op and the line."""
     status, _ = _status_after(GPU_ONLY, [*SMALL, "algorithm.hparams.target_kl=0.01"])
-    assert re.fullmatch(r"eager: _local_scalar_dense at .*algorithms/ppo\.py:\d+ in update: a tensor read as a Python "
+    assert re.fullmatch(r"eager: _local_scalar_dense at .*msrl/rl/losses\.py:\d+ in ppo_epochs: a tensor read as a Python "
                         r"number \(\.item\(\), bool\(\), int\(\), float\(\)\); a replay cannot do it", status), status
 
 

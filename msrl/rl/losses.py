@@ -1,17 +1,17 @@
 """Policy-gradient losses and the minibatch plumbing of epoch-based updates, written once for
-the algorithms that use them (PPO, MA-PPO and MAPPO call :func:`ppo_loss`; A2C and IMPALA
-:func:`normalize_advantages`), as rlax shares losses between Acme's agents. Each returns 0-d
+the algorithms that use them (PPO, MA-PPO and MAPPO update with :func:`ppo_epochs` over
+:func:`ppo_loss`; A2C :func:`normalize_advantages`), as rlax shares losses between Acme's agents. Each returns 0-d
 tensors on its inputs' device: nothing is read back to the host.
 """
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
-__all__ = ["clipped_surrogate_loss", "clipped_value_loss", "normalize_advantages", "ppo_loss", "explained_variance",
-           "shuffled_minibatches"]
+__all__ = ["clipped_surrogate_loss", "clipped_value_loss", "normalize_advantages", "ppo_loss", "ppo_epochs",
+           "explained_variance", "shuffled_minibatches"]
 
 
 def normalize_advantages(advantages: torch.Tensor) -> torch.Tensor:
@@ -92,3 +92,48 @@ def shuffled_minibatches(batch_size: int, num_minibatches: int, generator: torch
     perm = torch.randperm(batch_size, generator=generator, device=device)
     for start in range(0, batch_size - minibatch_size + 1, minibatch_size):
         yield perm[start:start + minibatch_size]
+
+
+def ppo_epochs(evaluate: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+               b_logprobs: torch.Tensor, b_values: torch.Tensor, b_advantages: torch.Tensor, b_returns: torch.Tensor,
+               clip: torch.Tensor | float, *, step: Callable[[torch.Tensor], torch.Tensor], generator: torch.Generator,
+               update_epochs: int, num_minibatches: int, norm_adv: bool, clip_vloss: bool, ent_coef: float,
+               vf_coef: float, target_kl: float | None) -> dict[str, Any]:
+    """PPO's update loop (CleanRL ``ppo.py``, "Optimizing the policy and value network"):
+    ``update_epochs`` epochs of :func:`shuffled_minibatches` of the batch's rows, one gradient
+    step on :func:`ppo_loss` each, stopping after an epoch whose last approximate KL exceeds
+    ``target_kl`` (the one host read of the update).
+
+    Args:
+        evaluate: row indices ``(b,)`` -> ``(log_prob, entropy, value)`` under the current
+            networks, each ``(b,)`` or ``(b, G)`` (flattened: MAPPO's rows are env-steps of
+            ``G`` agents).
+        b_logprobs, b_values, b_advantages, b_returns: ``(B,)`` or ``(B, G)`` from the rollout.
+        clip: the clipping coefficient (a float or a 0-d tensor).
+        step: takes one gradient step on a loss, returns the gradient norm (a learner's
+            ``apply_gradients`` with its ``max_grad_norm``).
+        generator: draws the minibatches' permutations.
+        update_epochs, num_minibatches, norm_adv, clip_vloss, ent_coef, vf_coef, target_kl:
+            PPO's hyperparameters of those names.
+
+    Returns:
+        :func:`ppo_loss`'s metrics of the last minibatch with ``losses/grad_norm``, then
+        ``losses/explained_variance`` and ``losses/clipfrac`` (the mean over minibatches).
+    """
+    clipfrac_sum = torch.zeros((), device=b_logprobs.device)
+    n_minibatches = 0
+    stats: dict[str, Any] = {}
+    for _epoch in range(update_epochs):
+        for mb in shuffled_minibatches(b_logprobs.shape[0], num_minibatches, generator, b_logprobs.device):
+            newlogprob, entropy, newvalue = (x.flatten() for x in evaluate(mb))
+            loss, stats = ppo_loss(newlogprob, entropy, newvalue, b_logprobs[mb].flatten(), b_values[mb].flatten(),
+                                   b_advantages[mb].flatten(), b_returns[mb].flatten(), clip, norm_adv=norm_adv,
+                                   clip_vloss=clip_vloss, ent_coef=ent_coef, vf_coef=vf_coef)
+            clipfrac_sum += stats.pop("losses/clipfrac")
+            n_minibatches += 1
+            stats["losses/grad_norm"] = step(loss)
+        if target_kl is not None and stats["losses/approx_kl"] > target_kl:
+            break
+    stats["losses/explained_variance"] = explained_variance(b_values, b_returns)
+    stats["losses/clipfrac"] = clipfrac_sum / max(n_minibatches, 1)
+    return stats
