@@ -28,8 +28,8 @@ def main() -> None:
         rt = job.runtime
         env = rt._hub("train_step").endpoint("env", 0, rt.asynchronous[("env", 0)], None)
         server = rt.asynchronous[("learner", 0)]
-        obs_b = next(b for b in job.fragment_graph.boundaries if b.mode == "fifo" and b.src == "env")
-        act_b = next(b for b in job.fragment_graph.boundaries if b.mode == "fifo" and b.src == "learner")
+        obs_b = next(b for b in job.fragment_graph.boundaries if b.channel == "fifo" and b.src == "env")
+        act_b = next(b for b in job.fragment_graph.boundaries if b.channel == "fifo" and b.src == "learner")
         obs, act = torch.randn(8, 4), torch.zeros(8, dtype=torch.int64)
 
         def once() -> None:

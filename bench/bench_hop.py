@@ -36,7 +36,7 @@ def _boundaries():
     from msrl.partition import Boundary
 
     return [Boundary("train_step/b0:traj", "train_step", "traj", NodeKind.PUT, "actor", "learner", 1, 1, "sharded", 0,
-                     False, pattern=NodeKind.SEND, mode="fifo", capacity=1)]
+                     False, pattern=NodeKind.SEND, channel="fifo", capacity=1)]
 
 
 def _consumer(kind: str, n: int, q) -> None:

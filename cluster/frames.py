@@ -144,13 +144,13 @@ def deliver_frame(boundaries: Sequence[Any], fragment: str, mailbox: Mailbox, fr
                              f"{producer[0]} to {fragment}")
     if rep != producer[1]:
         raise TransportError(f"a frame of replica {rep} on the stream of replica {producer[1]}")
-    want = ITEM if b.mode == "fifo" else LATEST
+    want = ITEM if b.channel == "fifo" else LATEST
     if kind != want:
-        raise TransportError(f"a {'LATEST' if kind == LATEST else 'ITEM'} frame on {b.mode} boundary {b.name}")
+        raise TransportError(f"a {'LATEST' if kind == LATEST else 'ITEM'} frame on {b.channel} boundary {b.name}")
     slots = {}
     for t, v in versions.items():
         sb = boundaries[t]
-        if sb.mode != "latest":
+        if sb.channel != "latest":
             raise TransportError(f"a slot version for boundary {sb.name}, which is not a latest-value slot")
         slots[sb.name] = v
     # a fresh buffer: its tensors are viewed in it, or moved once onto the consumer's device

@@ -308,7 +308,7 @@ def producer_only_fragments(fragment_graph: Any) -> set[str]:
     """The fragments that put on some ``fifo`` boundary and take from none (the actors of
     overlapped coarse and of ``async_learner``: a ``latest`` slot they read never makes them
     wait): their consumers wait on them, they wait on nobody but their queue's credits."""
-    fifo = [b for b in fragment_graph.boundaries if b.asynchronous and b.mode == "fifo"]
+    fifo = [b for b in fragment_graph.boundaries if b.asynchronous and b.channel == "fifo"]
     return {b.src for b in fifo} - {b.dst for b in fifo}
 
 
@@ -392,7 +392,7 @@ class ReplicaActor:
         from msrl.runtime.asynchronous import Mailbox
 
         boundaries = self.fragment_graph.boundaries
-        capacity = {b.name: b.capacity for b in boundaries if b.mode == "fifo"}
+        capacity = {b.name: b.capacity for b in boundaries if b.channel == "fifo"}
         self.mailbox = Mailbox(capacity, timeout_s, device=self.spec.policy.fragment(self.fragment).device)
         sources = {b.src for b in boundaries if b.asynchronous and b.dst == self.fragment}
         if not sources:

@@ -492,7 +492,7 @@ def build_job_spec(cfg: RunConfig) -> Any:
     for frag_name, problem in policy.replica_problems():
         n = policy.fragment(frag_name).replicas
         raise ConfigError(f"distribution_policy.replicas.{frag_name}={n}: {problem}")
-    lagging = [bc for bc in policy.boundaries if bc.mode == "latest"]
+    lagging = [bc for bc in policy.boundaries if bc.channel == "latest"]
     if lagging and algorithm.policy_lag == "uncorrected":
         slots = ", ".join(f"{bc.name}: latest" for bc in lagging)
         raise ConfigError(

@@ -75,15 +75,18 @@ class Boundary:
         name: unique id, ``"<method>/b<k>:<value>"``; both sides' comm nodes carry it.
         method: the traced method (``"train_step"``).
         value: the value name.
-        op: the comm kind on both sides (``gather``; ``send``/``recv`` and ``put``/``get``
-            pairs are recorded by their src kind). An asynchronous boundary is ``put``/``get``.
+        comm_kind: the comm node kind on both sides (``gather``; ``send``/``recv`` and
+            ``put``/``get`` pairs are recorded by their src kind). An asynchronous boundary is
+            ``put``/``get``.
         pattern: how values combine between the replica counts: ``send`` (replica ``i`` ->
-            ``i``), ``gather``, ``scatter`` or ``broadcast``; the same as ``op`` when synchronous.
-        mode: the boundary kind, one of :data:`msrl.policy.BOUNDARY_MODES` (``sync``,
-            ``fifo``, ``latest``); ``boundary_class``: the policy's class that set it, if any.
+            ``i``), ``gather``, ``scatter`` or ``broadcast``; the same as ``comm_kind`` when
+            synchronous.
+        channel: what carries it, one of :data:`msrl.policy.BOUNDARY_CHANNELS` (``sync``: a
+            collective both sides wait on, ``fifo``: a bounded queue, ``latest``: a latest-value
+            slot); ``boundary_class``: the policy's class that set it, if any.
         capacity: a ``fifo`` boundary's items per producer and consumer.
         src, dst: fragment names; ``src_replicas``, ``dst_replicas``: their replica counts.
-        kind: one of :data:`VALUE_KINDS` (``None`` without probe info or declaration).
+        value_kind: one of :data:`VALUE_KINDS` (``None`` without probe info or declaration).
         axis: the env (or batch) axis of a sharded value or a batch.
         in_loop: whether the boundary sits inside a loop region.
         in_branch: whether it sits inside a branch region (met only when the side is taken).
@@ -92,28 +95,28 @@ class Boundary:
     name: str
     method: str
     value: str
-    op: NodeKind
+    comm_kind: NodeKind
     src: str
     dst: str
     src_replicas: int
     dst_replicas: int
-    kind: str | None
+    value_kind: str | None
     axis: int | None
     in_loop: bool
     in_branch: bool = False
     pattern: NodeKind | None = None
-    mode: str = "sync"
+    channel: str = "sync"
     boundary_class: str | None = None
     capacity: int = 1
 
     def __post_init__(self) -> None:
         if self.pattern is None:
-            object.__setattr__(self, "pattern", self.op)
+            object.__setattr__(self, "pattern", self.comm_kind)
 
     @property
     def asynchronous(self) -> bool:
         """Whether the boundary is a queue or a latest-value slot (``put``/``get``)."""
-        return self.mode != "sync"
+        return self.channel != "sync"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,7 +130,7 @@ class Collective:
     Attributes:
         name: unique id, ``"<method>/a<k>:<point>"``; the region's :class:`CommTarget` carries it.
         method: the traced method; ``fragment``: whose replicas take part; ``replicas``: how many.
-        op: :attr:`NodeKind.ALLREDUCE`; ``value``: the point, what is reduced (``"gradients"``
+        comm_kind: :attr:`NodeKind.ALLREDUCE`; ``value``: the point, what is reduced (``"gradients"``
             or ``"statistics"``).
         call: ``file:line`` and ``role.method`` of the call that reaches the point.
         gradient_step: the probe's ``{"tensors", "bytes"}`` of one reduction at the point (the
@@ -140,7 +143,7 @@ class Collective:
     fragment: str
     replicas: int
     call: str
-    op: NodeKind = NodeKind.ALLREDUCE
+    comm_kind: NodeKind = NodeKind.ALLREDUCE
     value: str = "gradients"
     gradient_step: Any = None
     in_loop: bool = False
@@ -639,8 +642,8 @@ class _Builder:
             info = _info(c)
             src_kind, dst_kind, axis = _choose_op(policy, c, info)
             pattern = src_kind
-            mode, cls = policy.boundary_mode(method, c.src, c.dst)
-            if mode != "sync":  # a queue or a latest-value slot, combining values as the collective would
+            channel, cls = policy.boundary_channel(method, c.src, c.dst)
+            if channel != "sync":  # a queue or a latest-value slot, combining values as the collective would
                 src_kind, dst_kind = NodeKind.PUT, NodeKind.GET
             s, d = policy.fragment(c.src), policy.fragment(c.dst)
             in_loop, in_branch = flow.in_regions(c.region, c.after.id)
@@ -648,16 +651,16 @@ class _Builder:
                 name=f"{method}/b{k}:{c.value}",
                 method=method,
                 value=c.value,
-                op=src_kind,
+                comm_kind=src_kind,
                 pattern=pattern,
-                mode=mode,
+                channel=channel,
                 boundary_class=cls,
                 capacity=policy.queue_capacity,
                 src=c.src,
                 dst=c.dst,
                 src_replicas=s.replicas,
                 dst_replicas=d.replicas,
-                kind=info["kind"] if info else None,
+                value_kind=info["kind"] if info else None,
                 axis=axis,
                 in_loop=in_loop,
                 in_branch=in_branch,

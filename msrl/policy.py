@@ -16,7 +16,7 @@ from msrl.api import ROLES
 from msrl.errors import InputError
 from msrl.graph import Node, NodeKind
 
-__all__ = ["ONE_LEARNER", "BOUNDARY_MODES", "FragmentSpec", "BoundaryClass", "InferenceSpec", "DistributionPolicy",
+__all__ = ["ONE_LEARNER", "BOUNDARY_CHANNELS", "FragmentSpec", "BoundaryClass", "InferenceSpec", "DistributionPolicy",
            "UnknownPolicyError", "load_policy", "available_policies"]
 
 #: How a boundary moves values (DESIGN.md §3, "Boundary kinds"):
@@ -29,7 +29,7 @@ __all__ = ["ONE_LEARNER", "BOUNDARY_MODES", "FragmentSpec", "BoundaryClass", "In
 #: * ``latest``: a latest-value slot: a producer publishes a versioned value and never waits; a
 #:   consumer reads the newest one published, waiting only before the first publication, and
 #:   knows its version.
-BOUNDARY_MODES = ("sync", "fifo", "latest")
+BOUNDARY_CHANNELS = ("sync", "fifo", "latest")
 #: values of ``distribution_policy.capture.<fragment>`` (:mod:`msrl.runtime.capture`)
 CAPTURE_MODES = ("graph", "eager")
 
@@ -78,7 +78,8 @@ class BoundaryClass:
         src, dst: every ``train_step`` value crossing from fragment ``src`` to fragment ``dst``
             belongs to the class (``reset``'s boundaries, the job's initial synchronisation, are
             always synchronous).
-        mode: the default kind, one of :data:`BOUNDARY_MODES`.
+        channel: the default channel, one of :data:`BOUNDARY_CHANNELS` (``sync``, ``fifo``,
+            ``latest``).
         description: what crosses (shown by ``msrl graph`` and in config errors).
         data: whether every value that crosses must arrive (trajectories, observations): such
             a class cannot be a ``latest`` slot, which keeps only the newest value and would
@@ -89,7 +90,7 @@ class BoundaryClass:
     name: str
     src: str
     dst: str
-    mode: str = "sync"
+    channel: str = "sync"
     description: str = ""
     data: bool = True
 
@@ -179,9 +180,9 @@ class DistributionPolicy:
             if bc.src not in names or bc.dst not in names or bc.src == bc.dst:
                 raise ValueError(f"policy {self.name}: boundary class {bc.name} joins {bc.src} -> {bc.dst}; "
                                  f"it must join two of the fragments {names}")
-            if bc.mode not in BOUNDARY_MODES:
-                raise ValueError(f"policy {self.name}: boundary class {bc.name} has kind {bc.mode!r}; "
-                                 f"kinds: {', '.join(BOUNDARY_MODES)}")
+            if bc.channel not in BOUNDARY_CHANNELS:
+                raise ValueError(f"policy {self.name}: boundary class {bc.name} has kind {bc.channel!r}; "
+                                 f"kinds: {', '.join(BOUNDARY_CHANNELS)}")
         if self.queue_capacity < 1:
             raise ValueError(f"policy {self.name}: queue_capacity={self.queue_capacity}; must be >= 1")
         inf = self.inference
@@ -199,8 +200,8 @@ class DistributionPolicy:
         """The central inference this job runs (:class:`InferenceSpec` turned on), or ``None``."""
         return self.inference if self.inference is not None and self.inference.enabled else None
 
-    def boundary_mode(self, method: str, src: str, dst: str) -> tuple[str, str | None]:
-        """The kind of a ``method`` boundary from fragment ``src`` to ``dst``, and the name of
+    def boundary_channel(self, method: str, src: str, dst: str) -> tuple[str, str | None]:
+        """The channel of a ``method`` boundary from fragment ``src`` to ``dst``, and the name of
         the class that sets it (``("sync", None)`` when no class does; ``reset`` is always
         synchronous; under central inference, the boundaries between its server and clients
         are ``fifo`` queues, one per client)."""
@@ -211,14 +212,14 @@ class DistributionPolicy:
                 return "fifo", cls
             for bc in self.boundaries:
                 if (bc.src, bc.dst) == (src, dst):
-                    return bc.mode, bc.name
+                    return bc.channel, bc.name
         return "sync", None
 
     @property
     def asynchronous(self) -> bool:
         """Whether any boundary class is asynchronous (``fifo`` or ``latest``), or central
         inference is on (its boundaries are ``fifo`` queues)."""
-        return any(bc.mode != "sync" for bc in self.boundaries) or self.serving is not None
+        return any(bc.channel != "sync" for bc in self.boundaries) or self.serving is not None
 
     def fragment(self, name: str) -> FragmentSpec:
         """The fragment called ``name``.
@@ -300,9 +301,9 @@ class DistributionPolicy:
                     f"distribution_policy.boundaries.{key}: policy {self.name} has no boundary class {key!r}; "
                     + (f"classes: {have}" if have else "its boundaries are all synchronous")
                 )
-            if mode not in BOUNDARY_MODES:
+            if mode not in BOUNDARY_CHANNELS:
                 raise ConfigError(f"distribution_policy.boundaries.{key}={mode}: unknown boundary kind; "
-                                  f"kinds: {', '.join(BOUNDARY_MODES)}")
+                                  f"kinds: {', '.join(BOUNDARY_CHANNELS)}")
             if mode == "latest" and classes[key].data:
                 raise ConfigError(f"distribution_policy.boundaries.{key}=latest: a latest-value slot keeps only the newest "
                                   f"value, and every value of {key} ({classes[key].description}) must arrive: all but the "
@@ -347,7 +348,7 @@ class DistributionPolicy:
             replicas, backends, devices, capture: fragment -> value.
             placement: role -> the fragment that runs it instead of the policy's default (e.g.
                 ``{"buffer": "learner"}``: a replay buffer beside the learner, as in Ape-X).
-            boundaries: boundary class -> kind (one of :data:`BOUNDARY_MODES`).
+            boundaries: boundary class -> kind (one of :data:`BOUNDARY_CHANNELS`).
             queue_capacity: a ``fifo`` boundary's items per producer and consumer.
             inference: turns central inference on with these :class:`InferenceSpec` fields
                 (``{"max_batch": 1, "timeout_ms": 2.0}``; ``{}``: on, with the defaults).
@@ -363,8 +364,8 @@ class DistributionPolicy:
             if key not in classes:
                 have = ", ".join(f"{n} ({bc.src} -> {bc.dst})" for n, bc in classes.items()) or "none"
                 raise KeyError(f"policy {self.name} has no boundary class {key!r}; classes: {have}")
-            if mode not in BOUNDARY_MODES:
-                raise ValueError(f"boundary class {key}: unknown kind {mode!r}; kinds: {', '.join(BOUNDARY_MODES)}")
+            if mode not in BOUNDARY_CHANNELS:
+                raise ValueError(f"boundary class {key}: unknown kind {mode!r}; kinds: {', '.join(BOUNDARY_CHANNELS)}")
         names = [f.name for f in self.fragments]
         for table in (replicas, backends, devices, capture, {v: k for k, v in (placement or {}).items()}):
             for key in table or {}:
@@ -395,7 +396,7 @@ class DistributionPolicy:
             )
             for f in self.fragments
         )
-        new_classes = tuple(dataclasses.replace(bc, mode=(boundaries or {}).get(bc.name, bc.mode)) for bc in self.boundaries)
+        new_classes = tuple(dataclasses.replace(bc, channel=(boundaries or {}).get(bc.name, bc.channel)) for bc in self.boundaries)
         serving = self.inference
         if inference is not None:
             if serving is None:

@@ -74,18 +74,18 @@ def format_job(job: Job) -> str:
         out.append("(none)")
     for b in fg.boundaries:
         axis = f", axis {b.axis}" if b.axis is not None else ""
-        if b.mode == "fifo":
+        if b.channel == "fifo":
             how = f"fifo queue of {b.capacity} per producer, {b.pattern.value}"
-        elif b.mode == "latest":
+        elif b.channel == "latest":
             how = f"latest-value slot, {b.pattern.value}"
         else:
-            how = f"sync {b.op.value}"
+            how = f"sync {b.comm_kind.value}"
         cls = f" [{b.boundary_class}]" if b.boundary_class else ""
         plan = fg.inference
         if plan is not None and b.method == "train_step" and {b.src, b.dst} == {plan.server, plan.clients}:
             how = f"fifo queue of {b.capacity} per {plan.clients} replica (central inference), {b.pattern.value}"
         out.append(f"- {b.name}: {how} {b.value} {b.src} (x{b.src_replicas}) -> {b.dst} (x{b.dst_replicas}), "
-                   f"{b.kind}{axis}{cls}")
+                   f"{b.value_kind}{axis}{cls}")
     if fg.collectives:
         out.append("\n## collectives")
     for c in fg.collectives:
@@ -240,7 +240,7 @@ def draw_fragments(job: Job, path: str | pathlib.Path, method: str = "train_step
             (x1, y1), (x2, y2) = pos[s], pos[d]
             ax.annotate("", xy=(x2, y2), xytext=(x1 + 4.0, y1),
                         arrowprops={"arrowstyle": "->", "color": "tab:red", "lw": 1.5})
-            ax.text((x1 + 4.0 + x2) / 2, (y1 + y2) / 2 + 0.25, f"{b.op.value} {b.value}", color="tab:red", fontsize=8, ha="center")
+            ax.text((x1 + 4.0 + x2) / 2, (y1 + y2) / 2 + 0.25, f"{b.comm_kind.value} {b.value}", color="tab:red", fontsize=8, ha="center")
     ax.set_xlim(-0.5, 6.0 * len(cols))
     ax.set_ylim(-height, 1.6)
     ax.axis("off")

@@ -154,7 +154,7 @@ def _train_once(cfg: RunConfig, resume: str | pathlib.Path | None, restarted: bo
         if total % per and not restarted:  # (said once the job is built: an input error comes alone)
             print(f"msrl: train.total_env_steps={total} is {total // per} whole iterations of {per} env steps: "
                   f"{total // per * per} env steps (a run trains whole iterations within its budget)", file=sys.stderr)
-        lagging = [bc.name for bc in spec.policy.boundaries if bc.mode == "latest"]
+        lagging = [bc.name for bc in spec.policy.boundaries if bc.channel == "latest"]
         if lagging and spec.algorithm.policy_lag is None and not restarted:
             print(f"msrl: under {spec.policy.name} the actors act with weights up to a few learner updates old "
                   f"({', '.join(lagging)}: latest; async/policy_lag_mean in metrics.csv); algorithm "

@@ -58,7 +58,7 @@ def test_the_partitioner_places_the_gradient_allreduce_at_the_learners_gradient_
         assert frag == "main" and call.target == ("learner", "learn")
         assert node.meta["gradient_step"] == {"tensors": 6, "bytes": 4 * sum(p.numel() for p in job.component("learner").parameters)}
         [b] = job.fragment_graph.collectives
-        assert (b.name, b.fragment, b.replicas, b.op) == (node.target.boundary, "main", 2, NodeKind.ALLREDUCE)
+        assert (b.name, b.fragment, b.replicas, b.comm_kind) == (node.target.boundary, "main", 2, NodeKind.ALLREDUCE)
         assert not job.fragment_graph.boundaries  # a collective among one fragment's replicas, no boundary
         source = job.programs[("main", "train_step")].source
         assert f"with _msrl_comm.allreduce_region({b.name!r}, 'gradients', self.learner):" in source

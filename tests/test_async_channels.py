@@ -39,12 +39,12 @@ TRAJ, WEIGHTS = "train_step/b0:traj", "train_step/b1:w"
 
 def fifo(name=TRAJ, src_r=2, dst_r=1, pattern=NodeKind.GATHER, capacity=1, axis=0):
     return Boundary(name, "train_step", "traj", NodeKind.PUT, "actor", "learner", src_r, dst_r, "sharded", axis, False,
-                    pattern=pattern, mode="fifo", capacity=capacity)
+                    pattern=pattern, channel="fifo", capacity=capacity)
 
 
 def latest(name=WEIGHTS, src_r=1, dst_r=2, pattern=NodeKind.BROADCAST):
     return Boundary(name, "train_step", "w", NodeKind.PUT, "learner", "actor", src_r, dst_r, "replicated", None, False,
-                    pattern=pattern, mode="latest")
+                    pattern=pattern, channel="latest")
 
 
 class Net:
@@ -52,7 +52,7 @@ class Net:
 
     def __init__(self, transport, boundaries, keys, timeout_s=120.0):
         self.boundaries, self.keys = boundaries, keys
-        capacity = {b.name: b.capacity for b in boundaries if b.mode == "fifo"}
+        capacity = {b.name: b.capacity for b in boundaries if b.channel == "fifo"}
         self.mailboxes = {k: Mailbox(capacity, timeout_s) for k in keys}
         self.servers, self.transports = {}, {}
         if transport == "local":
@@ -139,8 +139,8 @@ def test_a_full_fifo_makes_its_producer_wait(net, transport):
 def test_fifo_scatter_and_broadcast_queue_per_consumer(net, transport):
     bs = [fifo("s", src_r=1, dst_r=2, pattern=NodeKind.SCATTER, capacity=3),
           fifo("b", src_r=1, dst_r=2, pattern=NodeKind.BROADCAST, capacity=3)]
-    bs = [Boundary(b.name, b.method, b.value, b.op, "learner", "actor", 1, 2, b.kind, b.axis, False, pattern=b.pattern,
-                   mode="fifo", capacity=3) for b in bs]
+    bs = [Boundary(b.name, b.method, b.value, b.comm_kind, "learner", "actor", 1, 2, b.value_kind, b.axis, False, pattern=b.pattern,
+                   channel="fifo", capacity=3) for b in bs]
     n = net(transport, bs, [("learner", 0), ("actor", 0), ("actor", 1)])
     for i in range(3):
         n.ep[("learner", 0)].put("s", torch.arange(4) + 10 * i)
@@ -476,7 +476,7 @@ def test_held_items_leave_together_when_their_producer_is_about_to_wait():
     obs = fifo(name="train_step/b2:obs", src_r=1, dst_r=1, pattern=NodeKind.SEND)
     rew = fifo(name="train_step/b3:rew", src_r=1, dst_r=1, pattern=NodeKind.SEND)
     act = Boundary("train_step/b4:act", "train_step", "act", NodeKind.PUT, "learner", "actor", 1, 1, "sharded", 0,
-                   False, pattern=NodeKind.SEND, mode="fifo", capacity=1)
+                   False, pattern=NodeKind.SEND, channel="fifo", capacity=1)
     bs = [obs, rew, act]
     token = secrets.token_urlsafe(16)
     learner_box = Mailbox({b.name: 1 for b in bs}, timeout_s=120)

@@ -38,11 +38,11 @@ class _CountCopies(TorchDispatchMode):
         return out
 
 
-def _boundary(name, pattern, src_replicas=1, dst_replicas=1, mode="sync", capacity=1):
-    op = pattern if mode == "sync" else NodeKind.PUT
+def _boundary(name, pattern, src_replicas=1, dst_replicas=1, channel="sync", capacity=1):
+    op = pattern if channel == "sync" else NodeKind.PUT
     kind = "replicated" if pattern is NodeKind.BROADCAST else "sharded"
     return Boundary(name, "train_step", "v", op, "actor", "learner", src_replicas, dst_replicas, kind, 0, False,
-                    pattern=pattern, mode=mode, capacity=capacity)
+                    pattern=pattern, channel=channel, capacity=capacity)
 
 
 def _value(number=False):
@@ -107,7 +107,7 @@ def test_a_synchronous_boundary_delivers_on_the_consumers_device(pattern):
 
 @pytest.mark.parametrize("mode", ["fifo", "latest"])
 def test_an_asynchronous_boundary_delivers_on_the_consumers_device(mode):
-    b = _boundary("traj", NodeKind.SEND, mode=mode, capacity=2)
+    b = _boundary("traj", NodeKind.SEND, channel=mode, capacity=2)
     mailboxes = {("learner", 0): Mailbox({"traj": 2}, timeout_s=60, device="meta")}
     transport = LocalTransport(mailboxes)
     producer = AsyncEndpoint([b], "actor", 0, Mailbox({}), transport)
@@ -119,7 +119,7 @@ def test_an_asynchronous_boundary_delivers_on_the_consumers_device(mode):
 
 
 def test_a_network_transport_decodes_onto_the_consumers_device():
-    b = _boundary("traj", NodeKind.SEND, mode="fifo", capacity=2)
+    b = _boundary("traj", NodeKind.SEND, channel="fifo", capacity=2)
     mailbox = Mailbox({"traj": 2}, timeout_s=60, device="meta")
     frame = encode_frame(ITEM, 0, 0, 0, {}, encode(_value()).numpy().tobytes())
     deliver_frame([b], "learner", mailbox, frame, ("actor", 0))

@@ -247,7 +247,7 @@ def test_declared_batch_is_gathered_from_every_actor_replica():
     job = Job(dqn_spec(policy="single_learner_coarse", replicas={"actor": 2}, num_envs=4))
     (sample,) = [b for b in job.fragment_graph.boundaries if b.method == "train_step" and b.src == "actor"]
     # the iteration's gradient_steps=2 minibatches, (2, batch_size), concatenated along axis 1
-    assert (sample.op, sample.kind, sample.axis, sample.in_loop, sample.in_branch) == (NodeKind.GATHER, "batch", 1, False, True)
+    assert (sample.comm_kind, sample.value_kind, sample.axis, sample.in_loop, sample.in_branch) == (NodeKind.GATHER, "batch", 1, False, True)
     seen = []
     learner = job.component("learner")
     real = learner.learn
@@ -263,11 +263,11 @@ def test_replay_at_the_learner_gathers_transitions_every_step():
     job = Job(dqn_spec(policy="single_learner_coarse", replicas={"actor": 2}, placement={"buffer": "learner"}, num_envs=4))
     fg = job.fragment_graph
     assert fg.fragment("learner").spec.roles == ("buffer", "learner")
-    gathered = {b.value for b in fg.boundaries if b.method == "train_step" and b.op is NodeKind.GATHER}
+    gathered = {b.value for b in fg.boundaries if b.method == "train_step" and b.comm_kind is NodeKind.GATHER}
     temps = {v for v in gathered if v.startswith("_t")}  # info["final_obs"]
     assert gathered - temps == {"self.obs", "action", "reward", "terminated"} and len(temps) == 1
     # every step's transitions cross inside the rollout loop; the first observation at the start
-    outside = [b.value for b in fg.boundaries if b.op is NodeKind.GATHER and not b.in_loop and b.method == "train_step"]
+    outside = [b.value for b in fg.boundaries if b.comm_kind is NodeKind.GATHER and not b.in_loop and b.method == "train_step"]
     assert outside == ["self.obs"]
     job.reset()
     for _ in range(3):

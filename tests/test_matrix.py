@@ -58,7 +58,7 @@ def run(s, iterations):
         job.reset()
         metrics = [job.train_step() for _ in range(iterations)]
         weights = {k: v.clone() for k, v in job.component("learner").get_weights().items()}
-        comm = {(b.method, b.value, b.op, b.src, b.dst) for b in job.fragment_graph.boundaries}
+        comm = {(b.method, b.value, b.comm_kind, b.src, b.dst) for b in job.fragment_graph.boundaries}
         return metrics, weights, comm, job.env_steps
     finally:
         job.close()
@@ -158,11 +158,11 @@ def test_algorithm_runs_under_asynchronous_boundaries(case):
     try:
         job.reset()
         records = job.run(ITERATIONS[algo] * 2)
-        kinds = {(b.src, b.mode) for b in job.fragment_graph.boundaries if b.method == "train_step"}
-        modes = {bc.src: bc.mode for bc in pol.boundaries}
+        kinds = {(b.src, b.channel) for b in job.fragment_graph.boundaries if b.method == "train_step"}
+        modes = {bc.src: bc.channel for bc in pol.boundaries}
         assert kinds == {(src, modes[src]) for src, _ in kinds}
         for b in job.fragment_graph.boundaries:
-            assert (b.op in (NodeKind.PUT, NodeKind.GET)) == (b.mode != "sync")
+            assert (b.comm_kind in (NodeKind.PUT, NodeKind.GET)) == (b.channel != "sync")
         losses = [float(v) for r in records for k, v in (r["output"] or {}).items()
                   if k.startswith("losses/") and "kl" not in k]
         assert losses and all(math.isfinite(x) for x in losses), algo

@@ -49,9 +49,9 @@ def test_coarse_gathers_trajectories_and_broadcasts_weights(coarse_job):
     assert [n.kind for n in actor].count(NodeKind.LOOP) == 1
     assert [n.kind for n in learner].count(NodeKind.LOOP) == 0
     (b_traj, b_w) = [b for b in fg.boundaries if b.method == "train_step"]
-    assert (b_traj.op, b_traj.value, b_traj.src, b_traj.dst, b_traj.kind, b_traj.axis) == (
+    assert (b_traj.comm_kind, b_traj.value, b_traj.src, b_traj.dst, b_traj.value_kind, b_traj.axis) == (
         NodeKind.GATHER, "trajectory", "actor", "learner", "sharded", 1)
-    assert (b_w.op, b_w.src, b_w.dst, b_w.kind, b_w.axis) == (NodeKind.BROADCAST, "learner", "actor", "replicated", None)
+    assert (b_w.comm_kind, b_w.src, b_w.dst, b_w.value_kind, b_w.axis) == (NodeKind.BROADCAST, "learner", "actor", "replicated", None)
     assert (b_traj.src_replicas, b_traj.dst_replicas) == (2, 1)
     # each side's comm node sits right after the producer / right before the consumer
     a_nodes = [n for n in actor]
@@ -70,7 +70,7 @@ def test_coarse_gathers_trajectories_and_broadcasts_weights(coarse_job):
     assert not any(n.kind is NodeKind.OUTPUT and n.inputs for n in actor)
     # reset: the initial weights are broadcast too
     (b_reset,) = [b for b in fg.boundaries if b.method == "reset"]
-    assert b_reset.op is NodeKind.BROADCAST and (b_reset.src, b_reset.dst) == ("learner", "actor")
+    assert b_reset.comm_kind is NodeKind.BROADCAST and (b_reset.src, b_reset.dst) == ("learner", "actor")
 
 
 def test_generated_programs_hold_the_comm_ops(coarse_job):
@@ -118,7 +118,7 @@ def test_equal_replica_counts_use_send_recv():
     policy = load_policy("single_learner_coarse").with_overrides(replicas={"actor": 1})
     graphs = {m: trace(PPOTrainer, m) for m in ("reset", "train_step")}
     fg = partition(graphs, policy)
-    ops = {(b.value, b.op) for b in fg.boundaries if b.method == "train_step"}
+    ops = {(b.value, b.comm_kind) for b in fg.boundaries if b.method == "train_step"}
     assert ops == {("trajectory", NodeKind.SEND), ("_learner_get_weights2", NodeKind.SEND)}
     kinds = [n.kind for n in comm_nodes(fg.fragment("learner").programs["train_step"])]
     assert kinds == [NodeKind.RECV, NodeKind.SEND]
@@ -173,7 +173,7 @@ def test_boundary_kinds_from_the_policy_and_yaml_become_put_get_with_their_patte
         replicas={"actor": 1}, boundaries={"trajectories": "fifo", "weights": "latest"}, queue_capacity=3)
     graphs = {m: trace(PPOTrainer, m) for m in ("reset", "train_step")}
     fg = partition(graphs, policy)
-    got = {(b.method, b.value): (b.op, b.pattern, b.mode, b.boundary_class, b.capacity) for b in fg.boundaries}
+    got = {(b.method, b.value): (b.comm_kind, b.pattern, b.channel, b.boundary_class, b.capacity) for b in fg.boundaries}
     assert got == {
         ("reset", "_learner_get_weights0"): (NodeKind.SEND, NodeKind.SEND, "sync", None, 3),
         ("train_step", "trajectory"): (NodeKind.PUT, NodeKind.SEND, "fifo", "trajectories", 3),

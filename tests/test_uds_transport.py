@@ -31,12 +31,12 @@ TRAJ, WEIGHTS = "train_step/b0:traj", "train_step/b1:w"
 
 def fifo(src_r=2, dst_r=1, pattern=NodeKind.GATHER, capacity=1):
     return Boundary(TRAJ, "train_step", "traj", NodeKind.PUT, "actor", "learner", src_r, dst_r, "sharded", 0, False,
-                    pattern=pattern, mode="fifo", capacity=capacity)
+                    pattern=pattern, channel="fifo", capacity=capacity)
 
 
 def latest(src_r=1, dst_r=1, pattern=NodeKind.SEND):
     return Boundary(WEIGHTS, "train_step", "w", NodeKind.PUT, "learner", "actor", src_r, dst_r, "replicated", None,
-                    False, pattern=pattern, mode="latest")
+                    False, pattern=pattern, channel="latest")
 
 
 @pytest.fixture

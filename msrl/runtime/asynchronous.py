@@ -265,9 +265,9 @@ class AsyncEndpoint:
         self.fragment, self.replica = fragment, replica
         self.mailbox, self.transport = mailbox, transport
         #: latest slots this replica reads -> the version it last read (0: none yet)
-        self.read_versions = {n: 0 for n, b in self.boundaries.items() if b.mode == "latest" and b.dst == fragment}
+        self.read_versions = {n: 0 for n, b in self.boundaries.items() if b.channel == "latest" and b.dst == fragment}
         #: latest slots this replica publishes -> the versions it published
-        self.published = {n: 0 for n, b in self.boundaries.items() if b.mode == "latest" and b.src == fragment}
+        self.published = {n: 0 for n, b in self.boundaries.items() if b.channel == "latest" and b.src == fragment}
         self.lags: list[int] = []
         #: boundary -> this replica's deliveries / sources (the pattern table's answers, fixed)
         self._routes: dict[str, list[tuple[int, int | None]]] = {}
@@ -297,7 +297,7 @@ class AsyncEndpoint:
         else:
             parts = shards(b, value)
             targets = [(r, value if part is None else parts[part]) for r, part in routes]
-        if b.mode == "fifo":
+        if b.channel == "fifo":
             versions = dict(self.read_versions)
             items: dict[int, Item] = {}  # one item per distinct value: a broadcast's is shared
             for r, v in targets:
@@ -320,7 +320,7 @@ class AsyncEndpoint:
         producers = self._sources.get(name)
         if producers is None:
             producers = self._sources[name] = sources(b, self.replica)
-        if b.mode == "fifo":
+        if b.channel == "fifo":
             values = []
             for p in producers:
                 item = self.mailbox.take(name, p)
@@ -342,8 +342,8 @@ class AsyncEndpoint:
             ChannelClosed: the job stopped, or ``cancel`` was set; TimeoutError: nothing in time.
         """
         b = self._get_boundary(name)
-        if b.mode != "fifo":
-            raise RuntimeError(f"boundary {name} is {b.mode}, not fifo: it has no per-producer queue to take from")
+        if b.channel != "fifo":
+            raise RuntimeError(f"boundary {name} is {b.channel}, not fifo: it has no per-producer queue to take from")
         self._flush()
         return self.mailbox.take(name, producer, cancel).value
 
@@ -354,8 +354,8 @@ class AsyncEndpoint:
             ChannelClosed, TimeoutError: the consumer's queue stayed full.
         """
         b = self._get_boundary(name)
-        if b.mode != "fifo":
-            raise RuntimeError(f"boundary {name} is {b.mode}, not fifo: it has no per-consumer queue to put into")
+        if b.channel != "fifo":
+            raise RuntimeError(f"boundary {name} is {b.channel}, not fifo: it has no per-consumer queue to put into")
         self.transport.send_item(b, self.replica, consumer, Item(value, dict(self.read_versions)))
 
     def pop_lags(self) -> list[int]:

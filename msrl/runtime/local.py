@@ -44,7 +44,7 @@ class LocalRuntime:
         BATON.shared = self._pool is not None  # replicas as threads: draws could interleave
         self.timeout_s = timeout_s
         self._hubs: dict[str, LocalHub] = {}
-        capacity = {b.name: b.capacity for b in fragment_graph.boundaries if b.mode == "fifo"}
+        capacity = {b.name: b.capacity for b in fragment_graph.boundaries if b.channel == "fifo"}
         self._devices = {fr.name: fr.spec.device for fr in fragment_graph.fragments}
         self.mailboxes = {key: Mailbox(capacity, timeout_s, device=self._devices[key[0]]) for key in self._keys}
         transport = self.transport = LocalTransport(self.mailboxes)
