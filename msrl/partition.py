@@ -729,7 +729,7 @@ class _Builder:
         node = Node(NodeKind.ALLREDUCE, CommTarget(b.name, point, frag, frag, "all"), inputs=body.free_values(),
                     outputs=body.written_values(), body=body,
                     meta={"file": call.meta.get("file", "<generated>"), "line": call.meta.get("line", 0), "fragment": frag,
-                          "role": call.role, f"{point}_step" if point != "gradients" else "gradient_step": step})
+                          "role": call.role, **({"gradient_step": step} if point == "gradients" else {})})
         node.id = self.next_id + 2 * len(self.boundaries) + k
         return node
 

@@ -204,7 +204,7 @@ class Node:
             text = f"call {self.target[0]}.{self.target[1]}({', '.join(args)})"
         elif self.kind is NodeKind.COMPUTE:
             text = f"compute {ast.unparse(self.target)}"
-        elif self.region_kind() is not None and self.region_kind().describe is not None:
+        elif getattr(self.region_kind(), "describe", None) is not None:
             text = self.region_kind().describe(self)
         elif self.kind in (NodeKind.STATE_IN, NodeKind.STATE_OUT):
             text = f"{self.kind.value} self.{self.target}"

@@ -133,19 +133,19 @@ def pipelined_records(n: int, iteration: Callable[[], tuple[Callable[[], tuple[A
     records: list[dict[str, Any]] = []
     waiting = None
 
-    def finish(read: Callable[[], tuple[Any, EpisodeStats]], rec: dict[str, Any], end: float | None) -> None:
+    def finish(read: Callable[[], tuple[Any, EpisodeStats]], rec: dict[str, Any], launched: float,
+               end: float | None) -> None:
         out, rec["episodes"] = read()
         rec["output"] = out if keep_output else None
-        rec["time_s"] = (clock() if end is None else end) - rec.pop("_launched_at")
+        rec["time_s"] = (clock() if end is None else end) - launched
         records.append(rec)
 
     for _ in range(n):
         started = clock()
         read, rec = iteration()
-        rec["_launched_at"] = started
         if waiting is not None:
             finish(*waiting, started)
-        waiting = (read, rec)
+        waiting = (read, rec, started)
     if waiting is not None:
         finish(*waiting, None)
     return records
