@@ -40,7 +40,7 @@ from msrl.api import (
 from msrl.rl.actors import ActorCriticActor
 from msrl.rl.buffers import RolloutBuffer
 from msrl.rl.distributions import categorical_log_prob_entropy, sample_categorical
-from msrl.rl.losses import ppo_epochs
+from msrl.rl.losses import ppo_epochs, ppo_loss
 from msrl.rl.networks import mlp
 from msrl.rl.schedules import anneal_learning_rate, learning_rate_tensor, load_learning_rate
 
@@ -164,6 +164,10 @@ class MultiAgentPPOActor(ActorCriticActor):
         """A :class:`TypedActorCritic`."""
         return _build_net(ctx)
 
+    def compile_targets(self) -> tuple[str, ...]:
+        """The networks' forward passes; the draws from :attr:`generator` stay eager."""
+        return ("net.logits", "net.value")
+
     @torch.no_grad()
     def act(self, obs: torch.Tensor, agent_type: torch.Tensor, deterministic: bool = False) -> tuple[torch.Tensor, ...]:
         """Chooses actions.
@@ -224,6 +228,15 @@ class MultiAgentPPOLearner(Learner):
     """PPO's update over all agent-steps of a ``(T, E, N)`` rollout (Schulman et al. 2017, Eq. 7
     and 9, :func:`msrl.rl.losses.ppo_loss`), each agent valued by its type's critic."""
 
+    #: the minibatch loss (:func:`msrl.rl.losses.ppo_loss`), an attribute so that
+    #: ``compile: inductor`` can replace it by its compiled form (:meth:`compile_targets`)
+    ppo_loss = staticmethod(ppo_loss)
+
+    def compile_targets(self) -> tuple[str, ...]:
+        """The network's evaluation of a minibatch and PPO's loss on it (their backward is
+        compiled with them); the optimiser step stays as written."""
+        return ("net.evaluate", "ppo_loss")
+
     def __init__(self, ctx: BuildContext) -> None:
         self.hp = ctx.hparams
         self.net = _build_net(ctx)
@@ -248,7 +261,8 @@ class MultiAgentPPOLearner(Learner):
         stats = ppo_epochs(evaluate, b_logprobs, b_values, b_advantages, b_returns, clip,
                            step=lambda loss: self.apply_gradients(loss, hp.max_grad_norm), generator=self.generator,
                            update_epochs=hp.update_epochs, num_minibatches=hp.num_minibatches, norm_adv=hp.norm_adv,
-                           clip_vloss=hp.clip_vloss, ent_coef=hp.ent_coef, vf_coef=hp.vf_coef, target_kl=hp.target_kl)
+                           clip_vloss=hp.clip_vloss, ent_coef=hp.ent_coef, vf_coef=hp.vf_coef, target_kl=hp.target_kl,
+                           loss=self.ppo_loss)
         stats["charts/learning_rate"] = self.lr.clone()
         return stats
 

@@ -44,7 +44,7 @@ from msrl.api import (
 from msrl.rl.actors import ActorCriticActor
 from msrl.rl.buffers import RolloutBuffer
 from msrl.rl.distributions import categorical_log_prob_entropy, sample_categorical
-from msrl.rl.losses import ppo_epochs
+from msrl.rl.losses import ppo_epochs, ppo_loss
 from msrl.rl.networks import mlp
 from msrl.rl.schedules import anneal_learning_rate, learning_rate_tensor, load_learning_rate
 
@@ -171,6 +171,10 @@ class MAPPOActor(ActorCriticActor):
         """A :class:`MAPPONet`."""
         return _build_net(ctx)
 
+    def compile_targets(self) -> tuple[str, ...]:
+        """The networks' forward passes; the draws from :attr:`generator` stay eager."""
+        return ("net.logits", "net.value")
+
     @torch.no_grad()
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Chooses actions.
@@ -230,6 +234,15 @@ class MAPPOLearner(Learner):
     and 9, :func:`msrl.rl.losses.ppo_loss`), values from the centralised critic; minibatches
     draw whole env-steps, whose ``A`` agents the critic values together."""
 
+    #: the minibatch loss (:func:`msrl.rl.losses.ppo_loss`), an attribute so that
+    #: ``compile: inductor`` can replace it by its compiled form (:meth:`compile_targets`)
+    ppo_loss = staticmethod(ppo_loss)
+
+    def compile_targets(self) -> tuple[str, ...]:
+        """The network's evaluation of a minibatch and PPO's loss on it (their backward is
+        compiled with them); the optimiser step stays as written."""
+        return ("net.evaluate", "ppo_loss")
+
     def __init__(self, ctx: BuildContext) -> None:
         self.hp = ctx.hparams
         self.net = _build_net(ctx)
@@ -254,7 +267,8 @@ class MAPPOLearner(Learner):
         stats = ppo_epochs(evaluate, b_logprobs, b_values, b_advantages, b_returns, clip,
                            step=lambda loss: self.apply_gradients(loss, hp.max_grad_norm), generator=self.generator,
                            update_epochs=hp.update_epochs, num_minibatches=hp.num_minibatches, norm_adv=hp.norm_adv,
-                           clip_vloss=hp.clip_vloss, ent_coef=hp.ent_coef, vf_coef=hp.vf_coef, target_kl=hp.target_kl)
+                           clip_vloss=hp.clip_vloss, ent_coef=hp.ent_coef, vf_coef=hp.vf_coef, target_kl=hp.target_kl,
+                           loss=self.ppo_loss)
         stats["charts/learning_rate"] = self.lr.clone()
         return stats
 

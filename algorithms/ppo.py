@@ -35,7 +35,7 @@ from msrl.api import (
 from msrl.normalization import RunningMeanStd
 from msrl.rl.actors import ActorCriticActor
 from msrl.rl.buffers import RolloutBuffer
-from msrl.rl.losses import ppo_epochs
+from msrl.rl.losses import ppo_epochs, ppo_loss
 from msrl.rl.networks import ActorCritic, build_actor_critic
 from msrl.rl.schedules import anneal_learning_rate, learning_rate_tensor, load_learning_rate
 
@@ -104,6 +104,15 @@ PPOActor = ActorCriticActor
 class PPOLearner(Learner):
     """PPO's update on a ``(T, N)`` rollout (CleanRL ``ppo.py``, lines "bootstrap value" to
     "explained variance")."""
+
+    #: the minibatch loss (:func:`msrl.rl.losses.ppo_loss`), an attribute so that
+    #: ``compile: inductor`` can replace it by its compiled form (:meth:`compile_targets`)
+    ppo_loss = staticmethod(ppo_loss)
+
+    def compile_targets(self) -> tuple[str, ...]:
+        """The network's evaluation of a minibatch and PPO's loss on it (their backward is
+        compiled with them); the optimiser step stays as written."""
+        return ("net.evaluate", "ppo_loss")
 
     def __init__(self, ctx: BuildContext) -> None:
         self.hp: PPOConfig = ctx.hparams
@@ -221,7 +230,8 @@ class PPOLearner(Learner):
         stats = ppo_epochs(evaluate, b_logprobs, b_values, b_advantages, b_returns, clip,
                            step=lambda loss: self.apply_gradients(loss, hp.max_grad_norm), generator=self.generator,
                            update_epochs=hp.update_epochs, num_minibatches=hp.num_minibatches, norm_adv=hp.norm_adv,
-                           clip_vloss=hp.clip_vloss, ent_coef=hp.ent_coef, vf_coef=hp.vf_coef, target_kl=hp.target_kl)
+                           clip_vloss=hp.clip_vloss, ent_coef=hp.ent_coef, vf_coef=hp.vf_coef, target_kl=hp.target_kl,
+                           loss=self.ppo_loss)
         stats["charts/learning_rate"] = lr.clone() if isinstance(lr, torch.Tensor) else lr
         return stats
 

@@ -220,6 +220,14 @@ class Component:
         Default: all its work is torch ops on its tensors; no host bookkeeping to repeat."""
         return ReplayContract()
 
+    def compile_targets(self) -> tuple[str, ...]:
+        """Attribute paths, from this component, of its methods and functions that are pure
+        tensor code (no host reads, no Python branching on tensor values, no ``torch.Generator``
+        arguments, fixed shapes per call site), e.g. ``("net.head",)``: what
+        ``distribution_policy.compile.<fragment>: inductor`` replaces by its ``torch.compile``
+        (:mod:`msrl.runtime.compiled`). Default: none."""
+        return ()
+
     def state_dict(self) -> dict[str, Any]:
         """Returns everything needed to continue exactly (weights, optimiser, RNG states)."""
         return {}

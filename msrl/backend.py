@@ -74,14 +74,19 @@ class Backend:
         CUDA graph on a GPU, a host tape on the CPU) and replayed. A program that exchanges
         values with other fragments (a boundary or an all-reduce: host work, and the other
         side's timing) runs eagerly: as generated under the default, wrapped with that as its
-        stated reason when ``capture: graph`` was asked for. A backend that compiles the
+        stated reason when ``capture: graph`` was asked for. Under ``compile: inductor`` the
+        program (inside the capture, when captured) first compiles its components' compile
+        targets (:class:`~msrl.runtime.compiled.CompiledProgram`). A backend that compiles the
         program otherwise replaces ``program.fn`` here.
         """
         if fragment is None:
             return program
         from msrl.graph import NodeKind
         from msrl.runtime.capture import CapturedProgram, resolve_capture
+        from msrl.runtime.compiled import CompiledProgram, resolve_compile
 
+        if resolve_compile(fragment.compile) == "inductor":  # inside the capture: compiled in its warm-up
+            program = dataclasses.replace(program, fn=CompiledProgram(program.fn, fragment.roles))
         if resolve_capture(fragment.capture, fragment.device) != "graph":
             return program
         reason = None

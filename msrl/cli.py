@@ -111,7 +111,7 @@ def _graph(args: argparse.Namespace) -> int:
     from msrl.config import build_job_spec, load_config
     from msrl.job import Job
     from msrl.outcome import TrainingStopped
-    from msrl.printer import draw_fragments, format_boundary_bytes, format_capture, format_job
+    from msrl.printer import draw_fragments, format_boundary_bytes, format_capture, format_compile, format_job
     from msrl.runtime.replica import FragmentError
 
     cfg = load_config(args.config, args.overrides)
@@ -124,6 +124,7 @@ def _graph(args: argparse.Namespace) -> int:
             raise TrainingStopped(f"the iteration msrl graph measures bytes on stopped: {e}", 1, 0, None) from e
         sys.stdout.write(measured)
         sys.stdout.write(format_capture(job))
+        sys.stdout.write(format_compile(job))
         out = draw_fragments(job, args.out or f"{cfg.name}_fdg.png")
         print(f"\npicture of the fragmented graph: {pathlib.Path(out).resolve()}")
     finally:

@@ -102,6 +102,19 @@ class PolicyConfig(_Strict):
                     "on the CPU, which checks that the program can be captured) or eager (op by op); default: graph "
                     "on a CUDA device, eager on the CPU",
     )
+    compile: dict[str, str] = Field(
+        default_factory=dict,
+        description="fragment -> inductor (its components' pure tensor methods compiled by torch.compile into fused "
+                    "kernels, falling back to eager with one line on a graph break) or off (the default)",
+    )
+
+    @pydantic.field_validator("compile", mode="before")
+    @classmethod
+    def _compile_off(cls, v: Any) -> Any:
+        """YAML reads an unquoted ``off`` as ``False``: that is the mode ``off``."""
+        if isinstance(v, dict):
+            return {k: "off" if m is False else m for k, m in v.items()}
+        return v
     placement: dict[str, str] = Field(
         default_factory=dict, description="role -> fragment, moving a role from the policy's default fragment"
     )
@@ -488,7 +501,7 @@ def build_job_spec(cfg: RunConfig) -> Any:
     dp = cfg.distribution_policy
     policy = policy.configured(dp.replicas, dp.backends, dp.devices, dp.placement, dp.boundaries, dp.queue_capacity,
                                dp.inference.model_dump(exclude_none=True) if dp.inference is not None else None,
-                               dp.capture)
+                               dp.capture, dp.compile)
     for frag_name, problem in policy.replica_problems():
         n = policy.fragment(frag_name).replicas
         raise ConfigError(f"distribution_policy.replicas.{frag_name}={n}: {problem}")

@@ -32,6 +32,8 @@ __all__ = ["ONE_LEARNER", "BOUNDARY_CHANNELS", "FragmentSpec", "BoundaryClass", 
 BOUNDARY_CHANNELS = ("sync", "fifo", "latest")
 #: values of ``distribution_policy.capture.<fragment>`` (:mod:`msrl.runtime.capture`)
 CAPTURE_MODES = ("graph", "eager")
+#: values of ``distribution_policy.compile.<fragment>`` (:mod:`msrl.runtime.compiled`)
+COMPILE_MODES = ("off", "inductor")
 
 
 #: Why a policy runs a single learner (its ``max_role_replicas`` note).
@@ -57,6 +59,8 @@ class FragmentSpec:
         capture: whether its iteration is captured once and replayed (``"graph"``: a CUDA
             graph on a GPU, a host tape on the CPU; :mod:`msrl.runtime.capture`) or run op by
             op (``"eager"``); ``None``: ``graph`` on a CUDA device, else ``eager``.
+        compile: whether its components' compile targets run compiled by ``torch.compile``
+            (``"inductor"``; :mod:`msrl.runtime.compiled`) or as written (``"off"``, and ``None``).
     """
 
     name: str
@@ -66,6 +70,7 @@ class FragmentSpec:
     device: str = "cpu"
     resources: Mapping[str, float] = dataclasses.field(default_factory=lambda: {"CPU": 1.0})
     capture: str | None = None
+    compile: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,6 +264,7 @@ class DistributionPolicy:
         queue_capacity: int | None = None,
         inference: Mapping[str, Any] | None = None,
         capture: Mapping[str, str] | None = None,
+        compile: Mapping[str, str] | None = None,
     ) -> "DistributionPolicy":
         """:meth:`with_overrides` of the YAML's ``distribution_policy.*`` keys, each checked by
         the policy that owns the rule first (the config delegates here).
@@ -274,7 +280,12 @@ class DistributionPolicy:
             if mode not in CAPTURE_MODES:
                 raise ConfigError(f"distribution_policy.capture.{frag}={mode}: unknown capture mode; modes: "
                                   f"{', '.join(CAPTURE_MODES)} (default: graph on a CUDA device, eager on the CPU)")
-        for key, table in (("replicas", replicas), ("backends", backends), ("devices", devices), ("capture", capture or {})):
+        for frag, mode in (compile or {}).items():
+            if mode not in COMPILE_MODES:
+                raise ConfigError(f"distribution_policy.compile.{frag}={mode}: unknown compile mode; modes: "
+                                  f"{', '.join(COMPILE_MODES)} (default: off)")
+        for key, table in (("replicas", replicas), ("backends", backends), ("devices", devices), ("capture", capture or {}),
+                           ("compile", compile or {})):
             names = [f.name for f in self.fragments]
             for frag in table:
                 if frag not in names:
@@ -326,7 +337,7 @@ class DistributionPolicy:
                                       f"{inf.clients} replica; drop the setting or distribution_policy.inference")
         try:
             return self.with_overrides(replicas, backends, devices, placement, boundaries, queue_capacity, inference,
-                                       capture)
+                                       capture, compile)
         except ValueError as e:
             raise ConfigError(f"distribution_policy.placement: {e}") from None
 
@@ -340,12 +351,13 @@ class DistributionPolicy:
         queue_capacity: int | None = None,
         inference: Mapping[str, float | None] | None = None,
         capture: Mapping[str, str] | None = None,
+        compile: Mapping[str, str] | None = None,
     ) -> "DistributionPolicy":
-        """A copy with per-fragment replicas, backends, devices or capture modes replaced, roles
-        moved and boundary kinds changed.
+        """A copy with per-fragment replicas, backends, devices, capture or compile modes
+        replaced, roles moved and boundary kinds changed.
 
         Args:
-            replicas, backends, devices, capture: fragment -> value.
+            replicas, backends, devices, capture, compile: fragment -> value.
             placement: role -> the fragment that runs it instead of the policy's default (e.g.
                 ``{"buffer": "learner"}``: a replay buffer beside the learner, as in Ape-X).
             boundaries: boundary class -> kind (one of :data:`BOUNDARY_CHANNELS`).
@@ -367,7 +379,7 @@ class DistributionPolicy:
             if mode not in BOUNDARY_CHANNELS:
                 raise ValueError(f"boundary class {key}: unknown kind {mode!r}; kinds: {', '.join(BOUNDARY_CHANNELS)}")
         names = [f.name for f in self.fragments]
-        for table in (replicas, backends, devices, capture, {v: k for k, v in (placement or {}).items()}):
+        for table in (replicas, backends, devices, capture, compile, {v: k for k, v in (placement or {}).items()}):
             for key in table or {}:
                 if key not in names:
                     raise KeyError(f"policy {self.name} has no fragment {key!r}; fragments: {names}")
@@ -393,6 +405,7 @@ class DistributionPolicy:
                 backend=(backends or {}).get(f.name, f.backend),
                 device=(devices or {}).get(f.name, f.device),
                 capture=(capture or {}).get(f.name, f.capture),
+                compile=(compile or {}).get(f.name, f.compile),
             )
             for f in self.fragments
         )

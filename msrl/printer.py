@@ -68,7 +68,8 @@ def format_job(job: Job) -> str:
         s = fr.spec
         mode = resolve_capture(s.capture, s.device)
         out.append(f"- {fr.name}: roles {', '.join(s.roles)}; replicas {s.replicas}; backend {s.backend}; device {s.device}; "
-                   f"capture {mode}{' (default)' if s.capture is None else ''}")
+                   f"capture {mode}{' (default)' if s.capture is None else ''}"
+                   + (f"; compile {s.compile}" if s.compile is not None else ""))
     out.append("\n## boundaries")
     if not fg.boundaries:
         out.append("(none)")
@@ -173,6 +174,20 @@ def format_capture(job: Job) -> str:
         else:
             out.append(f"- {frag} replica {i}: {fn.status}")
     return "\n".join(out) + "\n"
+
+
+def format_compile(job: Job) -> str:
+    """Each compile target of each fragment replica under ``distribution_policy.compile``
+    (:mod:`msrl.runtime.compiled`), after the iterations already run: ``inductor`` or why it
+    runs eagerly, one line each. Empty when no fragment compiles."""
+    from msrl.runtime.compiled import compiled_program_of
+
+    out = []
+    for (frag, i), rep in sorted(job.runtime.replicas.items()):
+        cp = compiled_program_of(rep.programs["train_step"].fn) if "train_step" in rep.programs else None
+        if cp is not None:
+            out.extend(f"- {frag} replica {i}: {line}" for line in cp.status(rep.trainer))
+    return "\n## compiled methods (distribution_policy.compile)\n" + "\n".join(out) + "\n" if out else ""
 
 
 def draw_fragments(job: Job, path: str | pathlib.Path, method: str = "train_step") -> pathlib.Path:

@@ -48,9 +48,7 @@ class ActorCriticActor(Actor):
             ``(N, *action_shape)`` float32 (Box, unclipped); log_prob and value ``(N,)`` float32.
         """
         net = self.net
-        x = net.features(obs)
-        out = net.actor(x)
-        value = net.critic(x).squeeze(-1)
+        out, value = net.head(obs)
         if net.discrete:
             log_probs = torch.log_softmax(out, dim=-1)
             if deterministic:
@@ -62,6 +60,11 @@ class ActorCriticActor(Actor):
         flat = out if deterministic else out + std * torch.randn(out.shape, generator=self.generator, device=out.device)
         log_prob = torch.distributions.Normal(out, std, validate_args=False).log_prob(flat).sum(-1)
         return flat.view(-1, *net.action_shape), log_prob, value
+
+    def compile_targets(self) -> tuple[str, ...]:
+        """The network's forward pass (:meth:`~msrl.rl.networks.ActorCritic.head`); the draw from
+        :attr:`generator` stays eager (its seeded stream exactly)."""
+        return ("net.head",)
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         """The actor-critic's state dict (detached tensors)."""

@@ -98,7 +98,7 @@ def ppo_epochs(evaluate: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tens
                b_logprobs: torch.Tensor, b_values: torch.Tensor, b_advantages: torch.Tensor, b_returns: torch.Tensor,
                clip: torch.Tensor | float, *, step: Callable[[torch.Tensor], torch.Tensor], generator: torch.Generator,
                update_epochs: int, num_minibatches: int, norm_adv: bool, clip_vloss: bool, ent_coef: float,
-               vf_coef: float, target_kl: float | None) -> dict[str, Any]:
+               vf_coef: float, target_kl: float | None, loss: Callable[..., Any] = ppo_loss) -> dict[str, Any]:
     """PPO's update loop (CleanRL ``ppo.py``, "Optimizing the policy and value network"):
     ``update_epochs`` epochs of :func:`shuffled_minibatches` of the batch's rows, one gradient
     step on :func:`ppo_loss` each, stopping after an epoch whose last approximate KL exceeds
@@ -115,6 +115,8 @@ def ppo_epochs(evaluate: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tens
         generator: draws the minibatches' permutations.
         update_epochs, num_minibatches, norm_adv, clip_vloss, ent_coef, vf_coef, target_kl:
             PPO's hyperparameters of those names.
+        loss: :func:`ppo_loss` or a callable of its signature (a learner's compiled form of it,
+            :mod:`msrl.runtime.compiled`).
 
     Returns:
         :func:`ppo_loss`'s metrics of the last minibatch with ``losses/grad_norm``, then
@@ -126,12 +128,12 @@ def ppo_epochs(evaluate: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tens
     for _epoch in range(update_epochs):
         for mb in shuffled_minibatches(b_logprobs.shape[0], num_minibatches, generator, b_logprobs.device):
             newlogprob, entropy, newvalue = (x.flatten() for x in evaluate(mb))
-            loss, stats = ppo_loss(newlogprob, entropy, newvalue, b_logprobs[mb].flatten(), b_values[mb].flatten(),
-                                   b_advantages[mb].flatten(), b_returns[mb].flatten(), clip, norm_adv=norm_adv,
-                                   clip_vloss=clip_vloss, ent_coef=ent_coef, vf_coef=vf_coef)
+            value, stats = loss(newlogprob, entropy, newvalue, b_logprobs[mb].flatten(), b_values[mb].flatten(),
+                                b_advantages[mb].flatten(), b_returns[mb].flatten(), clip, norm_adv=norm_adv,
+                                clip_vloss=clip_vloss, ent_coef=ent_coef, vf_coef=vf_coef)
             clipfrac_sum += stats.pop("losses/clipfrac")
             n_minibatches += 1
-            stats["losses/grad_norm"] = step(loss)
+            stats["losses/grad_norm"] = step(value)
         if target_kl is not None and stats["losses/approx_kl"] > target_kl:
             break
     stats["losses/explained_variance"] = explained_variance(b_values, b_returns)

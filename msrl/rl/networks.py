@@ -93,6 +93,13 @@ class ActorCritic(nn.Module):
         x = obs.flatten(1)
         return x if self.obs_clip is None else self.obs_rms.normalize(x, self.obs_clip)
 
+    def head(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The actor's output and the critic's value for observations ``(B, *obs_shape)``:
+        ``(out, value)``, out ``(B, n)`` float32 (logits for a Discrete action space, the
+        Gaussian's mean for a Box, flattened) and value ``(B,)`` float32."""
+        x = self.features(obs)
+        return self.actor(x), self.critic(x).squeeze(-1)
+
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         """``V(s)`` for observations ``(B, *obs_shape)`` -> ``(B,)``."""
         return self.critic(self.features(obs)).squeeze(-1)

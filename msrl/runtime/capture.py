@@ -76,7 +76,7 @@ from msrl.policy import CAPTURE_MODES
 from msrl.runtime.host_syncs import HostSyncRecorder
 
 __all__ = ["CAPTURE_MODES", "WARMUP", "CapturedProgram", "NotCapturable", "Tape", "host_state", "invalidate",
-           "pop_notices", "resolve_capture"]
+           "notify", "pop_notices", "resolve_capture"]
 
 #: eager iterations before the probe (the optimiser's state is created in the first)
 WARMUP = 1
@@ -380,7 +380,9 @@ _lock = threading.Lock()
 _notices: "weakref.WeakKeyDictionary[Any, list[str]]" = weakref.WeakKeyDictionary()
 
 
-def _notify(trainer: Any, line: str) -> None:
+def notify(trainer: Any, line: str) -> None:
+    """Queues one notice line about ``trainer``'s programs for :func:`pop_notices` (captured or
+    why not; a compiled target's time or why it runs eagerly: :mod:`msrl.runtime.compiled`)."""
     with _lock:
         _notices.setdefault(trainer, []).append(line)
 
@@ -709,7 +711,7 @@ class CapturedProgram:
     def _give_up(self, trainer: Any, reason: str) -> None:
         """Runs eagerly from now on, for ``reason`` (one notice, once per program)."""
         self.reason, self._told = reason, True
-        _notify(trainer, f"{self.method} runs eagerly, not captured: {reason}")
+        notify(trainer, f"{self.method} runs eagerly, not captured: {reason}")
 
     def _capture(self, trainer: Any, comm: Any, cap: _Captured) -> Any:
         t0 = time.perf_counter()
@@ -775,7 +777,7 @@ class CapturedProgram:
         cap.logs = [(comp, attr, list(getattr(comp, attr)[n:])) for comp, attr, n in lens]
         what = "a CUDA graph" if self.device.type == "cuda" else f"a host tape of {len(graph.steps)} ops"
         took = time.perf_counter() - t0
-        _notify(trainer, f"{self.method} captured as {what}, replayed from its next iteration (capture {took:.2f} s, "
+        notify(trainer, f"{self.method} captured as {what}, replayed from its next iteration (capture {took:.2f} s, "
                          f"probe {cap.probe_s:.2f} s)")
         return _fresh(out)
 
