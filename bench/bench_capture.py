@@ -1,15 +1,21 @@
-"""A ``gpu_only`` iteration eager against captured (``distribution_policy.capture.main``), one run.
+"""A ``gpu_only`` iteration eager, captured (``distribution_policy.capture.main``) and compiled
+(``distribution_policy.compile.main: inductor``, alone and inside the capture), one run.
 
 For each job and batch size: milliseconds per ``train_step`` (the iteration's program and the
 read of its results, the loop's work less evaluation and checkpoints) and env steps per second,
 eager and captured, after the capture's warm-up; on a CUDA device also, from ``torch.profiler``
 over one iteration, the kernels launched (CUDA runtime launches and graph launches) and the GPU
 busy time (the sum of device kernel and copy durations, in ms and as a share of the unprofiled
-iteration's time: the profiler slows the host, so its own wall clock would understate the share).
+iteration's time: the profiler slows the host, so its own wall clock would understate the share),
+and the kernels the GPU ran (device kernel events, those inside a replayed CUDA graph included).
+
+Modes: ``eager`` (op by op), ``graph`` (captured), ``compiled`` (compiled targets inside the
+capture), ``compiled_eager`` (compiled targets, not captured).
 
     python bench/bench_capture.py                         # CartPole at 16 and 4096 envs
     python bench/bench_capture.py --jobs all --json capture.json
     python bench/bench_capture.py --jobs tag110_tf32 --envs 100 --modes graph   # TF32 products
+    python bench/bench_capture.py --envs 16 --modes eager,graph,compiled,compiled_eager
 
 On the CPU the capture is the host tape, a check rather than a speed-up (its replay re-dispatches
 every op from Python): the figures there say what the check costs, not what a GPU gains.
@@ -28,6 +34,7 @@ import torch
 from msrl.config import build_job_spec, load_config
 from msrl.job import Job
 from msrl.runtime import capture
+from msrl.runtime.compiled import compiled_program_of
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TAG_RULES = dict(grid_length=20.0, episode_length=500, max_acceleration=0.1, min_acceleration=-0.1, max_turn=2.356,
@@ -56,6 +63,11 @@ JOBS = {
 JOBS["tag110_tf32"] = (JOBS["tag110"][0], [*JOBS["tag110"][1], "train.float32_matmul_precision=high"])
 
 
+#: mode -> (capture, compile) of the fragment
+MODES = {"eager": ("eager", "off"), "graph": ("graph", "off"), "compiled": ("graph", "inductor"),
+         "compiled_eager": ("eager", "inductor")}
+
+
 def _sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -71,7 +83,7 @@ def profile_iteration(job: Job) -> dict:
         job.runtime.run("train_step")
         _sync()
         wall = time.perf_counter() - t0
-    launches = graph_launches = 0
+    launches = graph_launches = kernels = 0
     busy_us = 0.0
     for e in prof.events():
         name = e.name
@@ -81,24 +93,28 @@ def profile_iteration(job: Job) -> dict:
             graph_launches += 1
         if e.device_type.name == "CUDA":
             busy_us += e.device_time if hasattr(e, "device_time") else e.cuda_time
+            kernels += "Memcpy" not in name and "Memset" not in name
     copies = sum(1 for e in prof.events() if "Memcpy" in e.name and ("DtoH" in e.name or "HtoD" in e.name))
     avg = prof.key_averages()
     table = (avg.table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=70)
              + avg.table(sort_by="self_device_time_total", row_limit=15, max_name_column_width=70))
     return {"wall_ms": round(wall * 1e3, 3), "kernel_launches": launches, "graph_launches": graph_launches,
+            "device_kernels": kernels,
             "gpu_busy_ms": round(busy_us / 1e3, 3), "gpu_busy_pct": round(100 * busy_us / 1e6 / wall, 1),
             "host_device_copies": copies, "profile": table}
 
 
 def measure(config: str, over: list[str], mode: str, iterations: int) -> dict:
-    """``iterations`` timed ``train_step``s of ``config`` with ``over`` under capture ``mode``
-    (``graph`` or ``eager``), after the warm-up, probe and capture iterations.
+    """``iterations`` timed ``train_step``s of ``config`` with ``over`` in ``mode`` (a key of
+    :data:`MODES`), after the warm-up, probe and capture iterations.
 
     Returns:
         ``mode``, ``status`` (the program's capture status), ``num_envs``, ``ms_per_iteration``
         (ms), ``env_steps_per_s``; on CUDA also :func:`profile_iteration`'s figures.
     """
-    cfg = load_config(ROOT / config, [*over, f"distribution_policy.capture.main={mode}"])
+    cap, comp = MODES[mode]
+    cfg = load_config(ROOT / config, [*over, f"distribution_policy.capture.main={cap}",
+                                      f"distribution_policy.compile.main={comp}"])
     job = Job(build_job_spec(cfg))
     precision = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision(cfg.train.float32_matmul_precision)  # as msrl train sets it
@@ -109,6 +125,9 @@ def measure(config: str, over: list[str], mode: str, iterations: int) -> dict:
         rep = job.runtime.replicas[("main", 0)]
         fn = rep.programs["train_step"].fn
         status = fn.status if isinstance(fn, capture.CapturedProgram) else "eager"
+        cp = compiled_program_of(fn)
+        if cp is not None:
+            status += "; " + ", ".join(cp.status(rep.trainer))
         _sync()
         t0 = time.perf_counter()
         job.runtime.run("train_step", iterations)  # one call, as the training loop runs a chunk
@@ -133,15 +152,16 @@ def main() -> None:
     p.add_argument("--jobs", default="cartpole", help=f"comma-separated of {', '.join(JOBS)}, or all")
     p.add_argument("--envs", default="16,4096", help="batch sizes (env.num_envs), comma-separated")
     p.add_argument("--iterations", type=int, default=20)
-    p.add_argument("--modes", default="eager,graph", help="capture modes to time, comma-separated (eager, graph)")
+    p.add_argument("--modes", default="eager,graph",
+                   help=f"modes to time, comma-separated ({', '.join(MODES)})")
     p.add_argument("--json", help="also write the rows here")
     p.add_argument("--profiles", help="on CUDA, write each row's torch.profiler table (top 25 ops by host time) here")
     args = p.parse_args()
     names = list(JOBS) if args.jobs == "all" else args.jobs.split(",")
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU ({platform.processor() or 'host'})"
     print(f"# {device}, torch {torch.__version__}")
-    print("| job | envs | mode | ms / iteration | env steps/s | launches | GPU busy | status |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| job | envs | mode | ms / iteration | env steps/s | launches | kernels run | GPU busy | status |")
+    print("|---|---|---|---|---|---|---|---|---|")
     rows = []
     for name in names:
         config, over = JOBS[name]
@@ -157,7 +177,7 @@ def main() -> None:
                 launches = f"{row['kernel_launches']} + {row['graph_launches']} graph" if "kernel_launches" in row else "-"
                 busy = f"{row['gpu_busy_ms']} ms: {row['gpu_busy_pct_of_iteration']}%" if "gpu_busy_ms" in row else "-"
                 print(f"| {name} | {n} | {mode} | {row['ms_per_iteration']} | {row['env_steps_per_s']} | {launches} | "
-                      f"{busy} | {row['status'][:60]} |", flush=True)
+                      f"{row.get('device_kernels', '-')} | {busy} | {row['status'][:200]} |", flush=True)
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps({"device": device, "torch": torch.__version__, "rows": rows}, indent=1))
 

@@ -20,7 +20,9 @@
 # eager-against-captured table (bench/bench_capture.py); the README's GPU job
 # (configs/ppo_cartpole_gpu_only.yaml) trained to the end, captured (the default on CUDA) and, on
 # a GPU, eager, its time split into steady iterations and the rest, and its first iterations
-# profiled (bench/bench_first_iterations.py); with FULL=1 also the
+# profiled (bench/bench_first_iterations.py); the same eager / captured / compiled (torch.compile
+# of the components' compile targets, alone and inside the capture) with kernels per iteration,
+# the GPU job trained compiled, and the compile tests; with FULL=1 also the
 # heterogeneous run (PPO CartPole, coarse, learner on cuda:0) to the end; the host-sync guard
 # and each gpu_only job's ops per iteration (bench/bench_host_syncs.py). Without a GPU (no
 # nvidia-smi, or torch without CUDA) the same script runs what needs none: the host-sync guard,
@@ -47,8 +49,10 @@ if $py -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; 
 
 mkdir -p "$T/rc"
 ARCHIVE=${ARCHIVE:-}  # also keep a .tar.gz of $OUT there, remade after each part (a results channel that takes few files)
+ONLY=${ONLY:-}  # a space-separated list of parts to run (default: all), e.g. ONLY="compile_bench compile_tests"
 part() {  # part NAME SECONDS COMMAND...
   local name=$1 limit=$2; shift 2
+  if [ -n "$ONLY" ] && [[ " $ONLY " != *" $name "* ]]; then return 0; fi
   echo "== $name"
   local t0=$SECONDS
   timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
@@ -102,6 +106,24 @@ if [ "$GPU" = 1 ]; then  # Tag in the shape of the WarpDrive figure; the GPU job
     --json "$OUT/capture_tag_tf32.json"
   part gpu_only_job_eager 120 msrl train configs/ppo_cartpole_gpu_only.yaml "runs_dir=$T/runs" train.progress=false \
     distribution_policy.capture.main=eager
+fi
+# torch.compile (distribution_policy.compile.main=inductor): the GPU job's iteration eager, captured,
+# compiled and compiled inside the capture (ms, kernels launched and run, GPU busy); Tag in
+# WarpDrive's shape captured and compiled; the GPU job trained to the end compiled and captured;
+# the compile tests (compiled equals eager to float tolerance, captured on a GPU)
+if [ "$GPU" = 1 ]; then
+  part compile_bench 240 $py -P bench/bench_capture.py --jobs cartpole --envs 16,4096 --modes eager,graph,compiled,compiled_eager \
+    --json "$OUT/compile.json" --profiles "$OUT/profiles_compile.txt"
+  part compile_bench_tag 200 $py -P bench/bench_capture.py --jobs tag110 --envs 100 --iterations 3 --modes graph,compiled \
+    --json "$OUT/compile_tag.json"
+else
+  part compile_bench 400 $py -P bench/bench_capture.py --jobs cartpole --envs 16 --iterations 5 \
+    --modes eager,compiled_eager --json "$OUT/compile.json"
+fi
+if [ "$GPU" = 1 ]; then  # (on the CPU the suite runs the tests; the job would train compiled for minutes)
+  part gpu_only_job_compiled 240 msrl train configs/ppo_cartpole_gpu_only.yaml "runs_dir=$T/runs_compiled" \
+    train.progress=false distribution_policy.compile.main=inductor
+  part compile_tests 400 "${PYTEST[@]}" tests/test_compile.py
 fi
 if [ "${FULL:-0}" = 1 ] && [ "$GPU" = 1 ]; then  # the heterogeneous run to the end (about a minute on an H100)
   part coarse_cuda_learner 300 msrl train configs/ppo_cartpole.yaml distribution_policy.name=single_learner_coarse \

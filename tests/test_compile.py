@@ -63,7 +63,7 @@ def test_a_compiled_fragment_equals_its_eager_program_to_float_tolerance(config,
     jobs, (compiled, eager) = _run_pair(config, overrides, WARMUP + 4)
     try:
         for i, (c, e) in enumerate(zip(compiled, eager)):
-            _close_metrics(c, e), i
+            _close_metrics(c, e)
         for role in ("actor", "learner"):
             _weights_close(jobs, role)
         rep = jobs[0].runtime.replicas[("main", 0)]
@@ -73,7 +73,7 @@ def test_a_compiled_fragment_equals_its_eager_program_to_float_tolerance(config,
         assert {"learner.ppo_loss", "learner.net.evaluate"} <= names, names
         # the targets really are compiled methods on the components, the draws are not
         assert isinstance(rep.trainer.learner.ppo_loss, CompiledMethod)
-        assert not isinstance(getattr(rep.trainer.actor, "act"), CompiledMethod)
+        assert not isinstance(rep.trainer.actor.act, CompiledMethod)
         err = capfd.readouterr().err
         for name in names:  # each target's compile time, once, in the run's start-up notices
             assert len(re.findall(rf"msrl: fragment main replica 0: compiled {re.escape(name)} with inductor in "
