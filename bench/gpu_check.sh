@@ -123,6 +123,8 @@ fi
 if [ "$GPU" = 1 ]; then  # (on the CPU the suite runs the tests; the job would train compiled for minutes)
   part gpu_only_job_compiled 240 msrl train configs/ppo_cartpole_gpu_only.yaml "runs_dir=$T/runs_compiled" \
     train.progress=false distribution_policy.compile.main=inductor
+  part gpu_only_job_compiled_time 60 $py -P bench/time_breakdown.py "$T/runs_compiled/ppo_cartpole_gpu_only" \
+    --json "$OUT/gpu_only_job_compiled_time.json"
   part compile_tests 400 "${PYTEST[@]}" tests/test_compile.py
 fi
 if [ "${FULL:-0}" = 1 ] && [ "$GPU" = 1 ]; then  # the heterogeneous run to the end (about a minute on an H100)
