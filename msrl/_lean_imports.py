@@ -192,6 +192,30 @@ def lean_optimizers() -> list[str]:
     return changed
 
 
+def lean_dispatch_mode(cls: Any) -> Any:
+    """Class decorator: lets a ``TorchDispatchMode`` subclass dispatch without importing
+    ``torch._dynamo``. torch wraps each subclass's ``__torch_dispatch__`` in
+    ``torch._disable_dynamo`` (``TorchDispatchMode.__init_subclass__``), whose first call
+    imports TorchDynamo (2.7 s on the 2-core machine, 5-6 s on the H200 machine: a capture's
+    probe, under :class:`~msrl.runtime.host_syncs.HostSyncRecorder`, took that long); the same
+    shim as :func:`lean_optimizers` runs the plain method until Dynamo is loaded, then hands
+    over to torch's wrapper. Does nothing when Dynamo is loaded or ``MSRL_EAGER_OPTIMIZERS=0``."""
+    global _DISABLE_WRAPPER_CODE
+    if _dynamo_loaded() or os.environ.get("MSRL_EAGER_OPTIMIZERS") == "0":
+        return cls
+    import torch
+
+    if _DISABLE_WRAPPER_CODE is None:
+        _DISABLE_WRAPPER_CODE = torch._disable_dynamo(_identity).__code__
+    attr = cls.__dict__.get("__torch_dispatch__")
+    if getattr(attr, "__code__", None) is _DISABLE_WRAPPER_CODE:
+        fn = attr.__wrapped__
+        if getattr(fn, _CACHE, None) is None:
+            fn.__msrl_disable_wrapper__ = attr
+            setattr(fn, _CACHE, _UntilDynamo(fn))
+    return cls
+
+
 _GC_DEFERRED = False
 
 

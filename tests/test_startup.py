@@ -159,3 +159,31 @@ def test_a_background_plot_draws_the_curve(tmp_path, rows):
     assert wait_for_background_plots(timeout_s=EVENT_TIMEOUT_S) == [0]
     assert (run / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
     assert sorted(p.name for p in run.iterdir()) == ["learning_curve.png", "metrics.csv"]  # no temporary file left
+
+
+CAPTURED = """
+    import json, sys
+    from msrl.config import build_job_spec, load_config
+    from msrl.job import Job
+    job = Job(build_job_spec(load_config("configs/ppo_cartpole_gpu_only.yaml",
+                                         ["env.num_envs=4", "algorithm.hparams.num_steps=8",
+                                          "distribution_policy.capture.main=graph"])))
+    job.reset()
+    rows = [job.train_step() for _ in range(5)]  # warm-up, probe (HostSyncRecorder), capture (Tape), replays
+    status = job.runtime.replicas[("main", 0)].programs["train_step"].fn.status
+    job.close()
+    print(json.dumps({"dynamo": "torch._dynamo" in sys.modules, "status": status,
+                      "rows": [{k: float(v) for k, v in r.items()} for r in rows]}, sort_keys=True))
+"""
+
+
+def test_a_capture_probes_and_records_without_loading_dynamo():
+    """torch wraps every ``TorchDispatchMode`` subclass's ``__torch_dispatch__`` in
+    ``torch._disable_dynamo``, whose first call imports TorchDynamo: the capture's probe took
+    5-6 s on the H200 machine for it. msrl's modes dispatch without it
+    (:func:`msrl._lean_imports.lean_dispatch_mode`), with the same results as with torch's wrappers."""
+    lean = json.loads(_python(CAPTURED).splitlines()[-1])
+    stock = json.loads(_python(CAPTURED, env={"MSRL_EAGER_OPTIMIZERS": "0"}).splitlines()[-1])
+    assert lean["status"] == stock["status"] == "graph"
+    assert lean["dynamo"] is False and stock["dynamo"] is True
+    assert lean["rows"] == stock["rows"]

@@ -31,6 +31,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from msrl._lean_imports import lean_dispatch_mode
 from msrl.device import in_host_side
 
 __all__ = ["HostSync", "HostSyncRecorder", "NO_KERNEL_OPS", "SYNC_OPS", "recording_program", "sync_reason"]
@@ -116,6 +117,7 @@ class HostSync:
         return f"{self.op} at {self.where}: {self.why}"
 
 
+@lean_dispatch_mode  # dispatches without importing TorchDynamo (msrl/_lean_imports.py)
 class HostSyncRecorder(TorchDispatchMode):
     """Records every aten op dispatched inside it (on this thread) and every one that
     synchronises the host (see :func:`sync_reason`), with where it was called.
