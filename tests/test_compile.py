@@ -62,7 +62,7 @@ def _weights_close(jobs, role, atol=1e-4):
 def test_a_compiled_fragment_equals_its_eager_program_to_float_tolerance(config, overrides, capfd):
     jobs, (compiled, eager) = _run_pair(config, overrides, WARMUP + 4)
     try:
-        for i, (c, e) in enumerate(zip(compiled, eager)):
+        for c, e in zip(compiled, eager):
             _close_metrics(c, e)
         for role in ("actor", "learner"):
             _weights_close(jobs, role)
