@@ -1,10 +1,12 @@
-"""``torch_graph``: a fragment run in one process on one torch device, eagerly.
+"""``torch_graph``: a fragment run in one process on one torch device.
 
 Component methods run as ordinary torch code on the fragment's device; comm ops call the
-fragment replica's channel endpoint. Eager execution is the reference. Capturing the loop body
-(``torch.compile``) is not used: on this project's 2-core CPU machines the PPO step is bound by
-per-call overhead of tiny MLPs and env stepping, where compilation measured no gain (see
-bench/RESULTS.md).
+fragment replica's channel endpoint. Eager execution is the reference. The backend's program
+hook (:meth:`msrl.backend.Backend.wrap_program`) compiles the components' declared pure tensor
+methods with ``torch.compile`` under ``distribution_policy.compile.<fragment>: inductor``
+(:mod:`msrl.runtime.compiled`; off by default: on the 2-core CPU machines tiny MLPs run slower
+compiled, bench/RESULTS.md) and captures the iteration as a CUDA graph on a GPU
+(:mod:`msrl.runtime.capture`).
 """
 
 from __future__ import annotations
