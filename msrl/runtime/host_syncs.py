@@ -133,8 +133,9 @@ class HostSyncRecorder(TorchDispatchMode):
         allowed: the same for the allowed ones.
     """
 
-    #: files of recorders (this one and subclasses) whose frames are never the place of a sync
-    internal_files: tuple[str, ...] = ("msrl/runtime/host_syncs.py",)
+    #: files of recorders (this one and subclasses, and msrl's dispatch shim) whose frames are never
+    #: the place of a sync
+    internal_files: tuple[str, ...] = ("msrl/runtime/host_syncs.py", "msrl/_lean_imports.py")
 
     def __init__(self, allow: Sequence[tuple[str, str]] = CPU_ONLY_READS) -> None:
         super().__init__()
