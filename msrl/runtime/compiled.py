@@ -76,10 +76,9 @@ def _dispatch_mode_active() -> bool:
 def _one_line(e: BaseException) -> str:
     """The graph break's first line and the innermost user frame of Dynamo's message
     (``file:line``), or the exception's type and first line."""
-    text = str(e).strip()
-    first = text.splitlines()[0] if text else type(e).__name__
+    lines = str(e).strip().splitlines()
+    first = lines[0] if lines else type(e).__name__
     where = ""
-    lines = text.splitlines()
     for i, line in enumerate(lines):  # Dynamo's "from user code:" frames, innermost last
         s = line.strip()
         if s.startswith('File "') and ", line " in s and "torch/" not in s.split('"')[1]:
@@ -105,7 +104,7 @@ class CompiledMethod:
         seconds: the first compiled call's wall time (trace + compile + run), or ``None``.
     """
 
-    __slots__ = ("eager", "name", "reason", "seconds", "_compiled", "_notify", "_calls")
+    __slots__ = ("eager", "name", "reason", "seconds", "_compiled", "_notify")
 
     def __init__(self, fn: Callable[..., Any], name: str, notify: Callable[[str], None]) -> None:
         self.eager = fn
@@ -114,7 +113,6 @@ class CompiledMethod:
         self.seconds: float | None = None
         self._compiled = torch.compile(fn, backend="inductor", fullgraph=True, dynamic=False)
         self._notify = notify
-        self._calls = 0
 
     @property
     def status(self) -> str:
@@ -124,17 +122,18 @@ class CompiledMethod:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.reason is not None or _dispatch_mode_active():
             return self.eager(*args, **kwargs)
-        from torch._dynamo.exc import TorchDynamoException
-
-        first = self._calls == 0
+        first = self.seconds is None
         t = time.perf_counter()
         try:
             out = self._compiled(*args, **kwargs)
-        except TorchDynamoException as e:  # traced before anything ran: the eager call is the first
+        except Exception as e:  # a graph break is traced before anything ran: the eager call is the first
+            from torch._dynamo.exc import TorchDynamoException  # loaded: the call above went through Dynamo
+
+            if not isinstance(e, TorchDynamoException):
+                raise
             self.reason = _one_line(e)
             self._notify(f"{self.name} runs eagerly (compile: inductor): {self.reason}")
             return self.eager(*args, **kwargs)
-        self._calls += 1
         if first:
             self.seconds = time.perf_counter() - t
             self._notify(f"compiled {self.name} with inductor in {self.seconds:.1f} s")
