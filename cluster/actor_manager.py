@@ -68,16 +68,47 @@ class ReplicaGroup:
         """Starts one ``actor_class`` actor per key, replica ``i`` in bundle ``i`` of
         ``placement_group``, with Ray ``options`` and constructor arguments ``args_of(key)``."""
         import ray
+
+        self._start = (ray.remote(actor_class), placement_group, dict(options), args_of)
+        self.actors = [self._start_one(i) for i in range(len(self.keys))]
+
+    def _start_one(self, i: int) -> Any:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        remote = ray.remote(actor_class)
-        self.actors = [
-            remote.options(
-                scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group, placement_group_bundle_index=i),
-                **options,
-            ).remote(*args_of(key))
-            for i, key in enumerate(self.keys)
-        ]
+        remote, placement_group, options, args_of = self._start
+        return remote.options(
+            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group, placement_group_bundle_index=i),
+            **options,
+        ).remote(*args_of(self.keys[i]))
+
+    def replace(self, key: tuple[str, int]) -> Any:
+        """Kills replica ``key``'s actor (if it still runs), waits until its process on this node
+        is gone, and starts a new one in its bundle (as :meth:`start` did); returns its handle.
+        The watchdog forgets the old one's heartbeats."""
+        import ray
+
+        i = self.keys.index(key)
+        try:
+            ray.kill(self.actors[i])
+        except Exception:  # noqa: BLE001 - already dead
+            pass
+        old = self.peers.get(key, {})
+        deadline = time.monotonic() + self.KILL_WAIT_S
+        while old.get("pid") in self._local_pids and process_running(old["pid"]) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self.actors[i] = self._start_one(i)
+        return self.actors[i]
+
+    def relocate(self, key: tuple[str, int], info: Mapping[str, Any], node_id: str) -> None:
+        """Notes the new process of replica ``key`` (its :meth:`~msrl.cluster.ray_runtime.ReplicaActor.info`)."""
+        old = self.peers.get(key, {})
+        if old.get("pid") in self._local_pids:
+            self._local_pids.remove(old["pid"])
+        self.peers[key] = dict(info)
+        if info["node_id"] == node_id:
+            self._local_pids.append(info["pid"])
+        if self.watchdog is not None:
+            self.watchdog.replaced(key, info["pid"])
 
     def locate(self, peers: Mapping[tuple[str, int], Mapping[str, Any]], node_id: str) -> None:
         """Notes which replica processes run on this node (``node_id``): :meth:`kill` waits for
@@ -108,10 +139,15 @@ class ReplicaGroup:
         """``method(*args)`` on replica ``key``."""
         return self.call_each(method, [args], [key])[0]
 
-    def wait(self, futures: Sequence[Any]) -> list[Any]:
+    def wait(self, futures: Sequence[Any], replace: Callable[[ReplicaDied], Any] | None = None) -> list[Any]:
         """Every future's result. On the first failure every replica is killed and the failure
         raised: a replica's own exception as it raised it, or :class:`ReplicaDied` naming the
-        replica whose process died or hung (:attr:`watchdog`)."""
+        replica whose process died or hung (:attr:`watchdog`).
+
+        ``replace`` (with one future per replica, in replica order): called with the
+        :class:`ReplicaDied` of a replica that died or hung while the others run; a future it
+        returns (the replacement's call) stands for the lost one's and the others are left
+        running; ``None``: the failure stops every replica, as above."""
         import ray
 
         pending = list(futures)
@@ -122,7 +158,12 @@ class ReplicaGroup:
             if not done:
                 hung = self.watchdog.hung()
                 if hung is not None:
-                    raise self._lost(hung)
+                    again = replace(hung) if replace is not None else None
+                    if again is None:
+                        raise self._lost(hung)
+                    i = self.keys.index((hung.fragment, hung.replica))
+                    pending = [f for f in pending if order[f] != i] + [again]
+                    order[again] = i
                 continue
             try:
                 results[order[done[0]]] = ray.get(done[0])
@@ -138,7 +179,11 @@ class ReplicaGroup:
             except ray.exceptions.RayActorError:
                 i = order[done[0]]
                 dead = self.died(self.keys[i]) if len(futures) == len(self.keys) else self.dead_replica()
-                raise self._lost(dead or ReplicaDied("the process of a replica died")) from None
+                again = replace(dead) if replace is not None and dead is not None else None
+                if again is None:
+                    raise self._lost(dead or ReplicaDied("the process of a replica died")) from None
+                pending.append(again)
+                order[again] = i
         return results
 
     # -- health -----------------------------------------------------------------------------

@@ -208,9 +208,26 @@ class StreamTransport:
         self.bytes_sent = 0
         self._streams: dict[tuple[str, int], Any] = {}
         self._streams_lock = threading.Lock()  # central inference sends from one thread per client
+        #: consumers that may be replaced (an elastic job, :mod:`msrl.runtime.elastic`): a broken
+        #: stream to one is not reconnected; it is *gone*, what is sent to it dropped and counted,
+        #: until its replacement greets this replica's server (:meth:`rejoin`)
+        self.elastic: set[tuple[str, int]] = set()
+        self._gone: set[tuple[str, int]] = set()
+        #: this producer's own servers (``{"unix": ..., "grpc": ...}``) named in its greetings: set
+        #: on a replacement replica, whose consumers reopen their streams to it there
+        self.reply: dict[str, str] = {}
+        #: ``(consumer, tag) ->`` the newest ``latest`` frame sent to it: a replacement gets it at once
+        self._newest: dict[tuple[tuple[str, int], int], bytes] = {}
         #: the last frame made and what it was made of (held, so no other object can take its
         #: id): a broadcast sends one item or slot value to every consumer, encoded once
         self._last: tuple[int, str, int, Any, bytes] | None = None
+
+    def producer_name(self, kind: str) -> str:
+        """The name this producer greets with on a stream of ``kind`` (``"unix"``, ``"grpc"``):
+        ``fragment/replica``, and ``|address`` of its own server of that kind when it is a
+        replacement (:attr:`reply`)."""
+        name = f"{self.fragment}/{self.replica}"
+        return f"{name}|{self.reply[kind]}" if self.reply.get(kind) else name
 
     def _stream(self, fragment: str, replica: int) -> Any:
         with self._streams_lock:
@@ -220,7 +237,54 @@ class StreamTransport:
                 if target is None:
                     raise ChannelClosed(f"no boundary server address for {fragment} replica {replica}")
                 s = self._streams[(fragment, replica)] = self.open_stream(self, target)
+                s.key = (fragment, replica)
             return s
+
+    def open_all(self) -> None:
+        """Opens the stream to every consumer now (a replacement replica: its greeting tells
+        each consumer where to reopen its own streams to it)."""
+        for key in list(self.addresses):
+            self._stream(*key)
+
+    def lost(self, key: tuple[str, int] | None) -> bool:
+        """Called by a stream that broke: whether its consumer ``key`` is elastic, in which case
+        it is marked gone (the stream does not reconnect; sends to it are dropped and counted)."""
+        if key is None or key not in self.elastic:
+            return False
+        self._gone.add(key)
+        return True
+
+    def rejoin(self, key: tuple[str, int], address: str) -> None:
+        """Consumer ``key`` was replaced by a replica whose server is at ``address``: the stream
+        to it reopens there and gets the newest ``latest`` frame of each slot at once (the
+        replacement starts from the current weights). Called on a server's thread."""
+        with self._streams_lock:
+            old = self._streams.pop(key, None)
+            self.addresses[key] = address
+        if old is not None:
+            old.close()
+        s = self._stream(*key)
+        self._gone.discard(key)
+        for (k, tag), frame in list(self._newest.items()):
+            if k == key:
+                s.send_latest(tag, frame)
+
+    def _send(self, key: tuple[str, int], send: Any) -> None:
+        """``send(stream)`` on the stream to ``key``; to a gone consumer nothing is sent (counted
+        in :attr:`dropped`); a stream replaced while it sent (:meth:`rejoin`) is sent on anew."""
+        for _ in range(3):
+            if key in self._gone:
+                self.dropped += 1
+                return
+            s = self._stream(*key)
+            try:
+                return send(s)
+            except ChannelClosed:
+                if key in self._gone:  # it broke in this send (the stream counted what it dropped)
+                    return
+                if self._streams.get(key) is s:
+                    raise
+        raise ChannelClosed(f"the stream to {key[0]} replica {key[1]} was replaced while sending, three times")
 
     def _frame(self, kind: int, boundary: Any, version: int, versions: Mapping[str, int], value: Any,
                source: Any) -> bytes:
@@ -248,7 +312,8 @@ class StreamTransport:
             TransportError: the value exceeds the message limit.
         """
         frame = self._frame(ITEM, boundary, 0, item.versions, item.value, item)
-        self._stream(boundary.dst, consumer).send_item(self.tags[boundary.name], boundary.capacity, frame, self.hold)
+        tag = self.tags[boundary.name]
+        self._send((boundary.dst, consumer), lambda s: s.send_item(tag, boundary.capacity, frame, self.hold))
 
     def flush(self) -> None:
         """Sends every frame held on every stream (each stream's as one message)."""
@@ -262,10 +327,13 @@ class StreamTransport:
             ChannelClosed: the stream broke for good; TransportError: over the message limit.
         """
         frame = self._frame(LATEST, boundary, version, {}, value, value)
-        self._stream(boundary.dst, consumer).send_latest(self.tags[boundary.name], frame)
+        key, tag = (boundary.dst, consumer), self.tags[boundary.name]
+        if key in self.elastic:
+            self._newest[(key, tag)] = frame
+        self._send(key, lambda s: s.send_latest(tag, frame))
 
     def close(self) -> None:
         """Ends every stream cleanly."""
-        for s in self._streams.values():
+        for s in list(self._streams.values()):
             s.close()
         self._streams.clear()

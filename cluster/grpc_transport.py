@@ -152,6 +152,10 @@ class BoundaryServer:
         self._producers = {b.src: b.src_replicas for b in self.boundaries if b.asynchronous and b.dst == fragment}
         self._streams: dict[tuple[str, int], queue.Queue] = {}
         self._lock = threading.Lock()
+        #: ``on_rejoin(producer, address)``: called when a replacement replica of ``producer``
+        #: opens its stream with its own server's ``address`` (``msrl-reply`` metadata: an
+        #: elastic job; :meth:`~msrl.cluster.frames.StreamTransport.rejoin`)
+        self.on_rejoin: Any = None
         mailbox.on_take = self._credit
         workers = 2 * sum(self._producers.values()) + 8
         self._server = grpc.server(
@@ -204,6 +208,10 @@ class BoundaryServer:
             self._streams[producer] = out  # a reconnecting producer replaces its old stream
         if old is not None:
             old.put(None)
+        self.mailbox.stream_opened(producer)
+        reply = md.get("msrl-reply", "")  # a replacement replica's own server address
+        if reply and self.on_rejoin is not None:
+            self.on_rejoin(producer, reply)
         context.add_callback(lambda: out.put(None))
         threading.Thread(target=self._read, args=(requests, producer, out), daemon=True,
                          name=f"msrl-boundary-read-{frag}{rep}").start()
@@ -238,6 +246,10 @@ class BoundaryServer:
         except Exception as e:  # noqa: BLE001 - never let a frame kill the server
             out.put(_Abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}"))
             return
+        with self._lock:
+            current = self._streams.get(producer) is out
+        if current:  # it ended after its last whole frame: the producer's count is final
+            self.mailbox.stream_ended(producer)
         out.put(None)
 
     def _credit(self, boundary: str, producer: int) -> bool:
@@ -275,7 +287,8 @@ class _Stream:
     def _open(self) -> None:
         self.out: queue.Queue = queue.Queue()
         stub = self.channel.stream_stream(METHOD, request_serializer=None, response_deserializer=None)
-        md = (("msrl-token", self.t.token), ("msrl-producer", f"{self.t.fragment}/{self.t.replica}"))
+        md = (("msrl-token", self.t.token), ("msrl-producer", f"{self.t.fragment}/{self.t.replica}"),
+              *((("msrl-reply", self.t.reply["grpc"]),) if self.t.reply.get("grpc") else ()))
         self.call = stub(self._requests(self.out), metadata=md, wait_for_ready=True)
         threading.Thread(target=self._responses, args=(self.call,), daemon=True,
                          name=f"msrl-boundary-credits-{self.target}").start()
@@ -324,6 +337,10 @@ class _Stream:
             self.latest.clear()
             self.held.clear()  # counted in in_flight
             self.out.put(None)
+            if self.t.lost(getattr(self, "key", None)):  # a replaceable replica: its replacement reopens the stream
+                self.error = f"{why} (a replaceable replica)"
+                self.cond.notify_all()
+                return
         deadline = time.monotonic() + self.t.reconnect_s
         while not self.closed and time.monotonic() < deadline:
             try:

@@ -39,6 +39,8 @@ from msrl.api import EpisodeStats
 from msrl.cluster.actor_manager import ReplicaGroup
 from msrl.errors import ConfigError, PlacementError
 from msrl.runtime.codec import MAX_MESSAGE as CODEC_MAX_MESSAGE
+from msrl.runtime.elastic import fifo_out, replaced_fragments
+from msrl.runtime.patterns import deliveries
 from msrl.runtime.replica import ReplicaDied, check_losses, pipelined_records, print_notices, replica_states
 from msrl.runtime.shm import pid_alive
 
@@ -346,6 +348,9 @@ class ReplicaActor:
         from msrl.cluster.watchdog import Heartbeat
 
         self.replica: Any = None
+        self.mailbox: Any = None
+        #: env steps before this process's own (a replacement's: the lost replica's delivered ones)
+        self.steps_offset = 0
         self.job_id = job_id
         self.heartbeat = Heartbeat(job_id, fragment, replica, self._progress) if job_id else None
         torch.set_num_threads(max(1, min(threads, os.cpu_count() or 1)))  # never more threads than the node's cores
@@ -363,7 +368,6 @@ class ReplicaActor:
         self.comm: Any = None
         self.boundary_server: Any = None  # gRPC: producers on other machines
         self.uds_server: Any = None  # a Unix socket: producers on this machine
-        self.mailbox: Any = None
         self.output_fragment = None
         for fr in self.fragment_graph.fragments:
             if any(n.kind.value == "output" and n.inputs for n in fr.programs["train_step"]):
@@ -372,8 +376,9 @@ class ReplicaActor:
     def _progress(self) -> dict[str, Any]:
         """The heartbeat's record: this replica's env steps so far (read on the heartbeat's
         thread: plain attributes only)."""
-        replica = self.replica
-        return {"env_steps": replica.env_steps if replica is not None else 0}
+        replica, mailbox = self.replica, self.mailbox
+        return {"env_steps": self.steps_offset + (replica.env_steps if replica is not None else 0),
+                **(mailbox.counts() if mailbox is not None else {})}
 
     def start_boundary_server(self, token: str, timeout_s: float, tls: Any = None, max_message: int | None = None,
                               host: str | None = None, peers: Mapping[tuple[str, int], Mapping[str, Any]] | None = None,
@@ -421,7 +426,8 @@ class ReplicaActor:
     def init_process_group(self, rank: int, ranks: Mapping[tuple[str, int], int],
                            timeout_s: float, peers: Mapping[tuple[str, int], Mapping[str, Any]] | None = None,
                            intra_node: str = "shm", boundary_servers: Mapping[tuple[str, int], str] | None = None,
-                           token: str = "", tls: Any = None, max_message: int | None = None) -> None:
+                           token: str = "", tls: Any = None, max_message: int | None = None,
+                           elastic: Sequence[str] = ()) -> None:
         """Joins the job's Gloo process group and builds this replica's endpoint.
 
         ``peers`` maps every replica to its :meth:`info` (``pid``, ``node_id``). With
@@ -429,7 +435,8 @@ class ReplicaActor:
         host tensors through a :class:`~msrl.runtime.shm.ShmGroup` instead of Gloo.
         ``boundary_servers`` maps every consumer of an asynchronous boundary to its server's
         address (:meth:`start_boundary_server`); this replica's ``put``s stream there over gRPC
-        with the job's ``token``.
+        with the job's ``token``. Replicas of the ``elastic`` fragments may be replaced alone
+        (:meth:`rejoin`).
 
         The rendezvous goes through Ray's key-value store under the job's secret ``token``
         (:class:`~msrl.cluster.rendezvous.RayStore`: no port opened for it); when every replica
@@ -476,24 +483,65 @@ class ReplicaActor:
             local = shm.ShmGroup(f"{uid}:{self.fragment}", mates.index((self.fragment, self.index)),
                                  len(mates), pids=[peers[k]["pid"] for k in mates], timeout_s=timeout_s,
                                  barrier=lambda: dist.barrier(group=own))
-        asynchronous = None
-        if boundary_servers:
-            here = peers[(self.fragment, self.index)]["node_id"] if peers is not None else None
-            # a consumer on this machine over its Unix socket, on another over gRPC
-            boundary_servers = {k: (a["unix"] if "unix" in a and peers is not None and peers[k]["node_id"] == here
-                                    else a["grpc"]) for k, a in boundary_servers.items()}
-            from msrl.cluster.grpc_transport import MAX_MESSAGE
-            from msrl.cluster.uds_transport import ProcessTransport
-            from msrl.runtime.asynchronous import AsyncEndpoint
-
-            transport = ProcessTransport(self.fragment_graph.boundaries, self.fragment, self.index, boundary_servers,
-                                         token, tls=tls, timeout_s=timeout_s, max_message=max_message or MAX_MESSAGE,
-                                         hold=True)  # the endpoint flushes before it waits and every iteration
-            asynchronous = AsyncEndpoint(self.fragment_graph.boundaries, self.fragment, self.index, self.mailbox, transport)
+        asynchronous = self._async_endpoint(boundary_servers, peers, token, tls, max_message, timeout_s, elastic)
         self.comm = DistEndpoint(self.fragment_graph.boundaries, self.fragment, self.index, ranks, own,
                              own_device, devices, local_group=local, asynchronous=asynchronous,
                              max_message=max_message or CODEC_MAX_MESSAGE)
         self.comm.inference = self.replica.inference  # central inference's server replica
+
+    def _async_endpoint(self, boundary_servers: Mapping[tuple[str, int], Mapping[str, str]] | None,
+                        peers: Mapping[tuple[str, int], Mapping[str, Any]] | None, token: str, tls: Any,
+                        max_message: int | None, timeout_s: float, elastic: Sequence[str] = (),
+                        reply: Mapping[str, str] | None = None) -> Any:
+        """This replica's :class:`~msrl.runtime.asynchronous.AsyncEndpoint` over a
+        :func:`~msrl.cluster.uds_transport.ProcessTransport` to the consumers' servers (``None``
+        without any): a consumer on this machine over its Unix socket, on another over gRPC. The
+        consumers of ``elastic`` fragments may be replaced (a broken stream to one is not
+        reconnected; a replacement's greeting reopens it, through this replica's servers'
+        ``on_rejoin``); ``reply``: this replica's own server addresses, named in its greetings
+        when it is a replacement."""
+        if not boundary_servers:
+            return None
+        here = peers[(self.fragment, self.index)]["node_id"] if peers is not None else None
+        addresses = {k: (a["unix"] if "unix" in a and peers is not None and peers[k]["node_id"] == here else a["grpc"])
+                     for k, a in boundary_servers.items()}
+        from msrl.cluster.grpc_transport import MAX_MESSAGE
+        from msrl.cluster.uds_transport import ProcessTransport
+        from msrl.runtime.asynchronous import AsyncEndpoint
+
+        transport = ProcessTransport(self.fragment_graph.boundaries, self.fragment, self.index, addresses,
+                                     token, tls=tls, timeout_s=timeout_s, max_message=max_message or MAX_MESSAGE,
+                                     hold=True)  # the endpoint flushes before it waits and every iteration
+        transport.elastic = {k for k in addresses if k[0] in elastic}
+        transport.reply = dict(reply or {})
+        for server in (self.boundary_server, self.uds_server):
+            if server is not None and transport.elastic:
+                server.on_rejoin = transport.rejoin
+        return AsyncEndpoint(self.fragment_graph.boundaries, self.fragment, self.index, self.mailbox, transport)
+
+    def rejoin(self, boundary_servers: Mapping[tuple[str, int], Mapping[str, str]],
+               peers: Mapping[tuple[str, int], Mapping[str, Any]], own: Mapping[str, str] | None, token: str,
+               tls: Any, max_message: int | None, timeout_s: float, elastic: Sequence[str],
+               steps_offset: int) -> None:
+        """Makes this replica the replacement of a lost one (:mod:`msrl.runtime.elastic`): opens
+        its streams to every consumer greeting with its own servers' addresses ``own`` (each
+        consumer reopens its streams to it there and sends it the newest slot values), then runs
+        its ``reset`` program taking the values of synchronous boundaries from the slots that carry
+        them again (fresh episodes, the learner's newest weights). No process group: every
+        boundary of a replaceable fragment is asynchronous. ``steps_offset``: the env steps the
+        lost replica's delivered iterations took (its count goes on from there)."""
+        from msrl.runtime.dist import DistEndpoint
+        from msrl.runtime.elastic import SubstituteEndpoint, substitutes
+
+        asynchronous = self._async_endpoint(boundary_servers, peers, token, tls, max_message, timeout_s, elastic, own)
+        devices = {f.name: torch.device(f.device) for f in self.spec.policy.fragments}
+        self.comm = DistEndpoint(self.fragment_graph.boundaries, self.fragment, self.index, {}, None,
+                                 devices[self.fragment], devices, asynchronous=asynchronous,
+                                 max_message=max_message or CODEC_MAX_MESSAGE)
+        asynchronous.transport.open_all()  # the greetings: the consumers learn where this replica listens
+        self.steps_offset = steps_offset
+        subs, _ = substitutes(self.fragment_graph, self.fragment)
+        self.replica.run_method("reset", SubstituteEndpoint(self.comm, subs))
 
     def run(self, method: str, n: int) -> list[dict[str, Any]]:
         """Runs ``method`` ``n`` times; one record per iteration (see the module docstring)."""
@@ -508,7 +556,7 @@ class ReplicaActor:
             comm_s = (self.comm.comm_s - self.comm.wait_s - c0) if self.comm is not None else 0.0
             wait_s = (self.comm.wait_s - w0) if self.comm is not None else 0.0
             return self.replica.start_read_iteration(out, output=is_output), {
-                "env_steps": self.replica.env_steps,
+                "env_steps": self.steps_offset + self.replica.env_steps,
                 "notices": self.replica.pop_notices(),
                 "comm_s": comm_s,
                 "wait_s": wait_s,
@@ -714,7 +762,8 @@ class RayJob:
                  timeout_s: float = 600.0, placement_timeout_s: float = 60.0, intra_node: str = "shm",
                  tls: Any = None, max_message: int | None = None, replica_timeout_s: float | None = 30.0,
                  boundary_transport: str = "auto", learner_priority: str = "auto",
-                 connect_timeout_s: float = 60.0, capacity_timeout_s: float | None = None) -> None:
+                 connect_timeout_s: float = 60.0, capacity_timeout_s: float | None = None,
+                 on_replica_loss: str = "auto") -> None:
         import secrets
 
         import ray
@@ -746,6 +795,13 @@ class RayJob:
         self.spec = spec
         compiled = compile_job(spec, probe, max_message or CODEC_MAX_MESSAGE)
         self.graphs, self.fragment_graph = compiled.graphs, compiled.fragment_graph
+        #: the fragments whose lost replicas are replaced alone (cluster.on_replica_loss)
+        self.elastic = replaced_fragments(on_replica_loss, self.fragment_graph)
+        #: the job's iteration when its replica processes started (a replacement's consumer
+        #: counts the items it received from then on)
+        self._start_iteration = 0
+        self._faults: dict[str, int] = {}
+        self._rejoin_args: tuple = ()
         self.keys = [(f.name, r) for f in spec.policy.fragments for r in range(f.replicas)]
         #: the one owner of the replica actors and their health
         self.replicas = ReplicaGroup(self.keys, {f.name: f.roles for f in spec.policy.fragments}, self._count_lost)
@@ -784,7 +840,8 @@ class RayJob:
                 servers = {k: addr for k, addr in zip(self.keys, addresses) if addr is not None}
             if len(self.keys) > 1:
                 self.replicas.call_each("init_process_group", [(ranks[k], ranks, timeout_s, peers, intra_node, servers, token,
-                                                                tls, max_message) for k in self.keys])
+                                                                tls, max_message, sorted(self.elastic)) for k in self.keys])
+            self._rejoin_args = (servers, token, tls, max_message, timeout_s, boundary_transport, learner_priority)
             self._has_env = [k[0] == spec.policy.fragment_of_role("env") for k in self.keys]
             self.replicas.watch(self.job_id, replica_timeout_s)
         except BaseException as e:
@@ -893,12 +950,20 @@ class RayJob:
             ReplicaDied: a replica's process died.
             FloatingPointError: a ``*_loss`` metric is not finite.
         """
-        per_replica = self.replicas.call("run", method, n)
+        if method == "train_step" and self.elastic:
+            end = self.iteration - self._start_iteration + n  # the consumers' iterations at the chunk's end
+            per_replica = self.replicas.wait([a.run.remote(method, n) for a in self.actors],
+                                             replace=lambda cause: self._replace(cause, method, end))
+        else:
+            per_replica = self.replicas.call("run", method, n)
         for recs in per_replica:  # the replicas' notices (a capture, or why not), printed here
             print_notices(recs)
+        # a replacement ran the chunk's last iterations only: its rows line up with theirs
+        per_replica = [[None] * (n - len(recs)) + list(recs) for recs in per_replica]
+        faults, self._faults = self._faults, {}
         records = []
         for i in range(n):
-            rows = [recs[i] for recs in per_replica]
+            rows = [recs[i] if recs[i] is not None else self._idle_row(k) for k, recs in zip(self.keys, per_replica)]
             out = next((r["output"] for r in rows if r["output"] is not None), None)
             episodes = EpisodeStats([], [])
             for row, has_env in zip(rows, self._has_env):
@@ -917,8 +982,75 @@ class RayJob:
                             "time_s": max(r["time_s"] for r in rows),
                             "comm_share": sum(r["comm_s"] for r in rows) / busy if busy > 0 else 0.0,
                             "wait_share": sum(r["wait_s"] for r in rows) / busy if busy > 0 else 0.0,
-                            "refused": {k: sum(r["refused"][k] for r in rows) for k in rows[0]["refused"]}})
+                            "refused": {k: sum(r["refused"][k] for r in rows) for k in rows[0]["refused"]},
+                            "faults": faults if i == 0 else {}})
         return records
+
+    def _idle_row(self, key: tuple[str, int]) -> dict[str, Any]:
+        """The record of an iteration replica ``key`` did not run in this chunk (a replacement
+        started after it): nothing finished, its env steps where the replacement started."""
+        return {"output": None, "env_steps": self._replica_steps.get(key, 0), "episodes": EpisodeStats([], []),
+                "policy_lags": [], "inference": None, "time_s": 0.0, "comm_s": 0.0, "wait_s": 0.0,
+                "refused": {"connections": 0, "frames": 0, "datagrams": 0}}
+
+    def _replace(self, cause: ReplicaDied, method: str, end: int) -> Any:
+        """Replaces the lost replica of ``cause`` alone (:mod:`msrl.runtime.elastic`) while the
+        others run; returns its ``run`` call for the chunk's remaining iterations, or ``None``
+        when its fragment is not replaced (every replica then restarts from the checkpoint).
+
+        ``end``: the iterations the consumers will have run since the replicas started when the
+        chunk ends; the replacement owes each consumer ``end`` minus the items it received
+        from the lost replica (read from the consumer's heartbeat once the lost replica's stream
+        has ended there)."""
+        import ray
+
+        from msrl.cluster.watchdog import PERIOD_S
+
+        key = (cause.fragment, cause.replica)
+        if key[0] not in self.elastic or self.watchdog is None:
+            return None
+        t0 = time.monotonic()
+        servers, token, tls, max_message, timeout_s, transport, priority = self._rejoin_args
+        lost_steps = max(self.watchdog.env_steps().get(key, 0), self._replica_steps.get(key, 0))
+        self.replicas.replace(key)
+        b = fifo_out(self.fragment_graph, key[0])[0]
+        consumer = (b.dst, deliveries(b, key[1])[0][0])
+        name = f"{key[0]}/{key[1]}"
+        delivered = None
+        deadline = time.monotonic() + timeout_s
+        while delivered is None and time.monotonic() < deadline:
+            record = self.watchdog.record(consumer) or {}
+            received = int(record.get("received", {}).get(f"{b.name}|{key[1]}", 0))
+            # final once its stream ended there, or once it holds all the chunk asks of it
+            if name in record.get("ended", ()) or received >= end:
+                delivered = min(received, end)
+            else:
+                time.sleep(PERIOD_S / 2)
+        if delivered is None:
+            return None  # the consumer never saw the stream end: restart every replica
+        env_replicas = sum(f.replicas for f in self.spec.policy.fragments if "env" in f.roles)
+        per_iteration = self.spec.env_steps_per_iteration // max(1, env_replicas) if "env" in self.spec.policy.fragment(key[0]).roles else 0
+        offset = (self._start_iteration + delivered) * per_iteration  # every env replica's count: per_iteration a step
+        info = ray.get(self.replicas.actors[self.keys.index(key)].info.remote())
+        self.replicas.relocate(key, info, ray.get_runtime_context().get_node_id())
+        peers = dict(self.replicas.peers)
+        actor = self.replicas.actors[self.keys.index(key)]
+        if producers_to_lower([key], peers, producer_only_fragments(self.fragment_graph), priority):
+            ray.get(actor.lower_priority.remote(PRODUCER_NICE))
+        own = ray.get(actor.start_boundary_server.remote(token, timeout_s, tls, max_message, None, peers, transport))
+        consumers = {k: a for k, a in servers.items() if k != key}
+        if own is not None:
+            servers[key] = own
+        ray.get(actor.rejoin.remote(consumers, peers, own, token, tls, max_message, timeout_s, sorted(self.elastic),
+                                    offset))
+        dropped = max(0, lost_steps - offset)
+        self._replica_steps[key] = offset
+        hung = int(type(cause).__name__ == "ReplicaHung")
+        for k, v in (("replaced_replicas", 1), ("dropped_env_steps", dropped), ("replica_hangs", hung)):
+            self._faults[k] = self._faults.get(k, 0) + v
+        print(f"msrl: {cause}; replaced it alone in {time.monotonic() - t0:.1f} s (the other replicas kept running; "
+              f"{dropped} env steps of its rollout in flight dropped)", file=sys.stderr, flush=True)
+        return actor.run.remote(method, end - delivered)
 
     def reset(self) -> None:
         """Runs every replica's ``reset`` program."""
@@ -966,6 +1098,7 @@ class RayJob:
         """
         self.replicas.call_each("load_state_dict", [(s,) for s in replica_states(state, self.keys)])
         self.iteration = int(state["iteration"])
+        self._start_iteration = self.iteration
         self._env_steps = int(state.get("env_steps", 0))
         self._replica_steps = {}  # each replica's count: from its first chunk on
 

@@ -168,6 +168,10 @@ class UdsServer:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._closed = False
+        #: ``on_rejoin(producer, address)``: called (on the acceptor thread) when a replacement
+        #: replica of ``producer`` greets with its own server's ``address`` (an elastic job:
+        #: this replica's streams to it reopen there, :meth:`~msrl.cluster.frames.StreamTransport.rejoin`)
+        self.on_rejoin: Any = None
         mailbox.pump, mailbox.wake = self.pump, self.wake
         grpc_credit = mailbox.on_take  # producers on other machines: the gRPC server's credits
         mailbox.on_take = lambda b, p: self.credit(b, p) or (grpc_credit is not None and grpc_credit(b, p))
@@ -275,6 +279,7 @@ class UdsServer:
         token, name = body[_HELLO.size:_HELLO.size + nt], body[_HELLO.size + nt:].decode(errors="replace")
         if not hmac.compare_digest(token, self.token.encode()):
             return self._refuse_socket(sock, f"pid {pid}", "missing or wrong job token")
+        name, _, reply = name.partition("|")  # a replacement replica's own server address
         frag, _, rep = name.partition("/")
         if frag not in self._producers or not rep.isdigit() or int(rep) >= self._producers[frag]:
             return self._refuse_socket(sock, name, f"producer {name!r} sends on no boundary to this replica")
@@ -284,6 +289,9 @@ class UdsServer:
             self._conns[producer] = _Conn(sock, producer, self.max_message)  # a reconnecting producer replaces its old stream
         if old is not None:
             old.sock.close()
+        self.mailbox.stream_opened(producer)
+        if reply and self.on_rejoin is not None:
+            self.on_rejoin(producer, reply)
         self.wake()
 
     @property
@@ -303,8 +311,11 @@ class UdsServer:
 
     def _drop(self, conn: _Conn, why: str | None) -> None:
         with self._lock:
-            if self._conns.get(conn.producer) is conn:
+            current = self._conns.get(conn.producer) is conn
+            if current:
                 del self._conns[conn.producer]
+        if current and why is None:  # it ended after its last whole frame: the producer's count is final
+            self.mailbox.stream_ended(conn.producer)
         if why is not None:
             self._refuse_socket(conn.sock, f"{conn.producer[0]}/{conn.producer[1]}", why, "frames")
         else:
@@ -434,7 +445,7 @@ class UdsStream:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 sock.connect(self.path)
-                sock.sendall(_message(encode_hello(self.t.token, f"{self.t.fragment}/{self.t.replica}")))
+                sock.sendall(_message(encode_hello(self.t.token, self.t.producer_name("unix"))))
                 sock.setblocking(False)
                 return sock
             except OSError as e:
@@ -478,6 +489,8 @@ class UdsStream:
         self.held.clear()
         self._reader = _Reader(1 << 16)
         self.sock.close()
+        if retry and self.t.lost(getattr(self, "key", None)):
+            retry, why = False, f"{why} (a replaceable replica: its replacement reopens the stream)"
         if retry and not self.closed:
             try:
                 self.sock = self._connect(time.monotonic() + self.t.reconnect_s)

@@ -128,6 +128,17 @@ class Watchdog:
                     f"(cluster.replica_timeout_s={self.timeout_s:g}): hung", frag, r, self.roles.get(frag, ()), pid)
         return None
 
+    def replaced(self, key: tuple[str, int], pid: int) -> None:
+        """Replica ``key`` runs in a new process ``pid`` (a replacement): its silence is counted
+        from now, its records from the new heartbeat on."""
+        self.pids[self.keys.index(key)] = pid
+        self.seen[key] = (None, time.monotonic())
+
+    def record(self, key: tuple[str, int]) -> dict[str, Any] | None:
+        """Replica ``key``'s latest heartbeat record, read now (``None``: none yet)."""
+        self.read()
+        return self.seen[key][0]
+
     def env_steps(self) -> dict[tuple[str, int], int]:
         """Each replica's env steps in its latest record (replicas without one left out)."""
         self.read()

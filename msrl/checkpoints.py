@@ -35,6 +35,10 @@ class CheckpointError(ConfigError):
     Reported as one line naming the file and what is wrong (exit status 2)."""
 
 
+#: the fault counters of a run (``faults/...`` in metrics.csv), each from 0
+FAULTS = {"replica_restarts": 0, "replica_hangs": 0, "replaced_replicas": 0, "dropped_env_steps": 0, "lost_episodes": 0}
+
+
 @dataclasses.dataclass
 class Progress:
     """What the training loop carries from checkpoint to checkpoint.
@@ -45,22 +49,22 @@ class Progress:
         threshold: ``(time_s, env_steps)`` when an evaluation first reached
             ``train.stop_at_return``, or ``(None, None)``.
         recent: the last 20 episode returns (the progress bar's figure).
-        faults: ``replica_restarts``, ``replica_hangs``, ``dropped_env_steps``, ``lost_episodes`` so far.
+        faults: ``replica_restarts``, ``replica_hangs``, ``replaced_replicas`` (lost replicas replaced
+            alone), ``dropped_env_steps``, ``lost_episodes`` so far.
     """
 
     time_s: float = 0.0
     done_eval: int = 0
     threshold: tuple[float | None, int | None] = (None, None)
     recent: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=20))
-    faults: dict[str, int] = dataclasses.field(
-        default_factory=lambda: {"replica_restarts": 0, "replica_hangs": 0, "dropped_env_steps": 0, "lost_episodes": 0})
+    faults: dict[str, int] = dataclasses.field(default_factory=lambda: dict(FAULTS))
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> "Progress":
         """The progress a checkpoint holds."""
         return cls(state["time_s"], state["done_eval"], tuple(state["threshold"]),  # type: ignore[arg-type]
                    collections.deque(state["recent_returns"], maxlen=20),
-                   {"replica_restarts": 0, "replica_hangs": 0, "dropped_env_steps": 0, "lost_episodes": 0, **state.get("faults", {})})
+                   {**FAULTS, **state.get("faults", {})})
 
 
 def atomic_save(obj: Any, path: pathlib.Path, keep_previous: bool = False) -> None:

@@ -174,6 +174,13 @@ class ClusterConfig(_Strict):
     max_restarts: int = Field(
         3, ge=0, description="restarts from the last checkpoint after a replica process dies or hangs (any role)"
     )
+    on_replica_loss: Literal["auto", "replace", "restart"] = Field(
+        "auto",
+        description="what a replica's death or hang does: replace (the lost replica alone is started again and rejoins "
+                    "its boundaries while the others keep running: the actors of async_learner), restart (every replica "
+                    "restarts from the last checkpoint, exactly), or auto (replace where the policy allows it, else "
+                    "restart)",
+    )
     capacity_timeout_s: float = Field(
         600.0, gt=0, le=86400.0, allow_inf_nan=False,
         description="after a replica's death (a node lost), how long the restart waits, in seconds, for the cluster to "

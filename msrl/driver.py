@@ -35,7 +35,7 @@ def make_job(spec: JobSpec, cfg: RunConfig, restarted: bool = False) -> Any:
                   max_message=round(cfg.cluster.max_message_mb * (1 << 20)),
                   replica_timeout_s=cfg.cluster.replica_timeout_s if cfg.cluster.watchdog else None,
                   boundary_transport=cfg.cluster.boundary_transport, learner_priority=cfg.cluster.learner_priority,
-                  connect_timeout_s=cfg.cluster.connect_timeout_s,
+                  connect_timeout_s=cfg.cluster.connect_timeout_s, on_replica_loss=cfg.cluster.on_replica_loss,
                   capacity_timeout_s=cfg.cluster.capacity_timeout_s if restarted else None)
 
 

@@ -17,7 +17,7 @@ from msrl.evaluation import evaluate_job
 from msrl.job import JobSpec
 from msrl.metrics import MetricsWriter, iteration_row
 from msrl.outcome import ReplicaLost, TrainingInterrupted, TrainingStopped, TrainResult
-from msrl.rundir import RunLock, new_run_dir, write_config
+from msrl.rundir import RunLock, atomic_write_text, new_run_dir, write_config
 from msrl.runtime.interface import JobRuntime
 from msrl.runtime.replica import FragmentError, ReplicaDied
 from msrl.supervisor import report
@@ -71,9 +71,7 @@ class TrainingLoop:
                 job.load_state_dict(state["job"])
                 print(f"msrl: resuming {self.run_dir} at env step {job.env_steps}", file=sys.stderr)
             self.metrics = MetricsWriter(self.run_dir, job.iteration if resume is not None else None)
-            table = job.replica_table()  # where each replica runs (pids, nodes), for operators
-            if table:
-                (self.run_dir / "replicas.json").write_text(json.dumps(table, indent=1))
+            self._write_replica_table()
             if resume is None and job.restarts_replicas:
                 self.checkpoint()  # a restart point before the first chunk
         except ReplicaDied as e:
@@ -164,6 +162,10 @@ class TrainingLoop:
         eval_dt = 0.0
         for i, rec in enumerate(records):
             p.faults["lost_episodes"] += rec["episodes"].lost
+            for k, v in rec.get("faults", {}).items():  # replicas replaced alone in the chunk
+                p.faults[k] = p.faults.get(k, 0) + v
+            if rec.get("faults", {}).get("replaced_replicas"):
+                self._write_replica_table()  # the replacements' pids
             row = iteration_row(rec, it + i + 1, p.time_s + chunk_dt * (i + 1) / n, self.steps_per_iteration,
                                 p.faults if job.restarts_replicas else None,
                                 p.faults["lost_episodes"] if self.cfg.env.engine == "process" and not job.restarts_replicas
@@ -181,6 +183,12 @@ class TrainingLoop:
             self.checkpoint()
             p.time_s += time.perf_counter() - ckpt_t0
         return chunk_dt / n
+
+    def _write_replica_table(self) -> None:
+        """Writes ``replicas.json``: where each replica runs (pids, nodes), for operators (Ray runs)."""
+        table = self.job.replica_table()
+        if table:
+            atomic_write_text(self.run_dir / "replicas.json", json.dumps(table, indent=1))
 
     def _postfix(self, steps_per_s: float) -> None:
         """Sets the bar's one speed (training env steps per second of training time) and the

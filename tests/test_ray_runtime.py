@@ -483,8 +483,51 @@ def test_a_killed_actor_under_async_learner_is_restarted_and_its_work_dropped(ra
     the dead actor's queue, is stopped with every replica, the job restarts from the last
     checkpoint in fresh processes (new boundary servers, a new token), completes, and counts the
     restart and the dropped env steps; every iteration is in metrics.csv once."""
-    rows = _train_killing(tmp_path, capsys, "configs/impala_cartpole.yaml", [], "actor", 60000)
+    rows = _train_killing(tmp_path, capsys, "configs/impala_cartpole.yaml", ["cluster.on_replica_loss=restart"], "actor",
+                          60000)
     assert all(r["async/policy_lag_mean"] != "" for r in rows)
+
+
+def test_a_killed_actor_under_async_learner_is_replaced_alone(ray_local, tmp_path, capsys):
+    """IMPALA under async_learner (cluster.on_replica_loss: auto, which replaces its actors),
+    one actor process SIGKILLed mid-run: that actor alone is started again and rejoins (the
+    learner's and the other actor's processes are the same from start to end), the learner's
+    iteration count and the job's env steps never go back, the replacement is counted
+    (faults/replaced_replicas, no restart), the run trains its whole budget and keeps learning,
+    and replicas.json names the replacement."""
+    import csv
+    import json
+
+    from msrl.config import load_config
+    from msrl.run import train
+
+    budget = 40960
+    cfg = load_config("configs/impala_cartpole.yaml", [f"runs_dir={tmp_path}", "name=elastic", "runtime=ray",
+                                                         "train.progress=false", f"train.total_env_steps={budget}",
+                                                         "train.checkpoint_every=20", "train.eval_every=0"])
+    run_dir = tmp_path / "elastic"
+    killed, seen, t = _sigkill_when(run_dir, "actor", rows=15)
+    try:
+        result = train(cfg)
+    finally:
+        t.done.set()
+    t.join(5)
+    assert killed, t.never()
+    err = capsys.readouterr().err
+    assert f"the process of fragment actor replica 0 died; replaced it alone in " in err
+    assert "restarting every replica" not in err and "(raylet)" not in err
+    after = {(r["fragment"], r["replica"]): r["pid"] for r in json.loads((run_dir / "replicas.json").read_text())}
+    assert after[("actor", 0)] not in seen and killed[0] not in after.values()  # a new process for actor 0
+    assert {after[("actor", 1)], after[("learner", 0)]} <= seen  # the others never restarted
+    with open(run_dir / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["iteration"]) for r in rows] == list(range(1, len(rows) + 1))
+    steps = [int(r["env_steps"]) for r in rows]
+    assert steps == sorted(steps) and result.env_steps == budget // 512 * 512 == steps[-1]
+    assert float(rows[-1]["faults/replaced_replicas"]) == 1 and float(rows[-1]["faults/replica_restarts"]) == 0
+    assert float(rows[-1]["faults/dropped_env_steps"]) >= 0
+    assert sum(float(r["charts/episodic_return"]) for r in rows[-10:]) / 10 > 30  # it kept learning (random: ~22)
+    assert not _alive(_run_replica_pids(run_dir, seen, after.values()))
 
 
 _tcp_listeners = tcp_listeners

@@ -308,3 +308,65 @@ def test_a_slow_greeting_delays_no_other_producer_and_is_refused_at_its_deadline
         stop.set()
         t.join(10)
         dribbler.close()
+
+
+def test_a_replaced_consumer_is_dropped_without_waiting_and_its_replacement_gets_the_newest_slot_value():
+    """An elastic job's learner (``latest`` weights to actor 0, which queues trajectories to
+    it): actor 0's process goes; the learner's publications to it are dropped and counted, never
+    waited on (no reconnection for ``reconnect_s``); its end is noted in the learner's mailbox
+    after its last whole item (``received``, ``ended``); a replacement actor 0 greets the
+    learner's server with its own server's address, and the learner's stream reopens there with
+    the newest weights at once; later publications reach it, and its items reach the learner."""
+    bs = [fifo(src_r=1, dst_r=1, pattern=NodeKind.SEND, capacity=2), latest()]
+    token = secrets.token_urlsafe(16)
+    inbox = Mailbox({TRAJ: 2}, timeout_s=120)
+    learner_server = UdsServer(bs, "learner", 0, inbox, token, 1 << 20)
+
+    def actor(reply=None):
+        mailbox = Mailbox({}, timeout_s=120)
+        server = UdsServer(bs, "actor", 0, mailbox, token, 1 << 20)
+        transport = ProcessTransport(bs, "actor", 0, {("learner", 0): learner_server.address}, token, timeout_s=120)
+        if reply:
+            transport.reply = {"unix": server.address}
+        return AsyncEndpoint(bs, "actor", 0, mailbox, transport), server
+
+    first, first_server = actor()
+    to_actors = ProcessTransport(bs, "learner", 0, {("actor", 0): first_server.address}, token, timeout_s=120,
+                                 reconnect_s=600)
+    to_actors.elastic = {("actor", 0)}
+    learner_server.on_rejoin = to_actors.rejoin
+    learner = AsyncEndpoint(bs, "learner", 0, inbox, to_actors)
+    second = second_server = None
+    try:
+        learner.put(WEIGHTS, torch.tensor([1.0]))
+        assert float(first.get(WEIGHTS)) == 1.0
+        first.put(TRAJ, torch.tensor([7]))
+        first.transport.flush()
+        assert int(learner.get(TRAJ)) == 7
+        first.transport.close()  # the actor's process goes: its streams end, its server stops
+        first_server.stop()
+        t0 = time.monotonic()
+        learner.put(WEIGHTS, torch.tensor([2.0]))  # dropped: the consumer is gone
+        learner.put(WEIGHTS, torch.tensor([3.0]))
+        assert time.monotonic() - t0 < 60 and to_actors.reconnects == 0 and to_actors.dropped >= 1
+        deadline = time.monotonic() + 120
+        while "actor/0" not in inbox.counts()["ended"] and time.monotonic() < deadline:
+            learner_server.pump(0.05)
+        assert inbox.counts() == {"received": {f"{TRAJ}|0": 1}, "ended": ["actor/0"]}
+        second, second_server = actor(reply=True)
+        second.transport.open_all()  # its greeting names its server: the learner's stream reopens there
+        assert float(second.get(WEIGHTS)) == 3.0  # the newest weights, sent at once
+        assert inbox.counts()["ended"] == []
+        learner.put(WEIGHTS, torch.tensor([4.0]))
+        assert float(second.get(WEIGHTS)) == 4.0
+        second.put(TRAJ, torch.tensor([8]))
+        second.transport.flush()
+        assert int(learner.get(TRAJ)) == 8 and inbox.counts()["received"] == {f"{TRAJ}|0": 2}
+    finally:
+        for x in (second, first):
+            if x is not None:
+                x.transport.close()
+        to_actors.close()
+        for s in (second_server, first_server, learner_server):
+            if s is not None:
+                s.stop()

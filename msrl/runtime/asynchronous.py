@@ -106,6 +106,11 @@ class Mailbox:
         self._closed: str | None = None
         #: seconds a :meth:`take` or :meth:`newest` waited for a value to arrive
         self.wait_s = 0.0
+        #: ``(boundary, producer) ->`` ``fifo`` items delivered since this mailbox was made
+        self.received: dict[tuple[str, int], int] = collections.Counter()
+        #: producers ``(fragment, replica)`` whose stream ended (its process gone) and has not
+        #: been opened again since (:meth:`stream_ended`, :meth:`stream_opened`)
+        self.ended: set[tuple[str, int]] = set()
 
     def close(self, reason: str) -> None:
         """Wakes every waiter with :class:`ChannelClosed` (``reason`` in its message)."""
@@ -172,9 +177,30 @@ class Mailbox:
             if not self._wait(lambda: len(q) < cap, f"queue {boundary} (producer {producer}) full", block):
                 return False
             q.append(item)
+            self.received[(boundary, producer)] += 1
             self._cond.notify_all()
         self._wake()
         return True
+
+    def stream_ended(self, producer: tuple[str, int]) -> None:
+        """A transport's note that ``producer``'s stream ended after every whole frame on it was
+        delivered: its :attr:`received` counts are final until it connects again."""
+        with self._cond:
+            self.ended.add(producer)
+
+    def stream_opened(self, producer: tuple[str, int]) -> None:
+        """A transport's note that ``producer`` opened a stream (anew)."""
+        with self._cond:
+            self.ended.discard(producer)
+
+    def counts(self) -> dict[str, Any]:
+        """What an elastic job's driver reads from a consumer's heartbeat
+        (:mod:`msrl.runtime.elastic`): ``received`` (``"boundary|producer replica" -> items``;
+        the boundary names the producer's fragment) and ``ended`` (``"fragment/replica"``
+        of the producers whose stream ended)."""
+        with self._cond:
+            return {"received": {f"{b}|{p}": n for (b, p), n in self.received.items()},
+                    "ended": sorted(f"{f}/{r}" for f, r in self.ended)}
 
     def take(self, boundary: str, producer: int, cancel: threading.Event | None = None) -> Item:
         """The oldest item of ``(boundary, producer)``, waiting while there is none (or until
