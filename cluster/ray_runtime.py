@@ -950,10 +950,9 @@ class RayJob:
             ReplicaDied: a replica's process died.
             FloatingPointError: a ``*_loss`` metric is not finite.
         """
-        if method == "train_step" and self.elastic:
+        if method == "train_step":
             end = self.iteration - self._start_iteration + n  # the consumers' iterations at the chunk's end
-            per_replica = self.replicas.wait([a.run.remote(method, n) for a in self.actors],
-                                             replace=lambda cause: self._replace(cause, method, end))
+            per_replica = self._call_all("run", (method, n), end, lambda actor, owed: actor.run.remote(method, owed))
         else:
             per_replica = self.replicas.call("run", method, n)
         for recs in per_replica:  # the replicas' notices (a capture, or why not), printed here
@@ -993,24 +992,36 @@ class RayJob:
                 "policy_lags": [], "inference": None, "time_s": 0.0, "comm_s": 0.0, "wait_s": 0.0,
                 "refused": {"connections": 0, "frames": 0, "datagrams": 0}}
 
-    def _replace(self, cause: ReplicaDied, method: str, end: int) -> Any:
+    def _call_all(self, method: str, args: Sequence[Any] = (), end: int | None = None,
+                  again: Any = None) -> list[Any]:
+        """``method(*args)`` on every replica, their results in replica order; a replica of an
+        elastic fragment lost meanwhile is replaced alone (:meth:`_replace`) and ``again(actor,
+        owed)`` (default: the same call) is what its replacement runs instead. ``end``: the
+        consumers' iterations when the call ends (default: now, between chunks)."""
+        futures = [getattr(a, method).remote(*args) for a in self.actors]
+        if not self.elastic:
+            return self.replicas.wait(futures)
+        end = self.iteration - self._start_iteration if end is None else end
+        again = again or (lambda actor, owed: getattr(actor, method).remote(*args))
+        return self.replicas.wait(futures, replace=lambda cause: self._replace(cause, end, again))
+
+    def _replace(self, cause: ReplicaDied, end: int, again: Any) -> Any:
         """Replaces the lost replica of ``cause`` alone (:mod:`msrl.runtime.elastic`) while the
-        others run; returns its ``run`` call for the chunk's remaining iterations, or ``None``
-        when its fragment is not replaced (every replica then restarts from the checkpoint).
+        others run; returns ``again(new actor, owed)``, the call the replacement runs in the lost
+        one's place (``owed``: the iterations it owes its consumer), or ``None`` when its fragment
+        is not replaced (every replica then restarts from the checkpoint).
 
         ``end``: the iterations the consumers will have run since the replicas started when the
-        chunk ends; the replacement owes each consumer ``end`` minus the items it received
+        running call ends; the replacement owes each consumer ``end`` minus the items it received
         from the lost replica (read from the consumer's heartbeat once the lost replica's stream
         has ended there)."""
-        import ray
-
         from msrl.cluster.watchdog import PERIOD_S
 
         key = (cause.fragment, cause.replica)
         if key[0] not in self.elastic or self.watchdog is None:
             return None
         t0 = time.monotonic()
-        servers, token, tls, max_message, timeout_s, transport, priority = self._rejoin_args
+        timeout_s = self._rejoin_args[4]
         lost_steps = max(self.watchdog.env_steps().get(key, 0), self._replica_steps.get(key, 0))
         self.replicas.replace(key)
         b = fifo_out(self.fragment_graph, key[0])[0]
@@ -1028,8 +1039,24 @@ class RayJob:
                 time.sleep(PERIOD_S / 2)
         if delivered is None:
             return None  # the consumer never saw the stream end: restart every replica
+        try:
+            return self._rejoin(cause, key, again, end, delivered, lost_steps, t0)
+        except Exception as e:  # noqa: BLE001 - the replacement failed to start: every replica restarts
+            print(f"msrl: the replacement of fragment {key[0]} replica {key[1]} failed ({type(e).__name__}: "
+                  f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}); restarting every replica instead",
+                  file=sys.stderr, flush=True)
+            return None
+
+    def _rejoin(self, cause: ReplicaDied, key: tuple[str, int], again: Any, end: int, delivered: int,
+                lost_steps: int, t0: float) -> Any:
+        """The second half of :meth:`_replace`: the new process's boundaries and reset, its
+        count from ``delivered`` items on; returns ``again(actor, owed)``."""
+        import ray
+
+        servers, token, tls, max_message, timeout_s, transport, priority = self._rejoin_args
         env_replicas = sum(f.replicas for f in self.spec.policy.fragments if "env" in f.roles)
-        per_iteration = self.spec.env_steps_per_iteration // max(1, env_replicas) if "env" in self.spec.policy.fragment(key[0]).roles else 0
+        has_env = "env" in self.spec.policy.fragment(key[0]).roles
+        per_iteration = self.spec.env_steps_per_iteration // max(1, env_replicas) if has_env else 0
         offset = (self._start_iteration + delivered) * per_iteration  # every env replica's count: per_iteration a step
         info = ray.get(self.replicas.actors[self.keys.index(key)].info.remote())
         self.replicas.relocate(key, info, ray.get_runtime_context().get_node_id())
@@ -1050,7 +1077,7 @@ class RayJob:
             self._faults[k] = self._faults.get(k, 0) + v
         print(f"msrl: {cause}; replaced it alone in {time.monotonic() - t0:.1f} s (the other replicas kept running; "
               f"{dropped} env steps of its rollout in flight dropped)", file=sys.stderr, flush=True)
-        return actor.run.remote(method, end - delivered)
+        return again(actor, end - delivered)
 
     def reset(self) -> None:
         """Runs every replica's ``reset`` program."""
@@ -1086,7 +1113,7 @@ class RayJob:
     # -- checkpoints ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Every replica's state (from its process) and the iteration count."""
-        states = self.replicas.call("state_dict")
+        states = self._call_all("state_dict")
         return {"iteration": self.iteration, "env_steps": self._env_steps,
                 "replicas": {f"{f}/{r}": s for (f, r), s in zip(self.keys, states)}}
 
@@ -1117,15 +1144,15 @@ class RayJob:
 
     def comm_stats(self) -> list[dict[str, Any]]:
         """Every replica's :meth:`ReplicaActor.comm_stats`, in replica order."""
-        return self.replicas.call("comm_stats")
+        return self._call_all("comm_stats")
 
     def pids(self) -> list[int]:
         """The replicas' process ids, in replica order."""
-        return self.replicas.call("pid")
+        return self._call_all("pid")
 
     def replica_table(self) -> list[dict[str, Any]]:
         """One row per replica: ``fragment``, ``replica``, ``roles``, ``pid`` and ``node`` (IP)."""
-        info = self.replicas.call("info")
+        info = self._call_all("info")
         return [{"fragment": f, "replica": r, "roles": list(self.spec.policy.fragment(f).roles), **i}
                 for (f, r), i in zip(self.keys, info)]
 
