@@ -9,10 +9,15 @@ msrl they are separate machines with separate network stacks (loopback, abstract
 interfaces); they share the file system and the kernel. Traffic stays on the bridge: no route
 leaves the subnet.
 
-Everything is torn down by what the cluster made: the head's process tree, every process inside
-its namespaces (``ip netns pids``), the namespaces, the bridge and its temp dirs. A cluster
-whose owner died without tearing down (a SIGKILLed test) is swept by the next one
-(:func:`sweep_stale`: names carry the owner's pid).
+Everything is torn down by what the cluster made: every process of the head's and the nodes'
+sessions (each ``ray start`` leads a session of its own; Ray's workers and agents stay in it
+whatever process group they take), every process inside its namespaces (``ip netns pids``), the
+namespaces, the bridge and its temp dirs -- by :meth:`LocalCluster.stop`, by SIGTERM, SIGINT or
+SIGHUP to ``python -m msrl.cluster.local_cluster``, and when the cluster's owner dies without
+stopping it (a SIGKILLed test) by its janitor: a small process started with the cluster, in a
+session of its own, that waits for its owner's end on a pipe and tears down what the owner made.
+A cluster whose janitor died too is swept by the next one (:func:`sweep_stale`: names carry the
+owner's pid).
 
 Needs root and ``ip`` (iproute2); :func:`unavailable` says why not where it cannot run.
 
@@ -92,6 +97,65 @@ def _kill_netns(ns: str, timeout_s: float = 10.0) -> None:
             except ProcessLookupError:
                 pass
         time.sleep(0.05)
+
+
+def _session_pids(sids: Sequence[int]) -> list[int]:
+    """The processes of this machine whose session id is one of ``sids`` (``/proc``)."""
+    want, out = set(sids), []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) in want:  # state, ppid, pgrp, session
+            out.append(int(entry))
+    return out
+
+
+def _kill_sessions(sids: Sequence[int], timeout_s: float = 10.0) -> None:
+    """SIGKILLs every process of the sessions ``sids`` until none is left (or ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while sids:
+        pids = [p for p in _session_pids(sids) if p != os.getpid()]
+        if not pids or time.monotonic() > deadline:
+            return
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
+
+
+def teardown(state: dict[str, Any]) -> None:
+    """Removes what a cluster made (idempotent): the processes of its ``sessions`` and of its
+    ``namespaces``, the namespaces, its ``bridge``, its ``root`` temp dir."""
+    for ns in state.get("namespaces", []):
+        _kill_netns(ns)
+    _kill_sessions(state.get("sessions", []))
+    for ns in state.get("namespaces", []):
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    if state.get("bridge"):
+        subprocess.run(["ip", "link", "del", state["bridge"]], capture_output=True)
+    if state.get("root"):
+        shutil.rmtree(state["root"], ignore_errors=True)
+
+
+def janitor() -> int:  # pragma: no cover - its own process (tests/test_local_cluster.py)
+    """``python -m msrl.cluster.local_cluster --janitor``: reads the cluster's state as JSON
+    lines on stdin (each replacing the last) until its owner closes it or dies, then tears it
+    down (:func:`teardown`)."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)  # the owner's process group's signals: the owner answers them
+    state: dict[str, Any] = {}
+    for line in sys.stdin:
+        if line.strip():
+            state = json.loads(line)
+    teardown(state)
+    return 0
 
 
 def sweep_stale() -> list[str]:
@@ -180,6 +244,7 @@ class LocalCluster:
         self.procs: list[subprocess.Popen | None] = []
         self.address = ""
         self.dashboard_address: str | None = None
+        self._janitor: subprocess.Popen | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> "LocalCluster":
@@ -193,14 +258,32 @@ class LocalCluster:
         """Makes the network and starts the head and every worker node; returns once every node
         has joined. On failure, tears down what it made and raises."""
         try:
+            self._janitor = subprocess.Popen([sys.executable, "-m", "msrl.cluster.local_cluster", "--janitor"],
+                                             stdin=subprocess.PIPE, text=True, start_new_session=True)
+            self._tell_janitor()
             self._network()
             self._start_head()
+            self._tell_janitor()
             for i in range(1, self.nodes):
                 self.procs.append(self._start_node(i))
+                self._tell_janitor()
             self.wait_nodes(self.nodes)
         except BaseException:
             self.stop()
             raise
+
+    def _state(self) -> dict[str, Any]:
+        """What :func:`teardown` removes of this cluster."""
+        sessions = [p.pid for p in [getattr(self, "head", None), *self.procs] if p is not None]
+        return {"sessions": sessions, "namespaces": self.namespaces, "bridge": self.bridge, "root": str(self.root)}
+
+    def _tell_janitor(self) -> None:
+        if self._janitor is not None and self._janitor.poll() is None:
+            try:
+                self._janitor.stdin.write(json.dumps(self._state()) + "\n")
+                self._janitor.stdin.flush()
+            except OSError:
+                pass
 
     def _network(self) -> None:
         _ip("link", "add", self.bridge, "type", "bridge")
@@ -313,6 +396,7 @@ class LocalCluster:
         """Starts worker node ``i`` again (after :meth:`kill_node`), with a fresh temp dir."""
         shutil.rmtree(self.root / f"node{i}", ignore_errors=True)
         self.procs[i - 1] = self._start_node(i)
+        self._tell_janitor()
 
     # -- teardown ----------------------------------------------------------------------------
     def stop(self) -> None:
@@ -327,25 +411,37 @@ class LocalCluster:
                 except ProcessLookupError:
                     pass
                 proc.wait(timeout=30)
-        for ns in self.namespaces:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
-        shutil.rmtree(self.root, ignore_errors=True)
+        teardown(self._state())  # what killpg missed: workers and agents in process groups of their own
+        if self._janitor is not None:
+            try:
+                self._janitor.stdin.close()  # nothing left for it: it exits
+                self._janitor.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+            self._janitor = None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m msrl.cluster.local_cluster``: starts a cluster, prints its address, and keeps
-    it until Ctrl-C (then tears it down)."""
+    it until Ctrl-C, SIGTERM or SIGHUP (then tears it down)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nodes", type=int, default=3, help="Ray nodes, the head included")
     p.add_argument("--cpus", type=int, default=2, help="CPUs each node declares")
     p.add_argument("--gpus", type=int, default=0, help="GPUs each node declares (placement only)")
     p.add_argument("--dashboard", action="store_true", help="run the head's dashboard (Ray Jobs: msrl launch)")
+    p.add_argument("--janitor", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.janitor:
+        return janitor()
     why = unavailable()
     if why is not None:
         print(f"local_cluster: {why}", file=sys.stderr)
         return 2
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # SIGTERM and SIGHUP stop it as Ctrl-C does: torn down
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGHUP, stop)
     cluster = LocalCluster(args.nodes, args.cpus, args.gpus, die_with_parent=True, dashboard=args.dashboard)
     with cluster:
         print(f"cluster up: {args.nodes} nodes {cluster.node_ips}; address {cluster.address}"

@@ -672,8 +672,10 @@ class _DropTokenNote(logging.Filter):
 
 def _quiet_token_note() -> None:
     """Keeps Ray's own notes off the user's terminal where msrl says the same itself: the note
-    that token authentication is on, and the driver's ``(raylet) A worker died or was killed``
-    lines (msrl names the dead replica and what it does about it, :class:`ReplicaDied`)."""
+    that token authentication is on, and the lines Ray's daemons send the driver (``(raylet) A
+    worker died or was killed``, ``(raylet) WARNING: 24 PYTHON worker processes have been
+    started``, a lost node's state dumps: :func:`_without_daemon_lines`; msrl names a dead
+    replica and what it does about it, :class:`ReplicaDied`)."""
     log = logging.getLogger("ray._private.authentication.authentication_token_setup")
     if not any(isinstance(f, _DropTokenNote) for f in log.filters):
         log.addFilter(_DropTokenNote())
@@ -684,17 +686,20 @@ def _quiet_token_note() -> None:
     original = getattr(ray_worker, "print_to_stdstream", None)
     if original is None or getattr(original, "_msrl_filtered", False):
         return
-    ray_worker.print_to_stdstream = _without_worker_deaths(original)
+    ray_worker.print_to_stdstream = _without_daemon_lines(original)
 
 
-def _without_worker_deaths(print_to_stdstream: Any) -> Any:
-    """Ray's driver-side printer, dropping the raylet's worker-death reports."""
+def _without_daemon_lines(print_to_stdstream: Any) -> Any:
+    """Ray's driver-side printer, dropping what Ray's own daemons (the raylet, the GCS, the
+    autoscaler: a name where a worker's pid would be) send the driver's terminal: worker-death
+    reports, "N PYTHON worker processes have been started" warnings, a lost node's state dumps.
+    They stay in Ray's log folder; what msrl must act on it says in its own line (a replica's
+    death, a hang, the cluster gone)."""
 
     def filtered(data: dict, ignore_prefix: bool) -> None:
-        lines = [line for line in data.get("lines", [])
-                 if not (data.get("pid") == "raylet" and "A worker died or was killed" in line)]
-        if lines:
-            print_to_stdstream({**data, "lines": lines}, ignore_prefix)
+        if isinstance(data.get("pid"), str) and not data.get("pid", "").isdigit():
+            return  # a daemon's lines
+        print_to_stdstream(data, ignore_prefix)
 
     filtered._msrl_filtered = True  # type: ignore[attr-defined]
     return filtered
@@ -802,13 +807,15 @@ class RayJob:
         self._start_iteration = 0
         self._faults: dict[str, int] = {}
         self._rejoin_args: tuple = ()
+        #: seconds each replacement took, from the loss noticed to the replacement rejoined
+        self.replacement_s: list[float] = []
         self.keys = [(f.name, r) for f in spec.policy.fragments for r in range(f.replicas)]
         #: the one owner of the replica actors and their health
         self.replicas = ReplicaGroup(self.keys, {f.name: f.roles for f in spec.policy.fragments}, self._count_lost)
         need = cpus_per_replica * len(self.keys)
         self._started_ray = not ray.is_initialized()
+        _quiet_token_note()  # (a Ray this process started before, too: the bench, a notebook's)
         if self._started_ray:
-            _quiet_token_note()
             # on this machine: declare at least the CPUs the bundles ask for (one thread each
             # when they outnumber the cores; they then share cores, never spin on them)
             init_ray(address, max(os.cpu_count() or 1, math.ceil(need)), connect_timeout_s)
@@ -1075,7 +1082,8 @@ class RayJob:
         hung = int(type(cause).__name__ == "ReplicaHung")
         for k, v in (("replaced_replicas", 1), ("dropped_env_steps", dropped), ("replica_hangs", hung)):
             self._faults[k] = self._faults.get(k, 0) + v
-        print(f"msrl: {cause}; replaced it alone in {time.monotonic() - t0:.1f} s (the other replicas kept running; "
+        self.replacement_s.append(time.monotonic() - t0)
+        print(f"msrl: {cause}; replaced it alone in {self.replacement_s[-1]:.1f} s (the other replicas kept running; "
               f"{dropped} env steps of its rollout in flight dropped)", file=sys.stderr, flush=True)
         return again(actor, end - delivered)
 

@@ -170,16 +170,21 @@ def test_rays_token_note_is_dropped_and_its_warnings_are_not():
     assert f.filter(rec("Token authentication is disabled for this Ray cluster. Anyone with network access ..."))
 
 
-def test_rays_worker_death_reports_are_dropped_and_its_other_lines_kept():
-    from msrl.cluster.ray_runtime import _without_worker_deaths
+def test_rays_daemon_lines_are_dropped_and_a_workers_own_lines_kept():
+    """What Ray's daemons send the driver's terminal (the raylet's worker-death reports and its
+    "N PYTHON worker processes have been started" warning at 32 replicas, a lost node's state
+    dumps from the GCS or the autoscaler) stays in Ray's log folder; a worker's own lines pass."""
+    from msrl.cluster.ray_runtime import _without_daemon_lines
 
     printed = []
-    f = _without_worker_deaths(lambda data, ignore_prefix: printed.append(data["lines"]))
+    f = _without_daemon_lines(lambda data, ignore_prefix: printed.append(data["lines"]))
     f({"lines": ["A worker died or was killed while executing a task by an unexpected system error."],
        "pid": "raylet", "is_err": False}, False)
-    f({"lines": ["something else", "A worker died or was killed ..."], "pid": "raylet", "is_err": False}, False)
+    f({"lines": ["WARNING: 24 PYTHON worker processes have been started on node: ..."], "pid": "raylet",
+       "is_err": True}, False)
+    f({"lines": ["node 7fef... marked dead"], "pid": "autoscaler", "is_err": True}, False)
     f({"lines": ["A worker died or was killed (printed by the user's task)"], "pid": 1234, "is_err": True}, False)
-    assert printed == [["something else"], ["A worker died or was killed (printed by the user's task)"]]
+    assert printed == [["A worker died or was killed (printed by the user's task)"]]
 
 
 def test_state_read_before_it_is_set_is_one_line_naming_it(tmp_path, capsys):

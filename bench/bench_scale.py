@@ -1,0 +1,144 @@
+"""msrl at N replicas on one machine: start-up against its floor, an actor's replacement, and
+scaling efficiency with an env that sleeps (issue "At the scale msrl promises").
+
+On one 2-core machine a scale run measures msrl's own overhead, not speed-up: the actors'
+env is ``SleepCartPole-v1`` (``bench/sleep_env.py``: each step sleeps ``--delay-ms``, standing for
+a remote simulator), one env per actor, so N actors wait on N simulators at once and what does not
+scale is msrl's. The job: IMPALA under ``async_learner`` with N actor processes on local Ray
+(``cluster.cpus_per_replica`` 1, Ray declaring as many CPUs as bundles).
+
+Rows, per N (``--replicas``):
+
+* ``start-up``: from ``RayJob`` construction (Ray already running) to the end of the first
+  iteration (trace, probe, partition, N+1 replica processes started, connected, reset, one
+  iteration), against ``floor``: N+1 bare Ray actors that import torch and gymnasium and build
+  the same networks (a 64-64 actor-critic and its Adam optimiser; the actors their CartPole env),
+  in the same Ray, measured just before;
+* ``env steps/s``: steady-state throughput (iterations 6..6+``--iterations``), and ``efficiency``:
+  that over N x the throughput at N=1 (the first N of the list should be 1);
+* ``replacement``: at the largest N (``--kill``), actor replica 0 SIGKILLed mid-run: the seconds
+  from its loss noticed to its replacement rejoined (``RayJob.replacement_s``), the other
+  replicas running throughout.
+
+    PYTHONPATH=bench python bench/bench_scale.py --replicas 1 4 16 32 --kill
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import platform
+import signal
+import sys
+import threading
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+
+class Bare:
+    """A bare replica: imports torch (and gymnasium) and builds what an msrl replica builds."""
+
+    def __init__(self, with_env: bool) -> None:
+        import torch
+        from torch import nn
+
+        torch.set_num_threads(1)
+        self.net = nn.ModuleDict({
+            "actor": nn.Sequential(nn.Linear(4, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 2)),
+            "critic": nn.Sequential(nn.Linear(4, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1))})
+        self.optimizer = torch.optim.Adam(self.net.parameters(), lr=6e-4)
+        if with_env:
+            import gymnasium
+            import sleep_env  # noqa: F401 - registers SleepCartPole-v1
+
+            self.env = gymnasium.make_vec("sleep_env:SleepCartPole-v1", num_envs=1, vectorization_mode="sync")
+            self.env.reset(seed=0)
+
+    def ready(self) -> bool:
+        return True
+
+
+def floor(n: int) -> float:
+    """Seconds until N+1 bare actors (N with an env) answer, in the running Ray."""
+    import ray
+
+    remote = ray.remote(num_cpus=1)(Bare)
+    t0 = time.perf_counter()
+    actors = [remote.remote(i < n) for i in range(n + 1)]
+    ray.get([a.ready.remote() for a in actors])
+    dt = time.perf_counter() - t0
+    for a in actors:
+        ray.kill(a)
+    return dt
+
+
+def spec_of(n: int, delay_ms: float):
+    from msrl.config import build_job_spec, load_config
+
+    cfg = load_config(str(ROOT / "configs/impala_cartpole.yaml"), [
+        "name=scale", "env.id=sleep_env:SleepCartPole-v1", f"env.num_envs={n}", f"env.kwargs.delay_s={delay_ms / 1000}",
+        f"distribution_policy.replicas.actor={n}", "runtime=ray", "train.total_env_steps=100000000"])
+    return build_job_spec(cfg), cfg
+
+
+def measure(n: int, delay_ms: float, iterations: int, kill: bool) -> dict:
+    from msrl.cluster.ray_runtime import RayJob
+
+    spec, cfg = spec_of(n, delay_ms)
+    t0 = time.perf_counter()
+    job = RayJob(spec, cpus_per_replica=1.0, on_replica_loss="auto")
+    try:
+        job.reset()
+        job.run(1)
+        start_s = time.perf_counter() - t0
+        job.run(5)
+        s0, w0 = job.env_steps, time.perf_counter()
+        job.run(iterations)
+        sps = (job.env_steps - s0) / (time.perf_counter() - w0)
+        out = {"start_s": start_s, "sps": sps}
+        if kill:
+            victim = job.pids()[0]  # actor replica 0
+            timer = threading.Timer(1.0, os.kill, (victim, signal.SIGKILL))
+            timer.start()
+            job.run(max(iterations, int(3.0 / max(1e-3, iterations / sps * spec.env_steps_per_iteration / iterations))))
+            timer.join()
+            job.run(3)  # it runs on
+            out["replacement_s"] = job.replacement_s[0] if job.replacement_s else float("nan")
+        return out
+    finally:
+        job.close()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--replicas", type=int, nargs="+", default=[1, 4, 16, 32])
+    p.add_argument("--delay-ms", type=float, default=5.0)
+    p.add_argument("--iterations", type=int, default=20)
+    p.add_argument("--kill", action="store_true", help="replace an actor at the largest N")
+    args = p.parse_args()
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "bench"), os.environ.get("PYTHONPATH", "")])
+    import ray
+
+    from msrl.cluster.ray_runtime import init_ray
+
+    init_ray(None, max(os.cpu_count() or 1, max(args.replicas) + 1))
+    print(f"# {platform.node()}: {os.cpu_count()} cores; IMPALA async_learner, SleepCartPole-v1 "
+          f"({args.delay_ms:g} ms a step), 1 env per actor")
+    print("| actors N | replicas | start-up (s) | floor (s) | ratio | env steps/s | efficiency | replacement (s) |")
+    print("|---|---|---|---|---|---|---|---|")
+    base = None
+    for n in args.replicas:
+        f = floor(n)
+        m = measure(n, args.delay_ms, args.iterations, args.kill and n == max(args.replicas))
+        base = base or m["sps"] / n
+        rep = f"{m['replacement_s']:.1f}" if "replacement_s" in m else ""
+        print(f"| {n} | {n + 1} | {m['start_s']:.1f} | {f:.1f} | {m['start_s'] / f:.2f}x | {m['sps']:.0f} | "
+              f"{m['sps'] / (n * base):.2f} | {rep} |", flush=True)
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()
