@@ -40,8 +40,9 @@ from msrl.cluster.actor_manager import ReplicaGroup
 from msrl.errors import ConfigError, PlacementError
 from msrl.runtime.codec import MAX_MESSAGE as CODEC_MAX_MESSAGE
 from msrl.runtime.elastic import fifo_out, replaced_fragments
+from msrl.runtime.host import ReplicaHost
 from msrl.runtime.patterns import deliveries
-from msrl.runtime.replica import ReplicaDied, check_losses, pipelined_records, print_notices, replica_states
+from msrl.runtime.replica import ReplicaDied, check_losses, print_notices, replica_states
 from msrl.runtime.shm import pid_alive
 
 __all__ = ["RayJob", "ReplicaActor", "ReplicaDied", "PlacementError", "ClusterJoinError", "init_ray", "pid_alive",
@@ -347,10 +348,8 @@ class ReplicaActor:
                  fragment: str, replica: int, threads: int, job_id: str = "") -> None:
         from msrl.cluster.watchdog import Heartbeat
 
-        self.replica: Any = None
+        self.host: Any = None
         self.mailbox: Any = None
-        #: env steps before this process's own (a replacement's: the lost replica's delivered ones)
-        self.steps_offset = 0
         self.job_id = job_id
         self.heartbeat = Heartbeat(job_id, fragment, replica, self._progress) if job_id else None
         torch.set_num_threads(max(1, min(threads, os.cpu_count() or 1)))  # never more threads than the node's cores
@@ -368,16 +367,16 @@ class ReplicaActor:
         self.comm: Any = None
         self.boundary_server: Any = None  # gRPC: producers on other machines
         self.uds_server: Any = None  # a Unix socket: producers on this machine
-        self.output_fragment = None
-        for fr in self.fragment_graph.fragments:
-            if any(n.kind.value == "output" and n.inputs for n in fr.programs["train_step"]):
-                self.output_fragment = fr.name
+        output = next((fr.name for fr in self.fragment_graph.fragments
+                       if any(n.kind.value == "output" and n.inputs for n in fr.programs["train_step"])), None)
+        #: the replica as every runtime runs it (its records, its env-step count)
+        self.host = ReplicaHost(self.replica, output=fragment == output and replica == 0, refused=self.refused)
 
     def _progress(self) -> dict[str, Any]:
         """The heartbeat's record: this replica's env steps so far (read on the heartbeat's
         thread: plain attributes only)."""
-        replica, mailbox = self.replica, self.mailbox
-        return {"env_steps": self.steps_offset + (replica.env_steps if replica is not None else 0),
+        host, mailbox = self.host, self.mailbox
+        return {"env_steps": host.env_steps if host is not None else 0,
                 **(mailbox.counts() if mailbox is not None else {})}
 
     def start_boundary_server(self, token: str, timeout_s: float, tls: Any = None, max_message: int | None = None,
@@ -539,36 +538,13 @@ class ReplicaActor:
                                  devices[self.fragment], devices, asynchronous=asynchronous,
                                  max_message=max_message or CODEC_MAX_MESSAGE)
         asynchronous.transport.open_all()  # the greetings: the consumers learn where this replica listens
-        self.steps_offset = steps_offset
+        self.host.steps_offset = steps_offset
         subs, _ = substitutes(self.fragment_graph, self.fragment)
         self.replica.run_method("reset", SubstituteEndpoint(self.comm, subs))
 
     def run(self, method: str, n: int) -> list[dict[str, Any]]:
-        """Runs ``method`` ``n`` times; one record per iteration (see the module docstring)."""
-        is_output = self.fragment == self.output_fragment and self.index == 0
-
-        def iteration() -> tuple[Any, dict[str, Any]]:
-            c0 = self.comm.comm_s - self.comm.wait_s if self.comm is not None else 0.0
-            w0 = self.comm.wait_s if self.comm is not None else 0.0
-            out = self.replica.run_method(method, self.comm)
-            if self.comm is not None:
-                self.comm.reap()
-            comm_s = (self.comm.comm_s - self.comm.wait_s - c0) if self.comm is not None else 0.0
-            wait_s = (self.comm.wait_s - w0) if self.comm is not None else 0.0
-            return self.replica.start_read_iteration(out, output=is_output), {
-                "env_steps": self.steps_offset + self.replica.env_steps,
-                "notices": self.replica.pop_notices(),
-                "comm_s": comm_s,
-                "wait_s": wait_s,
-                "policy_lags": self.comm.asynchronous.pop_lags() if self.comm is not None and self.comm.asynchronous else [],
-                "inference": self.replica.inference.pop_stats() if self.replica.inference is not None else None,
-                "refused": self.refused(),
-            }
-
-        records = pipelined_records(n, iteration, keep_output=is_output)
-        if self.comm is not None:
-            self.comm.flush()
-        return records
+        """Runs ``method`` ``n`` times; one record per iteration (:class:`~msrl.runtime.host.ReplicaHost`)."""
+        return self.host.run(method, n, self.comm)
 
     def refused(self) -> dict[str, int]:
         """What this replica's servers refused since it started: ``connections`` and ``frames``

@@ -33,6 +33,7 @@ asynchronous boundaries move over :class:`~msrl.runtime.asynchronous.AsyncTransp
 from __future__ import annotations
 
 import contextlib
+import types
 from typing import Any, ContextManager, Mapping
 
 import torch
@@ -56,13 +57,20 @@ _UNTIMED = contextlib.nullcontext()
 class Endpoint:
     """One fragment replica's endpoint (see the module docstring for the calls).
 
-    Attributes:
+    Attributes (everything a runtime reads of an endpoint; a transport that does not account
+    its traffic leaves the counters at 0):
         fragment, replica: whose endpoint this is.
         boundaries: every boundary of the job by name.
         asynchronous: the replica's :class:`~msrl.runtime.asynchronous.AsyncEndpoint` (``put``/
             ``get``), or ``None`` when the job has no asynchronous boundary.
         inference: the replica's :class:`~msrl.runtime.inference.InferenceServer` when it is
             central inference's server, else ``None``.
+        comm_s: seconds spent in its comm ops so far (encoding, sending, waiting for and
+            decoding values, all-reduces); wait_s: of them, seconds blocked until a peer reached
+            its side of a boundary; op_s: ``comm_s`` by op (``send``, ``gather``, ..., ``flush``).
+        bytes_sent, bytes_received: bytes of messages it sent and received.
+        local_group: the shared-memory all-reduce group of its fragment's replicas on this
+            machine (:class:`~msrl.runtime.shm.ShmGroup`), or ``None``.
     """
 
     fragment: str
@@ -70,6 +78,12 @@ class Endpoint:
     boundaries: Mapping[str, Boundary]
     asynchronous: Any = None
     inference: Any = None
+    comm_s: float = 0.0
+    wait_s: float = 0.0
+    op_s: Mapping[str, float] = types.MappingProxyType({})  # an accounting transport's instance has its own
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    local_group: Any = None
 
     # -- what a transport supplies ----------------------------------------------------------
     def _post(self, boundary: Boundary, routes: list[tuple[int, Any]]) -> None:
@@ -186,5 +200,12 @@ class Endpoint:
             raise RuntimeError(f"fragment {self.fragment} replica {self.replica} serves no central inference")
         return self.inference.serve(trainer, fn, self)
 
+    def reap(self) -> None:
+        """Forgets the sends known to have left, never waiting (after every iteration;
+        in-process: nothing to forget)."""
+
     def flush(self) -> None:
         """Waits until every value this endpoint sent has left (in-process: nothing to wait for)."""
+
+    def close(self) -> None:
+        """Releases what the transport holds (groups, streams; not the process group)."""

@@ -18,7 +18,8 @@ from typing import Any, Mapping
 from msrl.channels import ChannelClosed, LocalHub
 from msrl.partition import FragmentGraph
 from msrl.runtime.asynchronous import AsyncEndpoint, LocalTransport, Mailbox
-from msrl.runtime.replica import FragmentError, Replica, pipelined_records, print_notices
+from msrl.runtime.host import ReplicaHost
+from msrl.runtime.replica import FragmentError, Replica, print_notices
 
 __all__ = ["FragmentError", "LocalRuntime"]
 
@@ -37,6 +38,8 @@ class LocalRuntime:
         self.fragment_graph = fragment_graph
         self.replicas = dict(replicas)
         self._keys = sorted(self.replicas)
+        #: ``(fragment, replica) ->`` its :class:`~msrl.runtime.host.ReplicaHost` (records as on Ray)
+        self.hosts = {key: ReplicaHost(rep, output=False) for key, rep in self.replicas.items()}
         self._fragment_replicas = {fr.name: fr.spec.replicas for fr in fragment_graph.fragments}
         self._pool = ThreadPoolExecutor(max_workers=len(self._keys)) if len(self._keys) > 1 else None
         from msrl.runtime.generators import BATON
@@ -107,19 +110,12 @@ class LocalRuntime:
 
     def _run_one(self, method: str, n: int, key: tuple[str, int], hub: LocalHub | None) -> list[dict[str, Any]]:
         fragment, replica = key
-        rep = self.replicas[key]
-        comm = hub.endpoint(fragment, replica, self.asynchronous[key], rep.inference) if hub is not None else None
+        host = self.hosts[key]
+        comm = hub.endpoint(fragment, replica, self.asynchronous[key], host.replica.inference) if hub is not None else None
         frag = self._output_fragment.get(method)
         output = (frag, 0) if frag is not None and (frag, 0) in self.replicas else self._keys[0]
-
-        def iteration() -> tuple[Any, dict[str, Any]]:
-            read = rep.start_read_iteration(rep.run_method(method, comm), output=key == output)
-            return read, {"notices": rep.pop_notices(), "env_steps": rep.env_steps,
-                          "policy_lags": self.asynchronous[key].pop_lags(),
-                          "inference": rep.inference.pop_stats() if rep.inference is not None else None}
-
         try:
-            records = pipelined_records(n, iteration)
+            records = host.run(method, n, comm, output=key == output)
         except FragmentError as e:
             if hub is not None:
                 why = f"fragment {fragment} replica {replica} failed: {type(e.cause).__name__}: {e.cause}"

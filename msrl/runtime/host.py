@@ -1,0 +1,98 @@
+"""The replica host: one fragment replica as every runtime runs it -- its
+:class:`~msrl.runtime.replica.Replica`, its endpoint, and the record of each iteration -- on a
+thread of one process (:mod:`msrl.runtime.local`) or in a Ray actor's process
+(:class:`msrl.cluster.ray_runtime.ReplicaActor`, a thin shell around one host).
+
+A runtime gives a host its endpoint (the thread runtime: a hub's per method; the Ray actor: one
+over torch.distributed and the asynchronous streams) and asks it to run ``n`` iterations; the
+host runs them pipelined (:func:`~msrl.runtime.replica.pipelined_records`) and returns one
+record per iteration, the same fields under both runtimes:
+
+==================  ==============================================================================
+field               what
+==================  ==============================================================================
+``output``          the program's return value as floats (the output replica's; ``None`` elsewhere)
+``episodes``        the :class:`~msrl.api.EpisodeStats` its envs finished in the iteration
+``env_steps``       its envs' total after it (a replacement's counted on from the lost replica's)
+``time_s``          from its launch to the next one's (see ``pipelined_records``)
+``notices``         its capture's notices (printed by the runtime)
+``policy_lags``     what its asynchronous ``get`` s recorded
+``inference``       central inference's batch statistics (its server replica), else ``None``
+``comm_s``          its endpoint's seconds moving values in the iteration (:attr:`Endpoint.comm_s`)
+``wait_s``          its endpoint's seconds blocked on a peer in the iteration
+``refused``         what its servers refused so far (``connections``, ``frames``, ``datagrams``)
+==================  ==============================================================================
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from msrl.runtime.replica import Replica, pipelined_records
+
+__all__ = ["ReplicaHost", "NO_REFUSALS"]
+
+#: the ``refused`` field of a replica without servers
+NO_REFUSALS = {"connections": 0, "frames": 0, "datagrams": 0}
+
+
+class ReplicaHost:
+    """One replica, run by any runtime (see the module docstring).
+
+    Args:
+        replica: the replica (its trainer, programs, generators).
+        output: whether it returns the iteration's output (replica 0 of the output fragment).
+        refused: returns its servers' refusal counts (the Ray actor's boundary servers);
+            ``None``: it has none.
+
+    Attributes:
+        comm: its :class:`~msrl.runtime.endpoint.Endpoint` (``None``: a job of one replica).
+        steps_offset: env steps before its own process's (a replacement's: the lost replica's
+            delivered ones, :mod:`msrl.runtime.elastic`).
+    """
+
+    def __init__(self, replica: Replica, output: bool, refused: Callable[[], dict[str, int]] | None = None) -> None:
+        self.replica, self.output = replica, output
+        self.refused = refused or (lambda: dict(NO_REFUSALS))
+        self.comm: Any = None
+        self.steps_offset = 0
+
+    @property
+    def env_steps(self) -> int:
+        """Its envs' steps so far (with :attr:`steps_offset`)."""
+        return self.steps_offset + self.replica.env_steps
+
+    def run(self, method: str, n: int, comm: Any = None, output: bool | None = None) -> list[dict[str, Any]]:
+        """Runs ``method`` ``n`` times through ``comm`` (default :attr:`comm`); one record per
+        iteration (see the module docstring); ``output``: whether this replica returns the
+        method's output (default: :attr:`output`). Sends what the endpoint holds before it
+        returns (:meth:`~msrl.runtime.endpoint.Endpoint.flush`).
+
+        Raises:
+            FragmentError: the program raised (naming fragment, replica, node, ``file:line``).
+        """
+        comm = self.comm if comm is None else comm
+        replica, output = self.replica, self.output if output is None else output
+
+        def iteration() -> tuple[Any, dict[str, Any]]:
+            c0, w0 = (comm.comm_s - comm.wait_s, comm.wait_s) if comm is not None else (0.0, 0.0)
+            out = replica.run_method(method, comm)
+            if comm is not None:
+                comm.reap()
+            comm_s = (comm.comm_s - comm.wait_s - c0) if comm is not None else 0.0
+            wait_s = (comm.wait_s - w0) if comm is not None else 0.0
+            asynchronous = comm.asynchronous if comm is not None else None
+            return replica.start_read_iteration(out, output=output), {
+                "env_steps": self.env_steps,
+                "notices": replica.pop_notices(),
+                "comm_s": comm_s,
+                "wait_s": wait_s,
+                "policy_lags": asynchronous.pop_lags() if asynchronous is not None else [],
+                "inference": replica.inference.pop_stats() if replica.inference is not None else None,
+                "refused": self.refused(),
+            }
+
+        records = pipelined_records(n, iteration, keep_output=output)
+        if comm is not None:
+            comm.flush()
+        return records
