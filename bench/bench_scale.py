@@ -11,7 +11,7 @@ Rows, per N (``--replicas``):
 
 * ``start-up``: from ``RayJob`` construction (Ray already running) to the end of the first
   iteration (trace, probe, partition, N+1 replica processes started, connected, reset, one
-  iteration), against ``floor``: N+1 bare Ray actors that import torch and gymnasium and build
+  iteration), the env's step sleeping 0 ms here, against ``floor``: N+1 bare Ray actors that import torch and gymnasium and build
   the same networks (a 64-64 actor-critic and its Adam optimiser; the actors their CartPole env),
   in the same Ray, measured just before;
 * ``env steps/s``: steady-state throughput (iterations 6..6+``--iterations``), and ``efficiency``:
@@ -84,21 +84,34 @@ def spec_of(n: int, delay_ms: float):
     return build_job_spec(cfg), cfg
 
 
-def measure(n: int, delay_ms: float, iterations: int, kill: bool) -> dict:
+def startup(n: int) -> float:
+    """Seconds from ``RayJob`` construction to the end of the first iteration, the env's steps
+    costing nothing (``delay_s=0``: the probe and the iteration step it too)."""
     from msrl.cluster.ray_runtime import RayJob
 
-    spec, cfg = spec_of(n, delay_ms)
+    spec, _ = spec_of(n, 0.0)
     t0 = time.perf_counter()
     job = RayJob(spec, cpus_per_replica=1.0, on_replica_loss="auto")
     try:
         job.reset()
         job.run(1)
-        start_s = time.perf_counter() - t0
-        job.run(5)
+        return time.perf_counter() - t0
+    finally:
+        job.close()
+
+
+def measure(n: int, delay_ms: float, iterations: int, kill: bool) -> dict:
+    from msrl.cluster.ray_runtime import RayJob
+
+    spec, cfg = spec_of(n, delay_ms)
+    job = RayJob(spec, cpus_per_replica=1.0, on_replica_loss="auto")
+    try:
+        job.reset()
+        job.run(6)
         s0, w0 = job.env_steps, time.perf_counter()
         job.run(iterations)
         sps = (job.env_steps - s0) / (time.perf_counter() - w0)
-        out = {"start_s": start_s, "sps": sps}
+        out = {"sps": sps}
         if kill:
             victim = job.pids()[0]  # actor replica 0
             timer = threading.Timer(1.0, os.kill, (victim, signal.SIGKILL))
@@ -132,7 +145,7 @@ def main() -> None:
     base = None
     for n in args.replicas:
         f = floor(n)
-        m = measure(n, args.delay_ms, args.iterations, args.kill and n == max(args.replicas))
+        m = {"start_s": startup(n), **measure(n, args.delay_ms, args.iterations, args.kill and n == max(args.replicas))}
         base = base or m["sps"] / n
         rep = f"{m['replacement_s']:.1f}" if "replacement_s" in m else ""
         print(f"| {n} | {n + 1} | {m['start_s']:.1f} | {f:.1f} | {m['start_s'] / f:.2f}x | {m['sps']:.0f} | "

@@ -156,7 +156,8 @@ class BoundaryServer:
         #: opens its stream with its own server's ``address`` (``msrl-reply`` metadata: an
         #: elastic job; :meth:`~msrl.cluster.frames.StreamTransport.rejoin`)
         self.on_rejoin: Any = None
-        mailbox.on_take = self._credit
+        other = mailbox.on_take  # another server's credits (producers on this machine), whichever started first
+        mailbox.on_take = lambda b, p: self._credit(b, p) or (other is not None and other(b, p))
         workers = 2 * sum(self._producers.values()) + 8
         self._server = grpc.server(
             ThreadPoolExecutor(max_workers=workers, thread_name_prefix="msrl-boundary"),

@@ -331,6 +331,20 @@ def producers_to_lower(keys: Sequence[tuple[str, int]], peers: Mapping[tuple[str
             and (mode == "on" or per_node[peers[k]["node_id"]] > peers[k]["cores"])]
 
 
+def _node_leaders(fragment: str, ranks: Mapping[tuple[str, int], int],
+                  peers: Mapping[tuple[str, int], Mapping[str, Any]] | None) -> list[tuple[str, int]]:
+    """The first replica of ``fragment`` on each node (by ``peers[k]["node_id"]``), in replica
+    order: the leaders of a hierarchical all-reduce (one node: a single leader)."""
+    if peers is None:
+        return []
+    out, seen = [], set()
+    for k in sorted(k for k in ranks if k[0] == fragment):
+        if peers[k]["node_id"] not in seen:
+            seen.add(peers[k]["node_id"])
+            out.append(k)
+    return out
+
+
 class ReplicaActor:
     """One fragment replica in its own process (wrapped by ``ray.remote`` in :class:`RayJob`).
 
@@ -365,8 +379,10 @@ class ReplicaActor:
         self.fragment, self.index = fragment, replica
         self.replica = Replica(self.spec, self.fragment_graph, fragment, replica)
         self.comm: Any = None
-        self.boundary_server: Any = None  # gRPC: producers on other machines
-        self.uds_server: Any = None  # a Unix socket: producers on this machine
+        #: this replica's boundary servers by transport kind (:mod:`msrl.cluster.transports`), and
+        #: the kinds its streams may use (``cluster.boundary_transport``)
+        self.servers: dict[str, Any] = {}
+        self.transport_choice = "auto"
         output = next((fr.name for fr in self.fragment_graph.fragments
                        if any(n.kind.value == "output" and n.inputs for n in fr.programs["train_step"])), None)
         #: the replica as every runtime runs it (its records, its env-step count)
@@ -382,45 +398,36 @@ class ReplicaActor:
     def start_boundary_server(self, token: str, timeout_s: float, tls: Any = None, max_message: int | None = None,
                               host: str | None = None, peers: Mapping[tuple[str, int], Mapping[str, Any]] | None = None,
                               transport: str = "auto") -> dict[str, str] | None:
-        """Starts this replica's servers when it consumes an asynchronous boundary: with
-        ``transport="auto"``, a :class:`~msrl.cluster.uds_transport.UdsServer` (a Unix socket)
-        for producers on this machine and a gRPC
-        :class:`~msrl.cluster.grpc_transport.BoundaryServer` bound to this node's address as
-        Ray reports it (or ``host``) for producers on other machines; with ``"grpc"`` (or no
-        ``peers``: every replica's :meth:`info`), gRPC for all. Returns their addresses,
-        ``{"grpc": "host:port", "unix": "unix:/path"}`` (either may be missing; ``None``: it
-        consumes none)."""
+        """Starts this replica's servers when it consumes an asynchronous boundary: for each
+        of its producers' machines (``peers``: every replica's :meth:`info`; ``None``: all
+        others) the server of the first kind of :mod:`msrl.cluster.transports` that serves the
+        pair (``transport="auto"``: a Unix socket for producers on this machine, gRPC bound to
+        this node's address as Ray reports it, or ``host``, for producers on other machines; a
+        kind's name: that kind for all). Returns their addresses by kind,
+        ``{"unix": "unix:/path", "grpc": "host:port"}`` (``None``: it consumes none)."""
         import ray
 
-        from msrl.cluster.grpc_transport import MAX_MESSAGE, BoundaryServer
+        from msrl.cluster.grpc_transport import MAX_MESSAGE
+        from msrl.cluster.transports import kinds_for, kinds_needed
         from msrl.runtime.asynchronous import Mailbox
 
         boundaries = self.fragment_graph.boundaries
+        self.transport_choice = transport
         capacity = {b.name: b.capacity for b in boundaries if b.channel == "fifo"}
         self.mailbox = Mailbox(capacity, timeout_s, device=self.spec.policy.fragment(self.fragment).device)
         sources = {b.src for b in boundaries if b.asynchronous and b.dst == self.fragment}
         if not sources:
             return None
-        if peers is None or transport == "grpc" or not hasattr(socket, "AF_UNIX"):
-            remote, local = True, False
+        if peers is None:
+            same_node = [False]
         else:
             here = peers[(self.fragment, self.index)]["node_id"]
-            nodes = {p["node_id"] for k, p in peers.items() if k[0] in sources}
-            remote, local = bool(nodes - {here}), here in nodes
-        out = {}
-        max_message = max_message or MAX_MESSAGE
-        if remote:
-            self.boundary_server = BoundaryServer(boundaries, self.fragment, self.index, self.mailbox, token,
-                                                  host=host or ray.util.get_node_ip_address(), tls=tls,
-                                                  max_message=max_message)
-            out["grpc"] = self.boundary_server.address
-        if local:
-            from msrl.cluster.uds_transport import UdsServer
-
-            self.uds_server = UdsServer(boundaries, self.fragment, self.index, self.mailbox, token, max_message,
-                                        prefix=uds_prefix(self.job_id))
-            out["unix"] = self.uds_server.address
-        return out
+            same_node = [p["node_id"] == here for k, p in peers.items() if k[0] in sources]
+        for kind in kinds_needed(kinds_for(transport), same_node):
+            self.servers[kind.name] = kind.server(boundaries, self.fragment, self.index, self.mailbox, token,
+                                                  max_message or MAX_MESSAGE, tls, host or ray.util.get_node_ip_address(),
+                                                  uds_prefix(self.job_id))
+        return {name: server.address for name, server in self.servers.items()}
 
     def init_process_group(self, rank: int, ranks: Mapping[tuple[str, int], int],
                            timeout_s: float, peers: Mapping[tuple[str, int], Mapping[str, Any]] | None = None,
@@ -471,21 +478,36 @@ class ReplicaActor:
         dist.init_process_group(backend, store=store, rank=rank, world_size=len(ranks),
                                 timeout=timedelta(seconds=timeout_s))
         groups = {}
+        shm_ok = intra_node == "shm" and shm.available() and peers is not None
+        leaders: dict[str, Any] = {}  # fragment -> the Gloo group of one replica per node
         for fr in sorted({f for f, _ in ranks}):  # every rank makes every group, in one order
             groups[fr] = dist.new_group(sorted(r for (f, _), r in ranks.items() if f == fr))
+            firsts = _node_leaders(fr, ranks, peers)
+            if shm_ok and devices[fr].type == "cpu" and len(firsts) > 1:
+                leaders[fr] = dist.new_group(sorted(ranks[k] for k in firsts))
         own = groups[self.fragment] if sum(1 for f, _ in ranks if f == self.fragment) > 1 else None
         local = None
-        mates = sorted(k for k in ranks if k[0] == self.fragment)
-        if (own is not None and intra_node == "shm" and own_device.type == "cpu" and shm.available()
-                and peers is not None and len({peers[k]["node_id"] for k in mates}) == 1):
-            uid = hashlib.sha256(token.encode()).hexdigest()[:32]  # the job's secret names its sockets
-            local = shm.ShmGroup(f"{uid}:{self.fragment}", mates.index((self.fragment, self.index)),
-                                 len(mates), pids=[peers[k]["pid"] for k in mates], timeout_s=timeout_s,
-                                 barrier=lambda: dist.barrier(group=own))
+        key = (self.fragment, self.index)
+        # the fragment's replicas on this machine (all of them, or with `leaders`, this node's)
+        mates = sorted(k for k in ranks if k[0] == self.fragment
+                       and (peers is None or peers[k]["node_id"] == peers[key]["node_id"]))
+        hierarchical = self.fragment in leaders
+        if own is not None and shm_ok and own_device.type == "cpu" and (hierarchical or len(mates) == len(
+                [k for k in ranks if k[0] == self.fragment])):
+            if len(mates) > 1:
+                uid = hashlib.sha256(token.encode()).hexdigest()[:32]  # the job's secret names its sockets
+                node = hashlib.sha256(peers[key]["node_id"].encode()).hexdigest()[:8]  # nodes sharing a kernel
+                local = shm.ShmGroup(f"{uid}:{self.fragment}:{node}", mates.index(key), len(mates),
+                                     pids=[peers[k]["pid"] for k in mates], timeout_s=timeout_s,
+                                     barrier=lambda: dist.barrier(group=own))
+            else:
+                dist.barrier(group=own)  # the one the other nodes' groups make
         asynchronous = self._async_endpoint(boundary_servers, peers, token, tls, max_message, timeout_s, elastic)
         self.comm = DistEndpoint(self.fragment_graph.boundaries, self.fragment, self.index, ranks, own,
                              own_device, devices, local_group=local, asynchronous=asynchronous,
-                             max_message=max_message or CODEC_MAX_MESSAGE)
+                             max_message=max_message or CODEC_MAX_MESSAGE, hierarchical=hierarchical,
+                             leaders_group=leaders[self.fragment] if hierarchical and key in _node_leaders(
+                                 self.fragment, ranks, peers) else None)
         self.comm.inference = self.replica.inference  # central inference's server replica
 
     def _async_endpoint(self, boundary_servers: Mapping[tuple[str, int], Mapping[str, str]] | None,
@@ -494,27 +516,31 @@ class ReplicaActor:
                         reply: Mapping[str, str] | None = None) -> Any:
         """This replica's :class:`~msrl.runtime.asynchronous.AsyncEndpoint` over a
         :func:`~msrl.cluster.uds_transport.ProcessTransport` to the consumers' servers (``None``
-        without any): a consumer on this machine over its Unix socket, on another over gRPC. The
+        without any), each over the kind :func:`msrl.cluster.transports.pick` names for the pair
+        (on this machine a Unix socket, on another gRPC). The
         consumers of ``elastic`` fragments may be replaced (a broken stream to one is not
         reconnected; a replacement's greeting reopens it, through this replica's servers'
         ``on_rejoin``); ``reply``: this replica's own server addresses, named in its greetings
         when it is a replacement."""
         if not boundary_servers:
             return None
-        here = peers[(self.fragment, self.index)]["node_id"] if peers is not None else None
-        addresses = {k: (a["unix"] if "unix" in a and peers is not None and peers[k]["node_id"] == here else a["grpc"])
-                     for k, a in boundary_servers.items()}
         from msrl.cluster.grpc_transport import MAX_MESSAGE
+        from msrl.cluster.transports import kinds_for, pick
         from msrl.cluster.uds_transport import ProcessTransport
         from msrl.runtime.asynchronous import AsyncEndpoint
+
+        here = peers[(self.fragment, self.index)]["node_id"] if peers is not None else None
+        kinds = kinds_for(self.transport_choice)
+        addresses = {k: pick(kinds, dict(a), peers is not None and peers[k]["node_id"] == here)
+                     for k, a in boundary_servers.items()}
 
         transport = ProcessTransport(self.fragment_graph.boundaries, self.fragment, self.index, addresses,
                                      token, tls=tls, timeout_s=timeout_s, max_message=max_message or MAX_MESSAGE,
                                      hold=True)  # the endpoint flushes before it waits and every iteration
         transport.elastic = {k for k in addresses if k[0] in elastic}
         transport.reply = dict(reply or {})
-        for server in (self.boundary_server, self.uds_server):
-            if server is not None and transport.elastic:
+        for server in self.servers.values():
+            if transport.elastic:
                 server.on_rejoin = transport.rejoin
         return AsyncEndpoint(self.fragment_graph.boundaries, self.fragment, self.index, self.mailbox, transport)
 
@@ -551,10 +577,9 @@ class ReplicaActor:
         (its boundary servers, :class:`~msrl.cluster.refusals.Refusals`), ``datagrams`` (its
         shared-memory all-reduce group: from processes outside the group)."""
         out = {"connections": 0, "frames": 0, "datagrams": 0}
-        for server in (self.boundary_server, self.uds_server):
-            if server is not None:
-                for kind, n in server.refusals.counts.items():
-                    out[kind] += n
+        for server in self.servers.values():
+            for kind, n in server.refusals.counts.items():
+                out[kind] += n
         group = self.comm.local_group if self.comm is not None else None
         if group is not None:
             out["datagrams"] += group.rejected
@@ -575,7 +600,7 @@ class ReplicaActor:
                "intra_node": "shm" if c.local_group is not None else "gloo"}
         if c.asynchronous is not None:
             t = c.asynchronous.transport
-            servers = [x for x in (self.boundary_server, self.uds_server) if x is not None]
+            servers = list(self.servers.values())
             out["async"] = {"bytes_sent": t.bytes_sent, "dropped": t.dropped, "reconnects": t.reconnects,
                             "servers": [x.address for x in servers],
                             "rejected": [r for x in servers for r in x.rejected]}
@@ -628,10 +653,8 @@ class ReplicaActor:
         self.replica.close()
         if self.comm is not None:
             self.comm.close()
-        if self.boundary_server is not None:
-            self.boundary_server.stop()
-        if self.uds_server is not None:
-            self.uds_server.stop()
+        for server in self.servers.values():
+            server.stop()
         import torch.distributed as dist
 
         if dist.is_initialized():

@@ -622,20 +622,14 @@ class UdsStream:
         self.sock.close()
 
 
-def _stream_for(transport: StreamTransport, target: str) -> Any:
-    """A :class:`UdsStream` to a ``unix:/path`` consumer (same machine), a gRPC stream to ``host:port``."""
-    if target.startswith("unix:"):
-        return UdsStream(transport, target[len("unix:"):])
-    from msrl.cluster.grpc_transport import _Stream
-
-    return _Stream(transport, target)
-
-
 def ProcessTransport(boundaries: Sequence[Any], fragment: str, replica: int,  # noqa: N802
                      addresses: Mapping[tuple[str, int], str], token: str, **kwargs: Any) -> StreamTransport:
     """A producer replica's side of every asynchronous boundary between processes: a
-    :class:`~msrl.cluster.frames.StreamTransport` with a :class:`UdsStream` to each consumer whose
-    address is ``unix:/path`` (same machine) and a gRPC stream to each at ``host:port`` (peers:
-    neither is a kind of the other). Arguments and errors are ``StreamTransport``'s (``tls``
+    :class:`~msrl.cluster.frames.StreamTransport` whose stream to each consumer is of the kind its
+    address names (:func:`msrl.cluster.transports.open_stream`: a :class:`UdsStream` to
+    ``unix:/path``, same machine; a gRPC stream to ``host:port``; peers, neither a kind of the
+    other). Arguments and errors are ``StreamTransport``'s (``tls``
     applies to the gRPC streams)."""
-    return StreamTransport(boundaries, fragment, replica, addresses, token, open_stream=_stream_for, **kwargs)
+    from msrl.cluster.transports import open_stream
+
+    return StreamTransport(boundaries, fragment, replica, addresses, token, open_stream=open_stream, **kwargs)

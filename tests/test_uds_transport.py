@@ -370,3 +370,40 @@ def test_a_replaced_consumer_is_dropped_without_waiting_and_its_replacement_gets
         for s in (second_server, first_server, learner_server):
             if s is not None:
                 s.stop()
+
+
+def test_the_transport_registry_picks_a_unix_socket_on_one_machine_and_grpc_across():
+    """``cluster/transports.py``: a consumer starts the server of each kind its producers need
+    (a Unix socket for those on its machine, gRPC for the others; gRPC alone when the job says
+    ``cluster.boundary_transport=grpc``), a producer dials the first kind that serves its pair,
+    and a stream's kind follows from its address."""
+    from msrl.cluster import transports
+
+    auto, grpc_only = transports.kinds_for("auto"), transports.kinds_for("grpc")
+    names = lambda kinds: [k.name for k in kinds]  # noqa: E731
+    assert names(transports.kinds_needed(auto, [True, True])) == ["unix"]
+    assert names(transports.kinds_needed(auto, [True, False])) == ["unix", "grpc"]
+    assert names(transports.kinds_needed(grpc_only, [True])) == ["grpc"]
+    both = {"unix": "unix:/tmp/x/s", "grpc": "10.0.0.1:5000"}
+    assert transports.pick(auto, both, same_node=True) == "unix:/tmp/x/s"
+    assert transports.pick(auto, both, same_node=False) == "10.0.0.1:5000"
+    assert transports.pick(grpc_only, both, same_node=True) == "10.0.0.1:5000"
+    with pytest.raises(KeyError, match="no transport serves this pair"):
+        transports.pick(auto, {"unix": "unix:/tmp/x/s"}, same_node=False)
+    with pytest.raises(ValueError, match="cluster.boundary_transport must be auto or one of unix, grpc"):
+        transports.kinds_for("carrier-pigeon")
+    made = []
+    fake = [dataclasses_replace(k, stream=lambda t, target, n=k.name: made.append((n, target))) for k in transports.STREAM_KINDS]
+    try:
+        transports.STREAM_KINDS, saved = tuple(fake), transports.STREAM_KINDS
+        transports.open_stream(None, "unix:/tmp/x/s")
+        transports.open_stream(None, "10.0.0.1:5000")
+    finally:
+        transports.STREAM_KINDS = saved
+    assert made == [("unix", "unix:/tmp/x/s"), ("grpc", "10.0.0.1:5000")]
+
+
+def dataclasses_replace(obj, **changes):
+    import dataclasses
+
+    return dataclasses.replace(obj, **changes)

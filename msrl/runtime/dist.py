@@ -102,6 +102,12 @@ class DistEndpoint(Endpoint):
         max_message: the largest message (bytes) sent or received on a channel
             (``cluster.max_message_mb``): a receiver never allocates more for one value, a
             sender refuses a larger one with a :class:`~msrl.runtime.codec.CodecError`.
+        hierarchical: the fragment's replicas span several nodes and all-reduce host tensors
+            hierarchically: summed within each node through ``local_group`` (when the node holds
+            more than one), across nodes over Gloo among one leader per node
+            (``leaders_group``, given to the leaders only), then the leader's total handed to its
+            node's replicas through ``local_group`` again (the others add zeros): every replica
+            ends with the same bits; one node's traffic leaves it once, not once per replica.
     """
 
     def __init__(
@@ -117,6 +123,8 @@ class DistEndpoint(Endpoint):
         local_group: Any = None,
         asynchronous: Any = None,
         max_message: int = MAX_MESSAGE,
+        hierarchical: bool = False,
+        leaders_group: Any = None,
     ) -> None:
         self.boundaries = {b.name: b for b in boundaries}
         self.max_message = max_message
@@ -132,6 +140,7 @@ class DistEndpoint(Endpoint):
         self.devices = {f: torch.device(d) for f, d in (devices or {}).items()}
         self.split_payload = split_payload
         self.local_group = local_group
+        self.hierarchical, self.leaders_group = hierarchical, leaders_group
         #: sends not known to have left, oldest first, with their buffers (kept alive)
         self._pending: collections.deque[tuple[Any, torch.Tensor]] = collections.deque()
         #: (boundary, peer fragment, peer replica) -> the byte size of that channel's buffers
@@ -273,9 +282,19 @@ class DistEndpoint(Endpoint):
 
     def _reduce_flat(self, name: str, flat: torch.Tensor) -> torch.Tensor:
         """Sums with ``dist.all_reduce`` on the fragment's group (or through shared memory by
-        ``local_group`` for a host tensor), divided by the replica count."""
+        ``local_group`` for a host tensor, hierarchically across nodes when ``hierarchical``),
+        divided by the replica count."""
         self.flush_async()
-        if self.local_group is not None and flat.device.type == "cpu":
+        if self.hierarchical and flat.device.type == "cpu":
+            if self.local_group is not None:
+                self.local_group.allreduce_(flat)  # this node's sum
+            if self.leaders_group is not None:
+                dist.all_reduce(flat, group=self.leaders_group)  # every node's, at each leader
+            if self.local_group is not None:
+                if self.leaders_group is None:
+                    flat.zero_()
+                self.local_group.allreduce_(flat)  # the leader's total, to its node
+        elif self.local_group is not None and flat.device.type == "cpu":
             self.local_group.allreduce_(flat)
         else:
             dist.all_reduce(flat, group=self.fragment_group)
