@@ -55,6 +55,58 @@ def test_a_coarse_job_spreads_over_two_nodes_with_their_own_addresses(tmp_path, 
     assert "joined the Ray cluster at" in out.stderr and "(2 node(s), 4 CPUs)" in out.stderr
 
 
+def test_an_actor_on_another_node_than_the_learner_is_replaced_alone_over_grpc(tmp_path, two_nodes):
+    """IMPALA under async_learner spread over two nodes, an actor on the node the learner is not
+    on SIGKILLed mid-run: it alone is started again and rejoins over gRPC (its greeting names its
+    new server, the learner's stream reopens there with the newest weights); the learner and the
+    other actor keep their processes, the learner's iterations never go back, the run finishes."""
+    import csv
+    import os
+    import signal
+    import threading
+    import time
+
+    run_dir = tmp_path / "runs" / "elastic"
+    killed: list[dict] = []
+    done = threading.Event()
+
+    def kill_when_running() -> None:
+        while not done.is_set():
+            metrics, table = run_dir / "metrics.csv", run_dir / "replicas.json"
+            if metrics.is_file() and metrics.read_text().count("\n") > 15 and table.is_file():
+                replicas = json.loads(table.read_text())
+                learner = next(r for r in replicas if r["fragment"] == "learner")
+                victim = next(r for r in replicas if r["fragment"] == "actor" and r["node"] != learner["node"])
+                killed.append({"victim": victim, "before": replicas})
+                time.sleep(0.2)
+                os.kill(victim["pid"], signal.SIGKILL)
+                return
+            time.sleep(0.05)
+
+    t = threading.Thread(target=kill_when_running, daemon=True)
+    t.start()
+    try:
+        out = _train(tmp_path, two_nodes, "elastic", "train.total_env_steps=20480", config="configs/impala_cartpole.yaml",
+                     timeout=1800)
+    finally:
+        done.set()
+        t.join(30)
+    assert killed, "no actor was killed"
+    assert out.returncode == 0, out.stderr[-3000:]
+    victim = killed[0]["victim"]
+    assert f"fragment actor replica {victim['replica']} died; replaced it alone in " in out.stderr
+    assert "restarting every replica" not in out.stderr
+    before = {(r["fragment"], r["replica"]): r["pid"] for r in killed[0]["before"]}
+    after = {(r["fragment"], r["replica"]): r["pid"] for r in _replicas(tmp_path, "elastic")}
+    key = ("actor", victim["replica"])
+    assert after[key] != before[key] and {k: v for k, v in after.items() if k != key} == {
+        k: v for k, v in before.items() if k != key}
+    with open(run_dir / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["iteration"]) for r in rows] == list(range(1, len(rows) + 1))
+    assert float(rows[-1]["faults/replaced_replicas"]) == 1 and float(rows[-1]["faults/replica_restarts"]) == 0
+
+
 # -- slow: every policy across three nodes ---------------------------------------------------
 
 #: the metrics columns a deterministic policy reproduces bit for bit

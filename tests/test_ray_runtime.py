@@ -488,6 +488,48 @@ def test_a_killed_actor_under_async_learner_is_restarted_and_its_work_dropped(ra
     assert all(r["async/policy_lag_mean"] != "" for r in rows)
 
 
+def test_replace_under_a_policy_that_cannot_is_one_config_error_naming_each_fragments_reason(tmp_path):
+    """cluster.on_replica_loss=replace under synchronous coarse: refused before Ray starts or a
+    run directory is made, naming the key, each fragment's reason and the policies that replace."""
+    from msrl.config import ConfigError, load_config
+    from msrl.run import train
+
+    cfg = load_config("configs/ppo_cartpole.yaml", [f"runs_dir={tmp_path}", "name=x", "runtime=ray",
+                                                    "distribution_policy.name=single_learner_coarse",
+                                                    "distribution_policy.replicas.actor=2", "cluster.on_replica_loss=replace"])
+    with pytest.raises(ConfigError) as info:
+        train(cfg)
+    msg = str(info.value)
+    assert msg.startswith("cluster.on_replica_loss=replace: no fragment of policy single_learner_coarse can be replaced")
+    assert "actor: a synchronous boundary: train_step/b0:trajectory" in msg and "learner: it holds the learner" in msg
+    assert "async_learner and overlapped coarse" in msg
+    assert not (tmp_path / "x").exists()
+
+
+def test_which_fragments_are_replaced_alone_per_policy():
+    """msrl.runtime.elastic: under auto, async_learner's and overlapped coarse's actors are
+    replaced alone; synchronous coarse, multi_learner and central inference restart (each reason
+    named); restart replaces nothing."""
+    from msrl.config import build_job_spec, load_config
+    from msrl.job import compile_job
+    from msrl.runtime.elastic import replaceable, replaced_fragments
+
+    def fg(config, *over):
+        return compile_job(build_job_spec(load_config(config, ["name=x", *over])), True, 1 << 20).fragment_graph
+
+    impala = fg("configs/impala_cartpole.yaml")
+    assert replaced_fragments("auto", impala) == {"actor"} and replaced_fragments("restart", impala) == set()
+    overlapped = fg("configs/ppo_cartpole.yaml", "distribution_policy.name=single_learner_coarse",
+                    "distribution_policy.boundaries.trajectories=fifo", "distribution_policy.boundaries.weights=latest")
+    assert replaced_fragments("auto", overlapped) == {"actor"}
+    fine = fg("configs/ppo_cartpole.yaml", "distribution_policy.name=single_learner_fine",
+              "distribution_policy.inference.max_batch=1")
+    assert replaceable(fine)["env"] == "it takes from a fifo queue: train_step/b1:action"
+    assert replaced_fragments("auto", fine) == set()
+    multi = fg("configs/ppo_cartpole.yaml", "distribution_policy.name=multi_learner", "distribution_policy.replicas.main=2")
+    assert replaceable(multi) == {"main": "it holds the learner"} and replaced_fragments("auto", multi) == set()
+
+
 def _train_replacing(tmp_path, capsys, config, overrides, sig=None, timeout_s=None):
     """Trains ``config`` on Ray (``cluster.on_replica_loss: auto``) while sending ``sig``
     (SIGKILL) to actor replica 0 mid-chunk; checks what every replacement must show: that actor

@@ -138,7 +138,9 @@ def replaced_fragments(mode: str, fragment_graph: Any) -> set[str]:
         raise ConfigError(
             f"cluster.on_replica_loss=replace: no fragment of policy {fragment_graph.policy.name} can be replaced alone ("
             + "; ".join(f"{f}: {why}" for f, why in can.items())
-            + "); a lost replica restarts every replica from the last checkpoint (cluster.on_replica_loss=restart)")
+            + "); a lost replica restarts every replica from the last checkpoint (cluster.on_replica_loss=restart); "
+              "actors are replaced alone under async_learner and overlapped coarse (distribution_policy.boundaries."
+              "trajectories=fifo, distribution_policy.boundaries.weights=latest)")
     if mode == "auto" and not any(b.asynchronous for b in fragment_graph.boundaries):
         return set()  # a synchronous policy: its exact restart
     return chosen
