@@ -531,9 +531,9 @@ class ReplicaActor:
 
         here = peers[(self.fragment, self.index)]["node_id"] if peers is not None else None
         kinds = kinds_for(self.transport_choice)
+        consumers = {b.dst for b in self.fragment_graph.boundaries if b.asynchronous and b.src == self.fragment}
         addresses = {k: pick(kinds, dict(a), peers is not None and peers[k]["node_id"] == here)
-                     for k, a in boundary_servers.items()}
-
+                     for k, a in boundary_servers.items() if k[0] in consumers}  # (others may not serve this pair)
         transport = ProcessTransport(self.fragment_graph.boundaries, self.fragment, self.index, addresses,
                                      token, tls=tls, timeout_s=timeout_s, max_message=max_message or MAX_MESSAGE,
                                      hold=True)  # the endpoint flushes before it waits and every iteration

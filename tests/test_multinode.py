@@ -91,8 +91,8 @@ def test_an_actor_on_another_node_than_the_learner_is_replaced_alone_over_grpc(t
     finally:
         done.set()
         t.join(30)
-    assert killed, "no actor was killed"
     assert out.returncode == 0, out.stderr[-3000:]
+    assert killed, "no actor was killed"
     victim = killed[0]["victim"]
     assert f"fragment actor replica {victim['replica']} died; replaced it alone in " in out.stderr
     assert "restarting every replica" not in out.stderr
