@@ -131,6 +131,7 @@ def main() -> None:
     p.add_argument("--delay-ms", type=float, default=5.0)
     p.add_argument("--iterations", type=int, default=20)
     p.add_argument("--kill", action="store_true", help="replace an actor at the largest N")
+    p.add_argument("--no-startup", action="store_true", help="skip the start-up and floor columns")
     args = p.parse_args()
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "bench"), os.environ.get("PYTHONPATH", "")])
     import ray
@@ -144,8 +145,9 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     base = None
     for n in args.replicas:
-        f = floor(n)
-        m = {"start_s": startup(n), **measure(n, args.delay_ms, args.iterations, args.kill and n == max(args.replicas))}
+        f = float("nan") if args.no_startup else floor(n)
+        m = {"start_s": float("nan") if args.no_startup else startup(n),
+             **measure(n, args.delay_ms, args.iterations, args.kill and n == max(args.replicas))}
         base = base or m["sps"] / n
         rep = f"{m['replacement_s']:.1f}" if "replacement_s" in m else ""
         print(f"| {n} | {n + 1} | {m['start_s']:.1f} | {f:.1f} | {m['start_s'] / f:.2f}x | {m['sps']:.0f} | "
