@@ -742,6 +742,10 @@ class RayJob:
             or a node's death): the job waits up to that many seconds for the cluster to hold
             its bundles again (nodes joining, resources freed), saying once on stderr what it
             waits for and once when it is placed; then :class:`PlacementError`.
+        on_replica_loss: ``cluster.on_replica_loss`` (:mod:`msrl.runtime.elastic`): which lost
+            replicas are replaced alone.
+        replacement_timeout_s: how long a replacement waits for its bundle to be placed (its node
+            lost), saying so once; then every replica restarts (``cluster.capacity_timeout_s``).
 
     Raises:
         TraceError, PartitionError, ValueError: as :class:`msrl.job.Job`; ``ValueError`` for a
@@ -767,7 +771,7 @@ class RayJob:
                  tls: Any = None, max_message: int | None = None, replica_timeout_s: float | None = 30.0,
                  boundary_transport: str = "auto", learner_priority: str = "auto",
                  connect_timeout_s: float = 60.0, capacity_timeout_s: float | None = None,
-                 on_replica_loss: str = "auto") -> None:
+                 on_replica_loss: str = "auto", replacement_timeout_s: float = 600.0) -> None:
         import secrets
 
         import ray
@@ -808,6 +812,7 @@ class RayJob:
         self._rejoin_args: tuple = ()
         #: seconds each replacement took, from the loss noticed to the replacement rejoined
         self.replacement_s: list[float] = []
+        self._replacement_timeout_s = replacement_timeout_s
         self.keys = [(f.name, r) for f in spec.policy.fragments for r in range(f.replicas)]
         #: the one owner of the replica actors and their health
         self.replicas = ReplicaGroup(self.keys, {f.name: f.roles for f in spec.policy.fragments}, self._count_lost)
@@ -1064,7 +1069,15 @@ class RayJob:
         has_env = "env" in self.spec.policy.fragment(key[0]).roles
         per_iteration = self.spec.env_steps_per_iteration // max(1, env_replicas) if has_env else 0
         offset = (self._start_iteration + delivered) * per_iteration  # every env replica's count: per_iteration a step
-        info = ray.get(self.replicas.actors[self.keys.index(key)].info.remote())
+        ref = self.replicas.actors[self.keys.index(key)].info.remote()
+        try:
+            info = ray.get(ref, timeout=CAPACITY_NOTE_S)
+        except ray.exceptions.GetTimeoutError:  # its bundle was on a lost node: placed again when capacity allows
+            print(f"msrl: waiting for capacity to replace fragment {key[0]} replica {key[1]} (its placement-group "
+                  f"bundle is placed again when a live node has room; the replicas that need it wait at their "
+                  f"boundaries), for up to cluster.capacity_timeout_s={self._replacement_timeout_s:g} s",
+                  file=sys.stderr, flush=True)
+            info = ray.get(ref, timeout=self._replacement_timeout_s)
         self.replicas.relocate(key, info, ray.get_runtime_context().get_node_id())
         peers = dict(self.replicas.peers)
         actor = self.replicas.actors[self.keys.index(key)]
