@@ -43,7 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from msrl.runtime.shm import pid_alive
 
@@ -86,9 +86,15 @@ def _netns_pids(ns: str) -> list[int]:
 
 def _kill_netns(ns: str, timeout_s: float = 10.0) -> None:
     """SIGKILLs every process inside namespace ``ns`` until none is left (or ``timeout_s``)."""
+    _kill_until_none(lambda: _netns_pids(ns), timeout_s)
+
+
+def _kill_until_none(pids_of: Callable[[], list[int]], timeout_s: float) -> None:
+    """SIGKILLs the processes ``pids_of()`` lists until it lists none (or ``timeout_s``): a dying
+    parent's children, reparented meanwhile, are found on the next look."""
     deadline = time.monotonic() + timeout_s
     while True:
-        pids = _netns_pids(ns)
+        pids = pids_of()
         if not pids or time.monotonic() > deadline:
             return
         for p in pids:
@@ -117,17 +123,8 @@ def _session_pids(sids: Sequence[int]) -> list[int]:
 
 def _kill_sessions(sids: Sequence[int], timeout_s: float = 10.0) -> None:
     """SIGKILLs every process of the sessions ``sids`` until none is left (or ``timeout_s``)."""
-    deadline = time.monotonic() + timeout_s
-    while sids:
-        pids = [p for p in _session_pids(sids) if p != os.getpid()]
-        if not pids or time.monotonic() > deadline:
-            return
-        for p in pids:
-            try:
-                os.kill(p, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.05)
+    if sids:
+        _kill_until_none(lambda: [p for p in _session_pids(sids) if p != os.getpid()], timeout_s)
 
 
 def teardown(state: dict[str, Any]) -> None:
