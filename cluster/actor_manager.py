@@ -125,9 +125,15 @@ class ReplicaGroup:
         self.watchdog = Watchdog(job_id, self.keys, [peers[k]["pid"] for k in self.keys], self.roles, timeout_s)
 
     # -- calls ------------------------------------------------------------------------------
-    def call(self, method: str, *args: Any) -> list[Any]:
-        """``method(*args)`` on every replica; their results in replica order (see :meth:`wait`)."""
-        return self.wait([getattr(a, method).remote(*args) for a in self.actors])
+    def call(self, method: str, *args: Any, replace: Callable[[ReplicaDied], Any] | None = None) -> list[Any]:
+        """``method(*args)`` on every replica; their results in replica order (see :meth:`wait`,
+        and its ``replace``: a lost replica's stand-in call)."""
+        return self.wait([getattr(a, method).remote(*args) for a in self.actors], replace=replace)
+
+    def submit(self, key: tuple[str, int], method: str, *args: Any) -> Any:
+        """``method(*args)`` on replica ``key``; its future, waited for by the caller (a
+        replacement's set-up: its failure is the caller's, not the group's)."""
+        return getattr(self.actors[self.keys.index(key)], method).remote(*args)
 
     def call_each(self, method: str, args: Sequence[Sequence[Any]], keys: Sequence[tuple[str, int]] | None = None) -> list[Any]:
         """``method(*args[i])`` on replica ``keys[i]`` (every replica when ``keys`` is ``None``)."""

@@ -167,7 +167,7 @@ class StreamTransport:
     """A producer replica's side of the transports between processes (an
     :class:`~msrl.runtime.asynchronous.AsyncTransport`): one stream to each consumer replica,
     opened on first use by ``open_stream`` -- a gRPC stream (:func:`msrl.cluster.grpc_transport.GrpcTransport`)
-    or a Unix-socket stream (:func:`msrl.cluster.uds_transport.ProcessTransport` picks by address):
+    or a Unix-socket stream (:func:`msrl.cluster.transports.ProcessTransport` picks by address):
     peers, each moving this class's frames.
 
     Args:

@@ -515,7 +515,7 @@ class ReplicaActor:
                         max_message: int | None, timeout_s: float, elastic: Sequence[str] = (),
                         reply: Mapping[str, str] | None = None) -> Any:
         """This replica's :class:`~msrl.runtime.asynchronous.AsyncEndpoint` over a
-        :func:`~msrl.cluster.uds_transport.ProcessTransport` to the consumers' servers (``None``
+        :func:`~msrl.cluster.transports.ProcessTransport` to the consumers' servers (``None``
         without any), each over the kind :func:`msrl.cluster.transports.pick` names for the pair
         (on this machine a Unix socket, on another gRPC). The
         consumers of ``elastic`` fragments may be replaced (a broken stream to one is not
@@ -525,8 +525,7 @@ class ReplicaActor:
         if not boundary_servers:
             return None
         from msrl.cluster.grpc_transport import MAX_MESSAGE
-        from msrl.cluster.transports import kinds_for, pick
-        from msrl.cluster.uds_transport import ProcessTransport
+        from msrl.cluster.transports import ProcessTransport, kinds_for, pick
         from msrl.runtime.asynchronous import AsyncEndpoint
 
         here = peers[(self.fragment, self.index)]["node_id"] if peers is not None else None
@@ -963,7 +962,7 @@ class RayJob:
         """
         if method == "train_step":
             end = self.iteration - self._start_iteration + n  # the consumers' iterations at the chunk's end
-            per_replica = self._call_all("run", (method, n), end, lambda actor, owed: actor.run.remote(method, owed))
+            per_replica = self._call_all("run", (method, n), end, lambda key, owed: ("run", method, owed))
         else:
             per_replica = self.replicas.call("run", method, n)
         for recs in per_replica:  # the replicas' notices (a capture, or why not), printed here
@@ -1006,20 +1005,20 @@ class RayJob:
     def _call_all(self, method: str, args: Sequence[Any] = (), end: int | None = None,
                   again: Any = None) -> list[Any]:
         """``method(*args)`` on every replica, their results in replica order; a replica of an
-        elastic fragment lost meanwhile is replaced alone (:meth:`_replace`) and ``again(actor,
-        owed)`` (default: the same call) is what its replacement runs instead. ``end``: the
+        elastic fragment lost meanwhile is replaced alone (:meth:`_replace`) and ``again(key,
+        owed)`` -- a method and its arguments (default: the same call) -- is what its replacement
+        runs instead. ``end``: the
         consumers' iterations when the call ends (default: now, between chunks)."""
-        futures = [getattr(a, method).remote(*args) for a in self.actors]
         if not self.elastic:
-            return self.replicas.wait(futures)
+            return self.replicas.call(method, *args)
         end = self.iteration - self._start_iteration if end is None else end
-        again = again or (lambda actor, owed: getattr(actor, method).remote(*args))
-        return self.replicas.wait(futures, replace=lambda cause: self._replace(cause, end, again))
+        again = again or (lambda key, owed: (method, *args))
+        return self.replicas.call(method, *args, replace=lambda cause: self._replace(cause, end, again))
 
     def _replace(self, cause: ReplicaDied, end: int, again: Any) -> Any:
         """Replaces the lost replica of ``cause`` alone (:mod:`msrl.runtime.elastic`) while the
-        others run; returns ``again(new actor, owed)``, the call the replacement runs in the lost
-        one's place (``owed``: the iterations it owes its consumer), or ``None`` when its fragment
+        others run; returns the future of ``again(key, owed)``, the call the replacement runs in
+        the lost one's place (``owed``: the iterations it owes its consumer), or ``None`` when its fragment
         is not replaced (every replica then restarts from the checkpoint).
 
         ``end``: the iterations the consumers will have run since the replicas started when the
@@ -1061,7 +1060,7 @@ class RayJob:
     def _rejoin(self, cause: ReplicaDied, key: tuple[str, int], again: Any, end: int, delivered: int,
                 lost_steps: int, t0: float) -> Any:
         """The second half of :meth:`_replace`: the new process's boundaries and reset, its
-        count from ``delivered`` items on; returns ``again(actor, owed)``."""
+        count from ``delivered`` items on; returns its call ``again(key, owed)`` (method and arguments)."""
         import ray
 
         servers, token, tls, max_message, timeout_s, transport, priority = self._rejoin_args
@@ -1069,7 +1068,7 @@ class RayJob:
         has_env = "env" in self.spec.policy.fragment(key[0]).roles
         per_iteration = self.spec.env_steps_per_iteration // max(1, env_replicas) if has_env else 0
         offset = (self._start_iteration + delivered) * per_iteration  # every env replica's count: per_iteration a step
-        ref = self.replicas.actors[self.keys.index(key)].info.remote()
+        ref = self.replicas.submit(key, "info")
         try:
             info = ray.get(ref, timeout=CAPACITY_NOTE_S)
         except ray.exceptions.GetTimeoutError:  # its bundle was on a lost node: placed again when capacity allows
@@ -1080,15 +1079,15 @@ class RayJob:
             info = ray.get(ref, timeout=self._replacement_timeout_s)
         self.replicas.relocate(key, info, ray.get_runtime_context().get_node_id())
         peers = dict(self.replicas.peers)
-        actor = self.replicas.actors[self.keys.index(key)]
         if producers_to_lower([key], peers, producer_only_fragments(self.fragment_graph), priority):
-            ray.get(actor.lower_priority.remote(PRODUCER_NICE))
-        own = ray.get(actor.start_boundary_server.remote(token, timeout_s, tls, max_message, None, peers, transport))
+            ray.get(self.replicas.submit(key, "lower_priority", PRODUCER_NICE))
+        own = ray.get(self.replicas.submit(key, "start_boundary_server", token, timeout_s, tls, max_message, None, peers,
+                                           transport))
         consumers = {k: a for k, a in servers.items() if k != key}
         if own is not None:
             servers[key] = own
-        ray.get(actor.rejoin.remote(consumers, peers, own, token, tls, max_message, timeout_s, sorted(self.elastic),
-                                    offset))
+        ray.get(self.replicas.submit(key, "rejoin", consumers, peers, own, token, tls, max_message, timeout_s,
+                                     sorted(self.elastic), offset))
         dropped = max(0, lost_steps - offset)
         self._replica_steps[key] = offset
         hung = int(type(cause).__name__ == "ReplicaHung")
@@ -1097,7 +1096,7 @@ class RayJob:
         self.replacement_s.append(time.monotonic() - t0)
         print(f"msrl: {cause}; replaced it alone in {self.replacement_s[-1]:.1f} s (the other replicas kept running; "
               f"{dropped} env steps of its rollout in flight dropped)", file=sys.stderr, flush=True)
-        return again(actor, end - delivered)
+        return self.replicas.submit(key, *again(key, end - delivered))
 
     def reset(self) -> None:
         """Runs every replica's ``reset`` program."""

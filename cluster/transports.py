@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import dataclasses
 import socket
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
-__all__ = ["StreamKind", "STREAM_KINDS", "kinds_for", "kinds_needed", "pick", "open_stream"]
+__all__ = ["StreamKind", "STREAM_KINDS", "kinds_for", "kinds_needed", "pick", "open_stream", "ProcessTransport"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,3 +132,15 @@ def open_stream(transport: Any, target: str) -> Any:
     kind = next((k for k in STREAM_KINDS if k.scheme and target.startswith(k.scheme)), None)
     kind = kind or next(k for k in STREAM_KINDS if not k.scheme)
     return kind.stream(transport, target)
+
+
+def ProcessTransport(boundaries: Sequence[Any], fragment: str, replica: int,  # noqa: N802
+                     addresses: Mapping[tuple[str, int], str], token: str, **kwargs: Any) -> Any:
+    """A producer replica's side of every asynchronous boundary between processes: a
+    :class:`~msrl.cluster.frames.StreamTransport` whose stream to each consumer is of the kind its
+    address names (:func:`open_stream`: a :class:`~msrl.cluster.uds_transport.UdsStream` to
+    ``unix:/path``, same machine; a gRPC stream to ``host:port``). Arguments and errors are
+    ``StreamTransport``'s (``tls`` applies to the gRPC streams)."""
+    from msrl.cluster.frames import StreamTransport
+
+    return StreamTransport(boundaries, fragment, replica, addresses, token, open_stream=open_stream, **kwargs)

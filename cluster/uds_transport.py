@@ -25,7 +25,7 @@ are read by the replica's own thread while it waits for a value (the mailbox's `
 length and frame checked before anything is allocated or delivered; a bad frame refuses that one
 stream (``REFUSED`` with the reason, then closed) and the server goes on serving the others.
 
-Producer (:class:`UdsStream`, made by :class:`ProcessTransport` for a ``unix:`` address):
+Producer (:class:`UdsStream`, made by :func:`msrl.cluster.transports.ProcessTransport` for a ``unix:`` address):
 writes without blocking from the producer's thread; bytes the kernel cannot take at once (a
 value larger than the socket's buffer, a consumer that is not reading) go to a writer thread,
 so a ``put`` never waits on the consumer's reading, only on its credits; an unsent older
@@ -47,15 +47,15 @@ import struct
 import tempfile
 import threading
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 from msrl.channels import ChannelClosed
-from msrl.cluster.frames import CREDIT, CREDIT_FRAME, FORMAT, MAGIC, StreamTransport, TransportError, deliver_frame
+from msrl.cluster.frames import CREDIT, CREDIT_FRAME, FORMAT, MAGIC, TransportError, deliver_frame
 from msrl.cluster.refusals import Refusals
 from msrl.runtime.asynchronous import Mailbox
 from msrl.runtime.codec import CodecError
 
-__all__ = ["UdsServer", "UdsStream", "ProcessTransport", "HELLO", "REFUSED", "encode_hello"]
+__all__ = ["UdsServer", "UdsStream", "HELLO", "REFUSED", "encode_hello"]
 
 HELLO, REFUSED = 5, 6
 _LEN = struct.Struct("<I")
@@ -620,16 +620,3 @@ class UdsStream:
             self.closed = True
             self.cond.notify_all()
         self.sock.close()
-
-
-def ProcessTransport(boundaries: Sequence[Any], fragment: str, replica: int,  # noqa: N802
-                     addresses: Mapping[tuple[str, int], str], token: str, **kwargs: Any) -> StreamTransport:
-    """A producer replica's side of every asynchronous boundary between processes: a
-    :class:`~msrl.cluster.frames.StreamTransport` whose stream to each consumer is of the kind its
-    address names (:func:`msrl.cluster.transports.open_stream`: a :class:`UdsStream` to
-    ``unix:/path``, same machine; a gRPC stream to ``host:port``; peers, neither a kind of the
-    other). Arguments and errors are ``StreamTransport``'s (``tls``
-    applies to the gRPC streams)."""
-    from msrl.cluster.transports import open_stream
-
-    return StreamTransport(boundaries, fragment, replica, addresses, token, open_stream=open_stream, **kwargs)

@@ -30,7 +30,8 @@ from msrl.cluster.grpc_transport import (  # noqa: E402
     TlsConfig,
     encode_frame,
 )
-from msrl.cluster.uds_transport import ProcessTransport, UdsServer  # noqa: E402
+from msrl.cluster.transports import ProcessTransport  # noqa: E402
+from msrl.cluster.uds_transport import UdsServer  # noqa: E402
 from msrl.runtime.codec import encode  # noqa: E402
 
 TRANSPORTS = ["local", "grpc", "uds"]

@@ -23,7 +23,8 @@ from msrl.runtime.asynchronous import AsyncEndpoint, Mailbox
 pytest.importorskip("grpc")
 
 from msrl.cluster.grpc_transport import ITEM, LATEST, encode_frame  # noqa: E402
-from msrl.cluster.uds_transport import REFUSED, ProcessTransport, UdsServer, encode_hello  # noqa: E402
+from msrl.cluster.transports import ProcessTransport  # noqa: E402
+from msrl.cluster.uds_transport import REFUSED, UdsServer, encode_hello  # noqa: E402
 from msrl.runtime.codec import encode  # noqa: E402
 
 TRAJ, WEIGHTS = "train_step/b0:traj", "train_step/b1:w"
