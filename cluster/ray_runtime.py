@@ -480,11 +480,12 @@ class ReplicaActor:
         groups = {}
         shm_ok = intra_node == "shm" and shm.available() and peers is not None
         leaders: dict[str, Any] = {}  # fragment -> the Gloo group of one replica per node
+        firsts = _node_leaders(self.fragment, ranks, peers)
         for fr in sorted({f for f, _ in ranks}):  # every rank makes every group, in one order
             groups[fr] = dist.new_group(sorted(r for (f, _), r in ranks.items() if f == fr))
-            firsts = _node_leaders(fr, ranks, peers)
-            if shm_ok and devices[fr].type == "cpu" and len(firsts) > 1:
-                leaders[fr] = dist.new_group(sorted(ranks[k] for k in firsts))
+            heads = _node_leaders(fr, ranks, peers)
+            if shm_ok and devices[fr].type == "cpu" and len(heads) > 1:
+                leaders[fr] = dist.new_group(sorted(ranks[k] for k in heads))
         own = groups[self.fragment] if sum(1 for f, _ in ranks if f == self.fragment) > 1 else None
         local = None
         key = (self.fragment, self.index)
@@ -506,8 +507,7 @@ class ReplicaActor:
         self.comm = DistEndpoint(self.fragment_graph.boundaries, self.fragment, self.index, ranks, own,
                              own_device, devices, local_group=local, asynchronous=asynchronous,
                              max_message=max_message or CODEC_MAX_MESSAGE, hierarchical=hierarchical,
-                             leaders_group=leaders[self.fragment] if hierarchical and key in _node_leaders(
-                                 self.fragment, ranks, peers) else None)
+                             leaders_group=leaders[self.fragment] if hierarchical and key in firsts else None)
         self.comm.inference = self.replica.inference  # central inference's server replica
 
     def _async_endpoint(self, boundary_servers: Mapping[tuple[str, int], Mapping[str, str]] | None,
@@ -538,8 +538,8 @@ class ReplicaActor:
                                      hold=True)  # the endpoint flushes before it waits and every iteration
         transport.elastic = {k for k in addresses if k[0] in elastic}
         transport.reply = dict(reply or {})
-        for server in self.servers.values():
-            if transport.elastic:
+        if transport.elastic:  # a replacement's greeting reopens this replica's streams to it
+            for server in self.servers.values():
                 server.on_rejoin = transport.rejoin
         return AsyncEndpoint(self.fragment_graph.boundaries, self.fragment, self.index, self.mailbox, transport)
 

@@ -5,6 +5,7 @@ server serves the legitimate producer), the socket's private directory and no TC
 a value larger than the socket's buffer, coalesced ``latest`` versions, reconnection after the
 consumer restarts. Its semantics suite is tests/test_async_channels.py's (transport ``uds``)."""
 
+import dataclasses
 import os
 import secrets
 import socket
@@ -394,7 +395,7 @@ def test_the_transport_registry_picks_a_unix_socket_on_one_machine_and_grpc_acro
     with pytest.raises(ValueError, match="cluster.boundary_transport must be auto or one of unix, grpc"):
         transports.kinds_for("carrier-pigeon")
     made = []
-    fake = [dataclasses_replace(k, stream=lambda t, target, n=k.name: made.append((n, target))) for k in transports.STREAM_KINDS]
+    fake = [dataclasses.replace(k, stream=lambda t, target, n=k.name: made.append((n, target))) for k in transports.STREAM_KINDS]
     try:
         transports.STREAM_KINDS, saved = tuple(fake), transports.STREAM_KINDS
         transports.open_stream(None, "unix:/tmp/x/s")
@@ -402,9 +403,3 @@ def test_the_transport_registry_picks_a_unix_socket_on_one_machine_and_grpc_acro
     finally:
         transports.STREAM_KINDS = saved
     assert made == [("unix", "unix:/tmp/x/s"), ("grpc", "10.0.0.1:5000")]
-
-
-def dataclasses_replace(obj, **changes):
-    import dataclasses
-
-    return dataclasses.replace(obj, **changes)
