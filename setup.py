@@ -41,6 +41,7 @@ setup(
         "google-crc32c>=1.5",  # TensorBoard's event checksums in C (msrl.metrics.use_native_crc32c)
         "matplotlib>=3.7",
         "ray[default]>=2.40",  # [default]: the Jobs client of msrl launch
+        "psutil>=5.9",  # a replica's network interface by its address (msrl/runtime/wiring.py)
     ],
     extras_require={
         # cupy-cuda12x: the GPU build's set-up errors are tested where CuPy imports without a GPU

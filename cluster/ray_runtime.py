@@ -19,7 +19,6 @@ boundary) and re-raises the replica's :class:`~msrl.runtime.replica.FragmentErro
 from __future__ import annotations
 
 import glob
-import hashlib
 import logging
 import math
 import os
@@ -29,7 +28,6 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from datetime import timedelta
 from typing import Any, Mapping, Sequence
 
 import cloudpickle
@@ -277,17 +275,6 @@ def cluster_stopped() -> str | None:
     return None if e is None else f"its GCS at {address} does not answer: {e.strerror or e}"
 
 
-def interface_of(address: str) -> str | None:
-    """The name of this machine's network interface holding IPv4 ``address`` (``None``: none
-    does): where a replica's Gloo pairs listen on a cluster of several nodes."""
-    import psutil  # a dependency of Ray's
-
-    for name, addrs in psutil.net_if_addrs().items():
-        if any(a.family == socket.AF_INET and a.address == address for a in addrs):
-            return name
-    return None
-
-
 def uds_prefix(job_id: str) -> str:
     """The name prefix of the directories holding a job's Unix boundary sockets (under the temp
     directory of each node)."""
@@ -329,20 +316,6 @@ def producers_to_lower(keys: Sequence[tuple[str, int]], peers: Mapping[tuple[str
     per_node = Counter(peers[k]["node_id"] for k in keys)
     return [k for k in keys if k[0] in producers
             and (mode == "on" or per_node[peers[k]["node_id"]] > peers[k]["cores"])]
-
-
-def _node_leaders(fragment: str, ranks: Mapping[tuple[str, int], int],
-                  peers: Mapping[tuple[str, int], Mapping[str, Any]] | None) -> list[tuple[str, int]]:
-    """The first replica of ``fragment`` on each node (by ``peers[k]["node_id"]``), in replica
-    order: the leaders of a hierarchical all-reduce (one node: a single leader)."""
-    if peers is None:
-        return []
-    out, seen = [], set()
-    for k in sorted(k for k in ranks if k[0] == fragment):
-        if peers[k]["node_id"] not in seen:
-            seen.add(peers[k]["node_id"])
-            out.append(k)
-    return out
 
 
 class ReplicaActor:
@@ -434,114 +407,34 @@ class ReplicaActor:
                            intra_node: str = "shm", boundary_servers: Mapping[tuple[str, int], str] | None = None,
                            token: str = "", tls: Any = None, max_message: int | None = None,
                            elastic: Sequence[str] = ()) -> None:
-        """Joins the job's Gloo process group and builds this replica's endpoint.
+        """Joins the job's process group and builds this replica's endpoint, as
+        :mod:`msrl.runtime.wiring` wires it (``rank`` is ``ranks[(fragment, replica)]``).
 
-        ``peers`` maps every replica to its :meth:`info` (``pid``, ``node_id``). With
-        ``intra_node="shm"``, a fragment whose replicas all run on this machine all-reduces its
-        host tensors through a :class:`~msrl.runtime.shm.ShmGroup` instead of Gloo.
-        ``boundary_servers`` maps every consumer of an asynchronous boundary to its server's
-        address (:meth:`start_boundary_server`); this replica's ``put``s stream there over gRPC
-        with the job's ``token``. Replicas of the ``elastic`` fragments may be replaced alone
-        (:meth:`rejoin`).
+        ``peers`` maps every replica to its :meth:`info` (``pid``, ``node_id``, ``node``);
+        ``intra_node``: ``cluster.intra_node``; ``boundary_servers`` maps every consumer of an
+        asynchronous boundary to its servers' addresses (:meth:`start_boundary_server`), where
+        this replica's ``put``s stream with the job's ``token``. Replicas of the ``elastic``
+        fragments may be replaced alone (:meth:`rejoin`). The rendezvous goes through Ray's
+        key-value store under the job's secret ``token``
+        (:class:`~msrl.cluster.rendezvous.RayStore`: no port opened for it).
 
-        The rendezvous goes through Ray's key-value store under the job's secret ``token``
-        (:class:`~msrl.cluster.rendezvous.RayStore`: no port opened for it); when every replica
-        runs on one machine, Gloo's pairs listen on loopback only (``GLOO_SOCKET_IFNAME=lo``
-        unless the environment names an interface), else on the interface holding the node's
-        address as Ray reports it (:func:`interface_of`).
+        Raises:
+            ValueError: no ``token``, or ``rank`` is not this replica's.
         """
-        import torch.distributed as dist
-
-        from msrl.runtime import shm
-        from msrl.runtime.dist import DistEndpoint
-
-        devices = {f.name: torch.device(f.device) for f in self.spec.policy.fragments}
-        # Gloo for host tensors; NCCL as well when a fragment holds CUDA tensors (GPU-to-GPU
-        # payloads and all-reduces of CUDA gradients)
-        backend = "cpu:gloo,cuda:nccl" if any(d.type == "cuda" for d in devices.values()) else "gloo"
-        own_device = devices[self.fragment]
-        if own_device.type == "cuda":
-            torch.cuda.set_device(own_device)  # this process's GPU (Ray's CUDA_VISIBLE_DEVICES)
         from msrl.cluster.rendezvous import RayStore
+        from msrl.runtime import wiring
 
+        key = (self.fragment, self.index)
+        if ranks.get(key) != rank:
+            raise ValueError(f"rank {rank} is not replica {key}'s ({ranks.get(key)})")
         if not token:
             raise ValueError("init_process_group needs the job's secret token (the rendezvous' key prefix)")
-        if peers is not None and len({p["node_id"] for p in peers.values()}) == 1:
-            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one machine: nothing listens beyond loopback
-        elif peers is not None:
-            # several machines: Gloo's pairs listen on (and advertise) this node's own address, not
-            # whatever the host name resolves to (often 127.0.0.1, unreachable from another node)
-            ifname = interface_of(peers[(self.fragment, self.index)]["node"])
-            if ifname is not None:
-                os.environ.setdefault("GLOO_SOCKET_IFNAME", ifname)
-        store = RayStore(token, timeout_s)
-        dist.init_process_group(backend, store=store, rank=rank, world_size=len(ranks),
-                                timeout=timedelta(seconds=timeout_s))
-        groups = {}
-        shm_ok = intra_node == "shm" and shm.available() and peers is not None
-        leaders: dict[str, Any] = {}  # fragment -> the Gloo group of one replica per node
-        firsts = _node_leaders(self.fragment, ranks, peers)
-        for fr in sorted({f for f, _ in ranks}):  # every rank makes every group, in one order
-            groups[fr] = dist.new_group(sorted(r for (f, _), r in ranks.items() if f == fr))
-            heads = _node_leaders(fr, ranks, peers)
-            if shm_ok and devices[fr].type == "cpu" and len(heads) > 1:
-                leaders[fr] = dist.new_group(sorted(ranks[k] for k in heads))
-        own = groups[self.fragment] if sum(1 for f, _ in ranks if f == self.fragment) > 1 else None
-        local = None
-        key = (self.fragment, self.index)
-        # the fragment's replicas on this machine (all of them, or with `leaders`, this node's)
-        mates = sorted(k for k in ranks if k[0] == self.fragment
-                       and (peers is None or peers[k]["node_id"] == peers[key]["node_id"]))
-        hierarchical = self.fragment in leaders
-        if own is not None and shm_ok and own_device.type == "cpu" and (hierarchical or len(mates) == len(
-                [k for k in ranks if k[0] == self.fragment])):
-            if len(mates) > 1:
-                uid = hashlib.sha256(token.encode()).hexdigest()[:32]  # the job's secret names its sockets
-                node = hashlib.sha256(peers[key]["node_id"].encode()).hexdigest()[:8]  # nodes sharing a kernel
-                local = shm.ShmGroup(f"{uid}:{self.fragment}:{node}", mates.index(key), len(mates),
-                                     pids=[peers[k]["pid"] for k in mates], timeout_s=timeout_s,
-                                     barrier=lambda: dist.barrier(group=own))
-            else:
-                dist.barrier(group=own)  # the one the other nodes' groups make
-        asynchronous = self._async_endpoint(boundary_servers, peers, token, tls, max_message, timeout_s, elastic)
-        self.comm = DistEndpoint(self.fragment_graph.boundaries, self.fragment, self.index, ranks, own,
-                             own_device, devices, local_group=local, asynchronous=asynchronous,
-                             max_message=max_message or CODEC_MAX_MESSAGE, hierarchical=hierarchical,
-                             leaders_group=leaders[self.fragment] if hierarchical and key in firsts else None)
+        groups = wiring.join(self.spec, key, ranks, peers, RayStore(token, timeout_s), timeout_s, intra_node, token)
+        asynchronous = wiring.stream_endpoint(self.fragment_graph, key, self.mailbox, self.servers, boundary_servers,
+                                              peers, token, tls, max_message, timeout_s, elastic,
+                                              choice=self.transport_choice)
+        self.comm = wiring.endpoint(self.spec, self.fragment_graph, key, ranks, groups, asynchronous, max_message)
         self.comm.inference = self.replica.inference  # central inference's server replica
-
-    def _async_endpoint(self, boundary_servers: Mapping[tuple[str, int], Mapping[str, str]] | None,
-                        peers: Mapping[tuple[str, int], Mapping[str, Any]] | None, token: str, tls: Any,
-                        max_message: int | None, timeout_s: float, elastic: Sequence[str] = (),
-                        reply: Mapping[str, str] | None = None) -> Any:
-        """This replica's :class:`~msrl.runtime.asynchronous.AsyncEndpoint` over a
-        :func:`~msrl.cluster.transports.ProcessTransport` to the consumers' servers (``None``
-        without any), each over the kind :func:`msrl.cluster.transports.pick` names for the pair
-        (on this machine a Unix socket, on another gRPC). The
-        consumers of ``elastic`` fragments may be replaced (a broken stream to one is not
-        reconnected; a replacement's greeting reopens it, through this replica's servers'
-        ``on_rejoin``); ``reply``: this replica's own server addresses, named in its greetings
-        when it is a replacement."""
-        if not boundary_servers:
-            return None
-        from msrl.cluster.grpc_transport import MAX_MESSAGE
-        from msrl.cluster.transports import ProcessTransport, kinds_for, pick
-        from msrl.runtime.asynchronous import AsyncEndpoint
-
-        here = peers[(self.fragment, self.index)]["node_id"] if peers is not None else None
-        kinds = kinds_for(self.transport_choice)
-        consumers = {b.dst for b in self.fragment_graph.boundaries if b.asynchronous and b.src == self.fragment}
-        addresses = {k: pick(kinds, dict(a), peers is not None and peers[k]["node_id"] == here)
-                     for k, a in boundary_servers.items() if k[0] in consumers}  # (others may not serve this pair)
-        transport = ProcessTransport(self.fragment_graph.boundaries, self.fragment, self.index, addresses,
-                                     token, tls=tls, timeout_s=timeout_s, max_message=max_message or MAX_MESSAGE,
-                                     hold=True)  # the endpoint flushes before it waits and every iteration
-        transport.elastic = {k for k in addresses if k[0] in elastic}
-        transport.reply = dict(reply or {})
-        if transport.elastic:  # a replacement's greeting reopens this replica's streams to it
-            for server in self.servers.values():
-                server.on_rejoin = transport.rejoin
-        return AsyncEndpoint(self.fragment_graph.boundaries, self.fragment, self.index, self.mailbox, transport)
 
     def rejoin(self, boundary_servers: Mapping[tuple[str, int], Mapping[str, str]],
                peers: Mapping[tuple[str, int], Mapping[str, Any]], own: Mapping[str, str] | None, token: str,
@@ -554,14 +447,14 @@ class ReplicaActor:
         them again (fresh episodes, the learner's newest weights). No process group: every
         boundary of a replaceable fragment is asynchronous. ``steps_offset``: the env steps the
         lost replica's delivered iterations took (its count goes on from there)."""
-        from msrl.runtime.dist import DistEndpoint
+        from msrl.runtime import wiring
         from msrl.runtime.elastic import SubstituteEndpoint, substitutes
 
-        asynchronous = self._async_endpoint(boundary_servers, peers, token, tls, max_message, timeout_s, elastic, own)
-        devices = {f.name: torch.device(f.device) for f in self.spec.policy.fragments}
-        self.comm = DistEndpoint(self.fragment_graph.boundaries, self.fragment, self.index, {}, None,
-                                 devices[self.fragment], devices, asynchronous=asynchronous,
-                                 max_message=max_message or CODEC_MAX_MESSAGE)
+        key = (self.fragment, self.index)
+        asynchronous = wiring.stream_endpoint(self.fragment_graph, key, self.mailbox, self.servers, boundary_servers,
+                                              peers, token, tls, max_message, timeout_s, elastic, own,
+                                              self.transport_choice)
+        self.comm = wiring.endpoint(self.spec, self.fragment_graph, key, {}, None, asynchronous, max_message)
         asynchronous.transport.open_all()  # the greetings: the consumers learn where this replica listens
         self.host.steps_offset = steps_offset
         subs, _ = substitutes(self.fragment_graph, self.fragment)
