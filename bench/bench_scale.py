@@ -20,7 +20,17 @@ Rows, per N (``--replicas``):
   from its loss noticed to its replacement rejoined (``RayJob.replacement_s``), the other
   replicas running throughout.
 
+* ``--hierarchical NODES``: instead, ``multi_learner`` with ``2 x NODES`` learners (the README's
+  CartPole PPO) packed two to a node on a namespace cluster of ``NODES`` nodes
+  (``cluster/local_cluster.py``, 4 logical CPUs each, 2 per replica): each iteration's gradient
+  all-reduce through shared memory within each node and over Gloo among the node leaders
+  (``cluster.intra_node=shm``), against the same job all-reducing over Gloo among all ranks
+  (``cluster.intra_node=gloo``); per run its env steps/s, the all-reduce's seconds per iteration
+  (mean over replicas, waiting for the slowest included) and whether every replica's learner
+  (weights and optimiser state) holds the same bits after the run.
+
     PYTHONPATH=bench python bench/bench_scale.py --replicas 1 4 16 32 --kill
+    python bench/bench_scale.py --hierarchical 4
 """
 
 from __future__ import annotations
@@ -125,6 +135,68 @@ def measure(n: int, delay_ms: float, iterations: int, kill: bool) -> dict:
         job.close()
 
 
+def _tensors(x, prefix=""):
+    """Every tensor of a nested state, by its path."""
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return {prefix: x}
+    if isinstance(x, dict):
+        return {k: v for key, val in x.items() for k, v in _tensors(val, f"{prefix}/{key}").items()}
+    if isinstance(x, (list, tuple)):
+        return {k: v for i, val in enumerate(x) for k, v in _tensors(val, f"{prefix}/{i}").items()}
+    return {}
+
+
+def hierarchical(nodes: int, iterations: int) -> None:
+    """multi_learner x(2 x ``nodes``) packed over ``nodes`` namespace nodes, shm-hierarchical
+    against flat Gloo (see the module docstring)."""
+    import collections
+
+    import ray
+    import torch
+
+    from msrl.cluster.local_cluster import LocalCluster
+    from msrl.cluster.ray_runtime import RayJob
+    from msrl.config import build_job_spec, load_config
+
+    learners = 2 * nodes
+    print(f"# {platform.node()}: {os.cpu_count()} cores; multi_learner x{learners} (PPO CartPole, "
+          f"{learners * 2} envs) packed over {nodes} namespace nodes, {iterations} iterations after 5")
+    print("| all-reduce | replicas per node | env steps/s | all-reduce (ms/iteration) | every replica the same bits |")
+    print("|---|---|---|---|---|")
+    with LocalCluster(nodes=nodes, cpus=4) as c:
+        env = c.client_env()
+        os.environ.clear()
+        os.environ.update(env)
+        for intra in ("shm", "gloo"):
+            cfg = load_config(str(ROOT / "configs/ppo_cartpole.yaml"), [
+                "name=hier", "distribution_policy.name=multi_learner", f"distribution_policy.replicas.main={learners}",
+                f"env.num_envs={2 * learners}", "runtime=ray", "train.total_env_steps=100000000"])
+            job = RayJob(build_job_spec(cfg), address=c.address, cpus_per_replica=2.0, strategy="PACK",
+                         intra_node=intra)
+            try:
+                per_node = sorted(collections.Counter(r["node"] for r in job.replica_table()).values())
+                job.reset()
+                job.run(5)
+                before = [s["op_s"].get("allreduce", 0.0) for s in job.comm_stats()]
+                s0, t0 = job.env_steps, time.perf_counter()
+                job.run(iterations)
+                sps = (job.env_steps - s0) / (time.perf_counter() - t0)
+                after = [s["op_s"].get("allreduce", 0.0) for s in job.comm_stats()]
+                reduce_ms = 1e3 * sum(a - b for a, b in zip(after, before)) / len(after) / iterations
+                states = job.state_dict()["replicas"]
+                learner = {k: _tensors(v["components"]["learner"]) for k, v in states.items()}
+                first = learner["main/0"]
+                same = len(learner) == learners and all(
+                    t.keys() == first.keys() and all(torch.equal(t[k], first[k]) for k in first) for t in learner.values())
+            finally:
+                job.close()
+                ray.shutdown()
+            name = "shm within nodes, Gloo among leaders" if intra == "shm" else "Gloo among all ranks"
+            print(f"| {name} | {per_node} | {sps:.0f} | {reduce_ms:.2f} | {'yes' if same else 'NO'} |", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--replicas", type=int, nargs="+", default=[1, 4, 16, 32])
@@ -132,7 +204,10 @@ def main() -> None:
     p.add_argument("--iterations", type=int, default=20)
     p.add_argument("--kill", action="store_true", help="replace an actor at the largest N")
     p.add_argument("--no-startup", action="store_true", help="skip the start-up and floor columns")
+    p.add_argument("--hierarchical", type=int, metavar="NODES", help="multi_learner x2 NODES over NODES nodes instead")
     args = p.parse_args()
+    if args.hierarchical:
+        return hierarchical(args.hierarchical, args.iterations)
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "bench"), os.environ.get("PYTHONPATH", "")])
     import ray
 

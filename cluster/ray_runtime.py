@@ -75,7 +75,7 @@ def capacity_note(n: int, bundle: Mapping[str, float], strategy: str, timeout_s:
     job gets going again, and the key that bounds the wait."""
     import ray
 
-    nodes = [x for x in ray.nodes() if x.get("Alive")]
+    nodes = live_nodes()
     have = {k: sum(x.get("Resources", {}).get(k, 0) for x in nodes) for k in ("CPU", "GPU")}
     need = {k: v * n for k, v in bundle.items()}
     try:
@@ -238,9 +238,30 @@ def init_ray(address: str | None, num_cpus: int, connect_timeout_s: float = 60.0
             f"{time.monotonic() - t0:.0f} s: {str(e).strip()[:200]}); {token}; else check the address (HOST:PORT of the "
             "head's GCS, as `ray start --head` printed it) and that the port is reachable from here"
         ) from None
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    nodes = live_nodes()
     print(f"msrl: joined the Ray cluster at {address} ({len(nodes)} node(s), "
-          f"{ray.cluster_resources().get('CPU', 0):g} CPUs)", file=sys.stderr)
+          f"{sum(n.get('Resources', {}).get('CPU', 0) for n in nodes):g} CPUs)", file=sys.stderr)
+
+
+def live_nodes(timeout_s: float = 1.0) -> list[dict[str, Any]]:
+    """The Ray cluster's nodes that are alive: those Ray reports alive (``ray.nodes()``) whose
+    raylet accepts a TCP connection within ``timeout_s`` (asked of every node at once). Ray marks a
+    lost node dead only once its health checks fail, ~15-30 s after; a restart right after a
+    node's loss would otherwise count it."""
+    import concurrent.futures
+
+    import ray
+
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    if not alive:
+        return []
+
+    def answers(n: dict[str, Any]) -> bool:
+        host, port = n.get("NodeManagerAddress"), n.get("NodeManagerPort")
+        return not host or not port or _tcp_refusal(host, int(port), timeout_s) is None
+
+    with concurrent.futures.ThreadPoolExecutor(min(32, len(alive))) as pool:
+        return [n for n, ok in zip(alive, pool.map(answers, alive)) if ok]
 
 
 def cluster_stopped() -> str | None:

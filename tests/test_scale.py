@@ -111,9 +111,10 @@ def _iterations_once(rows) -> None:
     assert steps == sorted(steps), steps
 
 
-def _restarted_exactly(cluster, proc, err, run_dir, total: int, at: int = 10) -> list[dict]:
+def _restarted_exactly(cluster, proc, err, run_dir, total: int, at: int = 10) -> tuple[list[dict], str]:
     """Kills the worker node holding most replicas once ``at`` rows are written; the run restarts
-    every replica from the checkpoint on the nodes left and finishes its ``total`` env steps."""
+    every replica from the checkpoint on the nodes left and finishes its ``total`` env steps.
+    Returns the rows and the run's output."""
     _wait_rows(proc, run_dir, at)
     node = _node_without(cluster, _table(run_dir), "__none__")
     assert cluster.kill_node(node), "the node had no process to kill"
@@ -125,7 +126,7 @@ def _restarted_exactly(cluster, proc, err, run_dir, total: int, at: int = 10) ->
     assert int(rows[-1]["env_steps"]) == total
     assert float(rows[-1]["faults/replica_restarts"]) >= 1
     assert cluster.node_ips[node] not in {r["node"] for r in _table(run_dir)}  # placed on the nodes left
-    return rows
+    return rows, text
 
 
 def test_coarse_with_32_actors_over_eight_nodes_restarts_exactly_when_a_node_is_lost(tmp_path, cluster):
@@ -136,8 +137,11 @@ def test_coarse_with_32_actors_over_eight_nodes_restarts_exactly_when_a_node_is_
                                 "distribution_policy.name=single_learner_coarse", "distribution_policy.replicas.actor=32",
                                 "env.num_envs=64", f"train.total_env_steps={total}", "train.checkpoint_every=5",
                                 "cluster.replica_timeout_s=60")
-    _restarted_exactly(cluster, proc, err, run_dir, total)
+    _, text = _restarted_exactly(cluster, proc, err, run_dir, total)
     assert len({r["node"] for r in _table(run_dir)}) == NODES - 1
+    joined = [line for line in text.splitlines() if "joined the Ray cluster" in line]
+    # the restart's line counts the live nodes, not the lost one Ray has not yet marked dead
+    assert "(8 node(s), 32 CPUs)" in joined[0] and "(7 node(s), 28 CPUs)" in joined[-1], joined
 
 
 def test_async_learner_with_32_actors_replaces_a_killed_actor_and_a_lost_nodes_actors_alone(tmp_path, cluster):
@@ -213,7 +217,7 @@ def test_multi_learner_x8_packed_over_four_nodes_stays_bit_identical_through_a_n
     for r in _table(run_dir):
         per_node[r["node"]] = per_node.get(r["node"], 0) + 1
     assert sorted(per_node.values()) == [2, 2, 2, 2], per_node  # 8 learners over 4 nodes
-    rows = _restarted_exactly(cluster, proc, err, run_dir, total, at=20)
+    rows, _ = _restarted_exactly(cluster, proc, err, run_dir, total, at=20)
     state = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=False)
     learners = {k: _tensors(v["components"]["learner"]) for k, v in state["job"]["replicas"].items()}
     first = learners["main/0"]
