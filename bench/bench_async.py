@@ -8,6 +8,8 @@ steps) reaches 475, per seed; medians over seeds:
 * ``coarse x1 / x2, overlapped``: ``single_learner_coarse`` on Ray with ``trajectories: fifo``
   and ``weights: latest`` -- actors roll out iteration k+1 while the learner learns iteration k;
 * ``coarse x1 / x2, sync``: the same policy with synchronous boundaries, for comparison;
+* ``coarse x2, lockstep``: the same in lockstep over streams (``trajectories: fifo``, ``weights:
+  fresh``: synchronous coarse's values over Unix sockets instead of Gloo, its actors replaceable);
 * ``impala, async_learner`` and ``impala, single``: ``configs/impala_cartpole.yaml``.
 
 The floor: the same actor work (16 envs x 16 steps of act, env step, buffer insert) and learner
@@ -42,6 +44,10 @@ ROWS = {
                                                       "distribution_policy.replicas.actor=1"]),
     "coarse x2, sync": ("configs/ppo_cartpole.yaml", ["distribution_policy.name=single_learner_coarse",
                                                       "distribution_policy.replicas.actor=2"]),
+    "coarse x2, lockstep": ("configs/ppo_cartpole.yaml", ["distribution_policy.name=single_learner_coarse",
+                                                          "distribution_policy.replicas.actor=2",
+                                                          "distribution_policy.boundaries.trajectories=fifo",
+                                                          "distribution_policy.boundaries.weights=fresh"]),
     "impala, async_learner x2": ("configs/impala_cartpole.yaml", ["distribution_policy.name=async_learner"]),
     "impala, single": ("configs/impala_cartpole.yaml", ["distribution_policy.name=single"]),
 }

@@ -12,6 +12,7 @@ from typing import Any, Mapping, Sequence
 
 from msrl.channels import ChannelClosed
 from msrl.errors import MsrlError
+from msrl.policy import SLOT_CHANNELS
 from msrl.runtime.asynchronous import Item, Mailbox
 from msrl.runtime.codec import MAX_MESSAGE as CODEC_MAX_MESSAGE
 from msrl.runtime.codec import decode, encode
@@ -150,7 +151,7 @@ def deliver_frame(boundaries: Sequence[Any], fragment: str, mailbox: Mailbox, fr
     slots = {}
     for t, v in versions.items():
         sb = boundaries[t]
-        if sb.channel != "latest":
+        if sb.channel not in SLOT_CHANNELS:
             raise TransportError(f"a slot version for boundary {sb.name}, which is not a latest-value slot")
         slots[sb.name] = v
     # a fresh buffer: its tensors are viewed in it, or moved once onto the consumer's device

@@ -204,9 +204,12 @@ class BoundaryServer:
                          f"{', '.join(f'{f}/0..{n - 1}' for f, n in self._producers.items())})")
         producer = (frag, int(rep))
         out: queue.Queue = queue.Queue()
+        out.superseded = False  # type: ignore[attr-defined] # set when the producer opens a newer stream
         with self._lock:
             old = self._streams.get(producer)
             self._streams[producer] = out  # a reconnecting producer replaces its old stream
+            if old is not None:
+                old.superseded = True
         if old is not None:
             old.put(None)
         self.mailbox.stream_opened(producer)
@@ -248,7 +251,9 @@ class BoundaryServer:
             out.put(_Abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}"))
             return
         with self._lock:
-            current = self._streams.get(producer) is out
+            # not "is it still in _streams": the RPC's own end (its callback) may have removed it
+            # first, and the producer's count is final all the same
+            current = not out.superseded
         if current:  # it ended after its last whole frame: the producer's count is final
             self.mailbox.stream_ended(producer)
         out.put(None)

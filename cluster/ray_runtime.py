@@ -50,6 +50,9 @@ __all__ = ["RayJob", "ReplicaActor", "ReplicaDied", "PlacementError", "ClusterJo
 #: seconds a restart's placement may take before the job says it is waiting for capacity (where
 #: the live nodes are too small; else once :data:`CAPACITY_SETTLE_S` has passed)
 CAPACITY_NOTE_S = 5.0
+#: the longest a replacement waits for the consumer's heartbeat to show the lost replica's stream
+#: ended (seconds) before every replica restarts instead
+ENDED_WAIT_S = 120.0
 
 
 #: the longest a restart's note waits for Ray to count a lost node out of the live ones
@@ -316,11 +319,13 @@ def _cores() -> int:
 
 
 def producer_only_fragments(fragment_graph: Any) -> set[str]:
-    """The fragments that put on some ``fifo`` boundary and take from none (the actors of
-    overlapped coarse and of ``async_learner``: a ``latest`` slot they read never makes them
-    wait): their consumers wait on them, they wait on nobody but their queue's credits."""
+    """The fragments that put on some ``fifo`` boundary and take from none, nor read a ``fresh``
+    slot (the actors of overlapped coarse and of ``async_learner``: a ``latest`` slot they read
+    never makes them wait): their consumers wait on them, they wait on nobody but their queue's
+    credits."""
     fifo = [b for b in fragment_graph.boundaries if b.asynchronous and b.channel == "fifo"]
-    return {b.src for b in fifo} - {b.dst for b in fifo}
+    fresh = {b.dst for b in fragment_graph.boundaries if b.channel == "fresh"}
+    return {b.src for b in fifo} - {b.dst for b in fifo} - fresh
 
 
 def producers_to_lower(keys: Sequence[tuple[str, int]], peers: Mapping[tuple[str, int], Mapping[str, Any]],
@@ -952,7 +957,9 @@ class RayJob:
         consumer = (b.dst, deliveries(b, key[1])[0][0])
         name = f"{key[0]}/{key[1]}"
         delivered = None
-        deadline = time.monotonic() + timeout_s
+        # the lost process is gone (killed above when hung): its stream ends at the consumer within
+        # a heartbeat or two; one that does not is a fault of its own, answered by the restart
+        deadline = time.monotonic() + min(timeout_s, ENDED_WAIT_S)
         while delivered is None and time.monotonic() < deadline:
             record = self.watchdog.record(consumer) or {}
             received = int(record.get("received", {}).get(f"{b.name}|{key[1]}", 0))
@@ -983,14 +990,20 @@ class RayJob:
         per_iteration = self.spec.env_steps_per_iteration // max(1, env_replicas) if has_env else 0
         offset = (self._start_iteration + delivered) * per_iteration  # every env replica's count: per_iteration a step
         ref = self.replicas.submit(key, "info")
-        try:
-            info = ray.get(ref, timeout=CAPACITY_NOTE_S)
-        except ray.exceptions.GetTimeoutError:  # its bundle was on a lost node: placed again when capacity allows
-            print(f"msrl: waiting for capacity to replace fragment {key[0]} replica {key[1]} (its placement-group "
-                  f"bundle is placed again when a live node has room; the replicas that need it wait at their "
-                  f"boundaries), for up to cluster.capacity_timeout_s={self._replacement_timeout_s:g} s",
-                  file=sys.stderr, flush=True)
-            info = ray.get(ref, timeout=self._replacement_timeout_s)
+        deadline, noted = time.monotonic() + self._replacement_timeout_s, False
+        while True:  # a new process starts (seconds); a bundle on a lost node waits for room elsewhere
+            try:
+                info = ray.get(ref, timeout=1.0)
+                break
+            except ray.exceptions.GetTimeoutError:
+                if time.monotonic() > deadline:
+                    raise
+                if not noted and time.monotonic() - t0 > CAPACITY_NOTE_S and self._bundle_unplaced(key):
+                    noted = True
+                    print(f"msrl: waiting for capacity to replace fragment {key[0]} replica {key[1]} (its placement-group "
+                          f"bundle was on a lost node and is placed again when a live node has room; the replicas that "
+                          f"need it wait at their boundaries), for up to cluster.capacity_timeout_s="
+                          f"{self._replacement_timeout_s:g} s", file=sys.stderr, flush=True)
         self.replicas.relocate(key, info, ray.get_runtime_context().get_node_id())
         peers = dict(self.replicas.peers)
         if producers_to_lower([key], peers, producer_only_fragments(self.fragment_graph), priority):
@@ -1011,6 +1024,19 @@ class RayJob:
         print(f"msrl: {cause}; replaced it alone in {self.replacement_s[-1]:.1f} s (the other replicas kept running; "
               f"{dropped} env steps of its rollout in flight dropped)", file=sys.stderr, flush=True)
         return self.replicas.submit(key, *again(key, end - delivered))
+
+    def _bundle_unplaced(self, key: tuple[str, int]) -> bool:
+        """Whether replica ``key``'s placement-group bundle has no live node now (its node lost,
+        not yet placed again); ``False`` when Ray does not say."""
+        from ray.util.placement_group import placement_group_table
+
+        try:
+            table = placement_group_table(self.placement_group)
+            node = table.get("bundles_to_node_id", {}).get(self.keys.index(key))
+            live = {n.get("NodeID") for n in live_nodes()}
+            return table.get("state") != "CREATED" or node is None or node not in live
+        except Exception:  # noqa: BLE001 - only for the message
+            return False
 
     def reset(self) -> None:
         """Runs every replica's ``reset`` program."""

@@ -121,7 +121,8 @@ class PolicyConfig(_Strict):
     boundaries: dict[str, str] = Field(
         default_factory=dict,
         description="boundary class -> kind: sync (both sides meet it every iteration), fifo (a bounded queue), "
-                    "latest (a latest-value slot), e.g. {trajectories: fifo, weights: latest}",
+                    "latest (a latest-value slot), fresh (a latest-value slot read once per new version: lockstep), "
+                    "e.g. {trajectories: fifo, weights: latest}",
     )
     queue_capacity: int | None = Field(
         None, gt=0, description="items a producer may have queued in a fifo boundary before it waits (default: the policy's)"
@@ -215,7 +216,7 @@ class ClusterConfig(_Strict):
     )
     boundary_transport: Literal["auto", "grpc"] = Field(
         "auto",
-        description="how asynchronous boundaries (fifo, latest) cross between processes: auto (a Unix socket between "
+        description="how asynchronous boundaries (fifo, latest, fresh) cross between processes: auto (a Unix socket between "
                     "replicas of one machine, gRPC between machines) or grpc (gRPC for all)",
     )
     learner_priority: Literal["auto", "on", "off"] = Field(

@@ -16,7 +16,7 @@ from msrl.api import ROLES
 from msrl.errors import InputError
 from msrl.graph import Node, NodeKind
 
-__all__ = ["ONE_LEARNER", "BOUNDARY_CHANNELS", "FragmentSpec", "BoundaryClass", "InferenceSpec", "DistributionPolicy",
+__all__ = ["ONE_LEARNER", "BOUNDARY_CHANNELS", "SLOT_CHANNELS", "FragmentSpec", "BoundaryClass", "InferenceSpec", "DistributionPolicy",
            "UnknownPolicyError", "load_policy", "available_policies"]
 
 #: How a boundary moves values (DESIGN.md §3, "Boundary kinds"):
@@ -29,7 +29,13 @@ __all__ = ["ONE_LEARNER", "BOUNDARY_CHANNELS", "FragmentSpec", "BoundaryClass", 
 #: * ``latest``: a latest-value slot: a producer publishes a versioned value and never waits; a
 #:   consumer reads the newest one published, waiting only before the first publication, and
 #:   knows its version.
-BOUNDARY_CHANNELS = ("sync", "fifo", "latest")
+#: * ``fresh``: a latest-value slot whose consumer waits for a version newer than the one it last
+#:   read: each read is a new publication, as a synchronous broadcast's is. With ``trajectories:
+#:   fifo`` it runs coarse in lockstep over streams -- the values of synchronous coarse, bit for
+#:   bit -- and its actors can be replaced alone (``cluster.on_replica_loss``).
+BOUNDARY_CHANNELS = ("sync", "fifo", "latest", "fresh")
+#: the channels that are versioned slots (a ``put`` publishes, a ``get`` reads the newest)
+SLOT_CHANNELS = ("latest", "fresh")
 #: values of ``distribution_policy.capture.<fragment>`` (:mod:`msrl.runtime.capture`)
 CAPTURE_MODES = ("graph", "eager")
 #: values of ``distribution_policy.compile.<fragment>`` (:mod:`msrl.runtime.compiled`)
@@ -315,8 +321,8 @@ class DistributionPolicy:
             if mode not in BOUNDARY_CHANNELS:
                 raise ConfigError(f"distribution_policy.boundaries.{key}={mode}: unknown boundary kind; "
                                   f"kinds: {', '.join(BOUNDARY_CHANNELS)}")
-            if mode == "latest" and classes[key].data:
-                raise ConfigError(f"distribution_policy.boundaries.{key}=latest: a latest-value slot keeps only the newest "
+            if mode in SLOT_CHANNELS and classes[key].data:
+                raise ConfigError(f"distribution_policy.boundaries.{key}={mode}: a latest-value slot keeps only the newest "
                                   f"value, and every value of {key} ({classes[key].description}) must arrive: all but the "
                                   "newest would be dropped; valid: sync or fifo (a bounded queue)")
         if inference is not None:

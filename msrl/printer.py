@@ -79,6 +79,8 @@ def format_job(job: Job) -> str:
             how = f"fifo queue of {b.capacity} per producer, {b.pattern.value}"
         elif b.channel == "latest":
             how = f"latest-value slot, {b.pattern.value}"
+        elif b.channel == "fresh":
+            how = f"fresh latest-value slot (each read a new version), {b.pattern.value}"
         else:
             how = f"sync {b.comm_kind.value}"
         cls = f" [{b.boundary_class}]" if b.boundary_class else ""

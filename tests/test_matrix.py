@@ -178,6 +178,36 @@ def test_algorithm_runs_under_asynchronous_boundaries(case):
         job.close()
 
 
+#: coarse in lockstep over streams: the rollouts queued, the weights a slot whose reader waits
+#: for each new version (what makes its actors replaceable alone, cluster.on_replica_loss)
+LOCKSTEP = {"trajectories": "fifo", "weights": "fresh"}
+
+
+@pytest.mark.parametrize("algo", list(TINY))
+def test_coarse_in_lockstep_over_streams_equals_synchronous_coarse_bitwise(algo):
+    """Every algorithm under coarse x2 with ``trajectories: fifo`` and ``weights: fresh``, its
+    replicas running free (``Job.run``): the same learner weights and metrics as synchronous
+    coarse, bit for bit, with no policy lag; its train_step boundaries are put/get."""
+    algorithm, hp, env = TINY[algo]
+    a = run(spec(algo, "single_learner_coarse", {"actor": 2}, None, num_envs=4), ITERATIONS[algo])
+    pol = load_policy("single_learner_coarse").with_overrides(replicas={"actor": 2}, boundaries=LOCKSTEP)
+    job = Job(JobSpec(algorithm, algorithm.hparams(**hp), env, 4, pol, seed=7, total_env_steps=5_000,
+                      env_kwargs=ENV_KWARGS.get(algo, {})))
+    try:
+        job.reset()
+        records = job.run(ITERATIONS[algo])
+        weights = job.component("learner").get_weights()
+        channels = {b.channel for b in job.fragment_graph.boundaries if b.method == "train_step"}
+    finally:
+        job.close()
+    assert channels == {"fifo", "fresh"}
+    assert a[1].keys() == weights.keys() and all(torch.equal(a[1][k], weights[k]) for k in a[1])
+    assert [{k: float(v) for k, v in m.items()} for m in a[0]] == [
+        {k: float(v) for k, v in r["output"].items()} for r in records]
+    lags = [lag for r in records for lag in r["policy_lags"]]
+    assert lags and all(lag == 0 for lag in lags), lags  # each item made with the newest weights
+
+
 @pytest.mark.parametrize("envs", [1, 2])
 @pytest.mark.parametrize("algo", list(TINY))
 def test_single_learner_fine_runs_every_algorithm_bitwise_like_single(algo, envs):

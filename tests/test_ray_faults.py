@@ -144,6 +144,7 @@ def test_a_replica_killed_while_the_job_starts_is_restarted(tmp_path):
     assert float(rows[-1]["faults/replica_restarts"]) == 1
 
 
+@pytest.mark.slow
 def test_a_replica_killed_while_a_restart_starts_is_restarted_again(tmp_path):
     """SIGKILL an actor mid-run, then the first replica of the restarted job as it appears: two
     restarts, the run completes, each iteration once in metrics.csv."""

@@ -44,7 +44,11 @@ def _learner_weights_local(job):
     return {k: v.clone() for k, v in job.component("learner").get_weights().items()}
 
 
-def test_coarse_on_ray_equals_the_local_runtime_bitwise(ray_local, spec_factory):
+@pytest.mark.parametrize("boundaries", [None, {"trajectories": "fifo", "weights": "fresh"}], ids=["sync", "lockstep"])
+def test_coarse_on_ray_equals_the_local_runtime_bitwise(ray_local, spec_factory, boundaries):
+    """Coarse on Ray (one process per replica) computes what the local runtime's synchronous
+    coarse computes, bit for bit: over Gloo, and in lockstep over streams (trajectories queued,
+    weights a fresh slot: what makes its actors replaceable alone)."""
     from msrl.cluster.ray_runtime import RayJob
 
     spec = spec_factory("single_learner_coarse")
@@ -52,7 +56,8 @@ def test_coarse_on_ray_equals_the_local_runtime_bitwise(ray_local, spec_factory)
     local.reset()
     local_metrics = [local.train_step() for _ in range(3)]
     # on Ray, the actor fragment runs on the cpu_process_group backend: the same program in processes
-    remote = RayJob(dataclasses.replace(spec, policy=spec.policy.with_overrides(backends={"actor": "cpu_process_group"})))
+    remote = RayJob(dataclasses.replace(spec, policy=spec.policy.with_overrides(backends={"actor": "cpu_process_group"},
+                                                                                  boundaries=boundaries)))
     try:
         pids = remote.pids()
         assert len(set(pids)) == 3 and os.getpid() not in pids  # one process per replica
@@ -478,6 +483,9 @@ def test_a_killed_env_replica_under_central_inference_is_restarted_and_its_work_
         "distribution_policy.name=single_learner_fine", "distribution_policy.inference.max_batch=1",
         "distribution_policy.inference.timeout_ms=1"], "env", 40000)
     assert all(r["inference/batch_mean"] == "1.0" for r in rows)
+
+
+@pytest.mark.slow  # (async_learner replaces a lost actor alone by default; this is its restart mode)
 def test_a_killed_actor_under_async_learner_is_restarted_and_its_work_dropped(ray_local, tmp_path, capsys):
     """IMPALA under async_learner, one actor process SIGKILLed mid-run: the learner, waiting on
     the dead actor's queue, is stopped with every replica, the job restarts from the last
@@ -502,7 +510,7 @@ def test_replace_under_a_policy_that_cannot_is_one_config_error_naming_each_frag
     msg = str(info.value)
     assert msg.startswith("cluster.on_replica_loss=replace: no fragment of policy single_learner_coarse can be replaced")
     assert "actor: a synchronous boundary: train_step/b0:trajectory" in msg and "learner: it holds the learner" in msg
-    assert "async_learner and overlapped coarse" in msg
+    assert "async_learner, overlapped coarse" in msg and "trajectories=fifo, weights=fresh" in msg
     assert not (tmp_path / "x").exists()
 
 
@@ -522,6 +530,9 @@ def test_which_fragments_are_replaced_alone_per_policy():
     overlapped = fg("configs/ppo_cartpole.yaml", "distribution_policy.name=single_learner_coarse",
                     "distribution_policy.boundaries.trajectories=fifo", "distribution_policy.boundaries.weights=latest")
     assert replaced_fragments("auto", overlapped) == {"actor"}
+    lockstep = fg("configs/ppo_cartpole.yaml", "distribution_policy.name=single_learner_coarse",
+                  "distribution_policy.boundaries.trajectories=fifo", "distribution_policy.boundaries.weights=fresh")
+    assert replaced_fragments("auto", lockstep) == {"actor"} and replaceable(lockstep)["learner"] == "it holds the learner"
     fine = fg("configs/ppo_cartpole.yaml", "distribution_policy.name=single_learner_fine",
               "distribution_policy.inference.max_batch=1")
     assert replaceable(fine)["env"] == "it takes from a fifo queue: train_step/b1:action"
@@ -580,6 +591,21 @@ def test_a_killed_actor_under_async_learner_is_replaced_alone(ray_local, tmp_pat
     """IMPALA under async_learner, one actor process SIGKILLed mid-run: replaced alone (see
     :func:`_train_replacing`)."""
     _train_replacing(tmp_path, capsys, "configs/impala_cartpole.yaml", [])
+
+
+def test_a_killed_actor_under_lockstep_coarse_is_replaced_alone(ray_local, tmp_path, capsys):
+    """PPO under coarse in lockstep over streams (``trajectories: fifo``, ``weights: fresh``:
+    synchronous coarse's values while nothing fails), one actor SIGKILLed mid-run: replaced alone,
+    the learner waiting at its queue for the replacement's rollout instead of restarting the job;
+    every rollout it trained on was made with its newest weights (policy lag 0)."""
+    import csv
+
+    _train_replacing(tmp_path, capsys, "configs/ppo_cartpole.yaml", [
+        "distribution_policy.name=single_learner_coarse", "distribution_policy.replicas.actor=2",
+        "distribution_policy.boundaries.trajectories=fifo", "distribution_policy.boundaries.weights=fresh"])
+    with open(tmp_path / "elastic" / "metrics.csv") as f:
+        lags = [float(r["async/policy_lag_max"]) for r in csv.DictReader(f)]
+    assert lags and set(lags) == {0.0}, lags  # the replacement's rollouts too
 
 
 @pytest.mark.slow
@@ -662,6 +688,7 @@ def _greet_with_a_wrong_token(address: str) -> None:
 @pytest.mark.parametrize("policy, boundaries, producers", [
     ("single_learner_coarse", {"trajectories": "fifo", "weights": "latest"}, {"actor"}),
     ("single_learner_coarse", {}, set()),  # synchronous: everyone waits on everyone
+    ("single_learner_coarse", {"trajectories": "fifo", "weights": "fresh"}, set()),  # lockstep: actors wait for weights
     ("async_learner", {}, {"actor"}),
     ("single_learner_fine", {}, set()),  # env replicas wait on the central replica's actions
 ])

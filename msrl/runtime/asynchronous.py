@@ -23,6 +23,10 @@ producer it reads from, waiting while there is none. Every item is taken exactly
 (1, 2, ...) and never waits; ``get`` reads the newest version published, waiting only until the
 first one arrives; a value may be read several times or never.
 
+``fresh``: a ``latest`` slot whose ``get`` waits for a version newer than the one this consumer
+last read from that producer: every read is a new publication (the newest; one it never read
+may be skipped). A broadcast in lockstep, over a transport that survives a peer's loss.
+
 Policy lag: each ``fifo`` item carries the versions of the ``latest`` slots its producer had
 read when it put the item (0: nothing read yet, i.e. the weights of ``reset``); a consumer that
 itself publishes one of those slots records ``published - read`` for it when it takes the item
@@ -46,6 +50,7 @@ import torch
 
 from msrl.channels import ChannelClosed
 from msrl.partition import boundary_end
+from msrl.policy import SLOT_CHANNELS
 from msrl.runtime.generators import BATON
 from msrl.runtime.patterns import combine, deliveries, shards, sources
 from msrl.runtime.values import copy_value, deliver, payload_bytes
@@ -228,9 +233,9 @@ class Mailbox:
                 self._cond.notify_all()
         self._wake()
 
-    def newest(self, boundary: str, producer: int) -> tuple[int, Any]:
-        """``(version, value)`` newest in the slot of ``(boundary, producer)``; waits only
-        until the first version arrives.
+    def newest(self, boundary: str, producer: int, after: int = 0) -> tuple[int, Any]:
+        """``(version, value)`` newest in the slot of ``(boundary, producer)``; waits until a
+        version newer than ``after`` arrives (``0``: any, i.e. the first).
 
         Raises:
             ChannelClosed: the mailbox was closed; TimeoutError: nothing for ``timeout_s``.
@@ -239,7 +244,9 @@ class Mailbox:
         with BATON.released(), self._cond:
             if self.pump is not None and key in self._slot:
                 self._pump(0.0)  # versions already sent, not yet read
-            self._wait(lambda: key in self._slot, f"boundary {boundary} (first value from replica {producer})")
+            what = (f"boundary {boundary} (first value from replica {producer})" if not after else
+                    f"boundary {boundary} (a version after {after} from replica {producer})")
+            self._wait(lambda: key in self._slot and self._slot[key][0] > after, what)
             return self._slot[key]
 
     def queued(self) -> int:
@@ -290,10 +297,14 @@ class AsyncEndpoint:
         self.boundaries = {b.name: b for b in boundaries if b.asynchronous}
         self.fragment, self.replica = fragment, replica
         self.mailbox, self.transport = mailbox, transport
-        #: latest slots this replica reads -> the version it last read (0: none yet)
-        self.read_versions = {n: 0 for n, b in self.boundaries.items() if b.channel == "latest" and b.dst == fragment}
-        #: latest slots this replica publishes -> the versions it published
-        self.published = {n: 0 for n, b in self.boundaries.items() if b.channel == "latest" and b.src == fragment}
+        #: latest (and fresh) slots this replica reads -> the version it last read (0: none yet)
+        self.read_versions = {n: 0 for n, b in self.boundaries.items() if b.channel in SLOT_CHANNELS and b.dst == fragment}
+        #: (fresh slot, producer) -> the version this replica last read from that producer
+        self.fresh_read: dict[tuple[str, int], int] = {}
+        #: (slot, producer) -> the version :meth:`substitute` handed a replacement's ``reset``
+        self.substituted: dict[tuple[str, int], int] = {}
+        #: latest (and fresh) slots this replica publishes -> the versions it published
+        self.published = {n: 0 for n, b in self.boundaries.items() if b.channel in SLOT_CHANNELS and b.src == fragment}
         self.lags: list[int] = []
         #: boundary -> this replica's deliveries / sources (the pattern table's answers, fixed)
         self._routes: dict[str, list[tuple[int, int | None]]] = {}
@@ -324,6 +335,9 @@ class AsyncEndpoint:
             parts = shards(b, value)
             targets = [(r, value if part is None else parts[part]) for r, part in routes]
         if b.channel == "fifo":
+            for key, version in self.substituted.items():  # an item made with a substituted value: read
+                self.fresh_read[key] = max(self.fresh_read.get(key, 0), version)
+            self.substituted.clear()
             versions = dict(self.read_versions)
             items: dict[int, Item] = {}  # one item per distinct value: a broadcast's is shared
             for r, v in targets:
@@ -354,11 +368,35 @@ class AsyncEndpoint:
                     if slot in self.published:
                         self.lags.append(self.published[slot] - read)
                 values.append(item.value)
+        elif b.channel == "fresh":
+            got = [self.mailbox.newest(name, p, self.fresh_read.get((name, p), 0)) for p in producers]
+            for p, (v, _) in zip(producers, got):
+                self.fresh_read[(name, p)] = v
+                self.substituted.pop((name, p), None)
+            self.read_versions[name] = min(v for v, _ in got)
+            values = [copy_value(v) for _, v in got]
         else:
             got = [self.mailbox.newest(name, p) for p in producers]
             self.read_versions[name] = min(v for v, _ in got)
             values = [copy_value(v) for _, v in got]  # a slot may be read again: the reader owns its copy
         return combine(b, values)
+
+    def substitute(self, name: str, producer: int) -> Any:
+        """The newest value in slot ``name`` from ``producer`` (waiting only for a first), for a
+        replacement replica's ``reset`` (:class:`msrl.runtime.elastic.SubstituteEndpoint`): the
+        value the lost replica had been given. Its version is what this replica's next items are
+        made with (their policy lag); on a ``fresh`` slot it counts as read once this replica has
+        put an item -- its program reads the slot after putting, so its next read must be a newer
+        version -- and not before, when its program reads the slot first and must get this one.
+
+        Raises:
+            ChannelClosed, TimeoutError: as :meth:`get`.
+        """
+        version, value = self.mailbox.newest(name, producer)
+        self.read_versions[name] = version
+        if self.boundaries[name].channel == "fresh":
+            self.substituted[(name, producer)] = version
+        return copy_value(value)
 
     def take_from(self, name: str, producer: int, cancel: threading.Event | None = None) -> Any:
         """Dst side of a ``fifo`` boundary, one producer only (central inference serves each

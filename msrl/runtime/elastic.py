@@ -28,6 +28,7 @@ from typing import Any, Mapping
 
 from msrl.errors import ConfigError
 from msrl.graph import NodeKind
+from msrl.policy import SLOT_CHANNELS
 from msrl.runtime.endpoint import Endpoint
 
 __all__ = ["LOSS_MODES", "replaceable", "replaced_fragments", "substitutes", "fifo_out", "SubstituteEndpoint"]
@@ -66,7 +67,7 @@ def substitutes(fragment_graph: Any, fragment: str) -> tuple[dict[str, str], str
         ``({reset boundary: latest boundary}, reason or None)``.
     """
     slots = [b for b in fragment_graph.boundaries
-             if b.method == "train_step" and b.dst == fragment and b.channel == "latest"]
+             if b.method == "train_step" and b.dst == fragment and b.channel in SLOT_CHANNELS]
     out: dict[str, str] = {}
     for b in fragment_graph.boundaries:
         if b.method == "train_step" or fragment not in (b.src, b.dst):
@@ -139,8 +140,9 @@ def replaced_fragments(mode: str, fragment_graph: Any) -> set[str]:
             f"cluster.on_replica_loss=replace: no fragment of policy {fragment_graph.policy.name} can be replaced alone ("
             + "; ".join(f"{f}: {why}" for f, why in can.items())
             + "); a lost replica restarts every replica from the last checkpoint (cluster.on_replica_loss=restart); "
-              "actors are replaced alone under async_learner and overlapped coarse (distribution_policy.boundaries."
-              "trajectories=fifo, distribution_policy.boundaries.weights=latest)")
+              "actors are replaced alone under async_learner, overlapped coarse (distribution_policy.boundaries."
+              "trajectories=fifo, distribution_policy.boundaries.weights=latest) and coarse in lockstep over streams "
+              "(trajectories=fifo, weights=fresh: synchronous coarse's values, bit for bit)")
     if mode == "auto" and not any(b.asynchronous for b in fragment_graph.boundaries):
         return set()  # a synchronous policy: its exact restart
     return chosen
@@ -162,7 +164,7 @@ class SubstituteEndpoint(Endpoint):
         self.boundaries, self.asynchronous, self.inference = inner.boundaries, inner.asynchronous, inner.inference
 
     def _take(self, boundary: Any, src_replica: int) -> Any:
-        return self.asynchronous.get(self.subs[boundary.name])
+        return self.asynchronous.substitute(self.subs[boundary.name], src_replica)
 
     def _post(self, boundary: Any, routes: Any) -> None:
         raise RuntimeError(f"a replacement replica of {self.fragment} cannot send on {boundary.name} while it rejoins")
