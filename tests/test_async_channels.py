@@ -6,6 +6,7 @@ by its own thread, as Ray replicas on one machine do; its misuse tests are in
 tests/test_uds_transport.py) -- then the gRPC server under misuse: missing tokens, foreign producers,
 fuzzed and oversized frames, ignored credits; TLS; reconnection after a consumer restarts."""
 
+import dataclasses
 import secrets
 import threading
 import time
@@ -184,6 +185,54 @@ def test_latest_reads_the_newest_version_and_waits_only_for_the_first(net, trans
     while n.ep[("actor", 1)].get(WEIGHTS)["p"] != 6.0 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert float(n.ep[("actor", 1)].get(WEIGHTS)["p"]) == 6.0
+
+
+def fresh(name=WEIGHTS, src_r=1, dst_r=2, pattern=NodeKind.BROADCAST):
+    return dataclasses.replace(latest(name, src_r, dst_r, pattern), channel="fresh")
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_fresh_slot_waits_for_each_new_version_and_a_substitute_counts_as_read_once_used(net, transport):
+    """``fresh``: every read waits for a version newer than the reader's last (the newest: an
+    unread one in between is skipped); each reader keeps its own count. A replacement's
+    ``substitute`` reads the newest without waiting for a newer one; it counts as read only
+    once the replacement has put an item (made with it), so a program that reads the slot before
+    putting gets that version, one that reads it after putting waits for the next."""
+    n = net(transport, [fifo(src_r=2, dst_r=1, capacity=4), fresh()], [("learner", 0), ("actor", 0), ("actor", 1)])
+    learner, reader = n.ep[("learner", 0)], n.ep[("actor", 0)]
+
+    def read_after(publish_s, value):
+        def publisher():
+            time.sleep(publish_s)
+            learner.put(WEIGHTS, {"p": torch.tensor(value)})
+
+        out = run_threads({"r": lambda: (time.monotonic(), reader.get(WEIGHTS)), "p": publisher})
+        return out["r"][1]
+
+    assert float(read_after(0.0, 1.0)["p"]) == 1.0
+    t0 = time.monotonic()
+    assert float(read_after(0.3, 2.0)["p"]) == 2.0 and time.monotonic() - t0 >= 0.25  # waited for version 2
+    learner.put(WEIGHTS, {"p": torch.tensor(3.0)})
+    learner.put(WEIGHTS, {"p": torch.tensor(4.0)})
+    deadline = time.monotonic() + 300
+    got = reader.get(WEIGHTS)  # a newer one: 3 or 4 (delivery is the transport's); then 4 at the latest
+    while float(got["p"]) != 4.0 and time.monotonic() < deadline:
+        got = reader.get(WEIGHTS)
+    assert float(got["p"]) == 4.0 and reader.fresh_read[(WEIGHTS, 0)] == 4
+    # the other actor never read: its first read is the newest, without waiting for a fifth
+    deadline = time.monotonic() + 300
+    while float(n.ep[("actor", 1)].get(WEIGHTS)["p"]) != 4.0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # a replacement actor 1 (a new endpoint on the same mailbox): its reset's substitute is version 4
+    replacement = AsyncEndpoint(n.boundaries, "actor", 1, n.mailboxes[("actor", 1)], n.transports[("actor", 1)])
+    assert float(replacement.substitute(WEIGHTS, 0)["p"]) == 4.0
+    assert float(replacement.get(WEIGHTS)["p"]) == 4.0  # read before putting: this version, at once
+    replacement = AsyncEndpoint(n.boundaries, "actor", 1, n.mailboxes[("actor", 1)], n.transports[("actor", 1)])
+    replacement.substitute(WEIGHTS, 0)
+    replacement.put(TRAJ, torch.zeros(1, 1))  # an item made with version 4: it counts as read
+    t0 = time.monotonic()
+    threading.Timer(0.3, lambda: learner.put(WEIGHTS, {"p": torch.tensor(5.0)})).start()
+    assert float(replacement.get(WEIGHTS)["p"]) == 5.0 and time.monotonic() - t0 >= 0.25
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

@@ -24,7 +24,7 @@ from msrl.runtime.asynchronous import AsyncEndpoint, Mailbox
 pytest.importorskip("grpc")
 
 from msrl.cluster.grpc_transport import ITEM, LATEST, encode_frame  # noqa: E402
-from msrl.cluster.transports import ProcessTransport  # noqa: E402
+from msrl.cluster.transports import STREAM_KINDS, ProcessTransport  # noqa: E402
 from msrl.cluster.uds_transport import REFUSED, UdsServer, encode_hello  # noqa: E402
 from msrl.runtime.codec import encode  # noqa: E402
 
@@ -312,24 +312,32 @@ def test_a_slow_greeting_delays_no_other_producer_and_is_refused_at_its_deadline
         dribbler.close()
 
 
-def test_a_replaced_consumer_is_dropped_without_waiting_and_its_replacement_gets_the_newest_slot_value():
-    """An elastic job's learner (``latest`` weights to actor 0, which queues trajectories to
+@pytest.mark.parametrize("kind", ["unix", "grpc"])
+def test_a_replaced_consumer_is_dropped_without_waiting_and_its_replacement_gets_the_newest_slot_value(kind):
+    """Over each stream kind of the registry: an elastic job's learner (``latest`` weights to actor 0, which queues trajectories to
     it): actor 0's process goes; the learner's publications to it are dropped and counted, never
     waited on (no reconnection for ``reconnect_s``); its end is noted in the learner's mailbox
     after its last whole item (``received``, ``ended``); a replacement actor 0 greets the
     learner's server with its own server's address, and the learner's stream reopens there with
     the newest weights at once; later publications reach it, and its items reach the learner."""
+    from procs import wait_for
+
     bs = [fifo(src_r=1, dst_r=1, pattern=NodeKind.SEND, capacity=2), latest()]
     token = secrets.token_urlsafe(16)
     inbox = Mailbox({TRAJ: 2}, timeout_s=120)
-    learner_server = UdsServer(bs, "learner", 0, inbox, token, 1 << 20)
+    stream_kind = next(k for k in STREAM_KINDS if k.name == kind)
+
+    def serve(fragment, mailbox):
+        return stream_kind.server(bs, fragment, 0, mailbox, token, 1 << 20, None, "127.0.0.1", "msrl-test-")
+
+    learner_server = serve("learner", inbox)
 
     def actor(reply=None):
         mailbox = Mailbox({}, timeout_s=120)
-        server = UdsServer(bs, "actor", 0, mailbox, token, 1 << 20)
+        server = serve("actor", mailbox)
         transport = ProcessTransport(bs, "actor", 0, {("learner", 0): learner_server.address}, token, timeout_s=120)
         if reply:
-            transport.reply = {"unix": server.address}
+            transport.reply = {kind: server.address}
         return AsyncEndpoint(bs, "actor", 0, mailbox, transport), server
 
     first, first_server = actor()
@@ -353,14 +361,18 @@ def test_a_replaced_consumer_is_dropped_without_waiting_and_its_replacement_gets
         assert time.monotonic() - t0 < 60 and to_actors.reconnects == 0 and to_actors.dropped >= 1
         deadline = time.monotonic() + 120
         while "actor/0" not in inbox.counts()["ended"] and time.monotonic() < deadline:
-            learner_server.pump(0.05)
+            if hasattr(learner_server, "pump"):
+                learner_server.pump(0.05)  # (the Unix server is pumped; gRPC's serves on its threads)
+            else:
+                time.sleep(0.05)
         assert inbox.counts() == {"received": {f"{TRAJ}|0": 1}, "ended": ["actor/0"]}
         second, second_server = actor(reply=True)
         second.transport.open_all()  # its greeting names its server: the learner's stream reopens there
         assert float(second.get(WEIGHTS)) == 3.0  # the newest weights, sent at once
         assert inbox.counts()["ended"] == []
         learner.put(WEIGHTS, torch.tensor([4.0]))
-        assert float(second.get(WEIGHTS)) == 4.0
+        wait_for(lambda: float(second.get(WEIGHTS)) == 4.0, "the next publication at the replacement",
+                 timeout=120, poll=0.02)  # a slot's newest, delivered on the transport's own time
         second.put(TRAJ, torch.tensor([8]))
         second.transport.flush()
         assert int(learner.get(TRAJ)) == 8 and inbox.counts()["received"] == {f"{TRAJ}|0": 2}
