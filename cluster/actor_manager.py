@@ -182,7 +182,9 @@ class ReplicaGroup:
                 self.kill()
                 cause = e.cause if getattr(e, "cause", None) is not None else e
                 raise cause from None
-            except ray.exceptions.RayActorError:
+            except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError):
+                # a dead actor, or a finished call's result lost with its node's object store
+                # (a large result lives there until fetched): that replica is lost either way
                 i = order[done[0]]
                 dead = self.died(self.keys[i]) if len(futures) == len(self.keys) else self.dead_replica()
                 again = replace(dead) if replace is not None and dead is not None else None
