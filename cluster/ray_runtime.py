@@ -995,6 +995,14 @@ class RayJob:
             try:
                 info = ray.get(ref, timeout=1.0)
                 break
+            except ray.exceptions.RayActorError:
+                # sent to its bundle's node before Ray knew that node lost: once Ray marks it
+                # dead it places the bundle again on a live node, where the next try starts
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)
+                self.replicas.replace(key)
+                ref = self.replicas.submit(key, "info")
             except ray.exceptions.GetTimeoutError:
                 if time.monotonic() > deadline:
                     raise
