@@ -368,15 +368,13 @@ class AsyncEndpoint:
                     if slot in self.published:
                         self.lags.append(self.published[slot] - read)
                 values.append(item.value)
-        elif b.channel == "fresh":
-            got = [self.mailbox.newest(name, p, self.fresh_read.get((name, p), 0)) for p in producers]
-            for p, (v, _) in zip(producers, got):
-                self.fresh_read[(name, p)] = v
-                self.substituted.pop((name, p), None)
-            self.read_versions[name] = min(v for v, _ in got)
-            values = [copy_value(v) for _, v in got]
         else:
-            got = [self.mailbox.newest(name, p) for p in producers]
+            fresh = b.channel == "fresh"  # a version newer than this reader's last, else the newest
+            got = [self.mailbox.newest(name, p, self.fresh_read.get((name, p), 0) if fresh else 0) for p in producers]
+            if fresh:
+                for p, (v, _) in zip(producers, got):
+                    self.fresh_read[(name, p)] = v
+                    self.substituted.pop((name, p), None)
             self.read_versions[name] = min(v for v, _ in got)
             values = [copy_value(v) for _, v in got]  # a slot may be read again: the reader owns its copy
         return combine(b, values)
