@@ -135,30 +135,17 @@ def measure(n: int, delay_ms: float, iterations: int, kill: bool) -> dict:
         job.close()
 
 
-def _tensors(x, prefix=""):
-    """Every tensor of a nested state, by its path."""
-    import torch
-
-    if isinstance(x, torch.Tensor):
-        return {prefix: x}
-    if isinstance(x, dict):
-        return {k: v for key, val in x.items() for k, v in _tensors(val, f"{prefix}/{key}").items()}
-    if isinstance(x, (list, tuple)):
-        return {k: v for i, val in enumerate(x) for k, v in _tensors(val, f"{prefix}/{i}").items()}
-    return {}
-
-
 def hierarchical(nodes: int, iterations: int) -> None:
     """multi_learner x(2 x ``nodes``) packed over ``nodes`` namespace nodes, shm-hierarchical
     against flat Gloo (see the module docstring)."""
     import collections
 
     import ray
-    import torch
 
     from msrl.cluster.local_cluster import LocalCluster
     from msrl.cluster.ray_runtime import RayJob
     from msrl.config import build_job_spec, load_config
+    from msrl.runtime.values import same_bits
 
     learners = 2 * nodes
     print(f"# {platform.node()}: {os.cpu_count()} cores; multi_learner x{learners} (PPO CartPole, "
@@ -186,10 +173,8 @@ def hierarchical(nodes: int, iterations: int) -> None:
                 after = [s["op_s"].get("allreduce", 0.0) for s in job.comm_stats()]
                 reduce_ms = 1e3 * sum(a - b for a, b in zip(after, before)) / len(after) / iterations
                 states = job.state_dict()["replicas"]
-                learner = {k: _tensors(v["components"]["learner"]) for k, v in states.items()}
-                first = learner["main/0"]
-                same = len(learner) == learners and all(
-                    t.keys() == first.keys() and all(torch.equal(t[k], first[k]) for k in first) for t in learner.values())
+                same = len(states) == learners and all(
+                    same_bits(v["components"]["learner"], states["main/0"]["components"]["learner"]) for v in states.values())
             finally:
                 job.close()
                 ray.shutdown()

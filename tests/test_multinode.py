@@ -458,19 +458,6 @@ def test_a_node_lost_for_longer_than_capacity_timeout_stops_the_run_with_its_che
     assert _rows(tmp_path, "cut")[-1]["env_steps"] == "30720"
 
 
-def _tensors(x, prefix=""):
-    """Every tensor of a nested state, by its path."""
-    import torch
-
-    if isinstance(x, torch.Tensor):
-        return {prefix: x}
-    if isinstance(x, dict):
-        return {k: v for key, val in x.items() for k, v in _tensors(val, f"{prefix}/{key}").items()}
-    if isinstance(x, (list, tuple)):
-        return {k: v for i, val in enumerate(x) for k, v in _tensors(val, f"{prefix}/{i}").items()}
-    return {}
-
-
 @pytest.mark.slow
 def test_multi_learner_over_three_nodes_all_reduces_hierarchically_and_keeps_every_replica_bit_identical(
         tmp_path, three_nodes):
@@ -479,6 +466,8 @@ def test_multi_learner_over_three_nodes_all_reduces_hierarchically_and_keeps_eve
     handed back within each node; the run learns, and at its end every replica's learner (weights
     and optimiser state) holds the same bits."""
     import torch
+
+    from msrl.runtime.values import same_bits
 
     out = _train(tmp_path, three_nodes, "hier", "distribution_policy.name=multi_learner",
                  "distribution_policy.replicas.main=6", "env.num_envs=12", "train.total_env_steps=30720")
@@ -489,12 +478,10 @@ def test_multi_learner_over_three_nodes_all_reduces_hierarchically_and_keeps_eve
     # SPREAD is best effort: what the hierarchical path needs is several nodes, one holding several replicas
     assert len(per_node) > 1 and max(per_node.values()) > 1, per_node
     state = torch.load(tmp_path / "runs" / "hier" / "checkpoints" / "latest.pt", weights_only=False)
-    learners = {k: _tensors(v["components"]["learner"]) for k, v in state["job"]["replicas"].items()}
-    first = learners["main/0"]
-    assert first and len(learners) == 6
-    for name, tensors in learners.items():
-        assert tensors.keys() == first.keys()
-        assert all(torch.equal(tensors[k], first[k]) for k in first), f"{name} differs from main/0"
+    learners = {k: v["components"]["learner"] for k, v in state["job"]["replicas"].items()}
+    assert len(learners) == 6 and learners["main/0"]
+    for name, learner in learners.items():
+        assert same_bits(learner, learners["main/0"]), f"{name} differs from main/0"
     rows = _rows(tmp_path, "hier")
     recent = [float(r["charts/episodic_return"]) for r in rows[-5:] if r["charts/episodic_return"] not in ("", "nan")]
     assert recent and sum(recent) / len(recent) > 100  # it learns (random: ~22)

@@ -186,19 +186,6 @@ def test_async_learner_with_32_actors_replaces_a_killed_actor_and_a_lost_nodes_a
     assert float(rows[-1]["faults/replica_restarts"]) == 0
 
 
-def _tensors(x, prefix=""):
-    """Every tensor of a nested state, by its path."""
-    import torch
-
-    if isinstance(x, torch.Tensor):
-        return {prefix: x}
-    if isinstance(x, dict):
-        return {k: v for key, val in x.items() for k, v in _tensors(val, f"{prefix}/{key}").items()}
-    if isinstance(x, (list, tuple)):
-        return {k: v for i, val in enumerate(x) for k, v in _tensors(val, f"{prefix}/{i}").items()}
-    return {}
-
-
 def test_multi_learner_x8_packed_over_four_nodes_stays_bit_identical_through_a_node_loss(tmp_path, cluster):
     """multi_learner with 8 learners, two to a node (``PACK``, 2 of a node's 4 CPUs each), so the
     gradients are summed within each node through shared memory and across the 4 nodes over Gloo
@@ -206,6 +193,8 @@ def test_multi_learner_x8_packed_over_four_nodes_stays_bit_identical_through_a_n
     run learns, and at its end every replica's learner (weights and optimiser state) holds the
     same bits."""
     import torch
+
+    from msrl.runtime.values import same_bits
 
     total = 16 * 16 * 100
     proc, err, run_dir = _start(tmp_path, cluster, "multi", "configs/ppo_cartpole.yaml",
@@ -219,12 +208,10 @@ def test_multi_learner_x8_packed_over_four_nodes_stays_bit_identical_through_a_n
     assert sorted(per_node.values()) == [2, 2, 2, 2], per_node  # 8 learners over 4 nodes
     rows, _ = _restarted_exactly(cluster, proc, err, run_dir, total, at=20)
     state = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=False)
-    learners = {k: _tensors(v["components"]["learner"]) for k, v in state["job"]["replicas"].items()}
-    first = learners["main/0"]
-    assert first and len(learners) == 8
-    for name, tensors in learners.items():
-        assert tensors.keys() == first.keys()
-        assert all(torch.equal(tensors[k], first[k]) for k in first), f"{name} differs from main/0"
+    learners = {k: v["components"]["learner"] for k, v in state["job"]["replicas"].items()}
+    assert len(learners) == 8 and learners["main/0"]
+    for name, learner in learners.items():
+        assert same_bits(learner, learners["main/0"]), f"{name} differs from main/0"
     recent = [float(r["charts/episodic_return"]) for r in rows[-5:] if r["charts/episodic_return"] not in ("", "nan")]
     assert recent and sum(recent) / len(recent) > 100  # it learns (random: ~22)
 

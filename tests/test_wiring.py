@@ -89,3 +89,24 @@ def test_two_nodes_of_two_replicas_all_reduce_hierarchically_to_the_same_bits(tm
 
 def _start(rank: int, store_path: str, conn, out) -> None:
     _replica(rank, store_path, conn.recv(), out)
+
+
+def test_same_bits_tells_bit_identical_learner_states_from_any_difference():
+    """``msrl.runtime.values.same_bits``, how replicas are checked bit-identical: a one-ulp
+    change, another dtype, another hyperparameter or another structure is a difference."""
+    import copy
+
+    from msrl.runtime.values import same_bits
+
+    a = {"w": torch.ones(3), "opt": {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.zeros(2)}},
+                                     "param_groups": [{"lr": 0.1, "params": [0]}]}}
+    assert same_bits(a, copy.deepcopy(a))
+    ulp = copy.deepcopy(a)
+    ulp["w"][0] = torch.nextafter(torch.tensor(1.0), torch.tensor(2.0))
+    wider = copy.deepcopy(a)
+    wider["w"] = wider["w"].double()
+    lr = copy.deepcopy(a)
+    lr["opt"]["param_groups"][0]["lr"] = 0.2
+    extra = copy.deepcopy(a)
+    extra["b"] = torch.zeros(1)
+    assert not any(same_bits(a, x) for x in (ulp, wider, lr, extra))
