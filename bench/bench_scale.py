@@ -137,49 +137,54 @@ def measure(n: int, delay_ms: float, iterations: int, kill: bool) -> dict:
 
 def hierarchical(nodes: int, iterations: int) -> None:
     """multi_learner x(2 x ``nodes``) packed over ``nodes`` namespace nodes, shm-hierarchical
-    against flat Gloo (see the module docstring)."""
-    import collections
-
-    import ray
+    against flat Gloo (see the module docstring): the cluster started here, each row measured by
+    :func:`hierarchical_row` in a process joined to it as a user's driver joins (its token)."""
+    import subprocess
 
     from msrl.cluster.local_cluster import LocalCluster
-    from msrl.cluster.ray_runtime import RayJob
+
+    print(f"# {platform.node()}: {os.cpu_count()} cores; multi_learner x{2 * nodes} (PPO CartPole, "
+          f"{4 * nodes} envs) packed over {nodes} namespace nodes, {iterations} iterations after 5")
+    print("| all-reduce | replicas per node | env steps/s | all-reduce (ms/iteration) | every replica the same bits |")
+    print("|---|---|---|---|---|", flush=True)
+    with LocalCluster(nodes=nodes, cpus=4) as c:
+        for intra in ("shm", "gloo"):
+            subprocess.run([sys.executable, __file__, "--row", c.address, intra, str(nodes), str(iterations)],
+                           env=c.client_env(), check=True)
+
+
+def hierarchical_row(address: str, intra: str, nodes: int, iterations: int) -> None:
+    """One row of :func:`hierarchical`: the job on the cluster at ``address``, all-reducing with
+    ``cluster.intra_node=intra``."""
+    import collections
+
+    from msrl.cluster.ray_runtime import RayJob, init_ray
     from msrl.config import build_job_spec, load_config
     from msrl.runtime.values import same_bits
 
     learners = 2 * nodes
-    print(f"# {platform.node()}: {os.cpu_count()} cores; multi_learner x{learners} (PPO CartPole, "
-          f"{learners * 2} envs) packed over {nodes} namespace nodes, {iterations} iterations after 5")
-    print("| all-reduce | replicas per node | env steps/s | all-reduce (ms/iteration) | every replica the same bits |")
-    print("|---|---|---|---|---|")
-    with LocalCluster(nodes=nodes, cpus=4) as c:
-        env = c.client_env()
-        os.environ.clear()
-        os.environ.update(env)
-        for intra in ("shm", "gloo"):
-            cfg = load_config(str(ROOT / "configs/ppo_cartpole.yaml"), [
-                "name=hier", "distribution_policy.name=multi_learner", f"distribution_policy.replicas.main={learners}",
-                f"env.num_envs={2 * learners}", "runtime=ray", "train.total_env_steps=100000000"])
-            job = RayJob(build_job_spec(cfg), address=c.address, cpus_per_replica=2.0, strategy="PACK",
-                         intra_node=intra)
-            try:
-                per_node = sorted(collections.Counter(r["node"] for r in job.replica_table()).values())
-                job.reset()
-                job.run(5)
-                before = [s["op_s"].get("allreduce", 0.0) for s in job.comm_stats()]
-                s0, t0 = job.env_steps, time.perf_counter()
-                job.run(iterations)
-                sps = (job.env_steps - s0) / (time.perf_counter() - t0)
-                after = [s["op_s"].get("allreduce", 0.0) for s in job.comm_stats()]
-                reduce_ms = 1e3 * sum(a - b for a, b in zip(after, before)) / len(after) / iterations
-                states = job.state_dict()["replicas"]
-                same = len(states) == learners and all(
-                    same_bits(v["components"]["learner"], states["main/0"]["components"]["learner"]) for v in states.values())
-            finally:
-                job.close()
-                ray.shutdown()
-            name = "shm within nodes, Gloo among leaders" if intra == "shm" else "Gloo among all ranks"
-            print(f"| {name} | {per_node} | {sps:.0f} | {reduce_ms:.2f} | {'yes' if same else 'NO'} |", flush=True)
+    init_ray(address, 1)
+    cfg = load_config(str(ROOT / "configs/ppo_cartpole.yaml"), [
+        "name=hier", "distribution_policy.name=multi_learner", f"distribution_policy.replicas.main={learners}",
+        f"env.num_envs={2 * learners}", "runtime=ray", "train.total_env_steps=100000000"])
+    job = RayJob(build_job_spec(cfg), address=address, cpus_per_replica=2.0, strategy="PACK", intra_node=intra)
+    try:
+        per_node = sorted(collections.Counter(r["node"] for r in job.replica_table()).values())
+        job.reset()
+        job.run(5)
+        before = [s["op_s"].get("allreduce", 0.0) for s in job.comm_stats()]
+        s0, t0 = job.env_steps, time.perf_counter()
+        job.run(iterations)
+        sps = (job.env_steps - s0) / (time.perf_counter() - t0)
+        after = [s["op_s"].get("allreduce", 0.0) for s in job.comm_stats()]
+        reduce_ms = 1e3 * sum(a - b for a, b in zip(after, before)) / len(after) / iterations
+        states = job.state_dict()["replicas"]
+        same = len(states) == learners and all(
+            same_bits(v["components"]["learner"], states["main/0"]["components"]["learner"]) for v in states.values())
+    finally:
+        job.close()
+    name = "shm within nodes, Gloo among leaders" if intra == "shm" else "Gloo among all ranks"
+    print(f"| {name} | {per_node} | {sps:.0f} | {reduce_ms:.2f} | {'yes' if same else 'NO'} |", flush=True)
 
 
 def main() -> None:
@@ -190,7 +195,10 @@ def main() -> None:
     p.add_argument("--kill", action="store_true", help="replace an actor at the largest N")
     p.add_argument("--no-startup", action="store_true", help="skip the start-up and floor columns")
     p.add_argument("--hierarchical", type=int, metavar="NODES", help="multi_learner x2 NODES over NODES nodes instead")
+    p.add_argument("--row", nargs=4, metavar=("ADDRESS", "INTRA", "NODES", "ITERATIONS"), help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.row:
+        return hierarchical_row(args.row[0], args.row[1], int(args.row[2]), int(args.row[3]))
     if args.hierarchical:
         return hierarchical(args.hierarchical, args.iterations)
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "bench"), os.environ.get("PYTHONPATH", "")])

@@ -221,6 +221,36 @@ class DistEndpoint(Endpoint):
             return decode_parts(buffer, payload, self.device)
         return decode(buffer, self.device, copy=False)  # a fresh buffer: its tensors are viewed in it
 
+    def _take_all(self, boundary: Boundary, src_replicas: list[int]) -> list[Any]:
+        """A gather's side at the consumer: one receive posted per source at once (as Gloo's own
+        gather does), waited for together, then each decoded -- not one source's wait after
+        another's (``python bench/bench_collectives.py``). A source whose message announces a
+        larger buffer (``GROW``) is received again at the new size."""
+        if len(src_replicas) == 1 or self._split(boundary.src):
+            return [self._take(boundary, s) for s in src_replicas]
+        self.flush_async()
+        posted = []
+        for s in src_replicas:
+            key = (boundary.name, boundary.src, s)
+            buffer = torch.empty(self._capacity.get(key, _CONTROL_BYTES), dtype=torch.uint8,
+                                 pin_memory=self.device.type == "cuda")
+            posted.append((key, self.ranks[(boundary.src, s)], buffer,
+                           dist.irecv(buffer, self.ranks[(boundary.src, s)], tag=self.tags[boundary.name])))
+        t0 = time.perf_counter()
+        for *_, work in posted:
+            work.wait()  # waits for the peers to reach their side of the boundary
+        self.wait_s += time.perf_counter() - t0
+        out = []
+        for key, rank, buffer, _ in posted:
+            n = grow_size(buffer, self.max_message, key[0])
+            if n is not None:
+                self._capacity[key] = n
+                buffer = torch.empty(n, dtype=torch.uint8, pin_memory=self.device.type == "cuda")
+                dist.recv(buffer, rank, tag=self.tags[boundary.name])
+            self.bytes_received += buffer.numel()
+            out.append(decode(buffer, self.device, copy=False))  # a fresh buffer: its tensors are viewed in it
+        return out
+
     def flush_async(self) -> None:
         """Sends what the gRPC transport holds (``fifo`` items put since this replica last
         waited): called before anything that waits for a peer, and every iteration."""

@@ -96,6 +96,11 @@ class Endpoint:
         the receiver's own copy, on this fragment's device."""
         raise NotImplementedError
 
+    def _take_all(self, boundary: Boundary, src_replicas: list[int]) -> list[Any]:
+        """:meth:`_take` from each of ``src_replicas``, in their order (a transport that can wait
+        for several peers at once overrides it)."""
+        return [self._take(boundary, s) for s in src_replicas]
+
     def _reduce_flat(self, name: str, flat: torch.Tensor) -> torch.Tensor:
         """The mean over this fragment's replicas of a flat buffer (every replica gets the same
         bits); ``name`` is the all-reduce's, for byte accounting."""
@@ -122,7 +127,7 @@ class Endpoint:
                 parts = shards(b, value)
                 self._post(b, [(r, value if part is None else parts[part]) for r, part in deliveries(b, self.replica)])
                 return None
-            return combine(b, [self._take(b, s) for s in sources(b, self.replica)])
+            return combine(b, self._take_all(b, sources(b, self.replica)))
 
     def send(self, name: str, value: Any) -> None:
         """Src replica ``i`` -> dst replica ``i``."""
