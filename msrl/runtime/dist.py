@@ -211,7 +211,7 @@ class DistEndpoint(Endpoint):
     def _take(self, boundary: Boundary, src_replica: int) -> Any:
         name, fragment, replica = boundary.name, boundary.src, src_replica
         rank, tag = self.ranks[(fragment, replica)], self.tags[name]
-        buffer = self._take_buffer((name, fragment, replica), rank, tag)
+        buffer = self._take_buffers([((name, fragment, replica), rank)], tag)[0]
         if self._split(fragment):
             n = payload_size(buffer, self.max_message)
             payload = torch.empty(n, dtype=torch.uint8, device=self.device if self.device.type == "cuda" else "cpu")
@@ -224,18 +224,35 @@ class DistEndpoint(Endpoint):
     def _take_all(self, boundary: Boundary, src_replicas: list[int]) -> list[Any]:
         """A gather's side at the consumer: one receive posted per source at once (as Gloo's own
         gather does), waited for together, then each decoded -- not one source's wait after
-        another's (``python bench/bench_collectives.py``). A source whose message announces a
-        larger buffer (``GROW``) is received again at the new size."""
+        another's (``python bench/bench_collectives.py``)."""
         if len(src_replicas) == 1 or self._split(boundary.src):
             return [self._take(boundary, s) for s in src_replicas]
+        channels = [((boundary.name, boundary.src, s), self.ranks[(boundary.src, s)]) for s in src_replicas]
+        return [decode(buffer, self.device, copy=False)  # fresh buffers: their tensors are viewed in them
+                for buffer in self._take_buffers(channels, self.tags[boundary.name])]
+
+    def flush_async(self) -> None:
+        """Sends what the gRPC transport holds (``fifo`` items put since this replica last
+        waited): called before anything that waits for a peer, and every iteration."""
+        if self.asynchronous is not None:
+            self.asynchronous.transport.flush()
+
+    def _take_buffers(self, channels: list[tuple[tuple[str, str, int], int]], tag: int) -> list[torch.Tensor]:
+        """The next message of each ``(channel key, src rank)`` on boundary tag ``tag``: a receive
+        of the channel's buffer size posted for every one at once, waited for together (the wait
+        counted in ``wait_s``); a message announcing a larger buffer (``GROW``) is followed by the
+        value at the new size, received then. Returns fresh uint8 buffers, in ``channels`` order
+        (pinned for a GPU consumer: the decoded tensors are copied to it once, without blocking).
+
+        Raises:
+            CodecError: a ``GROW`` over ``max_message``.
+        """
         self.flush_async()
+        pinned = self.device.type == "cuda"
         posted = []
-        for s in src_replicas:
-            key = (boundary.name, boundary.src, s)
-            buffer = torch.empty(self._capacity.get(key, _CONTROL_BYTES), dtype=torch.uint8,
-                                 pin_memory=self.device.type == "cuda")
-            posted.append((key, self.ranks[(boundary.src, s)], buffer,
-                           dist.irecv(buffer, self.ranks[(boundary.src, s)], tag=self.tags[boundary.name])))
+        for key, rank in channels:
+            buffer = torch.empty(self._capacity.get(key, _CONTROL_BYTES), dtype=torch.uint8, pin_memory=pinned)
+            posted.append((key, rank, buffer, dist.irecv(buffer, rank, tag=tag)))
         t0 = time.perf_counter()
         for *_, work in posted:
             work.wait()  # waits for the peers to reach their side of the boundary
@@ -245,33 +262,11 @@ class DistEndpoint(Endpoint):
             n = grow_size(buffer, self.max_message, key[0])
             if n is not None:
                 self._capacity[key] = n
-                buffer = torch.empty(n, dtype=torch.uint8, pin_memory=self.device.type == "cuda")
-                dist.recv(buffer, rank, tag=self.tags[boundary.name])
+                buffer = torch.empty(n, dtype=torch.uint8, pin_memory=pinned)
+                dist.recv(buffer, rank, tag=tag)
             self.bytes_received += buffer.numel()
-            out.append(decode(buffer, self.device, copy=False))  # a fresh buffer: its tensors are viewed in it
+            out.append(buffer)
         return out
-
-    def flush_async(self) -> None:
-        """Sends what the gRPC transport holds (``fifo`` items put since this replica last
-        waited): called before anything that waits for a peer, and every iteration."""
-        if self.asynchronous is not None:
-            self.asynchronous.transport.flush()
-
-    def _take_buffer(self, key: tuple[str, str, int], rank: int, tag: int) -> torch.Tensor:
-        self.flush_async()
-        capacity = self._capacity.get(key, _CONTROL_BYTES)
-        # pinned for a GPU consumer: the decoded tensors are copied to it once, without blocking
-        buffer = torch.empty(capacity, dtype=torch.uint8, pin_memory=self.device.type == "cuda")
-        t0 = time.perf_counter()
-        dist.recv(buffer, rank, tag=tag)  # waits for the peer to reach its side of the boundary
-        self.wait_s += time.perf_counter() - t0
-        n = grow_size(buffer, self.max_message, key[0])
-        if n is not None:
-            self._capacity[key] = capacity = n
-            buffer = torch.empty(capacity, dtype=torch.uint8, pin_memory=self.device.type == "cuda")
-            dist.recv(buffer, rank, tag=tag)
-        self.bytes_received += capacity
-        return buffer
 
     def reap(self) -> None:
         """Forgets the oldest sends while they have left (their buffers may be freed); never
