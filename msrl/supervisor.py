@@ -12,6 +12,13 @@ parent, the process the user started, only waits for it:
   the parent is a child subreaper (Linux ``PR_SET_CHILD_SUBREAPER``), so the driver's orphaned
   processes (Ray's GCS, raylet, dashboard and runtime-env agents, replicas) become its children,
   and it stops every one of them.
+* Ray's own log lines stay in Ray's log folder: the driver's C++ core worker copies every error it
+  logs to the process's standard error as well (``[... E ...] core_worker.cc:609: :info_message:
+  Attempting to recover 2 lost objects ...`` and a 20-line object-store dump when a node dies),
+  on purpose (ray-project/ray#18577). The driver's file descriptor 2 is therefore a socket to the
+  parent, which passes every write on to the terminal except the messages Ray's logger wrote
+  (:class:`StderrFilter`); the driver's Python ``sys.stderr`` (warnings, tracebacks, the progress
+  bar, msrl's lines) writes to the terminal itself, so it still sees a terminal.
 * Signals: the driver runs in a process group of its own, so Ctrl-C at the terminal reaches the
   parent alone, which passes it on as one ``SIGINT`` (the driver stops as after any Ctrl-C,
   checkpoint kept, the resume hint printed); ``SIGTERM``/``SIGHUP`` to the parent are passed on
@@ -28,12 +35,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import socket
 import sys
+import threading
 import time
 from typing import Any, Callable
 
-__all__ = ["supervised", "report", "available"]
+__all__ = ["supervised", "report", "available", "StderrFilter"]
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -76,6 +86,14 @@ def supervised(work: Callable[[], int]) -> int:
     if not available() or not _prctl(_PR_SET_CHILD_SUBREAPER, 1):
         return work()
     read_fd, write_fd = os.pipe()
+    try:
+        terminal = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (an embedding host's stream): left as it is
+        terminal = None
+    if terminal is not None:  # what the driver's C++ code writes to fd 2, one write per message
+        err_read, err_write = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        for end, option in ((err_write, socket.SO_SNDBUF), (err_read, socket.SO_RCVBUF)):
+            end.setsockopt(socket.SOL_SOCKET, option, STDERR_WRITE_MAX)
     sys.stdout.flush()
     sys.stderr.flush()
     parent = os.getpid()
@@ -85,6 +103,8 @@ def supervised(work: Callable[[], int]) -> int:
         signal.signal(signal.SIGINT, before)
         os.close(read_fd)
         _channel = write_fd
+        if terminal is not None:
+            _stderr_through(err_read, err_write)
         os.setpgid(0, 0)  # the terminal's signals go to the parent, which passes them on once
         _prctl(_PR_SET_PDEATHSIG, signal.SIGINT)
         if os.getppid() != parent:  # the parent died before the line above
@@ -104,13 +124,84 @@ def supervised(work: Callable[[], int]) -> int:
             sys.stderr.flush()
             os._exit(status)
     os.close(write_fd)
+    pump = None
+    if terminal is not None:
+        err_write.close()
+        pump = threading.Thread(target=_pump, args=(err_read, terminal), name="msrl-stderr", daemon=True)
+        pump.start()
     from msrl._lean_imports import resume_gc
 
     resume_gc()  # the parent only waits: its start-up is over
-    return _watch(pid, read_fd)
+    return _watch(pid, read_fd, pump)
 
 
-def _watch(pid: int, read_fd: int) -> int:
+def _stderr_through(reader: socket.socket, writer: socket.socket) -> None:
+    """In the driver: file descriptor 2 becomes ``writer``, the socket to the parent (what C++
+    code, Ray's core worker above all, writes there), while Python's ``sys.stderr`` keeps writing
+    to the original standard error (a terminal stays a terminal to the progress bar)."""
+    reader.close()
+    sys.stderr.flush()
+    original = os.dup(2)
+    os.dup2(writer.fileno(), 2)
+    writer.close()
+    old = sys.stderr
+    sys.stderr = open(original, "w", buffering=1, encoding=getattr(old, "encoding", None) or "utf-8",
+                      errors=getattr(old, "errors", None) or "backslashreplace", closefd=True)
+
+
+class StderrFilter:
+    """Judges what a Ray driver's file descriptor 2 carried, one write at a time, and says which
+    writes the user's terminal should see: every one but the messages Ray's C++ logger wrote
+    (each also in Ray's log folder: the driver's ``python-core-driver-*.log``).
+
+    Ray's logger writes a message, with every line of it (a multi-line message such as the object
+    store's dump), in one ``write``, beginning with its prefix (``[2026-11-28 10:55:16,123 E 4242
+    4250] core_worker.cc:609: ``). The driver's file descriptor 2 is a ``SOCK_SEQPACKET`` socket,
+    which keeps each write whole and apart from the others, so a write is judged as a whole and
+    nothing else is ever dropped with it.
+    """
+
+    #: the prefix of a message of Ray's C++ logger (spdlog: date, time,ms, level, pid, tid, file:line)
+    RAY_MESSAGE = re.compile(rb"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z] \d+ \d+\] \S+:\d+: ")
+
+    def __init__(self) -> None:
+        #: the number of writes kept off the terminal so far
+        self.dropped = 0
+
+    def keep(self, write: bytes) -> bool:
+        """Whether the terminal should see ``write`` (the bytes of one ``write`` call)."""
+        if self.RAY_MESSAGE.match(write):
+            self.dropped += 1
+            return False
+        return True
+
+
+#: the largest write the driver's file descriptor 2 takes whole (the socket's send buffer is asked
+#: for this much; the kernel may grant less, and a larger write fails with ``EMSGSIZE``)
+STDERR_WRITE_MAX = 4 << 20
+
+
+def _pump(reader: socket.socket, out_fd: int) -> None:
+    """The parent's thread: passes the writes the driver's file descriptor 2 carries on to
+    ``out_fd``, without Ray's own log messages (:class:`StderrFilter`), until every writer has
+    closed its end."""
+    judge = StderrFilter()
+    try:
+        while write := reader.recv(STDERR_WRITE_MAX):
+            if judge.keep(write):
+                _write_all(out_fd, write)
+    except OSError:
+        pass
+    finally:
+        reader.close()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def _watch(pid: int, read_fd: int, pump: threading.Thread | None = None) -> int:
     """The parent: waits for the driver ``pid``, stops whatever of the run is left, and says
     what happened when the driver ended without a word."""
     def pass_on(signum: int, frame: Any) -> None:
@@ -147,6 +238,8 @@ def _watch(pid: int, read_fd: int) -> int:
             continue
     ray_gone = _ray_gone(facts.get("ray") or {})  # before the leftovers are stopped
     _stop_leftovers()
+    if pump is not None:  # the driver's last C++ lines reach the terminal before msrl's
+        pump.join(timeout=10.0)
     if "exit" in facts:  # the driver ended as msrl ends: it said what happened
         return int(facts["exit"])
     code = os.waitstatus_to_exitcode(status) if status is not None else 1

@@ -161,3 +161,11 @@ def tcp_listeners(pid: int) -> list[str]:
                 if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
                     out.append(fields[1].rsplit(":", 1)[0])
     return out
+
+
+def ray_log_lines(output: str) -> list[str]:
+    """The lines of a run's terminal output that Ray's C++ logger wrote (they belong in Ray's log
+    folder, not on the user's terminal: :class:`msrl.supervisor.StderrFilter`)."""
+    from msrl.supervisor import StderrFilter
+
+    return [line for line in output.splitlines() if StderrFilter.RAY_MESSAGE.match(line.encode())]

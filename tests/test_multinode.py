@@ -15,7 +15,7 @@ import pathlib
 import sys
 
 import pytest
-from procs import run, tcp_listeners
+from procs import ray_log_lines, run, tcp_listeners
 
 pytest.importorskip("ray")
 
@@ -257,6 +257,7 @@ def test_a_node_killed_mid_run_is_recovered_and_the_run_continues_exactly(tmp_pa
     assert killed, "the node was never killed"
     assert cut.returncode == 0, cut.stderr[-3000:]
     assert "restarting every replica from the checkpoint" in cut.stderr
+    assert not ray_log_lines(cut.stderr), f"Ray's own log lines reached the terminal: {ray_log_lines(cut.stderr)[:3]}"
     assert _rows(tmp_path, "cut") == _rows(tmp_path, "whole")  # the restart continued exactly
     with open(metrics) as f:
         last = list(csv.DictReader(f))[-1]

@@ -21,7 +21,7 @@ import sys
 import time
 
 import pytest
-from procs import EVENT_TIMEOUT_S, descendants, popen, process_table, stop_tree, wait_for
+from procs import EVENT_TIMEOUT_S, descendants, popen, process_table, ray_log_lines, stop_tree, wait_for
 
 pytest.importorskip("ray")
 
@@ -72,6 +72,7 @@ def test_the_runs_raylet_killed_is_one_line_with_the_checkpoint_and_the_run_resu
         stop_tree(proc)
     assert proc.returncode == 3, err[-3000:]
     assert "Traceback" not in err
+    assert not ray_log_lines(err), "Ray's own log lines reached the terminal"
     last = err.strip().splitlines()[-1]
     assert last.startswith("msrl: error: the Ray cluster of this run stopped (its raylet (pid "), last
     assert "; the last checkpoint is at env step " in last and last.endswith(f"; resume with msrl train --resume {run}")

@@ -27,7 +27,7 @@ import signal
 import sys
 
 import pytest
-from procs import EVENT_TIMEOUT_S, popen, stop_tree, wait_for
+from procs import EVENT_TIMEOUT_S, popen, ray_log_lines, stop_tree, wait_for
 
 pytest.importorskip("ray")
 
@@ -101,6 +101,7 @@ def _finish(proc, err) -> str:
         stop_tree(proc)
     text = err.read_text()
     assert proc.returncode == 0, text[-4000:]
+    assert not ray_log_lines(text), f"Ray's own log lines reached the terminal: {ray_log_lines(text)[:3]}"
     return text
 
 
