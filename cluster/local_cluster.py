@@ -51,8 +51,9 @@ __all__ = ["LocalCluster", "unavailable", "sweep_stale"]
 
 #: every name this module makes starts with it (namespaces ``msrl-<pid>-n<i>``, links ``m<pid>...``)
 PREFIX = "msrl-"
-#: how long a node may take to join the cluster (seconds)
-JOIN_TIMEOUT_S = 120.0
+#: how long a node may take to join the cluster (seconds): generous, for a machine other jobs keep
+#: busy (eight nodes starting on two busy cores have taken over 120 s)
+JOIN_TIMEOUT_S = 600.0
 
 
 def _ip(*args: str, netns: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
