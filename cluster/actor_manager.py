@@ -19,7 +19,23 @@ from typing import Any, Callable, Mapping, Sequence
 from msrl.runtime.replica import ReplicaDied
 from msrl.runtime.shm import pid_alive
 
-__all__ = ["ReplicaGroup", "process_running"]
+__all__ = ["ReplicaGroup", "StandIn", "process_running"]
+
+
+class StandIn:
+    """What a ``replace`` callback of :meth:`ReplicaGroup.wait` returns for a lost replica that
+    is not replaced now (no live node has room for it) while the job runs on without it: its
+    result is ``result``, and ``extras`` (``replica index -> futures``) are calls of other
+    replicas doing its share, whose results are appended to theirs (lists: a chunk's records).
+
+    Args:
+        result: the lost replica's result in the call (``[]`` for a chunk: no records).
+        extras: replica index -> the futures of the extra calls it runs.
+    """
+
+    def __init__(self, result: Any, extras: Mapping[int, Sequence[Any]] | None = None) -> None:
+        self.result = result
+        self.extras = {i: list(fs) for i, fs in (extras or {}).items()}
 
 
 def process_running(pid: int) -> bool:
@@ -125,10 +141,13 @@ class ReplicaGroup:
         self.watchdog = Watchdog(job_id, self.keys, [peers[k]["pid"] for k in self.keys], self.roles, timeout_s)
 
     # -- calls ------------------------------------------------------------------------------
-    def call(self, method: str, *args: Any, replace: Callable[[ReplicaDied], Any] | None = None) -> list[Any]:
-        """``method(*args)`` on every replica; their results in replica order (see :meth:`wait`,
-        and its ``replace``: a lost replica's stand-in call)."""
-        return self.wait([getattr(a, method).remote(*args) for a in self.actors], replace=replace)
+    def call(self, method: str, *args: Any, replace: Callable[[ReplicaDied], Any] | None = None,
+             skip: Sequence[tuple[str, int]] = ()) -> list[Any]:
+        """``method(*args)`` on every replica but those in ``skip`` (their results ``None``);
+        the results in replica order (see :meth:`wait`, and its ``replace``: a lost replica's
+        stand-in call)."""
+        return self.wait([None if k in skip else getattr(a, method).remote(*args) for k, a in zip(self.keys, self.actors)],
+                         replace=replace)
 
     def submit(self, key: tuple[str, int], method: str, *args: Any) -> Any:
         """``method(*args)`` on replica ``key``; its future, waited for by the caller (a
@@ -146,19 +165,43 @@ class ReplicaGroup:
         return self.call_each(method, [args], [key])[0]
 
     def wait(self, futures: Sequence[Any], replace: Callable[[ReplicaDied], Any] | None = None) -> list[Any]:
-        """Every future's result. On the first failure every replica is killed and the failure
-        raised: a replica's own exception as it raised it, or :class:`ReplicaDied` naming the
-        replica whose process died or hung (:attr:`watchdog`).
+        """Every future's result (a ``None`` future: result ``None``). On the first failure
+        every replica is killed and the failure raised: a replica's own exception as it raised
+        it, or :class:`ReplicaDied` naming the replica whose process died or hung
+        (:attr:`watchdog`).
 
         ``replace`` (with one future per replica, in replica order): called with the
         :class:`ReplicaDied` of a replica that died or hung while the others run; a future it
         returns (the replacement's call) stands for the lost one's and the others are left
-        running; ``None``: the failure stops every replica, as above."""
+        running; a :class:`StandIn`: the lost one's result is its ``result`` and its ``extras``
+        run too, their results appended to their replicas'; ``None``: the failure stops every
+        replica, as above."""
         import ray
 
-        pending = list(futures)
-        order = {f: i for i, f in enumerate(futures)}
+        pending = [f for f in futures if f is not None]
+        order = {f: i for i, f in enumerate(futures) if f is not None}
         results: list[Any] = [None] * len(futures)
+        tails: dict[Any, Any] = {}  # an extra call's future -> its result, appended at the end
+        extra: set[Any] = set()
+
+        def stand_in(i: int, again: Any) -> None:
+            nonlocal pending
+            pending = [f for f in pending if order[f] != i]  # every call of the lost one (extras too)
+            finished = results[i] is not None  # its own call ended before: what follows is a tail
+            if isinstance(again, StandIn):
+                if not finished:
+                    results[i] = again.result
+                for j, fs in again.extras.items():
+                    for f in fs:
+                        pending.append(f)
+                        order[f] = j
+                        extra.add(f)
+            else:
+                pending.append(again)
+                order[again] = i
+                if finished:
+                    extra.add(again)
+
         while pending:
             done, pending = ray.wait(pending, num_returns=1, timeout=1.0 if self.watchdog is not None else None)
             if not done:
@@ -167,12 +210,13 @@ class ReplicaGroup:
                     again = replace(hung) if replace is not None else None
                     if again is None:
                         raise self._lost(hung)
-                    i = self.keys.index((hung.fragment, hung.replica))
-                    pending = [f for f in pending if order[f] != i] + [again]
-                    order[again] = i
+                    stand_in(self.keys.index((hung.fragment, hung.replica)), again)
                 continue
             try:
-                results[order[done[0]]] = ray.get(done[0])
+                if done[0] in extra:
+                    tails[done[0]] = ray.get(done[0])
+                else:
+                    results[order[done[0]]] = ray.get(done[0])
             except ray.exceptions.RayTaskError as e:
                 # a peer's death shows first as a failed boundary in a live replica ("connection
                 # closed by peer"): name the dead replica, not the one that noticed
@@ -190,8 +234,10 @@ class ReplicaGroup:
                 again = replace(dead) if replace is not None and dead is not None else None
                 if again is None:
                     raise self._lost(dead or ReplicaDied("the process of a replica died")) from None
-                pending.append(again)
-                order[again] = i
+                stand_in(i, again)
+        for f, tail in tails.items():  # in submission order per replica: a replica runs its calls in order
+            i = order[f]
+            results[i] = list(results[i] or []) + list(tail)
         return results
 
     # -- health -----------------------------------------------------------------------------
@@ -227,15 +273,16 @@ class ReplicaGroup:
         self.kill()
         return cause
 
-    def close(self, timeout_s: float) -> None:
-        """Asks every replica to close (its envs, process group, servers), waiting up to
-        ``timeout_s`` in all; a dead or stuck replica is left to :meth:`kill`."""
+    def close(self, timeout_s: float, skip: Sequence[tuple[str, int]] = ()) -> None:
+        """Asks every replica but those in ``skip`` (not started: waiting for a node with room)
+        to close (its envs, process group, servers), waiting up to ``timeout_s`` in all; a dead
+        or stuck replica is left to :meth:`kill`."""
         import ray
 
         if not self.actors:
             return
         try:
-            ray.get([a.close.remote() for a in self.actors], timeout=timeout_s)
+            ray.get([a.close.remote() for k, a in zip(self.keys, self.actors) if k not in skip], timeout=timeout_s)
         except Exception:  # noqa: BLE001 - a dead replica has nothing left to close
             pass
 

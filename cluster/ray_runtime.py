@@ -34,7 +34,7 @@ import cloudpickle
 import torch
 
 from msrl.api import EpisodeStats
-from msrl.cluster.actor_manager import ReplicaGroup
+from msrl.cluster.actor_manager import ReplicaGroup, StandIn
 from msrl.errors import ConfigError, PlacementError
 from msrl.runtime.codec import MAX_MESSAGE as CODEC_MAX_MESSAGE
 from msrl.runtime.elastic import fifo_out, replaced_fragments
@@ -364,7 +364,7 @@ class ReplicaActor:
         self.host: Any = None
         self.mailbox: Any = None
         self.job_id = job_id
-        self.heartbeat = Heartbeat(job_id, fragment, replica, self._progress) if job_id else None
+        self.heartbeat = Heartbeat(job_id, fragment, replica, self._progress, on_order=self._order) if job_id else None
         torch.set_num_threads(max(1, min(threads, os.cpu_count() or 1)))  # never more threads than the node's cores
         if algorithm_ref is not None:
             from msrl.job import load_algorithm
@@ -393,6 +393,19 @@ class ReplicaActor:
         host, mailbox = self.host, self.mailbox
         return {"env_steps": host.env_steps if host is not None else 0,
                 **(mailbox.counts() if mailbox is not None else {})}
+
+    def _order(self, order: Mapping[str, Any]) -> None:
+        """An order of the driver read by the heartbeat thread (this replica busy in a chunk):
+        ``{"seq", "absent"}`` -- :meth:`set_absent`."""
+        if "absent" in order:
+            self.set_absent(int(order["seq"]), order["absent"])
+
+    def set_absent(self, seq: int, absent: Mapping[str, Sequence[int]]) -> bool:
+        """The driver's order ``seq``: the producers of this replica's ``fifo`` boundaries that
+        are lost and not replaced for want of capacity (:meth:`~msrl.runtime.asynchronous.Mailbox.set_absent`:
+        their share is taken from the live producers' items). Returns whether it was applied
+        (an older order than the last is not)."""
+        return self.mailbox.set_absent(seq, absent) if self.mailbox is not None else False
 
     def start_boundary_server(self, token: str, timeout_s: float, tls: Any = None, max_message: int | None = None,
                               host: str | None = None, peers: Mapping[tuple[str, int], Mapping[str, Any]] | None = None,
@@ -560,9 +573,12 @@ class ReplicaActor:
         """:meth:`Replica.state_dict` (its global generators' states included)."""
         return self.replica.state_dict()
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restores :meth:`state_dict`'s output."""
-        self.replica.load_state_dict(state)
+    def load_state_dict(self, state: Mapping[str, Any] | None) -> None:
+        """Restores :meth:`state_dict`'s output; ``None`` (a checkpoint taken while this replica
+        was absent, lost for want of capacity) keeps the state it was built with: fresh
+        episodes on the run's seeds for its shard, as a replacement starts."""
+        if state is not None:
+            self.replica.load_state_dict(state)
 
     def close(self) -> None:
         """Closes the envs, the boundary streams and server, and leaves the process group."""
@@ -620,6 +636,27 @@ def _without_daemon_lines(print_to_stdstream: Any) -> Any:
 
     filtered._msrl_filtered = True  # type: ignore[attr-defined]
     return filtered
+
+
+def _line_up(records: Sequence[dict[str, Any]], n: int) -> list[dict[str, Any] | None]:
+    """A replica's records of a chunk of ``n`` iterations lined up with the chunk's: a
+    replacement that ran its last iterations only is ``None`` before them; a replica that ran more
+    (it also did an absent replica's share) has its extra records folded into its last (env steps
+    and counters as of the end; episodes, lags and seconds summed)."""
+    records = list(records)
+    if len(records) <= n:
+        return [None] * (n - len(records)) + records
+    head, rest = records[:n - 1], records[n - 1:]
+    last = dict(rest[-1])
+    episodes = EpisodeStats([], [])
+    for r in rest:
+        episodes.merge(r["episodes"])
+    last["episodes"] = episodes
+    last["policy_lags"] = [lag for r in rest for lag in r["policy_lags"]]
+    for k in ("time_s", "comm_s", "wait_s"):
+        last[k] = sum(r[k] for r in rest)
+    last["output"] = next((r["output"] for r in rest if r["output"] is not None), None)
+    return head + [last]
 
 
 class RayJob:
@@ -728,6 +765,15 @@ class RayJob:
         self._start_iteration = 0
         self._faults: dict[str, int] = {}
         self._rejoin_args: tuple = ()
+        #: lost replicas not replaced for want of room (the job runs on without them): key ->
+        #: ``{"ref": the replacement's info() future, "cause", "lost_steps", "t0"}``
+        self._absent: dict[tuple[str, int], dict[str, Any]] = {}
+        #: key -> items asked of it beyond the consumers' iterations since the replicas
+        #: started: + what it did for absent replicas, - the share it was not asked while absent
+        self._asked_delta: Counter = Counter()
+        self._order_seq = 0
+        self._ordered: set[tuple[str, int]] = set()  # consumers given an absence order
+        self._spread_at = 0
         #: seconds each replacement took, from the loss noticed to the replacement rejoined
         self.replacement_s: list[float] = []
         self._replacement_timeout_s = replacement_timeout_s
@@ -881,13 +927,18 @@ class RayJob:
         """
         if method == "train_step":
             end = self.iteration - self._start_iteration + n  # the consumers' iterations at the chunk's end
-            per_replica = self._call_all("run", (method, n), end, lambda key, owed: ("run", method, owed))
+            if self._absent:
+                self._settle_absent(end - n)
+            per_replica = self._call_all("run", (method, n), end, lambda key, owed: ("run", method, owed),
+                                         counts=self._chunk_counts(n) if self._absent else None)
         else:
-            per_replica = self.replicas.call("run", method, n)
+            per_replica = self.replicas.call("run", method, n, skip=self._absent)
+        per_replica = [recs or [] for recs in per_replica]  # an absent replica ran nothing
         for recs in per_replica:  # the replicas' notices (a capture, or why not), printed here
             print_notices(recs)
-        # a replacement ran the chunk's last iterations only: its rows line up with theirs
-        per_replica = [[None] * (n - len(recs)) + list(recs) for recs in per_replica]
+        # a replacement ran the chunk's last iterations only: its rows line up with theirs; a
+        # replica that also did an absent one's share ran more: its last row holds the rest
+        per_replica = [_line_up(recs, n) for recs in per_replica]
         faults, self._faults = self._faults, {}
         records = []
         for i in range(n):
@@ -922,28 +973,147 @@ class RayJob:
                 "refused": {"connections": 0, "frames": 0, "datagrams": 0}}
 
     def _call_all(self, method: str, args: Sequence[Any] = (), end: int | None = None,
-                  again: Any = None) -> list[Any]:
+                  again: Any = None, counts: Mapping[tuple[str, int], int] | None = None) -> list[Any]:
         """``method(*args)`` on every replica, their results in replica order; a replica of an
         elastic fragment lost meanwhile is replaced alone (:meth:`_replace`) and ``again(key,
         owed)`` -- a method and its arguments (default: the same call) -- is what its replacement
-        runs instead. ``end``: the
-        consumers' iterations when the call ends (default: now, between chunks)."""
+        runs instead. ``end``: the consumers' iterations when the call ends (default: now,
+        between chunks). ``counts``: for a chunk, the iterations each replica runs (``again(key,
+        count)``; 0: none, an absent replica). An absent replica is not called: its result is
+        ``None``."""
         if not self.elastic:
             return self.replicas.call(method, *args)
         end = self.iteration - self._start_iteration if end is None else end
         again = again or (lambda key, owed: (method, *args))
-        return self.replicas.call(method, *args, replace=lambda cause: self._replace(cause, end, again))
+        replace = lambda cause: self._replace(cause, end, again, [] if counts is not None else None)  # noqa: E731
+        if counts is None:
+            return self.replicas.call(method, *args, replace=replace, skip=self._absent)
+        futures = [self.replicas.submit(k, *again(k, counts[k])) if counts[k] > 0 else None for k in self.keys]
+        return self.replicas.wait(futures, replace=replace)
 
-    def _replace(self, cause: ReplicaDied, end: int, again: Any) -> Any:
+    # -- running on without lost replicas no node has room for ------------------------------
+    def _asked(self, key: tuple[str, int], end: int) -> int:
+        """The items replica ``key``'s consumer has been promised from it, since the replicas
+        started, when the consumers reach iteration ``end`` (of this start)."""
+        return end + self._asked_delta[key]
+
+    def _spread(self, total: int, keys: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """``total`` items split over ``keys`` as evenly as whole items allow (the remainder's
+        turns rotate from call to call)."""
+        if not keys:
+            return {}
+        base, rest = divmod(total, len(keys))
+        out = {k: base for k in keys}
+        for j in range(rest):
+            out[keys[(self._spread_at + j) % len(keys)]] += 1
+        self._spread_at = (self._spread_at + rest) % len(keys)
+        return out
+
+    def _stand_ins(self, key: tuple[str, int]) -> list[tuple[str, int]]:
+        """The live replicas that can do lost replica ``key``'s share: the other replicas of its
+        fragment, not absent, when they all put on one ``fifo`` boundary read by one consumer
+        (whose shared queue any of their items may stand in; empty: none can)."""
+        outs = fifo_out(self.fragment_graph, key[0])
+        if len(outs) != 1:
+            return []
+        b, n = outs[0], self.spec.policy.fragment(key[0]).replicas
+        if len({deliveries(b, r)[0][0] for r in range(n)}) != 1:
+            return []
+        return [k for k in self.keys if k[0] == key[0] and k != key and k not in self._absent]
+
+    def _chunk_counts(self, n: int) -> dict[tuple[str, int], int]:
+        """The iterations each replica runs in a chunk of ``n`` while some are absent: none for
+        an absent one, ``n`` plus a share of the absent ones' for the live replicas of its
+        fragment; the promises (:meth:`_asked`) move with them."""
+        counts = {k: n for k in self.keys}
+        for key in self._absent:
+            counts[key] = 0
+            self._asked_delta[key] -= n
+            for q, e in self._spread(n, self._stand_ins(key)).items():
+                counts[q] += e
+                self._asked_delta[q] += e
+        return counts
+
+    def _send_absent(self, sync: bool) -> None:
+        """Tells each consumer which of its producers are absent (:meth:`ReplicaActor.set_absent`):
+        through the store its heartbeat reads (it may be busy in a chunk), and, ``sync``
+        (between chunks), by a call that returns once it applied."""
+        import ray
+
+        by_consumer: dict[tuple[str, int], dict[str, list[int]]] = {}
+        for key in self._absent:
+            b = fifo_out(self.fragment_graph, key[0])[0]
+            consumer = (b.dst, deliveries(b, key[1])[0][0])
+            by_consumer.setdefault(consumer, {}).setdefault(b.name, []).append(key[1])
+        self._order_seq += 1
+        for consumer in sorted(self._ordered | set(by_consumer)):
+            absent = by_consumer.get(consumer, {})
+            self.watchdog.order(consumer, {"seq": self._order_seq, "absent": absent})
+            if sync:
+                ray.get(self.replicas.submit(consumer, "set_absent", self._order_seq, absent))
+        self._ordered = set(by_consumer)
+
+    def _go_absent(self, cause: ReplicaDied, key: tuple[str, int], ref: Any, end: int, delivered: int,
+                   lost_steps: int, t0: float, again: Any, result: Any) -> StandIn:
+        """Runs on without lost replica ``key`` (no node has room for its replacement, which
+        waits for one: :meth:`_settle_absent`): what it still owed this call is spread over the
+        live replicas of its fragment as extra iterations, and its consumer takes its share from
+        theirs (:meth:`~msrl.runtime.asynchronous.Mailbox.set_absent`)."""
+        owed = self._asked(key, end) - delivered
+        self._asked_delta[key] -= owed
+        extras: dict[int, list[Any]] = {}
+        for q, e in self._spread(owed, self._stand_ins(key)).items():
+            if e > 0:
+                self._asked_delta[q] += e
+                extras[self.keys.index(q)] = [self.replicas.submit(q, *again(q, e))]
+        self._absent[key] = {"ref": ref, "cause": cause, "lost_steps": lost_steps, "t0": t0}
+        self._replica_steps[key] = self._steps_at(key, delivered)  # its count stays there while absent
+        self._count_loss(cause, lost_steps, self._replica_steps[key])
+        self.watchdog.absent.add(key)
+        self._send_absent(sync=False)
+        frag = self.spec.policy.fragment(key[0])
+        live = frag.replicas - sum(1 for k in self._absent if k[0] == key[0])
+        self._faults["absent_replicas"] = self._faults.get("absent_replicas", 0) + 1
+        print(f"msrl: {cause}; no live node has room for its replacement (its placement-group bundle was on a lost "
+              f"node): running on with {live} of {frag.replicas} {key[0]} replicas, the others doing its share, "
+              f"until a node has room", file=sys.stderr, flush=True)
+        return StandIn(result, extras)
+
+    def _settle_absent(self, end: int) -> None:
+        """Between chunks (the consumers at iteration ``end``): each absent replica whose
+        replacement a node now has room for rejoins (from the items it delivered on), and its
+        consumer is told before the next chunk."""
+        import ray
+
+        back = []
+        for key, a in list(self._absent.items()):
+            ready, _ = ray.wait([a["ref"]], timeout=0)
+            if not ready:
+                continue
+            try:
+                info = ray.get(a["ref"])
+            except ray.exceptions.RayActorError:  # placed on a node lost in turn: it waits again
+                self.replicas.replace(key)
+                a["ref"] = self.replicas.submit(key, "info")
+                continue
+            del self._absent[key]
+            self._finish_rejoin(a["cause"], key, info, self._asked(key, end), a["lost_steps"], a["t0"], back=True)
+            back.append(key)
+        if back:
+            self._send_absent(sync=True)
+
+    def _replace(self, cause: ReplicaDied, end: int, again: Any, result: Any = None) -> Any:
         """Replaces the lost replica of ``cause`` alone (:mod:`msrl.runtime.elastic`) while the
         others run; returns the future of ``again(key, owed)``, the call the replacement runs in
-        the lost one's place (``owed``: the iterations it owes its consumer), or ``None`` when its fragment
-        is not replaced (every replica then restarts from the checkpoint).
+        the lost one's place (``owed``: the iterations it owes its consumer), a
+        :class:`~msrl.cluster.actor_manager.StandIn` (its result ``result``) when no node has
+        room for a replacement and the job runs on without it (:meth:`_go_absent`), or ``None``
+        when its fragment is not replaced (every replica then restarts from the checkpoint).
 
         ``end``: the iterations the consumers will have run since the replicas started when the
-        running call ends; the replacement owes each consumer ``end`` minus the items it received
-        from the lost replica (read from the consumer's heartbeat once the lost replica's stream
-        has ended there)."""
+        running call ends; the replacement owes each consumer the items promised by then
+        (:meth:`_asked`) minus those it received from the lost replica (read from the consumer's
+        heartbeat once the lost replica's stream has ended there)."""
         from msrl.cluster.watchdog import PERIOD_S
 
         key = (cause.fragment, cause.replica)
@@ -957,6 +1127,7 @@ class RayJob:
         consumer = (b.dst, deliveries(b, key[1])[0][0])
         name = f"{key[0]}/{key[1]}"
         delivered = None
+        asked = self._asked(key, end)
         # the lost process is gone (killed above when hung): its stream ends at the consumer within
         # a heartbeat or two; one that does not is a fault of its own, answered by the restart
         deadline = time.monotonic() + min(timeout_s, ENDED_WAIT_S)
@@ -964,14 +1135,14 @@ class RayJob:
             record = self.watchdog.record(consumer) or {}
             received = int(record.get("received", {}).get(f"{b.name}|{key[1]}", 0))
             # final once its stream ended there, or once it holds all the chunk asks of it
-            if name in record.get("ended", ()) or received >= end:
-                delivered = min(received, end)
+            if name in record.get("ended", ()) or received >= asked:
+                delivered = min(received, asked)
             else:
                 time.sleep(PERIOD_S / 2)
         if delivered is None:
             return None  # the consumer never saw the stream end: restart every replica
         try:
-            return self._rejoin(cause, key, again, end, delivered, lost_steps, t0)
+            return self._rejoin(cause, key, again, end, delivered, lost_steps, t0, result)
         except Exception as e:  # noqa: BLE001 - the replacement failed to start: every replica restarts
             print(f"msrl: the replacement of fragment {key[0]} replica {key[1]} failed ({type(e).__name__}: "
                   f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}); restarting every replica instead",
@@ -979,16 +1150,13 @@ class RayJob:
             return None
 
     def _rejoin(self, cause: ReplicaDied, key: tuple[str, int], again: Any, end: int, delivered: int,
-                lost_steps: int, t0: float) -> Any:
+                lost_steps: int, t0: float, result: Any = None) -> Any:
         """The second half of :meth:`_replace`: the new process's boundaries and reset, its
-        count from ``delivered`` items on; returns its call ``again(key, owed)`` (method and arguments)."""
+        count from ``delivered`` items on; returns its call ``again(key, owed)`` (method and
+        arguments), or a :class:`~msrl.cluster.actor_manager.StandIn` when no node has room for
+        it and its fragment can run on without it (:meth:`_go_absent`)."""
         import ray
 
-        servers, token, tls, max_message, timeout_s, transport, priority = self._rejoin_args
-        env_replicas = sum(f.replicas for f in self.spec.policy.fragments if "env" in f.roles)
-        has_env = "env" in self.spec.policy.fragment(key[0]).roles
-        per_iteration = self.spec.env_steps_per_iteration // max(1, env_replicas) if has_env else 0
-        offset = (self._start_iteration + delivered) * per_iteration  # every env replica's count: per_iteration a step
         ref = self.replicas.submit(key, "info")
         deadline, noted = time.monotonic() + self._replacement_timeout_s, False
         while True:  # a new process starts (seconds); a bundle on a lost node waits for room elsewhere
@@ -1007,11 +1175,43 @@ class RayJob:
                 if time.monotonic() > deadline:
                     raise
                 if not noted and time.monotonic() - t0 > CAPACITY_NOTE_S and self._bundle_unplaced(key):
+                    if self._stand_ins(key):
+                        return self._go_absent(cause, key, ref, end, delivered, lost_steps, t0, again, result)
                     noted = True
                     print(f"msrl: waiting for capacity to replace fragment {key[0]} replica {key[1]} (its placement-group "
                           f"bundle was on a lost node and is placed again when a live node has room; the replicas that "
                           f"need it wait at their boundaries), for up to cluster.capacity_timeout_s="
                           f"{self._replacement_timeout_s:g} s", file=sys.stderr, flush=True)
+        self._finish_rejoin(cause, key, info, delivered, lost_steps, t0)
+        return self.replicas.submit(key, *again(key, self._asked(key, end) - delivered))
+
+    def _steps_at(self, key: tuple[str, int], delivered: int) -> int:
+        """Replica ``key``'s env steps after ``delivered`` items since the replicas started
+        (every env replica steps ``env_steps_per_iteration / env replicas`` an item)."""
+        env_replicas = sum(f.replicas for f in self.spec.policy.fragments if "env" in f.roles)
+        has_env = "env" in self.spec.policy.fragment(key[0]).roles
+        per_iteration = self.spec.env_steps_per_iteration // max(1, env_replicas) if has_env else 0
+        return (self._start_iteration + delivered) * per_iteration
+
+    def _count_loss(self, cause: ReplicaDied, lost_steps: int, offset: int) -> int:
+        """Counts a lost replica's fault (a hang, the env steps of its rollout in flight dropped:
+        those past ``offset``, the steps of the items it delivered); returns the dropped steps."""
+        dropped = max(0, lost_steps - offset)
+        hung = int(type(cause).__name__ == "ReplicaHung")
+        for k, v in (("dropped_env_steps", dropped), ("replica_hangs", hung)):
+            self._faults[k] = self._faults.get(k, 0) + v
+        return dropped
+
+    def _finish_rejoin(self, cause: ReplicaDied, key: tuple[str, int], info: Mapping[str, Any], delivered: int,
+                       lost_steps: int, t0: float, back: bool = False) -> None:
+        """A replacement started (``info``: its :meth:`ReplicaActor.info`) joins the job: its
+        priority, its boundary server, its streams and ``reset``, its env-step count from the
+        ``delivered`` items of the lost replica on; counts the fault and says so in one line.
+        ``back``: it replaces a replica the job ran on without (its loss counted then)."""
+        import ray
+
+        servers, token, tls, max_message, timeout_s, transport, priority = self._rejoin_args
+        offset = self._steps_at(key, delivered)
         self.replicas.relocate(key, info, ray.get_runtime_context().get_node_id())
         peers = dict(self.replicas.peers)
         if producers_to_lower([key], peers, producer_only_fragments(self.fragment_graph), priority):
@@ -1023,15 +1223,17 @@ class RayJob:
             servers[key] = own
         ray.get(self.replicas.submit(key, "rejoin", consumers, peers, own, token, tls, max_message, timeout_s,
                                      sorted(self.elastic), offset))
-        dropped = max(0, lost_steps - offset)
         self._replica_steps[key] = offset
-        hung = int(type(cause).__name__ == "ReplicaHung")
-        for k, v in (("replaced_replicas", 1), ("dropped_env_steps", dropped), ("replica_hangs", hung)):
-            self._faults[k] = self._faults.get(k, 0) + v
+        self._faults["replaced_replicas"] = self._faults.get("replaced_replicas", 0) + 1
         self.replacement_s.append(time.monotonic() - t0)
-        print(f"msrl: {cause}; replaced it alone in {self.replacement_s[-1]:.1f} s (the other replicas kept running; "
-              f"{dropped} env steps of its rollout in flight dropped)", file=sys.stderr, flush=True)
-        return self.replicas.submit(key, *again(key, end - delivered))
+        if back:
+            print(f"msrl: a node has room again: fragment {key[0]} replica {key[1]} replaced, "
+                  f"{self.replacement_s[-1]:.0f} s after its loss (the job ran on without it meanwhile)",
+                  file=sys.stderr, flush=True)
+        else:
+            dropped = self._count_loss(cause, lost_steps, offset)
+            print(f"msrl: {cause}; replaced it alone in {self.replacement_s[-1]:.1f} s (the other replicas kept running; "
+                  f"{dropped} env steps of its rollout in flight dropped)", file=sys.stderr, flush=True)
 
     def _bundle_unplaced(self, key: tuple[str, int]) -> bool:
         """Whether replica ``key``'s placement-group bundle has no live node now (its node lost,
@@ -1110,17 +1312,22 @@ class RayJob:
             shutil.rmtree(d, ignore_errors=True)
 
     def comm_stats(self) -> list[dict[str, Any]]:
-        """Every replica's :meth:`ReplicaActor.comm_stats`, in replica order."""
-        return self._call_all("comm_stats")
+        """Every replica's :meth:`ReplicaActor.comm_stats`, in replica order (``{}`` for an
+        absent one: lost, not yet replaced for want of room)."""
+        return [s or {} for s in self._call_all("comm_stats")]
 
     def pids(self) -> list[int]:
-        """The replicas' process ids, in replica order."""
-        return self._call_all("pid")
+        """The replicas' process ids, in replica order (an absent replica's: its lost process's)."""
+        return [p if p is not None else self.replicas.peers.get(k, {}).get("pid") for k, p in
+                zip(self.keys, self._call_all("pid"))]
 
     def replica_table(self) -> list[dict[str, Any]]:
-        """One row per replica: ``fragment``, ``replica``, ``roles``, ``pid`` and ``node`` (IP)."""
+        """One row per replica: ``fragment``, ``replica``, ``roles``, ``pid`` and ``node`` (IP);
+        an absent replica (lost, not yet replaced for want of room) has its lost process's, and
+        ``absent: true``."""
         info = self._call_all("info")
-        return [{"fragment": f, "replica": r, "roles": list(self.spec.policy.fragment(f).roles), **i}
+        return [{"fragment": f, "replica": r, "roles": list(self.spec.policy.fragment(f).roles),
+                 **(i if i is not None else {**self.replicas.peers.get((f, r), {}), "absent": True})}
                 for (f, r), i in zip(self.keys, info)]
 
     def close(self) -> None:
@@ -1132,7 +1339,7 @@ class RayJob:
 
         stopped = cluster_stopped() is not None
         if not stopped:
-            self.replicas.close(timeout_s=30.0)
+            self.replicas.close(timeout_s=30.0, skip=self._absent)
         self.kill()
         if self.watchdog is not None and ray.is_initialized() and not stopped:
             from msrl.cluster.rendezvous import RayStore

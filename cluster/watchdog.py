@@ -37,6 +37,10 @@ def _key(job: str, fragment: str, replica: int) -> bytes:
     return f"heartbeat/{job}/{fragment}/{replica}".encode()
 
 
+def _order_key(job: str, fragment: str, replica: int) -> bytes:
+    return f"order/{job}/{fragment}/{replica}".encode()
+
+
 class Heartbeat:
     """A replica process's heartbeat thread (started on construction).
 
@@ -46,11 +50,15 @@ class Heartbeat:
         snapshot: returns the record's fields (``env_steps``: int); called on the heartbeat
             thread, so it must only read plain attributes.
         period_s: seconds between writes.
+        on_order: called on the heartbeat thread with each new order the driver wrote for this
+            replica (:meth:`Watchdog.order`: a JSON object with a rising ``seq``), read once a
+            period: how the driver reaches a replica busy running its iterations.
     """
 
     def __init__(self, job: str, fragment: str, replica: int, snapshot: Callable[[], Mapping[str, Any]],
-                 period_s: float = PERIOD_S) -> None:
+                 period_s: float = PERIOD_S, on_order: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.key, self.snapshot, self.period_s = _key(job, fragment, replica), snapshot, period_s
+        self.order_key, self.on_order, self._order_seq = _order_key(job, fragment, replica), on_order, 0
         self.seq = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="msrl-heartbeat", daemon=True)
@@ -64,6 +72,12 @@ class Heartbeat:
             record = json.dumps({"seq": self.seq, **self.snapshot()}).encode()
             try:
                 internal_kv._internal_kv_put(self.key, record, overwrite=True, namespace=NAMESPACE)
+                if self.on_order is not None:
+                    raw = internal_kv._internal_kv_get(self.order_key, namespace=NAMESPACE)
+                    order = json.loads(raw) if raw else None
+                    if order is not None and int(order.get("seq", 0)) > self._order_seq:
+                        self._order_seq = int(order["seq"])
+                        self.on_order(order)
             except Exception:  # noqa: BLE001 - Ray shutting down: the driver sees a silence, as it should
                 pass
             self._stop.wait(self.period_s)
@@ -92,6 +106,8 @@ class Watchdog:
         now = time.monotonic()
         #: key -> (the last record read, when it last changed: monotonic seconds on the driver)
         self.seen: dict[tuple[str, int], tuple[dict[str, Any] | None, float]] = {k: (None, now) for k in self.keys}
+        #: replicas not watched for hangs: lost, their replacement waiting for a node with room
+        self.absent: set[tuple[str, int]] = set()
 
     def read(self) -> dict[tuple[str, int], dict[str, Any] | None]:
         """Every replica's latest record (``None`` before its first), noting which changed."""
@@ -119,7 +135,7 @@ class Watchdog:
         now = time.monotonic()
         for i, k in enumerate(self.keys):
             record, since = self.seen[k]
-            if now - since > self.timeout_s:
+            if k not in self.absent and now - since > self.timeout_s:
                 frag, r = k
                 pid = self.pids[i] if i < len(self.pids) else None
                 what = "gave no heartbeat" if record is not None else "gave no heartbeat since it started"
@@ -133,6 +149,7 @@ class Watchdog:
         from now, its records from the new heartbeat on."""
         self.pids[self.keys.index(key)] = pid
         self.seen[key] = (None, time.monotonic())
+        self.absent.discard(key)
 
     def record(self, key: tuple[str, int]) -> dict[str, Any] | None:
         """Replica ``key``'s latest heartbeat record, read now (``None``: none yet)."""
@@ -144,12 +161,21 @@ class Watchdog:
         self.read()
         return {k: int(r["env_steps"]) for k, (r, _) in self.seen.items() if r is not None and "env_steps" in r}
 
+    def order(self, key: tuple[str, int], order: Mapping[str, Any]) -> None:
+        """Writes ``order`` (JSON-able, with a ``seq`` higher than the last one's) for replica
+        ``key``: its heartbeat thread reads it within a period (:class:`Heartbeat`'s ``on_order``)."""
+        from ray.experimental import internal_kv
+
+        internal_kv._internal_kv_put(_order_key(self.job, *key), json.dumps(dict(order)).encode(), overwrite=True,
+                                     namespace=NAMESPACE)
+
     def clear(self) -> None:
-        """Deletes the job's records from the store."""
+        """Deletes the job's records and orders from the store."""
         from ray.experimental import internal_kv
 
         for k in self.keys:
-            try:
-                internal_kv._internal_kv_del(_key(self.job, *k), namespace=NAMESPACE)
-            except Exception:  # noqa: BLE001 - Ray already gone
-                pass
+            for key in (_key(self.job, *k), _order_key(self.job, *k)):
+                try:
+                    internal_kv._internal_kv_del(key, namespace=NAMESPACE)
+                except Exception:  # noqa: BLE001 - Ray already gone
+                    pass

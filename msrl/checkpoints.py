@@ -36,7 +36,8 @@ class CheckpointError(ConfigError):
 
 
 #: the fault counters of a run (``faults/...`` in metrics.csv), each from 0
-FAULTS = {"replica_restarts": 0, "replica_hangs": 0, "replaced_replicas": 0, "dropped_env_steps": 0, "lost_episodes": 0}
+FAULTS = {"replica_restarts": 0, "replica_hangs": 0, "replaced_replicas": 0, "absent_replicas": 0, "dropped_env_steps": 0,
+          "lost_episodes": 0}
 
 
 @dataclasses.dataclass
@@ -50,7 +51,8 @@ class Progress:
             ``train.stop_at_return``, or ``(None, None)``.
         recent: the last 20 episode returns (the progress bar's figure).
         faults: ``replica_restarts``, ``replica_hangs``, ``replaced_replicas`` (lost replicas replaced
-            alone), ``dropped_env_steps``, ``lost_episodes`` so far.
+            alone), ``absent_replicas`` (lost replicas the job ran on without while no node had room
+            for them), ``dropped_env_steps``, ``lost_episodes`` so far.
     """
 
     time_s: float = 0.0

@@ -112,6 +112,42 @@ def test_fifo_gather_takes_each_producers_items_once_in_order(net, transport):
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
+def test_an_absent_producers_share_is_taken_from_the_others_items(net, transport):
+    """Three producers, one lost after delivering 2 items and declared absent (as the driver does
+    when no node has room for its replacement): each get still holds three items -- the absent one's
+    delivered items first, then the live ones' -- and the live ones, asked for the absent one's 4
+    missing items among them, are never waited for in vain (no deadlock however the items fall);
+    its presence restored, gets take one item of each producer again."""
+    n = net(transport, [fifo(src_r=3, capacity=2)], [("actor", 0), ("actor", 1), ("actor", 2), ("learner", 0)])
+    K = 6  # iterations; producer 2 delivers 2, producers 0 and 1 do K + 2 each
+    learner, box = n.ep[("learner", 0)], n.mailboxes[("learner", 0)]
+
+    def producer(r, count):
+        for i in range(count):
+            n.ep[("actor", r)].put(TRAJ, torch.full((1,), float(100 * r + i)))
+
+    def consumer():
+        got = [learner.get(TRAJ).tolist() for _ in range(2)]
+        assert box.set_absent(1, {TRAJ: [2]})
+        assert not box.set_absent(1, {})  # an order no newer than the last is ignored
+        got += [learner.get(TRAJ).tolist() for _ in range(K - 2)]
+        return got
+
+    out = run_threads({0: lambda: producer(0, K + 2), 1: lambda: producer(1, K + 2), 2: lambda: producer(2, 2),
+                       "c": consumer}, timeout=300)
+    got = out["c"]
+    assert all(len(g) == 3 for g in got), got
+    flat = sorted(v for g in got for v in g)
+    assert flat == sorted([float(i) for i in range(K + 2)] + [100.0 + i for i in range(K + 2)] + [200.0, 201.0])
+    assert got[:2] == [[0.0, 100.0, 200.0], [1.0, 101.0, 201.0]]  # before the loss: one item of each
+    assert box.queued() == 0
+    # the replacement is back: strict shares again
+    assert box.set_absent(2, {})
+    out = run_threads({r: (lambda r=r: producer(r, 1)) for r in range(3)} | {"c": lambda: learner.get(TRAJ)}, timeout=300)
+    assert out["c"].tolist() == [0.0, 100.0, 200.0]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_full_fifo_makes_its_producer_wait(net, transport):
     """capacity 1: the second put returns only once the consumer took the first item."""
     n = net(transport, [fifo(src_r=1, pattern=NodeKind.SEND, dst_r=1)], [("actor", 0), ("learner", 0)])

@@ -486,3 +486,74 @@ def test_multi_learner_over_three_nodes_all_reduces_hierarchically_and_keeps_eve
     rows = _rows(tmp_path, "hier")
     recent = [float(r["charts/episodic_return"]) for r in rows[-5:] if r["charts/episodic_return"] not in ("", "nan")]
     assert recent and sum(recent) / len(recent) > 100  # it learns (random: ~22)
+
+
+@pytest.mark.slow
+def test_actors_lost_with_their_node_and_no_room_left_are_done_without_until_it_returns(tmp_path, three_nodes):
+    """IMPALA under async_learner with five actors and the learner filling all three nodes; the
+    node of two actors (not the learner's) killed: no node has room for their replacements, so the
+    job runs on with three actors doing the lost ones' share -- it says so, and the learner's
+    iterations go on while the node is down; the node started again, the two are replaced between
+    chunks and the run finishes: every iteration once, in order, the env steps never going back,
+    no restart."""
+    import csv
+
+    from procs import EVENT_TIMEOUT_S, stop_tree, wait_for
+
+    run_dir = tmp_path / "runs" / "thin"
+    cmd = ["distribution_policy.replicas.actor=5", "env.num_envs=10", "cluster.cpus_per_replica=1",
+           "train.total_env_steps=24000", "train.checkpoint_every=5", "cluster.replica_timeout_s=20"]
+    err = tmp_path / "thin.stderr"
+    from procs import popen
+
+    argv = [sys.executable, "-m", "msrl.cli", "train", "configs/impala_cartpole.yaml", f"runs_dir={tmp_path / 'runs'}",
+            "name=thin", "runtime=ray", f"cluster.address={three_nodes.address}", "cluster.strategy=SPREAD",
+            "train.eval_every=0", "train.progress=false", *cmd]
+    with open(err, "w") as f:
+        proc = popen(argv, cwd=ROOT, env=three_nodes.client_env(), stdout=f, stderr=f, text=True)
+
+    def rows():
+        m = run_dir / "metrics.csv"
+        if not m.is_file():
+            return []
+        with open(m) as f:
+            return list(csv.DictReader(f))
+
+    try:
+        wait_for(lambda: len(rows()) >= 10 and (run_dir / "replicas.json").is_file(), "10 rows of the run", alive=proc)
+        table = json.loads((run_dir / "replicas.json").read_text())
+        learner = next(r for r in table if r["fragment"] == "learner")
+        node = next(i for i in (1, 2) if three_nodes.node_ips[i] != learner["node"])
+        lost = sorted(r["replica"] for r in table if r["node"] == three_nodes.node_ips[node])
+        assert len(lost) == 2 and all(r["fragment"] == "actor" for r in table if r["node"] == three_nodes.node_ips[node])
+        assert three_nodes.kill_node(node), "the node had no process to kill"
+        wait_for(lambda: err.read_text().count("running on with") == 2, "the job running on without both", alive=proc)
+        at = len(rows())
+        wait_for(lambda: len(rows()) >= at + 10, "10 iterations without the lost node", alive=proc)
+        three_nodes.restart_node(node)
+        proc.wait(timeout=EVENT_TIMEOUT_S)
+    finally:
+        stop_tree(proc)
+        if len(three_nodes.alive_nodes()) < 3:
+            for i in (1, 2):
+                if not three_nodes.node_pids(i):
+                    three_nodes.restart_node(i)
+        three_nodes.wait_nodes(3)
+    text = err.read_text()
+    assert proc.returncode == 0, text[-4000:]
+    assert "restarting every replica" not in text and "waiting for capacity" not in text, text[-4000:]
+    said = [line for line in text.splitlines() if "running on with" in line]
+    assert {int(line.split("fragment actor replica ")[1].split()[0]) for line in said} == set(lost), said
+    assert "running on with 4 of 5 actor replicas" in said[0] and "running on with 3 of 5 actor replicas" in said[1], said
+    back = [line for line in text.splitlines() if line.startswith("msrl: a node has room again")]
+    assert len(back) == 2, text[-4000:]
+    assert not ray_log_lines(text)
+    got = rows()
+    assert [int(r["iteration"]) for r in got] == list(range(1, len(got) + 1))  # never back, each once
+    steps = [int(r["env_steps"]) for r in got]
+    assert steps == sorted(steps) and steps[-1] >= 24000, steps[-5:]
+    last = got[-1]
+    assert float(last["faults/absent_replicas"]) == 2 and float(last["faults/replaced_replicas"]) == 2
+    assert float(last["faults/replica_restarts"]) == 0
+    after = {r["replica"]: r for r in json.loads((run_dir / "replicas.json").read_text()) if r["fragment"] == "actor"}
+    assert all(not after[r].get("absent") for r in lost) and {after[r]["node"] for r in lost} == {three_nodes.node_ips[node]}

@@ -116,6 +116,12 @@ class Mailbox:
         #: producers ``(fragment, replica)`` whose stream ended (its process gone) and has not
         #: been opened again since (:meth:`stream_ended`, :meth:`stream_opened`)
         self.ended: set[tuple[str, int]] = set()
+        #: ``fifo`` boundary -> its producers that are absent (lost and not replaced, for want of
+        #: capacity; :meth:`set_absent`): while any is, :meth:`take` with a ``pool`` serves a
+        #: producer's share from any queue of the boundary
+        self.absent: dict[str, frozenset[int]] = {}
+        #: the sequence number of the last :meth:`set_absent` applied (older orders are ignored)
+        self.absent_seq = 0
 
     def close(self, reason: str) -> None:
         """Wakes every waiter with :class:`ChannelClosed` (``reason`` in its message)."""
@@ -207,18 +213,47 @@ class Mailbox:
             return {"received": {f"{b}|{p}": n for (b, p), n in self.received.items()},
                     "ended": sorted(f"{f}/{r}" for f, r in self.ended)}
 
-    def take(self, boundary: str, producer: int, cancel: threading.Event | None = None) -> Item:
+    def set_absent(self, seq: int, absent: Mapping[str, Sequence[int]]) -> bool:
+        """The job driver's order ``seq``: the producers of each ``fifo`` boundary in ``absent``
+        that are lost and not replaced (for want of capacity), replacing the last order (a
+        boundary left out has none absent). An order older than the last applied is ignored;
+        returns whether this one was applied. While a boundary has an absent producer, the
+        driver asks its live producers for the absent ones' items (:meth:`take`)."""
+        with self._cond:
+            if seq <= self.absent_seq:
+                return False
+            self.absent_seq = seq
+            self.absent = {b: frozenset(int(r) for r in rs) for b, rs in absent.items() if rs}
+            self._cond.notify_all()
+        self._wake()
+        return True
+
+    def take(self, boundary: str, producer: int, cancel: threading.Event | None = None,
+             pool: Sequence[int] = ()) -> Item:
         """The oldest item of ``(boundary, producer)``, waiting while there is none (or until
-        ``cancel`` is set).
+        ``cancel`` is set). ``pool``: every producer of the boundary; while one of them is
+        absent (:meth:`set_absent`), a producer whose queue is empty has its share served from
+        the fullest queue of the pool (IMPALA's shared queue: the driver asks the live producers
+        for as many items in all as the consumer takes, so any item may stand for any).
 
         Raises:
             ChannelClosed: the mailbox was closed, or ``cancel`` set; TimeoutError: nothing for
             ``timeout_s``.
         """
         with BATON.released(), self._cond:
-            q = self._fifo[(boundary, producer)]
-            self._wait(lambda: len(q) > 0, f"boundary {boundary} (from replica {producer})", cancel=cancel)
-            item = q.popleft()
+            own = self._fifo[(boundary, producer)]
+
+            def source() -> int | None:
+                if own:
+                    return producer
+                if pool and self.absent.get(boundary):
+                    best = max(pool, key=lambda r: len(self._fifo[(boundary, r)]))
+                    return best if self._fifo[(boundary, best)] else None
+                return None
+
+            self._wait(lambda: source() is not None, f"boundary {boundary} (from replica {producer})", cancel=cancel)
+            producer = source()  # type: ignore[assignment]
+            item = self._fifo[(boundary, producer)].popleft()
             self._cond.notify_all()
         if self.on_take is not None:
             self.on_take(boundary, producer)
@@ -363,7 +398,7 @@ class AsyncEndpoint:
         if b.channel == "fifo":
             values = []
             for p in producers:
-                item = self.mailbox.take(name, p)
+                item = self.mailbox.take(name, p, pool=producers)
                 for slot, read in item.versions.items():
                     if slot in self.published:
                         self.lags.append(self.published[slot] - read)
