@@ -43,12 +43,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def trajectory(seed: int):
-    """One actor's shard of the README PPO's rollout: ``(16, 2)`` steps x envs."""
+def trajectory(seed: int, t: int = 16):
+    """One actor's shard of the README PPO's rollout: ``(t, 2)`` steps x envs."""
     from tensordict import TensorDict
 
     g = torch.Generator().manual_seed(seed)
-    t, n = 16, 2
+    n = 2
     return TensorDict({"obs": torch.randn(t, n, 4, generator=g), "actions": torch.randint(0, 2, (t, n), generator=g),
                        "logprobs": torch.randn(t, n, generator=g), "rewards": torch.ones(t, n),
                        "dones": torch.zeros(t, n), "values": torch.randn(t, n, generator=g)}, batch_size=[t, n])
@@ -65,7 +65,7 @@ def weights() -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in net.state_dict().items()}
 
 
-def _worker(rank: int, world: int, port: int, rounds: int, warmup: int, out: "mp.Queue") -> None:
+def _worker(rank: int, world: int, port: int, rounds: int, warmup: int, out: "mp.Queue", steps: int = 16) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
     from msrl.graph import NodeKind
@@ -82,26 +82,37 @@ def _worker(rank: int, world: int, port: int, rounds: int, warmup: int, out: "mp
     ranks = {("learner", 0): 0, **{("actor", i): i + 1 for i in range(n)}}
     frag, rep = ("learner", 0) if rank == 0 else ("actor", rank - 1)
     ep = DistEndpoint([traj, bcast], frag, rep, ranks)
-    mine, w = trajectory(rank), weights()
+    # the same endpoint over Unix links (every pair on this machine: cluster.sync_transport=auto)
+    from msrl.runtime.unix_link import UnixLink, UnixLinkServer
+
+    pids: list = [None] * world
+    dist.all_gather_object(pids, os.getpid())
+    server = UnixLinkServer(f"bench-{port}", rank, {r: p for r, p in enumerate(pids) if r != rank})
+    dist.barrier()
+    ep_unix = DistEndpoint([traj, bcast], frag, rep, ranks, links={r: UnixLink(server, r) for r in range(world) if r != rank},
+                           link_server=server)
+    mine, w = trajectory(rank, steps), weights()
     traj_bytes, w_bytes = encode(mine).numel(), encode(w).numel()
     flat_t, flat_w = torch.zeros(traj_bytes, dtype=torch.uint8), torch.zeros(w_bytes, dtype=torch.uint8)
     gather_list = [torch.empty_like(flat_t) for _ in range(world)] if rank == 0 else None
 
-    def msrl_gather():
+    def msrl_gather(ep=ep):
         out = ep.gather(traj.name, None if rank == 0 else mine)
         if rank == 0:
-            assert out.batch_size == (16, 2 * n)
+            assert out.batch_size == (steps, 2 * n)
         ep.flush()
 
-    def msrl_broadcast():
+    def msrl_broadcast(ep=ep):
         got = ep.broadcast(bcast.name, w if rank == 0 else None)
         if rank != 0:
             assert torch.equal(got["actor.0.weight"], w["actor.0.weight"])
         ep.flush()
 
     ops = {"msrl gather": msrl_gather,
+           "unix gather": lambda: msrl_gather(ep_unix),
            "gloo gather": lambda: dist.gather(flat_t, gather_list, dst=0),
            "msrl broadcast": msrl_broadcast,
+           "unix broadcast": lambda: msrl_broadcast(ep_unix),
            "gloo broadcast": lambda: dist.broadcast(flat_w, src=0),
            "barrier": lambda: None}
     times: dict[str, list[float]] = {k: [] for k in ops}
@@ -117,15 +128,16 @@ def _worker(rank: int, world: int, port: int, rounds: int, warmup: int, out: "mp
         out.put({"times": {k: statistics.median(v) for k, v in times.items()}, "traj_bytes": traj_bytes,
                  "w_bytes": w_bytes})
     dist.barrier()
+    ep_unix.close()
     dist.destroy_process_group()
 
 
-def measure(n: int, rounds: int, warmup: int) -> dict:
+def measure(n: int, rounds: int, warmup: int, steps: int = 16) -> dict:
     """Medians (seconds) of each op with ``n`` actors and one learner, ``n + 1`` processes."""
     ctx = mp.get_context("fork")  # the torch import shared: 65 processes fit in memory
     out = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, n + 1, port, rounds, warmup, out)) for r in range(n + 1)]
+    procs = [ctx.Process(target=_worker, args=(r, n + 1, port, rounds, warmup, out, steps)) for r in range(n + 1)]
     for p in procs:
         p.start()
     try:
@@ -143,18 +155,22 @@ def main() -> None:
     p.add_argument("--actors", type=int, nargs="+", default=[8, 32, 64])
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--steps", type=int, default=16, help="steps of each actor's trajectory (2 envs)")
     args = p.parse_args()
     print(f"# {platform.node()}: {os.cpu_count()} cores, torch {torch.__version__}, Python {sys.version.split()[0]}; "
           f"median of {args.rounds} rounds (each op between two barriers, at the learner)")
-    print("| actors N | trajectory bytes/actor | weights bytes | gather msrl (ms) | gather Gloo floor (ms) | ratio "
-          "| broadcast msrl (ms) | broadcast Gloo floor (ms) | ratio | two barriers (ms) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| actors N | trajectory bytes/actor | weights bytes | gather msrl Gloo links (ms) | gather msrl Unix links (ms) "
+          "| gather Gloo floor (ms) | ratios Gloo / Unix links | broadcast msrl Gloo links (ms) | broadcast msrl Unix "
+          "links (ms) | broadcast Gloo floor (ms) | ratios Gloo / Unix links | two barriers (ms) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n in args.actors:
-        r = measure(n, args.rounds, args.warmup)
+        r = measure(n, args.rounds, args.warmup, args.steps)
         t = {k: v * 1e3 for k, v in r["times"].items()}
-        print(f"| {n} | {r['traj_bytes']} | {r['w_bytes']} | {t['msrl gather']:.2f} | {t['gloo gather']:.2f} | "
-              f"{t['msrl gather'] / t['gloo gather']:.2f}x | {t['msrl broadcast']:.2f} | {t['gloo broadcast']:.2f} | "
-              f"{t['msrl broadcast'] / t['gloo broadcast']:.2f}x | {t['barrier']:.2f} |", flush=True)
+        print(f"| {n} | {r['traj_bytes']} | {r['w_bytes']} | {t['msrl gather']:.2f} | {t['unix gather']:.2f} | "
+              f"{t['gloo gather']:.2f} | {t['msrl gather'] / t['gloo gather']:.2f}x / {t['unix gather'] / t['gloo gather']:.2f}x | "
+              f"{t['msrl broadcast']:.2f} | {t['unix broadcast']:.2f} | {t['gloo broadcast']:.2f} | "
+              f"{t['msrl broadcast'] / t['gloo broadcast']:.2f}x / {t['unix broadcast'] / t['gloo broadcast']:.2f}x | "
+              f"{t['barrier']:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -78,6 +78,9 @@ class ReplicaGroup:
         self.watchdog: Any = None
         self.peers: dict[tuple[str, int], Mapping[str, Any]] = {}
         self._local_pids: list[int] = []
+        #: replicas lost and not replaced for want of room, the job running on without them (their
+        #: replacement actors wait for a bundle): not probed by :meth:`dead_replica`
+        self.absent: Mapping[tuple[str, int], Any] = {}
 
     def start(self, actor_class: type, placement_group: Any, options: Mapping[str, Any],
               args_of: Callable[[tuple[str, int]], Sequence[Any]]) -> None:
@@ -252,8 +255,9 @@ class ReplicaGroup:
         behind them (one thread per actor); a dead one's fails as soon as Ray knows."""
         import ray
 
-        probes = [a.pid.remote() for a in self.actors]
-        key_of = dict(zip(probes, self.keys))
+        live = [(k, a) for k, a in zip(self.keys, self.actors) if k not in self.absent]
+        probes = [a.pid.remote() for _, a in live]
+        key_of = dict(zip(probes, [k for k, _ in live]))
         pending, deadline = probes, time.monotonic() + timeout_s
         while pending:
             ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))

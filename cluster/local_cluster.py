@@ -391,7 +391,19 @@ class LocalCluster:
         return pids
 
     def restart_node(self, i: int) -> None:
-        """Starts worker node ``i`` again (after :meth:`kill_node`), with a fresh temp dir."""
+        """Starts worker node ``i`` again (after :meth:`kill_node`), with a fresh temp dir, once
+        the head's GCS has marked the lost one dead (a raylet started on its address before then
+        has crashed in its start-up here, now and then: Ray 2.60).
+
+        Raises:
+            RuntimeError: the GCS still called the lost node alive after ``JOIN_TIMEOUT_S``.
+        """
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        while self.node_ips[i] in self.alive_nodes():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"node {i} ({self.node_ips[i]}) was still alive to the GCS {JOIN_TIMEOUT_S:g} s "
+                                   f"after it was killed; logs in {self.root}")
+            time.sleep(1.0)
         shutil.rmtree(self.root / f"node{i}", ignore_errors=True)
         self.procs[i - 1] = self._start_node(i)
         self._tell_janitor()

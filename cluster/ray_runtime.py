@@ -445,7 +445,7 @@ class ReplicaActor:
                            timeout_s: float, peers: Mapping[tuple[str, int], Mapping[str, Any]] | None = None,
                            intra_node: str = "shm", boundary_servers: Mapping[tuple[str, int], str] | None = None,
                            token: str = "", tls: Any = None, max_message: int | None = None,
-                           elastic: Sequence[str] = ()) -> None:
+                           elastic: Sequence[str] = (), sync_transport: str = "auto") -> None:
         """Joins the job's process group and builds this replica's endpoint, as
         :mod:`msrl.runtime.wiring` wires it (``rank`` is ``ranks[(fragment, replica)]``).
 
@@ -453,7 +453,8 @@ class ReplicaActor:
         ``intra_node``: ``cluster.intra_node``; ``boundary_servers`` maps every consumer of an
         asynchronous boundary to its servers' addresses (:meth:`start_boundary_server`), where
         this replica's ``put``s stream with the job's ``token``. Replicas of the ``elastic``
-        fragments may be replaced alone (:meth:`rejoin`). The rendezvous goes through Ray's
+        fragments may be replaced alone (:meth:`rejoin`). ``sync_transport``: ``cluster.sync_transport``
+        (the link per peer pair of the synchronous boundaries, :mod:`msrl.runtime.links`). The rendezvous goes through Ray's
         key-value store under the job's secret ``token``
         (:class:`~msrl.cluster.rendezvous.RayStore`: no port opened for it).
 
@@ -468,7 +469,8 @@ class ReplicaActor:
             raise ValueError(f"rank {rank} is not replica {key}'s ({ranks.get(key)})")
         if not token:
             raise ValueError("init_process_group needs the job's secret token (the rendezvous' key prefix)")
-        groups = wiring.join(self.spec, key, ranks, peers, RayStore(token, timeout_s), timeout_s, intra_node, token)
+        groups = wiring.join(self.spec, key, ranks, peers, RayStore(token, timeout_s), timeout_s, intra_node, token,
+                             sync_transport)
         asynchronous = wiring.stream_endpoint(self.fragment_graph, key, self.mailbox, self.servers, boundary_servers,
                                               peers, token, tls, max_message, timeout_s, elastic,
                                               choice=self.transport_choice)
@@ -687,6 +689,9 @@ class RayJob:
             watchdog never calls a replica hung (``cluster.watchdog: off``).
         boundary_transport: asynchronous boundaries between replicas of one machine over Unix
             sockets and between machines over gRPC (``"auto"``), or all over gRPC (``"grpc"``).
+        sync_transport: synchronous boundaries per peer pair (:mod:`msrl.runtime.links`): a Unix
+            socket between host replicas of one machine and Gloo otherwise (``"auto"``, or
+            ``"unix"``), or Gloo for all (``"gloo"``).
         learner_priority: ``"on"``: the replicas of producer-only fragments (see
             :func:`producer_only_fragments`) run at niceness :data:`PRODUCER_NICE`; ``"auto"``:
             those on a machine where the job's replicas outnumber the cores; ``"off"``: none.
@@ -724,7 +729,7 @@ class RayJob:
                  gpus_per_replica: float = 0.0,
                  timeout_s: float = 600.0, placement_timeout_s: float = 60.0, intra_node: str = "shm",
                  tls: Any = None, max_message: int | None = None, replica_timeout_s: float | None = 30.0,
-                 boundary_transport: str = "auto", learner_priority: str = "auto",
+                 boundary_transport: str = "auto", learner_priority: str = "auto", sync_transport: str = "auto",
                  connect_timeout_s: float = 60.0, capacity_timeout_s: float | None = None,
                  on_replica_loss: str = "auto", replacement_timeout_s: float = 600.0) -> None:
         import secrets
@@ -737,6 +742,9 @@ class RayJob:
             raise ValueError(f"cluster.strategy must be PACK or SPREAD, got {strategy!r}")
         if intra_node not in ("shm", "gloo"):
             raise ValueError(f"cluster.intra_node must be shm or gloo, got {intra_node!r}")
+        from msrl.runtime.links import kinds_for
+
+        kinds_for(sync_transport)  # a ValueError naming the values, before Ray starts
         if boundary_transport not in ("auto", "grpc"):
             raise ValueError(f"cluster.boundary_transport must be auto or grpc, got {boundary_transport!r}")
         if learner_priority not in ("auto", "on", "off"):
@@ -780,6 +788,7 @@ class RayJob:
         self.keys = [(f.name, r) for f in spec.policy.fragments for r in range(f.replicas)]
         #: the one owner of the replica actors and their health
         self.replicas = ReplicaGroup(self.keys, {f.name: f.roles for f in spec.policy.fragments}, self._count_lost)
+        self.replicas.absent = self._absent  # the same dict: the group's probes skip them
         need = cpus_per_replica * len(self.keys)
         self._started_ray = not ray.is_initialized()
         _quiet_token_note()  # (a Ray this process started before, too: the bench, a notebook's)
@@ -815,7 +824,8 @@ class RayJob:
                 servers = {k: addr for k, addr in zip(self.keys, addresses) if addr is not None}
             if len(self.keys) > 1:
                 self.replicas.call_each("init_process_group", [(ranks[k], ranks, timeout_s, peers, intra_node, servers, token,
-                                                                tls, max_message, sorted(self.elastic)) for k in self.keys])
+                                                                tls, max_message, sorted(self.elastic), sync_transport)
+                                                               for k in self.keys])
             self._rejoin_args = (servers, token, tls, max_message, timeout_s, boundary_transport, learner_priority)
             self._has_env = [k[0] == spec.policy.fragment_of_role("env") for k in self.keys]
             self.replicas.watch(self.job_id, replica_timeout_s)

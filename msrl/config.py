@@ -214,6 +214,12 @@ class ClusterConfig(_Strict):
         description="how a fragment's replicas on one machine all-reduce host tensors: shm (shared memory, Linux; "
                     "Gloo where unavailable or across machines) or gloo (TCP through Gloo)",
     )
+    sync_transport: Literal["auto", "unix", "gloo"] = Field(
+        "auto",
+        description="how synchronous boundaries cross between processes, per peer pair: auto (a Unix socket between "
+                    "replicas of one machine whose fragments are on the host, Gloo otherwise: NCCL between CUDA devices) "
+                    "or gloo (Gloo for all)",
+    )
     boundary_transport: Literal["auto", "grpc"] = Field(
         "auto",
         description="how asynchronous boundaries (fifo, latest, fresh) cross between processes: auto (a Unix socket between "

@@ -34,7 +34,8 @@ def make_job(spec: JobSpec, cfg: RunConfig, restarted: bool = False) -> Any:
                   strategy=cfg.cluster.strategy, intra_node=cfg.cluster.intra_node, tls=tls_config(cfg),
                   max_message=round(cfg.cluster.max_message_mb * (1 << 20)),
                   replica_timeout_s=cfg.cluster.replica_timeout_s if cfg.cluster.watchdog else None,
-                  boundary_transport=cfg.cluster.boundary_transport, learner_priority=cfg.cluster.learner_priority,
+                  boundary_transport=cfg.cluster.boundary_transport, sync_transport=cfg.cluster.sync_transport,
+                  learner_priority=cfg.cluster.learner_priority,
                   connect_timeout_s=cfg.cluster.connect_timeout_s, on_replica_loss=cfg.cluster.on_replica_loss,
                   replacement_timeout_s=cfg.cluster.capacity_timeout_s,
                   capacity_timeout_s=cfg.cluster.capacity_timeout_s if restarted else None)

@@ -38,7 +38,7 @@ RESUMABLE = ("train.total_env_steps", "train.eval_every", "train.checkpoint_ever
              "train.progress", "cluster.address", "cluster.connect_timeout_s", "cluster.max_restarts", "cluster.capacity_timeout_s",
              "cluster.watchdog",
              "cluster.replica_timeout_s", "cluster.intra_node",
-             "cluster.boundary_transport", "cluster.learner_priority", "cluster.on_replica_loss",
+             "cluster.boundary_transport", "cluster.sync_transport", "cluster.learner_priority", "cluster.on_replica_loss",
              "env.num_workers")
 
 

@@ -13,8 +13,10 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from msrl.graph import NodeKind
 from msrl.runtime import wiring
 from msrl.runtime.shm import available as shm_available
+from msrl.runtime.unix_link import available as unix_link_available
 
 KEYS = [("main", r) for r in range(4)]
 RANKS = {k: i for i, k in enumerate(KEYS)}
@@ -110,3 +112,93 @@ def test_same_bits_tells_bit_identical_learner_states_from_any_difference():
     extra = copy.deepcopy(a)
     extra["b"] = torch.zeros(1)
     assert not any(same_bits(a, x) for x in (ulp, wider, lr, extra))
+
+
+# -- the links of synchronous boundaries, per peer pair ---------------------------------------
+LINK_KEYS = [("actor", 0), ("actor", 1), ("actor", 2), ("learner", 0)]
+LINK_RANKS = {k: i for i, k in enumerate(LINK_KEYS)}
+
+
+def _link_boundaries():
+    from msrl.partition import Boundary
+
+    gather = Boundary("train_step/b0:traj", "train_step", "traj", NodeKind.GATHER, "actor", "learner", 3, 1, "sharded",
+                      0, False, pattern=NodeKind.GATHER)
+    broadcast = Boundary("train_step/b1:w", "train_step", "w", NodeKind.BROADCAST, "learner", "actor", 1, 3,
+                         "replicated", None, False, pattern=NodeKind.BROADCAST)
+    return [gather, broadcast]
+
+
+def _link_replica(rank: int, store_path: str, conn, out, choice: str) -> None:
+    import torch.distributed as dist
+
+    pids = conn.recv()
+    torch.set_num_threads(1)
+    spec = types.SimpleNamespace(policy=types.SimpleNamespace(fragments=[
+        types.SimpleNamespace(name="actor", device="cpu"), types.SimpleNamespace(name="learner", device="cpu")]))
+    key = LINK_KEYS[rank]
+    # actors 0 and 1 share the learner's "node"; actor 2 is on another
+    peers = {k: {"node_id": "node-b" if k == ("actor", 2) else "node-a", "node": "127.0.0.1", "pid": pids[i]}
+             for i, k in enumerate(LINK_KEYS)}
+    groups = wiring.join(spec, key, LINK_RANKS, peers, dist.FileStore(store_path, len(LINK_KEYS)), 120.0, "shm",
+                         token="test-token", sync_transport=choice)
+    ep = wiring.endpoint(spec, types.SimpleNamespace(boundaries=_link_boundaries()), key, LINK_RANKS, groups)
+    gathered, weights = [], []
+    for it in range(5):
+        if key[0] == "actor":
+            # a value larger each iteration: the channel grows (GROW) over every link kind
+            ep.gather("train_step/b0:traj", torch.arange(4 * (it + 1), dtype=torch.float64) + 1000 * key[1] + it)
+            weights.append(ep.broadcast("train_step/b1:w").numpy().tobytes())
+        else:
+            gathered.append(ep.gather("train_step/b0:traj").numpy().tobytes())
+            ep.broadcast("train_step/b1:w", torch.full((3,), float(it), dtype=torch.float32))
+    ep.flush()
+    out.put((rank, {r: link.name for r, link in ep.links.items()}, gathered, weights))
+    dist.barrier()
+    ep.close()
+    dist.destroy_process_group()
+
+
+def _run_links(tmp_path, choice: str) -> list:
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    conns = [ctx.Pipe() for _ in LINK_KEYS]
+    procs = [ctx.Process(target=_link_replica, args=(r, str(tmp_path / f"store-{choice}"), conns[r][1], out, choice))
+             for r in range(len(LINK_KEYS))]
+    for p in procs:
+        p.start()
+    for parent, _ in conns:
+        parent.send([p.pid for p in procs])
+    results = []
+    try:
+        deadline = time.monotonic() + 600
+        while len(results) < len(LINK_KEYS) and time.monotonic() < deadline:
+            try:
+                results.append(out.get(timeout=1.0))
+            except queue.Empty:
+                assert all(p.exitcode in (None, 0) for p in procs), [p.exitcode for p in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    assert [p.exitcode for p in procs] == [0] * len(LINK_KEYS)
+    return sorted(results, key=lambda r: r[0])
+
+
+@pytest.mark.skipif(not unix_link_available(), reason="no Unix links on this machine")
+def test_synchronous_boundaries_ride_a_unix_link_within_a_node_and_gloo_across_with_the_same_bits(tmp_path):
+    """Three actors gather to a learner and get its broadcast: the pairs on one "node" use a Unix
+    socket, the pair across nodes Gloo (``cluster.sync_transport=auto``); every value equals, bit
+    for bit, what Gloo alone carries."""
+    auto, gloo = _run_links(tmp_path, "auto"), _run_links(tmp_path, "gloo")
+    learner = LINK_RANKS[("learner", 0)]
+    assert auto[learner][1] == {0: "unix", 1: "unix", 2: "gloo"}  # actor 2 is on the other node
+    assert auto[0][1] == {1: "unix", 2: "gloo", 3: "unix"} and auto[2][1] == {0: "gloo", 1: "gloo", 3: "gloo"}
+    assert all(set(r[1].values()) == {"gloo"} for r in gloo)
+    for a, g in zip(auto, gloo):
+        assert a[2] == g[2] and a[3] == g[3]  # the same bytes, whichever link carried them
+    expected = [torch.cat([torch.arange(4 * (it + 1), dtype=torch.float64) + 1000 * r + it for r in range(3)])
+                for it in range(5)]
+    assert auto[learner][2] == [e.numpy().tobytes() for e in expected]
+    assert auto[0][3][-1] == torch.full((3,), 4.0).numpy().tobytes()

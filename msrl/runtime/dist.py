@@ -108,6 +108,10 @@ class DistEndpoint(Endpoint):
             (``leaders_group``, given to the leaders only), then the leader's total handed to its
             node's replicas through ``local_group`` again (the others add zeros): every replica
             ends with the same bits; one node's traffic leaves it once, not once per replica.
+        links: peer rank -> the link per peer pair (:func:`msrl.runtime.links.links`: a Unix
+            socket to a replica on this machine, Gloo to one on another); ``None``: Gloo for all.
+        link_server: this process's :class:`~msrl.runtime.unix_link.UnixLinkServer` (closed with
+            the endpoint), when a link uses it.
     """
 
     def __init__(
@@ -125,8 +129,14 @@ class DistEndpoint(Endpoint):
         max_message: int = MAX_MESSAGE,
         hierarchical: bool = False,
         leaders_group: Any = None,
+        links: Mapping[int, Any] | None = None,
+        link_server: Any = None,
     ) -> None:
         self.boundaries = {b.name: b for b in boundaries}
+        #: peer rank -> the :class:`~msrl.runtime.links.Link` that carries this replica's buffers
+        #: to and from it (:mod:`msrl.runtime.links`; a rank not named: :class:`~msrl.runtime.links.GlooLink`)
+        self.links: dict[int, Any] = dict(links or {})
+        self.link_server = link_server
         self.max_message = max_message
         self.asynchronous = asynchronous
         #: the replica's :class:`~msrl.runtime.inference.InferenceServer` (central inference's
@@ -205,8 +215,16 @@ class DistEndpoint(Endpoint):
             raise CodecError(f"a value of {n} bytes on boundary {boundary} is over the {self.max_message}-byte limit "
                              "of a message between processes: raise cluster.max_message_mb, or send less")
 
+    def _link(self, rank: int) -> Any:
+        link = self.links.get(rank)
+        if link is None:
+            from msrl.runtime.links import GlooLink
+
+            link = self.links[rank] = GlooLink(rank)
+        return link
+
     def _isend(self, buffer: torch.Tensor, rank: int, tag: int) -> None:
-        self._pending.append((dist.isend(buffer, rank, tag=tag), buffer))  # keeps the buffer alive
+        self._pending.append((self._link(rank).isend(buffer, tag), buffer))  # keeps the buffer alive
 
     def _take(self, boundary: Boundary, src_replica: int) -> Any:
         name, fragment, replica = boundary.name, boundary.src, src_replica
@@ -216,7 +234,7 @@ class DistEndpoint(Endpoint):
             n = payload_size(buffer, self.max_message)
             payload = torch.empty(n, dtype=torch.uint8, device=self.device if self.device.type == "cuda" else "cpu")
             if n:
-                dist.recv(payload, rank, tag=tag)
+                self._link(rank).irecv(payload, tag).wait()
             self.bytes_received += n
             return decode_parts(buffer, payload, self.device)
         return decode(buffer, self.device, copy=False)  # a fresh buffer: its tensors are viewed in it
@@ -252,7 +270,7 @@ class DistEndpoint(Endpoint):
         posted = []
         for key, rank in channels:
             buffer = torch.empty(self._capacity.get(key, _CONTROL_BYTES), dtype=torch.uint8, pin_memory=pinned)
-            posted.append((key, rank, buffer, dist.irecv(buffer, rank, tag=tag)))
+            posted.append((key, rank, buffer, self._link(rank).irecv(buffer, tag)))
         t0 = time.perf_counter()
         for *_, work in posted:
             work.wait()  # waits for the peers to reach their side of the boundary
@@ -263,7 +281,7 @@ class DistEndpoint(Endpoint):
             if n is not None:
                 self._capacity[key] = n
                 buffer = torch.empty(n, dtype=torch.uint8, pin_memory=pinned)
-                dist.recv(buffer, rank, tag=tag)
+                self._link(rank).irecv(buffer, tag).wait()
             self.bytes_received += buffer.numel()
             out.append(buffer)
         return out
@@ -334,6 +352,12 @@ class DistEndpoint(Endpoint):
             self.local_group = None
         if self.asynchronous is not None:
             self.asynchronous.transport.close()
+        for link in self.links.values():
+            if hasattr(link, "close"):
+                link.close()
+        if self.link_server is not None:
+            self.link_server.close()
+            self.link_server = None
 
 
 class _Timer:

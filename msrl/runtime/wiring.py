@@ -8,8 +8,10 @@ Per peer pair:
 ==========================  ==================================  =================================
 what                        on one machine                      between machines
 ==========================  ==================================  =================================
-synchronous boundary        Gloo point to point (loopback)      Gloo point to point on the node's
-                                                                interface (NCCL for CUDA payloads)
+synchronous boundary        the first kind of                   Gloo point to point on the node's
+                            :data:`msrl.runtime.links.          interface (NCCL for CUDA payloads)
+                            LINK_KINDS` that serves the pair:
+                            a Unix socket (host tensors)
 all-reduce of a fragment    shared memory (:mod:`.shm`,         hierarchically: shared memory
 (host tensors)              ``cluster.intra_node=shm``)         within each node, Gloo among one
                                                                 leader per node
@@ -81,16 +83,20 @@ class Groups:
             machine (``None``: the all-reduce goes over ``fragment_group``).
         hierarchical: its fragment all-reduces within each node, then among node leaders.
         leaders_group: the group of one replica per node (this replica is its node's leader), else ``None``.
+        links: peer rank -> the link of the synchronous boundaries to it (:mod:`msrl.runtime.links`).
+        link_server: this process's :class:`~msrl.runtime.unix_link.UnixLinkServer` (``None``: no Unix link).
     """
 
     fragment_group: Any = None
     local_group: Any = None
     hierarchical: bool = False
     leaders_group: Any = None
+    links: dict = dataclasses.field(default_factory=dict)
+    link_server: Any = None
 
 
 def join(spec: Any, key: Key, ranks: Mapping[Key, int], peers: Mapping[Key, Mapping[str, Any]] | None, store: Any,
-         timeout_s: float, intra_node: str = "shm", token: str = "") -> Groups:
+         timeout_s: float, intra_node: str = "shm", token: str = "", sync_transport: str = "auto") -> Groups:
     """Joins the job's process group (rank ``ranks[key]`` of ``len(ranks)``, the rendezvous
     through ``store``) and makes every fragment's group, in one order on every rank.
 
@@ -99,10 +105,13 @@ def join(spec: Any, key: Key, ranks: Mapping[Key, int], peers: Mapping[Key, Mapp
     an interface), on several on the interface holding this node's address (:func:`interface_of`).
     With ``intra_node="shm"`` a CPU fragment's replicas on one machine all-reduce through a
     :class:`~msrl.runtime.shm.ShmGroup` named after the job's secret ``token``, hierarchically
-    when they span several machines.
+    when they span several machines. The synchronous boundaries' link to each peer is the first
+    kind of :data:`msrl.runtime.links.LINK_KINDS` that ``sync_transport`` allows and that serves
+    the pair (a Unix socket on one machine, Gloo otherwise); the Unix links' server is made before
+    the rendezvous, so that every peer's listens once the rendezvous returns.
 
     Raises:
-        ValueError: no ``token``.
+        ValueError: no ``token``, or ``sync_transport`` unknown.
         RuntimeError: the rendezvous or a group's creation failed (``torch.distributed``'s).
     """
     import torch.distributed as dist
@@ -125,6 +134,19 @@ def join(spec: Any, key: Key, ranks: Mapping[Key, int], peers: Mapping[Key, Mapp
         ifname = interface_of(peers[key]["node"])
         if ifname is not None:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", ifname)
+    from msrl.runtime import links as link_kinds
+
+    kinds = link_kinds.kinds_for(sync_transport)
+    uid = hashlib.sha256(token.encode()).hexdigest()[:32]  # the job's secret names its sockets
+    node = hashlib.sha256(peers[key]["node_id"].encode()).hexdigest()[:8] if peers is not None else "0"  # nodes sharing a kernel
+    context: dict[str, Any] = {"rank": ranks[key]}
+    planned = link_kinds.plan(key, ranks, peers, devices, kinds)
+    unix = {r: peers[k]["pid"] for k, r in ranks.items() if r in planned and planned[r].name == "unix"}
+    if unix:
+        from msrl.runtime.unix_link import UnixLinkServer
+
+        context["server"] = UnixLinkServer(f"{uid}:{node}", ranks[key], unix, timeout_s)
+    links = link_kinds.links(planned, context)
     dist.init_process_group(backend, store=store, rank=ranks[key], world_size=len(ranks),
                             timeout=timedelta(seconds=timeout_s))
     shm_ok = intra_node == "shm" and shm.available() and peers is not None
@@ -134,7 +156,8 @@ def join(spec: Any, key: Key, ranks: Mapping[Key, int], peers: Mapping[Key, Mapp
         if shm_ok and devices[fr].type == "cpu" and len(node_leaders(fr, ranks, peers)) > 1:
             leaders[fr] = dist.new_group(sorted(ranks[k] for k in node_leaders(fr, ranks, peers)))
     replicas = [k for k in ranks if k[0] == fragment]
-    out = Groups(fragment_group=groups[fragment] if len(replicas) > 1 else None, hierarchical=fragment in leaders)
+    out = Groups(fragment_group=groups[fragment] if len(replicas) > 1 else None, hierarchical=fragment in leaders,
+                 links=links, link_server=context.get("server"))
     if out.hierarchical and key in node_leaders(fragment, ranks, peers):
         out.leaders_group = leaders[fragment]
     # the fragment's replicas on this machine (all of them, or when hierarchical, this node's)
@@ -142,8 +165,6 @@ def join(spec: Any, key: Key, ranks: Mapping[Key, int], peers: Mapping[Key, Mapp
     if out.fragment_group is not None and shm_ok and own_device.type == "cpu" and (
             out.hierarchical or len(mates) == len(replicas)):
         if len(mates) > 1:
-            uid = hashlib.sha256(token.encode()).hexdigest()[:32]  # the job's secret names its sockets
-            node = hashlib.sha256(peers[key]["node_id"].encode()).hexdigest()[:8]  # nodes sharing a kernel
             out.local_group = shm.ShmGroup(f"{uid}:{fragment}:{node}", mates.index(key), len(mates),
                                            pids=[peers[k]["pid"] for k in mates], timeout_s=timeout_s,
                                            barrier=lambda: dist.barrier(group=out.fragment_group))
@@ -165,7 +186,7 @@ def endpoint(spec: Any, fragment_graph: Any, key: Key, ranks: Mapping[Key, int],
     return DistEndpoint(fragment_graph.boundaries, key[0], key[1], ranks, groups.fragment_group, devices[key[0]],
                         devices, local_group=groups.local_group, asynchronous=asynchronous,
                         max_message=max_message or CODEC_MAX_MESSAGE, hierarchical=groups.hierarchical,
-                        leaders_group=groups.leaders_group)
+                        leaders_group=groups.leaders_group, links=groups.links, link_server=groups.link_server)
 
 
 def stream_endpoint(fragment_graph: Any, key: Key, mailbox: Any, servers: Mapping[str, Any],
