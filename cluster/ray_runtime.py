@@ -1277,8 +1277,12 @@ class RayJob:
         return out
 
     def weights(self, role: str, replica: int = 0) -> dict[str, torch.Tensor]:
-        """``get_weights()`` of replica ``replica`` of the fragment holding ``role``."""
-        return self.replicas.call_one((self.spec.policy.fragment_of_role(role), replica), "weights", role)
+        """``get_weights()`` of replica ``replica`` of the fragment holding ``role`` (while that
+        one is absent -- lost, not yet replaced for want of room -- the next live replica's)."""
+        frag = self.spec.policy.fragment(self.spec.policy.fragment_of_role(role))
+        live = [r for r in range(frag.replicas) if (frag.name, r) not in self._absent]
+        replica = min((r for r in live if r >= replica), default=live[0] if live else replica)
+        return self.replicas.call_one((frag.name, replica), "weights", role)
 
     def eval_actor(self) -> Any:
         """An actor built on the driver (CPU) holding the job's current policy weights."""

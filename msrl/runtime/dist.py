@@ -4,7 +4,9 @@
 Every fragment replica of a job is one rank of one process group (Gloo for CPU tensors). A
 boundary's value travels as one :mod:`codec <msrl.runtime.codec>` message (dtype + shape + raw
 bytes, never pickle) by point-to-point messages tagged with the boundary's index, so two
-boundaries between the same pair of replicas can never be confused. Each (boundary, sender,
+boundaries between the same pair of replicas can never be confused; the pair's link
+(:mod:`msrl.runtime.links`: a Unix socket between host replicas of one machine, the process
+group's Gloo/NCCL otherwise) carries them. Each (boundary, sender,
 receiver) channel has a buffer size both ends know, so a value is one message, not a size and
 then the bytes: the first value on a channel (or one larger than its buffers) is announced by a
 control buffer ``b"GROW" | new size`` of the old size, and a smaller value rides padded in a
