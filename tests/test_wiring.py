@@ -52,33 +52,38 @@ def _replica(rank: int, store_path: str, pids: list[int], out: "mp.Queue") -> No
 
 
 @pytest.mark.skipif(not shm_available(), reason="no shared-memory group on this machine")
-def test_two_nodes_of_two_replicas_all_reduce_hierarchically_to_the_same_bits(tmp_path):
+def _spawn(target, n: int, *args) -> list:
+    """Runs ``target(rank, conn, out, *args)`` in ``n`` spawned processes and returns what each
+    put on ``out``, by rank. The pids are the replicas' own: each names its peers' processes (the
+    shared-memory group, the Unix links), so they are started first and told after (``conn``, a
+    pipe of pids)."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    # the pids are the replicas' own: each names its node mates' processes for the shared-memory
-    # group, so they are started first and told after (a pipe of pids)
-    conns = [ctx.Pipe() for _ in KEYS]
-    procs = [ctx.Process(target=_start, args=(r, str(tmp_path / "store"), conns[r][1], out)) for r in range(len(KEYS))]
+    conns = [ctx.Pipe() for _ in range(n)]
+    procs = [ctx.Process(target=target, args=(r, conns[r][1], out, *args)) for r in range(n)]
     for p in procs:
         p.start()
-    pids = [p.pid for p in procs]
     for parent, _ in conns:
-        parent.send(pids)
+        parent.send([p.pid for p in procs])
     results = []
     try:
         deadline = time.monotonic() + 600
-        while len(results) < len(KEYS) and time.monotonic() < deadline:
+        while len(results) < n and time.monotonic() < deadline:
             try:
                 results.append(out.get(timeout=1.0))
             except queue.Empty:
                 assert all(p.exitcode in (None, 0) for p in procs), [p.exitcode for p in procs]  # a replica failed
-        results.sort()
     finally:
         for p in procs:
             p.join(timeout=60)
             if p.is_alive():
                 p.kill()
-    assert [p.exitcode for p in procs] == [0] * len(KEYS)
+    assert [p.exitcode for p in procs] == [0] * n
+    return sorted(results, key=lambda r: r[0])
+
+
+def test_two_nodes_of_two_replicas_all_reduce_hierarchically_to_the_same_bits(tmp_path):
+    results = _spawn(_start, len(KEYS), str(tmp_path / "store"))
     assert [r[1] for r in results] == [True] * 4  # every replica all-reduces hierarchically
     assert [r[2] for r in results] == [True, False, True, False]  # one leader a node
     assert [r[3] for r in results] == [True] * 4  # each node's pair through shared memory
@@ -89,7 +94,7 @@ def test_two_nodes_of_two_replicas_all_reduce_hierarchically_to_the_same_bits(tm
     assert all(r[4] == results[0][4] for r in results)  # the same bits on every replica
 
 
-def _start(rank: int, store_path: str, conn, out) -> None:
+def _start(rank: int, conn, out, store_path: str) -> None:
     _replica(rank, store_path, conn.recv(), out)
 
 
@@ -129,7 +134,7 @@ def _link_boundaries():
     return [gather, broadcast]
 
 
-def _link_replica(rank: int, store_path: str, conn, out, choice: str) -> None:
+def _link_replica(rank: int, conn, out, store_path: str, choice: str) -> None:
     import torch.distributed as dist
 
     pids = conn.recv()
@@ -160,30 +165,7 @@ def _link_replica(rank: int, store_path: str, conn, out, choice: str) -> None:
 
 
 def _run_links(tmp_path, choice: str) -> list:
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    conns = [ctx.Pipe() for _ in LINK_KEYS]
-    procs = [ctx.Process(target=_link_replica, args=(r, str(tmp_path / f"store-{choice}"), conns[r][1], out, choice))
-             for r in range(len(LINK_KEYS))]
-    for p in procs:
-        p.start()
-    for parent, _ in conns:
-        parent.send([p.pid for p in procs])
-    results = []
-    try:
-        deadline = time.monotonic() + 600
-        while len(results) < len(LINK_KEYS) and time.monotonic() < deadline:
-            try:
-                results.append(out.get(timeout=1.0))
-            except queue.Empty:
-                assert all(p.exitcode in (None, 0) for p in procs), [p.exitcode for p in procs]
-    finally:
-        for p in procs:
-            p.join(timeout=60)
-            if p.is_alive():
-                p.kill()
-    assert [p.exitcode for p in procs] == [0] * len(LINK_KEYS)
-    return sorted(results, key=lambda r: r[0])
+    return _spawn(_link_replica, len(LINK_KEYS), str(tmp_path / f"store-{choice}"), choice)
 
 
 @pytest.mark.skipif(not unix_link_available(), reason="no Unix links on this machine")
