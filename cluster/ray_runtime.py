@@ -1277,12 +1277,27 @@ class RayJob:
         return out
 
     def weights(self, role: str, replica: int = 0) -> dict[str, torch.Tensor]:
-        """``get_weights()`` of replica ``replica`` of the fragment holding ``role`` (while that
-        one is absent -- lost, not yet replaced for want of room -- the next live replica's)."""
+        """``get_weights()`` of replica ``replica`` of the fragment holding ``role``. Of an elastic
+        fragment, a replica lost meanwhile is replaced alone (or left absent for want of room) as
+        in a chunk, and while the asked one is absent the next live replica answers."""
         frag = self.spec.policy.fragment(self.spec.policy.fragment_of_role(role))
-        live = [r for r in range(frag.replicas) if (frag.name, r) not in self._absent]
-        replica = min((r for r in live if r >= replica), default=live[0] if live else replica)
-        return self.replicas.call_one((frag.name, replica), "weights", role)
+        if frag.name not in self.elastic:
+            return self.replicas.call_one((frag.name, replica), "weights", role)
+        end = self.iteration - self._start_iteration
+        for _ in range(frag.replicas + 1):
+            live = [r for r in range(frag.replicas) if (frag.name, r) not in self._absent]
+            if not live:
+                break
+            r = min((r for r in live if r >= replica), default=live[0])
+            futures: list[Any] = [None] * len(self.keys)
+            i = self.keys.index((frag.name, r))
+            futures[i] = self.replicas.submit((frag.name, r), "weights", role)
+            got = self.replicas.wait(futures, replace=lambda cause: self._replace(
+                cause, end, lambda key, owed: ("weights", role)))[i]
+            if got is not None:
+                return got
+        raise ReplicaDied(f"no replica of fragment {frag.name} is left to give the {role}'s weights", frag.name, replica,
+                          tuple(frag.roles))
 
     def eval_actor(self) -> Any:
         """An actor built on the driver (CPU) holding the job's current policy weights."""
