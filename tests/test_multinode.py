@@ -557,7 +557,10 @@ def test_actors_lost_with_their_node_and_no_room_left_are_done_without_until_it_
     got = rows()
     assert [int(r["iteration"]) for r in got] == list(range(1, len(got) + 1))  # never back, each once
     steps = [int(r["env_steps"]) for r in got]
-    assert steps == sorted(steps) and steps == [320 * i for i in range(1, len(got) + 1)], steps[-5:]
+    # the env steps the replicas took: never going back, never more than the iterations' (320 each);
+    # a lost actor's rollout in flight is dropped and counted
+    assert steps == sorted(steps) and steps[-1] <= 320 * len(got), steps[-5:]
+    assert steps[-1] + float(got[-1]["faults/dropped_env_steps"]) >= 320 * (len(got) - 2)
     last = got[-1]
     assert float(last["faults/absent_replicas"]) == 2 and float(last["faults/replaced_replicas"]) == 2
     assert float(last["faults/replica_restarts"]) == 0
