@@ -234,7 +234,7 @@ class UnixLink:
             except (ConnectionRefusedError, FileNotFoundError):
                 sock.close()
                 if time.monotonic() > deadline:
-                    raise LinkError(f"rank {self.rank}'s link server did not answer within {self.server.timeout_s:g} s")
+                    raise LinkError(f"rank {self.rank}'s link server did not answer within {self.server.timeout_s:g} s") from None
                 time.sleep(0.05)
         sock.sendall(_HELLO.pack(_MAGIC, self.server.rank))
         return sock
