@@ -157,6 +157,13 @@ class ReplicaGroup:
         replacement's set-up: its failure is the caller's, not the group's)."""
         return getattr(self.actors[self.keys.index(key)], method).remote(*args)
 
+    def done(self, future: Any) -> bool:
+        """Whether ``future`` (a call :meth:`submit` made) has ended, with a result or an error; never waits."""
+        import ray
+
+        ready, _ = ray.wait([future], timeout=0)
+        return bool(ready)
+
     def call_each(self, method: str, args: Sequence[Sequence[Any]], keys: Sequence[tuple[str, int]] | None = None) -> list[Any]:
         """``method(*args[i])`` on replica ``keys[i]`` (every replica when ``keys`` is ``None``)."""
         actor_of = dict(zip(self.keys, self.actors))

@@ -1097,8 +1097,7 @@ class RayJob:
 
         back = []
         for key, a in list(self._absent.items()):
-            ready, _ = ray.wait([a["ref"]], timeout=0)
-            if not ready:
+            if not self.replicas.done(a["ref"]):
                 continue
             try:
                 info = ray.get(a["ref"])
