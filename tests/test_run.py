@@ -368,6 +368,10 @@ def test_every_bad_input_is_one_line_exit_2_and_changes_no_run(tmp_path, capsys)
 
     run = tmp_path / "r"
     assert main(["train", str(MAIN), f"runs_dir={tmp_path}", "name=r", *TINY, "train.checkpoint_every=2"]) == 0
+    # the learning curve is drawn by a background process after the run returns: the run is whole
+    # once it is there (a picture, or its text where none can be drawn)
+    wait_for(lambda: (run / "learning_curve.png").is_file() or (run / "learning_curve.txt").is_file(),
+             "the run's learning curve")
     before = _snapshot(run)
     capsys.readouterr()
 
