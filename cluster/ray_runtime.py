@@ -1038,11 +1038,18 @@ class RayJob:
         counts = {k: n for k in self.keys}
         for key in self._absent:
             counts[key] = 0
-            self._asked_delta[key] -= n
-            for q, e in self._spread(n, self._stand_ins(key)).items():
+            for q, e in self._hand_over(key, n).items():
                 counts[q] += e
-                self._asked_delta[q] += e
         return counts
+
+    def _hand_over(self, key: tuple[str, int], items: int) -> dict[tuple[str, int], int]:
+        """Moves ``items`` of absent replica ``key``'s promises to the live replicas of its
+        fragment (:meth:`_stand_ins`, :meth:`_spread`); returns each one's extra items."""
+        self._asked_delta[key] -= items
+        extra = {q: e for q, e in self._spread(items, self._stand_ins(key)).items() if e > 0}
+        for q, e in extra.items():
+            self._asked_delta[q] += e
+        return extra
 
     def _send_absent(self, sync: bool) -> None:
         """Tells each consumer which of its producers are absent (:meth:`ReplicaActor.set_absent`):
@@ -1069,13 +1076,8 @@ class RayJob:
         waits for one: :meth:`_settle_absent`): what it still owed this call is spread over the
         live replicas of its fragment as extra iterations, and its consumer takes its share from
         theirs (:meth:`~msrl.runtime.asynchronous.Mailbox.set_absent`)."""
-        owed = self._asked(key, end) - delivered
-        self._asked_delta[key] -= owed
-        extras: dict[int, list[Any]] = {}
-        for q, e in self._spread(owed, self._stand_ins(key)).items():
-            if e > 0:
-                self._asked_delta[q] += e
-                extras[self.keys.index(q)] = [self.replicas.submit(q, *again(q, e))]
+        extras = {self.keys.index(q): [self.replicas.submit(q, *again(q, e))]
+                  for q, e in self._hand_over(key, self._asked(key, end) - delivered).items()}
         self._absent[key] = {"ref": ref, "cause": cause, "lost_steps": lost_steps, "t0": t0}
         self._replica_steps[key] = self._steps_at(key, delivered)  # its count stays there while absent
         self._count_loss(cause, lost_steps, self._replica_steps[key])

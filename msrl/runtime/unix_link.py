@@ -148,9 +148,9 @@ class UnixLinkServer:
                 take, or the frame's size differs from ``buffer``'s.
             TimeoutError: no frame within ``timeout_s``.
         """
-        queue = self._frames[(rank, tag)]
         deadline = time.monotonic() + self.timeout_s
-        with self._cond:
+        with self._cond:  # the queue made under the lock: a reader thread may make it at once
+            queue = self._frames[(rank, tag)]
             while not queue:
                 if self._closed:
                     raise LinkError(f"the link from rank {rank} was closed")
