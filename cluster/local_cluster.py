@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import fcntl
 import json
 import os
 import pathlib
@@ -177,12 +178,32 @@ def sweep_stale() -> list[str]:
     return gone
 
 
-def _free_subnet() -> int:
-    """A ``k`` such that no interface of this machine has an address in ``10.211.k.0/24``."""
-    used = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
+def _take_subnet() -> tuple[int, int]:
+    """Takes a ``k`` such that no interface of this machine has an address in ``10.211.k.0/24``
+    and no other live cluster holds it; returns ``(k, fd)``: the subnet is this process's while
+    ``fd`` (an exclusive ``flock`` on ``<tmp>/msrl-subnets/k<k>.lock``) is open.
+
+    The lock closes a race the address check alone leaves open: two clusters started at once (two
+    test workers) both saw ``k`` free, both put ``10.211.k.1`` on their bridges, and no worker node
+    of either could reach its head. A dead owner's lock is released by the kernel; its bridge, until
+    its janitor removes it, still keeps ``k`` taken by the address check.
+
+    Raises:
+        RuntimeError: every ``k`` in 1..254 is in use.
+    """
+    locks = pathlib.Path(tempfile.gettempdir()) / "msrl-subnets"
+    locks.mkdir(mode=0o700, exist_ok=True)
     for k in range(1, 255):
+        fd = os.open(locks / f"k{k}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        used = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
         if f" 10.211.{k}." not in used:
-            return k
+            return k, fd
+        os.close(fd)
     raise RuntimeError("every 10.211.k.0/24 is in use on this machine")
 
 
@@ -228,7 +249,7 @@ class LocalCluster:
         self.nodes, self.cpus, self.gpus = nodes, cpus, gpus
         self.die_with_parent, self.dashboard = die_with_parent, dashboard
         self.owner = os.getpid()
-        self.k = _free_subnet()
+        self.k, self._subnet_lock = _take_subnet()
         # names carry the owner's pid (for sweep_stale) and the subnet (two clusters of one process)
         self.bridge = f"m{self.owner}k{self.k}b"
         self.namespaces = [f"{PREFIX}{self.owner}-k{self.k}n{i}" for i in range(1, nodes)]
@@ -429,6 +450,9 @@ class LocalCluster:
             except (OSError, subprocess.TimeoutExpired):
                 pass
             self._janitor = None
+        if self._subnet_lock is not None:
+            os.close(self._subnet_lock)  # torn down: the subnet is free for another cluster
+            self._subnet_lock = None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -55,3 +55,26 @@ def test_the_namespace_cluster_leaves_nothing_behind(end):
                  f"{[p for p in pids if process_running(p)]}, {_made(proc.pid)})")
     finally:
         stop_tree(proc)
+
+
+def test_two_clusters_made_at_once_never_share_a_subnet():
+    """Two clusters made before either has put an address on its bridge (two test workers at
+    once: both saw the same ``10.211.k.0/24`` free, and neither one's nodes could join) take
+    different subnets; a stopped cluster's subnet is free again."""
+    from msrl.cluster.local_cluster import LocalCluster
+
+    first, second = LocalCluster(nodes=2), LocalCluster(nodes=2)
+    try:
+        assert first.k != second.k
+        assert first.node_ips[0] != second.node_ips[0]
+        k = first.k
+        first.stop()
+        third = LocalCluster(nodes=2)
+        try:
+            assert third.k == k
+        finally:
+            third.stop()
+    finally:
+        first.stop()
+        second.stop()
+    assert _made(first.owner) == []
