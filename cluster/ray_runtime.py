@@ -391,14 +391,30 @@ class ReplicaActor:
         """The heartbeat's record: this replica's env steps so far (read on the heartbeat's
         thread: plain attributes only)."""
         host, mailbox = self.host, self.mailbox
+        server = self.replica.inference if host is not None else None
         return {"env_steps": host.env_steps if host is not None else 0,
-                **(mailbox.counts() if mailbox is not None else {})}
+                **(mailbox.counts() if mailbox is not None else {}),
+                **({"clients": server.client_states(mailbox)} if server is not None else {})}
 
     def _order(self, order: Mapping[str, Any]) -> None:
         """An order of the driver read by the heartbeat thread (this replica busy in a chunk):
-        ``{"seq", "absent"}`` -- :meth:`set_absent`."""
+        ``{"seq", "absent", "redo"}`` -- :meth:`set_absent`, and for central inference's server
+        the generation of each replaced client (:meth:`redo`)."""
         if "absent" in order:
             self.set_absent(int(order["seq"]), order["absent"])
+        for name, generation in order.get("redo", {}).items():
+            fragment, _, replica = name.partition("/")
+            self.redo((fragment, int(replica)), int(generation))
+
+    def redo(self, client: tuple[str, int], generation: int) -> bool:
+        """Central inference's server: client replica ``client`` was lost and is replaced: what
+        it sent is dropped and its served run starts again (:meth:`~msrl.runtime.asynchronous.Mailbox.redo`)
+        under ``generation``. Returns whether it was applied (a newer generation)."""
+        if self.mailbox is None:
+            return False
+        names = [b.name for b in self.fragment_graph.boundaries
+                 if b.channel == "fifo" and b.src == client[0] and b.dst == self.fragment]
+        return self.mailbox.redo(client, names, generation)
 
     def set_absent(self, seq: int, absent: Mapping[str, Sequence[int]]) -> bool:
         """The driver's order ``seq``: the producers of this replica's ``fifo`` boundaries that
@@ -476,6 +492,8 @@ class ReplicaActor:
                                               choice=self.transport_choice)
         self.comm = wiring.endpoint(self.spec, self.fragment_graph, key, ranks, groups, asynchronous, max_message)
         self.comm.inference = self.replica.inference  # central inference's server replica
+        if self.replica.inference is not None:  # a lost client's run starts again for its replacement
+            self.replica.inference.replaceable = self.replica.inference.plan.clients in elastic
 
     def rejoin(self, boundary_servers: Mapping[tuple[str, int], Mapping[str, str]],
                peers: Mapping[tuple[str, int], Mapping[str, Any]], own: Mapping[str, str] | None, token: str,
@@ -781,6 +799,9 @@ class RayJob:
         self._asked_delta: Counter = Counter()
         self._order_seq = 0
         self._ordered: set[tuple[str, int]] = set()  # consumers given an absence order
+        #: central inference's replaced clients: key -> how many times (the server's generation
+        #: of it, :meth:`_redo_client`)
+        self._generations: Counter = Counter()
         self._spread_at = 0
         #: seconds each replacement took, from the loss noticed to the replacement rejoined
         self.replacement_s: list[float] = []
@@ -1051,24 +1072,39 @@ class RayJob:
             self._asked_delta[q] += e
         return extra
 
-    def _send_absent(self, sync: bool) -> None:
-        """Tells each consumer which of its producers are absent (:meth:`ReplicaActor.set_absent`):
-        through the store its heartbeat reads (it may be busy in a chunk), and, ``sync``
-        (between chunks), by a call that returns once it applied."""
-        import ray
-
+    def _absent_by_consumer(self) -> dict[tuple[str, int], dict[str, list[int]]]:
+        """Consumer -> ``{fifo boundary: its absent producers}``."""
         by_consumer: dict[tuple[str, int], dict[str, list[int]]] = {}
         for key in self._absent:
             b = fifo_out(self.fragment_graph, key[0])[0]
             consumer = (b.dst, deliveries(b, key[1])[0][0])
             by_consumer.setdefault(consumer, {}).setdefault(b.name, []).append(key[1])
+        return by_consumer
+
+    def _send_absent(self, sync: bool) -> None:
+        """Tells each consumer which of its producers are absent (:meth:`ReplicaActor.set_absent`):
+        through the store its heartbeat reads (it may be busy in a chunk), and, ``sync``
+        (between chunks), by a call that returns once it applied."""
+        by_consumer = self._absent_by_consumer()
+        self._send_orders(sorted(self._ordered | set(by_consumer)), sync)
+        self._ordered = set(by_consumer)
+
+    def _send_orders(self, consumers: Sequence[tuple[str, int]], sync: bool) -> None:
+        """Writes each consumer's whole order (its absent producers, :meth:`ReplicaActor.set_absent`,
+        and its replaced central inference clients' generations, :meth:`_redo_client`) under a new
+        sequence number: an order replaces the last one in the store, so each carries all of it.
+        ``sync``: also applied by a call (between chunks)."""
+        import ray
+
+        by_consumer = self._absent_by_consumer()
         self._order_seq += 1
-        for consumer in sorted(self._ordered | set(by_consumer)):
+        for consumer in consumers:
             absent = by_consumer.get(consumer, {})
-            self.watchdog.order(consumer, {"seq": self._order_seq, "absent": absent})
+            redo = {f"{f}/{r}": g for (f, r), g in self._generations.items()
+                    if self.fragment_graph.inference is not None and consumer == (self.fragment_graph.inference.server, 0)}
+            self.watchdog.order(consumer, {"seq": self._order_seq, "absent": absent, "redo": redo})
             if sync:
                 ray.get(self.replicas.submit(consumer, "set_absent", self._order_seq, absent))
-        self._ordered = set(by_consumer)
 
     def _go_absent(self, cause: ReplicaDied, key: tuple[str, int], ref: Any, end: int, delivered: int,
                    lost_steps: int, t0: float, again: Any, result: Any) -> StandIn:
@@ -1125,7 +1161,6 @@ class RayJob:
         running call ends; the replacement owes each consumer the items promised by then
         (:meth:`_asked`) minus those it received from the lost replica (read from the consumer's
         heartbeat once the lost replica's stream has ended there)."""
-        from msrl.cluster.watchdog import PERIOD_S
 
         key = (cause.fragment, cause.replica)
         if key[0] not in self.elastic or self.watchdog is None:
@@ -1134,22 +1169,11 @@ class RayJob:
         timeout_s = self._rejoin_args[4]
         lost_steps = max(self.watchdog.env_steps().get(key, 0), self._replica_steps.get(key, 0))
         self.replicas.replace(key)
-        b = fifo_out(self.fragment_graph, key[0])[0]
-        consumer = (b.dst, deliveries(b, key[1])[0][0])
-        name = f"{key[0]}/{key[1]}"
-        delivered = None
-        asked = self._asked(key, end)
-        # the lost process is gone (killed above when hung): its stream ends at the consumer within
-        # a heartbeat or two; one that does not is a fault of its own, answered by the restart
-        deadline = time.monotonic() + min(timeout_s, ENDED_WAIT_S)
-        while delivered is None and time.monotonic() < deadline:
-            record = self.watchdog.record(consumer) or {}
-            received = int(record.get("received", {}).get(f"{b.name}|{key[1]}", 0))
-            # final once its stream ended there, or once it holds all the chunk asks of it
-            if name in record.get("ended", ()) or received >= asked:
-                delivered = min(received, asked)
-            else:
-                time.sleep(PERIOD_S / 2)
+        plan = self.fragment_graph.inference
+        if plan is not None and key[0] == plan.clients:
+            delivered = self._redo_client(key, (plan.server, 0), min(timeout_s, ENDED_WAIT_S))
+        else:
+            delivered = self._delivered(key, end, min(timeout_s, ENDED_WAIT_S))
         if delivered is None:
             return None  # the consumer never saw the stream end: restart every replica
         try:
@@ -1159,6 +1183,53 @@ class RayJob:
                   f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}); restarting every replica instead",
                   file=sys.stderr, flush=True)
             return None
+
+    def _delivered(self, key: tuple[str, int], end: int, timeout_s: float) -> int | None:
+        """The items lost replica ``key`` delivered to its consumer since the replicas started
+        (at most what was asked of it by iteration ``end``), read from the consumer's heartbeat
+        once the lost process's stream ended there; ``None``: it did not end within ``timeout_s``."""
+        from msrl.cluster.watchdog import PERIOD_S
+
+        b = fifo_out(self.fragment_graph, key[0])[0]
+        consumer = (b.dst, deliveries(b, key[1])[0][0])
+        name, asked = f"{key[0]}/{key[1]}", self._asked(key, end)
+        # the lost process is gone (killed when hung): its stream ends at the consumer within a
+        # heartbeat or two; one that does not is a fault of its own, answered by the restart
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            record = self.watchdog.record(consumer) or {}
+            received = int(record.get("received", {}).get(f"{b.name}|{key[1]}", 0))
+            # final once its stream ended there, or once it holds all the chunk asks of it
+            if name in record.get("ended", ()) or received >= asked:
+                return min(received, asked)
+            time.sleep(PERIOD_S / 2)
+        return None
+
+    def _redo_client(self, key: tuple[str, int], server: tuple[str, int], timeout_s: float) -> int | None:
+        """Central inference's lost client ``key`` (an env replica): once its stream ended at
+        the ``server`` replica, orders the server (through its heartbeat: it is busy in its
+        chunk) to drop what the lost process sent and start that client's served run of the
+        current iteration again (:meth:`~msrl.runtime.asynchronous.Mailbox.redo`,
+        :class:`~msrl.runtime.inference.InferenceServer`), and waits until no run serves the
+        lost process any more. Returns the runs completed for it since the replicas started
+        (the iterations its replacement does not owe); ``None``: not within ``timeout_s``."""
+        from msrl.cluster.watchdog import PERIOD_S
+
+        name = f"{key[0]}/{key[1]}"
+        deadline = time.monotonic() + timeout_s
+        while name not in (self.watchdog.record(server) or {}).get("ended", ()):
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(PERIOD_S / 2)
+        self._generations[key] += 1
+        self._send_orders([server], sync=False)
+        while time.monotonic() < deadline:
+            record = self.watchdog.record(server) or {}
+            client = record.get("clients", {}).get(name, {})
+            if record.get("generations", {}).get(name, 0) >= self._generations[key] and not client.get("stale", True):
+                return int(client["runs"])
+            time.sleep(PERIOD_S / 2)
+        return None
 
     def _rejoin(self, cause: ReplicaDied, key: tuple[str, int], again: Any, end: int, delivered: int,
                 lost_steps: int, t0: float, result: Any = None) -> Any:

@@ -49,6 +49,12 @@ class ChannelClosed(MsrlError, RuntimeError):
     """A peer fragment replica failed or the job stopped while this one waited on a boundary."""
 
 
+class ProducerReplaced(MsrlError, RuntimeError):
+    """The producer a run of central inference serves was lost and is being replaced: the run
+    stops where it is (its items were dropped) and starts again for the replacement
+    (:meth:`msrl.runtime.asynchronous.Mailbox.redo`)."""
+
+
 class LocalHub:
     """The queues of every boundary of a job whose fragment replicas share one process.
 

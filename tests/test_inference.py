@@ -296,3 +296,124 @@ def test_msrl_graph_shows_the_serve_region_with_its_bytes():
         assert not line.startswith("- serve region (learner serving actor to env x2): 0 B "), line
     finally:
         job.close()
+
+
+def test_a_mailbox_redo_drops_the_lost_producers_items_and_wakes_its_run():
+    """Mailbox.redo: the replaced producer's queued items are dropped (another producer's kept), a
+    take or check under the old generation raises ProducerReplaced -- at once, and in a take
+    already waiting -- and the new generation takes what the replacement sends."""
+    from msrl.channels import ProducerReplaced
+    from msrl.runtime.asynchronous import Item, Mailbox
+
+    box = Mailbox({"obs": 4}, timeout_s=60.0)
+    for p in (0, 1):
+        box.deliver("obs", p, Item(torch.tensor([float(p)]), {}))
+    lost = ("env", 1)
+    assert box.redo(lost, ["obs"], 1) and not box.redo(lost, ["obs"], 1)  # an old order is not applied twice
+    with pytest.raises(ProducerReplaced):
+        box.check((lost, 0))
+    box.check((lost, 1))
+    assert box.take("obs", 0, generation=(("env", 0), 0)).value.item() == 0.0  # the other producer's item kept
+    raised = []
+
+    def waiting():  # a run under generation 1 waits; the next redo wakes it
+        try:
+            box.take("obs", 1, generation=(lost, 1))
+        except ProducerReplaced as e:
+            raised.append(e)
+
+    t = threading.Thread(target=waiting)
+    t.start()
+    time.sleep(0.2)
+    assert box.redo(lost, ["obs"], 2)
+    t.join(30)
+    assert not t.is_alive() and len(raised) == 1
+    box.deliver("obs", 1, Item(torch.tensor([7.0]), {}))
+    assert box.take("obs", 1, generation=(lost, 2)).value.item() == 7.0
+    assert box.counts()["generations"] == {"env/1": 2}
+
+
+class _Rows:
+    """A buffer shard keeping what its run inserted; its state is the rows so far."""
+
+    def __init__(self):
+        self.rows = []
+
+    def insert(self, x):
+        self.rows.append(float(x.item()))
+
+    def state_dict(self):
+        return {"rows": list(self.rows)}
+
+    def load_state_dict(self, state):
+        self.rows = list(state["rows"])
+
+
+def test_a_replaced_clients_run_starts_again_from_its_shards_start_and_serves_only_the_replacement():
+    """InferenceServer with replaceable clients: client 1's process is lost two steps into its
+    run; once the server's mailbox is told (redo), the run stops, its buffer shard goes back to
+    the run's start, no action is sent for the lost steps again, and the run serves the
+    replacement's fresh steps from the first: the shard holds exactly the replacement's rows, the
+    other client's run is untouched, and each client counts one completed run."""
+    import types
+
+    from procs import EVENT_TIMEOUT_S, wait_for
+
+    from msrl.runtime.asynchronous import Item, Mailbox
+    from msrl.runtime.inference import InferenceServer
+
+    steps = 4
+    box = Mailbox({"obs": steps}, timeout_s=60.0)
+    sent = []
+
+    class _Async:  # the server's asynchronous side: its mailbox, and what it puts to each client
+        mailbox = box
+        transport = types.SimpleNamespace(flush=lambda: None)
+
+        def take_from(self, name, producer, cancel=None, generation=None):
+            gen = (("env", producer), generation) if generation is not None else None
+            return box.take(name, producer, cancel, generation=gen).value
+
+        def put_to(self, name, consumer, value):
+            sent.append((consumer, float(value.item())))
+
+    class _Trainer:
+        def __init__(self):
+            self._components = {"actor": _Doubler(), "buffer": ShardedComponent([_Rows(), _Rows()], {})}
+
+    comm = types.SimpleNamespace(fragment="learner", replica=0, boundaries={}, asynchronous=_Async(),
+                                 _fragment_size=lambda: 1)
+    plan = types.SimpleNamespace(server="learner", clients="env", clients_count=2, role="actor", max_batch=1,
+                                 timeout_ms=None, shard_roles=("buffer",), state_writes=())
+
+    def served(view, ep):
+        for _ in range(steps):
+            obs = ep.asynchronous.get("obs")
+            action, _ = view._components["actor"].act(obs.reshape(1, 1))
+            ep.asynchronous.put("action", action)
+            view._components["buffer"].insert(obs)
+
+    trainer = _Trainer()
+    server = InferenceServer(plan)
+    server.replaceable = True
+    done = []
+    t = threading.Thread(target=lambda: done.append(server.serve(trainer, served, comm)))
+    t.start()
+    for s in range(steps):
+        box.deliver("obs", 0, Item(torch.tensor(float(s)), {}))
+    for s in range(2):  # the lost process's first two steps
+        box.deliver("obs", 1, Item(torch.tensor(100.0 + s), {}))
+    wait_for(lambda: len([c for c, _ in sent if c == 1]) == 2, "client 1's two actions")
+    assert server.client_states(box)["env/1"] == {"runs": 0, "stale": False}
+    assert box.redo(("env", 1), ["obs"], 1)
+    wait_for(lambda: server.redone == 1, "client 1's run to start again")
+    wait_for(lambda: not server.client_states(box)["env/1"]["stale"], "no stale run")
+    assert trainer._components["buffer"].shards[1].rows == []  # back at the run's start
+    for s in range(steps):  # the replacement's fresh episodes
+        box.deliver("obs", 1, Item(torch.tensor(200.0 + s), {}))
+    t.join(EVENT_TIMEOUT_S)
+    assert not t.is_alive() and done == [None]
+    shards = trainer._components["buffer"].shards
+    assert shards[1].rows == [200.0, 201.0, 202.0, 203.0] and shards[0].rows == [0.0, 1.0, 2.0, 3.0]
+    assert [v for c, v in sent if c == 1] == [200.0, 202.0, 400.0, 402.0, 404.0, 406.0]
+    assert server.runs_done == [1, 1] and server.client_states(box)["env/1"] == {"runs": 1, "stale": False}

@@ -474,14 +474,16 @@ def test_central_inference_on_ray_equals_the_local_runtime_bitwise_and_serves_dy
         job.close()
 
 
+@pytest.mark.slow  # (central inference replaces a lost env replica alone by default; this is its restart mode)
 def test_a_killed_env_replica_under_central_inference_is_restarted_and_its_work_dropped(ray_local, tmp_path, capsys):
-    """PPO under single_learner_fine with dynamic batching, one env process SIGKILLed mid-run:
-    the central replica, waiting on the dead replica's queue, is stopped with every replica; the
-    job restarts from the last checkpoint in fresh processes, completes, and counts the restart
-    and the dropped env steps; every iteration is in metrics.csv once."""
+    """PPO under single_learner_fine with dynamic batching and ``cluster.on_replica_loss:
+    restart``, one env process SIGKILLed mid-run: the central replica, waiting on the dead
+    replica's queue, is stopped with every replica; the job restarts from the last checkpoint in
+    fresh processes, completes, and counts the restart and the dropped env steps; every
+    iteration is in metrics.csv once."""
     rows = _train_killing(tmp_path, capsys, "configs/ppo_cartpole.yaml", [
         "distribution_policy.name=single_learner_fine", "distribution_policy.inference.max_batch=1",
-        "distribution_policy.inference.timeout_ms=1"], "env", 40000)
+        "distribution_policy.inference.timeout_ms=1", "cluster.on_replica_loss=restart"], "env", 40000)
     assert all(r["inference/batch_mean"] == "1.0" for r in rows)
 
 
@@ -515,9 +517,10 @@ def test_replace_under_a_policy_that_cannot_is_one_config_error_naming_each_frag
 
 
 def test_which_fragments_are_replaced_alone_per_policy():
-    """msrl.runtime.elastic: under auto, async_learner's and overlapped coarse's actors are
-    replaced alone; synchronous coarse, multi_learner and central inference restart (each reason
-    named); restart replaces nothing."""
+    """msrl.runtime.elastic: under auto, async_learner's and overlapped coarse's actors and
+    central inference's env replicas (with an ``inference:`` section) are replaced alone;
+    synchronous coarse, multi_learner and the fine policy's lockstep collective restart (each
+    reason named); restart replaces nothing."""
     from msrl.config import build_job_spec, load_config
     from msrl.job import compile_job
     from msrl.runtime.elastic import replaceable, replaced_fragments
@@ -535,17 +538,19 @@ def test_which_fragments_are_replaced_alone_per_policy():
     assert replaced_fragments("auto", lockstep) == {"actor"} and replaceable(lockstep)["learner"] == "it holds the learner"
     fine = fg("configs/ppo_cartpole.yaml", "distribution_policy.name=single_learner_fine",
               "distribution_policy.inference.max_batch=1")
-    assert replaceable(fine)["env"] == "it takes from a fifo queue: train_step/b1:action"
-    assert replaced_fragments("auto", fine) == set()
+    assert replaceable(fine)["env"] is None and replaced_fragments("auto", fine) == {"env"}
+    lockstep_fine = fg("configs/ppo_cartpole.yaml", "distribution_policy.name=single_learner_fine")
+    assert replaceable(lockstep_fine)["env"].startswith("a synchronous boundary")  # no inference: section
+    assert replaced_fragments("auto", lockstep_fine) == set()
     multi = fg("configs/ppo_cartpole.yaml", "distribution_policy.name=multi_learner", "distribution_policy.replicas.main=2")
     assert replaceable(multi) == {"main": "it holds the learner"} and replaced_fragments("auto", multi) == set()
 
 
-def _train_replacing(tmp_path, capsys, config, overrides, sig=None, timeout_s=None):
+def _train_replacing(tmp_path, capsys, config, overrides, sig=None, timeout_s=None, fragment="actor"):
     """Trains ``config`` on Ray (``cluster.on_replica_loss: auto``) while sending ``sig``
-    (SIGKILL) to actor replica 0 mid-chunk; checks what every replacement must show: that actor
-    alone started again and rejoined (the learner's and the other actor's processes the same from
-    start to end, replicas.json naming the replacement), the learner's iteration count and the
+    (SIGKILL) to replica 0 of ``fragment`` mid-chunk; checks what every replacement must show: that
+    replica alone started again and rejoined (the learner's and the other replica's processes the
+    same from start to end, replicas.json naming the replacement), the learner's iteration count and the
     job's env steps never going back, the replacement counted (faults/replaced_replicas, no
     restart), the whole budget trained while learning went on, no replica process left. Returns
     the last metrics row and stderr."""
@@ -561,7 +566,7 @@ def _train_replacing(tmp_path, capsys, config, overrides, sig=None, timeout_s=No
     if timeout_s is not None:
         over.append(f"cluster.replica_timeout_s={timeout_s}")
     run_dir = tmp_path / "elastic"
-    killed, seen, t = _sigkill_when(run_dir, "actor", rows=15, sig=sig, delay_s=0.2)
+    killed, seen, t = _sigkill_when(run_dir, fragment, rows=15, sig=sig, delay_s=0.2)
     try:
         result = train(load_config(config, over))
     finally:
@@ -569,11 +574,11 @@ def _train_replacing(tmp_path, capsys, config, overrides, sig=None, timeout_s=No
     t.join(5)
     assert killed, t.never()
     err = capsys.readouterr().err
-    assert "replaced it alone in " in err and "fragment actor replica 0" in err
+    assert "replaced it alone in " in err and f"fragment {fragment} replica 0" in err
     assert "restarting every replica" not in err and "(raylet)" not in err
     after = {(r["fragment"], r["replica"]): r["pid"] for r in json.loads((run_dir / "replicas.json").read_text())}
-    assert after[("actor", 0)] not in seen and killed[0] not in after.values()  # a new process for actor 0
-    assert {after[("actor", 1)], after[("learner", 0)]} <= seen  # the others never restarted
+    assert after[(fragment, 0)] not in seen and killed[0] not in after.values()  # a new process for replica 0
+    assert {after[(fragment, 1)], after[("learner", 0)]} <= seen  # the others never restarted
     with open(run_dir / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     assert [int(r["iteration"]) for r in rows] == list(range(1, len(rows) + 1))
@@ -606,6 +611,17 @@ def test_a_killed_actor_under_lockstep_coarse_is_replaced_alone(ray_local, tmp_p
     with open(tmp_path / "elastic" / "metrics.csv") as f:
         lags = [float(r["async/policy_lag_max"]) for r in csv.DictReader(f)]
     assert lags and set(lags) == {0.0}, lags  # the replacement's rollouts too
+
+
+def test_a_killed_env_replica_under_central_inference_is_replaced_alone(ray_local, tmp_path, capsys):
+    """PPO under single_learner_fine with central inference in lockstep batches (``max_batch``:
+    every env replica, no deadline), one env process SIGKILLed mid-run: replaced alone (see
+    :func:`_train_replacing`) -- the server drops what the lost process sent and serves the
+    replacement's fresh episodes from the start of the iteration it was in, the other env
+    replica waiting for it at its batch; the learner never restarts."""
+    last, _ = _train_replacing(tmp_path, capsys, "configs/ppo_cartpole.yaml", [
+        "distribution_policy.name=single_learner_fine", "distribution_policy.inference.max_batch=2"], fragment="env")
+    assert float(last["inference/batch_mean"]) > 1.0  # lockstep batches went on after the replacement
 
 
 @pytest.mark.slow

@@ -48,7 +48,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import torch
 
-from msrl.channels import ChannelClosed
+from msrl.channels import ChannelClosed, ProducerReplaced
 from msrl.partition import boundary_end
 from msrl.policy import SLOT_CHANNELS
 from msrl.runtime.generators import BATON
@@ -122,6 +122,9 @@ class Mailbox:
         self.absent: dict[str, frozenset[int]] = {}
         #: the sequence number of the last :meth:`set_absent` applied (older orders are ignored)
         self.absent_seq = 0
+        #: producer ``(fragment, replica)`` -> its generation: how many times a run consuming
+        #: it was told to start again for a replacement (:meth:`redo`; absent: 0)
+        self.generation: dict[tuple[str, int], int] = {}
 
     def close(self, reason: str) -> None:
         """Wakes every waiter with :class:`ChannelClosed` (``reason`` in its message)."""
@@ -207,11 +210,35 @@ class Mailbox:
     def counts(self) -> dict[str, Any]:
         """What an elastic job's driver reads from a consumer's heartbeat
         (:mod:`msrl.runtime.elastic`): ``received`` (``"boundary|producer replica" -> items``;
-        the boundary names the producer's fragment) and ``ended`` (``"fragment/replica"``
-        of the producers whose stream ended)."""
+        the boundary names the producer's fragment), ``ended`` (``"fragment/replica"``
+        of the producers whose stream ended) and ``generations`` (``"fragment/replica" ->``
+        :attr:`generation`, the producers told to start again only)."""
         with self._cond:
             return {"received": {f"{b}|{p}": n for (b, p), n in self.received.items()},
-                    "ended": sorted(f"{f}/{r}" for f, r in self.ended)}
+                    "ended": sorted(f"{f}/{r}" for f, r in self.ended),
+                    "generations": {f"{f}/{r}": g for (f, r), g in self.generation.items()}}
+
+    def redo(self, producer: tuple[str, int], boundaries: Sequence[str], generation: int) -> bool:
+        """Central inference's replacement of a lost client ``producer``: drops every item of
+        it still queued on ``boundaries`` (what the lost process sent; its stream has ended) and
+        moves it to ``generation``, so that a :meth:`take` or :meth:`check` of the run serving
+        it under an older generation raises :class:`~msrl.channels.ProducerReplaced`. Returns
+        whether it was applied (``generation`` newer than the producer's)."""
+        with self._cond:
+            if generation <= self.generation.get(producer, 0):
+                return False
+            self.generation[producer] = generation
+            for b in boundaries:
+                self._fifo[(b, producer[1])].clear()
+            self._cond.notify_all()
+        self._wake()
+        return True
+
+    def check(self, generation: tuple[tuple[str, int], int] | None) -> None:
+        """Raises :class:`~msrl.channels.ProducerReplaced` when ``generation`` = ``(producer,
+        the generation a run started under)`` is not the producer's now (:meth:`redo`)."""
+        if generation is not None and self.generation.get(generation[0], 0) != generation[1]:
+            raise ProducerReplaced(f"producer {generation[0][0]} replica {generation[0][1]} is being replaced")
 
     def set_absent(self, seq: int, absent: Mapping[str, Sequence[int]]) -> bool:
         """The job driver's order ``seq``: the producers of each ``fifo`` boundary in ``absent``
@@ -229,16 +256,18 @@ class Mailbox:
         return True
 
     def take(self, boundary: str, producer: int, cancel: threading.Event | None = None,
-             pool: Sequence[int] = ()) -> Item:
+             pool: Sequence[int] = (), generation: tuple[tuple[str, int], int] | None = None) -> Item:
         """The oldest item of ``(boundary, producer)``, waiting while there is none (or until
         ``cancel`` is set). ``pool``: every producer of the boundary; while one of them is
         absent (:meth:`set_absent`), a producer whose queue is empty has its share served from
         the fullest queue of the pool (IMPALA's shared queue: the driver asks the live producers
         for as many items in all as the consumer takes, so any item may stand for any).
+        ``generation``: ``(producer key, generation)`` of a central inference run (:meth:`check`).
 
         Raises:
             ChannelClosed: the mailbox was closed, or ``cancel`` set; TimeoutError: nothing for
-            ``timeout_s``.
+            ``timeout_s``; ProducerReplaced: ``generation`` is not the producer's (now or
+            while it waited).
         """
         with BATON.released(), self._cond:
             own = self._fifo[(boundary, producer)]
@@ -251,7 +280,12 @@ class Mailbox:
                     return best if self._fifo[(boundary, best)] else None
                 return None
 
-            self._wait(lambda: source() is not None, f"boundary {boundary} (from replica {producer})", cancel=cancel)
+            def stale() -> bool:
+                return generation is not None and self.generation.get(generation[0], 0) != generation[1]
+
+            self._wait(lambda: stale() or source() is not None, f"boundary {boundary} (from replica {producer})",
+                       cancel=cancel)
+            self.check(generation)
             producer = source()  # type: ignore[assignment]
             item = self._fifo[(boundary, producer)].popleft()
             self._cond.notify_all()
@@ -431,18 +465,22 @@ class AsyncEndpoint:
             self.substituted[(name, producer)] = version
         return copy_value(value)
 
-    def take_from(self, name: str, producer: int, cancel: threading.Event | None = None) -> Any:
+    def take_from(self, name: str, producer: int, cancel: threading.Event | None = None,
+                  generation: int | None = None) -> Any:
         """Dst side of a ``fifo`` boundary, one producer only (central inference serves each
-        client replica on its own): that producer's oldest item.
+        client replica on its own): that producer's oldest item. ``generation``: the producer's
+        generation the run started under (:meth:`Mailbox.redo`).
 
         Raises:
-            ChannelClosed: the job stopped, or ``cancel`` was set; TimeoutError: nothing in time.
+            ChannelClosed: the job stopped, or ``cancel`` was set; TimeoutError: nothing in time;
+            ProducerReplaced: the producer is being replaced (the run starts again).
         """
         b = self._get_boundary(name)
         if b.channel != "fifo":
             raise RuntimeError(f"boundary {name} is {b.channel}, not fifo: it has no per-producer queue to take from")
         self._flush()
-        return self.mailbox.take(name, producer, cancel).value
+        gen = ((b.src, producer), generation) if generation is not None else None
+        return self.mailbox.take(name, producer, cancel, generation=gen).value
 
     def put_to(self, name: str, consumer: int, value: Any) -> None:
         """Src side of a ``fifo`` boundary, to one consumer replica only (its whole ``value``).

@@ -11,6 +11,12 @@ the items the lost replica had not delivered: the consumer's count of delivered 
 mailbox, :meth:`~msrl.runtime.asynchronous.Mailbox.counts`, read from its heartbeat once the lost
 replica's stream has ended) says how many.
 
+Central inference's client fragment (its env replicas) is replaceable too, though it takes
+actions from the server's queue: every boundary of it is a ``fifo`` with the server, which drops
+what the lost process sent and starts that client's served run of the current iteration again
+for the replacement (:class:`~msrl.runtime.inference.InferenceServer`); the replacement owes the
+iterations from that one on.
+
 A replacement starts as the job started: its components built afresh, its envs reset with the
 run's seeds for its shard (fresh episodes). Where the fragment's ``reset`` program receives a
 value over a synchronous boundary (the learner's weights, broadcast), the replacement takes it
@@ -96,6 +102,7 @@ def replaceable(fragment_graph: Any) -> dict[str, str | None]:
     output = {fr.name for fr in fragment_graph.fragments
               if any(n.kind == NodeKind.OUTPUT and n.inputs for n in fr.programs.get("train_step", []))}
     collective = {c.fragment for c in getattr(fragment_graph, "collectives", [])}
+    plan = getattr(fragment_graph, "inference", None)
     out: dict[str, str | None] = {}
     for fr in fragment_graph.fragments:
         name, why = fr.name, None
@@ -109,6 +116,11 @@ def replaceable(fragment_graph: Any) -> dict[str, str | None]:
             why = "it all-reduces among its replicas"
         elif any(not b.asynchronous for b in mine):
             why = "a synchronous boundary: " + next(b.name for b in mine if not b.asynchronous)
+        elif plan is not None and name == plan.clients:
+            # central inference's client: the server starts its served run of the iteration
+            # again for the replacement (every boundary of it is a fifo with the server)
+            odd = next((b.name for b in mine if b.channel != "fifo" or {b.src, b.dst} != {name, plan.server}), None)
+            why = f"boundary {odd} is not a fifo queue with the server" if odd else substitutes(fragment_graph, name)[1]
         elif any(b.dst == name and b.channel == "fifo" for b in mine):
             why = "it takes from a fifo queue: " + next(b.name for b in mine if b.dst == name and b.channel == "fifo")
         elif len(fifo) != 1:

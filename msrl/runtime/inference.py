@@ -19,6 +19,14 @@ With ``max_batch`` = every client and no deadline, every batch holds every clien
 of the same step in client order: exactly the lockstep collective's batch, so the job
 computes what ``single`` computes, bit for bit.
 
+In an elastic job (:mod:`msrl.runtime.elastic`) a lost client replica is replaced alone: its
+run's takes and puts carry the client's generation, and when the driver raises it
+(:meth:`~msrl.runtime.asynchronous.Mailbox.redo`: the lost process's queued items dropped) the
+run raises :class:`~msrl.channels.ProducerReplaced` at its next take or put, its buffer shards go
+back to the ``state_dict()`` they had at the run's start, and the run starts again, serving the
+replacement's fresh episodes (:attr:`InferenceServer.runs_done` tells the driver what the
+replacement owes).
+
 Statistics per ``train_step`` (:meth:`InferenceServer.pop_stats`): the requests in each batch
 and each request's latency (seconds from the client's call until its rows' results are
 ready), reported as ``inference/*`` metrics.
@@ -36,7 +44,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from tensordict import TensorDictBase
 
-from msrl.channels import ChannelClosed
+from msrl.channels import ChannelClosed, ProducerReplaced
 from msrl.runtime.endpoint import Endpoint
 from msrl.runtime.generators import BATON
 from msrl.runtime.patterns import concat
@@ -291,15 +299,22 @@ class ShardedComponent:
 
 class _ClientQueues:
     """The asynchronous side of a :class:`ClientEndpoint`: the server replica's ``fifo`` queues
-    to and from one client replica."""
+    to and from one client replica; ``generation``: the client's generation the run started
+    under (:meth:`~msrl.runtime.asynchronous.Mailbox.redo`): a take or put once it changed
+    raises :class:`~msrl.channels.ProducerReplaced` (nothing is sent to the replacement)."""
 
-    def __init__(self, asynchronous: Any, client: int, cancel: threading.Event) -> None:
+    def __init__(self, asynchronous: Any, client: int, cancel: threading.Event,
+                 generation: tuple[tuple[str, int], int] | None = None) -> None:
         self.asynchronous, self.client, self.cancel = asynchronous, client, cancel
+        self.generation = generation
 
     def get(self, name: str) -> Any:
-        return self.asynchronous.take_from(name, self.client, self.cancel)
+        if self.generation is None:
+            return self.asynchronous.take_from(name, self.client, self.cancel)
+        return self.asynchronous.take_from(name, self.client, self.cancel, self.generation[1])
 
     def put(self, name: str, value: Any) -> None:
+        self.asynchronous.mailbox.check(self.generation)
         self.asynchronous.put_to(name, self.client, value)
 
 
@@ -314,13 +329,16 @@ class ClientEndpoint(Endpoint):
 
     Args:
         comm: the server replica's endpoint; client: the client replica's index; cancel: set
-            when the serve stops (a run waiting on a queue gives up).
+            when the serve stops (a run waiting on a queue gives up); generation: ``(client
+            key, its generation when the run started)`` where clients may be replaced
+            (``None``: they are not).
     """
 
-    def __init__(self, comm: Endpoint, client: int, cancel: threading.Event) -> None:
+    def __init__(self, comm: Endpoint, client: int, cancel: threading.Event,
+                 generation: tuple[tuple[str, int], int] | None = None) -> None:
         self.comm, self.client = comm, client
         self.fragment, self.replica, self.boundaries = comm.fragment, comm.replica, comm.boundaries
-        self.asynchronous = _ClientQueues(comm.asynchronous, client, cancel)
+        self.asynchronous = _ClientQueues(comm.asynchronous, client, cancel, generation)
 
     def _fragment_size(self) -> int:
         return self.comm._fragment_size()
@@ -340,6 +358,29 @@ class InferenceServer:
         self.generators = list(generators) if generators is not None else []
         self._sizes: list[int] = []
         self._latencies: list[float] = []
+        #: whether a lost client may be replaced alone (an elastic job): each run then keeps its
+        #: shards' ``state_dict()`` from its start, to start again from there for the replacement
+        self.replaceable = False
+        #: client replica -> its runs of the served region completed since this server was made
+        self.runs_done = [0] * plan.clients_count
+        #: client replica -> the generation of it (:meth:`~msrl.runtime.asynchronous.Mailbox.redo`)
+        #: its run in progress started under; ``None``: no run in progress
+        self.running: list[int | None] = [None] * plan.clients_count
+        #: runs started again for a replaced client
+        self.redone = 0
+
+    def client_states(self, mailbox: Any) -> dict[str, dict[str, Any]]:
+        """What an elastic job's driver reads from the server's heartbeat: ``"client
+        fragment/replica" -> {"runs": completed runs, "stale": a run is in progress under an
+        older generation than ``mailbox``'s}`` -- once a replaced client's entry is not stale,
+        its ``runs`` are final for the lost process (its replacement owes the rest). Read on
+        another thread: plain reads only."""
+        out = {}
+        for i in range(self.plan.clients_count):
+            running = self.running[i]
+            gen = mailbox.generation.get((self.plan.clients, i), 0) if mailbox is not None else 0
+            out[f"{self.plan.clients}/{i}"] = {"runs": self.runs_done[i], "stale": running is not None and running != gen}
+        return out
 
     def _view(self, trainer: Any, client: int, batcher: Batcher) -> Any:
         view = copy.copy(trainer)
@@ -370,15 +411,38 @@ class InferenceServer:
         hold = BATON.held() is not None and self.generators
         BATON.shared = True  # client runs in threads of this process
 
+        mailbox = getattr(asynchronous, "mailbox", None) if self.replaceable else None
+
+        def attempt(i: int) -> bool:
+            """One run for client ``i``; ``False``: the client is being replaced (the run's
+            shards are back at its start, and it starts again for the replacement)."""
+            key = (plan.clients, i)
+            gen = mailbox.generation.get(key, 0) if mailbox is not None else None
+            self.running[i] = gen
+            shards = [trainer._components[r].shards[i] for r in plan.shard_roles] if mailbox is not None else []
+            saved = [sh.state_dict() for sh in shards]
+            try:
+                results[i] = fn(views[i], ClientEndpoint(comm, i, cancel, (key, gen) if mailbox is not None else None))
+                return True
+            except ProducerReplaced:
+                for sh, st in zip(shards, saved):
+                    sh.load_state_dict(st)
+                views[i] = self._view(trainer, i, batcher)
+                self.redone += 1
+                return False
+
         def run(i: int) -> None:
             try:
                 with BATON.hold(self.generators[i]) if hold else contextlib.nullcontext():
-                    results[i] = fn(views[i], ClientEndpoint(comm, i, cancel))
+                    while not attempt(i):
+                        pass
+                self.runs_done[i] += 1
             except BaseException as e:  # noqa: BLE001 - re-raised in the replica's thread
                 errors[i] = e
                 cancel.set()
                 batcher.fail(e)
             finally:
+                self.running[i] = None
                 batcher.leave()
 
         threads = [threading.Thread(target=run, args=(i,), name=f"msrl-inference-client-{i}", daemon=True)
