@@ -227,13 +227,16 @@ def test_no_learner_subclasses_another_algorithms_learner():
 def test_one_owner_of_the_ray_replica_actors():
     """On Ray, :class:`msrl.cluster.actor_manager.ReplicaGroup` alone starts, calls, waits for,
     watches and kills the replica actors (as RLlib's ``FaultTolerantActorManager``): the job
-    (``RayJob``: placement, process group, accounting) makes no Ray actor call itself."""
-    tree = ast.parse((PACKAGES["msrl.cluster"] / "ray_runtime.py").read_text())
-    job = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "RayJob")  # (ray.get of the placement group is placement)
-    calls = sorted({f"{ast.unparse(n.func)}:{n.lineno}" for n in ast.walk(job) if isinstance(n, ast.Call)
-                    and isinstance(n.func, ast.Attribute) and (n.func.attr in ("kill", "wait")
-                                                               and ast.unparse(n.func.value) in ("ray", "remote")
-                                                               or n.func.attr == "remote")})
+    (``RayJob``: placement, process group, accounting; its :class:`~msrl.cluster.replacement.Replacements`:
+    lost replicas replaced) makes no Ray actor call itself."""
+    calls = []
+    for module, name in (("ray_runtime.py", "RayJob"), ("replacement.py", "Replacements")):
+        tree = ast.parse((PACKAGES["msrl.cluster"] / module).read_text())
+        job = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)  # (ray.get of the placement group is placement)
+        calls += sorted({f"{module}:{ast.unparse(n.func)}:{n.lineno}" for n in ast.walk(job) if isinstance(n, ast.Call)
+                         and isinstance(n.func, ast.Attribute) and (n.func.attr in ("kill", "wait")
+                                                                    and ast.unparse(n.func.value) in ("ray", "remote")
+                                                                    or n.func.attr == "remote")})
     assert calls == []
 
 

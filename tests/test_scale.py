@@ -14,7 +14,10 @@ not speed):
 * ``multi_learner`` with 8 learners packed two to a node over 4 nodes (the all-reduce within each node
   through shared memory, across the nodes over Gloo among the node leaders), one of its nodes
   killed: the exact restart, and at the end every replica holds the same bits;
-* central inference (``single_learner_fine``) with 16 env replicas, a node killed: the exact restart.
+* central inference (``single_learner_fine``) with 16 env replicas: its lockstep collective, a node
+  killed: the exact restart; with dynamic batching (``inference:``), an env replica SIGKILLed, then
+  a node killed: each lost env replica replaced alone, the learner's process and iteration count
+  never going back.
 """
 
 from __future__ import annotations
@@ -145,22 +148,21 @@ def test_coarse_with_32_actors_over_eight_nodes_restarts_exactly_when_a_node_is_
     assert "(8 node(s), 32 CPUs)" in joined[0] and "(7 node(s), 28 CPUs)" in joined[-1], joined
 
 
-def test_async_learner_with_32_actors_replaces_a_killed_actor_and_a_lost_nodes_actors_alone(tmp_path, cluster):
-    """IMPALA under async_learner, 32 actors over 8 nodes: one actor SIGKILLed, later a whole node
-    (its actors with it) killed; each lost actor is replaced alone while the others run, the
-    learner keeps its process, its iterations are written once each and never go back, the env
-    steps are monotone, and the run finishes its budget."""
-    total = 64 * 32 * 60
-    proc, err, run_dir = _start(tmp_path, cluster, "async", "configs/impala_cartpole.yaml",
-                                "distribution_policy.replicas.actor=32", "env.num_envs=64", f"train.total_env_steps={total}",
-                                "cluster.replica_timeout_s=60")
+def _replaced_alone(tmp_path, cluster, name, config, fragment, total, *over) -> None:
+    """Runs ``config`` (``fragment``'s replicas elastic) over the cluster: replica of ``fragment``
+    on another node than the learner SIGKILLed, later a whole node (its replicas of ``fragment``
+    with it) killed; each lost replica is replaced alone while the others run, the learner keeps
+    its process, its iterations are written once each and never go back, the env steps are
+    monotone, and the run finishes its budget of ``total`` env steps."""
+    proc, err, run_dir = _start(tmp_path, cluster, name, config, f"train.total_env_steps={total}",
+                                "cluster.replica_timeout_s=60", *over)
     try:
         _wait_rows(proc, run_dir, 8)
         before = _table(run_dir)
         learner = next(r for r in before if r["fragment"] == "learner")
-        victim = next(r for r in before if r["fragment"] == "actor" and r["node"] != learner["node"])
+        victim = next(r for r in before if r["fragment"] == fragment and r["node"] != learner["node"])
         os.kill(victim["pid"], signal.SIGKILL)
-        wait_for(lambda: "replaced it alone" in err.read_text(), "the actor's replacement", alive=proc)
+        wait_for(lambda: "replaced it alone" in err.read_text(), f"the {fragment} replica's replacement", alive=proc)
         at = len(_rows(run_dir))
         _wait_rows(proc, run_dir, at + 5)
         table = _table(run_dir)
@@ -172,11 +174,11 @@ def test_async_learner_with_32_actors_replaces_a_killed_actor_and_a_lost_nodes_a
         raise
     text = _finish(proc, err)
     assert "restarting every replica" not in text, text[-4000:]
-    assert f"fragment actor replica {victim['replica']} died; replaced it alone in " in text
+    assert f"fragment {fragment} replica {victim['replica']} died; replaced it alone in " in text
     replaced = [line for line in text.splitlines() if "replaced it alone" in line]
     assert len(replaced) == 1 + len(on_node), text[-4000:]
-    for r in on_node:  # each actor of the lost node: dead, or silent (hung) once its node is gone
-        assert any(f"fragment actor replica {r} " in line for line in replaced), (r, replaced)
+    for r in on_node:  # each replica of the lost node: dead, or silent (hung) once its node is gone
+        assert any(f"fragment {fragment} replica {r} " in line for line in replaced), (r, replaced)
     after = _table(run_dir)
     assert next(r for r in after if r["fragment"] == "learner")["pid"] == learner["pid"]
     assert cluster.node_ips[node] not in {r["node"] for r in after}
@@ -185,6 +187,13 @@ def test_async_learner_with_32_actors_replaces_a_killed_actor_and_a_lost_nodes_a
     assert int(rows[-1]["env_steps"]) >= total
     assert float(rows[-1]["faults/replaced_replicas"]) == 1 + len(on_node)
     assert float(rows[-1]["faults/replica_restarts"]) == 0
+
+
+def test_async_learner_with_32_actors_replaces_a_killed_actor_and_a_lost_nodes_actors_alone(tmp_path, cluster):
+    """IMPALA under async_learner, 32 actors over 8 nodes: an actor SIGKILLed, later a node
+    killed; each lost actor replaced alone (:func:`_replaced_alone`)."""
+    _replaced_alone(tmp_path, cluster, "async", "configs/impala_cartpole.yaml", "actor", 64 * 32 * 60,
+                    "distribution_policy.replicas.actor=32", "env.num_envs=64")
 
 
 def test_multi_learner_x8_packed_over_four_nodes_stays_bit_identical_through_a_node_loss(tmp_path, cluster):
@@ -219,11 +228,23 @@ def test_multi_learner_x8_packed_over_four_nodes_stays_bit_identical_through_a_n
 
 def test_central_inference_with_16_env_replicas_over_eight_nodes_restarts_exactly_when_a_node_is_lost(
         tmp_path, cluster):
-    """PPO under single_learner_fine: 16 env replicas step their envs and ask the learner's
-    fragment for actions every step, over 8 nodes; a node killed mid-run: the exact restart."""
+    """PPO under single_learner_fine's lockstep collective (no ``inference:`` section: a synchronous
+    policy): 16 env replicas step their envs and ask the learner's fragment for actions every
+    step, over 8 nodes; a node killed mid-run: the exact restart."""
     total = 32 * 16 * 30
     proc, err, run_dir = _start(tmp_path, cluster, "fine", "configs/ppo_cartpole.yaml",
                                 "distribution_policy.name=single_learner_fine", "distribution_policy.replicas.env=16",
                                 "env.num_envs=32", f"train.total_env_steps={total}", "train.checkpoint_every=5",
                                 "cluster.replica_timeout_s=60")
     _restarted_exactly(cluster, proc, err, run_dir, total)
+
+
+def test_central_inference_with_16_env_replicas_replaces_a_killed_env_replica_and_a_lost_nodes_alone(
+        tmp_path, cluster):
+    """PPO under central inference with dynamic batching (``inference:``, lockstep batches of all 16
+    env replicas), over 8 nodes: an env replica SIGKILLed, later a node killed; each lost env
+    replica replaced alone, the server serving its replacement from the start of the iteration it
+    was in (:func:`_replaced_alone`)."""
+    _replaced_alone(tmp_path, cluster, "served", "configs/ppo_cartpole.yaml", "env", 32 * 16 * 40,
+                    "distribution_policy.name=single_learner_fine", "distribution_policy.replicas.env=16",
+                    "distribution_policy.inference.max_batch=16", "env.num_envs=32")
