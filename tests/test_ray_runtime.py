@@ -237,6 +237,7 @@ def _train_killing(tmp_path, capsys, config, overrides, fragment, budget):
     return rows
 
 
+@pytest.mark.slow  # (the default suite's restart of synchronous coarse: the killed learner's, compared exactly)
 def test_a_killed_actor_replica_is_restarted_and_its_work_dropped(ray_local, tmp_path, capsys):
     """SIGKILL one replica process mid-run: the job restarts every replica from the last
     checkpoint, completes, counts the restart and the dropped env steps, and its metrics hold

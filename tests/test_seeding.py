@@ -141,8 +141,14 @@ def ray_local():
     ray.shutdown()
 
 
-@pytest.mark.parametrize("cell", ["coarse_x1", "multi_learner_x2"])
-@pytest.mark.parametrize("algo", list(ALGOS))
+#: the default suite's pairs (every pair with ``-m slow``): each cell once, a torch-only and a
+#: global-generator algorithm
+ON_RAY_DEFAULT = {("ppo", "multi_learner_x2"), ("global_rng", "coarse_x1")}
+
+
+@pytest.mark.parametrize("algo, cell", [
+    pytest.param(a, c, marks=() if (a, c) in ON_RAY_DEFAULT else pytest.mark.slow)
+    for a in ALGOS for c in ("coarse_x1", "multi_learner_x2")])
 def test_two_runs_on_ray_write_the_same_metrics(ray_local, tmp_path, capsys, algo, cell):
     """Each replica in its own process: seeded there, from the same key as in the local runtime."""
     _train_twice(tmp_path, capsys, algo, cell, ["runtime=ray"])
