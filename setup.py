@@ -51,7 +51,7 @@ setup(
         # hypothesis: the codec's and the gRPC transport's fuzz tests
         # pytest-xdist: the suite runs in two worker processes (pytest.ini)
         "test": ["pytest>=7", "pytest-xdist>=3.5", "ruff==0.17.6", "stable-baselines3>=2.3", "cupy-cuda12x>=13",
-                 "gymnasium[mujoco]>=1.1", "mjbatch>=0.1.4", "ale-py>=0.9",
+                 "gymnasium[mujoco]>=1.1", "mjbatch>=0.1.4", "ale-py>=0.10",
                  "opencv-python-headless>=4.8", "pettingzoo>=1.24", "mpe2>=0.0.1",
                  "envpool>=1.0", "hypothesis>=6.100"],
         # envpool: the env engine's peer in bench/bench_mujoco_envs.py
@@ -61,7 +61,7 @@ setup(
         # PettingZoo parallel envs (pettingzoo/<module>), MPE's among them
         "pettingzoo": ["pettingzoo>=1.24", "mpe2>=0.0.1"],
         # ALE games (ALE/Pong-v5, ...) with the atari preprocessing wrapper
-        "atari": ["ale-py>=0.9", "opencv-python-headless>=4.8"],
+        "atari": ["ale-py>=0.10", "opencv-python-headless>=4.8"],
         # the GPU build of native envs (CuPy + the CUDA headers NVRTC needs; CUDA 12 drivers)
         "gpu": ["cupy-cuda12x[ctk]>=13"],
         # RLlib, the peer of bench/bench_rllib.py (pins gymnasium 1.2.x: kept out of "bench")

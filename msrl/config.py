@@ -61,14 +61,16 @@ class EnvConfig(_Strict):
 
     id: str = Field(description="a registered gymnasium env id")
     num_envs: int = Field(8, gt=0, description="envs in total, split evenly over env replicas")
-    engine: Literal["sync", "process", "envpool"] = Field(
+    engine: Literal["sync", "process", "envpool", "ale_vector"] = Field(
         "sync", description="how gymnasium envs step: sync (one after another in the actor's process), "
-        "process (worker processes over shared memory; for simulators such as MuJoCo and Atari) or envpool "
-        "(EnvPool's own tasks, e.g. Pong-v5, on its thread pool; no exact checkpoints)"
+        "process (worker processes over shared memory; for simulators such as MuJoCo and Atari), envpool "
+        "(EnvPool's own tasks, e.g. Pong-v5, on its thread pool; no exact checkpoints) or ale_vector (ale-py's "
+        "vector env: ALE/<Game>-v5 with wrappers [atari], preprocessed in C++ on its thread pool; no exact "
+        "checkpoints)"
     )
     num_workers: int | None = Field(
         None, gt=0, description="env worker processes per env replica (engine: process; default: one per CPU, "
-        "at most one per env), or EnvPool's threads (engine: envpool)"
+        "at most one per env), or the pool's threads (engine: envpool, ale_vector)"
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of gymnasium.make")
     wrappers: list[str] = Field(
@@ -487,6 +489,10 @@ def build_job_spec(cfg: RunConfig) -> Any:
             from msrl.envs.envpool_env import check_envpool_id
 
             check_envpool_id(cfg.env.id)
+        elif cfg.env.engine == "ale_vector":
+            from msrl.envs.ale_vector_env import ale_game
+
+            ale_game(cfg.env.id)
         else:
             check_env_id(cfg.env.id)
         policy = load_policy(cfg.distribution_policy.name)
@@ -501,6 +507,9 @@ def build_job_spec(cfg: RunConfig) -> Any:
             raise ValueError(f"wrappers apply to gymnasium envs, not the native env {cfg.env.id!r}")
         if cfg.env.wrappers and cfg.env.engine == "envpool":
             raise ValueError("they apply to gymnasium envs; EnvPool's tasks take their options as env.kwargs")
+        if cfg.env.engine == "ale_vector" and list(cfg.env.wrappers) != ["atari"]:
+            raise ValueError(f"env.engine=ale_vector does the atari preprocessing itself, in C++: set "
+                             f"env.wrappers: [atari] (got {list(cfg.env.wrappers)})")
         es = make_env_spec(cfg.env.id, 1, cfg.env.kwargs, cfg.env.wrappers, cfg.env.engine)
     except EnvKwargsError as e:
         raise ConfigError(str(e)) from None

@@ -4,6 +4,7 @@ against gymnasium stepping the same envs in one process."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 
@@ -374,3 +375,71 @@ def test_gymnasium_mujoco_envs_share_one_model_and_step_as_before():
     assert share_mujoco_models(users) == 0
     assert users[0].model is not users[1].model
     assert share_mujoco_models([make_single_env("CartPole-v1"), make_single_env("CartPole-v1")]) == 0
+
+
+def test_ale_vector_engine_keeps_the_same_step_contract_and_the_atari_wrappers_spaces():
+    """env.engine=ale_vector (ale-py's C++ vector env): the atari wrapper's spaces ((4, 84, 84)
+    uint8 frames, the minimal action set), uint8 observations never widened, same-step autoreset
+    (a finished env's row is its next episode's first, final_obs its last; the others' final_obs
+    is their obs), episodes counted, seeded resets repeatable, no exact checkpoint."""
+    pytest.importorskip("ale_py.vector_env")
+    from msrl.envs import env_spec, make_env
+
+    n = 3
+    spec = env_spec("ALE/Pong-v5", n, wrappers=["atari"], engine="ale_vector")
+    assert spec.observation_space.shape == (4, 84, 84) and spec.observation_space.dtype == np.uint8
+    assert spec.action_space.n == 6
+    kwargs = {"max_num_frames_per_episode": 400, "repeat_action_probability": 0.0}  # 100-step episodes
+    env = make_env("ALE/Pong-v5", n, engine="ale_vector", wrappers=["atari"], num_workers=1, env_kwargs=kwargs)
+    try:
+        first = env.reset(seed=5)
+        assert first.shape == (n, 4, 84, 84) and first.dtype == torch.uint8
+        done_seen, rng = 0, torch.Generator().manual_seed(0)
+        for _ in range(250):
+            o, r, te, tr, info = env.step(torch.randint(6, (n,), generator=rng))
+            assert o.dtype == torch.uint8 and r.dtype == torch.float32 and te.dtype == torch.bool
+            done = te | tr
+            assert torch.equal(info["final_obs"][~done], o[~done])
+            if done.any():
+                done_seen += int(done.sum())
+                assert not torch.equal(info["final_obs"][done], o[done])  # a new episode's first frames
+        stats = env.pop_episode_stats()
+        assert done_seen == len(stats.returns) >= n and env.env_steps == 250 * n
+        assert env.state_dict()["exact"] is False
+        assert torch.equal(env.reset(seed=5), first)  # a seeded reset repeats
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("over, says", [
+    (["env.wrappers=[]"], "env.wrappers: [atari]"),
+    (["env.kwargs={frameskip: 2}"], "not options of env.engine=ale_vector"),
+    (["env.id=ALE/Pongg-v5"], "Did you mean 'pong'"),
+    (["env.id=CartPole-v1"], "ALE/<Game>-v5"),
+])
+def test_ale_vector_engine_refuses_what_it_cannot_step_in_one_line(tmp_path, over, says):
+    pytest.importorskip("ale_py.vector_env")
+    from msrl.config import ConfigError, build_job_spec, load_config
+
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        build_job_spec(load_config("configs/ppo_pong.yaml", [f"runs_dir={tmp_path}", "env.engine=ale_vector", *over]))
+
+
+def test_ppo_trains_on_the_ale_vector_engine_with_bytes_end_to_end():
+    """PPO's Atari config on env.engine=ale_vector: one iteration, the rollout stored as bytes."""
+    pytest.importorskip("ale_py.vector_env")
+    from msrl.algorithms import ppo
+    from msrl.job import Job, JobSpec
+    from msrl.policy import load_policy
+
+    hp = ppo.PPOConfig(num_steps=4, num_minibatches=2, update_epochs=1)
+    spec = JobSpec(ppo.ALGORITHM, hp, "ALE/Pong-v5", 2, load_policy("single"), seed=1, total_env_steps=1000,
+                   env_engine="ale_vector", env_wrappers=("atari",), env_num_workers=1)
+    job = Job(spec)
+    try:
+        job.reset()
+        metrics = job.train_step()
+        assert torch.isfinite(torch.as_tensor(metrics["losses/value_loss"]))
+        assert job.component("buffer").storage["obs"].dtype == torch.uint8
+    finally:
+        job.close()

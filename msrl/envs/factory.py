@@ -22,8 +22,9 @@ __all__ = ["check_env_id", "make_env", "env_spec", "eval_env_id", "UnknownEnvErr
 
 #: Values of ``env.engine``: ``sync`` steps gymnasium envs one after another in the actor's
 #: process; ``process`` steps them in worker processes over shared memory (:mod:`msrl.envs.engine`);
-#: ``envpool`` steps EnvPool's own tasks on its thread pool (:mod:`msrl.envs.envpool_env`).
-ENGINES = ("sync", "process", "envpool")
+#: ``envpool`` steps EnvPool's own tasks on its thread pool (:mod:`msrl.envs.envpool_env`);
+#: ``ale_vector`` steps ALE games on ale-py's vector env (:mod:`msrl.envs.ale_vector_env`).
+ENGINES = ("sync", "process", "envpool", "ale_vector")
 
 
 def check_env_id(env_id: str) -> None:
@@ -71,6 +72,13 @@ def make_env(
         from msrl.envs.envpool_env import EnvPoolEnv
 
         return EnvPoolEnv(env_id, num_envs, num_workers, device, env_kwargs)
+    if engine == "ale_vector":
+        if list(wrappers) != ["atari"]:
+            raise ValueError(f"env.engine=ale_vector does the atari preprocessing itself: env.wrappers must be "
+                             f"['atari'], got {list(wrappers)}")
+        from msrl.envs.ale_vector_env import AleVectorEnv
+
+        return AleVectorEnv(env_id, num_envs, num_workers, device, env_kwargs)
     check_env_id(env_id)
     if is_native(env_id):
         if wrappers:
@@ -91,12 +99,18 @@ def env_spec(env_id: str, num_envs: int, env_kwargs: Mapping[str, Any] | None = 
     (single-agent) spaces, and the agents per env.
 
     Raises:
-        UnknownEnvError: unknown id (an EnvPool task id with ``engine="envpool"``).
+        UnknownEnvError: unknown id (an EnvPool task id with ``engine="envpool"``, an ALE v5 id
+            with ``"ale_vector"``).
+        EnvKwargsError: an ``env_kwargs`` key ``ale_vector`` does not take.
     """
     if engine == "envpool":
         from msrl.envs.envpool_env import envpool_spec
 
         return envpool_spec(env_id, num_envs, env_kwargs)
+    if engine == "ale_vector":
+        from msrl.envs.ale_vector_env import ale_vector_spec
+
+        return ale_vector_spec(env_id, num_envs, env_kwargs)
     check_env_id(env_id)
     if is_native(env_id):
         spec = make_native(env_id, 1, impl="torch", **dict(env_kwargs or {})).spec
