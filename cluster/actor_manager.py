@@ -24,7 +24,7 @@ __all__ = ["ReplicaGroup", "StandIn", "process_running"]
 
 class StandIn:
     """What a ``replace`` callback of :meth:`ReplicaGroup.wait` returns for a lost replica that
-    is not replaced now (no live node has room for it) while the job runs on without it: its
+    is not replaced now (its bundle has no live node) while the job runs on without it: its
     result is ``result``, and ``extras`` (``replica index -> futures``) are calls of other
     replicas doing its share, whose results are appended to theirs (lists: a chunk's records).
 

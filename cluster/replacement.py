@@ -4,8 +4,9 @@ fragments may be; ``cluster.on_replica_loss``): :class:`Replacements`, the part 
 run -- a new process in its bundle that rejoins its boundaries and owes its consumer exactly what
 the lost one had not delivered (:meth:`Replacements._replace`); central inference's env replicas,
 whose iteration the server serves again for the replacement (:meth:`Replacements._redo_client`);
-and running on without a lost replica no node has room for, its share done by the others of its
-fragment until a node has room (:meth:`Replacements._go_absent`, :meth:`Replacements._settle_absent`).
+and running on without a lost replica whose bundle no live node holds (its node lost; Ray has
+not placed it again), its share done by the others of its fragment until Ray places it
+(:meth:`Replacements._go_absent`, :meth:`Replacements._settle_absent`).
 
 Every Ray actor call goes through the job's :class:`~msrl.cluster.actor_manager.ReplicaGroup`;
 consumers are told what changed through their heartbeat's order (:meth:`Replacements._send_orders`)
@@ -158,9 +159,9 @@ class Replacements:
         frag = self.spec.policy.fragment(key[0])
         live = frag.replicas - sum(1 for k in self._absent if k[0] == key[0])
         self._faults["absent_replicas"] = self._faults.get("absent_replicas", 0) + 1
-        print(f"msrl: {cause}; no live node has room for its replacement (its placement-group bundle was on a lost "
-              f"node): running on with {live} of {frag.replicas} {key[0]} replicas, the others doing its share, "
-              f"until a node has room", file=sys.stderr, flush=True)
+        print(f"msrl: {cause}; its placement-group bundle was on a lost node and is not placed again yet (Ray places "
+              f"it once a live node has room): running on with {live} of {frag.replicas} {key[0]} replicas, the others "
+              f"doing its share, until it is", file=sys.stderr, flush=True)
         return StandIn(result, extras)
 
     def _settle_absent(self, end: int) -> None:
@@ -344,7 +345,7 @@ class Replacements:
         self._faults["replaced_replicas"] = self._faults.get("replaced_replicas", 0) + 1
         self.replacement_s.append(time.monotonic() - t0)
         if back:
-            print(f"msrl: a node has room again: fragment {key[0]} replica {key[1]} replaced, "
+            print(f"msrl: its bundle placed again: fragment {key[0]} replica {key[1]} replaced, "
                   f"{self.replacement_s[-1]:.0f} s after its loss (the job ran on without it meanwhile)",
                   file=sys.stderr, flush=True)
         else:

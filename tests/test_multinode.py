@@ -533,7 +533,7 @@ def test_actors_lost_with_their_node_and_no_room_left_are_done_without_until_it_
         at = len(rows())
         wait_for(lambda: len(rows()) >= at + 10, "10 iterations without the lost node", alive=proc)
         three_nodes.restart_node(node)
-        wait_for(lambda: err.read_text().count("msrl: a node has room again") == 2, "both replaced", alive=proc)
+        wait_for(lambda: err.read_text().count("msrl: its bundle placed again") == 2, "both replaced", alive=proc)
         at = len(rows())
         wait_for(lambda: len(rows()) >= at + 10, "10 iterations with both back", alive=proc)
         os.kill(proc.pid, signal.SIGINT)  # the run is long enough for any machine: stopped as a user stops it
@@ -551,7 +551,7 @@ def test_actors_lost_with_their_node_and_no_room_left_are_done_without_until_it_
     said = [line for line in text.splitlines() if "running on with" in line]
     assert {int(line.split("fragment actor replica ")[1].split()[0]) for line in said} == set(lost), said
     assert "running on with 4 of 5 actor replicas" in said[0] and "running on with 3 of 5 actor replicas" in said[1], said
-    back = [line for line in text.splitlines() if line.startswith("msrl: a node has room again")]
+    back = [line for line in text.splitlines() if line.startswith("msrl: its bundle placed again")]
     assert len(back) == 2, text[-4000:]
     assert not ray_log_lines(text)
     got = rows()
