@@ -32,7 +32,7 @@ from msrl.api import (
 )
 from msrl.rl.actors import ActorCriticActor
 from msrl.rl.buffers import RolloutBuffer
-from msrl.rl.networks import ActorCritic, build_actor_critic
+from msrl.rl.networks import ACTION_SPACES, ActorCritic, build_actor_critic
 from msrl.rl.schedules import anneal_learning_rate, learning_rate_tensor, load_learning_rate
 
 __all__ = ["IMPALAConfig", "IMPALALearner", "IMPALATrainer", "ALGORITHM"]
@@ -206,6 +206,7 @@ class IMPALATrainer(Trainer):
 
 ALGORITHM = AlgorithmSpec(
     name="impala",
+    action_spaces=ACTION_SPACES,
     hparams=IMPALAConfig,
     trainer=IMPALATrainer,
     components={"actor": ActorCriticActor, "buffer": RolloutBuffer, "learner": IMPALALearner},

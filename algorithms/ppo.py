@@ -36,7 +36,7 @@ from msrl.normalization import RunningMeanStd
 from msrl.rl.actors import ActorCriticActor
 from msrl.rl.buffers import RolloutBuffer
 from msrl.rl.losses import ppo_epochs, ppo_loss
-from msrl.rl.networks import ActorCritic, build_actor_critic
+from msrl.rl.networks import ACTION_SPACES, ActorCritic, build_actor_critic
 from msrl.rl.schedules import anneal_learning_rate, learning_rate_tensor, load_learning_rate
 
 __all__ = ["PPOConfig", "PPOActor", "RolloutBuffer", "PPOLearner", "PPOTrainer", "ALGORITHM"]
@@ -294,6 +294,7 @@ class PPOTrainer(Trainer):
 
 ALGORITHM = AlgorithmSpec(
     name="ppo",
+    action_spaces=ACTION_SPACES,
     hparams=PPOConfig,
     trainer=PPOTrainer,
     components={"actor": PPOActor, "buffer": RolloutBuffer, "learner": PPOLearner},

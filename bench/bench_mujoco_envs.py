@@ -12,8 +12,9 @@ HalfCheetah-v5, ``--envs`` envs (default 64), ``--threads`` threads (default 2):
 * ``envpool`` -- ``envpool.make("HalfCheetah-v5", env_type="gymnasium")`` on ``--threads`` threads.
 
 Atari (``--atari``): ``ALE/Pong-v5`` with the standard preprocessing (84x84 grayscale, 4 stacked
-frames, frame skip 4, up to 30 no-ops, no sticky actions) through the process engine, against
-envpool's ``Pong-v5`` with the same settings.
+frames, frame skip 4, up to 30 no-ops, no sticky actions) through the process engine and through
+ale-py's C++ vector env (``env.engine: ale_vector``, :class:`msrl.envs.ale_vector_env.AleVectorEnv`),
+against envpool's ``Pong-v5`` with the same settings.
 
 Every system steps with zero actions (MuJoCo) or random actions (Atari) and autoreset on.
 Rounds alternate the systems. Reported per system: the median env steps/s over ``--rounds``
@@ -128,7 +129,20 @@ def atari_systems(n: int, threads: int) -> dict[str, Callable[[], tuple[Callable
             env.step(acts[i[0] % 64])
         return step, env.close
 
-    return {"msrl process engine": engine, "envpool": envpool_}
+    def ale_vector():
+        from msrl.envs.ale_vector_env import AleVectorEnv
+
+        env = AleVectorEnv("ALE/Pong-v5", n, num_threads=threads, env_kwargs={"repeat_action_probability": 0.0})
+        env.reset(seed=0)
+        acts = [torch.as_tensor(rng.integers(0, 6, n)) for _ in range(64)]
+        i = [0]
+
+        def step():
+            i[0] += 1
+            env.step(acts[i[0] % 64])
+        return step, env.close
+
+    return {"msrl process engine": engine, "msrl ale_vector engine": ale_vector, "envpool": envpool_}
 
 
 def run(systems, n: int, rounds: int, seconds: float) -> dict[str, dict[str, float]]:
@@ -153,13 +167,14 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seconds", type=float, default=3.0)
-    p.add_argument("--atari", action="store_true", help="also Pong, engine vs envpool")
+    p.add_argument("--atari", action="store_true", help="also Pong, the engines vs envpool")
+    p.add_argument("--atari-only", action="store_true", help="Pong only")
     args = p.parse_args()
     torch.set_num_threads(1)
-    for n in args.envs:
+    for n in [] if args.atari_only else args.envs:
         res = run(mujoco_systems(n, args.threads), n, args.rounds, args.seconds)
         print(json.dumps({"task": "HalfCheetah-v5", "envs": n, "threads": args.threads, **res}))
-    if args.atari:
+    if args.atari or args.atari_only:
         n = args.envs[0]
         res = run(atari_systems(n, args.threads), n, args.rounds, args.seconds)
         print(json.dumps({"task": "Pong (atari preprocessing)", "envs": n, "threads": args.threads, **res}))

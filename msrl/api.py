@@ -700,8 +700,11 @@ class AlgorithmSpec:
             kind = "single-agent" if most == 1 else f"multi-agent ({least}+ agents per env)"
             return f"{self.name} is {kind}; {env.env_id} has {env.num_agents} agent(s) per env"
         if not isinstance(env.observation_space, self.observation_spaces):
+            hint = ""
+            if isinstance(env.observation_space, (gymnasium.spaces.Dict, gymnasium.spaces.Tuple)):
+                hint = " (env.wrappers: [flatten_observation] makes them one vector)"
             return (f"{self.name} supports {names(self.observation_spaces)} observations; {env.env_id} has "
-                    f"{type(env.observation_space).__name__} observations")
+                    f"{type(env.observation_space).__name__} observations{hint}")
         if not isinstance(env.action_space, self.action_spaces):
             return (f"{self.name} supports {names(self.action_spaces)} actions; {env.env_id} has "
                     f"{type(env.action_space).__name__} actions")

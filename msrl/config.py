@@ -75,7 +75,8 @@ class EnvConfig(_Strict):
     kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of gymnasium.make")
     wrappers: list[str] = Field(
         default_factory=list, description="msrl's named env wrappers, applied in order (atari: the standard "
-        "Atari preprocessing, 84x84 grayscale frames, 4 stacked)"
+        "Atari preprocessing, 84x84 grayscale frames, 4 stacked; flatten_observation: gymnasium's "
+        "FlattenObservation, a Dict or Tuple observation as one vector)"
     )
 
 

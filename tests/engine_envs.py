@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 import gymnasium
+import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
 
@@ -54,6 +55,34 @@ class WorkerOnlyFailure(CartPoleEnv):
         super().__init__(**kwargs)
 
 
+class MatchTargets(gymnasium.Env):
+    """Two targets shown each step in a ``Dict`` observation (``"first"``: a one-hot ``Box``
+    of 3, ``"second"``: a ``Discrete(4)`` index), a ``MultiDiscrete([3, 4])`` action: 1 reward per
+    component that names its target; 8-step episodes. A random policy's return is
+    8 x (1/3 + 1/4) = 4.67 on average, a perfect one's 16."""
+
+    def __init__(self) -> None:
+        self.observation_space = gymnasium.spaces.Dict({
+            "first": gymnasium.spaces.Box(0.0, 1.0, (3,), np.float32), "second": gymnasium.spaces.Discrete(4)})
+        self.action_space = gymnasium.spaces.MultiDiscrete([3, 4])
+        self.t, self.targets = 0, (0, 0)
+
+    def _obs(self):
+        self.targets = (int(self.np_random.integers(3)), int(self.np_random.integers(4)))
+        return {"first": np.eye(3, dtype=np.float32)[self.targets[0]], "second": self.targets[1]}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        reward = float(int(action[0]) == self.targets[0]) + float(int(action[1]) == self.targets[1])
+        self.t += 1
+        return self._obs(), reward, False, self.t >= 8, {}
+
+
+gymnasium.register("MatchTargets-v0", entry_point=MatchTargets)
 gymnasium.register("WorkerOnlyFailure-v0", entry_point=WorkerOnlyFailure)
 gymnasium.register("Faulty-v0", entry_point=FaultyCartPole, max_episode_steps=500)
 gymnasium.register("Crashing-v0", entry_point=CrashingCartPole, max_episode_steps=500)

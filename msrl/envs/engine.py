@@ -103,11 +103,12 @@ class _Worker:
 
 
 def _space_dtype(space: gymnasium.Space, what: str, env_id: str) -> np.dtype:
-    if isinstance(space, gymnasium.spaces.Discrete):
+    if isinstance(space, (gymnasium.spaces.Discrete, gymnasium.spaces.MultiDiscrete)):
         return np.dtype(np.int64)
     if isinstance(space, gymnasium.spaces.Box):
         return np.dtype(space.dtype)
-    raise ValueError(f"env {env_id!r}: the process engine steps Box and Discrete {what} spaces, not {space}")
+    raise ValueError(f"env {env_id!r}: the process engine steps Box, Discrete and MultiDiscrete {what} spaces, "
+                     f"not {space} (env.wrappers: [flatten_observation] flattens Dict and Tuple observations)")
 
 
 class ProcessEnv(TrackedEnvironment):

@@ -157,7 +157,8 @@ class GymnasiumEnv(TrackedEnvironment):
         obs_shape, obs_np = env.observation_space.shape, env.observation_space.dtype
         self._a = {
             "obs": np.zeros((num_envs, *obs_shape), obs_np), "final_obs": np.zeros((num_envs, *obs_shape), obs_np),
-            "action": np.zeros((num_envs, *env.action_space.shape), np.int64 if self._discrete else np.float32),
+            "action": np.zeros((num_envs, *env.action_space.shape),
+                               np.float32 if isinstance(env.action_space, gymnasium.spaces.Box) else np.int64),
             "reward": np.zeros((num_envs, *agents)), "terminated": np.zeros(num_envs, bool),
             "truncated": np.zeros(num_envs, bool),
         }

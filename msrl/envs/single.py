@@ -135,10 +135,18 @@ def _atari(env_id: str, kwargs: dict[str, Any]) -> tuple[dict[str, Any], Callabl
     return {**kwargs, "frameskip": 1}, wrap
 
 
+def _flatten_observation(env_id: str, kwargs: dict[str, Any]) -> tuple[dict[str, Any], Callable[[gymnasium.Env], gymnasium.Env]]:
+    """gymnasium's ``FlattenObservation``: a ``Dict``, ``Tuple``, ``MultiDiscrete`` (one-hot) or
+    multi-axis ``Box`` observation flattened into one float vector (``gymnasium.spaces.flatten``),
+    for algorithms whose networks take a vector."""
+    return kwargs, gymnasium.wrappers.FlattenObservation
+
+
 #: msrl's named wrappers, for ``env.wrappers`` in the YAML: name -> (env id, gymnasium.make
 #: kwargs) -> (kwargs to make the base env with, wrapping function).
 WRAPPERS: dict[str, Callable[[str, dict[str, Any]], tuple[dict[str, Any], Callable[[gymnasium.Env], gymnasium.Env]]]] = {
     "atari": _atari,
+    "flatten_observation": _flatten_observation,
 }
 
 

@@ -87,6 +87,19 @@ def _is_atari(obj: Any) -> bool:
     return cls.__name__ == "AtariEnv" and cls.__module__.startswith("ale_py")
 
 
+def _is_flatten_observation(obj: Any) -> bool:
+    cls = type(obj)
+    return cls.__name__ == "FlattenObservation" and cls.__module__.startswith("gymnasium.wrappers")
+
+
+def _flatten_observation(env: Any) -> Any:
+    """gymnasium's ``FlattenObservation`` around ``env`` again: it holds no state of its own (its
+    spaces and its transform, a lambda that cannot pickle, follow from ``env``'s spaces)."""
+    from gymnasium.wrappers import FlattenObservation
+
+    return FlattenObservation(env)
+
+
 def _mj_model_type() -> type | None:
     mujoco = sys.modules.get("mujoco")  # not loaded: no env holds an MjModel (and no import to pay for)
     return None if mujoco is None else mujoco.MjModel
@@ -119,6 +132,8 @@ class _StatePickler(pickle.Pickler):
             return (_atari_env, (type(obj), obj._ezpickle_args, obj._ezpickle_kwargs), state, None, None, _set_atari)
         if isinstance(obj, EzPickle):
             return (_new, (type(obj),), dict(obj.__dict__), None, None, _set_dict)
+        if _is_flatten_observation(obj):  # its transform is a lambda: the wrapper is made again around its env
+            return (_flatten_observation, (obj.env,))
         return NotImplemented
 
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from msrl.api import Actor, BuildContext, ModuleWeights
-from msrl.rl.distributions import sample_categorical
+from msrl.rl.distributions import sample_categorical, sample_multi_categorical
 from msrl.rl.networks import build_actor_critic
 
 __all__ = ["ActorCriticActor"]
@@ -44,11 +44,15 @@ class ActorCriticActor(Actor):
             deterministic: take the mode (argmax / mean) instead of sampling.
 
         Returns:
-            ``(action, log_prob, value)``: action ``(N,)`` int64 (Discrete) or
-            ``(N, *action_shape)`` float32 (Box, unclipped); log_prob and value ``(N,)`` float32.
+            ``(action, log_prob, value)``: action ``(N,)`` int64 (Discrete), ``(N, k)`` int64
+            (MultiDiscrete) or ``(N, *action_shape)`` float32 (Box, unclipped); log_prob and value
+            ``(N,)`` float32.
         """
         net = self.net
         out, value = net.head(obs)
+        if net.nvec is not None:
+            action, log_prob = sample_multi_categorical(out, net.nvec, self.generator, deterministic)
+            return action, log_prob, value
         if net.discrete:
             log_probs = torch.log_softmax(out, dim=-1)
             if deterministic:

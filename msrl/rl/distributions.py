@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["categorical_log_prob_entropy", "sample_categorical"]
+__all__ = ["categorical_log_prob_entropy", "multi_categorical_log_prob_entropy", "sample_categorical",
+           "sample_multi_categorical"]
 
 
 def categorical_log_prob_entropy(logits: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -28,6 +29,48 @@ def categorical_log_prob_entropy(logits: torch.Tensor, action: torch.Tensor) -> 
     log_prob = logp.gather(-1, action.unsqueeze(-1)).squeeze(-1)
     entropy = -(logp.exp() * logp.clamp(min=torch.finfo(logp.dtype).min)).sum(-1)
     return log_prob, entropy
+
+
+def multi_categorical_log_prob_entropy(logits: torch.Tensor, nvec: tuple[int, ...],
+                                      action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probability and entropy of a MultiDiscrete ``action`` under independent Categoricals
+    (one per component, CleanRL's ``ppo_multidiscrete.py``): each component's by
+    :func:`categorical_log_prob_entropy`, summed.
+
+    Args:
+        logits: ``(B, sum(nvec))`` float, component ``j``'s ``nvec[j]`` logits in order;
+            action: ``(B, k)`` int64, column ``j`` in ``[0, nvec[j])``.
+
+    Returns:
+        ``(log_prob, entropy)``, each ``(B,)``.
+    """
+    log_prob = entropy = None
+    for j, lg in enumerate(logits.split(list(nvec), dim=-1)):
+        lp, ent = categorical_log_prob_entropy(lg, action[:, j])
+        log_prob = lp if log_prob is None else log_prob + lp
+        entropy = ent if entropy is None else entropy + ent
+    return log_prob, entropy
+
+
+def sample_multi_categorical(logits: torch.Tensor, nvec: tuple[int, ...], generator: torch.Generator | None = None,
+                             deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """A MultiDiscrete action from independent Categoricals and its log-probability: each
+    component drawn by :func:`sample_categorical` (the mode when ``deterministic``), in order.
+
+    Args:
+        logits: ``(B, sum(nvec))`` float; generator: the RNG to draw from.
+
+    Returns:
+        ``(action, log_prob)``: ``(B, k)`` int64 and ``(B,)`` float (the components' summed).
+    """
+    actions, log_prob = [], None
+    for lg in logits.split(list(nvec), dim=-1):
+        lp = torch.log_softmax(lg, dim=-1)
+        a = lg.argmax(-1) if deterministic else sample_categorical(lp.exp(), generator)
+        actions.append(a)
+        one = lp.gather(-1, a.unsqueeze(-1)).squeeze(-1)
+        log_prob = one if log_prob is None else log_prob + one
+    return torch.stack(actions, dim=-1), log_prob
 
 
 def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:

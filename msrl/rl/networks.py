@@ -15,9 +15,13 @@ from torch import nn
 
 from msrl.api import BuildContext
 from msrl.normalization import RunningMeanStd
-from msrl.rl.distributions import categorical_log_prob_entropy
+from msrl.rl.distributions import categorical_log_prob_entropy, multi_categorical_log_prob_entropy
 
-__all__ = ["layer", "mlp", "nature_cnn", "ActorCritic", "build_actor_critic"]
+__all__ = ["layer", "mlp", "nature_cnn", "ActorCritic", "build_actor_critic", "ACTION_SPACES"]
+
+#: the action spaces :class:`ActorCritic` takes (an algorithm acting with it declares them:
+#: ``AlgorithmSpec(action_spaces=ACTION_SPACES)``)
+ACTION_SPACES = (gymnasium.spaces.Discrete, gymnasium.spaces.MultiDiscrete, gymnasium.spaces.Box)
 
 
 def layer(n_in: int, n_out: int, std: float = math.sqrt(2), bias: float = 0.0) -> nn.Linear:
@@ -46,7 +50,10 @@ class ActorCritic(nn.Module):
 
     Args:
         observation_space: a Box; observations are flattened to ``obs_dim``.
-        action_space: Discrete (logits over ``n``) or Box (Gaussian mean over its flat size).
+        action_space: Discrete (logits over ``n``), MultiDiscrete ``[n_1, ..., n_k]`` (independent
+            Categoricals, logits over each ``n_j``: ``sum(n_j)`` outputs, as CleanRL's
+            ``ppo_multidiscrete.py`` and the MuJoCo-free ``gym-microrts`` agents) or Box (Gaussian
+            mean over its flat size).
         hidden_sizes: widths of the hidden layers.
         obs_clip: normalize observations by running statistics (``obs_rms``, a
             :class:`~msrl.normalization.RunningMeanStd` in the state dict) and clip them to
@@ -63,14 +70,22 @@ class ActorCritic(nn.Module):
             raise ValueError(f"PPO needs a Box observation space, got {observation_space}")
         obs_dim = int(np.prod(observation_space.shape))
         self.discrete = isinstance(action_space, gymnasium.spaces.Discrete)
+        #: the sizes of a MultiDiscrete action's components (``None``: not MultiDiscrete)
+        self.nvec: tuple[int, ...] | None = None
         if self.discrete:
             n_out = int(action_space.n)
+        elif isinstance(action_space, gymnasium.spaces.MultiDiscrete):
+            if len(action_space.nvec.shape) != 1:
+                raise ValueError(f"a MultiDiscrete action space of one axis [n_1, ..., n_k] is supported, got nvec of "
+                                 f"shape {action_space.nvec.shape} (flatten it in the env)")
+            self.nvec = tuple(int(n) for n in action_space.nvec)
+            n_out = sum(self.nvec)
         elif isinstance(action_space, gymnasium.spaces.Box):
             n_out = int(np.prod(action_space.shape))
             self.action_shape = tuple(action_space.shape)
             self.actor_logstd = nn.Parameter(torch.zeros(1, n_out))
         else:
-            raise ValueError(f"PPO supports Discrete and Box action spaces, got {action_space}")
+            raise ValueError(f"the actor-critic supports Discrete, MultiDiscrete and Box action spaces, got {action_space}")
         self.obs_clip = obs_clip
         self.image = observation_space.dtype == np.uint8 and len(observation_space.shape) == 3
         if self.image:  # frames (C, H, W): the Nature CNN trunk shared by both heads (CleanRL ppo_atari.py)
@@ -107,18 +122,27 @@ class ActorCritic(nn.Module):
     def distribution(self, obs: torch.Tensor) -> torch.distributions.Distribution:
         """The policy's action distribution for ``(B, *obs_shape)`` observations."""
         out = self.actor(self.features(obs))
+        if self.nvec is not None:
+            raise ValueError("a MultiDiscrete policy is independent Categoricals, not one torch Distribution: "
+                             "use evaluate() for log-probabilities and entropies")
         if self.discrete:
             return torch.distributions.Categorical(logits=out, validate_args=False)
         # validate_args=False: the default checks are data-dependent ifs, a host sync per call on a GPU
         return torch.distributions.Normal(out, self.actor_logstd.expand_as(out).exp(), validate_args=False)
 
     def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(log_prob, entropy, value)`` of ``action`` under the current policy, each ``(B,)``."""
+        """``(log_prob, entropy, value)`` of ``action`` under the current policy, each ``(B,)``
+        (``action``: ``(B,)`` int64 Discrete, ``(B, k)`` int64 MultiDiscrete -- the components'
+        log-probabilities and entropies summed, as independent Categoricals -- or ``(B,
+        *action_shape)`` float32 Box)."""
         x = self.features(obs)
         value = self.critic(x).squeeze(-1)
         out = self.actor(x)
         if self.discrete:
             log_prob, entropy = categorical_log_prob_entropy(out, action)
+            return log_prob, entropy, value
+        if self.nvec is not None:
+            log_prob, entropy = multi_categorical_log_prob_entropy(out, self.nvec, action)
             return log_prob, entropy, value
         dist = torch.distributions.Normal(out, self.actor_logstd.expand_as(out).exp(), validate_args=False)
         flat = action.flatten(1)
