@@ -10,7 +10,7 @@ PPO's and IMPALA's); this file holds A2C's hyperparameters, learner and loop bod
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 import torch
 from tensordict import TensorDict
@@ -62,6 +62,9 @@ class A2CConfig:
     """normalise the advantages of each rollout"""
     hidden_sizes: LayerSizes = (64, 64)
     """hidden layer widths of the actor and of the critic MLPs"""
+    cnn: Literal["nature", "impala"] = "nature"
+    """the trunk for uint8 frame observations: the Nature CNN (Mnih et al. 2015) or IMPALA's
+    residual network (Espeholt et al. 2018, Figure 3)"""
 
     def __post_init__(self) -> None:
         self.hidden_sizes = tuple(self.hidden_sizes)

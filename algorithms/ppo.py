@@ -14,7 +14,7 @@ state-independent log standard deviation.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 import torch
 from tensordict import TensorDict
@@ -78,6 +78,9 @@ class PPOConfig:
     """stop the epochs of an iteration early when the approximate KL exceeds this"""
     hidden_sizes: LayerSizes = (64, 64)
     """hidden layer widths of the actor and of the critic MLPs"""
+    cnn: Literal["nature", "impala"] = "nature"
+    """the trunk for uint8 frame observations: the Nature CNN (Mnih et al. 2015) or IMPALA's
+    residual network (Espeholt et al. 2018, Figure 3)"""
     normalize_obs: bool = False
     """feed the networks observations normalized by their running mean and std (gymnasium's
     NormalizeObservation, as CleanRL's continuous-action PPO wraps its envs); the statistics

@@ -585,6 +585,11 @@ def build_job_spec(cfg: RunConfig) -> Any:
             "set train.eval_every=0 (the training curves report returns) or eval.env_id"
         )
     hparams = _hparams(cfg, algorithm)
+    cnn = getattr(hparams, "cnn", "nature")
+    frames = str(getattr(es.observation_space, "dtype", "")) == "uint8" and len(es.observation_space.shape or ()) == 3
+    if cnn != "nature" and not frames:
+        raise ConfigError(f"algorithm.hparams.cnn={cnn}: the {cnn} trunk is for uint8 frame observations (C, H, W); "
+                          f"{cfg.env.id} has {es.observation_space}")
     spec = JobSpec(
         algorithm=algorithm,
         hparams=hparams,

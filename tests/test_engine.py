@@ -443,3 +443,34 @@ def test_ppo_trains_on_the_ale_vector_engine_with_bytes_end_to_end():
         assert job.component("buffer").storage["obs"].dtype == torch.uint8
     finally:
         job.close()
+
+
+def test_the_impala_resnet_trunk_trains_pixels_and_is_refused_on_vectors(tmp_path):
+    """``algorithm.hparams.cnn: impala`` (Espeholt et al. 2018, Figure 3): three stacks of 16, 32, 32
+    channels, each halving 84 -> 42 -> 21 -> 11, two residual blocks each, 256 features; PPO trains
+    an iteration with it on the ale_vector engine; on vector observations it is one config error."""
+    pytest.importorskip("ale_py.vector_env")
+    from torch import nn
+
+    from msrl.algorithms import ppo
+    from msrl.config import ConfigError, build_job_spec, load_config
+    from msrl.job import Job, JobSpec
+    from msrl.policy import load_policy
+
+    hp = ppo.PPOConfig(num_steps=4, num_minibatches=2, update_epochs=1, cnn="impala")
+    spec = JobSpec(ppo.ALGORITHM, hp, "ALE/Pong-v5", 2, load_policy("single"), seed=1, total_env_steps=1000,
+                   env_engine="ale_vector", env_wrappers=("atari",), env_num_workers=1)
+    job = Job(spec)
+    try:
+        job.reset()
+        metrics = job.train_step()
+        assert torch.isfinite(torch.as_tensor(metrics["losses/value_loss"]))
+        net = job.component("learner").net
+        linear = [m for m in net.trunk.modules() if isinstance(m, nn.Linear)]
+        assert len(linear) == 1 and linear[0].in_features == 32 * 11 * 11 and linear[0].out_features == 256
+        assert [m.out_channels for m in net.trunk.modules() if isinstance(m, nn.Conv2d)][::5] == [16, 32, 32]
+        assert net.actor.in_features == net.critic.in_features == 256
+    finally:
+        job.close()
+    with pytest.raises(ConfigError, match=r"algorithm.hparams.cnn=impala: the impala trunk is for uint8 frame observations"):
+        build_job_spec(load_config("configs/ppo_cartpole.yaml", [f"runs_dir={tmp_path}", "algorithm.hparams.cnn=impala"]))

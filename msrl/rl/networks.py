@@ -1,5 +1,6 @@
 """Networks the algorithms build on: CleanRL's orthogonally initialised layers and tanh MLPs,
-the separate-MLP actor-critic (with the Nature CNN trunk for frames), built from a seed.
+the separate-MLP actor-critic (with the Nature CNN or the IMPALA ResNet trunk for frames), built
+from a seed.
 
 Shared math and plumbing only (:mod:`msrl.rl`): no algorithm's learner lives here.
 """
@@ -17,7 +18,7 @@ from msrl.api import BuildContext
 from msrl.normalization import RunningMeanStd
 from msrl.rl.distributions import categorical_log_prob_entropy, multi_categorical_log_prob_entropy
 
-__all__ = ["layer", "mlp", "nature_cnn", "ActorCritic", "build_actor_critic", "ACTION_SPACES"]
+__all__ = ["layer", "mlp", "nature_cnn", "impala_cnn", "CNNS", "ActorCritic", "build_actor_critic", "ACTION_SPACES"]
 
 #: the action spaces :class:`ActorCritic` takes (an algorithm acting with it declares them:
 #: ``AlgorithmSpec(action_spaces=ACTION_SPACES)``)
@@ -58,13 +59,16 @@ class ActorCritic(nn.Module):
         obs_clip: normalize observations by running statistics (``obs_rms``, a
             :class:`~msrl.normalization.RunningMeanStd` in the state dict) and clip them to
             ``[-obs_clip, obs_clip]``; ``None``: observations as they come.
+        cnn: the trunk of uint8 frame observations ``(C, H, W)`` (:data:`CNNS`): ``"nature"``
+            (:func:`nature_cnn`, 512 features) or ``"impala"`` (:func:`impala_cnn`, 256).
 
     Raises:
-        ValueError: another kind of space.
+        ValueError: another kind of space, an unknown ``cnn``, or ``"impala"`` for observations
+            that are not frames.
     """
 
     def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space, hidden_sizes: tuple[int, ...],
-                 obs_clip: float | None = None) -> None:
+                 obs_clip: float | None = None, cnn: str = "nature") -> None:
         super().__init__()
         if not isinstance(observation_space, gymnasium.spaces.Box):
             raise ValueError(f"PPO needs a Box observation space, got {observation_space}")
@@ -88,13 +92,18 @@ class ActorCritic(nn.Module):
             raise ValueError(f"the actor-critic supports Discrete, MultiDiscrete and Box action spaces, got {action_space}")
         self.obs_clip = obs_clip
         self.image = observation_space.dtype == np.uint8 and len(observation_space.shape) == 3
-        if self.image:  # frames (C, H, W): the Nature CNN trunk shared by both heads (CleanRL ppo_atari.py)
+        if cnn not in CNNS:
+            raise ValueError(f"cnn must be one of {', '.join(CNNS)}, got {cnn!r}")
+        if self.image:  # frames (C, H, W): a CNN trunk shared by both heads (CleanRL ppo_atari.py, ppo_procgen.py)
             if obs_clip is not None:
                 raise ValueError("normalize_obs is for vector observations; image observations are scaled by 1/255")
-            self.trunk = nature_cnn(observation_space.shape[0], observation_space.shape[1:])
-            self.critic = layer(512, 1, std=1.0)
-            self.actor = layer(512, n_out, std=0.01)
+            self.trunk, width = CNNS[cnn](observation_space.shape[0], observation_space.shape[1:])
+            self.critic = layer(width, 1, std=1.0)
+            self.actor = layer(width, n_out, std=0.01)
             return
+        if cnn != "nature":
+            raise ValueError(f"cnn={cnn!r} is a trunk for uint8 frame observations (C, H, W); these are "
+                             f"{observation_space}")
         self.critic = mlp(obs_dim, hidden_sizes, 1, out_std=1.0)
         self.actor = mlp(obs_dim, hidden_sizes, n_out, out_std=0.01)
         if obs_clip is not None:
@@ -149,6 +158,58 @@ class ActorCritic(nn.Module):
         return dist.log_prob(flat).sum(-1), dist.entropy().sum(-1), value
 
 
+def impala_cnn(channels: int, hw: tuple[int, ...], depths: tuple[int, ...] = (16, 32, 32),
+               out: int = 256) -> tuple[nn.Sequential, int]:
+    """IMPALA's deep residual trunk (Espeholt et al. 2018, Figure 3 "large architecture", as
+    CleanRL's ``ppo_procgen.py``): per depth ``d`` a 3x3 convolution to ``d`` channels, a 3x3 max
+    pool of stride 2, and two residual blocks (ReLU, 3x3 conv, ReLU, 3x3 conv, plus the input);
+    then ReLU, flatten, a linear layer to ``out`` units and ReLU: ``(B, channels, *hw)`` float in
+    [0, 1] -> ``(B, out)``. Returns the trunk and ``out``."""
+    stacks: list[nn.Module] = []
+    c = channels
+    for d in depths:
+        stacks.append(_ImpalaStack(c, d))
+        c = d
+    conv = nn.Sequential(*stacks, nn.ReLU(), nn.Flatten())
+    with torch.no_grad():
+        n = conv(torch.zeros(1, channels, *hw)).shape[1]
+    return nn.Sequential(*conv, layer(n, out), nn.ReLU()), out
+
+
+class _Residual(nn.Module):
+    """``x + conv(relu(conv(relu(x))))``, 3x3 convolutions keeping the channels."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.conv0 = nn.Conv2d(c, c, 3, padding=1)
+        self.conv1 = nn.Conv2d(c, c, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
+
+
+class _ImpalaStack(nn.Module):
+    """One stack of :func:`impala_cnn`: conv to ``c_out``, 3x3 max pool stride 2, two residual blocks."""
+
+    def __init__(self, c_in: int, c_out: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(c_in, c_out, 3, padding=1)
+        self.pool = nn.MaxPool2d(3, stride=2, padding=1)
+        self.res0, self.res1 = _Residual(c_out), _Residual(c_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.res1(self.res0(self.pool(self.conv(x))))
+
+
+def _nature(channels: int, hw: tuple[int, ...]) -> tuple[nn.Sequential, int]:
+    return nature_cnn(channels, hw), 512
+
+
+#: the trunks for uint8 frame observations, by name (``hparams.cnn``): ``(channels, (H, W)) ->
+#: (trunk, its output width)``
+CNNS = {"nature": _nature, "impala": impala_cnn}
+
+
 def nature_cnn(channels: int, hw: tuple[int, ...]) -> nn.Sequential:
     """The DQN paper's convolutional trunk (Mnih et al. 2015, Methods: 32 8x8 filters stride 4,
     64 4x4 stride 2, 64 3x3 stride 1, then 512 units, ReLU), orthogonally initialised as CleanRL's
@@ -175,5 +236,5 @@ def build_actor_critic(ctx: BuildContext) -> ActorCritic:
         torch.manual_seed(ctx.seed)
         hp = ctx.hparams  # PPO's, or another algorithm's (A2C) without normalization options
         net = ActorCritic(ctx.env_spec.observation_space, ctx.env_spec.action_space, hp.hidden_sizes,
-                          hp.obs_clip if getattr(hp, "normalize_obs", False) else None)
+                          hp.obs_clip if getattr(hp, "normalize_obs", False) else None, getattr(hp, "cnn", "nature"))
     return net.to(ctx.device)
