@@ -82,7 +82,34 @@ class MatchTargets(gymnasium.Env):
         return self._obs(), reward, False, self.t >= 8, {}
 
 
+class Frames(gymnasium.Env):
+    """Random uint8 frames ``(4, 36, 36)`` (the Nature CNN's smallest input), three actions, reward
+    1 when the action is the first frame's mean modulo 3; 8-step episodes. For what pixels cost
+    and keep across boundaries, not for learning."""
+
+    observation_space = gymnasium.spaces.Box(0, 255, (4, 36, 36), np.uint8)
+    action_space = gymnasium.spaces.Discrete(3)
+
+    def __init__(self) -> None:
+        self.t, self.frame = 0, None
+
+    def _obs(self):
+        self.frame = self.np_random.integers(0, 256, (4, 36, 36), dtype=np.uint8)
+        return self.frame
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        reward = float(int(action) == int(self.frame[0].mean()) % 3)
+        self.t += 1
+        return self._obs(), reward, False, self.t >= 8, {}
+
+
 gymnasium.register("MatchTargets-v0", entry_point=MatchTargets)
+gymnasium.register("Frames-v0", entry_point=Frames)
 gymnasium.register("WorkerOnlyFailure-v0", entry_point=WorkerOnlyFailure)
 gymnasium.register("Faulty-v0", entry_point=FaultyCartPole, max_episode_steps=500)
 gymnasium.register("Crashing-v0", entry_point=CrashingCartPole, max_episode_steps=500)
