@@ -286,7 +286,7 @@ class LocalCluster:
             for i in range(1, self.nodes):
                 self.procs.append(self._start_node(i))
                 self._tell_janitor()
-            self.wait_nodes(self.nodes)
+            self.wait_nodes(self.nodes, restart_exited=True)
         except BaseException:
             self.stop()
             raise
@@ -381,20 +381,40 @@ class LocalCluster:
         lines = [line for line in out.stdout.splitlines() if line.startswith("msrl-nodes ")]
         return json.loads(lines[-1].split(" ", 1)[1]) if out.returncode == 0 and lines else []
 
-    def wait_nodes(self, n: int, timeout_s: float = JOIN_TIMEOUT_S) -> list[str]:
-        """Waits until exactly ``n`` nodes are alive; returns their addresses.
+    def wait_nodes(self, n: int, timeout_s: float = JOIN_TIMEOUT_S, restart_exited: bool = False) -> list[str]:
+        """Waits until exactly ``n`` nodes are alive; returns their addresses. ``restart_exited``
+        (a start): a worker node whose ``ray start --block`` exited before the node joined is
+        started again, twice at most (its raylet has crashed in its start-up now and then on a
+        busy machine: Ray 2.60), saying so on stderr.
 
         Raises:
             RuntimeError: they were not within ``timeout_s``.
         """
         deadline = time.monotonic() + timeout_s
         alive: list[str] = []
+        restarts = [0] * len(self.procs)
         while time.monotonic() < deadline:
             alive = self.alive_nodes()
             if len(alive) == n:
                 return alive
+            for k, proc in enumerate(self.procs if restart_exited else []):
+                i = k + 1
+                if proc is not None and proc.poll() is not None and self.node_ips[i] not in alive and restarts[k] < 2:
+                    restarts[k] += 1
+                    print(f"local_cluster: node {i} ({self.node_ips[i]}) exited ({proc.returncode}) before joining; "
+                          f"starting it again ({restarts[k]} of 2)", file=sys.stderr, flush=True)
+                    shutil.rmtree(self.root / f"node{i}", ignore_errors=True)
+                    self.procs[k] = self._start_node(i)
+                    self._tell_janitor()
             time.sleep(1.0)
-        raise RuntimeError(f"{n} nodes were not alive within {timeout_s:g} s (alive: {alive}); logs in {self.root}")
+        missing = [i for i in range(1, self.nodes) if self.node_ips[i] not in alive]
+        tails = []
+        for i in missing:  # what each missing node's `ray start` said last (its logs go with the teardown)
+            log = self.root / f"node{i}.log"
+            lines = log.read_text(errors="replace").strip().splitlines()[-3:] if log.is_file() else []
+            tails.append(f"node {i}: " + (" | ".join(lines) if lines else "no output"))
+        raise RuntimeError(f"{n} nodes were not alive within {timeout_s:g} s (alive: {alive}); logs in {self.root}"
+                           + ("; " + "; ".join(tails) if tails else ""))
 
     # -- faults ------------------------------------------------------------------------------
     def node_pids(self, i: int) -> list[int]:
