@@ -27,7 +27,9 @@ def evaluate(
 
     Args:
         actor: an actor whose ``act`` returns an action ``(N, ...)`` or a tuple whose first
-            item is the action.
+            item is the action; a recurrent one (``actor.recurrent``: :class:`~msrl.rl.recurrent.RecurrentActor`)
+            is called ``act(obs, state, deterministic=True)`` with the state it returned, ended
+            episodes' rows zeroed (``end_episodes``).
         env_id: gymnasium id; ``env_kwargs``: for ``gymnasium.make``; ``wrappers``: msrl's
             named wrappers, as in training.
         episodes: number of episodes (= envs in the batch), >= 1.
@@ -44,10 +46,18 @@ def evaluate(
         obs = env.reset(seed=seed)
         returns = np.zeros(episodes)
         finished = np.zeros(episodes, dtype=bool)
+        recurrent = getattr(actor, "recurrent", False)  # it carries a state from step to step
+        if recurrent:
+            state = actor.initial_state(obs)
         while not finished.all():
-            out = actor.act(obs, deterministic=True)
+            if recurrent:
+                out = actor.act(obs, state, deterministic=True)
+            else:
+                out = actor.act(obs, deterministic=True)
             action = out[0] if isinstance(out, tuple) else out
             obs, reward, terminated, truncated, _ = env.step(action)
+            if recurrent:
+                state = actor.end_episodes(out[3], terminated, truncated)
             returns += np.where(finished, 0.0, reward.cpu().numpy())
             finished |= (terminated | truncated).cpu().numpy()
         return returns.tolist()

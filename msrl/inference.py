@@ -49,10 +49,15 @@ class InferencePlan:
         combine: ``(role, method) -> env axis of each result`` for the calls on sharded
             components outside the served region (``()``: a call without results, made on
             every shard).
-        live_outs: control values the served region computes and the rest reads (every
-            client's run computes the same; the first client's is used).
+        live_outs: values the served region computes and the rest reads: control values
+            (every client's run computes the same; the first client's is used) and the
+            :attr:`sharded_outs`.
         state_writes: control trainer attributes the served region writes (copied back from
             the first client's run).
+        sharded_state: trainer attributes sharded along the env axis (axis 0) that the served
+            region reads (an LSTM's state): each client's run reads its own rows.
+        sharded_outs: live-outs sharded along the env axis: the clients' runs' values are
+            concatenated in client order, as a gather of the env replicas would.
     """
 
     server: str
@@ -66,6 +71,8 @@ class InferencePlan:
     combine: dict[tuple[str, str], tuple[int, ...]]
     live_outs: tuple[str, ...]
     state_writes: tuple[str, ...]
+    sharded_state: tuple[str, ...] = ()
+    sharded_outs: tuple[str, ...] = ()
 
 
 def _walk(nodes: list[Node]) -> list[Node]:
@@ -117,6 +124,7 @@ def plan_inference(fg: Any) -> InferencePlan:
     shard_roles = tuple(r for r in server.spec.roles if r not in (inf.role, "learner"))
     writes: dict[str, Node] = {}
     state_writes: list[str] = []
+    sharded_state: list[str] = []
     for n in _walk(region):
         where = f"{n.describe()} at {n.where()}"
         if n.kind is NodeKind.CALL:
@@ -134,6 +142,8 @@ def plan_inference(fg: Any) -> InferencePlan:
                         kind = "unknown" if info is None else f"{info.get('kind')} along axis {info.get('axis')}"
                         raise PartitionError(f"central inference batches {inf.role} calls over env rows, but {out!r} of "
                                              f"{where} is {kind}, not one row per env along axis 0{off}")
+        elif n.kind is NodeKind.STATE_IN and not n.meta.get("control") and _rows(n, n.outputs[0] if n.outputs else ""):
+            sharded_state.append(n.target)  # each client's run reads its own rows (an LSTM's state)
         elif n.kind in (NodeKind.STATE_IN, NodeKind.STATE_OUT) and not n.meta.get("control"):
             raise PartitionError(f"central inference runs the rollout once per {inf.clients} replica, and {where} "
                                  f"reads or writes trainer state self.{n.target} that is not a control value; keep "
@@ -148,13 +158,15 @@ def plan_inference(fg: Any) -> InferencePlan:
                                  f"inside it{off}")
         for out in n.outputs:
             writes[out] = n
-    live_outs = []
+    live_outs, sharded_outs = [], []
     for n in _walk(rest):
         for name in _reads(n):
             w = writes.get(name)
             if w is None or name in live_outs:
                 continue
-            if not w.meta.get("control"):
+            if not w.meta.get("control") and _rows(w, name):
+                sharded_outs.append(name)  # the clients' rows, concatenated in client order
+            elif not w.meta.get("control"):
                 raise PartitionError(f"central inference: {name!r}, written by %{w.id} at {w.where()} in the rollout "
                                      f"(run once per {inf.clients} replica), is read after it by %{n.id} at {n.where()} "
                                      f"and is not a control value; the runs' values cannot be combined{off}")
@@ -184,7 +196,16 @@ def plan_inference(fg: Any) -> InferencePlan:
         server=inf.server, clients=inf.clients, clients_count=count, role=inf.role,
         max_batch=inf.batch_size(count), timeout_ms=inf.timeout_ms, region=len(region),
         shard_roles=shard_roles, combine=combine, live_outs=tuple(live_outs), state_writes=tuple(state_writes),
+        sharded_state=tuple(sharded_state), sharded_outs=tuple(sharded_outs),
     )
+
+
+def _rows(node: Node, name: str) -> bool:
+    """Whether value ``name`` of ``node`` is sharded along the env axis, axis 0 (one row per env)."""
+    from msrl.partition import value_info
+
+    info = value_info(node, name)
+    return info is not None and info.get("kind") == "sharded" and (info.get("axis") or 0) == 0
 
 
 def wrap_served_region(fg: Any, plan: InferencePlan) -> None:

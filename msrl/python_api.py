@@ -83,14 +83,18 @@ class TrainedPolicy:
         self.actor, self.config, self.device = actor, config, device
         self.observation_space, self.action_space = env_spec.observation_space, env_spec.action_space
         self.num_agents = env_spec.num_agents
+        self._state: Any = None  # a recurrent actor's state, carried between act() calls
 
-    def act(self, obs: Any, deterministic: bool = True) -> Any:
+    def act(self, obs: Any, deterministic: bool = True, episode_start: Any = None) -> Any:
         """The actions for ``obs``.
 
         Args:
             obs: one env's observation (``obs_shape``; ``(num_agents, *obs_shape)`` for
                 multi-agent envs) or a batch with a leading env axis, as a NumPy array or tensor.
             deterministic: the mode of the action distribution (``False``: a sample).
+            episode_start: a recurrent policy (``ppo_lstm``) carries its state from call to call;
+                ``(N,)`` bools mark the envs whose episode starts with ``obs`` (their state starts
+                afresh; every env's does on the first call, or after :meth:`reset_state`).
 
         Returns:
             a NumPy array: the action(s), without a batch axis when ``obs`` had none.
@@ -114,9 +118,31 @@ class TrainedPolicy:
         else:
             raise ValueError(f"obs of shape {tuple(x.shape)}: expected {one} (one env) or (N, {', '.join(map(str, one))})")
         with torch.no_grad():
-            out = self.actor.act(x, deterministic=deterministic)
+            if getattr(self.actor, "recurrent", False):
+                out = self._act_recurrent(x, deterministic, episode_start)
+            else:
+                out = self.actor.act(x, deterministic=deterministic)
         action = (out[0] if isinstance(out, tuple) else out).cpu().numpy()
         return action[0] if single else action
+
+    def _act_recurrent(self, x: Any, deterministic: bool, episode_start: Any) -> Any:
+        """A recurrent actor's step, carrying its state from the last call (a new one for a
+        first call, another batch size, or after :meth:`reset_state`)."""
+        import torch
+
+        n = x.shape[0]
+        if self._state is None or self._state.shape[0] != n:
+            self._state = self.actor.initial_state(x)
+        if episode_start is not None:
+            start = torch.as_tensor(episode_start, dtype=torch.bool, device=x.device).reshape(n)
+            self._state = self.actor.end_episodes(self._state, start, torch.zeros_like(start))
+        out = self.actor.act(x, self._state, deterministic=deterministic)
+        self._state = out[3]
+        return out
+
+    def reset_state(self) -> None:
+        """A recurrent policy's next :meth:`act` starts every env's episode afresh (no-op for others)."""
+        self._state = None
 
 
 def load(run_dir: str | pathlib.Path, device: str = "cpu") -> TrainedPolicy:

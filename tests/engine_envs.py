@@ -108,7 +108,31 @@ class Frames(gymnasium.Env):
         return self._obs(), reward, False, self.t >= 8, {}
 
 
+class Recall(gymnasium.Env):
+    """A memory task: the first observation shows a cue (+1 or -1, with a flag), the next ones
+    show nothing; at the last of 4 steps the action must name the cue (1 for +1) for a reward of
+    1. A memoryless policy gets 0.5 on average, a recurrent one 1."""
+
+    observation_space = gymnasium.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def __init__(self, length: int = 4) -> None:
+        self.length, self.t, self.cue = length, 0, 1
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.cue = 0, int(self.np_random.integers(2))
+        return np.array([2.0 * self.cue - 1.0, 1.0], np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        done = self.t >= self.length
+        reward = float(int(action) == self.cue) if done else 0.0
+        return np.zeros(2, np.float32), reward, done, False, {}
+
+
 gymnasium.register("MatchTargets-v0", entry_point=MatchTargets)
+gymnasium.register("Recall-v0", entry_point=Recall)
 gymnasium.register("Frames-v0", entry_point=Frames)
 gymnasium.register("WorkerOnlyFailure-v0", entry_point=WorkerOnlyFailure)
 gymnasium.register("Faulty-v0", entry_point=FaultyCartPole, max_episode_steps=500)

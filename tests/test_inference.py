@@ -384,7 +384,8 @@ def test_a_replaced_clients_run_starts_again_from_its_shards_start_and_serves_on
     comm = types.SimpleNamespace(fragment="learner", replica=0, boundaries={}, asynchronous=_Async(),
                                  _fragment_size=lambda: 1)
     plan = types.SimpleNamespace(server="learner", clients="env", clients_count=2, role="actor", max_batch=1,
-                                 timeout_ms=None, shard_roles=("buffer",), state_writes=())
+                                 timeout_ms=None, shard_roles=("buffer",), state_writes=(), sharded_state=(),
+                                 sharded_outs=(), live_outs=())
 
     def served(view, ep):
         for _ in range(steps):
@@ -397,17 +398,31 @@ def test_a_replaced_clients_run_starts_again_from_its_shards_start_and_serves_on
     server = InferenceServer(plan)
     server.replaceable = True
     done = []
-    t = threading.Thread(target=lambda: done.append(server.serve(trainer, served, comm)))
+    failed = []
+
+    def serve():
+        try:
+            done.append(server.serve(trainer, served, comm))
+        except BaseException as e:  # noqa: BLE001 - the waits below fail at once, naming it
+            failed.append(e)
+
+    def alive(what):  # a wait that fails at once when the serve itself failed
+        def check():
+            assert not failed, f"the serve failed: {failed[0]!r}"
+            return what()
+        return check
+
+    t = threading.Thread(target=serve)
     t.start()
     for s in range(steps):
         box.deliver("obs", 0, Item(torch.tensor(float(s)), {}))
     for s in range(2):  # the lost process's first two steps
         box.deliver("obs", 1, Item(torch.tensor(100.0 + s), {}))
-    wait_for(lambda: len([c for c, _ in sent if c == 1]) == 2, "client 1's two actions")
+    wait_for(alive(lambda: len([c for c, _ in sent if c == 1]) == 2), "client 1's two actions")
     assert server.client_states(box)["env/1"] == {"runs": 0, "stale": False}
     assert box.redo(("env", 1), ["obs"], 1)
-    wait_for(lambda: server.redone == 1, "client 1's run to start again")
-    wait_for(lambda: not server.client_states(box)["env/1"]["stale"], "no stale run")
+    wait_for(alive(lambda: server.redone == 1), "client 1's run to start again")
+    wait_for(alive(lambda: not server.client_states(box)["env/1"]["stale"]), "no stale run")
     assert trainer._components["buffer"].shards[1].rows == []  # back at the run's start
     for s in range(steps):  # the replacement's fresh episodes
         box.deliver("obs", 1, Item(torch.tensor(200.0 + s), {}))

@@ -16,6 +16,7 @@ import sys
 from typing import Any, Callable, Mapping, Sequence
 
 import gymnasium
+import numpy as np
 
 from msrl.errors import InputError
 
@@ -142,11 +143,40 @@ def _flatten_observation(env_id: str, kwargs: dict[str, Any]) -> tuple[dict[str,
     return kwargs, gymnasium.wrappers.FlattenObservation
 
 
+#: classic-control ids -> the indices of their observations that are velocities
+VELOCITIES = {"CartPole-v1": (1, 3), "Pendulum-v1": (2,), "MountainCar-v0": (1,), "MountainCarContinuous-v0": (1,),
+              "Acrobot-v1": (4, 5)}
+
+
+class MaskVelocity(gymnasium.ObservationWrapper):
+    """A classic-control task made partially observed: its velocity entries (:data:`VELOCITIES`)
+    are always 0 (sb3-contrib's ``MaskVelocityWrapper``, RL Zoo's ``CartPoleNoVel-v1``), so a
+    policy must infer them from the observations it has seen: a memoryless (MLP) policy cannot
+    balance CartPole this way, a recurrent one can. A class, not a lambda: env snapshots pickle it."""
+
+    def __init__(self, env: gymnasium.Env, indices: Sequence[int]) -> None:
+        super().__init__(env)
+        self.mask = np.ones(env.observation_space.shape, dtype=env.observation_space.dtype)
+        self.mask[list(indices)] = 0
+
+    def observation(self, observation: Any) -> Any:
+        return observation * self.mask
+
+
+def _mask_velocity(env_id: str, kwargs: dict[str, Any]) -> tuple[dict[str, Any], Callable[[gymnasium.Env], gymnasium.Env]]:
+    """:class:`MaskVelocity` for the tasks :data:`VELOCITIES` lists."""
+    if env_id not in VELOCITIES:
+        raise ValueError(f"'mask_velocity' knows the velocities of {', '.join(VELOCITIES)}, not of {env_id!r}")
+    indices = VELOCITIES[env_id]
+    return kwargs, lambda env: MaskVelocity(env, indices)
+
+
 #: msrl's named wrappers, for ``env.wrappers`` in the YAML: name -> (env id, gymnasium.make
 #: kwargs) -> (kwargs to make the base env with, wrapping function).
 WRAPPERS: dict[str, Callable[[str, dict[str, Any]], tuple[dict[str, Any], Callable[[gymnasium.Env], gymnasium.Env]]]] = {
     "atari": _atari,
     "flatten_observation": _flatten_observation,
+    "mask_velocity": _mask_velocity,
 }
 
 

@@ -404,7 +404,15 @@ class InferenceServer:
                           None if plan.timeout_ms is None else plan.timeout_ms / 1000.0,
                           asynchronous.transport.flush if asynchronous is not None else None)
         cancel = threading.Event()
-        views = [self._view(trainer, i, batcher) for i in range(plan.clients_count)]
+        rows = {attr: _client_rows(getattr(trainer, attr), plan.clients_count, attr) for attr in plan.sharded_state}
+
+        def view_of(i: int) -> Any:  # client i's view, its own rows of the sharded state
+            view = self._view(trainer, i, batcher)
+            for attr, parts in rows.items():
+                setattr(view, attr, parts[i])
+            return view
+
+        views = [view_of(i) for i in range(plan.clients_count)]
         results: list[Any] = [None] * len(views)
         errors: list[BaseException | None] = [None] * len(views)
 
@@ -427,7 +435,7 @@ class InferenceServer:
             except ProducerReplaced:
                 for sh, st in zip(shards, saved):
                     sh.load_state_dict(st)
-                views[i] = self._view(trainer, i, batcher)
+                views[i] = view_of(i)
                 self.redone += 1
                 return False
 
@@ -466,13 +474,30 @@ class InferenceServer:
             raise next((e for e in failed if not isinstance(e, ChannelClosed)), failed[0])
         for attr in plan.state_writes:
             setattr(trainer, attr, getattr(views[0], attr))
-        return results[0]
+        if not plan.sharded_outs:
+            return results[0]
+        # a value with one row per env: every client's rows, in client order (a gather's concatenation)
+        return tuple(concat([r[k] for r in results], 0) if name in plan.sharded_outs else results[0][k]
+                     for k, name in enumerate(plan.live_outs))
 
     def pop_stats(self) -> dict[str, list]:
         """``{"batch_sizes": [...], "latencies_s": [...]}`` since the last call."""
         out = {"batch_sizes": self._sizes, "latencies_s": self._latencies}
         self._sizes, self._latencies = [], []
         return out
+
+
+def _client_rows(value: Any, clients: int, attr: str) -> list[Any]:
+    """A trainer attribute with one row per env of every client, split into each client's rows
+    (the env replicas hold equal numbers of envs, in client order).
+
+    Raises:
+        ValueError: its rows do not split evenly over the clients.
+    """
+    n = _rows(value)
+    if n is None or n % clients:
+        raise ValueError(f"central inference: self.{attr} has {n} rows, which do not split over {clients} env replicas")
+    return split_rows(value, [n // clients] * clients)
 
 
 def inference_metrics(stats: Mapping[str, Sequence[float]] | None) -> dict[str, float]:
