@@ -26,6 +26,7 @@ from msrl.api import (
     Learner,
     ModuleWeights,
     NonNegativeFloat,
+    NonNegativeInt,
     PositiveFloat,
     PositiveInt,
     Trainer,
@@ -77,9 +78,16 @@ class PPOLSTMConfig:
     """the trunk for uint8 frame observations"""
     lstm_size: PositiveInt = 128
     """the LSTM's hidden units"""
+    burn_in: NonNegativeInt = 0
+    """steps at the start of each env's sequence that the learner re-runs only to warm the LSTM
+    state up, without a loss on them (R2D2's burn-in, Kapturowski et al. 2019, section 3: the
+    stored initial state was made by the behaviour policy's older weights)"""
 
     def __post_init__(self) -> None:
         self.hidden_sizes = tuple(self.hidden_sizes)
+        if self.burn_in >= self.num_steps:
+            raise ValueError(f"burn_in={self.burn_in} leaves no step of a num_steps={self.num_steps} sequence to learn "
+                             "from; it must be below num_steps")
 
 
 class PPOLSTMLearner(Learner):
@@ -133,13 +141,16 @@ class PPOLSTMLearner(Learner):
         advantages, returns = gae(batch["reward"], batch["value"], next_values, batch["terminated"], batch["truncated"],
                                   hp.gamma, hp.gae_lambda)
 
+        k = hp.burn_in  # the first k steps of every sequence only warm the state up
+
         def evaluate(envs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             log_prob, entropy, value = net.evaluate_sequences(obs[:, envs], initial_state[envs], done[:, envs],
                                                               action[:, envs])
-            return log_prob.T, entropy.T, value.T  # rows are envs, as the rollout's below
+            return log_prob.T[:, k:], entropy.T[:, k:], value.T[:, k:]  # rows are envs, as the rollout's below
 
         # rows = envs, each a sequence of T steps: the minibatches hold whole sequences
-        stats = ppo_epochs(evaluate, batch["log_prob"].T, batch["value"].T, advantages.T, returns.T, hp.clip_coef,
+        stats = ppo_epochs(evaluate, batch["log_prob"].T[:, k:], batch["value"].T[:, k:], advantages.T[:, k:],
+                           returns.T[:, k:], hp.clip_coef,
                            step=lambda loss: self.apply_gradients(loss, hp.max_grad_norm), generator=self.generator,
                            update_epochs=hp.update_epochs, num_minibatches=min(hp.num_minibatches, N), norm_adv=hp.norm_adv,
                            clip_vloss=hp.clip_vloss, ent_coef=hp.ent_coef, vf_coef=hp.vf_coef, target_kl=hp.target_kl,

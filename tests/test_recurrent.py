@@ -161,3 +161,31 @@ def test_a_trained_recurrent_policy_acts_with_its_state_from_python(tmp_path):
     assert np.array_equal(policy.act(obs), first)  # afresh: the first call's actions again
     again = policy.act(obs, episode_start=np.ones(3, bool))  # every env's episode starts: afresh too
     assert np.array_equal(again, first)
+
+
+def test_burn_in_warms_the_state_up_without_a_loss_on_its_steps(tmp_path):
+    """burn_in=k: the learner re-runs every sequence from its start but takes PPO's loss on its
+    last T - k steps only; k >= T is one config error naming both keys."""
+    import dataclasses
+
+    from msrl.config import ConfigError, build_job_spec, load_config
+    from msrl.rl.losses import ppo_loss
+
+    seen = []
+
+    def counting(new_log_prob, *args, **kwargs):
+        seen.append(new_log_prob.shape[0])
+        return ppo_loss(new_log_prob, *args, **kwargs)
+
+    hp = dataclasses.replace(TINY, burn_in=3, update_epochs=1)
+    job = Job(JobSpec(ppo_lstm.ALGORITHM, hp, RECALL, 4, load_policy("single"), seed=3, total_env_steps=4000))
+    try:
+        job.component("learner").ppo_loss = counting
+        job.reset()
+        job.run(1)
+    finally:
+        job.close()
+    assert seen == [2 * (8 - 3)] * 2  # 2 minibatches of 2 envs, 5 of each one's 8 steps
+    with pytest.raises(ConfigError, match="burn_in=8 leaves no step of a num_steps=8 sequence"):
+        build_job_spec(load_config("configs/ppo_lstm_cartpole_novel.yaml", [
+            f"runs_dir={tmp_path}", "algorithm.hparams.num_steps=8", "algorithm.hparams.burn_in=8"]))
