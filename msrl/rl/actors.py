@@ -12,7 +12,26 @@ from msrl.api import Actor, BuildContext, ModuleWeights
 from msrl.rl.distributions import sample_categorical, sample_multi_categorical
 from msrl.rl.networks import build_actor_critic
 
-__all__ = ["ActorCriticActor"]
+__all__ = ["ActorCriticActor", "sample_action"]
+
+
+def sample_action(net: nn.Module, out: torch.Tensor, generator: torch.Generator,
+                  deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """An action from the policy head's output ``out`` ``(N, n)`` of ``net`` (set up by
+    :func:`~msrl.rl.networks.action_outputs`) and its log-probability ``(N,)`` float32: a
+    Categorical's draw (Discrete, ``(N,)`` int64), independent Categoricals' (MultiDiscrete,
+    ``(N, k)`` int64) or a diagonal Gaussian's (Box, ``(N, *action_shape)`` float32, unclipped),
+    from ``generator``; the mode (argmax / mean) when ``deterministic``."""
+    if net.nvec is not None:
+        return sample_multi_categorical(out, net.nvec, generator, deterministic)
+    if net.discrete:
+        log_probs = torch.log_softmax(out, dim=-1)
+        action = out.argmax(-1) if deterministic else sample_categorical(log_probs.exp(), generator)
+        return action, log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1)
+    std = net.actor_logstd.expand_as(out).exp()
+    flat = out if deterministic else out + std * torch.randn(out.shape, generator=generator, device=out.device)
+    log_prob = torch.distributions.Normal(out, std, validate_args=False).log_prob(flat).sum(-1)
+    return flat.view(-1, *net.action_shape), log_prob
 
 
 class ActorCriticActor(Actor):
@@ -48,22 +67,9 @@ class ActorCriticActor(Actor):
             (MultiDiscrete) or ``(N, *action_shape)`` float32 (Box, unclipped); log_prob and value
             ``(N,)`` float32.
         """
-        net = self.net
-        out, value = net.head(obs)
-        if net.nvec is not None:
-            action, log_prob = sample_multi_categorical(out, net.nvec, self.generator, deterministic)
-            return action, log_prob, value
-        if net.discrete:
-            log_probs = torch.log_softmax(out, dim=-1)
-            if deterministic:
-                action = out.argmax(-1)
-            else:
-                action = sample_categorical(log_probs.exp(), self.generator)
-            return action, log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1), value
-        std = net.actor_logstd.expand_as(out).exp()
-        flat = out if deterministic else out + std * torch.randn(out.shape, generator=self.generator, device=out.device)
-        log_prob = torch.distributions.Normal(out, std, validate_args=False).log_prob(flat).sum(-1)
-        return flat.view(-1, *net.action_shape), log_prob, value
+        out, value = self.net.head(obs)
+        action, log_prob = sample_action(self.net, out, self.generator, deterministic)
+        return action, log_prob, value
 
     def compile_targets(self) -> tuple[str, ...]:
         """The network's forward pass (:meth:`~msrl.rl.networks.ActorCritic.head`); the draw from

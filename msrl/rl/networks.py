@@ -18,7 +18,8 @@ from msrl.api import BuildContext
 from msrl.normalization import RunningMeanStd
 from msrl.rl.distributions import categorical_log_prob_entropy, multi_categorical_log_prob_entropy
 
-__all__ = ["layer", "mlp", "nature_cnn", "impala_cnn", "CNNS", "ActorCritic", "build_actor_critic", "ACTION_SPACES"]
+__all__ = ["layer", "mlp", "nature_cnn", "impala_cnn", "CNNS", "ActorCritic", "build_actor_critic", "ACTION_SPACES",
+           "action_outputs"]
 
 #: the action spaces :class:`ActorCritic` takes (an algorithm acting with it declares them:
 #: ``AlgorithmSpec(action_spaces=ACTION_SPACES)``)
@@ -44,6 +45,33 @@ def mlp(n_in: int, hidden: tuple[int, ...], n_out: int, out_std: float) -> nn.Se
         n_in = h
     layers.append(layer(n_in, n_out, std=out_std))
     return nn.Sequential(*layers)
+
+
+def action_outputs(net: nn.Module, action_space: gymnasium.Space) -> int:
+    """Sets up ``net``'s policy head for ``action_space`` and returns its output width: sets
+    ``net.discrete`` (Discrete: logits over ``n``), ``net.nvec`` (MultiDiscrete ``[n_1, ..., n_k]``:
+    independent Categoricals, ``sum(n_j)`` logits; else ``None``), and for Box ``net.action_shape``
+    and ``net.actor_logstd`` (a state-independent log std, ``(1, flat size)``, zeros).
+
+    Raises:
+        ValueError: another action space, or a MultiDiscrete of more than one axis.
+    """
+    net.discrete = isinstance(action_space, gymnasium.spaces.Discrete)
+    net.nvec = None
+    if net.discrete:
+        return int(action_space.n)
+    if isinstance(action_space, gymnasium.spaces.MultiDiscrete):
+        if len(action_space.nvec.shape) != 1:
+            raise ValueError(f"a MultiDiscrete action space of one axis [n_1, ..., n_k] is supported, got nvec of "
+                             f"shape {action_space.nvec.shape} (flatten it in the env)")
+        net.nvec = tuple(int(n) for n in action_space.nvec)
+        return sum(net.nvec)
+    if isinstance(action_space, gymnasium.spaces.Box):
+        n_out = int(np.prod(action_space.shape))
+        net.action_shape = tuple(action_space.shape)
+        net.actor_logstd = nn.Parameter(torch.zeros(1, n_out))
+        return n_out
+    raise ValueError(f"the actor-critic supports Discrete, MultiDiscrete and Box action spaces, got {action_space}")
 
 
 class ActorCritic(nn.Module):
@@ -73,23 +101,7 @@ class ActorCritic(nn.Module):
         if not isinstance(observation_space, gymnasium.spaces.Box):
             raise ValueError(f"PPO needs a Box observation space, got {observation_space}")
         obs_dim = int(np.prod(observation_space.shape))
-        self.discrete = isinstance(action_space, gymnasium.spaces.Discrete)
-        #: the sizes of a MultiDiscrete action's components (``None``: not MultiDiscrete)
-        self.nvec: tuple[int, ...] | None = None
-        if self.discrete:
-            n_out = int(action_space.n)
-        elif isinstance(action_space, gymnasium.spaces.MultiDiscrete):
-            if len(action_space.nvec.shape) != 1:
-                raise ValueError(f"a MultiDiscrete action space of one axis [n_1, ..., n_k] is supported, got nvec of "
-                                 f"shape {action_space.nvec.shape} (flatten it in the env)")
-            self.nvec = tuple(int(n) for n in action_space.nvec)
-            n_out = sum(self.nvec)
-        elif isinstance(action_space, gymnasium.spaces.Box):
-            n_out = int(np.prod(action_space.shape))
-            self.action_shape = tuple(action_space.shape)
-            self.actor_logstd = nn.Parameter(torch.zeros(1, n_out))
-        else:
-            raise ValueError(f"the actor-critic supports Discrete, MultiDiscrete and Box action spaces, got {action_space}")
+        n_out = action_outputs(self, action_space)
         self.obs_clip = obs_clip
         self.image = observation_space.dtype == np.uint8 and len(observation_space.shape) == 3
         if cnn not in CNNS:

@@ -22,15 +22,10 @@ from tensordict import TensorDict
 from torch import nn
 
 from msrl.api import BuildContext
-from msrl.rl.actors import ActorCriticActor
+from msrl.rl.actors import ActorCriticActor, sample_action
 from msrl.rl.buffers import RolloutBuffer
-from msrl.rl.distributions import (
-    categorical_log_prob_entropy,
-    multi_categorical_log_prob_entropy,
-    sample_categorical,
-    sample_multi_categorical,
-)
-from msrl.rl.networks import CNNS, layer
+from msrl.rl.distributions import categorical_log_prob_entropy, multi_categorical_log_prob_entropy
+from msrl.rl.networks import CNNS, action_outputs, layer
 
 __all__ = ["RecurrentActorCritic", "RecurrentActor", "RecurrentRolloutBuffer", "build_recurrent_actor_critic"]
 
@@ -56,19 +51,7 @@ class RecurrentActorCritic(nn.Module):
         super().__init__()
         if not isinstance(observation_space, gymnasium.spaces.Box):
             raise ValueError(f"the recurrent actor-critic needs a Box observation space, got {observation_space}")
-        self.discrete = isinstance(action_space, gymnasium.spaces.Discrete)
-        self.nvec: tuple[int, ...] | None = None
-        if self.discrete:
-            n_out = int(action_space.n)
-        elif isinstance(action_space, gymnasium.spaces.MultiDiscrete):
-            self.nvec = tuple(int(n) for n in np.asarray(action_space.nvec).flatten())
-            n_out = sum(self.nvec)
-        elif isinstance(action_space, gymnasium.spaces.Box):
-            n_out = int(np.prod(action_space.shape))
-            self.action_shape = tuple(action_space.shape)
-            self.actor_logstd = nn.Parameter(torch.zeros(1, n_out))
-        else:
-            raise ValueError(f"the recurrent actor-critic supports Discrete, MultiDiscrete and Box actions, got {action_space}")
+        n_out = action_outputs(self, action_space)
         self.image = observation_space.dtype == np.uint8 and len(observation_space.shape) == 3
         if self.image:
             self.trunk, width = CNNS[cnn](observation_space.shape[0], observation_space.shape[1:])
@@ -239,19 +222,9 @@ class RecurrentActor(ActorCriticActor):
             ``(action, log_prob, value, new state)``: the action as
             :meth:`ActorCriticActor.act`'s, ``(N,)`` float32 twice, ``(N, 2, H)``.
         """
-        net = self.net
-        out, value, state = net.step(obs, state)
-        if net.nvec is not None:
-            action, log_prob = sample_multi_categorical(out, net.nvec, self.generator, deterministic)
-            return action, log_prob, value, state
-        if net.discrete:
-            log_probs = torch.log_softmax(out, dim=-1)
-            action = out.argmax(-1) if deterministic else sample_categorical(log_probs.exp(), self.generator)
-            return action, log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1), value, state
-        std = net.actor_logstd.expand_as(out).exp()
-        flat = out if deterministic else out + std * torch.randn(out.shape, generator=self.generator, device=out.device)
-        log_prob = torch.distributions.Normal(out, std, validate_args=False).log_prob(flat).sum(-1)
-        return flat.view(-1, *net.action_shape), log_prob, value, state
+        out, value, state = self.net.step(obs, state)
+        action, log_prob = sample_action(self.net, out, self.generator, deterministic)
+        return action, log_prob, value, state
 
     def compile_targets(self) -> tuple[str, ...]:
         """The network's step (trunk, LSTM cell, heads)."""
