@@ -211,12 +211,14 @@ class Mailbox:
         """What an elastic job's driver reads from a consumer's heartbeat
         (:mod:`msrl.runtime.elastic`): ``received`` (``"boundary|producer replica" -> items``;
         the boundary names the producer's fragment), ``ended`` (``"fragment/replica"``
-        of the producers whose stream ended) and ``generations`` (``"fragment/replica" ->``
-        :attr:`generation`, the producers told to start again only)."""
+        of the producers whose stream ended), and, once a producer was told to start again,
+        ``generations`` (``"fragment/replica" ->`` :attr:`generation`)."""
         with self._cond:
-            return {"received": {f"{b}|{p}": n for (b, p), n in self.received.items()},
-                    "ended": sorted(f"{f}/{r}" for f, r in self.ended),
-                    "generations": {f"{f}/{r}": g for (f, r), g in self.generation.items()}}
+            out = {"received": {f"{b}|{p}": n for (b, p), n in self.received.items()},
+                   "ended": sorted(f"{f}/{r}" for f, r in self.ended)}
+            if self.generation:
+                out["generations"] = {f"{f}/{r}": g for (f, r), g in self.generation.items()}
+            return out
 
     def redo(self, producer: tuple[str, int], boundaries: Sequence[str], generation: int) -> bool:
         """Central inference's replacement of a lost client ``producer``: drops every item of
