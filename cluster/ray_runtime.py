@@ -382,9 +382,13 @@ class ReplicaActor:
         self.host = ReplicaHost(self.replica, output=fragment == output and replica == 0, refused=self.refused)
 
     def _progress(self) -> dict[str, Any]:
-        """The heartbeat's record: this replica's env steps so far (read on the heartbeat's
-        thread: plain attributes only)."""
+        """The heartbeat's record: this replica's env steps so far, its mailbox's counts (after
+        reading what arrived, :meth:`~msrl.runtime.asynchronous.Mailbox.poll`: an idle replica
+        notes a lost producer's stream end too) and central inference's client states (read on
+        the heartbeat's thread)."""
         host, mailbox = self.host, self.mailbox
+        if mailbox is not None:
+            mailbox.poll()
         server = self.replica.inference if host is not None else None
         return {"env_steps": host.env_steps if host is not None else 0,
                 **(mailbox.counts() if mailbox is not None else {}),

@@ -575,7 +575,7 @@ def _train_replacing(tmp_path, capsys, config, overrides, sig=None, timeout_s=No
     t.join(5)
     assert killed, t.never()
     err = capsys.readouterr().err
-    assert "replaced it alone in " in err and f"fragment {fragment} replica 0" in err
+    assert "replaced it alone in " in err and f"fragment {fragment} replica 0" in err, err[-4000:]
     assert "restarting every replica" not in err and "(raylet)" not in err
     after = {(r["fragment"], r["replica"]): r["pid"] for r in json.loads((run_dir / "replicas.json").read_text())}
     assert after[(fragment, 0)] not in seen and killed[0] not in after.values()  # a new process for replica 0

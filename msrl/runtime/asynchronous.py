@@ -196,6 +196,18 @@ class Mailbox:
         self._wake()
         return True
 
+    def poll(self) -> None:
+        """Reads what arrived on a transport read by the replica's own thread (:attr:`pump`),
+        without waiting, unless a thread pumps already. The heartbeat's thread calls it, so that a
+        replica idle between chunks still notes a producer's stream ended (a lost replica's:
+        :mod:`msrl.runtime.elastic` waits for that end before the replacement); frames arrive
+        without blocking (a producer holds credits for its queue's room)."""
+        if self.pump is None:
+            return
+        with self._cond:
+            if self._pumping is None:
+                self._pump(0.0)
+
     def stream_ended(self, producer: tuple[str, int]) -> None:
         """A transport's note that ``producer``'s stream ended after every whole frame on it was
         delivered: its :attr:`received` counts are final until it connects again."""
