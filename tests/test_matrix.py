@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from msrl.algorithms import a2c, dqn, impala, mappo, ppo, sac
+from msrl.algorithms import a2c, dqn, impala, impala_lstm, mappo, ppo, ppo_lstm, sac
 from msrl.graph import NodeKind
 from msrl.job import Job, JobSpec
 from msrl.policy import load_policy
@@ -25,12 +25,18 @@ TINY = {
     # PPO with CleanRL's continuous-control normalization: statistics in the nets, reduced over learners
     "ppo_norm": (ppo.ALGORITHM, dict(num_steps=8, update_epochs=2, num_minibatches=2, hidden_sizes=(8,), normalize_obs=True,
                                      normalize_reward=True), "Pendulum-v1"),
+    "ppo_lstm": (ppo_lstm.ALGORITHM, dict(num_steps=8, update_epochs=2, num_minibatches=2, hidden_sizes=(8,), lstm_size=8),
+                 "CartPole-v1"),
+    "impala_lstm": (impala_lstm.ALGORITHM, dict(num_steps=6, hidden_sizes=(8,), lstm_size=8, num_minibatches=2),
+                    "CartPole-v1"),
     "mappo": (mappo.ALGORITHM, dict(num_steps=6, update_epochs=2, num_minibatches=2, hidden_sizes=(8,)),
               "pettingzoo/mpe2.simple_spread_v3"),
 }
 #: gymnasium.make / parallel_env kwargs per algorithm's env
 ENV_KWARGS = {"mappo": {"N": 3, "max_cycles": 5, "continuous_actions": False}}
-ITERATIONS = {"ppo": 3, "a2c": 4, "impala": 3, "dqn": 8, "sac": 16, "mappo": 3, "ppo_norm": 3}
+#: values an actor sends the learner per rollout (the recurrent ones: the rollout and its initial LSTM state)
+ROLLOUT_VALUES = {"ppo_lstm": 2, "impala_lstm": 2}
+ITERATIONS = {"ppo_lstm": 3, "impala_lstm": 3, "ppo": 3, "a2c": 4, "impala": 3, "dqn": 8, "sac": 16, "mappo": 3, "ppo_norm": 3}
 
 #: (policy, replicas, placement) each algorithm runs under.
 POLICIES = [
@@ -90,8 +96,8 @@ def test_algorithm_runs_under_policy(case):
     # data flows to the learner: trajectories (on-policy), replay samples, or every transition
     assert ("train_step", to_learner, "actor", "learner") in ops
     values = {v for m, v, op, src, dst in comm if src == "actor" and m == "train_step"}
-    if algo in ("ppo", "a2c", "impala", "mappo", "ppo_norm"):
-        assert len(values) == 1  # the gathered rollout, once per iteration
+    if algo in ("ppo", "a2c", "impala", "mappo", "ppo_norm", "ppo_lstm", "impala_lstm"):
+        assert len(values) == ROLLOUT_VALUES.get(algo, 1)  # the gathered rollout, once per iteration
     elif placement:
         assert {"action", "reward", "terminated", "self.obs"} <= values  # transitions, every step
     else:
@@ -101,7 +107,7 @@ def test_algorithm_runs_under_policy(case):
 @pytest.mark.parametrize("algo", list(TINY))
 @pytest.mark.parametrize("placement", [None, {"buffer": "learner"}], ids=["policy-default", "buffer@learner"])
 def test_single_and_coarse_with_one_actor_replica_agree_bitwise(algo, placement):
-    if placement and algo in ("ppo", "a2c", "impala", "mappo", "ppo_norm"):
+    if placement and algo in ("ppo", "a2c", "impala", "mappo", "ppo_norm", "ppo_lstm", "impala_lstm"):
         pytest.skip("on-policy rollout buffers stay with the actor")
     a = run(spec(algo, "single", None, None), ITERATIONS[algo])
     b = run(spec(algo, "single_learner_coarse", {"actor": 1}, placement), ITERATIONS[algo])
@@ -169,9 +175,10 @@ def test_algorithm_runs_under_asynchronous_boundaries(case):
         per_iteration = algorithm.env_steps_per_iteration(algorithm.hparams(**hp), num_envs)
         assert job.env_steps == len(records) * per_iteration
         lags = [lag for r in records for lag in r["policy_lags"]]
-        if modes.get("learner") == "latest" and modes.get("actor") == "fifo" and algo in ("ppo", "a2c", "impala", "mappo", "ppo_norm"):
+        if modes.get("learner") == "latest" and modes.get("actor") == "fifo" and algo in ("ppo", "a2c", "impala", "mappo", "ppo_norm", "ppo_lstm", "impala_lstm"):
             # one rollout per actor replica and iteration, each tagged with the weights it used
-            assert len(lags) == len(records) * replicas["actor"] and min(lags) >= 0 and max(lags) <= 3
+            assert (len(lags) == len(records) * replicas["actor"] * ROLLOUT_VALUES.get(algo, 1) and min(lags) >= 0
+                    and max(lags) <= 3)
         else:
             assert all(lag >= 0 for lag in lags)
     finally:
