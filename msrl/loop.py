@@ -39,6 +39,11 @@ class TrainingLoop:
 
     #: replicas run free for about this long between the driver's looks (s)
     CHUNK_S = 0.5
+    #: and under an asynchronous policy for at least this many iterations: a chunk's end drains
+    #: the pipeline (the actors wait while the learner takes their last rollouts), so a chunk of
+    #: one slow iteration (IMPALA on Pong, ~1 s) ran actors and learner one after the other
+    #: (bench/RESULTS.md, "Pong against CleanRL+EnvPool")
+    ASYNC_MIN_ITERATIONS = 8
 
     def __init__(self, cfg: RunConfig, spec: JobSpec, job: JobRuntime, resume: Any, state: Any, locks: list[RunLock],
                  faults: dict[str, int] | None = None, reuse: pathlib.Path | None = None) -> None:
@@ -133,12 +138,18 @@ class TrainingLoop:
 
     def _chunk_size(self, iter_s: float | None) -> int:
         """Iterations until the next event (a checkpoint, an evaluation, the end), at most
-        :attr:`CHUNK_S` seconds of them (one while the iteration time is unknown)."""
+        :attr:`CHUNK_S` seconds of them (one while the iteration time is unknown), and under an
+        asynchronous policy at least :attr:`ASYNC_MIN_ITERATIONS` (where no event comes first)."""
         cfg, it, done_eval = self.cfg, self.job.iteration, self.progress.done_eval
         n = min(self.spec.num_iterations - it, cfg.train.checkpoint_every - it % cfg.train.checkpoint_every)
         if cfg.train.eval_every:
             n = min(n, max(1, -(-((done_eval + 1) * cfg.train.eval_every - self.job.env_steps) // self.steps_per_iteration)))
-        return max(1, min(n, 1 if iter_s is None else int(self.CHUNK_S / max(iter_s, 1e-6)) or 1))
+        if iter_s is None:
+            return 1
+        free = int(self.CHUNK_S / max(iter_s, 1e-6))
+        if self.spec.policy.asynchronous:
+            free = max(free, self.ASYNC_MIN_ITERATIONS)
+        return max(1, min(n, free))
 
     def _chunk(self, n: int) -> float:
         """Runs ``n`` iterations, logs them (evaluating at the last when one is due) and

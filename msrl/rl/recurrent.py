@@ -25,7 +25,7 @@ from msrl.api import BuildContext
 from msrl.rl.actors import ActorCriticActor, sample_action
 from msrl.rl.buffers import RolloutBuffer
 from msrl.rl.distributions import categorical_log_prob_entropy, multi_categorical_log_prob_entropy
-from msrl.rl.networks import CNNS, action_outputs, layer
+from msrl.rl.networks import CNNS, action_outputs, layer, scale_frames
 
 __all__ = ["RecurrentActorCritic", "RecurrentActor", "RecurrentRolloutBuffer", "build_recurrent_actor_critic"]
 
@@ -78,7 +78,7 @@ class RecurrentActorCritic(nn.Module):
 
     def features(self, obs: torch.Tensor) -> torch.Tensor:
         """The trunk's ``(B, F)`` for observations ``(B, *obs_shape)`` (frames scaled by 1/255)."""
-        return self.trunk(obs.float() / 255.0 if self.image else obs)
+        return self.trunk(scale_frames(obs) if self.image else obs)
 
     def core(self, x: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One LSTM step: features ``(B, F)``, state ``(B, 2, H)`` -> ``(h, new state)``, ``(B, H)``
