@@ -111,3 +111,19 @@ def test_frames_survive_the_wire_codec_bit_for_bit():
     back = decode(wire)
     assert back["obs"].dtype == torch.uint8 and torch.equal(back["obs"], frames)
     assert frames.numel() <= wire.numel() < frames.numel() + 1024
+
+
+def test_the_cnn_sees_the_frames_scaled_exactly_laid_out_channels_last_on_the_cpu():
+    """``scale_frames`` hands the trunk ``frames / 255`` bit for bit (float32), laid out
+    channels-last on the CPU (oneDNN's faster convolutions), and the Nature CNN's output on it
+    equals the default layout's up to the summation order."""
+    from msrl.rl.networks import nature_cnn, scale_frames
+
+    frames = torch.randint(0, 256, (8, 4, 84, 84), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    x = scale_frames(frames)
+    assert x.dtype == torch.float32 and x.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(x, frames.float() / 255.0)
+    torch.manual_seed(0)
+    trunk = nature_cnn(4, (84, 84))
+    torch.testing.assert_close(trunk(x), trunk((frames.float() / 255.0).contiguous()), rtol=1e-5, atol=1e-5)
+    assert frames.dtype == torch.uint8 and int(frames.max()) > 1  # the frames themselves untouched (no in-place scaling)

@@ -527,3 +527,27 @@ def test_the_latest_checkpoint_is_never_missing_while_the_next_one_is_saved(tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest.pt", "previous.pt"]
     checkpoints.atomic_save({"v": 3}, path, keep_previous=True)
     assert torch.load(path)["v"] == 3 and torch.load(tmp_path / "previous.pt")["v"] == 2
+
+
+def test_an_asynchronous_policy_runs_chunks_of_several_slow_iterations():
+    """A chunk's end drains an asynchronous pipeline, so under ``async_learner`` the driver lets
+    the replicas run at least ``ASYNC_MIN_ITERATIONS`` however slow an iteration is (a chunk of one
+    1-s IMPALA iteration ran the actors and the learner one after the other); a synchronous policy
+    keeps chunks of about ``CHUNK_S``; the next checkpoint still ends a chunk."""
+    from types import SimpleNamespace
+
+    from msrl.loop import TrainingLoop
+    from msrl.policy import load_policy
+
+    def chunk(policy, iter_s, iteration=0, checkpoint_every=50):
+        loop = SimpleNamespace(cfg=SimpleNamespace(train=SimpleNamespace(checkpoint_every=checkpoint_every, eval_every=0)),
+                               job=SimpleNamespace(iteration=iteration, env_steps=0), progress=SimpleNamespace(done_eval=0),
+                               spec=SimpleNamespace(num_iterations=1000, policy=load_policy(policy)), steps_per_iteration=320,
+                               CHUNK_S=TrainingLoop.CHUNK_S, ASYNC_MIN_ITERATIONS=TrainingLoop.ASYNC_MIN_ITERATIONS)
+        return TrainingLoop._chunk_size(loop, iter_s)
+
+    assert TrainingLoop.ASYNC_MIN_ITERATIONS == 8
+    assert chunk("async_learner", 1.0) == 8 and chunk("single_learner_coarse", 1.0) == 1
+    assert chunk("async_learner", 0.001) == chunk("single_learner_coarse", 0.001) == 50  # the checkpoint first
+    assert chunk("async_learner", 1.0, iteration=47) == 3  # a checkpoint due ends the chunk
+    assert chunk("async_learner", None) == 1  # the first iteration alone: its time is unknown
