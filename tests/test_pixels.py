@@ -127,3 +127,21 @@ def test_the_cnn_sees_the_frames_scaled_exactly_laid_out_channels_last_on_the_cp
     trunk = nature_cnn(4, (84, 84))
     torch.testing.assert_close(trunk(x), trunk((frames.float() / 255.0).contiguous()), rtol=1e-5, atol=1e-5)
     assert frames.dtype == torch.uint8 and int(frames.max()) > 1  # the frames themselves untouched (no in-place scaling)
+
+
+def test_the_impala_pong_config_trains_under_async_learner_on_pixels(tmp_path):
+    """configs/impala_pong.yaml as shipped (ale-py's vector env, the Nature CNN, async_learner with
+    2 actor replicas), scaled down: its learner trains on uint8 frames queued by both actors."""
+    pytest.importorskip("ale_py.vector_env")
+    from msrl.config import build_job_spec, load_config
+
+    spec = build_job_spec(load_config("configs/impala_pong.yaml", [
+        f"runs_dir={tmp_path}", "env.num_envs=4", "algorithm.hparams.num_steps=4", "env.num_workers=1"]))
+    assert spec.policy.name == "async_learner" and spec.policy.fragment("actor").replicas == 2
+    job = Job(spec)
+    try:
+        job.reset()
+        records = job.run(3)
+    finally:
+        job.close()
+    assert all(torch.isfinite(torch.as_tensor(float(r["output"]["losses/value_loss"]))) for r in records)

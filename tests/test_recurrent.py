@@ -233,3 +233,4 @@ def test_the_impala_lstm_pong_config_trains_an_iteration_on_pixels(tmp_path):
         assert job.component("buffer").storage["obs"].dtype == torch.uint8
     finally:
         job.close()
+
