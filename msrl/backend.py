@@ -114,3 +114,14 @@ def load_backend(name: str) -> Backend:
         UnknownBackendError: no such backend; the message lists those that exist.
     """
     return registry.load("msrl.fragments", name, "BACKEND", UnknownBackendError, "fragment backend")
+
+
+def env_frame_padding(spec: Any) -> str | None:
+    """How the env of job ``spec`` (a :class:`~msrl.job.JobSpec`) pads an episode's first frame
+    stack (:func:`msrl.runtime.frames.frame_padding`), on the engine the backend of the fragment
+    holding the env actually steps it on (``cpu_process_group`` steps every gymnasium env on the
+    process engine, whatever ``env.engine`` says)."""
+    from msrl.runtime.frames import frame_padding
+
+    fragment = spec.policy.fragment(spec.policy.fragment_of_role("env"))
+    return frame_padding(load_backend(fragment.backend).env_engine(spec.env_engine), tuple(spec.env_wrappers))

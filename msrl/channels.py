@@ -86,12 +86,16 @@ class LocalHub:
         #: boundary -> bytes of tensors that crossed it (every replica's sends)
         self.bytes: dict[str, int] = {}
         self._bytes_lock = threading.Lock()
+        #: the endpoints' :attr:`~msrl.runtime.endpoint.Endpoint.frame_padding` (set by the runtime)
+        self.frame_padding: str | None = None
 
     def endpoint(self, fragment: str, replica: int, asynchronous: Any = None, inference: Any = None) -> "LocalEndpoint":
         """The endpoint generated programs of ``fragment`` replica ``replica`` call
         (``asynchronous``: its :class:`~msrl.runtime.asynchronous.AsyncEndpoint`, for ``put``/``get``;
         ``inference``: its :class:`~msrl.runtime.inference.InferenceServer`, for ``serve``)."""
-        return LocalEndpoint(self, fragment, replica, asynchronous, inference)
+        ep = LocalEndpoint(self, fragment, replica, asynchronous, inference)
+        ep.frame_padding = self.frame_padding
+        return ep
 
     @property
     def closed(self) -> bool:

@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 from msrl import registry
 from msrl.api import AlgorithmSpec, EpisodeStats, Trainer
+from msrl.backend import env_frame_padding
 from msrl.codegen import Program
 from msrl.errors import InputError
 from msrl.graph import Graph
@@ -216,7 +217,8 @@ class Job:
                 self.replicas[(frag.name, r)] = Replica(spec, self.fragment_graph, frag.name, r, programs)
         #: ``(fragment, replica) -> Trainer``: the replicas' objects (in-process debugging and tests)
         self.trainers: dict[tuple[str, int], Trainer] = {k: r.trainer for k, r in self.replicas.items()}
-        self.runtime = LocalRuntime(self.fragment_graph, self.replicas)
+        self.runtime = LocalRuntime(self.fragment_graph, self.replicas,
+                                    frame_padding=env_frame_padding(spec))
         self.iteration = 0
         self._stats = EpisodeStats([], [])
 

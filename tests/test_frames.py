@@ -90,3 +90,63 @@ def test_a_real_pong_rollout_has_its_compact_form(tmp_path, engine, padding):
     assert all(torch.equal(back[k], rollout[k]) for k in rollout.keys())
     other = "reset" if padding == "zeros" else "zeros"
     assert compact_frames(rollout, other) is None
+
+
+def _pong_job(policy, padding, iterations=2, algorithm="ppo", **overrides):
+    """PPO (or IMPALA) on Pong through ale-py's vector env, episodes cut at 160 frames, on the
+    thread runtime with the endpoints' compaction as ``padding`` says (what a job does where its
+    fragments sit on two devices, here on the CPU): the learner's weights after ``iterations``
+    and the bytes each boundary moved in the last one (``rollout``, ``weights``)."""
+    pytest.importorskip("ale_py.vector_env")
+    from msrl.algorithms import impala, ppo
+    from msrl.job import Job, JobSpec
+    from msrl.policy import load_policy
+
+    algo, hp = {"ppo": (ppo.ALGORITHM, dict(num_steps=32, update_epochs=1, num_minibatches=2)),
+                "impala": (impala.ALGORITHM, dict(num_steps=16, num_minibatches=1))}[algorithm]
+    spec = JobSpec(algo, algo.hparams(**hp), "ALE/Pong-v5", 2, load_policy(policy).with_overrides(**overrides), seed=3,
+                   total_env_steps=10_000, env_engine="ale_vector", env_wrappers=("atari",),
+                   env_kwargs={"max_num_frames_per_episode": 160}, env_num_workers=1)
+    job = Job(spec)
+    try:
+        assert job.runtime.frame_padding is None  # one device: values cross whole unless told
+        job.runtime.frame_padding = padding
+        for ep in job.runtime.asynchronous.values():
+            ep.frame_padding = padding
+        job.reset()
+        job.run(iterations - 1)
+        job.runtime.pop_boundary_bytes()
+        job.run(1)
+        moved = {("rollout" if "traject" in k else "weights" if "weights" in k else k): v
+                 for k, v in job.runtime.pop_boundary_bytes().items()}
+        return {k: v.clone() for k, v in job.component("learner").get_weights().items()}, moved
+    finally:
+        job.close()
+
+
+def test_a_pong_rollout_crosses_a_gather_as_a_quarter_of_its_bytes_and_trains_the_same_bits():
+    """single_learner_coarse: the trajectories' gather carries the compact form (episodes end
+    inside the rollouts) and the learner trains on exactly the rollout it would have had."""
+    whole, whole_bytes = _pong_job("single_learner_coarse", None, replicas={"actor": 1})
+    compact, compact_bytes = _pong_job("single_learner_coarse", "zeros", replicas={"actor": 1})
+    assert all(torch.equal(whole[k], compact[k]) for k in whole)
+    assert compact_bytes["rollout"] < 0.3 * whole_bytes["rollout"]
+    assert compact_bytes["weights"] == whole_bytes["weights"]  # not a rollout: whole
+
+
+def test_a_queued_pong_rollout_crosses_compact_under_async_learner():
+    """async_learner (a fifo of unrolls; one actor, so the order is fixed): compact unrolls,
+    the learner's weights those of whole ones, bit for bit."""
+    whole, whole_bytes = _pong_job("async_learner", None, algorithm="impala", replicas={"actor": 1})
+    compact, compact_bytes = _pong_job("async_learner", "zeros", algorithm="impala", replicas={"actor": 1})
+    assert all(torch.equal(whole[k], compact[k]) for k in whole)
+    assert compact_bytes["rollout"] < 0.35 * whole_bytes["rollout"]
+
+
+def test_a_wrong_padding_costs_one_check_and_never_a_wrong_value():
+    """Told the wrong padding, the endpoint sends the first rollout whole after its check fails,
+    and every later one whole without checking: the same bits as with compaction off."""
+    whole, whole_bytes = _pong_job("single_learner_coarse", None, replicas={"actor": 1})
+    wrong, wrong_bytes = _pong_job("single_learner_coarse", "reset", replicas={"actor": 1})
+    assert all(torch.equal(whole[k], wrong[k]) for k in whole)
+    assert wrong_bytes == whole_bytes

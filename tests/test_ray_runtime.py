@@ -841,3 +841,46 @@ def test_a_captured_fragment_in_a_ray_process_equals_the_local_eager_job_and_say
         local.close()
     err = capfd.readouterr().err
     assert err.count("msrl: fragment main replica 0: train_step captured as ") == 1, err
+
+
+@pytest.mark.parametrize("boundaries", [None, {"trajectories": "fifo", "weights": "fresh"}], ids=["sync", "lockstep"])
+def test_pong_rollouts_cross_processes_compact_and_train_the_local_bits(ray_local, boundaries):
+    """Pong through ale-py's vector env (zero-padded stacks, episodes cut at 160 frames so they
+    end inside the rollouts), coarse on Ray: each actor sends its rollout as the first stack and
+    each step's newest frame (over Gloo, and over a Unix socket when queued), about a quarter of
+    the whole rollout's bytes, and the learner trains the bits of the thread runtime, where the
+    rollouts cross whole."""
+    pytest.importorskip("ale_py.vector_env")
+    from msrl.algorithms import ppo
+    from msrl.cluster.ray_runtime import RayJob
+    from msrl.job import JobSpec
+    from msrl.policy import load_policy
+
+    spec = JobSpec(ppo.ALGORITHM, ppo.ALGORITHM.hparams(num_steps=32, update_epochs=1, num_minibatches=2),
+                   "ALE/Pong-v5", 2, load_policy("single_learner_coarse").with_overrides(
+                       replicas={"actor": 1}, boundaries=boundaries),
+                   seed=3, total_env_steps=10_000, env_engine="ale_vector", env_wrappers=("atari",),
+                   env_kwargs={"max_num_frames_per_episode": 160}, env_num_workers=1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each replica's process (oneDNN's convolutions sum by thread)
+    try:
+        local = Job(spec)  # (the thread runtime: one device, so its rollouts cross whole)
+        local.reset()
+        local_metrics = [local.train_step() for _ in range(3)]
+        local_weights = _learner_weights_local(local)
+        local.close()
+    finally:
+        torch.set_num_threads(threads)
+    whole = 2 * 32 * 2 * 4 * 84 * 84  # obs and next_obs of one rollout, bytes
+    remote = RayJob(spec)
+    try:
+        remote.reset()
+        records = remote.run(3)
+        assert [r["output"] for r in records] == local_metrics
+        w_remote = remote.weights("learner")
+        assert all(torch.equal(w_remote[k], local_weights[k]) for k in local_weights)
+        actor = remote.comm_stats()[0]  # replica order: the actor first
+        sent = actor["async"]["bytes_sent"] if boundaries else actor["bytes_sent"]
+        assert 0 < sent < 3 * 0.3 * whole, (sent, whole)
+    finally:
+        remote.close()

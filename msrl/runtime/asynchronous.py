@@ -51,6 +51,7 @@ import torch
 from msrl.channels import ChannelClosed, ProducerReplaced
 from msrl.partition import boundary_end
 from msrl.policy import SLOT_CHANNELS
+from msrl.runtime.frames import compact_value, rebuild_value
 from msrl.runtime.generators import BATON
 from msrl.runtime.patterns import combine, deliveries, shards, sources
 from msrl.runtime.values import copy_value, deliver, payload_bytes
@@ -392,6 +393,10 @@ class AsyncEndpoint:
         #: boundary -> this replica's deliveries / sources (the pattern table's answers, fixed)
         self._routes: dict[str, list[tuple[int, int | None]]] = {}
         self._sources: dict[str, list[int]] = {}
+        #: how the job's env pads a first frame stack when its rollouts leave in compact form
+        #: (:attr:`msrl.runtime.endpoint.Endpoint.frame_padding`); ``None``: whole
+        self.frame_padding: str | None = None
+        self._whole: set[str] = set()  # fifo boundaries whose stacks broke the padding once
 
     def _flush(self) -> None:
         if self.transport is not None:
@@ -409,6 +414,10 @@ class AsyncEndpoint:
             ChannelClosed, TimeoutError: a full queue stayed full (``fifo`` only).
         """
         b = self._get_boundary(name)
+        if self.frame_padding is not None and b.channel == "fifo" and name not in self._whole:
+            value, broken = compact_value(value, self.frame_padding)  # a frame-stacked rollout: compact
+            if broken:
+                self._whole.add(name)
         routes = self._routes.get(name)
         if routes is None:  # the replica mapping (msrl.runtime.patterns' table), fixed per boundary
             routes = self._routes[name] = deliveries(b, self.replica)
@@ -450,7 +459,7 @@ class AsyncEndpoint:
                 for slot, read in item.versions.items():
                     if slot in self.published:
                         self.lags.append(self.published[slot] - read)
-                values.append(item.value)
+                values.append(rebuild_value(item.value))
         else:
             fresh = b.channel == "fresh"  # a version newer than this reader's last, else the newest
             got = [self.mailbox.newest(name, p, self.fresh_read.get((name, p), 0) if fresh else 0) for p in producers]
@@ -494,7 +503,7 @@ class AsyncEndpoint:
             raise RuntimeError(f"boundary {name} is {b.channel}, not fifo: it has no per-producer queue to take from")
         self._flush()
         gen = ((b.src, producer), generation) if generation is not None else None
-        return self.mailbox.take(name, producer, cancel, generation=gen).value
+        return rebuild_value(self.mailbox.take(name, producer, cancel, generation=gen).value)
 
     def put_to(self, name: str, consumer: int, value: Any) -> None:
         """Src side of a ``fifo`` boundary, to one consumer replica only (its whole ``value``).

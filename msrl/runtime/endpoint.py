@@ -41,6 +41,7 @@ import torch
 from msrl.api import collective_scope
 from msrl.graph import NodeKind
 from msrl.partition import Boundary, boundary_end
+from msrl.runtime.frames import compact_value, rebuild_value
 from msrl.runtime.patterns import combine, deliveries, shards, sources
 from msrl.runtime.values import reduce_leaves, tensor_leaves
 
@@ -71,6 +72,11 @@ class Endpoint:
         bytes_sent, bytes_received: bytes of messages it sent and received.
         local_group: the shared-memory all-reduce group of its fragment's replicas on this
             machine (:class:`~msrl.runtime.shm.ShmGroup`), or ``None``.
+        frame_padding: how the job's env pads an episode's first frame stack
+            (:func:`msrl.runtime.frames.frame_padding`) when its frame-stacked rollouts leave
+            this endpoint in compact form -- the first stack, then each step's newest frame,
+            checked bit for bit (:mod:`msrl.runtime.frames`); ``None``: values leave whole. A
+            compact value is rebuilt where it arrives, whatever the receiver's setting.
     """
 
     fragment: str
@@ -84,6 +90,20 @@ class Endpoint:
     bytes_sent: int = 0
     bytes_received: int = 0
     local_group: Any = None
+    frame_padding: str | None = None
+
+    def _outgoing(self, name: str, value: Any) -> Any:
+        """``value`` as it leaves on boundary ``name``: compact when it is a frame-stacked rollout
+        and this endpoint compacts (a boundary whose stacks once broke the padding: whole)."""
+        if self.frame_padding is None:
+            return value
+        whole = self.__dict__.setdefault("_whole_boundaries", set())
+        if name in whole:
+            return value
+        out, broken = compact_value(value, self.frame_padding)
+        if broken:
+            whole.add(name)
+        return out
 
     # -- what a transport supplies ----------------------------------------------------------
     def _post(self, boundary: Boundary, routes: list[tuple[int, Any]]) -> None:
@@ -125,9 +145,16 @@ class Endpoint:
             b = self._boundary(name)
             if self.fragment == b.src:
                 parts = shards(b, value)
-                self._post(b, [(r, value if part is None else parts[part]) for r, part in deliveries(b, self.replica)])
+                sent: dict[int, Any] = {}  # one outgoing form per distinct value: a broadcast's is shared
+                routes = []
+                for r, part in deliveries(b, self.replica):
+                    v = value if part is None else parts[part]
+                    if id(v) not in sent:
+                        sent[id(v)] = self._outgoing(name, v)
+                    routes.append((r, sent[id(v)]))
+                self._post(b, routes)
                 return None
-            return combine(b, self._take_all(b, sources(b, self.replica)))
+            return combine(b, [rebuild_value(v) for v in self._take_all(b, sources(b, self.replica))])
 
     def send(self, name: str, value: Any) -> None:
         """Src replica ``i`` -> dst replica ``i``."""

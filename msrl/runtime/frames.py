@@ -27,7 +27,8 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-__all__ = ["PADDINGS", "compact_frames", "rebuild_frames", "is_compact"]
+__all__ = ["PADDINGS", "compact_frames", "rebuild_frames", "is_compact", "compact_value", "rebuild_value",
+           "frame_padding"]
 
 #: how an env fills an episode's first stack from its first frame
 PADDINGS = ("zeros", "reset")
@@ -68,6 +69,18 @@ def _rebuild(first: torch.Tensor, newest: torch.Tensor, next_newest: torch.Tenso
     return obs, nxt
 
 
+def _fits(rollout: Any, key: str, next_key: str) -> bool:
+    """Whether ``rollout`` has the shape of a frame-stacked rollout (its stacks unchecked)."""
+    if not isinstance(rollout, TensorDict) or rollout.batch_dims != 2 or key not in rollout.keys():
+        return False
+    obs = rollout.get(key)
+    nxt = rollout.get(next_key) if next_key in rollout.keys() else None
+    return (isinstance(obs, torch.Tensor) and obs.dtype == torch.uint8 and obs.dim() == 5 and obs.shape[0] >= 2
+            and obs.shape[2] >= 2 and (nxt is None or isinstance(nxt, torch.Tensor) and nxt.shape == obs.shape
+                                       and nxt.dtype == obs.dtype)
+            and "terminated" in rollout.keys() and "truncated" in rollout.keys())
+
+
 def compact_frames(rollout: Any, padding: str, keys: tuple[str, str] = ("obs", "next_obs")) -> dict[str, Any] | None:
     """The compact form of ``rollout`` (see the module docstring), or ``None`` when it has none.
 
@@ -92,15 +105,10 @@ def compact_frames(rollout: Any, padding: str, keys: tuple[str, str] = ("obs", "
     if padding not in PADDINGS:
         raise ValueError(f"frame padding must be one of {', '.join(PADDINGS)}, got {padding!r}")
     key, next_key = keys
-    if not isinstance(rollout, TensorDict) or rollout.batch_dims != 2 or key not in rollout.keys():
+    if not _fits(rollout, key, next_key):
         return None
     obs = rollout.get(key)
     nxt = rollout.get(next_key) if next_key in rollout.keys() else None
-    if (not isinstance(obs, torch.Tensor) or obs.dtype != torch.uint8 or obs.dim() != 5 or obs.shape[0] < 2
-            or obs.shape[2] < 2 or (nxt is not None and (not isinstance(nxt, torch.Tensor) or nxt.shape != obs.shape
-                                                         or nxt.dtype != obs.dtype))
-            or "terminated" not in rollout.keys() or "truncated" not in rollout.keys()):
-        return None
     done = rollout.get("terminated") | rollout.get("truncated")
     first, newest = obs[0], obs[1:, :, -1]
     next_newest = nxt[:, :, -1] if nxt is not None else None
@@ -138,3 +146,39 @@ def rebuild_frames(compact: dict[str, Any], device: torch.device | str | None = 
     rebuilt = {key: obs, next_key: nxt}
     return TensorDict({k: rebuilt[k] if k in rebuilt else rest.get(k) for k in order}, batch_size=rest.batch_size,
                       device=rest.device)
+
+
+def compact_value(value: Any, padding: str) -> tuple[Any, bool]:
+    """What a boundary sends for ``value``: a frame-stacked rollout (or a tuple or list holding
+    some, as the recurrent algorithms' ``(rollout, initial state)``) in compact form, anything
+    else as it is. Returns ``(value to send, broken)``: ``broken`` when a rollout had the shape
+    of frame stacks but not stacks following ``padding`` (sent whole; the caller stops trying).
+    """
+    if isinstance(value, (tuple, list)):
+        parts = [compact_value(v, padding) for v in value]
+        return type(value)(v for v, _ in parts), any(b for _, b in parts)
+    if not _fits(value, "obs", "next_obs"):
+        return value, False
+    compact = compact_frames(value, padding)
+    return (value, True) if compact is None else (compact, False)
+
+
+def rebuild_value(value: Any, device: torch.device | str | None = None) -> Any:
+    """``value`` with every compact rollout in it (at its top, or in a top-level tuple or list)
+    rebuilt (:func:`rebuild_frames`, on ``device``); anything else as it is."""
+    if isinstance(value, (tuple, list)):
+        return type(value)(rebuild_value(v, device) for v in value)
+    return rebuild_frames(value, device) if is_compact(value) else value
+
+
+def frame_padding(env_engine: str, env_wrappers: tuple[str, ...] | list[str]) -> str | None:
+    """How a job's env fills an episode's first frame stack, where msrl knows it: ``"zeros"``
+    for ale-py's vector env (``env.engine: ale_vector``), ``"reset"`` for gymnasium's
+    ``FrameStackObservation`` under the ``atari`` wrapper and for EnvPool's Atari tasks; ``None``
+    otherwise (values cross whole). A wrong answer costs one failed check, never a wrong value
+    (:func:`compact_frames` checks every rollout)."""
+    if env_engine == "ale_vector":
+        return "zeros"
+    if "atari" in env_wrappers or env_engine == "envpool":
+        return "reset"
+    return None

@@ -31,10 +31,13 @@ class LocalRuntime:
         fragment_graph: the partitioned job.
         replicas: ``(fragment, replica) -> Replica``.
         timeout_s: how long a replica waits on an asynchronous boundary before giving up.
+        frame_padding: the job's frame padding (:func:`msrl.runtime.frames.frame_padding`):
+            its frame-stacked rollouts cross in compact form where the job's fragments sit on
+            more than one device (:attr:`frame_padding` says whether they do; a test may set it).
     """
 
     def __init__(self, fragment_graph: FragmentGraph, replicas: Mapping[tuple[str, int], Replica],
-                 timeout_s: float = 600.0) -> None:
+                 timeout_s: float = 600.0, frame_padding: str | None = None) -> None:
         self.fragment_graph = fragment_graph
         self.replicas = dict(replicas)
         self._keys = sorted(self.replicas)
@@ -53,6 +56,11 @@ class LocalRuntime:
         transport = self.transport = LocalTransport(self.mailboxes)
         self.asynchronous = {key: AsyncEndpoint(fragment_graph.boundaries, key[0], key[1], self.mailboxes[key], transport)
                              for key in self._keys}
+        # frame-stacked rollouts cross in compact form where a boundary moves them to another
+        # device (actors on the CPU, a learner on a GPU): only the newest frames are copied
+        self.frame_padding = frame_padding if len({str(d) for d in self._devices.values()}) > 1 else None
+        for ep in self.asynchronous.values():
+            ep.frame_padding = self.frame_padding
         # The fragment whose program returns the method's output (the fragment holding the
         # output node's value); replica 0's return value is the step's.
         self._output_fragment: dict[str, str] = {}
@@ -66,6 +74,7 @@ class LocalRuntime:
         if hub is None or hub.closed:  # a failed run closed it: the next run starts clean
             hub = self._hubs[method] = LocalHub([b for b in self.fragment_graph.boundaries if b.method == method],
                                                 self._fragment_replicas, self._devices)
+            hub.frame_padding = self.frame_padding
         return hub
 
     def run(self, method: str, n: int = 1) -> dict[tuple[str, int], list[dict[str, Any]]]:
