@@ -6,11 +6,13 @@ checkpoint kept); the next call resumes it (``msrl train --resume``). Then, and 
 ``--report`` alone, it reports from the run's ``metrics.csv``: the first env step (and the
 training time there, summed over the sittings) at which the mean training return of the last
 ``--window`` iterations with finished episodes reached the target, the return at the end, and
-the curve (``bench/<run name>_learning.png``).
+the curve (``<--out>/<run name>_learning.png``, default ``bench/``).
 
     python bench/bench_pong_learning.py --runs-dir ~/pong_runs --hours 2         # start, or go on
     python bench/bench_pong_learning.py --runs-dir ~/pong_runs --report          # the figures so far
     python bench/bench_pong_learning.py --config configs/impala_pong.yaml --runs-dir ~/pong_runs --hours 2
+    python bench/bench_pong_learning.py --runs-dir /tmp/p --hours 0.13 distribution_policy.name=single_learner_coarse \
+        distribution_policy.devices.learner=cuda:0 env.num_envs=64 env.num_workers=8     # a GPU learner (gpu_check.sh)
 
 "Env steps" are agent steps (4 ALE frames each), as CleanRL's ``global_step`` counts them.
 """
@@ -32,9 +34,10 @@ from msrl.checkpoints import CHECKPOINT
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-def train(config: pathlib.Path, runs_dir: pathlib.Path, steps: int, hours: float) -> pathlib.Path:
-    """Starts the run, or resumes it when its directory has a checkpoint; stops it after ``hours``.
-    Returns the run directory."""
+def train(config: pathlib.Path, runs_dir: pathlib.Path, steps: int, hours: float,
+          overrides: list[str] | None = None) -> pathlib.Path:
+    """Starts the run (with the config ``overrides``), or resumes it when its directory has a
+    checkpoint; stops it after ``hours``. Returns the run directory."""
     import yaml
 
     name = yaml.safe_load(config.read_text())["name"]
@@ -43,7 +46,7 @@ def train(config: pathlib.Path, runs_dir: pathlib.Path, steps: int, hours: float
         cmd = [sys.executable, "-m", "msrl.cli", "train", "--resume", str(run_dir)]
     else:
         cmd = [sys.executable, "-m", "msrl.cli", "train", str(config), f"runs_dir={runs_dir}",
-               f"train.total_env_steps={steps}", "train.progress=false"]
+               f"train.total_env_steps={steps}", "train.progress=false", *(overrides or [])]
     proc = subprocess.Popen(cmd, cwd=ROOT)
     try:
         proc.wait(timeout=hours * 3600)
@@ -53,8 +56,8 @@ def train(config: pathlib.Path, runs_dir: pathlib.Path, steps: int, hours: float
     return run_dir
 
 
-def report(run_dir: pathlib.Path, target: float, window: int) -> dict:
-    """The figures above from ``run_dir/metrics.csv``; the curve to ``bench/<name>_learning.png``."""
+def report(run_dir: pathlib.Path, target: float, window: int, out_dir: pathlib.Path = ROOT / "bench") -> dict:
+    """The figures above from ``run_dir/metrics.csv``; the curve to ``<out_dir>/<name>_learning.png``."""
     xs, ys = curve(run_dir, window)
     with open(run_dir / "metrics.csv", newline="") as f:
         times = {int(r["env_steps"]): float(r["time_s"]) for r in csv.DictReader(f)}
@@ -62,11 +65,11 @@ def report(run_dir: pathlib.Path, target: float, window: int) -> dict:
     out = {"run": str(run_dir), "env_steps": max(times, default=0), "training_s": max(times.values(), default=0.0),
            "return_at_end": ys[-1] if ys else math.nan,
            "reached_at_env_steps": first[0] if first else None, "reached_at_training_s": times[first[0]] if first else None}
-    png = ROOT / "bench" / f"{run_dir.name}_learning.png"
+    png = out_dir / f"{run_dir.name}_learning.png"
     subprocess.run([sys.executable, str(ROOT / "bench" / "plot_seeds.py"), str(run_dir), "--out", str(png),
                     "--title", f"{run_dir.name} on this machine's CPU", "--window", str(window),
                     "--hline", str(target), f"target ({target:g})"], check=True)
-    out["curve"] = str(png.relative_to(ROOT))
+    out["curve"] = str(png)
     return out
 
 
@@ -79,14 +82,16 @@ def main() -> None:
     ap.add_argument("--report", action="store_true", help="only report the run so far")
     ap.add_argument("--target", type=float, default=0.0)
     ap.add_argument("--window", type=int, default=20, help="iterations with finished episodes in the mean")
+    ap.add_argument("--out", type=pathlib.Path, default=ROOT / "bench", help="where the curve goes")
+    ap.add_argument("overrides", nargs="*", help="config overrides of a new run (key.sub=value)")
     args = ap.parse_args()
     if args.report:
         import yaml
 
         run_dir = args.runs_dir / yaml.safe_load(args.config.read_text())["name"]
     else:
-        run_dir = train(args.config, args.runs_dir, args.steps, args.hours)
-    print(report(run_dir, args.target, args.window))
+        run_dir = train(args.config, args.runs_dir, args.steps, args.hours, args.overrides)
+    print(report(run_dir, args.target, args.window, args.out))
 
 
 if __name__ == "__main__":

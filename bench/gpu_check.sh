@@ -23,7 +23,8 @@
 # profiled (bench/bench_first_iterations.py); the same eager / captured / compiled (torch.compile
 # of the components' compile targets, alone and inside the capture) with kernels per iteration,
 # the GPU job trained compiled, and the compile tests; with FULL=1 also the
-# heterogeneous run (PPO CartPole, coarse, learner on cuda:0) to the end; the host-sync guard
+# heterogeneous run (PPO CartPole, coarse, learner on cuda:0) to the end; with PONG=1 PPO on Pong
+# with its learner on cuda:0 for PONG_S seconds (bench/bench_pong_learning.py); the host-sync guard
 # and each gpu_only job's ops per iteration (bench/bench_host_syncs.py). Without a GPU (no
 # nvidia-smi, or torch without CUDA) the same script runs what needs none: the host-sync guard,
 # the kernels' host build against their torch reference, the ops count and the GPU job on the CPU.
@@ -126,6 +127,14 @@ if [ "$GPU" = 1 ]; then  # (on the CPU the suite runs the tests; the job would t
   part gpu_only_job_compiled_time 60 $py -P bench/time_breakdown.py "$T/runs_compiled/ppo_cartpole_gpu_only" \
     --json "$OUT/gpu_only_job_compiled_time.json"
   part compile_tests 400 "${PYTEST[@]}" tests/test_compile.py
+fi
+if [ "${PONG:-0}" = 1 ] && [ "$GPU" = 1 ]; then  # Pong: actors on the CPU (ale-py's vector env), the learner on cuda:0,
+  # for PONG_S seconds (default 480): env steps per second and the return reached (issue 49's GPU part)
+  PONG_S=${PONG_S:-480}
+  part pong_cuda_learner $((PONG_S + 180)) $py -P bench/bench_pong_learning.py --runs-dir "$T/pong" --out "$OUT" \
+    --hours "$($py -c "print($PONG_S / 3600)")" distribution_policy.name=single_learner_coarse runtime=local \
+    distribution_policy.devices.learner=cuda:0 env.num_envs=64 env.num_workers=8 train.torch_threads=4
+  cp "$T/pong/ppo_pong/metrics.csv" "$OUT/pong_cuda_learner_metrics.csv" 2>/dev/null
 fi
 if [ "${FULL:-0}" = 1 ] && [ "$GPU" = 1 ]; then  # the heterogeneous run to the end (about a minute on an H100)
   part coarse_cuda_learner 300 msrl train configs/ppo_cartpole.yaml distribution_policy.name=single_learner_coarse \
