@@ -34,6 +34,7 @@ import cloudpickle
 import torch
 
 from msrl.api import EpisodeStats
+from msrl.backend import env_frame_padding
 from msrl.cluster.actor_manager import ReplicaGroup
 from msrl.cluster.replacement import CAPACITY_NOTE_S, Replacements
 from msrl.errors import ConfigError, PlacementError
@@ -488,7 +489,8 @@ class ReplicaActor:
         asynchronous = wiring.stream_endpoint(self.fragment_graph, key, self.mailbox, self.servers, boundary_servers,
                                               peers, token, tls, max_message, timeout_s, elastic,
                                               choice=self.transport_choice)
-        self.comm = wiring.endpoint(self.spec, self.fragment_graph, key, ranks, groups, asynchronous, max_message)
+        self.comm = wiring.endpoint(self.spec, self.fragment_graph, key, ranks, groups, asynchronous, max_message,
+                                    env_frame_padding(self.spec))  # between processes: frame rollouts cross compact
         self.comm.inference = self.replica.inference  # central inference's server replica
         if self.replica.inference is not None:  # a lost client's run starts again for its replacement
             self.replica.inference.replaceable = self.replica.inference.plan.clients in elastic
@@ -511,7 +513,8 @@ class ReplicaActor:
         asynchronous = wiring.stream_endpoint(self.fragment_graph, key, self.mailbox, self.servers, boundary_servers,
                                               peers, token, tls, max_message, timeout_s, elastic, own,
                                               self.transport_choice)
-        self.comm = wiring.endpoint(self.spec, self.fragment_graph, key, {}, None, asynchronous, max_message)
+        self.comm = wiring.endpoint(self.spec, self.fragment_graph, key, {}, None, asynchronous, max_message,
+                                    env_frame_padding(self.spec))
         asynchronous.transport.open_all()  # the greetings: the consumers learn where this replica listens
         self.host.steps_offset = steps_offset
         subs, _ = substitutes(self.fragment_graph, self.fragment)

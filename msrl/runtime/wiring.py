@@ -174,25 +174,23 @@ def join(spec: Any, key: Key, ranks: Mapping[Key, int], peers: Mapping[Key, Mapp
 
 
 def endpoint(spec: Any, fragment_graph: Any, key: Key, ranks: Mapping[Key, int], groups: Groups | None,
-             asynchronous: Any = None, max_message: int | None = None) -> Any:
+             asynchronous: Any = None, max_message: int | None = None, frame_padding: str | None = None) -> Any:
     """The replica's :class:`~msrl.runtime.dist.DistEndpoint`: its synchronous boundaries over the
     process group :func:`join` made (``groups``; ``None`` with empty ``ranks``: a replacement,
     every boundary of it asynchronous), its asynchronous ones over ``asynchronous``
-    (:func:`stream_endpoint`). Both send the job's frame-stacked rollouts in compact form
-    (:func:`msrl.runtime.frames.frame_padding`)."""
-    from msrl.backend import env_frame_padding
+    (:func:`stream_endpoint`). With ``frame_padding`` (the job's:
+    :func:`msrl.backend.env_frame_padding`) both send its frame-stacked rollouts in compact form."""
     from msrl.runtime.dist import DistEndpoint
 
     devices = {f.name: torch.device(f.device) for f in spec.policy.fragments}
     groups = groups or Groups()
-    padding = env_frame_padding(spec)  # between processes: frame-stacked rollouts cross compact
     if asynchronous is not None:
-        asynchronous.frame_padding = padding
+        asynchronous.frame_padding = frame_padding
     out = DistEndpoint(fragment_graph.boundaries, key[0], key[1], ranks, groups.fragment_group, devices[key[0]],
                        devices, local_group=groups.local_group, asynchronous=asynchronous,
                        max_message=max_message or CODEC_MAX_MESSAGE, hierarchical=groups.hierarchical,
                        leaders_group=groups.leaders_group, links=groups.links, link_server=groups.link_server)
-    out.frame_padding = padding
+    out.frame_padding = frame_padding
     return out
 
 
