@@ -53,6 +53,9 @@ __all__ = ["RayJob", "ReplicaActor", "ReplicaDied", "PlacementError", "ClusterJo
 #: the longest a restart's note waits for Ray to count a lost node out of the live ones
 CAPACITY_SETTLE_S = 60.0
 
+#: seconds a Ray that msrl starts on this machine waits for its GCS to come up (Ray's default: 30)
+LOCAL_GCS_WAIT_S = 120
+
 
 def _lacking(n: int, bundle: Mapping[str, float]) -> bool:
     """Whether the live nodes of the cluster have, in all, fewer CPUs/GPUs than ``n`` bundles need."""
@@ -186,7 +189,9 @@ def init_ray(address: str | None, num_cpus: int, connect_timeout_s: float = 60.0
     Joining says so on stderr (``msrl: joined the Ray cluster at ADDRESS (N node(s), C CPUs)``).
     A join takes at most about ``connect_timeout_s`` (``cluster.connect_timeout_s``): a
     ``HOST:PORT`` where nothing listens is refused at once, and Ray's own attempts to reach its
-    GCS are bounded by it (``RAY_gcs_server_port_wait_time_s``, unless set).
+    GCS are bounded by it (``RAY_gcs_server_port_wait_time_s``, unless set). A Ray this call
+    starts waits up to :data:`LOCAL_GCS_WAIT_S` for its GCS (Ray's own default is 30 s), unless
+    ``RAY_gcs_server_port_wait_time_s`` is set.
 
     Raises:
         ClusterJoinError: Ray could not connect to ``address``; the message names the address,
@@ -199,6 +204,9 @@ def init_ray(address: str | None, num_cpus: int, connect_timeout_s: float = 60.0
         # replicas at the driver's niceness (Ray's default puts its workers at 15, where any
         # ordinary process on the machine starves them; cluster.learner_priority counts from here)
         system = {} if "RAY_worker_niceness" in os.environ else {"worker_niceness": 0}
+        # Ray waits 30 s for its new GCS to write its port; a busy machine (CI, a laptop under
+        # load) has taken longer, and the start failed with nothing wrong
+        os.environ.setdefault("RAY_gcs_server_port_wait_time_s", str(LOCAL_GCS_WAIT_S))
         try:
             ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
                      configure_logging=False, _system_config=system)

@@ -11,6 +11,10 @@ from msrl.policy import load_policy
 
 torch.set_num_threads(1)
 
+# every Ray the suite starts (ray.init, `ray start`, msrl's own) waits up to 3 min for its GCS: Ray's
+# default 30 s has run out on a busy CI machine with nothing wrong (a setup error, not a failure)
+os.environ.setdefault("RAY_gcs_server_port_wait_time_s", "180")
+
 
 def ppo_spec(policy: str = "single", num_envs: int = 4, seed: int = 3, total: int = 10_000, **hp) -> JobSpec:
     """A small PPO job: T=16 steps, 2 epochs of 2 minibatches."""

@@ -7,6 +7,7 @@ no run directory."""
 
 from __future__ import annotations
 
+import os
 import pathlib
 import socket
 import threading
@@ -215,6 +216,33 @@ def test_a_ray_that_fails_to_start_is_one_line_with_its_cause(tmp_path, capsys, 
                                          "timed out during startup.")
     assert "Ray's logs are under " in line and "more lines" not in line
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("user_value", [None, "7"], ids=["default", "user_set"])
+def test_a_ray_msrl_starts_waits_minutes_for_its_gcs_unless_the_user_says(monkeypatch, user_value):
+    """Ray waits 30 s for a new GCS to come up; on a busy machine that ran out with nothing wrong
+    (CI: "Timed out waiting for file .../gcs_server_port_..."). A Ray msrl starts waits
+    :data:`LOCAL_GCS_WAIT_S`; ``RAY_gcs_server_port_wait_time_s`` set by the user wins."""
+    ray = pytest.importorskip("ray")
+    from msrl.cluster import ray_runtime
+
+    if ray.is_initialized():
+        ray.shutdown()
+    if user_value is None:
+        monkeypatch.delenv("RAY_gcs_server_port_wait_time_s", raising=False)
+    else:
+        monkeypatch.setenv("RAY_gcs_server_port_wait_time_s", user_value)
+    seen = {}
+
+    def record(*args, **kwargs):
+        seen["wait"] = os.environ.get("RAY_gcs_server_port_wait_time_s")
+        raise Exception("stop here")
+
+    monkeypatch.setattr(ray, "init", record)
+    with pytest.raises(ray_runtime.ClusterJoinError, match="cannot start Ray on this machine"):
+        ray_runtime.init_ray(None, num_cpus=2)
+    assert seen["wait"] == (user_value or str(ray_runtime.LOCAL_GCS_WAIT_S))
+    assert ray_runtime.LOCAL_GCS_WAIT_S >= 120
 
 
 @pytest.mark.parametrize("over, match", [
