@@ -31,7 +31,7 @@ from msrl.api import (
 from msrl.rl.actors import ActorCriticActor
 from msrl.rl.buffers import RolloutBuffer
 from msrl.rl.losses import normalize_advantages
-from msrl.rl.networks import ACTION_SPACES, ActorCritic, build_actor_critic
+from msrl.rl.networks import ACTION_SPACES, OBSERVATION_SPACES, ActorCritic, build_actor_critic
 
 __all__ = ["A2CConfig", "A2CLearner", "A2CTrainer", "ALGORITHM"]
 
@@ -173,6 +173,7 @@ class A2CTrainer(Trainer):
 
 ALGORITHM = AlgorithmSpec(
     name="a2c",
+    observation_spaces=OBSERVATION_SPACES,
     action_spaces=ACTION_SPACES,
     hparams=A2CConfig,
     trainer=A2CTrainer,

@@ -32,7 +32,7 @@ from msrl.api import (
 )
 from msrl.rl.actors import ActorCriticActor
 from msrl.rl.buffers import RolloutBuffer
-from msrl.rl.networks import ACTION_SPACES, ActorCritic, build_actor_critic
+from msrl.rl.networks import ACTION_SPACES, OBSERVATION_SPACES, ActorCritic, build_actor_critic
 from msrl.rl.schedules import anneal_learning_rate, learning_rate_tensor, load_learning_rate
 
 __all__ = ["IMPALAConfig", "IMPALALearner", "IMPALATrainer", "ALGORITHM"]
@@ -209,6 +209,7 @@ class IMPALATrainer(Trainer):
 
 ALGORITHM = AlgorithmSpec(
     name="impala",
+    observation_spaces=OBSERVATION_SPACES,
     action_spaces=ACTION_SPACES,
     hparams=IMPALAConfig,
     trainer=IMPALATrainer,

@@ -27,7 +27,7 @@ from msrl.api import (
     Trainer,
     UnitInterval,
 )
-from msrl.rl.networks import ACTION_SPACES
+from msrl.rl.networks import ACTION_SPACES, OBSERVATION_SPACES
 from msrl.rl.recurrent import RecurrentActor, RecurrentRolloutBuffer, build_recurrent_actor_critic
 from msrl.rl.schedules import anneal_learning_rate, learning_rate_tensor, load_learning_rate
 
@@ -196,6 +196,7 @@ class IMPALALSTMTrainer(Trainer):
 
 ALGORITHM = AlgorithmSpec(
     name="impala_lstm",
+    observation_spaces=OBSERVATION_SPACES,
     action_spaces=ACTION_SPACES,
     hparams=IMPALALSTMConfig,
     trainer=IMPALALSTMTrainer,

@@ -36,7 +36,7 @@ from msrl.normalization import RunningMeanStd
 from msrl.rl.actors import ActorCriticActor
 from msrl.rl.buffers import RolloutBuffer
 from msrl.rl.losses import ppo_epochs, ppo_loss
-from msrl.rl.networks import ACTION_SPACES, ActorCritic, build_actor_critic
+from msrl.rl.networks import ACTION_SPACES, OBSERVATION_SPACES, ActorCritic, build_actor_critic
 from msrl.rl.schedules import anneal_learning_rate, learning_rate_tensor, load_learning_rate
 
 __all__ = ["PPOConfig", "PPOActor", "RolloutBuffer", "PPOLearner", "PPOTrainer", "ALGORITHM"]
@@ -177,7 +177,7 @@ class PPOLearner(Learner):
             clip,
         )
         if hp.normalize_obs:  # after the update: the next rollout normalizes with these statistics
-            net.obs_rms.update(b_obs.flatten(1), self.reduce_statistics, self.replicas)
+            net.obs_rms.update(net.observation_vector(b_obs), self.reduce_statistics, self.replicas)
         return metrics
 
     @torch.no_grad()
@@ -297,6 +297,7 @@ class PPOTrainer(Trainer):
 
 ALGORITHM = AlgorithmSpec(
     name="ppo",
+    observation_spaces=OBSERVATION_SPACES,
     action_spaces=ACTION_SPACES,
     hparams=PPOConfig,
     trainer=PPOTrainer,

@@ -33,7 +33,7 @@ from msrl.api import (
     UnitInterval,
 )
 from msrl.rl.losses import ppo_epochs, ppo_loss
-from msrl.rl.networks import ACTION_SPACES
+from msrl.rl.networks import ACTION_SPACES, OBSERVATION_SPACES
 from msrl.rl.recurrent import RecurrentActor, RecurrentRolloutBuffer, build_recurrent_actor_critic
 from msrl.rl.schedules import anneal_learning_rate, learning_rate_tensor, load_learning_rate
 
@@ -210,6 +210,7 @@ class PPOLSTMTrainer(Trainer):
 
 ALGORITHM = AlgorithmSpec(
     name="ppo_lstm",
+    observation_spaces=OBSERVATION_SPACES,
     action_spaces=ACTION_SPACES,
     hparams=PPOLSTMConfig,
     trainer=PPOLSTMTrainer,

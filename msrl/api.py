@@ -706,6 +706,10 @@ class AlgorithmSpec:
             return (f"{self.name} supports {names(self.observation_spaces)} observations; {env.env_id} has "
                     f"{type(env.observation_space).__name__} observations{hint}")
         if not isinstance(env.action_space, self.action_spaces):
+            hint = ""
+            if (isinstance(env.action_space, gymnasium.spaces.Tuple) and gymnasium.spaces.MultiDiscrete in self.action_spaces
+                    and all(isinstance(s, gymnasium.spaces.Discrete) for s in env.action_space.spaces)):
+                hint = " (env.wrappers: [multi_discrete_action] takes a Tuple of Discrete actions as one MultiDiscrete)"
             return (f"{self.name} supports {names(self.action_spaces)} actions; {env.env_id} has "
-                    f"{type(env.action_space).__name__} actions")
+                    f"{type(env.action_space).__name__} actions{hint}")
         return None

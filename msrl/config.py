@@ -76,7 +76,9 @@ class EnvConfig(_Strict):
     wrappers: list[str] = Field(
         default_factory=list, description="msrl's named env wrappers, applied in order (atari: the standard "
         "Atari preprocessing, 84x84 grayscale frames, 4 stacked; flatten_observation: gymnasium's "
-        "FlattenObservation, a Dict or Tuple observation as one vector)"
+        "FlattenObservation, a Dict or Tuple observation as one vector (PPO, A2C and IMPALA take Dict "
+        "observations as they are); mask_velocity: classic control with its velocities hidden; "
+        "multi_discrete_action: a Tuple of Discrete actions as one MultiDiscrete)"
     )
 
 
@@ -389,6 +391,16 @@ def load_config(path: str | pathlib.Path, overrides: Sequence[str] = ()) -> RunC
     return validate(apply_overrides(raw, overrides))
 
 
+def _has_frames(space: Any) -> bool:
+    """Whether observations of ``space`` hold uint8 frames ``(C, H, W)`` (a Dict: in some key)."""
+    from msrl.envs.dict_obs import is_image_space
+
+    subs = getattr(space, "spaces", None)
+    if isinstance(subs, dict):
+        return any(is_image_space(s) for s in subs.values())
+    return is_image_space(space)
+
+
 def _hparams(cfg: RunConfig, algorithm: Any) -> Any:
     cls = algorithm.hparams
     fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -586,8 +598,7 @@ def build_job_spec(cfg: RunConfig) -> Any:
         )
     hparams = _hparams(cfg, algorithm)
     cnn = getattr(hparams, "cnn", "nature")
-    frames = str(getattr(es.observation_space, "dtype", "")) == "uint8" and len(es.observation_space.shape or ()) == 3
-    if cnn != "nature" and not frames:
+    if cnn != "nature" and not _has_frames(es.observation_space):
         raise ConfigError(f"algorithm.hparams.cnn={cnn}: the {cnn} trunk is for uint8 frame observations (C, H, W); "
                           f"{cfg.env.id} has {es.observation_space}")
     spec = JobSpec(

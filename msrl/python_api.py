@@ -90,7 +90,8 @@ class TrainedPolicy:
 
         Args:
             obs: one env's observation (``obs_shape``; ``(num_agents, *obs_shape)`` for
-                multi-agent envs) or a batch with a leading env axis, as a NumPy array or tensor.
+                multi-agent envs) or a batch with a leading env axis, as a NumPy array or tensor;
+                for a Dict observation space, a mapping of each key's value (or batch).
             deterministic: the mode of the action distribution (``False``: a sample).
             episode_start: a recurrent policy (``ppo_lstm``) carries its state from call to call;
                 ``(N,)`` bools mark the envs whose episode starts with ``obs`` (their state starts
@@ -102,9 +103,12 @@ class TrainedPolicy:
         Raises:
             ValueError: ``obs`` has neither the shape of one observation nor of a batch.
         """
+        import gymnasium
         import numpy as np
         import torch
 
+        if isinstance(self.observation_space, gymnasium.spaces.Dict):
+            return self._act_dict(obs, deterministic, episode_start)
         x = torch.as_tensor(np.asarray(obs) if not isinstance(obs, torch.Tensor) else obs, dtype=torch.float32,
                             device=self.device)
         one = tuple(self.observation_space.shape)
@@ -117,6 +121,37 @@ class TrainedPolicy:
             single = False
         else:
             raise ValueError(f"obs of shape {tuple(x.shape)}: expected {one} (one env) or (N, {', '.join(map(str, one))})")
+        with torch.no_grad():
+            if getattr(self.actor, "recurrent", False):
+                out = self._act_recurrent(x, deterministic, episode_start)
+            else:
+                out = self.actor.act(x, deterministic=deterministic)
+        action = (out[0] if isinstance(out, tuple) else out).cpu().numpy()
+        return action[0] if single else action
+
+    def _act_dict(self, obs: Any, deterministic: bool, episode_start: Any) -> Any:
+        """:meth:`act` for a Dict observation space: ``obs`` is a mapping of one env's values, or
+        of batches with a leading env axis, packed as the engines pack them
+        (:class:`~msrl.envs.dict_obs.DictLayout`)."""
+        import numpy as np
+        import torch
+
+        from msrl.envs.dict_obs import DictLayout
+
+        layout = DictLayout(self.observation_space)
+        if not hasattr(obs, "keys"):
+            raise ValueError(f"obs: this policy takes Dict observations ({layout.describe()}), got a {type(obs).__name__}")
+        first = layout.fields[0]
+        got = np.shape(np.asarray(obs[first.key])) if first.key in obs else None
+        single = got == first.shape
+        if not single and (got is None or tuple(got[1:]) != first.shape):
+            raise ValueError(f"obs[{first.key!r}] of shape {got}: expected {first.shape} (one env) or (N, ...)")
+        if single:
+            rows = layout.pack(obs)[None]
+        else:
+            n = got[0]
+            rows = np.stack([layout.pack({k: np.asarray(v)[i] for k, v in obs.items()}) for i in range(n)])
+        x = torch.as_tensor(rows, device=self.device)
         with torch.no_grad():
             if getattr(self.actor, "recurrent", False):
                 out = self._act_recurrent(x, deterministic, episode_start)

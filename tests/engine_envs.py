@@ -82,6 +82,53 @@ class MatchTargets(gymnasium.Env):
         return self._obs(), reward, False, self.t >= 8, {}
 
 
+class TupleMatchTargets(MatchTargets):
+    """MatchTargets with a ``Tuple(Discrete(3, start=1), Discrete(4))`` action (the first
+    component names its target plus 1)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.action_space = gymnasium.spaces.Tuple((gymnasium.spaces.Discrete(3, start=1), gymnasium.spaces.Discrete(4)))
+
+    def step(self, action):
+        first, second = action
+        return super().step((int(first) - 1, int(second)))
+
+
+class LookAndMatch(gymnasium.Env):
+    """A ``Dict`` observation of a frame and a vector: ``"frame"`` is a uint8 ``(1, 36, 36)``
+    image with a bright 12x12 square in its left or right half (target ``a``), ``"hint"`` a
+    float32 one-hot of 2 (target ``b``), ``"phase"`` a ``Discrete(9)`` step count; a
+    ``MultiDiscrete([2, 2])`` action earns 1 per component that names its target; 8-step
+    episodes. Random: 8 per episode, perfect: 16. A policy must read the image (through a CNN)
+    and the vector: the packed row mixes bytes and floats."""
+
+    def __init__(self) -> None:
+        self.observation_space = gymnasium.spaces.Dict({
+            "frame": gymnasium.spaces.Box(0, 255, (1, 36, 36), np.uint8),
+            "hint": gymnasium.spaces.Box(0.0, 1.0, (2,), np.float32), "phase": gymnasium.spaces.Discrete(9)})
+        self.action_space = gymnasium.spaces.MultiDiscrete([2, 2])
+        self.t, self.targets = 0, (0, 0)
+
+    def _obs(self):
+        a, b = int(self.np_random.integers(2)), int(self.np_random.integers(2))
+        self.targets = (a, b)
+        frame = self.np_random.integers(0, 40, (1, 36, 36), dtype=np.uint8)
+        top = int(self.np_random.integers(0, 24))
+        frame[0, top:top + 12, 18 * a + 3:18 * a + 15] = 255
+        return {"frame": frame, "hint": np.eye(2, dtype=np.float32)[b], "phase": self.t}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        reward = float(int(action[0]) == self.targets[0]) + float(int(action[1]) == self.targets[1])
+        self.t += 1
+        return self._obs(), reward, False, self.t >= 8, {}
+
+
 class Frames(gymnasium.Env):
     """Random uint8 frames ``(4, 36, 36)`` (the Nature CNN's smallest input), three actions, reward
     1 when the action is the first frame's mean modulo 3; 8-step episodes. For what pixels cost
@@ -133,6 +180,8 @@ class Recall(gymnasium.Env):
 
 gymnasium.register("MatchTargets-v0", entry_point=MatchTargets)
 gymnasium.register("Recall-v0", entry_point=Recall)
+gymnasium.register("LookAndMatch-v0", entry_point=LookAndMatch)
+gymnasium.register("TupleMatchTargets-v0", entry_point=TupleMatchTargets)
 gymnasium.register("Frames-v0", entry_point=Frames)
 gymnasium.register("WorkerOnlyFailure-v0", entry_point=WorkerOnlyFailure)
 gymnasium.register("Faulty-v0", entry_point=FaultyCartPole, max_episode_steps=500)

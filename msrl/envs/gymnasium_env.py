@@ -33,12 +33,14 @@ def obs_dtype(space: gymnasium.Space) -> torch.dtype:
 def env_spec_of(env: gymnasium.Env, env_id: str, num_envs: int) -> EnvSpec:
     """The :class:`~msrl.api.EnvSpec` of a batch of ``num_envs`` copies of ``env``: a PettingZoo
     env's (:class:`~msrl.envs.pettingzoo_env.AgentStackedEnv`) spaces are one agent's, with its
-    agent count."""
+    agent count; a Dict-observation env's is its ``Dict`` (its observations come packed:
+    :class:`~msrl.envs.dict_obs.PackDictObservation`)."""
     from msrl.envs.pettingzoo_env import AgentStackedEnv
 
     if isinstance(env, AgentStackedEnv):
         return EnvSpec(env_id, env.agent_observation_space, env.agent_action_space, num_envs, len(env.agents))
-    return EnvSpec(env_id, env.observation_space, env.action_space, num_envs)
+    # a packed Dict observation (PackDictObservation): the spec names the env's own Dict space
+    return EnvSpec(env_id, getattr(env, "dict_space", env.observation_space), env.action_space, num_envs)
 
 
 class EpisodeTracker:

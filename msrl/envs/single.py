@@ -143,6 +143,38 @@ def _flatten_observation(env_id: str, kwargs: dict[str, Any]) -> tuple[dict[str,
     return kwargs, gymnasium.wrappers.FlattenObservation
 
 
+class TupleAsMultiDiscrete(gymnasium.ActionWrapper):
+    """An env whose ``Tuple`` of ``Discrete`` actions is taken as one ``MultiDiscrete``: the
+    policy picks ``(k,)`` int64 indices counted from 0, the env gets the tuple of each
+    sub-space's ``start + index``. (gymnasium has no action-flattening wrapper; this is the
+    inverse of its ``MultiDiscrete`` to ``Tuple`` view.) A class, not a lambda: env snapshots
+    pickle it.
+
+    Raises:
+        ValueError: a Tuple with a sub-space other than Discrete (named, by position).
+    """
+
+    def __init__(self, env: gymnasium.Env) -> None:
+        super().__init__(env)
+        space = env.action_space
+        if not isinstance(space, gymnasium.spaces.Tuple):
+            raise ValueError(f"'multi_discrete_action' takes a Tuple of Discrete actions, this env has {space}")
+        for i, sub in enumerate(space.spaces):
+            if not isinstance(sub, gymnasium.spaces.Discrete):
+                raise ValueError(f"'multi_discrete_action': action {i} of the Tuple is {sub}; only a Tuple of "
+                                 "Discrete actions is one MultiDiscrete")
+        self.starts = tuple(int(sub.start) for sub in space.spaces)
+        self.action_space = gymnasium.spaces.MultiDiscrete([int(sub.n) for sub in space.spaces])
+
+    def action(self, action: Any) -> tuple[int, ...]:
+        return tuple(int(a) + s for a, s in zip(np.asarray(action).reshape(-1), self.starts))
+
+
+def _multi_discrete_action(env_id: str, kwargs: dict[str, Any]) -> tuple[dict[str, Any], Callable[[gymnasium.Env], gymnasium.Env]]:
+    """:class:`TupleAsMultiDiscrete`."""
+    return kwargs, TupleAsMultiDiscrete
+
+
 #: classic-control ids -> the indices of their observations that are velocities
 VELOCITIES = {"CartPole-v1": (1, 3), "Pendulum-v1": (2,), "MountainCar-v0": (1,), "MountainCarContinuous-v0": (1,),
               "Acrobot-v1": (4, 5)}
@@ -177,6 +209,7 @@ WRAPPERS: dict[str, Callable[[str, dict[str, Any]], tuple[dict[str, Any], Callab
     "atari": _atari,
     "flatten_observation": _flatten_observation,
     "mask_velocity": _mask_velocity,
+    "multi_discrete_action": _multi_discrete_action,
 }
 
 
@@ -191,7 +224,8 @@ def make_single_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None,
                     wrappers: Sequence[str] = ()) -> gymnasium.Env:
     """``gymnasium.make(env_id, **env_kwargs)`` with msrl's named ``wrappers`` applied in order; for
     a ``pettingzoo/<module>`` id, the module's ``parallel_env(**env_kwargs)`` with a leading agent
-    axis (:class:`~msrl.envs.pettingzoo_env.AgentStackedEnv`).
+    axis (:class:`~msrl.envs.pettingzoo_env.AgentStackedEnv`). A ``Dict`` observation comes
+    packed into one row (:class:`~msrl.envs.dict_obs.PackDictObservation`, outermost).
 
     Raises:
         UnknownEnvError: unknown id.
@@ -220,6 +254,10 @@ def make_single_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None,
         raise refused from None
     for wrap in wraps:
         env = wrap(env)
+    if isinstance(env.observation_space, gymnasium.spaces.Dict):  # one row per env from here on
+        from msrl.envs.dict_obs import PackDictObservation
+
+        env = PackDictObservation(env)
     return env
 
 

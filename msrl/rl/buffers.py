@@ -12,6 +12,7 @@ import torch
 from tensordict import TensorDict
 
 from msrl.api import Buffer, BuildContext, returns
+from msrl.envs.dict_obs import storage_space
 
 __all__ = ["RolloutBuffer", "ReplayBuffer"]
 
@@ -19,7 +20,8 @@ __all__ = ["RolloutBuffer", "ReplayBuffer"]
 class RolloutBuffer(Buffer):
     """Preallocated ``(T, N, ...)`` storage for one rollout of ``T = num_steps`` steps.
 
-    Keys: ``obs`` ``(T, N, *obs_shape)`` float32 (uint8 for uint8 frames), ``action`` ``(T, N, *action_shape)``
+    Keys: ``obs`` ``(T, N, *obs_shape)`` float32 (uint8 for uint8 frames; a Dict observation's
+    packed rows ``(T, N, R)``, :func:`~msrl.envs.dict_obs.storage_space`), ``action`` ``(T, N, *action_shape)``
     (int64 for Discrete ``()`` and MultiDiscrete ``(k,)`` actions, float32 for Box),
     ``log_prob``, ``value``, ``reward`` ``(T, N)`` float32, ``terminated``, ``truncated``
     ``(T, N)`` bool, ``next_obs`` (the true next observation: the final one where an episode
@@ -35,12 +37,13 @@ class RolloutBuffer(Buffer):
 
     def __init__(self, ctx: BuildContext) -> None:
         spec, T, N = ctx.env_spec, ctx.hparams.num_steps, ctx.env_spec.num_envs
-        obs_shape = tuple(spec.observation_space.shape)
+        stored = storage_space(spec.observation_space)  # a Dict's packed row (msrl.envs.dict_obs)
+        obs_shape = tuple(stored.shape)
         discrete = isinstance(spec.action_space, (gymnasium.spaces.Discrete, gymnasium.spaces.MultiDiscrete))
         act_shape = tuple(spec.action_space.shape)  # () for Discrete, (k,) for MultiDiscrete
         f32, dev = torch.float32, ctx.device
         # uint8 frames stay bytes (a quarter of the memory); the network scales them
-        obs_t = torch.uint8 if spec.observation_space.dtype == np.uint8 else f32
+        obs_t = torch.uint8 if stored.dtype == np.uint8 else f32
         self.storage = TensorDict(
             {
                 "obs": torch.zeros(T, N, *obs_shape, dtype=obs_t, device=dev),

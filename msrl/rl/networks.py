@@ -15,15 +15,20 @@ import torch
 from torch import nn
 
 from msrl.api import BuildContext
+from msrl.envs.dict_obs import DictLayout, is_image_space
 from msrl.normalization import RunningMeanStd
 from msrl.rl.distributions import categorical_log_prob_entropy, multi_categorical_log_prob_entropy
 
 __all__ = ["layer", "mlp", "scale_frames", "nature_cnn", "impala_cnn", "CNNS", "ActorCritic", "build_actor_critic", "ACTION_SPACES",
-           "action_outputs"]
+           "OBSERVATION_SPACES", "DictEncoder", "action_outputs"]
 
 #: the action spaces :class:`ActorCritic` takes (an algorithm acting with it declares them:
 #: ``AlgorithmSpec(action_spaces=ACTION_SPACES)``)
 ACTION_SPACES = (gymnasium.spaces.Discrete, gymnasium.spaces.MultiDiscrete, gymnasium.spaces.Box)
+
+#: the observation spaces :class:`ActorCritic` takes: Box (vectors, uint8 frames) and Dict
+#: (packed by the engines, :mod:`msrl.envs.dict_obs`; an encoder per key, :class:`DictEncoder`)
+OBSERVATION_SPACES = (gymnasium.spaces.Box, gymnasium.spaces.Dict)
 
 
 def scale_frames(obs: torch.Tensor) -> torch.Tensor:
@@ -94,7 +99,11 @@ class ActorCritic(nn.Module):
     """Separate actor and critic MLPs with tanh activations and orthogonal init (CleanRL).
 
     Args:
-        observation_space: a Box; observations are flattened to ``obs_dim``.
+        observation_space: a Box (observations are flattened to ``obs_dim``; uint8 frames
+            ``(C, H, W)`` go through the ``cnn`` trunk) or a Dict, whose observations come packed
+            (:mod:`msrl.envs.dict_obs`): with image keys, a :class:`DictEncoder` trunk (a CNN per
+            image, the other keys through an MLP of ``hidden_sizes``) shared by linear heads;
+            without, the keys' flat vector (discrete keys one-hot) into the separate MLPs.
         action_space: Discrete (logits over ``n``), MultiDiscrete ``[n_1, ..., n_k]`` (independent
             Categoricals, logits over each ``n_j``: ``sum(n_j)`` outputs, as CleanRL's
             ``ppo_multidiscrete.py`` and the MuJoCo-free ``gym-microrts`` agents) or Box (Gaussian
@@ -114,35 +123,55 @@ class ActorCritic(nn.Module):
     def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space, hidden_sizes: tuple[int, ...],
                  obs_clip: float | None = None, cnn: str = "nature") -> None:
         super().__init__()
-        if not isinstance(observation_space, gymnasium.spaces.Box):
-            raise ValueError(f"PPO needs a Box observation space, got {observation_space}")
-        obs_dim = int(np.prod(observation_space.shape))
+        if not isinstance(observation_space, OBSERVATION_SPACES):
+            raise ValueError(f"the actor-critic needs a Box or Dict observation space, got {observation_space}")
         n_out = action_outputs(self, action_space)
         self.obs_clip = obs_clip
-        self.image = observation_space.dtype == np.uint8 and len(observation_space.shape) == 3
         if cnn not in CNNS:
             raise ValueError(f"cnn must be one of {', '.join(CNNS)}, got {cnn!r}")
-        if self.image:  # frames (C, H, W): a CNN trunk shared by both heads (CleanRL ppo_atari.py, ppo_procgen.py)
+        self.image = is_image_space(observation_space)
+        self.encoder: DictEncoder | None = None
+        packed = isinstance(observation_space, gymnasium.spaces.Dict)
+        images = packed and any(f.image for f in DictLayout(observation_space).fields)
+        if self.image or images:  # a CNN trunk shared by both heads (CleanRL ppo_atari.py, ppo_procgen.py)
             if obs_clip is not None:
                 raise ValueError("normalize_obs is for vector observations; image observations are scaled by 1/255")
-            self.trunk, width = CNNS[cnn](observation_space.shape[0], observation_space.shape[1:])
+            if self.image:  # frames (C, H, W)
+                self.trunk, width = CNNS[cnn](observation_space.shape[0], observation_space.shape[1:])
+            else:  # each image key through its CNN, the other keys through one MLP (SB3's CombinedExtractor)
+                self.trunk = self.encoder = DictEncoder(observation_space, hidden_sizes, cnn)
+                width = self.encoder.width
             self.critic = layer(width, 1, std=1.0)
             self.actor = layer(width, n_out, std=0.01)
             return
         if cnn != "nature":
             raise ValueError(f"cnn={cnn!r} is a trunk for uint8 frame observations (C, H, W); these are "
                              f"{observation_space}")
+        if packed:  # vectors only: the keys' flat vector, then the separate MLPs as for a Box
+            self.encoder = DictEncoder(observation_space, None)
+            obs_dim = self.encoder.width
+        else:
+            obs_dim = int(np.prod(observation_space.shape))
         self.critic = mlp(obs_dim, hidden_sizes, 1, out_std=1.0)
         self.actor = mlp(obs_dim, hidden_sizes, n_out, out_std=0.01)
         if obs_clip is not None:
             self.obs_rms = RunningMeanStd((obs_dim,))
 
+    def observation_vector(self, obs: torch.Tensor) -> torch.Tensor:
+        """A vector net's input before normalization: observations ``(B, *obs_shape)`` flattened
+        to ``(B, obs_dim)`` float (a packed Dict's keys restored, discrete keys one-hot); what
+        ``obs_rms`` keeps statistics of."""
+        return obs.flatten(1) if self.encoder is None else self.encoder(obs)
+
     def features(self, obs: torch.Tensor) -> torch.Tensor:
         """The heads' input: observations ``(B, *obs_shape)`` flattened to ``(B, obs_dim)``
-        (normalized when the net normalizes), or for frames the CNN trunk's ``(B, 512)``."""
+        (normalized when the net normalizes), or for frames (and Dicts with images) the trunk's
+        ``(B, width)``."""
         if self.image:
             return self.trunk(scale_frames(obs))
-        x = obs.flatten(1)
+        if self.encoder is not None and self.encoder.images:
+            return self.trunk(obs)
+        x = self.observation_vector(obs)
         return x if self.obs_clip is None else self.obs_rms.normalize(x, self.obs_clip)
 
     def head(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -184,6 +213,79 @@ class ActorCritic(nn.Module):
         dist = torch.distributions.Normal(out, self.actor_logstd.expand_as(out).exp(), validate_args=False)
         flat = action.flatten(1)
         return dist.log_prob(flat).sum(-1), dist.entropy().sum(-1), value
+
+
+class DictEncoder(nn.Module):
+    """An encoder per key of a packed ``Dict`` observation (:class:`~msrl.envs.dict_obs.DictLayout`),
+    concatenated: ``(B, R)`` packed rows -> ``(B, width)`` float32.
+
+    Image keys (uint8 ``(C, H, W)``) go through their own ``cnn`` trunk (scaled by 1/255,
+    :func:`scale_frames`); the other keys are flattened in key order (Discrete and
+    MultiDiscrete keys one-hot, as ``gymnasium.spaces.flatten``; uint8 vectors as their values)
+    into one vector, which goes through a tanh MLP of ``vector_hidden`` (orthogonal init) when
+    given (``None``: the vector as it is). Images first, then the vector, as Stable-Baselines3's
+    ``CombinedExtractor`` concatenates them.
+
+    Args:
+        space: the ``Dict`` observation space.
+        vector_hidden: the MLP widths of the non-image keys, or ``None``.
+        cnn: the image keys' trunk (:data:`CNNS`).
+
+    Attributes:
+        layout: the packing; images: whether any key is an image; width: the output width.
+
+    Raises:
+        ValueError: a space :class:`~msrl.envs.dict_obs.DictLayout` refuses, or an unknown ``cnn``.
+    """
+
+    def __init__(self, space: gymnasium.spaces.Dict, vector_hidden: tuple[int, ...] | None,
+                 cnn: str = "nature") -> None:
+        super().__init__()
+        if cnn not in CNNS:
+            raise ValueError(f"cnn must be one of {', '.join(CNNS)}, got {cnn!r}")
+        self.layout = DictLayout(space)
+        self._image_keys = [f.key for f in self.layout.fields if f.image]
+        self._vector_fields = [f for f in self.layout.fields if not f.image]
+        trunks, width = [], 0
+        for f in self.layout.fields:
+            if f.image:
+                trunk, w = CNNS[cnn](f.shape[0], f.shape[1:])
+                trunks.append(trunk)
+                width += w
+        self.cnns = nn.ModuleList(trunks)  # in _image_keys' order (a key may hold a '.': no ModuleDict)
+        self.images = bool(trunks)
+        flat = sum(f.flat_width for f in self._vector_fields)
+        self.vector: nn.Module | None = None
+        if self._vector_fields and vector_hidden:
+            layers: list[nn.Module] = []
+            n_in = flat
+            for h in vector_hidden:
+                layers += [layer(n_in, h), nn.Tanh()]
+                n_in = h
+            self.vector, flat = nn.Sequential(*layers), n_in
+        self.width = width + (flat if self._vector_fields else 0)
+
+    def vector_input(self, parts: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The non-image keys of restored observations (:meth:`DictLayout.unpack`) as one
+        ``(B, V)`` float32 vector (discrete keys one-hot)."""
+        cols = []
+        for f in self._vector_fields:
+            x = parts[f.key]
+            if f.kind == "discrete":
+                cols.append(nn.functional.one_hot(x.long(), int(f.space.n)).float())
+            elif f.kind == "multi_discrete":
+                cols += [nn.functional.one_hot(x[:, j].long(), int(n)).float() for j, n in enumerate(f.space.nvec)]
+            else:
+                cols.append(x.flatten(1).float())
+        return torch.cat(cols, dim=1)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        parts = self.layout.unpack(obs)
+        out = [cnn(scale_frames(parts[k])) for k, cnn in zip(self._image_keys, self.cnns)]
+        if self._vector_fields:
+            v = self.vector_input(parts)
+            out.append(v if self.vector is None else self.vector(v))
+        return out[0] if len(out) == 1 else torch.cat(out, dim=1)
 
 
 def impala_cnn(channels: int, hw: tuple[int, ...], depths: tuple[int, ...] = (16, 32, 32),

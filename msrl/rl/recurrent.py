@@ -22,10 +22,11 @@ from tensordict import TensorDict
 from torch import nn
 
 from msrl.api import BuildContext
+from msrl.envs.dict_obs import is_image_space
 from msrl.rl.actors import ActorCriticActor, sample_action
 from msrl.rl.buffers import RolloutBuffer
 from msrl.rl.distributions import categorical_log_prob_entropy, multi_categorical_log_prob_entropy
-from msrl.rl.networks import CNNS, action_outputs, layer, scale_frames
+from msrl.rl.networks import CNNS, OBSERVATION_SPACES, DictEncoder, action_outputs, layer, scale_frames
 
 __all__ = ["RecurrentActorCritic", "RecurrentActor", "RecurrentRolloutBuffer", "build_recurrent_actor_critic"]
 
@@ -35,7 +36,9 @@ class RecurrentActorCritic(nn.Module):
 
     Args:
         observation_space: a Box: vectors (flattened; a tanh MLP trunk of ``hidden_sizes``) or
-            uint8 frames ``(C, H, W)`` (the ``cnn`` trunk of :data:`~msrl.rl.networks.CNNS`).
+            uint8 frames ``(C, H, W)`` (the ``cnn`` trunk of :data:`~msrl.rl.networks.CNNS`); or a
+            Dict, packed (:class:`~msrl.rl.networks.DictEncoder`: a ``cnn`` per image key, the
+            other keys through the MLP trunk).
         action_space: Discrete, MultiDiscrete (independent Categoricals) or Box (a diagonal
             Gaussian with a state-independent log std).
         hidden_sizes: the MLP trunk's widths (vectors only).
@@ -49,12 +52,15 @@ class RecurrentActorCritic(nn.Module):
     def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space, hidden_sizes: tuple[int, ...],
                  lstm_size: int = 128, cnn: str = "nature") -> None:
         super().__init__()
-        if not isinstance(observation_space, gymnasium.spaces.Box):
-            raise ValueError(f"the recurrent actor-critic needs a Box observation space, got {observation_space}")
+        if not isinstance(observation_space, OBSERVATION_SPACES):
+            raise ValueError(f"the recurrent actor-critic needs a Box or Dict observation space, got {observation_space}")
         n_out = action_outputs(self, action_space)
-        self.image = observation_space.dtype == np.uint8 and len(observation_space.shape) == 3
+        self.image = is_image_space(observation_space)
         if self.image:
             self.trunk, width = CNNS[cnn](observation_space.shape[0], observation_space.shape[1:])
+        elif isinstance(observation_space, gymnasium.spaces.Dict):  # packed: an encoder per key
+            self.trunk = DictEncoder(observation_space, tuple(hidden_sizes), cnn)
+            width = self.trunk.width
         else:
             layers: list[nn.Module] = [nn.Flatten()]
             width = int(np.prod(observation_space.shape))
