@@ -27,7 +27,7 @@ import contextlib
 import contextvars
 import dataclasses
 import types
-from typing import Annotated, Any, Callable, Iterator, Mapping
+from typing import Annotated, Any, Callable, Iterator, Mapping, Sequence
 
 import gymnasium
 import torch
@@ -61,6 +61,7 @@ __all__ = [
     "returns",
     "declared_kinds",
     "VALUE_KINDS",
+    "PARTIAL_REDUCTIONS",
     "COLLECTIVE_POINTS",
     "collective_scope",
     "in_gradient_step",
@@ -85,22 +86,31 @@ LayerSizes = Annotated[tuple[PositiveInt, ...], MinLen(1)]
 
 #: How a value relates to the env axis (see :func:`returns`): ``sharded`` (one row per env,
 #: split with the envs), ``batch`` (rows of a fixed-size batch, concatenated when gathered: a
-#: replay sample) or ``replicated`` (the same whole value everywhere: weights, metrics). The
-#: one definition; the partitioner chooses comm ops by it.
-VALUE_KINDS: tuple[str, ...] = ("sharded", "batch", "replicated")
+#: replay sample), ``replicated`` (the same whole value everywhere: weights, metrics) or
+#: ``partial`` (each replica holds a part of a sum: gradients of its own rollout; summed, or
+#: averaged, over the replicas when it crosses). The one definition; the partitioner chooses
+#: comm ops by it.
+VALUE_KINDS: tuple[str, ...] = ("sharded", "batch", "replicated", "partial")
+#: how a ``partial`` value's replicas combine (``@returns("partial", reduce=...)``)
+PARTIAL_REDUCTIONS: tuple[str, ...] = ("sum", "mean")
 
 
-def returns(*kinds: str, axis: int = 0) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def returns(*kinds: str, axis: int = 0, reduce: str = "sum") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Declares how a component method's result relates to the env axis.
 
     The partitioner chooses a boundary's comm op from it (DESIGN.md §3): ``"sharded"`` values
     have one row per env along ``axis`` and are split and concatenated with the envs (a rollout
     ``(T, N, ...)`` with ``axis=1``); a ``"batch"`` is a fixed-size batch whose rows are
     concatenated along ``axis`` when gathered from several replicas (a replay sample of 256
-    transitions: two actor replicas give the learner 512); ``"replicated"`` values are whole on
-    every replica (weights, metrics) and are broadcast, never gathered. Undeclared results are
-    classified by the probe (:mod:`msrl.probe`) from their shapes, which cannot tell a batch
-    from a replicated value; the probe also checks every declaration against what it observes.
+    transitions: two actor replicas give the learner 512; every tensor of a batch has its rows
+    along ``axis``, the same number in each); ``"replicated"`` values are whole on every replica
+    (weights, metrics) and are broadcast, never gathered; ``"partial"`` values are one replica's
+    part of a sum (the gradients of its own rollout, A3C's gradient push; DTensor's ``Partial``
+    placement): when one crosses to other replicas it is reduced -- summed leaf by leaf in replica
+    order, or averaged with ``reduce="mean"`` -- and every dst replica gets the whole result.
+    Undeclared results are classified by the probe (:mod:`msrl.probe`) from their shapes, which
+    cannot tell a batch, a partial value or a replicated one apart; the probe also checks every
+    declaration against what it observes.
 
     Example::
 
@@ -112,25 +122,30 @@ def returns(*kinds: str, axis: int = 0) -> Callable[[Callable[..., Any]], Callab
         kinds: one kind for the whole result (every element of a tuple result), or one per
             element of a tuple result, each in :data:`VALUE_KINDS`.
         axis: the env (or batch) axis of sharded values and batches.
+        reduce: how the replicas of a ``partial`` value combine, one of
+            :data:`PARTIAL_REDUCTIONS` (``"sum"``; ``"mean"``: the sum divided by the replica count).
 
     Raises:
-        ValueError: no kind, or a kind outside :data:`VALUE_KINDS`.
+        ValueError: no kind, a kind outside :data:`VALUE_KINDS`, or ``reduce`` outside
+            :data:`PARTIAL_REDUCTIONS`.
     """
     if not kinds:
         raise ValueError(f"returns() takes at least one kind from {VALUE_KINDS}")
     for k in kinds:
         if k not in VALUE_KINDS:
             raise ValueError(f"unknown value kind {k!r}; kinds are {VALUE_KINDS}")
+    if reduce not in PARTIAL_REDUCTIONS:
+        raise ValueError(f"returns(reduce={reduce!r}): a partial value's replicas combine by one of {PARTIAL_REDUCTIONS}")
 
     def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
-        fn.__msrl_returns__ = (tuple(kinds), int(axis))  # type: ignore[attr-defined]
+        fn.__msrl_returns__ = (tuple(kinds), int(axis), reduce)  # type: ignore[attr-defined]
         return fn
 
     return mark
 
 
-def declared_kinds(component: Any, method: str) -> tuple[tuple[str, ...], int] | None:
-    """The ``(kinds, axis)`` declared with :func:`returns` on ``component``'s ``method``
+def declared_kinds(component: Any, method: str) -> tuple[tuple[str, ...], int, str] | None:
+    """The ``(kinds, axis, reduce)`` declared with :func:`returns` on ``component``'s ``method``
     (looked up on its class, so subclasses inherit it), or ``None``."""
     fn = getattr(type(component), method, None)
     return getattr(fn, "__msrl_returns__", None)
@@ -522,21 +537,64 @@ class Learner(Component):
         """
         if loss.device.type == "cpu" and not torch.isfinite(loss):
             raise FloatingPointError(f"loss is {loss.item()}; the optimiser step was not taken")
-        if optimizer is None:
-            optimizer, params = self.optimizer, self.parameters
-        else:
-            params = [p for group in optimizer.param_groups for p in group["params"]]
+        optimizer, params = self._optimizer_params(optimizer)
         for group in optimizer.param_groups:  # optimizer.zero_grad(set_to_none=True), without its ~10 us of wrappers
             for p in group["params"]:
                 p.grad = None
         loss.backward()
+        return self._step(optimizer, params, max_grad_norm, loss.device)
+
+    def apply_gradient_values(
+        self,
+        gradients: Sequence[torch.Tensor],
+        max_grad_norm: float | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+    ) -> torch.Tensor:
+        """One optimiser step with gradients computed elsewhere (A3C's pushed gradients: an
+        actor's, or the sum or mean of several, arriving as a ``partial`` value): the gradients
+        set, the gradient collective point, clip, step -- :meth:`apply_gradients` without the
+        backward pass.
+
+        Args:
+            gradients: one tensor per parameter of the optimiser, in its ``param_groups``
+                order, each of its parameter's shape.
+            max_grad_norm, optimizer: as :meth:`apply_gradients`.
+
+        Returns:
+            the global gradient norm before clipping (as :meth:`apply_gradients`).
+
+        Raises:
+            ValueError: a gradient count or shape that does not match the parameters.
+            FloatingPointError: a gradient on the CPU holds NaN or infinity (the step is not taken).
+        """
+        optimizer, params = self._optimizer_params(optimizer)
+        if len(gradients) != len(params):
+            raise ValueError(f"{len(gradients)} gradients for {len(params)} parameters")
+        for i, (p, g) in enumerate(zip(params, gradients)):
+            if g.shape != p.shape:
+                raise ValueError(f"gradient {i} has shape {tuple(g.shape)}, its parameter {tuple(p.shape)}")
+            if g.device.type == "cpu" and not torch.isfinite(g).all():
+                raise FloatingPointError(f"gradient {i} (of a parameter of shape {tuple(p.shape)}) is not finite; "
+                                         "the optimiser step was not taken")
+        for p, g in zip(params, gradients):
+            p.grad = g.detach().to(device=p.device, dtype=p.dtype, copy=True)
+        return self._step(optimizer, params, max_grad_norm, params[0].device)
+
+    def _optimizer_params(self, optimizer: torch.optim.Optimizer | None) -> tuple[Any, list[torch.Tensor]]:
+        if optimizer is None:
+            return self.optimizer, self.parameters
+        return optimizer, [p for group in optimizer.param_groups for p in group["params"]]
+
+    def _step(self, optimizer: Any, params: list[torch.Tensor], max_grad_norm: float | None,
+              device: torch.device) -> torch.Tensor:
+        """The gradient collective point, the clip and the optimiser step of one gradient step."""
         reduce = _REDUCERS.get().get((id(self), "gradients"))
         if reduce is not None:  # a replicated learner's gradient all-reduce
             reduce([p.grad for p in params if p.grad is not None])
         if max_grad_norm is not None:
             norm = _clip_grad_norm(params, max_grad_norm)
         else:
-            norm = torch.full((), float("nan"), device=loss.device)
+            norm = torch.full((), float("nan"), device=device)
         token = _IN_GRADIENT_STEP.set(True)
         try:
             optimizer.step()
@@ -672,8 +730,10 @@ class AlgorithmSpec:
             produce: ``"corrected"`` (it corrects for the behaviour policy: V-trace, PPO's
             clipped importance ratio, or off-policy learning from a replay buffer),
             ``"uncorrected"`` (it assumes the learner's own policy acted, as A2C's gradient
-            does: the config refuses such policies), or ``None`` (not declared: a run under
-            such a policy says once on stderr that its actors lag).
+            does: the config refuses such policies), ``"tolerated"`` (its update applies what
+            older weights computed as it is, by design: A3C's asynchronous gradient push, Mnih et
+            al. 2016; the lag is logged), or ``None`` (not declared: a run under such a policy
+            says once on stderr that its actors lag).
     """
 
     name: str
@@ -687,8 +747,9 @@ class AlgorithmSpec:
     policy_lag: str | None = None
 
     def __post_init__(self) -> None:
-        if self.policy_lag not in (None, "corrected", "uncorrected"):
-            raise ValueError(f"AlgorithmSpec.policy_lag={self.policy_lag!r}: expected 'corrected', 'uncorrected' or None")
+        if self.policy_lag not in (None, "corrected", "uncorrected", "tolerated"):
+            raise ValueError(f"AlgorithmSpec.policy_lag={self.policy_lag!r}: expected 'corrected', 'uncorrected', "
+                             "'tolerated' or None")
 
     def unsupported(self, env: EnvSpec) -> str | None:
         """Why this algorithm cannot train on ``env`` (``None`` when it can)."""

@@ -79,8 +79,8 @@ class Boundary:
             ``put``/``get`` pairs are recorded by their src kind). An asynchronous boundary is
             ``put``/``get``.
         pattern: how values combine between the replica counts: ``send`` (replica ``i`` ->
-            ``i``), ``gather``, ``scatter`` or ``broadcast``; the same as ``comm_kind`` when
-            synchronous.
+            ``i``), ``gather``, ``reduce``, ``scatter`` or ``broadcast``; the same as ``comm_kind``
+            when synchronous.
         channel: what carries it, one of :data:`msrl.policy.BOUNDARY_CHANNELS` (``sync``: a
             collective both sides wait on, ``fifo``: a bounded queue, ``latest``: a latest-value
             slot); ``boundary_class``: the policy's class that set it, if any.
@@ -90,6 +90,7 @@ class Boundary:
         axis: the env (or batch) axis of a sharded value or a batch.
         in_loop: whether the boundary sits inside a loop region.
         in_branch: whether it sits inside a branch region (met only when the side is taken).
+        reduce: a ``partial`` value's reduction (``sum`` or ``mean``); ``None`` for other kinds.
     """
 
     name: str
@@ -108,6 +109,7 @@ class Boundary:
     channel: str = "sync"
     boundary_class: str | None = None
     capacity: int = 1
+    reduce: str | None = None
 
     def __post_init__(self) -> None:
         if self.pattern is None:
@@ -601,21 +603,24 @@ def _choose_op(policy: DistributionPolicy, c: _Comm, info: dict[str, Any] | None
         f"value {c.value!r} written by %{producer.id} at {producer.where()} in fragment {src.name} (x{src.replicas}) "
         f"and read by %{c.reader.id} at {c.reader.where()} in fragment {dst.name} (x{dst.replicas})"
     )
+    if info is not None and info["kind"] == "partial" and src.replicas > 1:
+        return NodeKind.REDUCE, NodeKind.REDUCE, None  # every dst replica gets the whole sum
     if src.replicas == dst.replicas:
         return NodeKind.SEND, NodeKind.RECV, None
     if info is None:
         raise PartitionError(
             f"{edge}: no probe run observed it and its method declares no kind, so msrl cannot tell whether it is "
-            "sharded, a batch or replicated; declare it with @msrl.api.returns(...) on the component method"
+            "sharded, a batch, partial or replicated; declare it with @msrl.api.returns(...) on the component method"
         )
     kind, axis = info["kind"], info.get("axis")
     if src.replicas > 1 and dst.replicas == 1:
         if kind in ("sharded", "batch"):
             return NodeKind.GATHER, NodeKind.GATHER, axis
         raise PartitionError(
-            f"{edge}: a replicated value cannot be gathered from many replicas to one; "
-            "reduce it inside a component, make it sharded along the env axis, or declare a batch to concatenate "
-            "with @msrl.api.returns('batch')"
+            f"{edge}: a replicated value cannot be gathered from many replicas to one; if each replica holds a "
+            "part of a sum (the gradients of its own rollout), declare it @msrl.api.returns('partial') (summed over "
+            "the replicas; reduce='mean' averages them); if it has one row per env, make it sharded along the env "
+            "axis; if it is the same on every replica, send it from one fragment that has one replica"
         )
     if src.replicas == 1 and dst.replicas > 1:
         if kind in ("sharded", "batch"):
@@ -662,6 +667,7 @@ class _Builder:
                 dst_replicas=d.replicas,
                 value_kind=info["kind"] if info else None,
                 axis=axis,
+                reduce=info.get("reduce") if info else None,
                 in_loop=in_loop,
                 in_branch=in_branch,
             )

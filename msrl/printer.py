@@ -83,6 +83,8 @@ def format_job(job: Job) -> str:
             how = f"fresh latest-value slot (each read a new version), {b.pattern.value}"
         else:
             how = f"sync {b.comm_kind.value}"
+        if b.pattern is NodeKind.REDUCE:
+            how += f" ({b.reduce or 'sum'} over {b.src}'s {b.src_replicas} replicas)"
         cls = f" [{b.boundary_class}]" if b.boundary_class else ""
         plan = fg.inference
         if plan is not None and b.method == "train_step" and {b.src, b.dst} == {plan.server, plan.clients}:

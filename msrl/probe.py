@@ -335,7 +335,7 @@ def _check_declaration(
     node: Node, name: str, index: int, declared: Any, a: dict[str, Any] | None, b: dict[str, Any] | None
 ) -> dict[str, Any] | None:
     """Probe info of a declared output; raises DeclarationError when the observation disagrees."""
-    (kinds, axis), cls = declared
+    (kinds, axis, reduce), cls = declared
     if len(kinds) > 1 and not node.unpack:
         raise DeclarationError(
             f"{cls.__name__}.{node.target[1]} declares {len(kinds)} kinds {kinds}, but the call at {node.where()} keeps "
@@ -351,7 +351,7 @@ def _check_declaration(
         observed = _env_axis(a["shape"], b["shape"])
         what = (
             f"{cls.__name__}.{node.target[1]} (called at {node.where()}) declares {name!r} {kind!r}"
-            + (f" along axis {axis}" if kind != "replicated" else "")
+            + (f" along axis {axis}" if kind in ("sharded", "batch") else "")
             + f", but the probe saw shape {a['shape']} with {PROBE_NUM_ENVS[0]} envs and {b['shape']} with "
             f"{PROBE_NUM_ENVS[1]}"
         )
@@ -360,11 +360,22 @@ def _check_declaration(
                 what + (": it does not change with the env count (declare 'batch' or 'replicated')" if observed is None
                         else f": it changes along axis {observed}")
             )
-        if kind == "replicated" and observed is not None:
+        if kind in ("replicated", "partial") and observed is not None:
             raise DeclarationError(what + f": it changes with the env count along axis {observed} (declare 'sharded')")
+        if kind == "batch":
+            rows = {leaf[axis] if len(leaf) > axis else None for leaf in _leaves(a["shape"])}
+            if len(rows) > 1:
+                raise DeclarationError(
+                    what + f": its tensors do not share one number of rows along axis {axis} "
+                    f"({', '.join(sorted(str(r) for r in rows))}), so concatenating replicas' batches would not "
+                    "stack rows; a value each replica holds a part of a sum of (gradients) is "
+                    "@msrl.api.returns('partial'), one the same everywhere 'replicated'"
+                )
     info = dict(a) if a is not None else {"type": None, "shape": None, "dtype": None}
     info["nbytes"] = _sizes(a, b)
-    info["kind"], info["axis"], info["declared"] = kind, (None if kind == "replicated" else axis), True
+    info["kind"], info["axis"], info["declared"] = kind, (axis if kind in ("sharded", "batch") else None), True
+    if kind == "partial":
+        info["reduce"] = reduce
     if kind == "sharded" and a is not None:
         info["shape"] = _symbolic(info["shape"], axis)
     return info

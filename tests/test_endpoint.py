@@ -19,7 +19,7 @@ from msrl.runtime.dist import DistEndpoint
 from msrl.runtime.endpoint import BOUNDARY_OPS, Endpoint
 
 #: the ops generated code may call
-OPS = {"send", "recv", "gather", "scatter", "broadcast", "put", "get", "allreduce_region", "serve"}
+OPS = {"send", "recv", "gather", "reduce", "scatter", "broadcast", "put", "get", "allreduce_region", "serve"}
 
 
 def _comm_calls(source: str) -> set[str]:

@@ -167,7 +167,7 @@ def _served(algo, envs, num_envs=4, **inference):
                    env_kwargs=ENV_KWARGS.get(algo, {}))
 
 
-SERVED = ["ppo", "a2c", "impala", "ppo_norm", "mappo"]
+SERVED = ["ppo", "a2c", "a3c", "impala", "ppo_norm", "mappo"]
 
 
 @pytest.mark.parametrize("envs", [1, 2, 4])

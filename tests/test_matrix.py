@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from msrl.algorithms import a2c, dqn, impala, impala_lstm, mappo, ppo, ppo_lstm, sac
+from msrl.algorithms import a2c, a3c, dqn, impala, impala_lstm, mappo, ppo, ppo_lstm, sac
 from msrl.graph import NodeKind
 from msrl.job import Job, JobSpec
 from msrl.policy import load_policy
@@ -17,6 +17,8 @@ from msrl.policy import load_policy
 TINY = {
     "ppo": (ppo.ALGORITHM, dict(num_steps=8, update_epochs=2, num_minibatches=2, hidden_sizes=(8,)), "CartPole-v1"),
     "a2c": (a2c.ALGORITHM, dict(num_steps=5, hidden_sizes=(8,)), "CartPole-v1"),
+    # A3C: gradients computed by the actors, a partial value reduced on its way to the learner
+    "a3c": (a3c.ALGORITHM, dict(num_steps=5, hidden_sizes=(8,)), "CartPole-v1"),
     "impala": (impala.ALGORITHM, dict(num_steps=6, hidden_sizes=(8,), num_minibatches=2), "CartPole-v1"),
     "dqn": (dqn.ALGORITHM, dict(learning_starts=16, train_frequency=4, gradient_steps=2, batch_size=8, buffer_size=256,
                                 target_network_frequency=8, hidden_sizes=(8,)), "CartPole-v1"),
@@ -34,9 +36,12 @@ TINY = {
 }
 #: gymnasium.make / parallel_env kwargs per algorithm's env
 ENV_KWARGS = {"mappo": {"N": 3, "max_cycles": 5, "continuous_actions": False}}
-#: values an actor sends the learner per rollout (the recurrent ones: the rollout and its initial LSTM state)
-ROLLOUT_VALUES = {"ppo_lstm": 2, "impala_lstm": 2}
-ITERATIONS = {"ppo_lstm": 3, "impala_lstm": 3, "ppo": 3, "a2c": 4, "impala": 3, "dqn": 8, "sac": 16, "mappo": 3, "ppo_norm": 3}
+#: values an actor sends the learner per rollout (the recurrent ones: the rollout and its initial LSTM
+#: state; A3C: its gradients and their losses)
+ROLLOUT_VALUES = {"ppo_lstm": 2, "impala_lstm": 2, "a3c": 2}
+#: the on-policy algorithms: one push from each actor per iteration
+ON_POLICY = ("ppo", "a2c", "a3c", "impala", "mappo", "ppo_norm", "ppo_lstm", "impala_lstm")
+ITERATIONS = {"ppo_lstm": 3, "impala_lstm": 3, "ppo": 3, "a2c": 4, "a3c": 4, "impala": 3, "dqn": 8, "sac": 16, "mappo": 3, "ppo_norm": 3}
 
 #: (policy, replicas, placement) each algorithm runs under.
 POLICIES = [
@@ -89,14 +94,14 @@ def test_algorithm_runs_under_policy(case):
         assert comm == set()
         return
     many = (replicas or {}).get("actor", 1) > 1
-    to_learner = NodeKind.GATHER if many else NodeKind.SEND
+    to_learner = (NodeKind.REDUCE if algo == "a3c" else NodeKind.GATHER) if many else NodeKind.SEND
     to_actor = NodeKind.BROADCAST if many else NodeKind.SEND
     # the learner's weights go back to the actors at reset and during training
     assert ("reset", to_actor, "learner", "actor") in ops and ("train_step", to_actor, "learner", "actor") in ops
     # data flows to the learner: trajectories (on-policy), replay samples, or every transition
     assert ("train_step", to_learner, "actor", "learner") in ops
     values = {v for m, v, op, src, dst in comm if src == "actor" and m == "train_step"}
-    if algo in ("ppo", "a2c", "impala", "mappo", "ppo_norm", "ppo_lstm", "impala_lstm"):
+    if algo in ON_POLICY:
         assert len(values) == ROLLOUT_VALUES.get(algo, 1)  # the gathered rollout, once per iteration
     elif placement:
         assert {"action", "reward", "terminated", "self.obs"} <= values  # transitions, every step
@@ -107,7 +112,7 @@ def test_algorithm_runs_under_policy(case):
 @pytest.mark.parametrize("algo", list(TINY))
 @pytest.mark.parametrize("placement", [None, {"buffer": "learner"}], ids=["policy-default", "buffer@learner"])
 def test_single_and_coarse_with_one_actor_replica_agree_bitwise(algo, placement):
-    if placement and algo in ("ppo", "a2c", "impala", "mappo", "ppo_norm", "ppo_lstm", "impala_lstm"):
+    if placement and algo in ON_POLICY:
         pytest.skip("on-policy rollout buffers stay with the actor")
     a = run(spec(algo, "single", None, None), ITERATIONS[algo])
     b = run(spec(algo, "single_learner_coarse", {"actor": 1}, placement), ITERATIONS[algo])
@@ -175,7 +180,7 @@ def test_algorithm_runs_under_asynchronous_boundaries(case):
         per_iteration = algorithm.env_steps_per_iteration(algorithm.hparams(**hp), num_envs)
         assert job.env_steps == len(records) * per_iteration
         lags = [lag for r in records for lag in r["policy_lags"]]
-        if modes.get("learner") == "latest" and modes.get("actor") == "fifo" and algo in ("ppo", "a2c", "impala", "mappo", "ppo_norm", "ppo_lstm", "impala_lstm"):
+        if modes.get("learner") == "latest" and modes.get("actor") == "fifo" and algo in ON_POLICY:
             # one rollout per actor replica and iteration, each tagged with the weights it used
             assert (len(lags) == len(records) * replicas["actor"] * ROLLOUT_VALUES.get(algo, 1) and min(lags) >= 0
                     and max(lags) <= 3)

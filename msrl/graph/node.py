@@ -35,8 +35,8 @@ A ``branch`` is an ``if``/``else`` (or a conditional expression) whose condition
 indices, the job's sizes and other control values, so every fragment computes the same
 condition and takes the same side. A value a body does not write passes through unchanged.
 
-Comm kinds (``send``, ``recv``, ``gather``, ``scatter``, ``broadcast``, ``allreduce``, ``put``,
-``get``) are inserted only by the partitioner. ``call``, ``state_out``, ``output`` and every comm
+Comm kinds (``send``, ``recv``, ``gather``, ``reduce``, ``scatter``, ``broadcast``, ``allreduce``,
+``put``, ``get``) are inserted only by the partitioner. ``call``, ``state_out``, ``output`` and every comm
 node are impure: they are never removed or reordered.
 """
 
@@ -63,6 +63,7 @@ class NodeKind(str, enum.Enum):
     SEND = "send"
     RECV = "recv"
     GATHER = "gather"
+    REDUCE = "reduce"
     SCATTER = "scatter"
     BROADCAST = "broadcast"
     ALLREDUCE = "allreduce"
@@ -77,6 +78,7 @@ COMM_KINDS = frozenset(
         NodeKind.SEND,
         NodeKind.RECV,
         NodeKind.GATHER,
+        NodeKind.REDUCE,
         NodeKind.SCATTER,
         NodeKind.BROADCAST,
         NodeKind.ALLREDUCE,

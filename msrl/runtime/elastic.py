@@ -125,7 +125,7 @@ def replaceable(fragment_graph: Any) -> dict[str, str | None]:
             why = "it takes from a fifo queue: " + next(b.name for b in mine if b.dst == name and b.channel == "fifo")
         elif len(fifo) != 1:
             why = f"it puts on {len(fifo)} fifo queues (one is replaceable)"
-        elif fifo[0].in_loop or fifo[0].in_branch or fifo[0].pattern not in (NodeKind.GATHER, NodeKind.SEND):
+        elif fifo[0].in_loop or fifo[0].in_branch or fifo[0].pattern not in (NodeKind.GATHER, NodeKind.REDUCE, NodeKind.SEND):
             why = f"its queue {fifo[0].name} is not put once per iteration to one consumer"
         else:
             why = substitutes(fragment_graph, name)[1]

@@ -6,10 +6,10 @@ the program's ``comm`` argument, a fragment replica's :class:`Endpoint`:
 =====================================  ==========================================================
 generated call                         meaning
 =====================================  ==========================================================
-``comm.send(b, v)``/``comm.recv(b)``   boundary ``b`` (``send``, ``gather``, ``scatter``,
-``comm.gather(b, v)``/``gather(b)``    ``broadcast``): the src side passes its value, the dst
-``comm.scatter``, ``comm.broadcast``   side gets what the pattern table
-                                       (:mod:`msrl.runtime.patterns`) combines for it
+``comm.send(b, v)``/``comm.recv(b)``   boundary ``b`` (``send``, ``gather``, ``reduce``,
+``comm.gather(b, v)``/``gather(b)``    ``scatter``, ``broadcast``): the src side passes its
+``comm.reduce``, ``comm.scatter``,     value, the dst side gets what the pattern table
+``comm.broadcast``                     (:mod:`msrl.runtime.patterns`) combines for it
 ``comm.put(b, v)``/``comm.get(b)``     an asynchronous boundary (``fifo`` queue, ``latest``
                                        slot): :class:`~msrl.runtime.asynchronous.AsyncEndpoint`
 ``with comm.allreduce_region(b, p,     an all-reduce region: what the call inside passes through
@@ -48,7 +48,7 @@ from msrl.runtime.values import reduce_leaves, tensor_leaves
 __all__ = ["Endpoint", "BOUNDARY_OPS"]
 
 #: the node kinds a backend lowers to ``comm.<kind.value>(boundary[, value])`` calls
-BOUNDARY_OPS = (NodeKind.SEND, NodeKind.RECV, NodeKind.GATHER, NodeKind.SCATTER, NodeKind.BROADCAST,
+BOUNDARY_OPS = (NodeKind.SEND, NodeKind.RECV, NodeKind.GATHER, NodeKind.REDUCE, NodeKind.SCATTER, NodeKind.BROADCAST,
                 NodeKind.PUT, NodeKind.GET)
 
 #: the context of an op no one times (reusable: a ``nullcontext`` holds no state)
@@ -168,6 +168,11 @@ class Endpoint:
         """Src side (with ``value``): contribute a shard. Dst side: returns the shards
         concatenated along the boundary's axis, replica 0 first."""
         return self._sync("gather", name, value)
+
+    def reduce(self, name: str, value: Any = None) -> Any:
+        """Src side (with ``value``): contribute a partial value. Dst side: returns the sum of
+        every src replica's (the mean when the boundary says so), summed in replica order."""
+        return self._sync("reduce", name, value)
 
     def scatter(self, name: str, value: Any = None) -> Any:
         """Src side: split ``value`` over the dst replicas. Dst side: returns this replica's shard."""

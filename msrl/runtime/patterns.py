@@ -12,6 +12,9 @@ pattern     src replica ``i`` sends          dst replica ``j`` reads   and retur
 send/recv   its value to dst ``i``           src ``j``                 it
 gather      its value to dst 0               every src, 0 first        their concatenation along
                                                                        the boundary's axis
+reduce      its value to every dst           every src, 0 first        their sum leaf by leaf, in
+                                                                       replica order (the mean:
+                                                                       divided by the src count)
 scatter     (replica 0) shard ``r`` of its   src 0                     it
             value to dst ``r``, for every r
 broadcast   (replica 0) its value to every   src 0                     it
@@ -25,11 +28,12 @@ import dataclasses
 from typing import Any, Callable, Sequence
 
 import torch
+import torch.utils._pytree as pytree
 from tensordict import TensorDictBase
 
 from msrl.graph import NodeKind
 
-__all__ = ["Pattern", "PATTERNS", "pattern_of", "deliveries", "sources", "combine", "shards", "concat", "split"]
+__all__ = ["Pattern", "PATTERNS", "pattern_of", "deliveries", "sources", "combine", "shards", "concat", "split", "total"]
 
 
 def concat(values: Sequence[Any], axis: int) -> Any:
@@ -46,6 +50,38 @@ def concat(values: Sequence[Any], axis: int) -> Any:
     if isinstance(first, (list, tuple)):
         return type(first)(concat([v[i] for v in values], axis) for i in range(len(first)))
     raise TypeError(f"cannot concatenate {type(first).__name__} values along the env axis")
+
+
+def total(values: Sequence[Any], mean: bool = False) -> Any:
+    """The sum of replicas' partial values (``@returns("partial")``), leaf by leaf in the order
+    given (replica 0 first: the same bits on every run and every transport), or their mean (the
+    sum divided by ``len(values)``). Tensors, TensorDicts and nested dicts/lists/tuples of them
+    with the same structure; plain numbers sum as numbers. One value is returned as it is.
+
+    Raises:
+        ValueError: the values differ in structure (keys, lengths) or in a tensor's shape.
+    """
+    if len(values) == 1:
+        return values[0]
+    flat, spec = pytree.tree_flatten(values[0])
+    acc = [x.clone() if isinstance(x, torch.Tensor) else x for x in flat]
+    for r, v in enumerate(values[1:], start=1):
+        leaves, other = pytree.tree_flatten(v)
+        if other != spec:
+            raise ValueError(f"replica {r}'s partial value has another structure than replica 0's: {other} vs {spec}")
+        for i, x in enumerate(leaves):
+            if isinstance(x, torch.Tensor):
+                if x.shape != acc[i].shape:
+                    raise ValueError(f"replica {r}'s partial value has a tensor of shape {tuple(x.shape)} where replica "
+                                     f"0's has {tuple(acc[i].shape)}")
+                acc[i].add_(x.to(acc[i].device))
+            else:
+                acc[i] = acc[i] + x
+    if mean:
+        n = len(values)
+        acc = [x.div_(n) if isinstance(x, torch.Tensor) and x.is_floating_point() else
+               (x / n if not isinstance(x, torch.Tensor) else x) for x in acc]
+    return pytree.tree_unflatten(acc, spec)
 
 
 def split(value: Any, parts: int, axis: int) -> list[Any]:
@@ -102,6 +138,8 @@ PATTERNS: dict[NodeKind, Pattern] = {p.kind: p for p in (
     Pattern(NodeKind.SEND, lambda b, r: [(r, None)], lambda b, r: [r], False, _one),
     Pattern(NodeKind.GATHER, lambda b, r: [(0, None)], lambda b, r: list(range(b.src_replicas)), False,
             lambda b, values: concat(values, _axis(b))),
+    Pattern(NodeKind.REDUCE, lambda b, r: [(d, None) for d in range(b.dst_replicas)],
+            lambda b, r: list(range(b.src_replicas)), False, lambda b, values: total(values, b.reduce == "mean")),
     Pattern(NodeKind.SCATTER, lambda b, r: [(d, d) for d in range(b.dst_replicas)] if r == 0 else [],
             lambda b, r: [0], True, _one),
     Pattern(NodeKind.BROADCAST, lambda b, r: [(d, None) for d in range(b.dst_replicas)] if r == 0 else [],
@@ -148,5 +186,5 @@ def shards(boundary: Any, value: Any) -> list[Any] | None:
 
 def combine(boundary: Any, values: list[Any]) -> Any:
     """What dst replica gets from the values it read (in :func:`sources` order): a gather's
-    concatenation along the boundary's axis, else the one value."""
+    concatenation along the boundary's axis, a reduce's sum (or mean), else the one value."""
     return pattern_of(boundary).combine(boundary, values)
