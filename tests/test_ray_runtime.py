@@ -16,7 +16,9 @@ ray = pytest.importorskip("ray")
 from procs import EVENT_TIMEOUT_S, descendants, popen, stop_tree, tcp_listeners, wait_for  # noqa: E402
 
 from msrl.cluster.ray_runtime import pid_alive  # noqa: E402
-from msrl.job import Job  # noqa: E402
+from msrl.graph import NodeKind  # noqa: E402
+from msrl.job import Job, JobSpec  # noqa: E402
+from msrl.policy import load_policy  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +78,36 @@ def test_coarse_on_ray_equals_the_local_runtime_bitwise(ray_local, spec_factory,
     while any(pid_alive(p) for p in pids) and time.time() < deadline:
         time.sleep(0.2)
     assert not any(pid_alive(p) for p in pids), "a replica process outlived its job"
+
+
+@pytest.mark.parametrize("boundaries", [None, {"trajectories": "fifo", "weights": "fresh"}], ids=["sync", "lockstep"])
+def test_a3c_gradients_reduce_across_processes_as_in_one(ray_local, boundaries):
+    """A3C's partial gradients from 2 actor processes reach the learner's process through a
+    ``reduce`` boundary, over Gloo and over streams, averaged in replica order: the learner's
+    weights and the metrics equal the thread runtime's bit for bit."""
+    from msrl.algorithms import a3c
+    from msrl.cluster.ray_runtime import RayJob
+
+    pol = load_policy("single_learner_coarse").with_overrides(replicas={"actor": 2})
+    spec = JobSpec(a3c.ALGORITHM, a3c.A3CConfig(num_steps=5, hidden_sizes=(16,)), "CartPole-v1", 4, pol, seed=5,
+                   total_env_steps=10_000)
+    local = Job(spec)
+    local.reset()
+    local_metrics = [local.train_step() for _ in range(4)]
+    remote = RayJob(dataclasses.replace(spec, policy=pol.with_overrides(backends={"actor": "cpu_process_group"},
+                                                                        boundaries=boundaries)))
+    try:
+        assert {b.comm_kind if b.channel == "sync" else b.pattern for b in remote.fragment_graph.boundaries
+                if b.method == "train_step" and b.src == "actor"} == {NodeKind.REDUCE}
+        remote.reset()
+        records = remote.run(4)
+        assert [{k: float(v) for k, v in r["output"].items()} for r in records] == \
+            [{k: float(v) for k, v in m.items()} for m in local_metrics]
+        w_remote, w_local = remote.weights("learner"), _learner_weights_local(local)
+        assert all(torch.equal(w_remote[k], w_local[k]) for k in w_local)
+    finally:
+        remote.close()
+        local.close()
 
 
 @pytest.mark.parametrize("intra_node, replicas", [("shm", 2), ("gloo", 2), ("shm", 3)])
