@@ -36,8 +36,9 @@ from msrl.api import (
     PositiveInt,
     Trainer,
     UnitInterval,
+    returns,
 )
-from msrl.rl.buffers import ReplayBuffer
+from msrl.rl.buffers import PrioritizedReplayBuffer, ReplayBuffer
 
 __all__ = ["DQNConfig", "QNetwork", "DQNActor", "ReplayBuffer", "DQNLearner", "DQNTrainer", "ALGORITHM"]
 
@@ -72,6 +73,15 @@ class DQNConfig:
     """gradient steps per iteration once learning has started"""
     double_q: bool = False
     """choose the next action with the online network and value it with the target network"""
+    prioritized_replay: bool = False
+    """draw transitions in proportion to their last TD error (Schaul et al. 2016), with
+    importance-sampling weights on the loss"""
+    per_alpha: UnitInterval = 0.6
+    """prioritization exponent alpha (0: uniform; the paper's proportional variant: 0.6)"""
+    per_beta: UnitInterval = 0.4
+    """importance-sampling exponent beta at the start, annealed linearly to 1 over the run (the paper: 0.4)"""
+    per_eps: PositiveFloat = 1e-6
+    """added to |TD error| so that no transition's priority is 0"""
     max_grad_norm: PositiveFloat = 10.0
     """global gradient-norm clip"""
     hidden_sizes: LayerSizes = (256, 256)
@@ -170,6 +180,11 @@ class DQNLearner(Learner):
         self.target.load_state_dict(self.q.state_dict())
         self.parameters = list(self.q.parameters())
         self.optimizer = torch.optim.Adam(self.parameters, lr=self.hp.learning_rate, fused=True)
+        # prioritized replay's beta schedule: the run's gradient steps, taken and in all
+        iterations = ctx.total_env_steps // (self.hp.train_frequency * ctx.total_num_envs)
+        learning = max(0, ctx.total_env_steps - self.hp.learning_starts) / max(ctx.total_env_steps, 1)
+        self.gradient_steps_total = max(1, int(iterations * learning) * self.hp.gradient_steps)
+        self.gradient_steps_taken = 0
 
     def learn(self, batch: TensorDict) -> dict[str, torch.Tensor]:
         """Gradient steps on replay minibatches: one for a batch of size ``(B,)``, ``K`` in
@@ -204,6 +219,45 @@ class DQNLearner(Learner):
         k = batches.shape[0]
         return {"losses/td_loss": td_loss / k, "losses/q_values": q_values / k}
 
+    @returns("replicated", "batch", axis=1)
+    def learn_prioritized(self, batch: TensorDict) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """:meth:`learn` on prioritized samples (:class:`~msrl.rl.buffers.PrioritizedReplayBuffer`):
+        each sample's Huber loss weighted by ``w_i = (N P(i))^-beta / max_j w_j`` over its
+        minibatch (Schaul et al. 2016, Algorithm 1, line 10), ``beta`` annealed linearly from
+        ``per_beta`` to 1 over the run's gradient steps; returns the metrics and each sample's TD
+        error ``y - Q(s, a)`` before its step (the new priorities).
+
+        Args:
+            batch: TensorDict of batch size ``(B,)`` or ``(K, B)`` with the replay keys and ``scale``.
+
+        Returns:
+            ``(metrics, td_error)``: as :meth:`learn`, plus ``charts/per_beta``; ``td_error`` float32
+            of the batch's shape (declared a ``batch`` along its last axis: scattered back to the
+            shards that drew the samples in the order they were gathered).
+        """
+        hp = self.hp
+        batches = batch.unsqueeze(0) if batch.batch_dims == 1 else batch
+        targets = None if hp.double_q else self._targets(batches)
+        td_loss = torch.zeros((), device=batches.device)
+        q_values = torch.zeros((), device=batches.device)
+        obs, actions = batches["obs"], batches["action"].long().unsqueeze(-1)
+        errors = []
+        for k in range(batches.shape[0]):
+            beta = min(1.0, hp.per_beta + (1.0 - hp.per_beta) * self.gradient_steps_taken / self.gradient_steps_total)
+            self.gradient_steps_taken += 1
+            weights = batches["scale"][k].pow(-beta)
+            weights = weights / weights.max()
+            target = self._targets(batches[k]) if targets is None else targets[k]
+            q_sa = self.q(obs[k]).gather(-1, actions[k]).squeeze(-1)
+            loss = (weights * F.smooth_l1_loss(q_sa, target, reduction="none")).mean()
+            self.apply_gradients(loss, hp.max_grad_norm)
+            errors.append((target - q_sa).detach())
+            td_loss += loss.detach()
+            q_values += q_sa.detach().mean()
+        k = batches.shape[0]
+        td_error = torch.stack(errors).view(batch.batch_size)
+        return {"losses/td_loss": td_loss / k, "losses/q_values": q_values / k, "charts/per_beta": beta}, td_error
+
     @torch.no_grad()
     def _targets(self, batch: TensorDict) -> torch.Tensor:
         """TD targets of a batch of any batch size ``S``: a float32 tensor of shape ``S``."""
@@ -226,12 +280,20 @@ class DQNLearner(Learner):
         return self.weights.get()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"q": self.q.state_dict(), "target": self.target.state_dict(), "optimizer": self.optimizer.state_dict()}
+        return {"q": self.q.state_dict(), "target": self.target.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "gradient_steps_taken": self.gradient_steps_taken}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.q.load_state_dict(state["q"])
         self.target.load_state_dict(state["target"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self.gradient_steps_taken = int(state.get("gradient_steps_taken", 0))
+
+
+def replay_buffer(ctx: BuildContext) -> ReplayBuffer:
+    """The replay: prioritized (:class:`~msrl.rl.buffers.PrioritizedReplayBuffer`) when
+    ``prioritized_replay``, else uniform."""
+    return PrioritizedReplayBuffer(ctx) if ctx.hparams.prioritized_replay else ReplayBuffer(ctx)
 
 
 class DQNTrainer(Trainer):
@@ -262,7 +324,13 @@ class DQNTrainer(Trainer):
             if self.global_step - self.target_synced_at >= hp.target_network_frequency:
                 self.learner.update_target()
                 self.target_synced_at = self.global_step
-            if hp.gradient_steps > 0:
+            if hp.gradient_steps > 0 and hp.prioritized_replay:
+                # the iteration's minibatches drawn by priority; their TD errors go back to the
+                # replay (to the shard that drew each, wherever the replay sits)
+                batch = self.buffer.sample_many(hp.gradient_steps)
+                metrics, td_error = self.learner.learn_prioritized(batch)
+                self.buffer.update_priorities(batch["index"], td_error)
+            elif hp.gradient_steps > 0:
                 # the iteration's minibatches at once: one replay gather, one target-network pass
                 metrics = self.learner.learn(self.buffer.sample_many(hp.gradient_steps))
             self.actor.set_weights(self.learner.get_weights())
@@ -273,7 +341,7 @@ ALGORITHM = AlgorithmSpec(
     name="dqn",
     hparams=DQNConfig,
     trainer=DQNTrainer,
-    components={"actor": DQNActor, "buffer": ReplayBuffer, "learner": DQNLearner},
+    components={"actor": DQNActor, "buffer": replay_buffer, "learner": DQNLearner},
     env_steps_per_iteration=lambda hp, total_num_envs: hp.train_frequency * total_num_envs,
     action_spaces=(gymnasium.spaces.Discrete,),
     policy_lag="corrected",  # off-policy: learns from a replay buffer

@@ -13,8 +13,9 @@ from tensordict import TensorDict
 
 from msrl.api import Buffer, BuildContext, returns
 from msrl.envs.dict_obs import storage_space
+from msrl.rl.sum_tree import SumTree
 
-__all__ = ["RolloutBuffer", "ReplayBuffer"]
+__all__ = ["RolloutBuffer", "ReplayBuffer", "PrioritizedReplayBuffer"]
 
 
 class RolloutBuffer(Buffer):
@@ -185,9 +186,82 @@ class ReplayBuffer(Buffer):
         idx = torch.randint(self.size, shape, generator=self.generator, device=self.device)
         return self.storage[idx]
 
+    def update_priorities(self, index: torch.Tensor, td_error: torch.Tensor) -> None:
+        """Uniform replay keeps no priorities (:class:`PrioritizedReplayBuffer` does).
+
+        Raises:
+            TypeError: always; a trainer calls this only with prioritized replay on.
+        """
+        raise TypeError(f"{type(self).__name__} draws uniformly and keeps no priorities; prioritized replay "
+                        "(algorithm.hparams.prioritized_replay=true) builds a PrioritizedReplayBuffer")
+
     def state_dict(self) -> dict[str, Any]:
         return {"storage": self.storage, "pos": self.pos, "size": self.size, "generator": self.generator.get_state()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.storage, self.pos, self.size = state["storage"], int(state["pos"]), int(state["size"])
         self.generator.set_state(state["generator"])
+
+
+class PrioritizedReplayBuffer(ReplayBuffer):
+    """Proportional prioritized replay (Schaul et al. 2016, "Prioritized Experience Replay",
+    Section 3.3): transition ``i`` is drawn with probability ``P(i) = p_i^alpha / sum_k p_k^alpha``,
+    ``p_i = |delta_i| + eps`` its last TD error's magnitude; a new transition gets the largest
+    priority seen so far (Algorithm 1, line 6), so each is replayed at least once soon. The sums
+    live in a :class:`~msrl.rl.sum_tree.SumTree` on the buffer's device; draws are stratified.
+
+    A sample carries, besides :attr:`ReplayBuffer.KEYS`, ``index`` (int64: the slot, for
+    :meth:`update_priorities`) and ``scale`` (float32: ``N * P(i)`` with ``N`` the stored
+    transitions, from which the learner computes the importance-sampling weight ``(N P(i))^-beta``,
+    Section 3.4). Split over ``R`` replicas (shards of one replay), each shard draws its share of a
+    batch from its own tree: ``N P(i)`` with the shards' ``N`` and ``P`` is the same ratio (the
+    shards hold equal shares of the data).
+
+    Hyperparameters read from ``ctx.hparams``: ``buffer_size``, ``batch_size``, ``per_alpha``
+    (``alpha``), ``per_eps`` (``eps``).
+    """
+
+    def __init__(self, ctx: BuildContext) -> None:
+        super().__init__(ctx)
+        hp = ctx.hparams
+        self.alpha, self.eps = float(hp.per_alpha), float(hp.per_eps)
+        self.tree = SumTree(self.capacity, ctx.device)
+        self.max_priority = torch.ones((), dtype=torch.float64, device=ctx.device)
+
+    def insert(self, **step: torch.Tensor) -> None:
+        """As :meth:`ReplayBuffer.insert`; the new rows' priority is the largest seen so far."""
+        n, pos = step["obs"].shape[0] if "obs" in step else 0, self.pos
+        super().insert(**step)
+        slots = (pos + torch.arange(n, device=self.device)) % self.capacity
+        self.tree.set(slots, self.max_priority.pow(self.alpha).expand(n))
+
+    def _draw(self, shape: tuple[int, ...]) -> TensorDict:
+        if self.storage is None or self.size == 0:
+            raise RuntimeError(f"{type(self).__name__} is empty; learning must start after some steps")
+        idx = self.tree.sample(shape, self.size, self.generator)
+        out = self.storage[idx]
+        out["index"] = idx
+        out["scale"] = (self.size * self.tree.get(idx) / self.tree.total).to(torch.float32)
+        return out
+
+    def update_priorities(self, index: torch.Tensor, td_error: torch.Tensor) -> None:
+        """Sets the priorities of slots ``index`` (int64, any shape) from their TD errors
+        ``td_error`` (the same shape): ``p = |td_error| + eps``. A slot listed twice (drawn twice)
+        takes its last error.
+
+        Raises:
+            ValueError: shapes differ, or an index outside the buffer.
+        """
+        if index.shape != td_error.shape:
+            raise ValueError(f"update_priorities: index {tuple(index.shape)} and td_error {tuple(td_error.shape)} differ")
+        p = td_error.detach().abs().to(torch.float64).reshape(-1) + self.eps
+        self.max_priority = torch.maximum(self.max_priority, p.max())
+        self.tree.set(index.reshape(-1).to(self.device), p.to(self.device).pow(self.alpha))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "tree": self.tree.state_dict(), "max_priority": self.max_priority}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.tree.load_state_dict(state["tree"])
+        self.max_priority = state["max_priority"].to(self.device)
