@@ -52,7 +52,8 @@ def _train(args: argparse.Namespace) -> int:
         from msrl.config import resolve_runtime
         from msrl.policy import load_policy
 
-        policy = load_policy(cfg.distribution_policy.name).with_overrides(cfg.distribution_policy.replicas)
+        policy = load_policy(cfg.distribution_policy.name).with_overrides(cfg.distribution_policy.replicas,
+                                                                          placement=cfg.distribution_policy.placement)
         if resolve_runtime(cfg.runtime, policy) == "ray":  # a Ray driver: watched by this process (msrl.supervisor)
             from msrl.supervisor import supervised
 

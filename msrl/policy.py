@@ -42,6 +42,10 @@ CAPTURE_MODES = ("graph", "eager")
 COMPILE_MODES = ("off", "inductor")
 
 
+#: The fragment ``distribution_policy.placement.buffer: replay`` creates: the replay in a fragment
+#: of its own (Ape-X's replay shards, Horgan et al. 2018), replicated by ``replicas.replay``.
+REPLAY_FRAGMENT = "replay"
+
 #: Why a policy runs a single learner (its ``max_role_replicas`` note).
 ONE_LEARNER = "a single learner: several learners without gradient all-reduce would train diverging copies"
 
@@ -282,6 +286,10 @@ class DistributionPolicy:
         """
         from msrl.errors import ConfigError
 
+        if placement.get("buffer") == REPLAY_FRAGMENT and REPLAY_FRAGMENT not in [f.name for f in self.fragments]:
+            rest = {role: frag for role, frag in placement.items() if role != "buffer"}
+            return self.with_overrides(placement={"buffer": REPLAY_FRAGMENT}).configured(
+                replicas, backends, devices, rest, boundaries, queue_capacity, inference, capture, compile)
         for frag, mode in (capture or {}).items():
             if mode not in CAPTURE_MODES:
                 raise ConfigError(f"distribution_policy.capture.{frag}={mode}: unknown capture mode; modes: "
@@ -297,6 +305,8 @@ class DistributionPolicy:
                 if frag not in names:
                     raise ConfigError(
                         f"distribution_policy.{key}.{frag}: policy {self.name} has no fragment {frag!r}; fragments: {', '.join(names)}"
+                        + (f" (distribution_policy.placement.buffer={REPLAY_FRAGMENT} gives the buffer a fragment of its own)"
+                           if frag == REPLAY_FRAGMENT else "")
                     )
         for frag, n in replicas.items():
             if n < 1:
@@ -309,6 +319,7 @@ class DistributionPolicy:
                 raise ConfigError(
                     f"distribution_policy.placement.{role}={frag}: policy {self.name} has no fragment {frag!r}; "
                     f"fragments: {', '.join(names)}"
+                    + (f" (or {REPLAY_FRAGMENT}: the buffer in a fragment of its own)" if role == "buffer" else "")
                 )
         for key, mode in boundaries.items():
             classes = {bc.name: bc for bc in self.boundaries}
@@ -365,7 +376,10 @@ class DistributionPolicy:
         Args:
             replicas, backends, devices, capture, compile: fragment -> value.
             placement: role -> the fragment that runs it instead of the policy's default (e.g.
-                ``{"buffer": "learner"}``: a replay buffer beside the learner, as in Ape-X).
+                ``{"buffer": "learner"}``: a replay buffer beside the learner; ``{"buffer":
+                "replay"}``: the replay in a fragment of its own, :data:`REPLAY_FRAGMENT`, after
+                the fragment that held it, replicated by ``replicas["replay"]``, as Ape-X's
+                replay shards).
             boundaries: boundary class -> kind (one of :data:`BOUNDARY_CHANNELS`).
             queue_capacity: a ``fifo`` boundary's items per producer and consumer.
             inference: turns central inference on with these :class:`InferenceSpec` fields
@@ -377,6 +391,9 @@ class DistributionPolicy:
             ValueError: a move leaves a fragment without roles; an unknown boundary kind; a
                 queue capacity below 1; central inference asked of a policy without it.
         """
+        if (placement or {}).get("buffer") == REPLAY_FRAGMENT and REPLAY_FRAGMENT not in [f.name for f in self.fragments]:
+            return self._with_replay_fragment().with_overrides(replicas, backends, devices, placement, boundaries,
+                                                               queue_capacity, inference, capture, compile)
         classes = {bc.name: bc for bc in self.boundaries}
         for key, mode in (boundaries or {}).items():
             if key not in classes:
@@ -426,6 +443,25 @@ class DistributionPolicy:
             serving = dataclasses.replace(serving, enabled=True, **inference)  # type: ignore[arg-type]
         return dataclasses.replace(self, fragments=frags, boundaries=new_classes, inference=serving,
                                    queue_capacity=self.queue_capacity if queue_capacity is None else queue_capacity)
+
+    def _with_replay_fragment(self) -> "DistributionPolicy":
+        """A copy with a ``replay`` fragment (:data:`REPLAY_FRAGMENT`) right after the fragment
+        that held the buffer, on its backend and device, one replica, holding the buffer.
+
+        Raises:
+            ValueError: no fragment holds the buffer role, or it holds nothing else.
+        """
+        frags = list(self.fragments)
+        at = next((i for i, f in enumerate(frags) if "buffer" in f.roles), None)
+        if at is None:
+            raise ValueError(f"policy {self.name} has no fragment holding the buffer to move into {REPLAY_FRAGMENT!r}")
+        src = frags[at]
+        rest = tuple(r for r in src.roles if r != "buffer")
+        if not rest:
+            raise ValueError(f"fragment {src.name} of policy {self.name} holds only the buffer: it is the replay already")
+        frags[at] = dataclasses.replace(src, roles=rest)
+        frags.insert(at + 1, FragmentSpec(REPLAY_FRAGMENT, roles=("buffer",), replicas=1, backend=src.backend, device=src.device))
+        return dataclasses.replace(self, fragments=tuple(frags))
 
     def replica_problems(self) -> list[tuple[str, str]]:
         """``(fragment, why)`` for each fragment whose replica count this policy cannot run

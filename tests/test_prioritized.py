@@ -153,3 +153,86 @@ def test_td_errors_go_back_to_the_replay_shard_that_drew_each_sample(monkeypatch
         for r, seed in enumerate(seeds):
             mine = [(ix, err) for s, ix, err in updates if s == seed][i]
             assert torch.equal(mine[0], index[:, 8 * r:8 * (r + 1)]) and torch.equal(mine[1], td_error[:, 8 * r:8 * (r + 1)])
+
+
+def _per_spec(policy, replicas=None, placement=None, num_envs=2, seed=7):
+    from msrl.algorithms import dqn
+    from msrl.job import JobSpec
+    from msrl.policy import load_policy
+
+    hp = dqn.DQNConfig(learning_starts=16, train_frequency=4, gradient_steps=2, batch_size=8, buffer_size=256,
+                       target_network_frequency=8, hidden_sizes=(8,), prioritized_replay=True)
+    pol = load_policy(policy).with_overrides(replicas=replicas, placement=placement)
+    return JobSpec(dqn.ALGORITHM, hp, "CartPole-v1", num_envs, pol, seed=seed, total_env_steps=5_000)
+
+
+def test_the_replay_in_a_fragment_of_its_own_is_placed_and_configured_from_yaml(tmp_path):
+    from msrl.config import ConfigError, build_job_spec, load_config
+
+    over = [f"runs_dir={tmp_path}", "algorithm.hparams.prioritized_replay=true", "env.num_envs=4",
+            "distribution_policy.name=single_learner_coarse", "distribution_policy.replicas.actor=2"]
+    spec = build_job_spec(load_config("configs/dqn_cartpole.yaml", over + ["distribution_policy.placement.buffer=replay",
+                                                                           "distribution_policy.replicas.replay=2"]))
+    frags = [(f.name, f.roles, f.replicas) for f in spec.policy.fragments]
+    assert frags == [("actor", ("env", "actor"), 2), ("replay", ("buffer",), 2), ("learner", ("learner",), 1)]
+    with pytest.raises(ConfigError, match="placement.buffer=replay gives the buffer a fragment of its own"):
+        build_job_spec(load_config("configs/dqn_cartpole.yaml", over + ["distribution_policy.replicas.replay=2"]))
+    with pytest.raises(ConfigError, match=r"has no fragment 'replya'.*\(or replay: the buffer in a fragment of its own\)"):
+        build_job_spec(load_config("configs/dqn_cartpole.yaml", over + ["distribution_policy.placement.buffer=replya"]))
+
+
+def test_one_replay_shard_beside_one_actor_equals_single_bitwise():
+    """Synchronous, one actor replica and one replay shard in their own fragments: the same
+    learner weights and metrics as ``single``, bit for bit (the partition moves code, never
+    what it computes)."""
+    from msrl.job import Job
+
+    def run(spec):
+        job = Job(spec)
+        try:
+            job.reset()
+            metrics = [job.train_step() for _ in range(8)]
+            return metrics, {k: v.clone() for k, v in job.component("learner").get_weights().items()}, job.fragment_graph
+        finally:
+            job.close()
+
+    a = run(_per_spec("single"))
+    b = run(_per_spec("single_learner_coarse", {"actor": 1}, {"buffer": "replay"}))
+    assert [f.name for f in b[2].fragments] == ["actor", "replay", "learner"]
+    assert all(torch.equal(a[1][k], b[1][k]) for k in a[1])
+    assert [{k: float(v) for k, v in m.items()} for m in a[0]] == [{k: float(v) for k, v in m.items()} for m in b[0]]
+    assert any("losses/td_loss" in m for m in a[0])
+
+
+def test_two_replay_shards_take_their_actors_transitions_and_their_own_td_errors(monkeypatch):
+    """Ape-X's layout: 2 actor replicas each feed their own replay shard (send per step), the
+    learner gathers both shards' samples and scatters the TD errors back: each shard holds every
+    transition of its actor's envs, and updates only the slots it drew."""
+    from msrl.graph import NodeKind
+    from msrl.job import Job
+    from msrl.rl.buffers import PrioritizedReplayBuffer
+
+    drawn, updated = [], []
+    real_draw, real_update = PrioritizedReplayBuffer._draw, PrioritizedReplayBuffer.update_priorities
+    monkeypatch.setattr(PrioritizedReplayBuffer, "_draw", lambda buf, shape: (
+        lambda out: (drawn.append((id(buf), out["index"].clone())), out)[1])(real_draw(buf, shape)))
+    monkeypatch.setattr(PrioritizedReplayBuffer, "update_priorities", lambda buf, index, td: (
+        updated.append((id(buf), index.clone())), real_update(buf, index, td))[1])
+    job = Job(_per_spec("single_learner_coarse", {"actor": 2, "replay": 2}, {"buffer": "replay"}, num_envs=4))
+    drawn.clear()
+    updated.clear()
+    try:
+        ops = {(b.comm_kind, b.src, b.dst) for b in job.fragment_graph.boundaries if b.method == "train_step"}
+        assert {(NodeKind.SEND, "actor", "replay"), (NodeKind.GATHER, "replay", "learner"),
+                (NodeKind.SCATTER, "learner", "replay")} <= ops
+        job.reset()
+        for _ in range(6):
+            job.train_step()
+        shards = [job.trainers[("replay", r)].components["buffer"] for r in range(2)]
+        assert [s.size for s in shards] == [6 * 4 * 2, 6 * 4 * 2]  # 6 iterations x 4 steps x its actor's 2 envs
+    finally:
+        job.close()
+    def per_shard(calls):  # the shards run side by side (threads): each shard's calls in its order
+        return {b: [ix.tolist() for c, ix in calls if c == b] for b in {c for c, _ in calls}}
+
+    assert updated and len(per_shard(updated)) == 2 and per_shard(updated) == per_shard(drawn)
