@@ -203,21 +203,7 @@ class DQNLearner(Learner):
             ``losses/td_loss`` and ``losses/q_values`` (mean ``Q(s, a)``), means over the
             ``K`` steps, 0-d tensors.
         """
-        hp = self.hp
-        batches = batch.unsqueeze(0) if batch.batch_dims == 1 else batch
-        targets = None if hp.double_q else self._targets(batches)
-        td_loss = torch.zeros((), device=batches.device)
-        q_values = torch.zeros((), device=batches.device)
-        obs, actions = batches["obs"], batches["action"].long().unsqueeze(-1)
-        for k in range(batches.shape[0]):
-            target = self._targets(batches[k]) if targets is None else targets[k]
-            q_sa = self.q(obs[k]).gather(-1, actions[k]).squeeze(-1)
-            loss = F.smooth_l1_loss(q_sa, target)
-            self.apply_gradients(loss, hp.max_grad_norm)
-            td_loss += loss.detach()
-            q_values += q_sa.detach().mean()
-        k = batches.shape[0]
-        return {"losses/td_loss": td_loss / k, "losses/q_values": q_values / k}
+        return self._steps(batch, prioritized=False)[0]
 
     @returns("replicated", "batch", axis=1)
     def learn_prioritized(self, batch: TensorDict) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
@@ -235,28 +221,37 @@ class DQNLearner(Learner):
             of the batch's shape (declared a ``batch`` along its last axis: scattered back to the
             shards that drew the samples in the order they were gathered).
         """
+        return self._steps(batch, prioritized=True)
+
+    def _steps(self, batch: TensorDict, prioritized: bool) -> tuple[dict[str, Any], torch.Tensor | None]:
+        """The gradient steps of :meth:`learn` (``prioritized``: of :meth:`learn_prioritized`,
+        the loss weighted and the TD errors returned; else ``None`` for them)."""
         hp = self.hp
         batches = batch.unsqueeze(0) if batch.batch_dims == 1 else batch
         targets = None if hp.double_q else self._targets(batches)
         td_loss = torch.zeros((), device=batches.device)
         q_values = torch.zeros((), device=batches.device)
         obs, actions = batches["obs"], batches["action"].long().unsqueeze(-1)
-        errors = []
+        errors, beta = [], None
         for k in range(batches.shape[0]):
-            beta = min(1.0, hp.per_beta + (1.0 - hp.per_beta) * self.gradient_steps_taken / self.gradient_steps_total)
-            self.gradient_steps_taken += 1
-            weights = batches["scale"][k].pow(-beta)
-            weights = weights / weights.max()
             target = self._targets(batches[k]) if targets is None else targets[k]
             q_sa = self.q(obs[k]).gather(-1, actions[k]).squeeze(-1)
-            loss = (weights * F.smooth_l1_loss(q_sa, target, reduction="none")).mean()
+            if prioritized:
+                beta = min(1.0, hp.per_beta + (1.0 - hp.per_beta) * self.gradient_steps_taken / self.gradient_steps_total)
+                self.gradient_steps_taken += 1
+                weights = batches["scale"][k].pow(-beta)
+                loss = (weights / weights.max() * F.smooth_l1_loss(q_sa, target, reduction="none")).mean()
+                errors.append((target - q_sa).detach())
+            else:
+                loss = F.smooth_l1_loss(q_sa, target)
             self.apply_gradients(loss, hp.max_grad_norm)
-            errors.append((target - q_sa).detach())
             td_loss += loss.detach()
             q_values += q_sa.detach().mean()
         k = batches.shape[0]
-        td_error = torch.stack(errors).view(batch.batch_size)
-        return {"losses/td_loss": td_loss / k, "losses/q_values": q_values / k, "charts/per_beta": beta}, td_error
+        metrics = {"losses/td_loss": td_loss / k, "losses/q_values": q_values / k}
+        if not prioritized:
+            return metrics, None
+        return {**metrics, "charts/per_beta": beta}, torch.stack(errors).view(batch.batch_size)
 
     @torch.no_grad()
     def _targets(self, batch: TensorDict) -> torch.Tensor:
