@@ -245,7 +245,8 @@ def test_conditions_the_tracer_cannot_honour_name_file_line(cls, message, advice
 # -- bug 5: a fixed-size replay sample could not be gathered; the buffer could not move ------
 def test_declared_batch_is_gathered_from_every_actor_replica():
     job = Job(dqn_spec(policy="single_learner_coarse", replicas={"actor": 2}, num_envs=4))
-    (sample,) = [b for b in job.fragment_graph.boundaries if b.method == "train_step" and b.src == "actor"]
+    (sample,) = [b for b in job.fragment_graph.boundaries  # the uniform replay's (the prioritized branch: not taken)
+                 if b.method == "train_step" and b.src == "actor" and b.value.startswith("_buffer_sample")]
     # the iteration's gradient_steps=2 minibatches, (2, batch_size), concatenated along axis 1
     assert (sample.comm_kind, sample.value_kind, sample.axis, sample.in_loop, sample.in_branch) == (NodeKind.GATHER, "batch", 1, False, True)
     seen = []

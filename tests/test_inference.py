@@ -191,7 +191,8 @@ def _line_of(algo: str, code: str) -> str:
 
 
 @pytest.mark.parametrize("algo, where, what", [
-    ("dqn", "self.learner.learn(self.buffer.sample_many(", "buffer.sample_many(_t6) -> _buffer_sample_many5 at"),
+    # the first of DQN's two samples in program order: the prioritized branch's
+    ("dqn", "batch = self.buffer.sample_many(hp.gradient_steps)", "buffer.sample_many(_t5) -> batch at"),
     ("sac", "action = self.actor.random_action(self.obs)", "'self.obs', written by"),
 ])
 def test_what_cannot_be_served_exactly_is_an_error_naming_the_line(algo, where, what):
