@@ -11,6 +11,8 @@ pattern     what ``put`` sends, and what ``get`` returns
 send        src replica ``i`` -> dst replica ``i``
 gather      every src replica -> dst replica 0, which concatenates one value of each
             producer along the boundary's axis, replica 0 first
+reduce      every src replica -> every dst replica, which sums (or averages) one value of
+            each producer leaf by leaf, replica 0 first (a ``partial`` value: A3C's gradients)
 scatter     src replica 0 splits along the axis -> one shard to each dst replica
 broadcast   src replica 0 -> every dst replica
 ==========  ==========================================================================
