@@ -55,8 +55,8 @@ def concat(values: Sequence[Any], axis: int) -> Any:
 def total(values: Sequence[Any], mean: bool = False) -> Any:
     """The sum of replicas' partial values (``@returns("partial")``), leaf by leaf in the order
     given (replica 0 first: the same bits on every run and every transport), or their mean (the
-    sum divided by ``len(values)``; integer and bool tensors stay sums, a mean of counts being no
-    integer). Tensors, TensorDicts and nested dicts/lists/tuples of them with the same structure;
+    sum divided by ``len(values)``; integer tensors stay sums, a mean of counts being no
+    integer; bool tensors combine by "or"). Tensors, TensorDicts and nested dicts/lists/tuples of them with the same structure;
     plain numbers sum as numbers. One value is returned as it is.
 
     Raises:
