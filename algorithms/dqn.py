@@ -1,7 +1,11 @@
 """Deep Q-Network (Mnih et al. 2015, "Human-level control through deep reinforcement
 learning", Nature 518:529-533), as CleanRL's ``dqn.py`` and Stable-Baselines3's ``DQN`` write
-it, with double Q-learning as an option (van Hasselt et al. 2016, "Deep Reinforcement Learning
-with Double Q-learning", Eq. 4).
+it, with options: double Q-learning (van Hasselt et al. 2016, "Deep Reinforcement Learning
+with Double Q-learning", Eq. 4), a dueling network (Wang et al. 2016, "Dueling Network
+Architectures for Deep Reinforcement Learning", Eq. 9), n-step returns, prioritized replay
+(Schaul et al. 2016) and Ape-X's fixed per-env exploration (Horgan et al. 2018, "Distributed
+Prioritized Experience Replay", Section 4): all four together, with the replay in a fragment
+of its own, are Ape-X DQN (``configs/apex_dqn_cartpole.yaml``).
 
 Read top to bottom: hyperparameters, the Q-network, the actor (epsilon-greedy), the learner
 (TD target from a target network, Huber loss, gradient-norm clipping, Polyak/hard target
@@ -14,7 +18,7 @@ counters: control values every fragment computes identically.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 import gymnasium
 import numpy as np
@@ -73,6 +77,19 @@ class DQNConfig:
     """gradient steps per iteration once learning has started"""
     double_q: bool = False
     """choose the next action with the online network and value it with the target network"""
+    dueling: bool = False
+    """split the Q-network's last hidden layer into a state-value and an advantage stream,
+    ``Q = V + A - mean_a A`` (Wang et al. 2016, Eq. 9)"""
+    n_step: PositiveInt = 1
+    """rewards summed into each stored transition before bootstrapping (n-step returns; Ape-X and Rainbow: 3)"""
+    exploration: Literal["schedule", "apex"] = "schedule"
+    """``schedule``: one epsilon for every env, falling from start_e to end_e; ``apex``: env ``i``
+    of ``E`` (over every actor replica) keeps ``apex_epsilon ** (1 + apex_alpha * i / (E - 1))``
+    for the whole run (Horgan et al. 2018, Section 4; ``start_e``/``end_e`` unused)"""
+    apex_epsilon: UnitInterval = 0.4
+    """Ape-X's base epsilon (the paper: 0.4)"""
+    apex_alpha: PositiveFloat = 7.0
+    """Ape-X's exponent spread (the paper: 7)"""
     prioritized_replay: bool = False
     """draw transitions in proportion to their last TD error (Schaul et al. 2016), with
     importance-sampling weights on the loss"""
@@ -94,36 +111,70 @@ class DQNConfig:
 class QNetwork(nn.Module):
     """An MLP ``Q(s, .)``: observations ``(B, *obs_shape)`` -> action values ``(B, n)``.
 
+    With ``dueling`` the last hidden layer is two streams, one to a state value ``V(s)`` and one
+    to advantages ``A(s, .)``, combined as ``Q = V + A - mean_a A`` (Wang et al. 2016, Eq. 9);
+    the earlier hidden layers are shared.
+
     Raises:
-        ValueError: a non-Box observation space or a non-Discrete action space.
+        ValueError: a non-Box observation space, a non-Discrete action space, or ``dueling``
+            without a hidden layer.
     """
 
-    def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space, hidden: tuple[int, ...]) -> None:
+    def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space, hidden: tuple[int, ...],
+                 dueling: bool = False) -> None:
         super().__init__()
         if not isinstance(observation_space, gymnasium.spaces.Box) or not isinstance(action_space, gymnasium.spaces.Discrete):
             raise ValueError(f"DQN needs Box observations and Discrete actions, got {observation_space} / {action_space}")
-        n_in, layers = int(np.prod(observation_space.shape)), []
-        for h in hidden:
+        if dueling and not hidden:
+            raise ValueError("algorithm.hparams.dueling needs at least one hidden layer (hidden_sizes is empty)")
+        n_in, layers, n_out = int(np.prod(observation_space.shape)), [], int(action_space.n)
+        for h in hidden[:-1] if dueling else hidden:
             layers += [nn.Linear(n_in, h), nn.ReLU()]
             n_in = h
-        layers.append(nn.Linear(n_in, int(action_space.n)))
-        self.net = nn.Sequential(*layers)
+        self.dueling = dueling
+        if dueling:
+            self.net = nn.Sequential(*layers)
+            self.value = nn.Sequential(nn.Linear(n_in, hidden[-1]), nn.ReLU(), nn.Linear(hidden[-1], 1))
+            self.advantage = nn.Sequential(nn.Linear(n_in, hidden[-1]), nn.ReLU(), nn.Linear(hidden[-1], n_out))
+        else:
+            layers.append(nn.Linear(n_in, n_out))
+            self.net = nn.Sequential(*layers)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """``(B, *obs_shape)`` float32 -> ``(B, n)`` action values."""
-        return self.net(obs.flatten(1))
+        x = self.net(obs.flatten(1))
+        if not self.dueling:
+            return x
+        a = self.advantage(x)
+        return self.value(x) + a - a.mean(-1, keepdim=True)
+
+
+def apex_epsilons(num_envs: int, epsilon: float = 0.4, alpha: float = 7.0) -> torch.Tensor:
+    """Ape-X's fixed exploration rates: env ``i`` of ``num_envs`` explores with
+    ``epsilon ** (1 + alpha * i / (num_envs - 1))`` (Horgan et al. 2018, Section 4; one env:
+    ``epsilon``). Returns ``(num_envs,)`` float32, falling from ``epsilon`` to ``epsilon ** (1 + alpha)``.
+
+    Raises:
+        ValueError: ``num_envs < 1``.
+    """
+    if num_envs < 1:
+        raise ValueError(f"apex_epsilons: num_envs must be >= 1, got {num_envs}")
+    i = torch.arange(num_envs, dtype=torch.float64)
+    return (epsilon ** (1.0 + alpha * i / max(num_envs - 1, 1))).to(torch.float32)
 
 
 def _build_q(ctx: BuildContext) -> QNetwork:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(ctx.seed)
-        net = QNetwork(ctx.env_spec.observation_space, ctx.env_spec.action_space, ctx.hparams.hidden_sizes)
+        net = QNetwork(ctx.env_spec.observation_space, ctx.env_spec.action_space, ctx.hparams.hidden_sizes,
+                       dueling=ctx.hparams.dueling)
     return net.to(ctx.device)
 
 
 class DQNActor(Actor):
     """Epsilon-greedy actions from a copy of the Q-network; random draws from the actor's own
-    ``torch.Generator`` (seeded by ``ctx.seed``)."""
+    ``torch.Generator`` (seeded by ``ctx.seed``). With ``exploration: apex`` each env keeps its
+    own epsilon (:func:`apex_epsilons`), its index counted over every actor replica's envs."""
 
     def __init__(self, ctx: BuildContext) -> None:
         self.q = _build_q(ctx)
@@ -131,6 +182,12 @@ class DQNActor(Actor):
         self.n_actions = int(ctx.env_spec.action_space.n)
         self.generator = torch.Generator(device=ctx.device)
         self.generator.manual_seed(ctx.seed)
+        self.env_epsilons: torch.Tensor | None = None
+        if ctx.hparams.exploration == "apex":
+            # this replica acts for its share of the job's envs, in replica order
+            n = ctx.total_num_envs // ctx.num_replicas
+            every = apex_epsilons(ctx.total_num_envs, ctx.hparams.apex_epsilon, ctx.hparams.apex_alpha)
+            self.env_epsilons = every[ctx.replica * n:(ctx.replica + 1) * n].to(ctx.device)
 
     @torch.no_grad()
     def act(self, obs: torch.Tensor, epsilon: float = 0.0, deterministic: bool = False) -> torch.Tensor:
@@ -138,16 +195,25 @@ class DQNActor(Actor):
 
         Args:
             obs: ``(N, *obs_shape)`` float32.
-            epsilon: probability of a uniformly random action per env, in ``[0, 1]``.
+            epsilon: probability of a uniformly random action per env, in ``[0, 1]`` (with
+                ``exploration: apex`` the envs' own epsilons are used instead).
             deterministic: greedy actions (epsilon ignored).
 
         Returns:
             actions ``(N,)`` int64.
+
+        Raises:
+            ValueError: with ``exploration: apex``, ``N`` is not this actor's env count.
         """
         greedy = self.q(obs).argmax(-1)
         if deterministic:
             return greedy
         n = obs.shape[0]
+        if self.env_epsilons is not None:
+            if n != self.env_epsilons.shape[0]:
+                raise ValueError(f"DQNActor.act: exploration 'apex' keeps one epsilon for each of this actor's "
+                                 f"{self.env_epsilons.shape[0]} envs, got observations of {n}")
+            epsilon = self.env_epsilons
         explore = torch.rand(n, generator=self.generator, device=obs.device) < epsilon
         random = torch.randint(self.n_actions, (n,), generator=self.generator, device=obs.device)
         return torch.where(explore, random, greedy)
@@ -169,8 +235,8 @@ class DQNActor(Actor):
 
 
 class DQNLearner(Learner):
-    """One-step TD learning of ``Q`` against a target network (Mnih et al. 2015, Algorithm 1),
-    with the Huber loss and gradient-norm clipping SB3 uses."""
+    """TD learning of ``Q`` against a target network (Mnih et al. 2015, Algorithm 1), one-step
+    or on the replay's n-step transitions, with the Huber loss and gradient-norm clipping SB3 uses."""
 
     def __init__(self, ctx: BuildContext) -> None:
         self.hp: DQNConfig = ctx.hparams
@@ -191,7 +257,8 @@ class DQNLearner(Learner):
         turn for ``(K, B)`` (:meth:`ReplayBuffer.sample_many`).
 
         ``y = r + gamma * (1 - terminated) * Q_target(s', argmax_a Q(s', a))`` with double Q,
-        ``max_a Q_target(s', a)`` without; loss ``Huber(Q(s, a), y)``. The target network does
+        ``max_a Q_target(s', a)`` without (an n-step transition's ``r`` is its discounted reward
+        sum and it bootstraps with its ``discount``, ``gamma^m``, instead of ``gamma``); loss ``Huber(Q(s, a), y)``. The target network does
         not change within a call, so without double Q the ``K`` minibatches' targets are
         computed in one forward pass before the first step (the values SB3 computes step by
         step); with double Q each step's targets use the online network as it is then.
@@ -262,7 +329,9 @@ class DQNLearner(Learner):
             next_v = next_q.gather(-1, next_a).squeeze(-1)
         else:
             next_v = next_q.max(-1).values
-        return batch["reward"] + self.hp.gamma * next_v * (1.0 - batch["terminated"].float())
+        # an n-step transition bootstraps with its own gamma^m (msrl.rl.buffers.ReplayBuffer)
+        discount = batch["discount"] if "discount" in batch.keys() else self.hp.gamma
+        return batch["reward"] + discount * next_v * (1.0 - batch["terminated"].float())
 
     @torch.no_grad()
     def update_target(self) -> None:
@@ -311,7 +380,9 @@ class DQNTrainer(Trainer):
             epsilon = max(hp.end_e, hp.start_e - decay)
             action = self.actor.act(self.obs, epsilon)
             next_obs, reward, terminated, truncated, info = self.env.step(action)
-            self.buffer.insert(obs=self.obs, action=action, reward=reward, next_obs=info["final_obs"], terminated=terminated)
+            # truncated: an n-step replay must see where episodes end (a one-step one ignores it)
+            self.buffer.insert(obs=self.obs, action=action, reward=reward, next_obs=info["final_obs"],
+                               terminated=terminated, truncated=truncated)
             self.obs = next_obs
             self.global_step += self.num_envs
         metrics = {}
@@ -329,7 +400,9 @@ class DQNTrainer(Trainer):
                 # the iteration's minibatches at once: one replay gather, one target-network pass
                 metrics = self.learner.learn(self.buffer.sample_many(hp.gradient_steps))
             self.actor.set_weights(self.learner.get_weights())
-        return {**metrics, "charts/epsilon": epsilon}
+        if hp.exploration == "schedule":  # (apex: each env keeps its own, DQNActor.env_epsilons)
+            metrics = {**metrics, "charts/epsilon": epsilon}
+        return metrics
 
 
 ALGORITHM = AlgorithmSpec(

@@ -24,9 +24,11 @@ TINY = {
                                 target_network_frequency=8, hidden_sizes=(8,)), "CartPole-v1"),
     "sac": (sac.ALGORITHM, dict(learning_starts=8, batch_size=8, buffer_size=256, policy_frequency=2, hidden_sizes=(8, 8)),
             "Pendulum-v1"),
-    # DQN with prioritized replay: TD errors flow back to the replay shard that drew each sample
-    "dqn_per": (dqn.ALGORITHM, dict(learning_starts=16, train_frequency=4, gradient_steps=2, batch_size=8, buffer_size=256,
-                                    target_network_frequency=8, hidden_sizes=(8,), prioritized_replay=True), "CartPole-v1"),
+    # Ape-X DQN: prioritized replay (TD errors flow back to the replay shard that drew each sample),
+    # 3-step transitions, double Q, a dueling network, each env's own epsilon
+    "dqn_apex": (dqn.ALGORITHM, dict(learning_starts=16, train_frequency=4, gradient_steps=2, batch_size=8, buffer_size=256,
+                                     target_network_frequency=8, hidden_sizes=(8, 8), prioritized_replay=True, n_step=3,
+                                     double_q=True, dueling=True, exploration="apex"), "CartPole-v1"),
     # PPO with CleanRL's continuous-control normalization: statistics in the nets, reduced over learners
     "ppo_norm": (ppo.ALGORITHM, dict(num_steps=8, update_epochs=2, num_minibatches=2, hidden_sizes=(8,), normalize_obs=True,
                                      normalize_reward=True), "Pendulum-v1"),
@@ -44,7 +46,7 @@ ENV_KWARGS = {"mappo": {"N": 3, "max_cycles": 5, "continuous_actions": False}}
 ROLLOUT_VALUES = {"ppo_lstm": 2, "impala_lstm": 2, "a3c": 2}
 #: the on-policy algorithms: one push from each actor per iteration
 ON_POLICY = ("ppo", "a2c", "a3c", "impala", "mappo", "ppo_norm", "ppo_lstm", "impala_lstm")
-ITERATIONS = {"ppo_lstm": 3, "impala_lstm": 3, "ppo": 3, "a2c": 4, "a3c": 4, "impala": 3, "dqn": 8, "dqn_per": 8, "sac": 16, "mappo": 3, "ppo_norm": 3}
+ITERATIONS = {"ppo_lstm": 3, "impala_lstm": 3, "ppo": 3, "a2c": 4, "a3c": 4, "impala": 3, "dqn": 8, "dqn_apex": 8, "sac": 16, "mappo": 3, "ppo_norm": 3}
 
 #: (policy, replicas, placement) each algorithm runs under.
 POLICIES = [
@@ -56,7 +58,7 @@ POLICIES = [
 REPLAY_AT_LEARNER = [("single_learner_coarse", {"actor": 1}, {"buffer": "learner"}),
                      ("single_learner_coarse", {"actor": 2}, {"buffer": "learner"})]
 
-CASES = [(a, *p) for a in TINY for p in POLICIES] + [(a, *p) for a in ("dqn", "dqn_per", "sac") for p in REPLAY_AT_LEARNER]
+CASES = [(a, *p) for a in TINY for p in POLICIES] + [(a, *p) for a in ("dqn", "dqn_apex", "sac") for p in REPLAY_AT_LEARNER]
 
 
 def spec(algo, policy, replicas, placement, num_envs=2):
@@ -108,7 +110,7 @@ def test_algorithm_runs_under_policy(case):
         assert len(values) == ROLLOUT_VALUES.get(algo, 1)  # the gathered rollout, once per iteration
     elif placement:
         assert {"action", "reward", "terminated", "self.obs"} <= values  # transitions, every step
-    elif algo in ("dqn", "dqn_per"):  # the prioritized sample and the uniform one (each in a branch)
+    elif algo in ("dqn", "dqn_apex"):  # the prioritized sample and the uniform one (each in a branch)
         assert "batch" in values and len(values) == 2
         assert ("train_step", NodeKind.SCATTER if many else NodeKind.SEND, "learner", "actor") in ops  # TD errors back
     else:
@@ -151,7 +153,7 @@ ASYNC = [("async_learner", {"actor": 1}, None, None), ("async_learner", {"actor"
          ("single_learner_coarse", {"actor": 2}, None, {"trajectories": "fifo", "weights": "latest"}),
          ("single_learner_coarse", {"actor": 2}, None, {"trajectories": "fifo"})]
 ASYNC_CASES = [(a, *p) for a in TINY for p in ASYNC] + [
-    (a, "async_learner", {"actor": 2}, {"buffer": "learner"}, None) for a in ("dqn", "dqn_per", "sac")]
+    (a, "async_learner", {"actor": 2}, {"buffer": "learner"}, None) for a in ("dqn", "dqn_apex", "sac")]
 
 
 def _async_id(case):

@@ -109,13 +109,24 @@ class RolloutBuffer(Buffer):
 
 
 class ReplayBuffer(Buffer):
-    """A circular replay buffer of ``buffer_size`` transitions, preallocated on first insert.
+    """A circular replay buffer of ``buffer_size`` transitions, preallocated on first write.
 
     Keys: ``obs``/``next_obs`` ``(*obs_shape)`` float32, ``action`` ``(*action_shape)`` (int64
     for Discrete, float32 for Box), ``reward`` float32, ``terminated`` bool. It takes however
     many envs' rows each insert brings, so it serves one actor replica or, placed beside the
     learner, every replica's gathered transitions. Samples are drawn uniformly with the
     buffer's own generator (seeded ``ctx.seed + 2``).
+
+    With ``n_step = n > 1`` in the hyperparameters (Sutton & Barto 2018, Section 7.1; the
+    n-step transitions of Ape-X, Horgan et al. 2018, and Rainbow, Hessel et al. 2018) each
+    insert also takes ``truncated`` and the buffer stores, per env row, the transition
+    ``(s_t, a_t, R = sum_{k<m} gamma^k r_{t+k}, s_{t+m}, terminated_{t+m-1}, gamma^m)`` with
+    ``m = n``, or fewer where the episode ended first (``next_obs`` is then the final
+    observation); the extra key ``discount`` (float32, ``gamma^m``) is what a TD target
+    bootstraps with. The up to ``n - 1`` newest steps of each env wait in the buffer (saved by
+    :meth:`state_dict`) until their ``n`` rewards are in. Every insert must bring the same env
+    rows in the same order (one actor replica's envs, or every replica's gathered in replica
+    order), which each synchronous policy does.
     """
 
     KEYS = ("obs", "action", "reward", "next_obs", "terminated")
@@ -127,30 +138,78 @@ class ReplayBuffer(Buffer):
         self.pos, self.size = 0, 0
         self.generator = torch.Generator(device=ctx.device)
         self.generator.manual_seed(ctx.seed + 2)
+        self.n_step = int(getattr(ctx.hparams, "n_step", 1))
+        self.gamma = float(getattr(ctx.hparams, "gamma", 1.0))
+        #: the n-step window, oldest first: per step ``obs``, ``action``, ``reward`` (the
+        #: discounted sum so far), ``discount`` (gamma^rewards summed) and ``open`` (rows whose
+        #: transition is not yet stored), each ``(N, ...)``
+        self.pending: list[dict[str, torch.Tensor]] = []
 
     def insert(self, **step: torch.Tensor) -> None:
         """Stores one step of ``N`` transitions (each tensor ``(N, ...)``, keys exactly
-        :attr:`KEYS`), overwriting the oldest when full.
+        :attr:`KEYS`, plus ``truncated`` ``(N,)`` bool, which ``n_step > 1`` needs and a one-step
+        buffer ignores), overwriting the oldest when full; with ``n_step > 1`` it stores the
+        n-step transitions this step completes (see the class).
 
         Raises:
             KeyError: missing or unknown keys.
         """
-        if set(step) != set(self.KEYS):
-            raise KeyError(f"{type(self).__name__}.insert takes exactly {self.KEYS}, got {sorted(step)}")
-        n = step["obs"].shape[0]
+        keys = set(step) - {"truncated"}
+        if keys != set(self.KEYS) or (self.n_step > 1 and "truncated" not in step):
+            need = self.KEYS + (("truncated",) if self.n_step > 1 else ())
+            raise KeyError(f"{type(self).__name__}.insert takes exactly {need}"
+                           f"{'' if self.n_step > 1 else ' (and optionally truncated)'}, got {sorted(step)}")
+        truncated = step.pop("truncated", None)
+        if self.n_step > 1:
+            step = self._n_step_rows(step, truncated)
+        self._write(step)
+
+    def _n_step_rows(self, step: dict[str, torch.Tensor], truncated: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Adds ``step`` to the n-step window; returns the transitions it completes (rows of
+        the window's steps, oldest first), with ``discount``."""
+        n_envs, dev = step["obs"].shape[0], step["obs"].device
+        terminated = step["terminated"].bool()
+        done = terminated | truncated.bool()
+        self.pending.append({"obs": step["obs"].clone(), "action": step["action"].clone(),
+                             "reward": torch.zeros(n_envs, dtype=torch.float32, device=dev),
+                             "discount": torch.ones(n_envs, dtype=torch.float32, device=dev),
+                             "open": torch.ones(n_envs, dtype=torch.bool, device=dev)})
+        reward = step["reward"].float()
+        full = len(self.pending) == self.n_step  # the oldest step now has its n rewards
+        out: list[dict[str, torch.Tensor]] = []
+        for i, p in enumerate(self.pending):
+            p["reward"] = torch.where(p["open"], p["reward"] + p["discount"] * reward, p["reward"])
+            p["discount"] = torch.where(p["open"], p["discount"] * self.gamma, p["discount"])
+            emit = p["open"].clone() if (i == 0 and full) else p["open"] & done
+            if bool(emit.any()):
+                out.append({"obs": p["obs"][emit], "action": p["action"][emit], "reward": p["reward"][emit],
+                            "next_obs": step["next_obs"][emit], "terminated": step["terminated"][emit],
+                            "discount": p["discount"][emit]})
+            p["open"] &= ~emit
+        if full:
+            self.pending.pop(0)
+        if not out:
+            return {"obs": step["obs"][:0]}  # nothing completed (written as no rows)
+        return {k: torch.cat([o[k] for o in out]) for k in out[0]}
+
+    def _write(self, rows: dict[str, torch.Tensor]) -> None:
+        """Writes ``rows`` (each ``(n, ...)``) at the circular position."""
+        n = rows["obs"].shape[0]
+        if n == 0:
+            return
         if self.storage is None:
             self.storage = TensorDict(
-                {k: torch.zeros(self.capacity, *v.shape[1:], dtype=v.dtype, device=self.device) for k, v in step.items()},
+                {k: torch.zeros(self.capacity, *v.shape[1:], dtype=v.dtype, device=self.device) for k, v in rows.items()},
                 batch_size=[self.capacity],
                 device=self.device,
             )
         columns = self.storage.to_dict()  # the storage's own tensors (no copies)
         if self.pos + n <= self.capacity:  # one contiguous run of rows: slices, not an index tensor
-            for k, v in step.items():
+            for k, v in rows.items():
                 columns[k][self.pos:self.pos + n] = v
         else:
             idx = (self.pos + torch.arange(n, device=self.device)) % self.capacity
-            for k, v in step.items():
+            for k, v in rows.items():
                 columns[k][idx] = v
         self.pos = (self.pos + n) % self.capacity
         self.size = min(self.size + n, self.capacity)
@@ -196,11 +255,13 @@ class ReplayBuffer(Buffer):
                         "(algorithm.hparams.prioritized_replay=true) builds a PrioritizedReplayBuffer")
 
     def state_dict(self) -> dict[str, Any]:
-        return {"storage": self.storage, "pos": self.pos, "size": self.size, "generator": self.generator.get_state()}
+        return {"storage": self.storage, "pos": self.pos, "size": self.size, "generator": self.generator.get_state(),
+                "pending": self.pending}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.storage, self.pos, self.size = state["storage"], int(state["pos"]), int(state["size"])
         self.generator.set_state(state["generator"])
+        self.pending = [dict(p) for p in state.get("pending", [])]
 
 
 class PrioritizedReplayBuffer(ReplayBuffer):
@@ -228,12 +289,13 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self.tree = SumTree(self.capacity, ctx.device)
         self.max_priority = torch.ones((), dtype=torch.float64, device=ctx.device)
 
-    def insert(self, **step: torch.Tensor) -> None:
-        """As :meth:`ReplayBuffer.insert`; the new rows' priority is the largest seen so far."""
-        n, pos = step["obs"].shape[0] if "obs" in step else 0, self.pos
-        super().insert(**step)
-        slots = (pos + torch.arange(n, device=self.device)) % self.capacity
-        self.tree.set(slots, self.max_priority.pow(self.alpha).expand(n))
+    def _write(self, rows: dict[str, torch.Tensor]) -> None:
+        """As :meth:`ReplayBuffer._write`; the new rows' priority is the largest seen so far."""
+        n, pos = rows["obs"].shape[0], self.pos
+        super()._write(rows)
+        if n:
+            slots = (pos + torch.arange(n, device=self.device)) % self.capacity
+            self.tree.set(slots, self.max_priority.pow(self.alpha).expand(n))
 
     def _draw(self, shape: tuple[int, ...]) -> TensorDict:
         if self.storage is None or self.size == 0:
