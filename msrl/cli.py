@@ -116,8 +116,17 @@ def _graph(args: argparse.Namespace) -> int:
     from msrl.runtime.replica import FragmentError
 
     cfg = load_config(args.config, args.overrides)
-    job = Job(build_job_spec(cfg))
+    population = cfg.population
+    if population is not None:  # the members' job: member 0's config
+        from msrl.population import member_configs
+
+        member = member_configs(cfg, __import__("random").Random(cfg.seed))[0]
+    job = Job(build_job_spec(member if population is not None else cfg))
     try:
+        if population is not None:
+            from msrl.population import describe
+
+            sys.stdout.write(describe(cfg, job))
         sys.stdout.write(format_job(job))
         try:
             measured = format_boundary_bytes(job)

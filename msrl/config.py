@@ -249,6 +249,55 @@ class ClusterConfig(_Strict):
         return address
 
 
+class ExploreRange(_Strict):
+    """The range of one hyperparameter a population explores (:mod:`msrl.population`)."""
+
+    min: float = Field(gt=0, description="smallest value (> 0)")
+    max: float = Field(gt=0, description="largest value")
+    log: bool = Field(True, description="sample initial and resampled values log-uniformly (else uniformly)")
+    init: list[float] | None = Field(
+        None, description="each member's starting value (population.size of them, within [min, max]); default: sampled")
+
+    @pydantic.model_validator(mode="after")
+    def _ordered(self) -> "ExploreRange":
+        if self.max < self.min:
+            raise ValueError(f"max={self.max:g} is below min={self.min:g}")
+        bad = [v for v in self.init or () if not self.min <= v <= self.max]
+        if bad:
+            raise ValueError(f"init value {bad[0]:g} lies outside [min, max] = [{self.min:g}, {self.max:g}]")
+        return self
+
+
+class PopulationConfig(_Strict):
+    """Population-based training (Jaderberg et al. 2017, "Population Based Training of Neural
+    Networks"): ``size`` members train the same algorithm under the same policy, each with its
+    own values of the ``explore``d hyperparameters; every ``interval`` iterations the bottom
+    ``quantile`` of members (by the mean return of the episodes they finished in the interval)
+    copy the learner state of a member of the top ``quantile`` (exploit) and perturb the copied
+    values (explore). See :mod:`msrl.population`."""
+
+    size: int = Field(ge=2, description="members (>= 2)")
+    interval: int = Field(gt=0, description="iterations each member trains between exploit/explore steps")
+    quantile: float = Field(0.25, gt=0, le=0.5, description="fraction of members in the top and in the bottom group")
+    explore: dict[str, ExploreRange] = Field(description="hyperparameter (a float field of algorithm.hparams) -> its range")
+    perturbation_factors: tuple[float, float] = Field(
+        (0.8, 1.2), description="an explored value is multiplied by one of these, drawn uniformly (then clipped to its range)")
+    resample_probability: float = Field(
+        0.25, ge=0, le=1, description="probability that an explored value is drawn anew from its range instead")
+
+    @pydantic.model_validator(mode="after")
+    def _sizes(self) -> "PopulationConfig":
+        if not self.explore:
+            raise ValueError("explore is empty: name at least one float hyperparameter, e.g. "
+                             "explore: {learning_rate: {min: 1.0e-4, max: 1.0e-2}}")
+        for name, r in self.explore.items():
+            if r.init is not None and len(r.init) != self.size:
+                raise ValueError(f"explore.{name}.init has {len(r.init)} values for size={self.size} members")
+        if any(f <= 0 for f in self.perturbation_factors):
+            raise ValueError(f"perturbation_factors must be > 0, got {self.perturbation_factors}")
+        return self
+
+
 class RunConfig(_Strict):
     """A whole job (see the module docstring)."""
 
@@ -266,6 +315,8 @@ class RunConfig(_Strict):
                     "auto: ray when the policy runs more than one replica, else local",
     )
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    population: PopulationConfig | None = Field(
+        None, description="train a population of this job's members with PBT (msrl.population); none: one job")
 
     @pydantic.field_validator("name")
     @classmethod
@@ -624,4 +675,8 @@ def build_job_spec(cfg: RunConfig) -> Any:
         raise ConfigError(f"train.total_env_steps={cfg.train.total_env_steps}: less than one iteration, which is {per} "
                           f"env steps for this job (env.num_envs={cfg.env.num_envs}); a run trains whole iterations "
                           f"within its budget: set at least {per}")
+    if cfg.population is not None:
+        from msrl.population import check_population
+
+        check_population(cfg, algorithm)
     return spec

@@ -1,0 +1,335 @@
+"""Population-based training (Jaderberg et al. 2017, "Population Based Training of Neural
+Networks", Section 3; the exploit/explore of Ray Tune's ``PopulationBasedTraining``): a layer
+over any policy that trains ``population.size`` members of one job at once, each with its own
+values of the ``population.explore``d hyperparameters.
+
+Read top to bottom: the members' configs (:func:`member_configs`), the checks on a config
+(:func:`check_population`), the exploit/explore step on scores (:func:`plan_exploits`,
+:func:`explore`), copying a learner from one member into another (:func:`exploit`), and the
+driver (:func:`train_population`).
+
+Every member is a whole job under the config's policy (its fragments, replicas and devices),
+built in this process (``runtime: local``), with its own seed (``seed + 1000 * i``), envs and
+replay. The members train in turns of ``interval`` iterations; after each turn the members are
+ranked by the mean return of the episodes they finished in it (a member that finished none keeps
+its last score). With ``k = ceil(quantile * size)`` (at most ``size // 2``), each of the bottom
+``k`` members copies a member of the top ``k`` drawn uniformly -- its learner's whole state
+(weights, optimiser moments, normalisation statistics, step counters), its actors take those
+weights -- and takes the donor's hyperparameters perturbed: each explored value multiplied by one
+of ``perturbation_factors`` (or, with ``resample_probability``, drawn anew from its range) and
+clipped to ``[min, max]``. The member's own envs, rollout or replay and random generators stay
+its own; its job is rebuilt with the new hyperparameters (what a traced program reads from them
+is fixed when it is built) and its optimisers take the new hyperparameters' settings (a learning
+rate), not the donor's.
+
+Only float hyperparameters can be explored (an int such as ``num_steps`` would change a
+tensor's shape); the decisions use their own generator (seeded by ``seed``), so a population's
+run is reproducible. Outputs, in the run directory: ``members/<i>/`` (each member's
+``config.yaml`` with its final hyperparameters, ``metrics.csv`` with ``pbt/<name>`` columns, its
+final checkpoint for ``msrl.load``), ``population.csv`` (one row per member per turn: score,
+hyperparameters, the donor it copied), and ``eval.json`` (every member's final evaluation and
+the best member).
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import dataclasses
+import json
+import math
+import pathlib
+import random
+import sys
+import time
+from typing import Any, Sequence
+
+import torch
+
+from msrl.config import ConfigError, RunConfig, build_job_spec, resolve_runtime
+from msrl.outcome import TrainResult
+
+__all__ = ["MEMBER_SEED_STRIDE", "Member", "member_configs", "check_population", "plan_exploits", "explore",
+           "exploit", "describe", "train_population"]
+
+#: member ``i`` trains with seed ``seed + MEMBER_SEED_STRIDE * i`` (replicas offset seeds by their index)
+MEMBER_SEED_STRIDE = 1000
+
+
+def check_population(cfg: RunConfig, algorithm: Any) -> None:
+    """Checks ``cfg.population`` against the algorithm and the runtime.
+
+    Raises:
+        ConfigError: an explored name that is not a float field of the algorithm's
+            hyperparameters, or the job runs on Ray (members run in this process).
+    """
+    pop = cfg.population
+    if pop is None:
+        return
+    defaults = {f.name: f for f in dataclasses.fields(algorithm.hparams)}
+    for name in pop.explore:
+        if name not in defaults:
+            raise ConfigError(f"population.explore.{name}: not a hyperparameter of {cfg.algorithm.name}; valid "
+                              f"(float ones): {', '.join(_float_fields(algorithm.hparams))}")
+        if name not in _float_fields(algorithm.hparams):
+            raise ConfigError(f"population.explore.{name}: only float hyperparameters can be explored (an int or a "
+                              f"bool may change a tensor's shape or the traced program); float ones of "
+                              f"{cfg.algorithm.name}: {', '.join(_float_fields(algorithm.hparams))}")
+    spec = build_job_spec(cfg.model_copy(update={"population": None}))
+    if resolve_runtime(cfg.runtime, spec.policy) != "local":
+        raise ConfigError(f"population: the members run in this process (runtime: local); runtime={cfg.runtime} "
+                          f"would run {spec.policy.name}'s replicas on Ray: set runtime: local")
+
+
+def _float_fields(cls: type) -> list[str]:
+    """The hparams dataclass's fields whose defaults are floats."""
+    out = []
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else None
+        if isinstance(default, float) and not isinstance(default, bool):
+            out.append(f.name)
+    return out
+
+
+def _sample(r: Any, rng: random.Random) -> float:
+    """A value drawn from an :class:`~msrl.config.ExploreRange`: log-uniform or uniform in ``[min, max]``."""
+    if r.log:
+        return math.exp(rng.uniform(math.log(r.min), math.log(r.max)))
+    return rng.uniform(r.min, r.max)
+
+
+def member_configs(cfg: RunConfig, rng: random.Random) -> list[RunConfig]:
+    """The members' configs: ``cfg`` without its ``population`` section, member ``i`` with seed
+    ``seed + MEMBER_SEED_STRIDE * i`` and each explored hyperparameter at ``explore.<name>.init[i]``
+    (or drawn from its range with ``rng``), in ``algorithm.hparams``."""
+    pop = cfg.population
+    out = []
+    for i in range(pop.size):
+        values = {name: (r.init[i] if r.init is not None else _sample(r, rng)) for name, r in pop.explore.items()}
+        out.append(_with_hparams(cfg, values, cfg.seed + MEMBER_SEED_STRIDE * i))
+    return out
+
+
+def _with_hparams(cfg: RunConfig, values: dict[str, float], seed: int) -> RunConfig:
+    algorithm = cfg.algorithm.model_copy(update={"hparams": {**cfg.algorithm.hparams, **values}})
+    return cfg.model_copy(update={"population": None, "seed": seed, "algorithm": algorithm})
+
+
+def plan_exploits(scores: Sequence[float], quantile: float, rng: random.Random) -> dict[int, int]:
+    """Truncation selection: ``{member: donor}`` for each of the bottom ``k`` members by score,
+    its donor drawn uniformly from the top ``k``; ``k = ceil(quantile * n)``, at most ``n // 2``.
+    Ties rank by member index (lower first among equals at the bottom)."""
+    n = len(scores)
+    k = min(math.ceil(quantile * n), n // 2)
+    order = sorted(range(n), key=lambda i: (scores[i], -i))  # worst first
+    bottom, top = order[:k], order[n - k:]
+    return {m: rng.choice(top) for m in bottom}
+
+
+def explore(values: dict[str, float], ranges: dict[str, Any], factors: Sequence[float], resample_probability: float,
+            rng: random.Random) -> dict[str, float]:
+    """The donor's ``values`` perturbed: each multiplied by one of ``factors`` drawn uniformly,
+    or with probability ``resample_probability`` drawn anew from its range; clipped to
+    ``[min, max]`` (Jaderberg et al. 2017, Section 4.1's "perturb"; Ray Tune's defaults 0.8/1.2, 0.25)."""
+    out = {}
+    for name, v in values.items():
+        r = ranges[name]
+        new = _sample(r, rng) if rng.random() < resample_probability else v * rng.choice(list(factors))
+        out[name] = min(max(new, r.min), r.max)
+    return out
+
+
+@dataclasses.dataclass
+class Member:
+    """One member of a population: its config (current hyperparameters), its job (a
+    :class:`~msrl.job.Job`), its score, its directory and metrics writer."""
+
+    index: int
+    cfg: RunConfig
+    job: Any
+    values: dict[str, float]
+    run_dir: pathlib.Path
+    metrics: Any
+    score: float = -math.inf
+    time_s: float = 0.0
+
+
+def _learner_trainers(job: Any) -> list[Any]:
+    return job.replicas_with("learner")
+
+
+def _optimizers(component: Any) -> list[tuple[str, torch.optim.Optimizer]]:
+    return [(k, v) for k, v in sorted(vars(component).items()) if isinstance(v, torch.optim.Optimizer)]
+
+
+def exploit(member_job: Any, own_state: Any, donor_job: Any) -> None:
+    """Makes ``member_job`` -- built afresh with the member's new hyperparameters, nothing loaded
+    yet -- the member with the donor's learner: the member's own state ``own_state`` (its
+    :meth:`~msrl.job.Job.state_dict`: envs, buffers, generators, counters) loaded, then every
+    learner replica's whole state copied from ``donor_job``'s (its ``state_dict``: weights,
+    optimiser moments, statistics), then each optimiser's settings (``lr`` and every other
+    param-group setting) put back to what the new hyperparameters set when the job was built,
+    and every actor replica given the copied weights.
+
+    Raises:
+        ValueError: the two jobs' learner replicas differ in number.
+    """
+    mine, theirs = _learner_trainers(member_job), _learner_trainers(donor_job)
+    if len(mine) != len(theirs):
+        raise ValueError(f"exploit: {len(mine)} learner replicas against the donor's {len(theirs)}")
+    fresh = [{name: [{k: (v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)) for k, v in g.items() if k != "params"}
+                     for g in opt.param_groups] for name, opt in _optimizers(t.components["learner"])} for t in mine]
+    member_job.load_state_dict(own_state)
+    for t_m, t_d, settings in zip(mine, theirs, fresh):
+        learner = t_m.components["learner"]
+        learner.load_state_dict(copy.deepcopy(t_d.components["learner"].state_dict()))
+        for name, opt in _optimizers(learner):
+            for group, own in zip(opt.param_groups, settings[name]):
+                for k, v in own.items():
+                    if isinstance(group.get(k), torch.Tensor) and isinstance(v, torch.Tensor):
+                        group[k].copy_(v)  # a tensor setting (a capturable lr) stays the same tensor
+                    else:
+                        group[k] = v
+    weights = mine[0].components["learner"].get_weights()
+    for t in member_job.replicas_with("actor"):
+        t.components["actor"].set_weights(weights)
+
+
+def train_population(cfg: RunConfig) -> TrainResult:
+    """Trains ``cfg.population.size`` members of ``cfg``'s job with PBT (see the module), each
+    for ``train.total_env_steps``; returns the result of the member whose final evaluation is
+    best (``run_dir``: its directory, ``<run dir>/members/<i>``, which ``msrl.load`` takes).
+
+    Raises:
+        ConfigError: as :func:`check_population`; the run directory cannot be made.
+        TrainingStopped: a member's fragment raised (a NaN loss, ...): the message names the member.
+    """
+    from msrl.checkpoints import Progress, save_checkpoint
+    from msrl.evaluation import evaluate_job
+    from msrl.job import Job
+    from msrl.metrics import MetricsWriter, iteration_row
+    from msrl.outcome import TrainingStopped
+    from msrl.rundir import RunLock, atomic_write_text, check_runs_dir, new_run_dir, write_config
+    from msrl.runtime.replica import FragmentError
+
+    pop = cfg.population
+    spec0 = build_job_spec(cfg.model_copy(update={"population": None}))
+    check_population(cfg, spec0.algorithm)
+    check_runs_dir(cfg)
+    rng = random.Random(cfg.seed)
+    configs = member_configs(cfg, rng)
+    run_dir = new_run_dir(cfg)
+    lock = RunLock(run_dir)
+    write_config(run_dir, cfg)
+    members: list[Member] = []
+    torch.set_num_threads(cfg.train.torch_threads)
+    log_path = run_dir / "population.csv"
+    names = list(pop.explore)
+    try:
+        for i, mcfg in enumerate(configs):
+            mdir = run_dir / "members" / str(i)
+            mdir.mkdir(parents=True)
+            write_config(mdir, mcfg)
+            job = Job(build_job_spec(mcfg))
+            job.reset()
+            members.append(Member(i, mcfg, job, {n: float(mcfg.algorithm.hparams[n]) for n in names}, mdir,
+                                  MetricsWriter(mdir, None)))
+        per = spec0.env_steps_per_iteration
+        total_iterations = spec0.num_iterations
+        with open(log_path, "w", newline="") as f:
+            csv.writer(f).writerow(["turn", "iteration", "env_steps", "member", "score", *names, "copied_from"])
+        turn = 0
+        while members[0].job.iteration < total_iterations:
+            n = min(pop.interval, total_iterations - members[0].job.iteration)
+            turn += 1
+            for m in members:
+                t0 = time.perf_counter()
+                try:
+                    records = m.job.run(n)
+                except (FragmentError, FloatingPointError) as e:
+                    raise TrainingStopped(f"population member {m.index} ({_values_text(m.values)}): {e}", m.job.iteration,
+                                          m.job.env_steps, None) from e
+                dt = time.perf_counter() - t0
+                returns = [r for rec in records for r in rec["episodes"].returns]
+                if returns:
+                    m.score = sum(returns) / len(returns)
+                for j, rec in enumerate(records):
+                    row = iteration_row(rec, m.job.iteration - n + j + 1, m.time_s + dt * (j + 1) / n, per, None, None)
+                    m.metrics.log({**row, **{f"pbt/{k}": v for k, v in m.values.items()}})
+                m.metrics.flush()
+                m.time_s += dt
+            plan = plan_exploits([m.score for m in members], pop.quantile, rng) if \
+                members[0].job.iteration < total_iterations else {}
+            rows = []
+            for m in members:
+                rows.append([turn, m.job.iteration, m.job.env_steps, m.index, m.score, *(m.values[k] for k in names),
+                             plan.get(m.index, "")])
+            for i, d in sorted(plan.items()):
+                _replace(members[i], members[d], explore(members[d].values, pop.explore, pop.perturbation_factors,
+                                                          pop.resample_probability, rng))
+            with open(log_path, "a", newline="") as f:
+                csv.writer(f).writerows(rows)
+        results = []
+        for m in members:
+            m.metrics.close()
+            returns = evaluate_job(m.job, m.cfg)
+            mean = sum(returns) / len(returns) if returns else float("nan")
+            results.append({"member": m.index, "hparams": m.values, "mean_return": mean, "returns": returns,
+                            "env_steps": m.job.env_steps, "training_time_s": round(m.time_s, 3)})
+            write_config(m.run_dir, m.cfg)
+            save_checkpoint(m.run_dir, m.job, Progress(time_s=m.time_s))
+        best = max(results, key=lambda r: -math.inf if math.isnan(r["mean_return"]) else r["mean_return"])
+        atomic_write_text(run_dir / "eval.json", json.dumps({"best_member": best["member"], "members": results}, indent=2))
+        print(f"msrl: population of {pop.size}: best member {best['member']} ({_values_text(best['hparams'])}) "
+              f"mean return {best['mean_return']:.1f}; {run_dir / 'eval.json'}", file=sys.stderr)
+        top = members[best["member"]]
+        return TrainResult(run_dir=top.run_dir, iterations=top.job.iteration, env_steps=top.job.env_steps,
+                           time_s=top.time_s, eval_returns=best["returns"])
+    finally:
+        for m in members:
+            m.job.close()
+        lock.release()
+
+
+def describe(cfg: RunConfig, job: Any) -> str:
+    """``msrl graph``'s population block: the members, what each explores, and the exchange
+    (what a member copies from a donor, with its bytes measured on ``job``, a member's job)."""
+    pop = cfg.population
+    k = min(math.ceil(pop.quantile * pop.size), pop.size // 2)
+    nbytes = sum(_state_bytes(t.components["learner"].state_dict()) for t in _learner_trainers(job))
+    lines = [f"## population (PBT): {pop.size} members, each the job below (its own seed, envs and buffers), in turns "
+             f"of {pop.interval} iterations",
+             f"exchange after each turn: the bottom {k} by mean episode return copy the learner state of one of the top {k} "
+             f"({nbytes} bytes: weights, optimiser, statistics) and its actors take the weights; then explore:"]
+    for name, r in pop.explore.items():
+        start = f"init {r.init}" if r.init is not None else f"init drawn {'log-' if r.log else ''}uniformly"
+        lines.append(f"  {name} in [{r.min:g}, {r.max:g}] ({start}): x{' or x'.join(f'{f:g}' for f in pop.perturbation_factors)}"
+                     f", drawn anew with p={pop.resample_probability:g}")
+    return "\n".join(lines) + "\n\n"
+
+
+def _state_bytes(obj: Any) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_state_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_state_bytes(v) for v in obj)
+    return 0
+
+
+def _values_text(values: dict[str, float]) -> str:
+    return ", ".join(f"{k}={v:.4g}" for k, v in values.items())
+
+
+def _replace(member: Member, donor: Member, values: dict[str, float]) -> None:
+    """Member takes ``donor``'s learner with hyperparameters ``values``: its job rebuilt with
+    them, its own state (envs, buffers, generators) loaded back, then :func:`exploit`."""
+    from msrl.job import Job
+
+    own = copy.deepcopy(member.job.state_dict())
+    member.job.close()
+    member.cfg = _with_hparams(member.cfg, values, member.cfg.seed)
+    job = Job(build_job_spec(member.cfg))
+    exploit(job, own, donor.job)
+    member.job, member.values = job, dict(values)

@@ -1,0 +1,174 @@
+"""Population-based training (msrl.population): the config's checks, truncation selection and
+perturbation, a member taking a donor's learner (bitwise) with its own hyperparameters' optimiser
+settings, and a whole population run reproducible from its seed; slow: PBT against the worst of
+its fixed members on a task with a sensitive learning rate."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import random
+
+import pytest
+import torch
+
+from msrl.config import ConfigError, load_config
+
+CFG = "configs/pbt_ppo_cartpole.yaml"
+
+
+def _cfg(tmp_path, *over):
+    return load_config(CFG, [f"runs_dir={tmp_path}", *over])
+
+
+def test_the_config_names_what_a_population_cannot_explore(tmp_path):
+    with pytest.raises(ConfigError, match=r"population.explore.num_steps: only float hyperparameters can be explored.*"
+                                          r"learning_rate"):
+        _cfg(tmp_path, "population.explore={num_steps: {min: 8, max: 32}}")
+    with pytest.raises(ConfigError, match=r"population.explore.learning_rat: not a hyperparameter of ppo"):
+        _cfg(tmp_path, "population.explore={learning_rat: {min: 0.001, max: 0.01}}")
+    with pytest.raises(ConfigError, match=r"init has 2 values for size=4 members"):
+        _cfg(tmp_path, "population.explore.learning_rate.init=[0.001, 0.002]")
+    with pytest.raises(ConfigError, match=r"init value 0.5 lies outside \[min, max\]"):
+        _cfg(tmp_path, "population.explore.learning_rate.init=[0.5, 0.001, 0.001, 0.001]")
+    with pytest.raises(ConfigError, match=r"max=0.001 is below min=0.01"):
+        _cfg(tmp_path, "population.explore={learning_rate: {min: 0.01, max: 0.001}}")
+    with pytest.raises(ConfigError, match=r"population.size"):
+        _cfg(tmp_path, "population.size=1")
+    with pytest.raises(ConfigError, match=r"the members run in this process \(runtime: local\).*set runtime: local"):
+        _cfg(tmp_path, "runtime=ray")
+
+
+def test_truncation_selection_replaces_the_bottom_with_the_top():
+    from msrl.population import plan_exploits
+
+    rng = random.Random(0)
+    assert plan_exploits([5.0, 1.0, 9.0, 3.0], 0.25, rng) == {1: 2}  # k = ceil(0.25 * 4) = 1
+    plan = plan_exploits([5.0, 1.0, 9.0, 3.0, 7.0, 0.0, 2.0, 8.0], 0.25, rng)
+    assert set(plan) == {5, 1} and set(plan.values()) <= {2, 7}
+    assert len(plan_exploits([1.0, 2.0, 3.0], 0.5, rng)) == 1  # at most n // 2
+    assert plan_exploits([-math.inf, 4.0], 0.25, rng) == {0: 1}  # a member that never finished an episode ranks last
+    assert plan_exploits([2.0, 2.0], 0.5, rng) == {1: 0}  # ties: the higher index ranks lower
+
+
+def test_explore_perturbs_by_the_factors_and_stays_in_range(tmp_path):
+    from msrl.population import explore
+
+    ranges = _cfg(tmp_path).population.explore
+    rng = random.Random(1)
+    seen = {round(explore({"learning_rate": 0.001}, ranges, (0.8, 1.2), 0.0, rng)["learning_rate"], 12) for _ in range(50)}
+    assert seen == {0.0008, 0.0012}
+    assert explore({"learning_rate": 0.029}, ranges, (0.8, 1.2), 0.0, random.Random(3))["learning_rate"] <= 0.03
+    drawn = [explore({"learning_rate": 0.001}, ranges, (0.8, 1.2), 1.0, rng)["learning_rate"] for _ in range(200)]
+    assert all(1e-5 <= v <= 3e-2 for v in drawn) and min(drawn) < 1e-4 and max(drawn) > 3e-3  # log-uniform over the range
+
+
+def _two_members(tmp_path):
+    from msrl.config import build_job_spec
+    from msrl.job import Job
+    from msrl.population import member_configs
+
+    cfg = _cfg(tmp_path, "population.size=2", "population.explore.learning_rate.init=[0.0001, 0.01]")
+    cfgs = member_configs(cfg, random.Random(0))
+    jobs = [Job(build_job_spec(c)) for c in cfgs]
+    for j in jobs:
+        j.reset()
+        j.run(3)
+    return cfgs, jobs
+
+
+def test_a_member_takes_the_donors_learner_bitwise_and_keeps_its_own_learning_rate_and_envs(tmp_path):
+    from msrl.config import build_job_spec
+    from msrl.job import Job
+    from msrl.population import _with_hparams, exploit
+
+    cfgs, (member, donor) = _two_members(tmp_path)
+    assert [c.seed for c in cfgs] == [1, 1001] and [c.algorithm.hparams["learning_rate"] for c in cfgs] == [0.0001, 0.01]
+    try:
+        own = member.state_dict()
+        new_cfg = _with_hparams(cfgs[0], {"learning_rate": 0.012}, cfgs[0].seed)
+        rebuilt = Job(build_job_spec(new_cfg))
+        obs_before = member.trainers[("main", 0)].obs.clone()
+        exploit(rebuilt, own, donor)
+        mine, theirs = rebuilt.component("learner"), donor.component("learner")
+        assert all(torch.equal(a, b) for a, b in zip(mine.state_dict()["net"].values(), theirs.state_dict()["net"].values()))
+        exp_avg = [s["exp_avg"] for s in mine.optimizer.state_dict()["state"].values()]
+        assert all(torch.equal(a, s["exp_avg"]) for a, s in zip(exp_avg, theirs.optimizer.state_dict()["state"].values()))
+        assert mine.optimizer.param_groups[0]["lr"] == pytest.approx(0.012)  # its own, not the donor's 0.01
+        assert theirs.optimizer.param_groups[0]["lr"] != pytest.approx(0.012)
+        actor_w = rebuilt.component("actor").get_weights()
+        assert all(torch.equal(actor_w[k], v) for k, v in donor.component("learner").get_weights().items())
+        assert torch.equal(rebuilt.trainers[("main", 0)].obs, obs_before)  # its own envs where they were
+        assert not torch.equal(obs_before, donor.trainers[("main", 0)].obs)
+        metrics = rebuilt.run(2)  # and it trains on
+        assert all(math.isfinite(v) for r in metrics for k, v in r["output"].items() if k.startswith("losses/"))
+        rebuilt.close()
+    finally:
+        member.close()
+        donor.close()
+
+
+def _population_run(tmp_path, name):
+    from msrl.run import train
+
+    cfg = _cfg(tmp_path / name, "train.total_env_steps=6144", "population.interval=4", "population.size=3",
+               "population.explore.learning_rate.init=[0.00001, 0.001, 0.01]", "train.progress=false", "eval.episodes=2")
+    return train(cfg)
+
+
+def test_a_population_run_writes_each_member_and_replays_from_its_seed(tmp_path):
+    from msrl.python_api import load
+
+    a = _population_run(tmp_path, "a")
+    b = _population_run(tmp_path, "b")
+    root_a, root_b = a.run_dir.parent.parent, b.run_dir.parent.parent
+    rows = list(csv.DictReader(open(root_a / "population.csv")))
+    assert [r["turn"] for r in rows[:3]] == ["1", "1", "1"] and len(rows) == 3 * 6  # 24 iterations in turns of 4
+    assert any(r["copied_from"] for r in rows)
+    assert [{k: v for k, v in r.items()} for r in rows] == list(csv.DictReader(open(root_b / "population.csv")))
+    report = json.loads((root_a / "eval.json").read_text())
+    assert len(report["members"]) == 3 and a.run_dir == root_a / "members" / str(report["best_member"])
+    for m in report["members"]:
+        d = root_a / "members" / str(m["member"])
+        saved = load_config(d / "config.yaml")
+        assert saved.population is None and saved.algorithm.hparams["learning_rate"] == pytest.approx(m["hparams"]["learning_rate"])
+        header = next(csv.reader(open(d / "metrics.csv")))
+        assert "pbt/learning_rate" in header and "losses/policy_loss" in header
+    assert load(a.run_dir).act(torch.zeros(4).numpy()) in (0, 1)
+
+
+def test_msrl_graph_shows_the_members_and_the_exchange(tmp_path):
+    from msrl.config import build_job_spec
+    from msrl.job import Job
+    from msrl.population import describe, member_configs
+
+    cfg = _cfg(tmp_path)
+    job = Job(build_job_spec(member_configs(cfg, random.Random(0))[0]))
+    try:
+        text = describe(cfg, job)
+    finally:
+        job.close()
+    assert "4 members" in text and "turns of 10 iterations" in text and "the bottom 1" in text
+    assert "learning_rate in [1e-05, 0.03] (init [1e-05, 0.0001, 0.001, 0.01]): x0.8 or x1.2" in text
+    import re
+
+    nbytes = int(re.search(r"\((\d+) bytes: weights, optimiser, statistics\)", text).group(1))
+    assert nbytes > 4 * 64 * 64 * 2  # two 64x64 layers' weights and their Adam moments at least
+
+
+@pytest.mark.slow
+def test_pbt_beats_its_worst_fixed_member_on_a_sensitive_learning_rate(tmp_path):
+    """Over 5 seeds: PPO on CartPole with learning rates 1e-5 ... 1e-2; the population's best
+    final evaluation against the final evaluations of the 4 fixed learning rates (members that never exchange)."""
+    from msrl.run import train
+
+    worse = 0
+    for seed in range(5):
+        over = [f"seed={seed}", "train.total_env_steps=60000", "train.progress=false"]
+        pbt = train(_cfg(tmp_path / f"pbt{seed}", *over)).eval_mean
+        train(_cfg(tmp_path / f"fixed{seed}", *over, "population.interval=100000"))  # one turn: no exchange
+        report = json.loads((tmp_path / f"fixed{seed}" / "pbt_ppo_cartpole" / "eval.json").read_text())
+        fixed = [m["mean_return"] for m in report["members"]]
+        worse += pbt > min(fixed)
+    assert worse == 5
