@@ -613,20 +613,24 @@ def _choose_op(policy: DistributionPolicy, c: _Comm, info: dict[str, Any] | None
             "sharded, a batch, partial or replicated; declare it with @msrl.api.returns(...) on the component method"
         )
     kind, axis = info["kind"], info.get("axis")
-    if src.replicas > 1 and dst.replicas == 1:
+    few, many = sorted((src.replicas, dst.replicas))
+    if many % few:
+        raise PartitionError(f"{edge}: no comm op moves a value between {src.replicas} and {dst.replicas} replicas: "
+                             "a gather or scatter needs one replica count to be a multiple of the other (set "
+                             f"distribution_policy.replicas.{dst.name} to a divisor or multiple of {src.replicas})")
+    groups = "" if few == 1 else f" in groups of {many // few}"
+    if src.replicas > dst.replicas:  # a gather to each dst replica from its group of src replicas
         if kind in ("sharded", "batch"):
             return NodeKind.GATHER, NodeKind.GATHER, axis
         raise PartitionError(
-            f"{edge}: a replicated value cannot be gathered from many replicas to one; if each replica holds a "
-            "part of a sum (the gradients of its own rollout), declare it @msrl.api.returns('partial') (summed over "
-            "the replicas; reduce='mean' averages them); if it has one row per env, make it sharded along the env "
-            "axis; if it is the same on every replica, send it from one fragment that has one replica"
+            f"{edge}: a replicated value cannot be gathered from many replicas to fewer{groups}; if each replica "
+            "holds a part of a sum (the gradients of its own rollout), declare it @msrl.api.returns('partial') "
+            "(summed over the replicas; reduce='mean' averages them); if it has one row per env, make it sharded "
+            "along the env axis; if it is the same on every replica, send it from one fragment that has one replica"
         )
-    if src.replicas == 1 and dst.replicas > 1:
-        if kind in ("sharded", "batch"):
-            return NodeKind.SCATTER, NodeKind.SCATTER, axis
-        return NodeKind.BROADCAST, NodeKind.BROADCAST, None
-    raise PartitionError(f"{edge}: no comm op moves a value between {src.replicas} and {dst.replicas} replicas")
+    if kind in ("sharded", "batch"):  # each src replica's rows split over its group of dst replicas
+        return NodeKind.SCATTER, NodeKind.SCATTER, axis
+    return NodeKind.BROADCAST, NodeKind.BROADCAST, None
 
 
 def _copy(node: Node) -> Node:

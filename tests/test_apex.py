@@ -202,3 +202,74 @@ def test_the_apex_config_places_four_actors_and_two_replay_shards(tmp_path):
         ("actor", ("env", "actor"), 4), ("replay", ("buffer",), 2), ("learner", ("learner",), 1)]
     hp = spec.hparams
     assert (hp.n_step, hp.double_q, hp.dueling, hp.prioritized_replay, hp.exploration) == (3, True, True, True, "apex")
+
+
+def test_grouped_patterns_map_each_replica_to_its_group():
+    """The pattern table with groups: a gather from 4 replicas to 2 takes replicas 0-1 to dst 0
+    and 2-3 to dst 1; a scatter (or broadcast) from 2 to 4 the reverse; one dst (or src) is the
+    whole set, as before."""
+    from types import SimpleNamespace
+
+    from msrl.graph import NodeKind
+    from msrl.runtime.patterns import combine, deliveries, group_size, shards, sources
+
+    def b(kind, src, dst):
+        return SimpleNamespace(pattern=kind, src_replicas=src, dst_replicas=dst, axis=0, name="b", reduce=None)
+
+    g = b(NodeKind.GATHER, 4, 2)
+    assert [deliveries(g, r) for r in range(4)] == [[(0, None)], [(0, None)], [(1, None)], [(1, None)]]
+    assert [sources(g, j) for j in range(2)] == [[0, 1], [2, 3]]
+    assert torch.equal(combine(g, [torch.tensor([2]), torch.tensor([3])]), torch.tensor([2, 3]))
+    assert sources(b(NodeKind.GATHER, 3, 1), 0) == [0, 1, 2] and deliveries(b(NodeKind.GATHER, 3, 1), 2) == [(0, None)]
+    s = b(NodeKind.SCATTER, 2, 4)
+    assert [deliveries(s, r) for r in range(2)] == [[(0, 0), (1, 1)], [(2, 0), (3, 1)]]
+    assert [sources(s, j) for j in range(4)] == [[0], [0], [1], [1]]
+    assert [t.tolist() for t in shards(s, torch.arange(4))] == [[0, 1], [2, 3]]
+    assert deliveries(b(NodeKind.SCATTER, 1, 3), 0) == [(0, 0), (1, 1), (2, 2)]
+    bc = b(NodeKind.BROADCAST, 2, 4)
+    assert [deliveries(bc, r) for r in range(2)] == [[(0, None), (1, None)], [(2, None), (3, None)]]
+    with pytest.raises(ValueError, match="4 src and 3 dst replicas: neither count divides the other"):
+        group_size(b(NodeKind.GATHER, 4, 3))
+
+
+def _shards(actors: int, shards: int) -> list[ReplayBuffer]:
+    from msrl.job import Job, JobSpec
+    from msrl.policy import load_policy
+
+    # learning starts at the end of iteration 2: both iterations act with the initial weights
+    hp = dict(learning_starts=24, train_frequency=3, gradient_steps=1, batch_size=4, buffer_size=64, hidden_sizes=(8,),
+              prioritized_replay=True, n_step=1)
+    pol = load_policy("single_learner_coarse").with_overrides(replicas={"actor": actors, "replay": shards},
+                                                               placement={"buffer": "replay"})
+    job = Job(JobSpec(dqn.ALGORITHM, dqn.DQNConfig(**hp), "CartPole-v1", actors, pol, seed=5, total_env_steps=50_000))
+    try:
+        job.reset()
+        for _ in range(2):
+            job.train_step()
+        return [job.trainers[("replay", r)].components["buffer"] for r in range(shards)]
+    finally:
+        job.close()
+
+
+def test_two_replay_shards_each_gather_the_transitions_of_their_own_two_actors():
+    """4 actor replicas (one env each) over 2 replay shards: shard ``j`` stores, step by step,
+    the transitions of actors ``2j`` and ``2j + 1`` in that order -- what 4 shards, one per
+    actor, store, two by two."""
+    two, four = _shards(4, 2), _shards(4, 4)
+    assert [s.size for s in two] == [12, 12] and [s.size for s in four] == [6, 6, 6, 6]
+    for j in range(2):
+        for key in ReplayBuffer.KEYS:
+            want = torch.stack([four[2 * j].storage[key][:6], four[2 * j + 1].storage[key][:6]], 1).flatten(0, 1)
+            assert torch.equal(two[j].storage[key][:12], want), key
+
+
+def test_replicas_that_do_not_divide_are_a_partition_error():
+    from msrl.job import Job, JobSpec
+    from msrl.partition import PartitionError
+    from msrl.policy import load_policy
+
+    pol = load_policy("single_learner_coarse").with_overrides(replicas={"actor": 4, "replay": 3}, placement={"buffer": "replay"})
+    hp = dqn.DQNConfig(learning_starts=16, train_frequency=4, gradient_steps=1, batch_size=4, hidden_sizes=(8,))
+    with pytest.raises(PartitionError, match=r"between 4 and 3 replicas: a gather or scatter needs one replica count to be a "
+                                             r"multiple of the other \(set distribution_policy.replicas.replay"):
+        Job(JobSpec(dqn.ALGORITHM, hp, "CartPole-v1", 4, pol, seed=5, total_env_steps=50_000))

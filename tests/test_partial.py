@@ -166,7 +166,7 @@ def test_a_replicated_value_from_many_replicas_suggests_partial_and_never_batch(
     with pytest.raises(PartitionError) as info:
         Job(_spec(algorithm=algo))
     msg = str(info.value)
-    assert "a replicated value cannot be gathered from many replicas to one" in msg
+    assert "a replicated value cannot be gathered from many replicas to fewer" in msg
     assert "@msrl.api.returns('partial')" in msg and "returns('batch')" not in msg
 
 

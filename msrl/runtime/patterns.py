@@ -10,16 +10,22 @@ value travels differs.
 pattern     src replica ``i`` sends          dst replica ``j`` reads   and returns
 ==========  ===============================  ========================  ===========================
 send/recv   its value to dst ``i``           src ``j``                 it
-gather      its value to dst 0               every src, 0 first        their concatenation along
-                                                                       the boundary's axis
+gather      its value to dst ``i // g``      srcs ``j g .. j g + g-1`` their concatenation along
+                                             in order                  the boundary's axis
 reduce      its value to every dst           every src, 0 first        their sum leaf by leaf, in
                                                                        replica order (the mean:
                                                                        divided by the src count)
-scatter     (replica 0) shard ``r`` of its   src 0                     it
-            value to dst ``r``, for every r
-broadcast   (replica 0) its value to every   src 0                     it
-            dst
+scatter     shard ``s`` of its value to dst  src ``j // g``            it
+            ``i g + s``, for ``s < g``
+broadcast   its value to dsts ``i g .. i g   src ``j // g``            it
+            + g-1``
 ==========  ===============================  ========================  ===========================
+
+``g`` is the group size: the src count over the dst count for a gather, the dst count over the
+src count for a scatter or broadcast (the partitioner chooses them only where it divides). With
+one dst (a gather) or one src (a scatter, a broadcast) ``g`` is every replica: the collectives
+of one learner; otherwise each dst (or src) replica serves its own group, as Ape-X's replay
+shards each take the transitions of their own actors.
 """
 
 from __future__ import annotations
@@ -33,7 +39,8 @@ from tensordict import TensorDictBase
 
 from msrl.graph import NodeKind
 
-__all__ = ["Pattern", "PATTERNS", "pattern_of", "deliveries", "sources", "combine", "shards", "concat", "split", "total"]
+__all__ = ["Pattern", "PATTERNS", "pattern_of", "group_size", "deliveries", "sources", "combine", "shards", "concat", "split",
+           "total"]
 
 
 def concat(values: Sequence[Any], axis: int) -> Any:
@@ -134,17 +141,32 @@ def _one(boundary: Any, values: list[Any]) -> Any:
     return values[0]
 
 
+def group_size(boundary: Any) -> int:
+    """``g`` of the table above: replicas on the many side per replica on the few side (the
+    src count over the dst count when more srcs, else the dst count over the src count).
+
+    Raises:
+        ValueError: neither count divides the other.
+    """
+    few, many = sorted((boundary.src_replicas, boundary.dst_replicas))
+    if many % few:
+        raise ValueError(f"boundary {getattr(boundary, 'name', '?')}: {boundary.src_replicas} src and "
+                         f"{boundary.dst_replicas} dst replicas: neither count divides the other")
+    return many // few
+
+
 #: every pattern's replica mapping, by node kind
 PATTERNS: dict[NodeKind, Pattern] = {p.kind: p for p in (
     Pattern(NodeKind.SEND, lambda b, r: [(r, None)], lambda b, r: [r], False, _one),
-    Pattern(NodeKind.GATHER, lambda b, r: [(0, None)], lambda b, r: list(range(b.src_replicas)), False,
+    Pattern(NodeKind.GATHER, lambda b, r: [(r // group_size(b), None)],
+            lambda b, r: list(range(r * group_size(b), (r + 1) * group_size(b))), False,
             lambda b, values: concat(values, _axis(b))),
     Pattern(NodeKind.REDUCE, lambda b, r: [(d, None) for d in range(b.dst_replicas)],
             lambda b, r: list(range(b.src_replicas)), False, lambda b, values: total(values, b.reduce == "mean")),
-    Pattern(NodeKind.SCATTER, lambda b, r: [(d, d) for d in range(b.dst_replicas)] if r == 0 else [],
-            lambda b, r: [0], True, _one),
-    Pattern(NodeKind.BROADCAST, lambda b, r: [(d, None) for d in range(b.dst_replicas)] if r == 0 else [],
-            lambda b, r: [0], False, _one),
+    Pattern(NodeKind.SCATTER, lambda b, r: [(r * group_size(b) + s, s) for s in range(group_size(b))],
+            lambda b, r: [r // group_size(b)], True, _one),
+    Pattern(NodeKind.BROADCAST, lambda b, r: [(r * group_size(b) + s, None) for s in range(group_size(b))],
+            lambda b, r: [r // group_size(b)], False, _one),
 )}
 
 
@@ -178,11 +200,11 @@ def sources(boundary: Any, replica: int) -> list[int]:
 
 
 def shards(boundary: Any, value: Any) -> list[Any] | None:
-    """The shards a scatter's src splits ``value`` into (views; one per dst replica), or
-    ``None`` for the other patterns (the whole value travels)."""
+    """The shards a scatter's src splits ``value`` into (views; one per dst replica of its
+    group), or ``None`` for the other patterns (the whole value travels)."""
     if not pattern_of(boundary).sharded:
         return None
-    return split(value, boundary.dst_replicas, _axis(boundary))
+    return split(value, group_size(boundary), _axis(boundary))
 
 
 def combine(boundary: Any, values: list[Any]) -> Any:
