@@ -46,7 +46,7 @@ from typing import Any, Sequence
 
 import torch
 
-from msrl.config import ConfigError, RunConfig, build_job_spec, resolve_runtime
+from msrl.config import RunConfig, build_job_spec, check_population
 from msrl.outcome import TrainResult
 
 __all__ = ["MEMBER_SEED_STRIDE", "Member", "member_configs", "check_population", "plan_exploits", "explore",
@@ -54,41 +54,6 @@ __all__ = ["MEMBER_SEED_STRIDE", "Member", "member_configs", "check_population",
 
 #: member ``i`` trains with seed ``seed + MEMBER_SEED_STRIDE * i`` (replicas offset seeds by their index)
 MEMBER_SEED_STRIDE = 1000
-
-
-def check_population(cfg: RunConfig, algorithm: Any) -> None:
-    """Checks ``cfg.population`` against the algorithm and the runtime.
-
-    Raises:
-        ConfigError: an explored name that is not a float field of the algorithm's
-            hyperparameters, or the job runs on Ray (members run in this process).
-    """
-    pop = cfg.population
-    if pop is None:
-        return
-    defaults = {f.name: f for f in dataclasses.fields(algorithm.hparams)}
-    for name in pop.explore:
-        if name not in defaults:
-            raise ConfigError(f"population.explore.{name}: not a hyperparameter of {cfg.algorithm.name}; valid "
-                              f"(float ones): {', '.join(_float_fields(algorithm.hparams))}")
-        if name not in _float_fields(algorithm.hparams):
-            raise ConfigError(f"population.explore.{name}: only float hyperparameters can be explored (an int or a "
-                              f"bool may change a tensor's shape or the traced program); float ones of "
-                              f"{cfg.algorithm.name}: {', '.join(_float_fields(algorithm.hparams))}")
-    spec = build_job_spec(cfg.model_copy(update={"population": None}))
-    if resolve_runtime(cfg.runtime, spec.policy) != "local":
-        raise ConfigError(f"population: the members run in this process (runtime: local); runtime={cfg.runtime} "
-                          f"would run {spec.policy.name}'s replicas on Ray: set runtime: local")
-
-
-def _float_fields(cls: type) -> list[str]:
-    """The hparams dataclass's fields whose defaults are floats."""
-    out = []
-    for f in dataclasses.fields(cls):
-        default = f.default if f.default is not dataclasses.MISSING else None
-        if isinstance(default, float) and not isinstance(default, bool):
-            out.append(f.name)
-    return out
 
 
 def _sample(r: Any, rng: random.Random) -> float:
