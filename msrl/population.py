@@ -119,10 +119,6 @@ class Member:
     time_s: float = 0.0
 
 
-def _learner_trainers(job: Any) -> list[Any]:
-    return job.replicas_with("learner")
-
-
 def _optimizers(component: Any) -> list[tuple[str, torch.optim.Optimizer]]:
     return [(k, v) for k, v in sorted(vars(component).items()) if isinstance(v, torch.optim.Optimizer)]
 
@@ -139,7 +135,7 @@ def exploit(member_job: Any, own_state: Any, donor_job: Any) -> None:
     Raises:
         ValueError: the two jobs' learner replicas differ in number.
     """
-    mine, theirs = _learner_trainers(member_job), _learner_trainers(donor_job)
+    mine, theirs = member_job.replicas_with("learner"), donor_job.replicas_with("learner")
     if len(mine) != len(theirs):
         raise ValueError(f"exploit: {len(mine)} learner replicas against the donor's {len(theirs)}")
     fresh = [{name: [{k: (v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)) for k, v in g.items() if k != "params"}
@@ -178,8 +174,7 @@ def train_population(cfg: RunConfig) -> TrainResult:
     from msrl.runtime.replica import FragmentError
 
     pop = cfg.population
-    spec0 = build_job_spec(cfg.model_copy(update={"population": None}))
-    check_population(cfg, spec0.algorithm)
+    spec0 = build_job_spec(cfg)  # (checks the population too: check_population)
     check_runs_dir(cfg)
     rng = random.Random(cfg.seed)
     configs = member_configs(cfg, rng)
@@ -261,7 +256,7 @@ def describe(cfg: RunConfig, job: Any) -> str:
     (what a member copies from a donor, with its bytes measured on ``job``, a member's job)."""
     pop = cfg.population
     k = min(math.ceil(pop.quantile * pop.size), pop.size // 2)
-    nbytes = sum(_state_bytes(t.components["learner"].state_dict()) for t in _learner_trainers(job))
+    nbytes = sum(_state_bytes(t.components["learner"].state_dict()) for t in job.replicas_with("learner"))
     lines = [f"## population (PBT): {pop.size} members, each the job below (its own seed, envs and buffers), in turns "
              f"of {pop.interval} iterations",
              f"exchange after each turn: the bottom {k} by mean episode return copy the learner state of one of the top {k} "
