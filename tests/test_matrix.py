@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from msrl.algorithms import a2c, a3c, dqn, impala, impala_lstm, mappo, ppo, ppo_lstm, sac
+from msrl.algorithms import a2c, a3c, dqn, impala, impala_lstm, mappo, ppo, ppo_lstm, ppo_selfplay, sac
 from msrl.graph import NodeKind
 from msrl.job import Job, JobSpec
 from msrl.policy import load_policy
@@ -38,6 +38,11 @@ TINY = {
                     "CartPole-v1"),
     "mappo": (mappo.ALGORITHM, dict(num_steps=6, update_epochs=2, num_minibatches=2, hidden_sizes=(8,)),
               "pettingzoo/mpe2.simple_spread_v3"),
+    # self-play: one seat by the learning policy, the other by a snapshot drawn from its pool; a
+    # turn-based PettingZoo game (AEC), a ply per step (9 plies: a game ends in every iteration)
+    "ppo_selfplay": (ppo_selfplay.ALGORITHM, dict(num_steps=9, update_epochs=2, num_minibatches=2, hidden_sizes=(8,),
+                                                  snapshot_every=1, pool_size=2, latest_prob=0.5),
+                     "pettingzoo/pettingzoo.classic.tictactoe_v3"),
 }
 #: gymnasium.make / parallel_env kwargs per algorithm's env
 ENV_KWARGS = {"mappo": {"N": 3, "max_cycles": 5, "continuous_actions": False}}
@@ -45,8 +50,9 @@ ENV_KWARGS = {"mappo": {"N": 3, "max_cycles": 5, "continuous_actions": False}}
 #: state; A3C: its gradients and their losses)
 ROLLOUT_VALUES = {"ppo_lstm": 2, "impala_lstm": 2, "a3c": 2}
 #: the on-policy algorithms: one push from each actor per iteration
-ON_POLICY = ("ppo", "a2c", "a3c", "impala", "mappo", "ppo_norm", "ppo_lstm", "impala_lstm")
-ITERATIONS = {"ppo_lstm": 3, "impala_lstm": 3, "ppo": 3, "a2c": 4, "a3c": 4, "impala": 3, "dqn": 8, "dqn_apex": 8, "sac": 16, "mappo": 3, "ppo_norm": 3}
+ON_POLICY = ("ppo", "a2c", "a3c", "impala", "mappo", "ppo_norm", "ppo_lstm", "impala_lstm", "ppo_selfplay")
+ITERATIONS = {"ppo_lstm": 3, "impala_lstm": 3, "ppo": 3, "a2c": 4, "a3c": 4, "impala": 3, "dqn": 8, "dqn_apex": 8, "sac": 16, "mappo": 3, "ppo_norm": 3,
+              "ppo_selfplay": 3}
 
 #: (policy, replicas, placement) each algorithm runs under.
 POLICIES = [
