@@ -210,6 +210,15 @@ class SelfPlayActor(ActorCriticActor):
         """The two networks' forward passes; the draws from :attr:`generator` stay eager."""
         return ("net.head", "opponent.head")
 
+    def describe(self) -> str:
+        """``msrl graph``'s note on the pool: its size, bytes, snapshot and draw schedule."""
+        hp = self.hp
+        nbytes = sum(t.numel() * t.element_size() for t in self.net.state_dict().values())
+        return (f"self-play opponent pool: a snapshot of the weights it receives every {hp.snapshot_every} updates, the "
+                f"newest {hp.pool_size} kept (up to {hp.pool_size} x {nbytes} bytes, in this replica only); before each "
+                f"rollout the opponent is the newest with p={hp.latest_prob:g}, else one drawn uniformly; in env e the "
+                "learning policy plays seat e mod players")
+
     def set_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         """Takes the learner's newest weights; every ``snapshot_every``-th update (the first
         included) snapshots them into the pool (dropping the oldest past ``pool_size``); then

@@ -54,6 +54,22 @@ def format_graph(graph: Graph, indent: int = 0) -> str:
     return "\n".join(lines)
 
 
+def _component_notes(job: Job) -> list[str]:
+    """What components say of themselves beyond the graph (a component's optional
+    ``describe() -> str``: self-play's opponent pool), one line per fragment and role."""
+    notes = []
+    for fr in job.fragment_graph.fragments:
+        for role in fr.spec.roles:
+            try:
+                component = job.component(role)
+            except (KeyError, IndexError, AttributeError):  # not built in this process
+                continue
+            describe = getattr(component, "describe", None)
+            if callable(describe):
+                notes.append(f"- {role} (fragment {fr.name}, each of {fr.spec.replicas} replicas): {describe()}")
+    return notes
+
+
 def format_job(job: Job) -> str:
     """The traced graphs, the fragments with their programs' graphs, the boundaries and the
     generated programs: everything ``msrl graph`` prints."""
@@ -70,6 +86,10 @@ def format_job(job: Job) -> str:
         out.append(f"- {fr.name}: roles {', '.join(s.roles)}; replicas {s.replicas}; backend {s.backend}; device {s.device}; "
                    f"capture {mode}{' (default)' if s.capture is None else ''}"
                    + (f"; compile {s.compile}" if s.compile is not None else ""))
+    notes = _component_notes(job)
+    if notes:
+        out.append("\n## component notes")
+        out.extend(notes)
     out.append("\n## boundaries")
     if not fg.boundaries:
         out.append("(none)")

@@ -22,8 +22,9 @@ parent, the process the user started, only waits for it:
 * Signals: the driver runs in a process group of its own, so Ctrl-C at the terminal reaches the
   parent alone, which passes it on as one ``SIGINT`` (the driver stops as after any Ctrl-C,
   checkpoint kept, the resume hint printed); ``SIGTERM``/``SIGHUP`` to the parent are passed on
-  as ``SIGINT`` too. If the parent itself is killed, the driver gets ``SIGINT``
-  (``PR_SET_PDEATHSIG``).
+  as ``SIGINT`` too, and the driver acts on it even when ``msrl train`` started with SIGINT
+  ignored (a background job of a non-interactive shell), where a ``SIGINT`` to the parent stays
+  ignored. If the parent itself is killed, the driver gets ``SIGINT`` (``PR_SET_PDEATHSIG``).
 
 The driver tells the parent what it knows as it learns it (:func:`report`: the run directory,
 the pids of the Ray it started), one JSON object per line on a pipe, and its exit status last.
@@ -100,7 +101,10 @@ def supervised(work: Callable[[], int]) -> int:
     before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # until the parent's hand-over is installed
     pid = os.fork()
     if pid == 0:  # the driver
-        signal.signal(signal.SIGINT, before)
+        # SIGINT is the parent's hand-over (a SIGTERM or SIGHUP to the parent arrives as one), so the
+        # driver acts on it even when it started ignored: a background job of a non-interactive
+        # shell (`msrl train ... &`, nohup) inherits SIGINT as SIG_IGN, and a SIGTERM then did nothing
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         os.close(read_fd)
         _channel = write_fd
         if terminal is not None:
@@ -132,7 +136,7 @@ def supervised(work: Callable[[], int]) -> int:
     from msrl._lean_imports import resume_gc
 
     resume_gc()  # the parent only waits: its start-up is over
-    return _watch(pid, read_fd, pump)
+    return _watch(pid, read_fd, pump, sigint_ignored=before is signal.SIG_IGN)
 
 
 def _stderr_through(reader: socket.socket, writer: socket.socket) -> None:
@@ -201,16 +205,17 @@ def _write_all(fd: int, data: bytes) -> None:
         data = data[os.write(fd, data):]
 
 
-def _watch(pid: int, read_fd: int, pump: threading.Thread | None = None) -> int:
+def _watch(pid: int, read_fd: int, pump: threading.Thread | None = None, sigint_ignored: bool = False) -> int:
     """The parent: waits for the driver ``pid``, stops whatever of the run is left, and says
-    what happened when the driver ended without a word."""
+    what happened when the driver ended without a word. ``SIGTERM`` and ``SIGHUP`` are passed on
+    as ``SIGINT``; ``SIGINT`` too, unless ``msrl train`` started with it ignored (it stays ignored)."""
     def pass_on(signum: int, frame: Any) -> None:
         try:
             os.kill(pid, signal.SIGINT)
         except ProcessLookupError:
             pass
 
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for sig in (signal.SIGTERM, signal.SIGHUP) if sigint_ignored else (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, pass_on)
     facts: dict[str, Any] = {}
     buffer = b""

@@ -365,8 +365,16 @@ def test_a_single_runs_rows_have_no_sps_spike_at_chunk_ends(tmp_path):
     assert max(sps) < 10 * mean, (max(sps), mean)
 
 
-@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
-def test_sigterm_or_sighup_stops_a_local_run_as_ctrl_c_does(tmp_path, sig):
+#: starts msrl train as a background job of a non-interactive shell does (``msrl train ... &``,
+#: ``nohup``): with SIGINT ignored, which exec keeps
+SIGINT_IGNORED = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                  "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
+
+
+@pytest.mark.parametrize("sig, start", [("SIGTERM", "foreground"), ("SIGHUP", "foreground"), ("SIGTERM", "sigint_ignored")])
+def test_sigterm_or_sighup_stops_a_local_run_as_ctrl_c_does(tmp_path, sig, start):
+    """Also a Ray run started with SIGINT ignored (a background job): its supervising parent hands
+    a SIGTERM on to the driver as SIGINT, which the driver acts on whatever it inherited."""
     import signal
     import subprocess
     import sys
@@ -374,8 +382,10 @@ def test_sigterm_or_sighup_stops_a_local_run_as_ctrl_c_does(tmp_path, sig):
     from procs import popen, stop_tree, wait_for
 
     metrics = tmp_path / "ppo_cartpole" / "metrics.csv"
-    proc = popen([sys.executable, "-m", "msrl.cli", "train", CONFIG, f"runs_dir={tmp_path}", "train.progress=false",
-                  "train.checkpoint_every=1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    launch = [sys.executable, "-c", SIGINT_IGNORED] if start == "sigint_ignored" else [sys.executable]
+    ray = ["distribution_policy.name=single_learner_coarse"] if start == "sigint_ignored" else []  # supervised
+    proc = popen([*launch, "-m", "msrl.cli", "train", CONFIG, f"runs_dir={tmp_path}", "train.progress=false",
+                  "train.checkpoint_every=1", *ray], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: metrics.is_file() and len(metrics.read_text().splitlines()) > 2, "two logged iterations",
                  alive=proc)

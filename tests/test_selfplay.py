@@ -218,3 +218,16 @@ def test_self_play_learns_tictactoe_against_a_random_player(tmp_path):
     net = policy.actor.net
     rates = ppo_selfplay.play_against_random(net, TICTACTOE, games=400, seed=123)
     assert rates["win"] >= 0.8 and rates["loss"] <= 0.05, rates
+
+
+def test_msrl_graph_notes_each_actor_replicas_pool():
+    from msrl.printer import format_job
+
+    job = Job(_spec("single_learner_coarse", {"actor": 2}, snapshot_every=4, pool_size=6, latest_prob=0.8))
+    try:
+        text = format_job(job)
+    finally:
+        job.close()
+    notes = [line for line in text.splitlines() if "self-play opponent pool" in line]
+    assert len(notes) == 1 and "each of 2 replicas" in notes[0]
+    assert "every 4 updates, the newest 6 kept" in notes[0] and "p=0.8" in notes[0]
