@@ -32,6 +32,7 @@ from msrl.api import (
 )
 from msrl.rl.actors import ActorCriticActor
 from msrl.rl.buffers import RolloutBuffer
+from msrl.rl.losses import normalize_advantages
 from msrl.rl.networks import ACTION_SPACES, OBSERVATION_SPACES, ActorCritic, build_actor_critic
 from msrl.rl.schedules import anneal_learning_rate, learning_rate_tensor, load_learning_rate
 

@@ -77,7 +77,7 @@ def main() -> int:
             for seed in args.seeds:
                 rows.append(run(variant, seed, args.steps, args.games, pathlib.Path(tmp)))
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    print(f"| opponent in training | seeds | win | draw | loss | training (s) |\n| --- | --- | --- | --- | --- | --- |")
+    print("| opponent in training | seeds | win | draw | loss | training (s) |\n| --- | --- | --- | --- | --- | --- |")
     for variant in ["untrained", *args.variants]:
         rs = [r for r in rows if r["variant"] == variant]
         mean = {k: statistics.mean(r[k] for r in rs) for k in ("win", "draw", "loss", "time_s")}

@@ -146,3 +146,26 @@ def test_reward_scale_is_the_learning_on_scaled_rewards():
     unscaled, _ = _learner_and_batch()
     unscaled.learn(batch)
     assert any(not torch.equal(a, b) for a, b in zip(_weights(scaled).values(), _weights(unscaled).values()))
+
+
+def test_norm_adv_takes_the_policy_gradient_on_normalised_v_trace_advantages():
+    """norm_adv=True: the policy loss is -(normalize(pg_adv) * log pi).mean() with V-trace's
+    advantages under the learner's network before its step (APPO's normalize_advantage)."""
+    from msrl.advantages import vtrace
+    from msrl.rl.losses import normalize_advantages
+
+    learner, batch = _learner_and_batch(norm_adv=True, anneal_lr=False)
+    raw, _ = _learner_and_batch(anneal_lr=False)
+    T, N = batch.batch_size
+    hp, net = learner.hp, learner.net
+    with torch.no_grad():  # one minibatch of all envs: the order of the env slice does not change a mean
+        log_prob, _, value = net.evaluate(batch["obs"].reshape(T * N, 4), batch["action"].reshape(T * N))
+        log_prob, value = log_prob.view(T, N), value.view(T, N)
+        next_values = net.value(batch["next_obs"].reshape(T * N, 4)).view(T, N)
+        _, pg_adv = vtrace(batch["log_prob"], log_prob, batch["reward"], value, next_values, batch["terminated"],
+                           batch["truncated"], hp.gamma, hp.rho_bar, hp.c_bar, hp.vtrace_lambda)
+    expected = -(normalize_advantages(pg_adv) * log_prob).mean()
+    plain = -(pg_adv * log_prob).mean()
+    got = learner.learn(batch)["losses/policy_loss"]
+    assert torch.allclose(got, expected, atol=1e-6) and not torch.allclose(got, plain, atol=1e-3)
+    assert torch.allclose(raw.learn(batch)["losses/policy_loss"], plain, atol=1e-6)
