@@ -15,7 +15,6 @@ from typing import Any, Literal, Mapping
 import torch
 from tensordict import TensorDict
 
-from msrl.advantages import gae
 from msrl.api import (
     AlgorithmSpec,
     BuildContext,
@@ -30,7 +29,7 @@ from msrl.api import (
 )
 from msrl.rl.actors import ActorCriticActor
 from msrl.rl.buffers import RolloutBuffer
-from msrl.rl.losses import normalize_advantages
+from msrl.rl.losses import actor_critic_loss
 from msrl.rl.networks import ACTION_SPACES, OBSERVATION_SPACES, ActorCritic, build_actor_critic
 
 __all__ = ["A2CConfig", "A2CLearner", "A2CTrainer", "ALGORITHM"]
@@ -107,26 +106,10 @@ class A2CLearner(Learner):
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.iteration += 1
-        T, N = batch.batch_size
-        with torch.no_grad():
-            next_values = net.value(batch["next_obs"].flatten(0, 1)).view(T, N)
-        advantages, returns = gae(
-            batch["reward"], batch["value"], next_values, batch["terminated"], batch["truncated"], hp.gamma, hp.gae_lambda
-        )
-        b_adv = normalize_advantages(advantages.flatten()) if hp.norm_adv else advantages.flatten()
-        log_prob, entropy, value = net.evaluate(batch["obs"].flatten(0, 1), batch["action"].flatten(0, 1))
-        pg_loss = -(b_adv * log_prob).mean()
-        v_loss = ((returns.flatten() - value) ** 2).mean()
-        entropy_loss = entropy.mean()
-        loss = pg_loss + hp.vf_coef * v_loss - hp.ent_coef * entropy_loss
+        loss, terms = actor_critic_loss(net, batch, gamma=hp.gamma, gae_lambda=hp.gae_lambda, norm_adv=hp.norm_adv,
+                                        vf_coef=hp.vf_coef, ent_coef=hp.ent_coef)
         grad_norm = self.apply_gradients(loss, hp.max_grad_norm)
-        return {
-            "losses/policy_loss": pg_loss.detach(),
-            "losses/value_loss": v_loss.detach(),
-            "losses/entropy": entropy_loss.detach(),
-            "losses/grad_norm": grad_norm,
-            "charts/learning_rate": lr,
-        }
+        return {**terms, "losses/grad_norm": grad_norm, "charts/learning_rate": lr}
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         """The actor-critic's state dict (detached tensors)."""

@@ -32,7 +32,6 @@ from typing import Any, Literal, Mapping
 import torch
 from tensordict import TensorDict
 
-from msrl.advantages import gae
 from msrl.api import (
     AlgorithmSpec,
     BuildContext,
@@ -48,7 +47,7 @@ from msrl.api import (
 )
 from msrl.rl.actors import ActorCriticActor
 from msrl.rl.buffers import RolloutBuffer
-from msrl.rl.losses import normalize_advantages
+from msrl.rl.losses import actor_critic_loss
 from msrl.rl.networks import ACTION_SPACES, OBSERVATION_SPACES, ActorCritic, build_actor_critic
 
 __all__ = ["A3CConfig", "A3CWorker", "A3CLearner", "A3CTrainer", "ALGORITHM"]
@@ -114,24 +113,12 @@ class A3CWorker(ActorCriticActor):
             FloatingPointError: the loss is NaN or infinite (on the CPU).
         """
         hp, net = self.hp, self.net
-        T, N = batch.batch_size
-        with torch.no_grad():
-            next_values = net.value(batch["next_obs"].flatten(0, 1)).view(T, N)
-        advantages, returns_ = gae(
-            batch["reward"], batch["value"], next_values, batch["terminated"], batch["truncated"], hp.gamma, hp.gae_lambda
-        )
-        b_adv = normalize_advantages(advantages.flatten()) if hp.norm_adv else advantages.flatten()
         with torch.enable_grad():
-            log_prob, entropy, value = net.evaluate(batch["obs"].flatten(0, 1), batch["action"].flatten(0, 1))
-            pg_loss = -(b_adv * log_prob).mean()
-            v_loss = ((returns_.flatten() - value) ** 2).mean()
-            entropy_loss = entropy.mean()
-            loss = pg_loss + hp.vf_coef * v_loss - hp.ent_coef * entropy_loss
+            loss, losses = actor_critic_loss(net, batch, gamma=hp.gamma, gae_lambda=hp.gae_lambda, norm_adv=hp.norm_adv,
+                                             vf_coef=hp.vf_coef, ent_coef=hp.ent_coef)
             if loss.device.type == "cpu" and not torch.isfinite(loss):
                 raise FloatingPointError(f"loss is {loss.item()}; no gradients were pushed")
             grads = torch.autograd.grad(loss, list(net.parameters()))
-        losses = {"losses/policy_loss": pg_loss.detach(), "losses/value_loss": v_loss.detach(),
-                  "losses/entropy": entropy_loss.detach()}
         return dict(zip(self.names, grads)), losses
 
 

@@ -1,6 +1,7 @@
 """Policy-gradient losses and the minibatch plumbing of epoch-based updates, written once for
 the algorithms that use them (PPO, MA-PPO and MAPPO update with :func:`ppo_epochs` over
-:func:`ppo_loss`; A2C :func:`normalize_advantages`), as rlax shares losses between Acme's agents. Each returns 0-d
+:func:`ppo_loss`; A2C steps on :func:`actor_critic_loss` and A3C's actors push its gradients),
+as rlax shares losses between Acme's agents. Each returns 0-d
 tensors on its inputs' device: nothing is read back to the host.
 """
 
@@ -10,8 +11,10 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-__all__ = ["clipped_surrogate_loss", "clipped_value_loss", "normalize_advantages", "ppo_loss", "ppo_epochs",
-           "explained_variance", "shuffled_minibatches"]
+from msrl.advantages import gae
+
+__all__ = ["clipped_surrogate_loss", "clipped_value_loss", "normalize_advantages", "actor_critic_loss", "ppo_loss",
+           "ppo_epochs", "explained_variance", "shuffled_minibatches"]
 
 
 def normalize_advantages(advantages: torch.Tensor) -> torch.Tensor:
@@ -20,6 +23,42 @@ def normalize_advantages(advantages: torch.Tensor) -> torch.Tensor:
     if advantages.numel() <= 1:
         return advantages
     return (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+
+
+def actor_critic_loss(net: Any, batch: Any, *, gamma: float, gae_lambda: float, norm_adv: bool, vf_coef: float,
+                      ent_coef: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The advantage actor-critic loss of one rollout (Mnih et al. 2016, "Asynchronous Methods for
+    Deep Reinforcement Learning", Algorithm S3, with GAE's advantages, Schulman et al. 2016)::
+
+        loss = -mean(A_t * log pi(a_t|s_t)) + vf_coef * mean((R_t - V(s_t))^2) - ent_coef * mean(H)
+
+    the loss A2C's learner steps on and A3C's actors take the gradients of.
+
+    Args:
+        net: an actor-critic with ``value(obs) -> (B,)`` and ``evaluate(obs, action) ->
+            (log_prob, entropy, value)``, each ``(B,)``.
+        batch: a TensorDict of batch size ``(T, N)`` with ``obs``, ``action``, ``reward``,
+            ``value``, ``next_obs``, ``terminated``, ``truncated`` (:class:`~msrl.rl.buffers.RolloutBuffer`).
+        gamma, gae_lambda: GAE's; norm_adv: :func:`normalize_advantages` over the rollout;
+        vf_coef, ent_coef: the value loss's and the entropy bonus's weights.
+
+    Returns:
+        ``(loss, terms)``: the 0-d loss (differentiable in ``net``'s parameters) and
+        ``losses/policy_loss``, ``losses/value_loss``, ``losses/entropy`` (detached).
+    """
+    T, N = batch.batch_size
+    with torch.no_grad():
+        next_values = net.value(batch["next_obs"].flatten(0, 1)).view(T, N)
+    advantages, returns = gae(batch["reward"], batch["value"], next_values, batch["terminated"], batch["truncated"], gamma,
+                              gae_lambda)
+    b_adv = normalize_advantages(advantages.flatten()) if norm_adv else advantages.flatten()
+    log_prob, entropy, value = net.evaluate(batch["obs"].flatten(0, 1), batch["action"].flatten(0, 1))
+    pg_loss = -(b_adv * log_prob).mean()
+    v_loss = ((returns.flatten() - value) ** 2).mean()
+    entropy_loss = entropy.mean()
+    loss = pg_loss + vf_coef * v_loss - ent_coef * entropy_loss
+    return loss, {"losses/policy_loss": pg_loss.detach(), "losses/value_loss": v_loss.detach(),
+                  "losses/entropy": entropy_loss.detach()}
 
 
 def clipped_surrogate_loss(advantages: torch.Tensor, ratio: torch.Tensor, clip: torch.Tensor | float) -> torch.Tensor:
