@@ -1,8 +1,8 @@
 """PPO by self-play against frozen past snapshots of itself, for two-or-more-player PettingZoo
 games whose players share one observation and one action space: turn-based board games
 (``pettingzoo/pettingzoo.classic.tictactoe_v3``, ``connect_four_v3``, stepped a ply at a time
-by :class:`~msrl.envs.pettingzoo_env.TurnBasedStackedEnv`) and simultaneous-move games
-(``pettingzoo/pettingzoo.classic.rps_v2``).
+by :class:`~msrl.envs.pettingzoo_env.TurnBasedStackedEnv`) and, with ``turn_based: false``,
+simultaneous-move parallel games with Box observations.
 
 In env ``e`` the learning policy plays seat ``e mod A`` (so it learns every seat) and every other
 seat is played by an *opponent*: a frozen snapshot of the policy's past weights. The actor keeps
