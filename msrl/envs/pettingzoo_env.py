@@ -81,6 +81,21 @@ def _stacked(space: gymnasium.Space, n: int) -> gymnasium.Space:
     raise ValueError(f"PettingZoo agents with {space} spaces are not supported (Box and Discrete are)")
 
 
+def _shared_spaces(env: Any, agents: list[str], env_id: str) -> tuple[gymnasium.Space, gymnasium.Space]:
+    """The one observation space and the one action space every agent of ``env`` has.
+
+    Raises:
+        ValueError: agents with different spaces, naming them and the spaces.
+    """
+    obs_spaces = [env.observation_space(a) for a in agents]
+    act_spaces = [env.action_space(a) for a in agents]
+    for kind, spaces in (("observation", obs_spaces), ("action", act_spaces)):
+        if any(s != spaces[0] for s in spaces):
+            raise ValueError(f"{env_id}: agents {agents} have different {kind} spaces "
+                             f"({sorted({str(s) for s in spaces})}); msrl needs one space shared by every agent")
+    return obs_spaces[0], act_spaces[0]
+
+
 class AgentStackedEnv(gymnasium.Env):
     """One PettingZoo parallel env as a single env with a leading agent axis.
 
@@ -101,16 +116,11 @@ class AgentStackedEnv(gymnasium.Env):
     def __init__(self, env: Any, env_id: str = "") -> None:
         self.env, self.env_id = env, env_id
         self.agents = list(env.possible_agents)
-        obs_spaces = [env.observation_space(a) for a in self.agents]
-        act_spaces = [env.action_space(a) for a in self.agents]
-        for kind, spaces in (("observation", obs_spaces), ("action", act_spaces)):
-            if any(s != spaces[0] for s in spaces):
-                raise ValueError(f"{env_id}: agents {self.agents} have different {kind} spaces "
-                                 f"({sorted({str(s) for s in spaces})}); msrl needs one space shared by every agent")
-        self.agent_observation_space, self.agent_action_space = obs_spaces[0], act_spaces[0]
-        self.observation_space = _stacked(obs_spaces[0], len(self.agents))
-        self.action_space = _stacked(act_spaces[0], len(self.agents))
-        self._discrete = isinstance(act_spaces[0], gymnasium.spaces.Discrete)
+        obs_space, act_space = _shared_spaces(env, self.agents, env_id)
+        self.agent_observation_space, self.agent_action_space = obs_space, act_space
+        self.observation_space = _stacked(obs_space, len(self.agents))
+        self.action_space = _stacked(act_space, len(self.agents))
+        self._discrete = isinstance(act_space, gymnasium.spaces.Discrete)
 
     def _stack(self, obs: dict[str, Any]) -> np.ndarray:
         return np.stack([np.asarray(obs[a]) for a in self.agents])
@@ -170,23 +180,17 @@ class TurnBasedStackedEnv(AgentStackedEnv):
     def __init__(self, env: Any, env_id: str = "") -> None:
         self.env, self.env_id = env, env_id
         self.agents = list(env.possible_agents)
-        obs_spaces = [env.observation_space(a) for a in self.agents]
-        act_spaces = [env.action_space(a) for a in self.agents]
-        for kind, spaces in (("observation", obs_spaces), ("action", act_spaces)):
-            if any(s != spaces[0] for s in spaces):
-                raise ValueError(f"{env_id}: agents {self.agents} have different {kind} spaces "
-                                 f"({sorted({str(s) for s in spaces})}); msrl needs one space shared by every agent")
-        if not isinstance(act_spaces[0], gymnasium.spaces.Discrete):
-            raise ValueError(f"{env_id}: a turn-based game needs a Discrete action space, got {act_spaces[0]}")
-        space = obs_spaces[0]
+        space, act_space = _shared_spaces(env, self.agents, env_id)
+        if not isinstance(act_space, gymnasium.spaces.Discrete):
+            raise ValueError(f"{env_id}: a turn-based game needs a Discrete action space, got {act_space}")
         self._masked = isinstance(space, gymnasium.spaces.Dict) and {"observation", "action_mask"} <= set(space.spaces)
         self._board_space = space["observation"] if self._masked else space
-        self.num_actions = int(act_spaces[0].n)
+        self.num_actions = int(act_space.n)
         dim = gymnasium.spaces.flatdim(self._board_space) + self.num_actions + 1
         self.agent_observation_space = gymnasium.spaces.Box(-np.inf, np.inf, (dim,), np.float32)
-        self.agent_action_space = act_spaces[0]
+        self.agent_action_space = act_space
         self.observation_space = _stacked(self.agent_observation_space, len(self.agents))
-        self.action_space = _stacked(act_spaces[0], len(self.agents))
+        self.action_space = _stacked(act_space, len(self.agents))
         self._discrete = True
 
     def _observe(self, agent: str, done: bool) -> np.ndarray:
