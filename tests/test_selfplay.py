@@ -207,8 +207,8 @@ def test_a_fresh_policy_plays_a_random_player_about_evenly():
 @pytest.mark.slow
 def test_self_play_learns_tictactoe_against_a_random_player(tmp_path):
     """The shipped config trained by self-play alone (it never meets a random player) beats one:
-    over 400 games, both seats, it wins >= 75% and loses <= 20% (an untrained policy: ~44% / ~43%;
-    seed 1 of the config: 86.5% / 12.3%; its losses are forks a random player stumbles into,
+    over 400 games, both seats, it wins >= 70% and loses <= 25% (an untrained policy: 42% / 45%;
+    the config over seeds 1-3: 80% / 17%, its losses mostly forks a random player stumbles into;
     bench/RESULTS.md "Self-play on tic-tac-toe")."""
     import msrl
     from msrl.config import load_config
@@ -219,7 +219,7 @@ def test_self_play_learns_tictactoe_against_a_random_player(tmp_path):
     policy = msrl.load(result.run_dir)
     net = policy.actor.net
     rates = ppo_selfplay.play_against_random(net, TICTACTOE, games=400, seed=123)
-    assert rates["win"] >= 0.75 and rates["loss"] <= 0.2, rates
+    assert rates["win"] >= 0.7 and rates["loss"] <= 0.25, rates
 
 
 def test_msrl_graph_notes_each_actor_replicas_pool():
