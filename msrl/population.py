@@ -29,6 +29,13 @@ run is reproducible. Outputs, in the run directory: ``members/<i>/`` (each membe
 final checkpoint for ``msrl.load``), ``population.csv`` (one row per member per turn: score,
 hyperparameters, the donor it copied), and ``eval.json`` (every member's final evaluation and
 the best member).
+
+A population checkpoints as a whole: after a turn, once ``train.checkpoint_every`` iterations
+have passed since the last one (and at the end), ``population.pt`` takes every member's job
+state, config, values, score and time with the turn and the decisions' generator, in one atomic
+write, so the members never come from different turns. ``msrl train --resume RUN_DIR`` rebuilds
+each member from it and goes on exactly (``train.total_env_steps`` may grow, as for any run);
+each member's ``metrics.csv`` and ``population.csv`` drop the rows past it.
 """
 
 from __future__ import annotations
@@ -156,79 +163,124 @@ def exploit(member_job: Any, own_state: Any, donor_job: Any) -> None:
         t.components["actor"].set_weights(weights)
 
 
-def train_population(cfg: RunConfig) -> TrainResult:
+#: the population's checkpoint in its run directory (every member's job state, one atomic file)
+POPULATION_CHECKPOINT = "population.pt"
+
+
+def _save_population(run_dir: pathlib.Path, members: list[Member], turn: int, rng: random.Random) -> None:
+    """Every member's state, the turn and the decisions' generator, in one atomic write."""
+    from msrl.checkpoints import atomic_save
+
+    atomic_save({"turn": turn, "rng": rng.getstate(),
+                 "members": [{"config": m.cfg.model_dump(), "job": m.job.state_dict(), "values": dict(m.values),
+                              "score": m.score, "time_s": m.time_s} for m in members]},
+                run_dir / POPULATION_CHECKPOINT)
+
+
+def _load_population(run_dir: pathlib.Path) -> dict[str, Any]:
+    """``population.pt`` of a population run directory.
+
+    Raises:
+        ConfigError: none yet, or a damaged one (the loader's error in one line).
+    """
+    from msrl.checkpoints import first_sentence
+    from msrl.config import ConfigError
+
+    path = run_dir / POPULATION_CHECKPOINT
+    if not path.is_file():
+        raise ConfigError(f"--resume {run_dir}: the population has no checkpoint yet ({POPULATION_CHECKPOINT}); start it again")
+    try:
+        state = torch.load(path, weights_only=False)
+    except Exception as e:  # noqa: BLE001 - zip, pickle and EOF errors all mean a damaged file
+        raise ConfigError(f"{path}: damaged population checkpoint ({type(e).__name__}: {first_sentence(str(e))})") from None
+    if not isinstance(state, dict) or not {"turn", "rng", "members"} <= set(state):
+        raise ConfigError(f"{path}: not an msrl population checkpoint")
+    return state
+
+
+def _truncate_log(path: pathlib.Path, turn: int) -> None:
+    """Drops ``population.csv``'s rows of turns after ``turn`` (a resumed population's)."""
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    with open(path, "w", newline="") as f:
+        csv.writer(f).writerows([rows[0], *(r for r in rows[1:] if int(r[0]) <= turn)])
+
+
+def train_population(cfg: RunConfig, resume: str | pathlib.Path | None = None) -> TrainResult:
     """Trains ``cfg.population.size`` members of ``cfg``'s job with PBT (see the module), each
     for ``train.total_env_steps``; returns the result of the member whose final evaluation is
     best (``run_dir``: its directory, ``<run dir>/members/<i>``, which ``msrl.load`` takes).
+    With ``resume`` (a population's run directory), goes on from its ``population.pt``.
 
     Raises:
-        ConfigError: as :func:`check_population`; the run directory cannot be made.
+        ConfigError: as :func:`check_population`; the run directory cannot be made; ``resume``
+            is not a population run of this config, has no checkpoint yet or a damaged one.
         TrainingStopped: a member's fragment raised (a NaN loss, ...): the message names the member.
+        TrainingInterrupted: Ctrl-C; ``population.pt`` kept, the resume command named.
     """
     from msrl.checkpoints import Progress, save_checkpoint
     from msrl.evaluation import evaluate_job
     from msrl.job import Job
-    from msrl.metrics import MetricsWriter, iteration_row
-    from msrl.outcome import TrainingStopped
-    from msrl.rundir import RunLock, atomic_write_text, check_runs_dir, new_run_dir, write_config
-    from msrl.runtime.replica import FragmentError
+    from msrl.metrics import MetricsWriter
+    from msrl.outcome import TrainingInterrupted
+    from msrl.rundir import RunLock, atomic_write_text, check_resumable, check_runs_dir, load_run_config, new_run_dir, write_config
 
     pop = cfg.population
     spec0 = build_job_spec(cfg)  # (checks the population too: check_population)
-    check_runs_dir(cfg)
-    rng = random.Random(cfg.seed)
-    configs = member_configs(cfg, rng)
-    run_dir = new_run_dir(cfg)
-    lock = RunLock(run_dir)
-    write_config(run_dir, cfg)
-    members: list[Member] = []
-    torch.set_num_threads(cfg.train.torch_threads)
-    log_path = run_dir / "population.csv"
     names = list(pop.explore)
+    members: list[Member] = []
+    if resume is not None:
+        run_dir = pathlib.Path(resume)
+        check_resumable(load_run_config(run_dir), cfg, run_dir)
+        lock = RunLock(run_dir)
+    else:
+        check_runs_dir(cfg)
+        run_dir = new_run_dir(cfg)
+        lock = RunLock(run_dir)
+    log_path = run_dir / "population.csv"
+    torch.set_num_threads(cfg.train.torch_threads)
+    saved = [0]  # the iteration population.pt holds (updated by _turns)
     try:
-        for i, mcfg in enumerate(configs):
-            mdir = run_dir / "members" / str(i)
-            mdir.mkdir(parents=True)
-            write_config(mdir, mcfg)
-            job = Job(build_job_spec(mcfg))
-            job.reset()
-            members.append(Member(i, mcfg, job, {n: float(mcfg.algorithm.hparams[n]) for n in names}, mdir,
-                                  MetricsWriter(mdir, None)))
+        if resume is not None:
+            state = _load_population(run_dir)
+            write_config(run_dir, cfg)  # a longer budget
+            rng = random.Random()
+            rng.setstate(state["rng"])
+            turn = int(state["turn"])
+            for i, ms in enumerate(state["members"]):
+                mcfg = RunConfig.model_validate(ms["config"])
+                mcfg = mcfg.model_copy(update={"train": cfg.train})  # the resumed run's budget and schedule
+                job = Job(build_job_spec(mcfg))
+                job.load_state_dict(ms["job"])
+                mdir = run_dir / "members" / str(i)
+                m = Member(i, mcfg, job, dict(ms["values"]), mdir, MetricsWriter(mdir, job.iteration), float(ms["score"]),
+                           float(ms["time_s"]))
+                members.append(m)
+            saved[0] = members[0].job.iteration
+            _truncate_log(log_path, turn)
+        else:
+            rng = random.Random(cfg.seed)
+            write_config(run_dir, cfg)
+            for i, mcfg in enumerate(member_configs(cfg, rng)):
+                mdir = run_dir / "members" / str(i)
+                mdir.mkdir(parents=True)
+                write_config(mdir, mcfg)
+                job = Job(build_job_spec(mcfg))
+                job.reset()
+                members.append(Member(i, mcfg, job, {n: float(mcfg.algorithm.hparams[n]) for n in names}, mdir,
+                                      MetricsWriter(mdir, None)))
+            with open(log_path, "w", newline="") as f:
+                csv.writer(f).writerow(["turn", "iteration", "env_steps", "member", "score", *names, "copied_from"])
+            turn = 0
         per = spec0.env_steps_per_iteration
         total_iterations = spec0.num_iterations
-        with open(log_path, "w", newline="") as f:
-            csv.writer(f).writerow(["turn", "iteration", "env_steps", "member", "score", *names, "copied_from"])
-        turn = 0
-        while members[0].job.iteration < total_iterations:
-            n = min(pop.interval, total_iterations - members[0].job.iteration)
-            turn += 1
-            for m in members:
-                t0 = time.perf_counter()
-                try:
-                    records = m.job.run(n)
-                except (FragmentError, FloatingPointError) as e:
-                    raise TrainingStopped(f"population member {m.index} ({_values_text(m.values)}): {e}", m.job.iteration,
-                                          m.job.env_steps, None) from e
-                dt = time.perf_counter() - t0
-                returns = [r for rec in records for r in rec["episodes"].returns]
-                if returns:
-                    m.score = sum(returns) / len(returns)
-                for j, rec in enumerate(records):
-                    row = iteration_row(rec, m.job.iteration - n + j + 1, m.time_s + dt * (j + 1) / n, per, None, None)
-                    m.metrics.log({**row, **{f"pbt/{k}": v for k, v in m.values.items()}})
-                m.metrics.flush()
-                m.time_s += dt
-            plan = plan_exploits([m.score for m in members], pop.quantile, rng) if \
-                members[0].job.iteration < total_iterations else {}
-            rows = []
-            for m in members:
-                rows.append([turn, m.job.iteration, m.job.env_steps, m.index, m.score, *(m.values[k] for k in names),
-                             plan.get(m.index, "")])
-            for i, d in sorted(plan.items()):
-                _replace(members[i], members[d], explore(members[d].values, pop.explore, pop.perturbation_factors,
-                                                          pop.resample_probability, rng))
-            with open(log_path, "a", newline="") as f:
-                csv.writer(f).writerows(rows)
+        try:
+            _turns(members, turn, total_iterations, cfg, rng, run_dir, log_path, names, per, saved)
+        except KeyboardInterrupt:
+            kept = run_dir / POPULATION_CHECKPOINT
+            have = kept.is_file()
+            raise TrainingInterrupted(run_dir, members[0].job.env_steps, kept if have else None,
+                                      saved[0] * per if have else None) from None
         results = []
         for m in members:
             m.metrics.close()
@@ -249,6 +301,53 @@ def train_population(cfg: RunConfig) -> TrainResult:
         for m in members:
             m.job.close()
         lock.release()
+
+
+def _turns(members: list[Member], turn: int, total_iterations: int, cfg: RunConfig, rng: random.Random,
+           run_dir: pathlib.Path, log_path: pathlib.Path, names: list[str], per: int, saved: list[int]) -> None:
+    """The turns after ``turn`` to the budget's end: each member trains ``interval`` iterations,
+    the bottom copy the top, ``population.csv`` gets the turn's rows, and ``population.pt`` the
+    population when ``train.checkpoint_every`` iterations have passed since ``saved[0]`` (and at
+    the end; ``saved[0]`` then becomes the iteration it holds)."""
+    from msrl.metrics import iteration_row
+    from msrl.outcome import TrainingStopped
+    from msrl.runtime.replica import FragmentError
+
+    pop = cfg.population
+    while members[0].job.iteration < total_iterations:
+        n = min(pop.interval, total_iterations - members[0].job.iteration)
+        turn += 1
+        for m in members:
+            t0 = time.perf_counter()
+            try:
+                records = m.job.run(n)
+            except (FragmentError, FloatingPointError) as e:
+                raise TrainingStopped(f"population member {m.index} ({_values_text(m.values)}): {e}", m.job.iteration,
+                                      m.job.env_steps, None) from e
+            dt = time.perf_counter() - t0
+            returns = [r for rec in records for r in rec["episodes"].returns]
+            if returns:
+                m.score = sum(returns) / len(returns)
+            for j, rec in enumerate(records):
+                row = iteration_row(rec, m.job.iteration - n + j + 1, m.time_s + dt * (j + 1) / n, per, None, None)
+                m.metrics.log({**row, **{f"pbt/{k}": v for k, v in m.values.items()}})
+            m.metrics.flush()
+            m.time_s += dt
+        plan = plan_exploits([m.score for m in members], pop.quantile, rng) if \
+            members[0].job.iteration < total_iterations else {}
+        rows = []
+        for m in members:
+            rows.append([turn, m.job.iteration, m.job.env_steps, m.index, m.score, *(m.values[k] for k in names),
+                         plan.get(m.index, "")])
+        for i, d in sorted(plan.items()):
+            _replace(members[i], members[d], explore(members[d].values, pop.explore, pop.perturbation_factors,
+                                                      pop.resample_probability, rng))
+        with open(log_path, "a", newline="") as f:
+            csv.writer(f).writerows(rows)
+        done = members[0].job.iteration >= total_iterations
+        if done or members[0].job.iteration - saved[0] >= cfg.train.checkpoint_every:
+            _save_population(run_dir, members, turn, rng)
+            saved[0] = members[0].job.iteration
 
 
 def describe(cfg: RunConfig, job: Any) -> str:

@@ -63,15 +63,12 @@ def train(cfg: RunConfig, resume: str | pathlib.Path | None = None) -> TrainResu
     as any other death: the job starts again, from the last checkpoint where there is one.
 
     A config with a ``population`` section trains a population with PBT
-    (:func:`msrl.population.train_population`; no ``resume`` yet).
+    (:func:`msrl.population.train_population`, which resumes from its ``population.pt``).
     """
     if cfg.population is not None:
-        if resume is not None:
-            raise ConfigError(f"{resume}: a population run cannot be resumed yet (population: set); start it again, "
-                              "or resume one member as a run of its own: msrl train --resume <run dir>/members/<i>")
         from msrl.population import train_population
 
-        return train_population(cfg)
+        return train_population(cfg, resume)
     restarts = 0
     pending: dict[str, int] = {}  # faults of attempts that ended before the run's first checkpoint
     reuse: pathlib.Path | None = None  # a fresh run's directory, made by an attempt that died at once

@@ -138,6 +138,64 @@ def test_a_population_run_writes_each_member_and_replays_from_its_seed(tmp_path)
     assert load(a.run_dir).act(torch.zeros(4).numpy()) in (0, 1)
 
 
+def test_an_interrupted_population_resumes_exactly(tmp_path, monkeypatch):
+    """Ctrl-C in turn 3 of 6 (population.pt holds turn 2), then msrl train --resume: the same
+    population.csv, members' losses, final weights and evaluations as the run never interrupted."""
+    import msrl.population as population
+    from msrl.outcome import TrainingInterrupted
+    from msrl.run import train
+    from msrl.rundir import resume_config
+
+    over = ["train.total_env_steps=6144", "population.interval=4", "population.size=3", "train.checkpoint_every=4",
+            "population.explore.learning_rate.init=[0.00001, 0.001, 0.01]", "train.progress=false", "eval.episodes=2"]
+    whole = train(_cfg(tmp_path / "whole", *over)).run_dir.parent.parent
+    plan, calls = population.plan_exploits, []
+
+    def interrupted(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return plan(*args)
+
+    monkeypatch.setattr(population, "plan_exploits", interrupted)
+    with pytest.raises(TrainingInterrupted, match=r"interrupted at env step 3072; checkpoint kept: .*population.pt "
+                                                  r"\(env step 2048\); resume with: msrl train --resume"):
+        train(_cfg(tmp_path / "cut", *over))
+    monkeypatch.setattr(population, "plan_exploits", plan)
+    cut = tmp_path / "cut" / "pbt_ppo_cartpole"
+    assert len(list(csv.DictReader(open(cut / "population.csv")))) == 3 * 2  # cut before turn 3's rows
+    train(resume_config(cut), resume=cut)
+
+    def rows(root, name):
+        return list(csv.DictReader(open(root / name)))
+
+    assert rows(whole, "population.csv") == rows(cut, "population.csv")
+    a, b = (json.loads((r / "eval.json").read_text()) for r in (whole, cut))
+    assert [(m["hparams"], m["returns"]) for m in a["members"]] == [(m["hparams"], m["returns"]) for m in b["members"]]
+    for i in range(3):
+        la, lb = (rows(r / "members" / str(i), "metrics.csv") for r in (whole, cut))
+        assert [(r["iteration"], r["losses/policy_loss"], r["pbt/learning_rate"]) for r in la] == \
+            [(r["iteration"], r["losses/policy_loss"], r["pbt/learning_rate"]) for r in lb]
+        wa, wb = (torch.load(r / "members" / str(i) / "checkpoints" / "latest.pt", weights_only=False)["actor_weights"]
+                  for r in (whole, cut))
+        assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_a_population_without_a_checkpoint_or_with_a_damaged_one_is_refused_in_one_line(tmp_path):
+    from msrl.population import POPULATION_CHECKPOINT
+    from msrl.run import train
+    from msrl.rundir import resume_config
+
+    _population_run(tmp_path, "a")
+    root = tmp_path / "a" / "pbt_ppo_cartpole"
+    (root / POPULATION_CHECKPOINT).write_bytes(b"not a checkpoint")
+    with pytest.raises(ConfigError, match=r"population.pt: damaged population checkpoint"):
+        train(resume_config(root), resume=root)
+    (root / POPULATION_CHECKPOINT).unlink()
+    with pytest.raises(ConfigError, match=r"the population has no checkpoint yet \(population.pt\); start it again"):
+        train(resume_config(root), resume=root)
+
+
 def test_msrl_graph_shows_the_members_and_the_exchange(tmp_path):
     from msrl.config import build_job_spec
     from msrl.job import Job
