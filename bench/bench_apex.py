@@ -40,7 +40,8 @@ APEX = Task("configs/apex_dqn_cartpole.yaml", "CartPole-v1", 475.0, 100_000, 5_1
 #: (name, task, config overrides) per mode
 SYSTEMS = {
     "learning": [("uniform replay (rl-zoo DQN), single", UNIFORM, []),
-                 ("Ape-X DQN, single", APEX, ["distribution_policy.name=single"])],
+                 ("Ape-X DQN, single", APEX, ["distribution_policy.name=single", "distribution_policy.replicas={}",
+                                              "distribution_policy.placement={}"])],
     "layout": [("DQN, coarse x4, uniform replay at the learner", UNIFORM,
                 ["distribution_policy.name=single_learner_coarse", "distribution_policy.replicas.actor=4",
                  "distribution_policy.placement.buffer=learner", "env.num_envs=8", "algorithm.hparams.train_frequency=32",
