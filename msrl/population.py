@@ -219,6 +219,7 @@ def train_population(cfg: RunConfig, resume: str | pathlib.Path | None = None) -
         TrainingInterrupted: Ctrl-C; ``population.pt`` kept, the resume command named.
     """
     from msrl.checkpoints import Progress, save_checkpoint
+    from msrl.config import ConfigError
     from msrl.evaluation import evaluate_job
     from msrl.job import Job
     from msrl.metrics import MetricsWriter
@@ -243,6 +244,10 @@ def train_population(cfg: RunConfig, resume: str | pathlib.Path | None = None) -
     try:
         if resume is not None:
             state = _load_population(run_dir)
+            done = max((int(ms["job"]["iteration"]) for ms in state["members"]), default=0) * spec0.env_steps_per_iteration
+            if spec0.num_iterations * spec0.env_steps_per_iteration < done:
+                raise ConfigError(f"train.total_env_steps={cfg.train.total_env_steps}: the population's checkpoint is already "
+                                  f"at env step {done}; a resumed run can only train for longer")
             write_config(run_dir, cfg)  # a longer budget
             rng = random.Random()
             rng.setstate(state["rng"])

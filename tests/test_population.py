@@ -181,13 +181,16 @@ def test_an_interrupted_population_resumes_exactly(tmp_path, monkeypatch):
         assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def test_a_population_without_a_checkpoint_or_with_a_damaged_one_is_refused_in_one_line(tmp_path):
+def test_a_shorter_budget_no_checkpoint_or_a_damaged_one_is_refused_in_one_line(tmp_path):
     from msrl.population import POPULATION_CHECKPOINT
     from msrl.run import train
     from msrl.rundir import resume_config
 
     _population_run(tmp_path, "a")
     root = tmp_path / "a" / "pbt_ppo_cartpole"
+    with pytest.raises(ConfigError, match=r"train.total_env_steps=2048: the population's checkpoint is already at env "
+                                          r"step 6144; a resumed run can only train for longer"):
+        train(resume_config(root, ["train.total_env_steps=2048"]), resume=root)
     (root / POPULATION_CHECKPOINT).write_bytes(b"not a checkpoint")
     with pytest.raises(ConfigError, match=r"population.pt: damaged population checkpoint"):
         train(resume_config(root), resume=root)
