@@ -61,7 +61,7 @@ def test_illegal_moves_get_no_probability_and_a_waiting_player_no_gradient():
         obs, *_ = env.step(np.array(a))
     x = torch.as_tensor(obs)
     logits, _ = net.head(x)
-    probs = torch.softmax(logits[0], -1)  # player_1 to move; 0, 2, 4 and 8 taken
+    probs = torch.softmax(logits[0].detach(), -1)  # player_1 to move; 0, 2, 4 and 8 taken
     assert probs[[0, 2, 4, 8]].tolist() == [0.0] * 4 and math.isclose(float(probs.sum()), 1.0, rel_tol=1e-6)
     log_prob, entropy, value = net.evaluate(x, torch.tensor([1, 3]))
     assert log_prob[1] == 0 and entropy[1] == 0 and log_prob[0] < 0 and entropy[0] > 0  # player_2 waits
