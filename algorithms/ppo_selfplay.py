@@ -147,14 +147,18 @@ class SelfPlayNet(nn.Module):
             return torch.ones(obs.shape[:-1], dtype=torch.bool, device=obs.device)
         return obs[..., -1] > 0.5
 
-    def head(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(logits (..., n), value (...))`` of observations ``(..., D)``; illegal moves' logits
-        are :data:`ILLEGAL_LOGIT` where the row's player moves."""
+    def logits(self, obs: torch.Tensor) -> torch.Tensor:
+        """The policy's logits ``(..., n)`` of observations ``(..., D)``; illegal moves' are
+        :data:`ILLEGAL_LOGIT` where the row's player moves."""
         logits = self.actor(obs)
         if self.turn_based:
             legal = obs[..., -self.n - 1:-1] > 0.5
             logits = torch.where(legal | ~self.to_move(obs)[..., None], logits, ILLEGAL_LOGIT)
-        return logits, self.critic(obs).squeeze(-1)
+        return logits
+
+    def head(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(logits (..., n), value (...))`` of observations ``(..., D)`` (:meth:`logits`, :meth:`value`)."""
+        return self.logits(obs), self.value(obs)
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         """``V(o)``: ``(..., D) -> (...)``."""
@@ -208,7 +212,7 @@ class SelfPlayActor(ActorCriticActor):
 
     def compile_targets(self) -> tuple[str, ...]:
         """The two networks' forward passes; the draws from :attr:`generator` stay eager."""
-        return ("net.head", "opponent.head")
+        return ("net.head", "opponent.logits")
 
     def describe(self) -> str:
         """``msrl graph``'s note on the pool: its size, bytes, snapshot and draw schedule."""
@@ -252,7 +256,7 @@ class SelfPlayActor(ActorCriticActor):
         seat = learner_seats(E, A, obs.device)
         own = torch.nn.functional.one_hot(seat, A).bool()  # (E, A): the learning policy's seat
         logits, value = self.net.head(obs)
-        opp_logits, _ = self.opponent.head(obs)
+        opp_logits = self.opponent.logits(obs)  # the opponent's values are never used
         logits = torch.where(own[..., None], logits, opp_logits)
         log_probs = torch.log_softmax(logits, dim=-1)
         if deterministic:

@@ -31,7 +31,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_learning import _mann_whitney  # noqa: E402
+from bench_learning import _fmt, _mann_whitney  # noqa: E402
 from bench_offpolicy import Task, _quartiles, run_msrl  # noqa: E402
 
 UNIFORM = Task("configs/dqn_cartpole.yaml", "CartPole-v1", 475.0, 100_000, 5_120, "DQN", 1)
@@ -48,12 +48,6 @@ SYSTEMS = {
                  "runtime=ray"]),
                ("Ape-X DQN, 4 actors x 2 replay shards", APEX, ["runtime=ray"])],
 }
-
-
-def _fmt(q: tuple[float, float, float] | None, digits: int) -> str:
-    if q is None:
-        return "never"
-    return "{1} [{0}, {2}]".format(*("never" if x == float("inf") else f"{x:.{digits}f}" for x in q))
 
 
 def table(results: dict[str, list[dict]]) -> str:

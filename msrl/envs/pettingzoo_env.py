@@ -191,7 +191,6 @@ class TurnBasedStackedEnv(AgentStackedEnv):
         self.agent_action_space = act_space
         self.observation_space = _stacked(self.agent_observation_space, len(self.agents))
         self.action_space = _stacked(act_space, len(self.agents))
-        self._discrete = True
 
     def _observe(self, agent: str, done: bool) -> np.ndarray:
         obs = self.env.observe(agent)
