@@ -24,7 +24,8 @@
 # of the components' compile targets, alone and inside the capture) with kernels per iteration,
 # the GPU job trained compiled, and the compile tests; with FULL=1 also the
 # heterogeneous run (PPO CartPole, coarse, learner on cuda:0) to the end; with PONG=1 PPO on Pong
-# with its learner on cuda:0 for PONG_S seconds (bench/bench_pong_learning.py); the host-sync guard
+# with its learner on cuda:0 for PONG_S seconds (bench/bench_pong_learning.py); with MUJOCO=1
+# HalfCheetah on MJWarp's kernels against gymnasium and PPO on it at 4,096 envs; the host-sync guard
 # and each gpu_only job's ops per iteration (bench/bench_host_syncs.py). Without a GPU (no
 # nvidia-smi, or torch without CUDA) the same script runs what needs none: the host-sync guard,
 # the kernels' host build against their torch reference, the ops count and the GPU job on the CPU.
@@ -135,6 +136,17 @@ if [ "${PONG:-0}" = 1 ] && [ "$GPU" = 1 ]; then  # Pong: actors on the CPU (ale-
     --hours "$($py -c "print($PONG_S / 3600)")" distribution_policy.name=single_learner_coarse runtime=local \
     distribution_policy.devices.learner=cuda:0 env.num_envs=64 env.num_workers=8 train.torch_threads=4
   cp "$T/pong/ppo_pong/metrics.csv" "$OUT/pong_cuda_learner_metrics.csv" 2>/dev/null
+fi
+if [ "${MUJOCO:-0}" = 1 ] && [ "$GPU" = 1 ]; then  # MuJoCo on MJWarp's kernels on the GPU (env.kwargs.physics=warp):
+  # each step against gymnasium's from the same state, then PPO at 4,096 envs under gpu_only (env steps/s,
+  # the return reached); needs warp-lang and mujoco-warp importable (their wheels, ~150 MB, exceed a
+  # small .whl/ bundle: a machine image that has them)
+  part mujoco_warp_check 400 $py -P -m msrl.envs.native.check --env halfcheetah --physics warp --device cuda \
+    --num-envs 64 --steps 200 --start-step 900
+  part mujoco_warp_ppo 600 msrl train configs/ppo_halfcheetah_gpu.yaml "runs_dir=$T/runs" train.progress=false \
+    train.total_env_steps=20000000
+  cp "$T/runs/ppo_halfcheetah_gpu/metrics.csv" "$OUT/mujoco_warp_ppo_metrics.csv" 2>/dev/null
+  part mujoco_warp_ppo_time 60 $py -P bench/time_breakdown.py "$T/runs/ppo_halfcheetah_gpu" --json "$OUT/mujoco_warp_ppo_time.json"
 fi
 if [ "${FULL:-0}" = 1 ] && [ "$GPU" = 1 ]; then  # the heterogeneous run to the end (about a minute on an H100)
   part coarse_cuda_learner 300 msrl train configs/ppo_cartpole.yaml distribution_policy.name=single_learner_coarse \
