@@ -9,7 +9,10 @@ HalfCheetah-v5, ``--envs`` envs (default 64), ``--threads`` threads (default 2):
   logic in NumPy;
 * ``mjbatch physics alone (ceiling)`` -- the native task's physics without its task logic
   (``mj_step`` x 5 per env on ``--threads`` threads): what the native task can reach;
-* ``envpool`` -- ``envpool.make("HalfCheetah-v5", env_type="gymnasium")`` on ``--threads`` threads.
+* ``envpool`` -- ``envpool.make("HalfCheetah-v5", env_type="gymnasium")`` on ``--threads`` threads;
+* with ``--warp``: ``msrl native task, MJWarp physics`` -- ``msrl/HalfCheetah-v5`` with
+  ``env.kwargs.physics: warp`` on this CPU (Warp's CPU kernels run on one thread), and ``MJWarp
+  physics alone`` (its ``mjw.step`` x 5 without the task logic).
 
 Atari (``--atari``): ``ALE/Pong-v5`` with the standard preprocessing (84x84 grayscale, 4 stacked
 frames, frame skip 4, up to 30 no-ops, no sticky actions) through the process engine and through
@@ -23,6 +26,7 @@ rounds, and the median over rounds of its rate divided by EnvPool's in the same 
 rates measured seconds apart is steadier than a ratio of medians.
 
     python bench/bench_mujoco_envs.py --envs 64 --threads 2 --rounds 3 --atari
+    python bench/bench_mujoco_envs.py --envs 16 64 --rounds 2 --warp
 """
 
 from __future__ import annotations
@@ -49,8 +53,9 @@ def timed(step: Callable[[], None], seconds: float) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def mujoco_systems(n: int, threads: int) -> dict[str, Callable[[], tuple[Callable[[], None], Callable[[], None]]]]:
-    """name -> builder returning (step, close) for HalfCheetah-v5 with ``n`` envs."""
+def mujoco_systems(n: int, threads: int, warp: bool = False) -> dict[str, Callable[[], tuple[Callable[[], None], Callable[[], None]]]]:
+    """name -> builder returning (step, close) for HalfCheetah-v5 with ``n`` envs (``warp``: also
+    the task on MJWarp physics, on this CPU)."""
 
     def sync():
         from msrl.envs.gymnasium_env import GymnasiumEnv
@@ -92,8 +97,26 @@ def mujoco_systems(n: int, threads: int) -> dict[str, Callable[[], tuple[Callabl
         a = np.zeros((n, 6), dtype=np.float32)
         return (lambda: env.step(a)), env.close
 
-    return {"gymnasium sync": sync, "msrl process engine": engine, "msrl native task": native,
-            "mjbatch physics alone (ceiling)": physics, "envpool": envpool_}
+    def warp_native():
+        from msrl.envs.native import WarpHalfCheetah
+
+        env = WarpHalfCheetah(n)
+        env.reset(seed=0)
+        a = torch.zeros(n, 6)
+        return (lambda: env.step(a)), (lambda: None)
+
+    def warp_physics():
+        from msrl.envs.native import WarpHalfCheetah
+
+        env = WarpHalfCheetah(n)
+        env.reset(seed=0)
+        return env._physics_step, (lambda: None)
+
+    systems = {"gymnasium sync": sync, "msrl process engine": engine, "msrl native task": native,
+               "mjbatch physics alone (ceiling)": physics, "envpool": envpool_}
+    if warp:
+        systems.update({"msrl native task, MJWarp physics": warp_native, "MJWarp physics alone": warp_physics})
+    return systems
 
 
 def atari_systems(n: int, threads: int) -> dict[str, Callable[[], tuple[Callable[[], None], Callable[[], None]]]]:
@@ -169,10 +192,11 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--atari", action="store_true", help="also Pong, the engines vs envpool")
     p.add_argument("--atari-only", action="store_true", help="Pong only")
+    p.add_argument("--warp", action="store_true", help="also the native task on MJWarp physics (env.kwargs.physics=warp), on the CPU")
     args = p.parse_args()
     torch.set_num_threads(1)
     for n in [] if args.atari_only else args.envs:
-        res = run(mujoco_systems(n, args.threads), n, args.rounds, args.seconds)
+        res = run(mujoco_systems(n, args.threads, args.warp), n, args.rounds, args.seconds)
         print(json.dumps({"task": "HalfCheetah-v5", "envs": n, "threads": args.threads, **res}))
     if args.atari or args.atari_only:
         n = args.envs[0]

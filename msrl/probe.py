@@ -253,6 +253,73 @@ def _caller_outside_torch() -> str:
     return "<unknown>" if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
+
+def _fixed_branches(graphs: dict[str, Graph]) -> list[tuple[str, Node]]:
+    """The branches of ``graphs`` whose condition is the same on every iteration: a constant,
+    or computed (by ``compute`` nodes) only from constants and trainer attributes that no
+    method writes back (``self.hparams``, the job's sizes). Once the probe has seen one side of
+    such a branch run, the other side never will (``if hp.prioritized_replay: ... else: ...``).
+
+    Returns:
+        ``(method, branch node)`` pairs.
+    """
+    written = {n.target for g in graphs.values() for n in g.walk() if n.kind is NodeKind.STATE_OUT}
+    out = []
+    for method, g in graphs.items():
+        producers: dict[str, list[Node]] = {}
+        for node in g.walk():
+            if node.kind in (NodeKind.LOOP, NodeKind.BRANCH):
+                continue  # a region's outputs are its body's writes, walked as their own nodes
+            for name in node.outputs:
+                producers.setdefault(name, []).append(node)
+        memo: dict[str, bool] = {}
+        for node in g.walk():
+            if node.kind is NodeKind.BRANCH and (not isinstance(node.target, str)
+                                                  or _fixed_value(node.target, producers, written, memo)):
+                out.append((method, node))
+    return out
+
+
+def _fixed_value(name: str, producers: dict[str, list[Node]], written: set[str], memo: dict[str, bool]) -> bool:
+    """Whether value ``name`` is the same on every iteration: every node writing it reads a
+    trainer attribute no method writes back, or computes from such values only."""
+    if name in memo:
+        return memo[name]
+    memo[name] = False  # a cycle (a value computed from itself) is not fixed
+    ok = bool(producers.get(name))
+    for n in producers.get(name, ()):
+        if n.kind is NodeKind.STATE_IN:
+            ok = ok and n.target not in written
+        elif n.kind is NodeKind.COMPUTE:
+            ok = ok and all(_fixed_value(i, producers, written, memo) for i in n.inputs)
+        else:
+            ok = False
+    memo[name] = ok
+    return ok
+
+
+def _unreachable(fixed: list[tuple[str, Node]], seen: dict[tuple[str, int, str], Any],
+                 called: set[tuple[str, int]]) -> tuple[set[tuple[str, int, str]], set[tuple[str, int]]]:
+    """The values (``(method, node id, name)``) and calls (``(method, node id)``) inside a side
+    of a fixed-condition branch (:func:`_fixed_branches`) whose other side has run: the probe
+    need not wait for them."""
+    values: set[tuple[str, int, str]] = set()
+    calls: set[tuple[str, int]] = set()
+
+    def ran(method: str, region: Graph) -> bool:
+        return any((method, n.id) in called or any((method, n.id, o) in seen for o in n.outputs) for n in region.walk())
+
+    for method, branch in fixed:
+        sides = [branch.body, branch.orelse]
+        for side, other in ((sides[0], sides[1]), (sides[1], sides[0])):
+            if side is None or other is None or not ran(method, other) or ran(method, side):
+                continue
+            for n in side.walk():
+                calls.add((method, n.id))
+                values.update((method, n.id, o) for o in n.outputs)
+    return values, calls
+
+
 def _run(
     graphs: dict[str, Graph], spec: Any, num_envs: int, needed: set[tuple[str, int, str]],
     needed_calls: set[tuple[str, int]] = frozenset(),  # type: ignore[assignment]
@@ -313,13 +380,17 @@ def _run(
             except FloatingPointError as e:
                 raise _diverged(e, programs, spec, num_envs) from e
             iteration = 0
+            fixed = _fixed_branches(graphs)
             while True:
                 iteration += 1
                 try:
                     check_losses(as_floats(programs["train_step"].fn(trainer, None)), iteration)
                 except FloatingPointError as e:
                     raise _diverged(e, programs, spec, num_envs) from e
-                if (needed <= set(seen) and (points is None or needed_calls <= points.called)) or "env" not in trainer.components:
+                called = points.called if points is not None else set()
+                never_values, never_calls = _unreachable(fixed, seen, called)
+                if ((needed - never_values <= set(seen) and (points is None or needed_calls - never_calls <= points.called))
+                        or "env" not in trainer.components):
                     break
                 if trainer.env.env_steps >= PROBE_MAX_ENV_STEPS:
                     break
@@ -388,7 +459,9 @@ def probe(graphs: dict[str, Graph], spec: Any) -> frozenset[str]:
     Runs ``reset`` and at least one ``train_step`` with :data:`PROBE_NUM_ENVS` envs; when
     values that cross between fragments with different replica counts (under ``spec``'s
     policy) lie in a branch not taken yet (``if self.global_step > learning_starts:``), it goes
-    on stepping until it has seen them, up to :data:`PROBE_MAX_ENV_STEPS` env steps. Values
+    on stepping until it has seen them, up to :data:`PROBE_MAX_ENV_STEPS` env steps -- except
+    those in a side of a branch whose condition is fixed for the run (hyperparameters only:
+    ``if hp.prioritized_replay:``) once its other side has run (:func:`_fixed_branches`). Values
     of component methods declared with :func:`msrl.api.returns` take the declared kind, after
     a check against what was observed.
 

@@ -413,3 +413,42 @@ def test_replay_buffer_overwrites_the_oldest_rows_in_ring_order():
         assert torch.equal(buf.storage["reward"], ref)
         assert buf.pos == pos and buf.size == min(3 * (i + 1), 7)
     assert torch.equal(buf.storage["obs"][:, 0], torch.tensor([9.0, 9, 7, 8, 8, 8, 9]))
+
+
+# -- the probe stops waiting for a side of a branch its fixed condition never takes ------------
+def test_the_probe_knows_which_branches_have_a_condition_fixed_for_the_run():
+    """``if hp.prioritized_replay:`` (hyperparameters only) is fixed for the whole run;
+    ``if self.global_step >= hp.learning_starts:`` (a counter written back) is not."""
+    from msrl.probe import _fixed_branches
+
+    graphs = trace_methods(dqn.DQNTrainer)
+    lines = {int(b.where().rsplit(":", 1)[1]) for _, b in _fixed_branches(graphs)}
+    source = (ROOT / "algorithms" / "dqn.py").read_text().splitlines()
+    texts = {source[n - 1].strip() for n in lines}
+    assert texts == {"if hp.gradient_steps > 0 and hp.prioritized_replay:", "elif hp.gradient_steps > 0:",
+                     'if hp.exploration == "schedule":  # (apex: each env keeps its own, DQNActor.env_epsilons)'}
+
+
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_the_probe_stops_once_the_other_side_of_a_fixed_branch_has_run(monkeypatch, prioritized):
+    """Coarse DQN's boundary values sit in both sides of ``if hp.prioritized_replay``; the probe
+    used to step PROBE_MAX_ENV_STEPS (20,000) env steps, twice, waiting for the side that never
+    runs (3.7 minutes before the shipped Ape-X config started). It stops as soon as learning has
+    started, and the job is the same."""
+    from msrl.probe import PROBE_MAX_ENV_STEPS
+    from msrl.runtime import replica
+
+    iterations = []
+    check = replica.check_losses
+    monkeypatch.setattr(replica, "check_losses", lambda losses, it: (iterations.append(it), check(losses, it))[1])
+    spec = dqn_spec(policy="single_learner_coarse", replicas={"actor": 2}, prioritized_replay=prioritized)
+    job = Job(spec)
+    try:
+        job.reset()
+        assert job.train_step() is not None
+    finally:
+        job.close()
+    # 2 probe runs (2 and 3 envs), each until the first learning iteration: learning_starts 16
+    # env steps at 4 steps per iteration
+    per_run = [k for k in iterations if k == 1]
+    assert len(per_run) == 2 and max(iterations) * 4 * 2 < PROBE_MAX_ENV_STEPS // 100, max(iterations)
