@@ -151,6 +151,11 @@ class WarpMujocoTask(NativeEnv):
         with self._warp_scope():
             self._m = mjw.put_model(m)
             self._d = mjw.put_data(m, data, nworld=num_envs)
+        if self.device.type == "cuda":
+            # the solver's loop as a fixed count of iterations (a converged world's are no-ops), not
+            # a loop whose exit Warp reads on the host each iteration when it is not capturing
+            # itself: no host sync in a step, and plain kernels a torch CUDA graph captures
+            self._m.opt.graph_conditional = False
         # torch views of the simulations' state (the same memory): (N, nq) / (N, nv) / (N, nu) / (N,)
         self.qpos, self.qvel, self.ctrl, self.qacc_warmstart, self.time = (
             wp.to_torch(getattr(self._d, k)) for k in ("qpos", "qvel", "ctrl", "qacc_warmstart", "time"))
