@@ -23,6 +23,11 @@ What differs from gymnasium's task, by construction:
   envs -- gymnasium's ``mj_resetData`` + ``set_state`` for these models, which have no
   activations, mocap bodies or plugins (checked at construction).
 
+On a GPU the constraint solver runs the model's full iteration count every step (its converged
+worlds' iterations are no-ops) instead of a loop whose exit Warp would read on the host: a step
+launches a fixed sequence of kernels on torch's stream, with no host sync, which a CUDA graph
+captures. On the CPU the loop exits early (a host read is free there).
+
 Warp compiles MJWarp's kernels on first use (minutes on a CPU, cached across runs under Warp's
 kernel cache, ``~/.cache/warp``); on the CPU they are compiled at optimisation level 0 (about
 half the compile time, no slower here: a CPU step is bound by Warp's per-launch cost).
