@@ -32,7 +32,7 @@ from msrl.api import EnvSpec
 from msrl.envs.gymnasium_env import EpisodeTracker, TrackedEnvironment
 from msrl.envs.native.base import env_keys, uniform_many
 
-__all__ = ["MujocoTask", "HalfCheetah", "Hopper"]
+__all__ = ["MujocoTask", "HalfCheetah", "Hopper", "HalfCheetahRules", "HopperRules"]
 
 _ASSETS = pathlib.Path(gymnasium.__file__).parent / "envs" / "mujoco" / "assets"
 
@@ -235,10 +235,11 @@ class MujocoTask(TrackedEnvironment):
         self._tracker.load_state_dict(state)
 
 
-class HalfCheetah(MujocoTask):
-    """``HalfCheetah-v5`` (gymnasium ``half_cheetah_v5.py``): observation ``(17,)``, action
-    ``(6,)`` in [-1, 1]; reward ``x_velocity - 0.1 |a|^2``; never terminates; qpos noise
-    U(-0.1, 0.1), qvel noise 0.1 N(0, 1)."""
+class HalfCheetahRules:
+    """``HalfCheetah-v5``'s constants and start states (gymnasium ``half_cheetah_v5.py``), shared
+    by the task on mjbatch physics and the one on MJWarp's (:mod:`msrl.envs.native.mujoco_warp`):
+    observation ``(17,)``, action ``(6,)`` in [-1, 1]; reward ``x_velocity - 0.1 |a|^2``; never
+    terminates; qpos noise U(-0.1, 0.1), qvel noise 0.1 N(0, 1)."""
 
     ENV_ID = "msrl/HalfCheetah-v5"
     GYMNASIUM_ID = "HalfCheetah-v5"
@@ -247,22 +248,21 @@ class HalfCheetah(MujocoTask):
     CTRL_COST_WEIGHT = 0.1
     NOISE = 0.1
 
-    def _reward(self, x_velocity, action, qpos, qvel):
-        return x_velocity - self._ctrl_cost(action, self.CTRL_COST_WEIGHT)
-
-    def _noise(self, ids):
+    def _noise(self, which: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Start states ``(qpos, qvel)`` float64 of the envs ``which`` names (the task's own
+        ``_uniforms``/``_normals`` key): ``init + noise``."""
         nq, nv = self.model.nq, self.model.nv
-        u = self._uniforms(ids, nq)
+        u = self._uniforms(which, nq)
         qpos = self.init_qpos + (-self.NOISE + 2 * self.NOISE * u)
-        qvel = self.init_qvel + self.NOISE * self._normals(ids, nv, first=nq)
+        qvel = self.init_qvel + self.NOISE * self._normals(which, nv, first=nq)
         return qpos, qvel
 
 
-class Hopper(MujocoTask):
-    """``Hopper-v5`` (gymnasium ``hopper_v5.py``): observation ``(11,)`` with velocities clipped
-    to [-10, 10], action ``(3,)`` in [-1, 1]; reward ``x_velocity + healthy - 1e-3 |a|^2``;
-    terminates when unhealthy (|state[2:]| >= 100, z <= 0.7 or |angle| >= 0.2); qpos and qvel
-    noise U(-5e-3, 5e-3)."""
+class HopperRules:
+    """``Hopper-v5``'s constants and start states (gymnasium ``hopper_v5.py``), shared as
+    :class:`HalfCheetahRules`: observation ``(11,)`` with velocities clipped to [-10, 10], action
+    ``(3,)`` in [-1, 1]; reward ``x_velocity + healthy - 1e-3 |a|^2``; terminates when unhealthy
+    (|state[2:]| >= 100, z <= 0.7 or |angle| >= 0.2); qpos and qvel noise U(-5e-3, 5e-3)."""
 
     ENV_ID = "msrl/Hopper-v5"
     GYMNASIUM_ID = "Hopper-v5"
@@ -271,6 +271,26 @@ class Hopper(MujocoTask):
     CTRL_COST_WEIGHT = 1e-3
     HEALTHY_REWARD = 1.0
     NOISE = 5e-3
+    #: the healthy ranges: |state[2:]| < STATE_RANGE, z > MIN_Z, |angle| < MAX_ANGLE
+    STATE_RANGE, MIN_Z, MAX_ANGLE = 100.0, 0.7, 0.2
+
+    def _noise(self, which: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Start states ``(qpos, qvel)`` float64 of the envs ``which`` names: ``init + noise``."""
+        nq, nv = self.model.nq, self.model.nv
+        u = self._uniforms(which, nq + nv)
+        noise = -self.NOISE + 2 * self.NOISE * u
+        return self.init_qpos + noise[:, :nq], self.init_qvel + noise[:, nq:]
+
+
+class HalfCheetah(HalfCheetahRules, MujocoTask):
+    """``HalfCheetah-v5`` on mjbatch physics (:class:`HalfCheetahRules`)."""
+
+    def _reward(self, x_velocity, action, qpos, qvel):
+        return x_velocity - self._ctrl_cost(action, self.CTRL_COST_WEIGHT)
+
+
+class Hopper(HopperRules, MujocoTask):
+    """``Hopper-v5`` on mjbatch physics (:class:`HopperRules`)."""
 
     def _observe(self, qpos, qvel):
         return np.concatenate([qpos[:, 1:], np.clip(qvel, -10.0, 10.0)], axis=1)
@@ -278,7 +298,8 @@ class Hopper(MujocoTask):
     def _healthy(self, qpos, qvel):
         state = np.concatenate([qpos, qvel], axis=1)[:, 2:]
         z, angle = qpos[:, 1], qpos[:, 2]
-        return ((state > -100.0) & (state < 100.0)).all(1) & (z > 0.7) & (angle > -0.2) & (angle < 0.2)
+        r, a = self.STATE_RANGE, self.MAX_ANGLE
+        return ((state > -r) & (state < r)).all(1) & (z > self.MIN_Z) & (angle > -a) & (angle < a)
 
     def _reward(self, x_velocity, action, qpos, qvel):
         healthy = self._healthy(qpos, qvel).astype(np.float64) * self.HEALTHY_REWARD
@@ -286,9 +307,3 @@ class Hopper(MujocoTask):
 
     def _terminated(self, qpos, qvel):
         return ~self._healthy(qpos, qvel)
-
-    def _noise(self, ids):
-        nq, nv = self.model.nq, self.model.nv
-        u = self._uniforms(ids, nq + nv)
-        noise = -self.NOISE + 2 * self.NOISE * u
-        return self.init_qpos + noise[:, :nq], self.init_qvel + noise[:, nq:]

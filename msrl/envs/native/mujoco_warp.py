@@ -46,6 +46,7 @@ import torch
 
 from msrl.device import record_foreign
 from msrl.envs.native.base import NativeEnv, env_keys, uniform_many
+from msrl.envs.native.mujoco import HalfCheetahRules, HopperRules
 
 __all__ = ["WarpMujocoTask", "WarpHalfCheetah", "WarpHopper", "MUJOCO_WARP_VERSION"]
 
@@ -319,42 +320,15 @@ class WarpMujocoTask(NativeEnv):
                 "steps": self.steps, "episode": self.episode}
 
 
-class WarpHalfCheetah(WarpMujocoTask):
-    """``HalfCheetah-v5`` on MJWarp physics: observation ``(17,)``, action ``(6,)`` in [-1, 1];
-    reward ``x_velocity - 0.1 |a|^2``; never terminates; qpos noise U(-0.1, 0.1), qvel noise
-    0.1 N(0, 1) (gymnasium ``half_cheetah_v5.py``)."""
-
-    ENV_ID = "msrl/HalfCheetah-v5"
-    GYMNASIUM_ID = "HalfCheetah-v5"
-    XML = "half_cheetah.xml"
-    FRAME_SKIP = 5
-    CTRL_COST_WEIGHT = 0.1
-    NOISE = 0.1
+class WarpHalfCheetah(HalfCheetahRules, WarpMujocoTask):
+    """``HalfCheetah-v5`` on MJWarp physics (:class:`~msrl.envs.native.mujoco.HalfCheetahRules`)."""
 
     def _reward(self, x_velocity, action, qpos, qvel):
         return x_velocity - self._ctrl_cost(action)
 
-    def _noise(self, episode):
-        nq, nv = self.model.nq, self.model.nv
-        u = self._uniforms(episode, nq)
-        qpos = self.init_qpos + (-self.NOISE + 2 * self.NOISE * u)
-        qvel = self.init_qvel + self.NOISE * self._normals(episode, nv, first=nq)
-        return qpos, qvel
 
-
-class WarpHopper(WarpMujocoTask):
-    """``Hopper-v5`` on MJWarp physics: observation ``(11,)`` with velocities clipped to
-    [-10, 10], action ``(3,)`` in [-1, 1]; reward ``x_velocity + healthy - 1e-3 |a|^2``;
-    terminates when unhealthy (|state[2:]| >= 100, z <= 0.7 or |angle| >= 0.2); qpos and qvel
-    noise U(-5e-3, 5e-3) (gymnasium ``hopper_v5.py``)."""
-
-    ENV_ID = "msrl/Hopper-v5"
-    GYMNASIUM_ID = "Hopper-v5"
-    XML = "hopper.xml"
-    FRAME_SKIP = 4
-    CTRL_COST_WEIGHT = 1e-3
-    HEALTHY_REWARD = 1.0
-    NOISE = 5e-3
+class WarpHopper(HopperRules, WarpMujocoTask):
+    """``Hopper-v5`` on MJWarp physics (:class:`~msrl.envs.native.mujoco.HopperRules`)."""
 
     def _observe(self, qpos, qvel):
         return torch.cat([qpos[:, 1:], torch.clamp(qvel, -10.0, 10.0)], dim=1).to(torch.float32)
@@ -362,7 +336,8 @@ class WarpHopper(WarpMujocoTask):
     def _healthy(self, qpos, qvel):
         state = torch.cat([qpos, qvel], dim=1)[:, 2:]
         z, angle = qpos[:, 1], qpos[:, 2]
-        return ((state > -100.0) & (state < 100.0)).all(1) & (z > 0.7) & (angle > -0.2) & (angle < 0.2)
+        r, a = self.STATE_RANGE, self.MAX_ANGLE
+        return ((state > -r) & (state < r)).all(1) & (z > self.MIN_Z) & (angle > -a) & (angle < a)
 
     def _reward(self, x_velocity, action, qpos, qvel):
         healthy = self._healthy(qpos, qvel).to(torch.float64) * self.HEALTHY_REWARD
@@ -370,9 +345,3 @@ class WarpHopper(WarpMujocoTask):
 
     def _terminated(self, qpos, qvel):
         return ~self._healthy(qpos, qvel)
-
-    def _noise(self, episode):
-        nq, nv = self.model.nq, self.model.nv
-        u = self._uniforms(episode, nq + nv)
-        noise = -self.NOISE + 2 * self.NOISE * u
-        return self.init_qpos + noise[:, :nq], self.init_qvel + noise[:, nq:]
