@@ -285,6 +285,9 @@ class PopulationConfig(_Strict):
         (0.8, 1.2), description="an explored value is multiplied by one of these, drawn uniformly (then clipped to its range)")
     resample_probability: float = Field(
         0.25, ge=0, le=1, description="probability that an explored value is drawn anew from its range instead")
+    devices: list[str] | None = Field(
+        None, description="member i runs every fragment of its job on devices[i % len(devices)] (e.g. [cuda:0, cuda:1]: "
+                          "members on separate GPUs); none: the policy's devices, shared by every member")
 
     @pydantic.model_validator(mode="after")
     def _sizes(self) -> "PopulationConfig":
@@ -700,7 +703,20 @@ def check_population(cfg: RunConfig, algorithm: Any) -> None:
             raise ConfigError(f"population.explore.{name}: only float hyperparameters can be explored (an int or a "
                               f"bool may change a tensor's shape or the traced program); float ones of "
                               f"{cfg.algorithm.name}: {', '.join(_float_fields(algorithm.hparams))}")
+    if pop.devices is not None:
+        if not pop.devices:
+            raise ConfigError("population.devices is empty: list one device or more (e.g. [cuda:0, cuda:1]), or leave it out")
+        if cfg.distribution_policy.devices:
+            raise ConfigError("population.devices places each member's whole job on one device; "
+                              f"distribution_policy.devices={dict(cfg.distribution_policy.devices)} would place its "
+                              "fragments too: set one of them")
     spec = build_job_spec(cfg.model_copy(update={"population": None}))
+    for device in dict.fromkeys(pop.devices or ()):  # each exists, and the policy's backends run on it
+        placed = cfg.distribution_policy.model_copy(update={"devices": {f.name: device for f in spec.policy.fragments}})
+        try:
+            build_job_spec(cfg.model_copy(update={"population": None, "distribution_policy": placed}))
+        except ConfigError as e:
+            raise ConfigError(f"population.devices: {device}: {e}") from None
     if resolve_runtime(cfg.runtime, spec.policy) != "local":
         raise ConfigError(f"population: the members run in this process (runtime: local); runtime={cfg.runtime} "
                           f"would run {spec.policy.name}'s replicas on Ray: set runtime: local")

@@ -10,7 +10,9 @@ driver (:func:`train_population`).
 
 Every member is a whole job under the config's policy (its fragments, replicas and devices),
 built in this process (``runtime: local``), with its own seed (``seed + 1000 * i``), envs and
-replay. The members train in turns of ``interval`` iterations; after each turn the members are
+replay; ``population.devices`` puts member ``i``'s whole job on ``devices[i % len(devices)]``
+(members on separate GPUs, or sharing them round robin; a donor's learner state is copied across
+devices). The members train in turns of ``interval`` iterations; after each turn the members are
 ranked by the mean return of the episodes they finished in it (a member that finished none keeps
 its last score). With ``k = ceil(quantile * size)`` (at most ``size // 2``), each of the bottom
 ``k`` members copies a member of the top ``k`` drawn uniformly -- its learner's whole state
@@ -56,7 +58,7 @@ import torch
 from msrl.config import RunConfig, build_job_spec, check_population
 from msrl.outcome import TrainResult
 
-__all__ = ["MEMBER_SEED_STRIDE", "Member", "member_configs", "check_population", "plan_exploits", "explore",
+__all__ = ["MEMBER_SEED_STRIDE", "Member", "member_configs", "member_device", "check_population", "plan_exploits", "explore",
            "exploit", "describe", "train_population"]
 
 #: member ``i`` trains with seed ``seed + MEMBER_SEED_STRIDE * i`` (replicas offset seeds by their index)
@@ -72,14 +74,28 @@ def _sample(r: Any, rng: random.Random) -> float:
 
 def member_configs(cfg: RunConfig, rng: random.Random) -> list[RunConfig]:
     """The members' configs: ``cfg`` without its ``population`` section, member ``i`` with seed
-    ``seed + MEMBER_SEED_STRIDE * i`` and each explored hyperparameter at ``explore.<name>.init[i]``
-    (or drawn from its range with ``rng``), in ``algorithm.hparams``."""
+    ``seed + MEMBER_SEED_STRIDE * i``, each explored hyperparameter at ``explore.<name>.init[i]``
+    (or drawn from its range with ``rng``), in ``algorithm.hparams``, and, with
+    ``population.devices``, every fragment of its job on ``devices[i % len(devices)]``
+    (:func:`member_device`)."""
     pop = cfg.population
     out = []
     for i in range(pop.size):
         values = {name: (r.init[i] if r.init is not None else _sample(r, rng)) for name, r in pop.explore.items()}
-        out.append(_with_hparams(cfg, values, cfg.seed + MEMBER_SEED_STRIDE * i))
+        mcfg = _with_hparams(cfg, values, cfg.seed + MEMBER_SEED_STRIDE * i)
+        device = member_device(cfg, i)
+        if device is not None:
+            fragments = build_job_spec(mcfg).policy.fragments
+            dp = mcfg.distribution_policy.model_copy(update={"devices": {f.name: device for f in fragments}})
+            mcfg = mcfg.model_copy(update={"distribution_policy": dp})
+        out.append(mcfg)
     return out
+
+
+def member_device(cfg: RunConfig, i: int) -> str | None:
+    """Member ``i``'s device under ``population.devices`` (round robin), or None (the policy's)."""
+    devices = cfg.population.devices
+    return None if not devices else devices[i % len(devices)]
 
 
 def _with_hparams(cfg: RunConfig, values: dict[str, float], seed: int) -> RunConfig:
@@ -361,8 +377,10 @@ def describe(cfg: RunConfig, job: Any) -> str:
     pop = cfg.population
     k = min(math.ceil(pop.quantile * pop.size), pop.size // 2)
     nbytes = sum(_state_bytes(t.components["learner"].state_dict()) for t in job.replicas_with("learner"))
+    where = ("" if not pop.devices else
+             "; devices: " + ", ".join(f"member {i} on {member_device(cfg, i)}" for i in range(pop.size)))
     lines = [f"## population (PBT): {pop.size} members, each the job below (its own seed, envs and buffers), in turns "
-             f"of {pop.interval} iterations",
+             f"of {pop.interval} iterations{where}",
              f"exchange after each turn: the bottom {k} by mean episode return copy the learner state of one of the top {k} "
              f"({nbytes} bytes: weights, optimiser, statistics) and its actors take the weights; then explore:"]
     for name, r in pop.explore.items():

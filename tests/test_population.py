@@ -218,6 +218,60 @@ def test_msrl_graph_shows_the_members_and_the_exchange(tmp_path):
     assert nbytes > 4 * 64 * 64 * 2  # two 64x64 layers' weights and their Adam moments at least
 
 
+
+def test_population_devices_place_each_members_whole_job_round_robin(tmp_path):
+    """``population.devices``: member ``i``'s fragments on ``devices[i % len]``, shown by ``msrl
+    graph``; an unknown or absent device, an empty list, and both device settings at once are
+    refused naming the key."""
+    from msrl.config import build_job_spec
+    from msrl.job import Job
+    from msrl.population import describe, member_configs
+
+    cfg = _cfg(tmp_path, "population.devices=[cpu]")
+    cfgs = member_configs(cfg, random.Random(0))
+    assert [c.distribution_policy.devices for c in cfgs] == [{"main": "cpu"}] * 4
+    job = Job(build_job_spec(cfgs[3]))
+    try:
+        assert {str(job.spec.policy.fragment("main").device)} == {w.device.type for w in job.component("learner").get_weights().values()} == {"cpu"}
+        text = describe(cfg, job)
+    finally:
+        job.close()
+    assert "devices: member 0 on cpu, member 1 on cpu, member 2 on cpu, member 3 on cpu" in text
+    with pytest.raises(ConfigError, match=r"population.devices: tpu: fragment main: invalid device 'tpu'"):
+        _cfg(tmp_path, "population.devices=[cpu, tpu]")
+    with pytest.raises(ConfigError, match=r"population.devices is empty"):
+        _cfg(tmp_path, "population.devices=[]")
+    with pytest.raises(ConfigError, match=r"population.devices places each member's whole job on one device; "
+                                          r"distribution_policy.devices=\{'main': 'cpu'\}"):
+        _cfg(tmp_path, "population.devices=[cpu]", "distribution_policy.devices.main=cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match=r"population.devices: cuda:0: .*no CUDA device is available"):
+            _cfg(tmp_path, "population.devices=[cuda:0]")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="members on a CPU and a GPU need a GPU")
+def test_a_member_on_the_cpu_takes_the_learner_of_a_member_on_a_gpu(tmp_path):
+    from msrl.config import build_job_spec
+    from msrl.job import Job
+    from msrl.population import exploit, member_configs
+
+    cfg = _cfg(tmp_path, "population.size=2", "population.devices=[cpu, cuda:0]")
+    cfgs = member_configs(cfg, random.Random(0))
+    member, donor = (Job(build_job_spec(c)) for c in cfgs)
+    try:
+        for j in (member, donor):
+            j.reset()
+            j.run(2)
+        own = member.state_dict()
+        exploit(member, own, donor)
+        mine, theirs = member.component("learner").state_dict()["net"], donor.component("learner").state_dict()["net"]
+        assert all(a.device.type == "cpu" and torch.equal(a, b.cpu()) for a, b in zip(mine.values(), theirs.values()))
+        assert all(math.isfinite(v) for r in member.run(2) for k, v in r["output"].items() if k.startswith("losses/"))
+    finally:
+        member.close()
+        donor.close()
+
+
 @pytest.mark.slow
 def test_pbt_beats_its_worst_fixed_member_on_a_sensitive_learning_rate(tmp_path):
     """Over 5 seeds: PPO on CartPole with learning rates 1e-5 ... 1e-2; the population's best
