@@ -76,7 +76,8 @@ if $py -c "import pytest_timeout" 2>/dev/null; then PYTEST+=(--timeout=150); fi 
 
 # -P: the checkout's own msrl/ folder must not shadow the installed package
 if [ "$GPU" = 1 ]; then
-  together devices 200 "${PYTEST[@]}" -m "slow or not slow" tests/test_devices.py -k "not reaches_475"
+  together devices 200 "${PYTEST[@]}" -m "slow or not slow" tests/test_devices.py -k "not reaches_475" \
+    tests/test_population.py::test_a_member_on_the_cpu_takes_the_learner_of_a_member_on_a_gpu
   together native_kernels 200 "${PYTEST[@]}" tests/test_native_envs.py tests/test_native_tag.py tests/test_gpu_only.py
   together capture 200 "${PYTEST[@]}" tests/test_capture.py
   together host_syncs 120 $py -P bench/bench_host_syncs.py --json "$OUT/host_syncs.json"
