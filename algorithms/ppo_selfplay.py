@@ -13,7 +13,8 @@ else one uniformly from the pool -- the opponent sampling of OpenAI Five (Berner
 Bansal et al. 2018 ("Emergent Complexity via Multi-Agent Competition", section 5.2: uniform over
 past snapshots), which keeps the policy from cycling as pure latest-self-play does. Every actor
 replica keeps its own pool from the weights it receives and draws with its own generator, so
-replicas play different opponents.
+replicas play different opponents. ``opponent_runs`` adds the final policies of earlier runs to
+the draw as fixed members (a league of past runs, as AlphaStar's league keeps its past players).
 
 Learning is PPO's (:func:`msrl.rl.losses.ppo_loss`, GAE) over the learning seat's steps only. In
 a turn-based game the other players' plies are forced no-ops of the learning seat: their
@@ -107,9 +108,14 @@ class SelfPlayPPOConfig:
     """snapshots the pool keeps (the newest); 1 is pure self-play against the newest snapshot"""
     latest_prob: UnitInterval = 0.5
     """probability that a rollout's opponent is the newest snapshot (else one drawn uniformly from the pool)"""
+    opponent_runs: tuple[str, ...] = ()
+    """run directories of earlier ``ppo_selfplay`` runs on the same game (same network sizes): each
+    one's final policy (its last good checkpoint) joins the pool as a fixed member, never dropped
+    and drawn as the snapshots are (a league of past runs)"""
 
     def __post_init__(self) -> None:
         self.hidden_sizes = tuple(self.hidden_sizes)
+        self.opponent_runs = tuple(str(r) for r in self.opponent_runs)
 
 
 class SelfPlayNet(nn.Module):
@@ -193,15 +199,21 @@ class SelfPlayActor(ActorCriticActor):
     others; samples from its own generator.
 
     Attributes:
+        league: the final policies of ``opponent_runs`` (state dicts on the actor's device), fixed.
         pool: the snapshots, oldest first (state dicts on the actor's device), at most ``pool_size``.
         updates: weight updates received (the pool takes a snapshot when ``updates % snapshot_every == 0``).
-        opponent_index: the pool index of the current opponent.
+        opponent_index: the current opponent's index in ``league + pool``.
+
+    Raises:
+        ConfigError: an ``opponent_runs`` entry without a readable checkpoint, or whose policy's
+            parameters differ from this network's (another game or other sizes).
     """
 
     def __init__(self, ctx: BuildContext) -> None:
         super().__init__(ctx)
         self.hp = ctx.hparams
         self.opponent = copy.deepcopy(self.net)
+        self.league = [_run_policy(run, self.net, ctx.device) for run in self.hp.opponent_runs]
         self.pool: list[dict[str, torch.Tensor]] = []
         self.updates = 0
         self.opponent_index = 0
@@ -218,27 +230,29 @@ class SelfPlayActor(ActorCriticActor):
         """``msrl graph``'s note on the pool: its size, bytes, snapshot and draw schedule."""
         hp = self.hp
         nbytes = sum(t.numel() * t.element_size() for t in self.net.state_dict().values())
+        league = (f"; with {len(self.league)} fixed policies of earlier runs ({', '.join(hp.opponent_runs)})"
+                  if self.league else "")
         return (f"self-play opponent pool: a snapshot of the weights it receives every {hp.snapshot_every} updates, the "
-                f"newest {hp.pool_size} kept (up to {hp.pool_size} x {nbytes} bytes, in this replica only); before each "
-                f"rollout the opponent is the newest with p={hp.latest_prob:g}, else one drawn uniformly; in env e the "
-                "learning policy plays seat e mod players")
+                f"newest {hp.pool_size} kept (up to {hp.pool_size} x {nbytes} bytes, in this replica only){league}; "
+                f"before each rollout the opponent is the newest snapshot with p={hp.latest_prob:g}, else one drawn "
+                "uniformly; in env e the learning policy plays seat e mod players")
 
     def set_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         """Takes the learner's newest weights; every ``snapshot_every``-th update (the first
         included) snapshots them into the pool (dropping the oldest past ``pool_size``); then
-        draws the next rollouts' opponent from the pool."""
+        draws the next rollouts' opponent from the league and the pool."""
         self.weights.load_(weights)
         if self.updates % self.hp.snapshot_every == 0:
             self.pool.append({k: v.detach().clone() for k, v in self.net.state_dict().items()})
             del self.pool[:-self.hp.pool_size]
         self.updates += 1
-        newest = len(self.pool) - 1
+        candidates = self.league + self.pool
         if float(torch.rand((), generator=self.generator, device=self.generator.device)) < self.hp.latest_prob:
-            self.opponent_index = newest
+            self.opponent_index = len(candidates) - 1  # the newest snapshot
         else:
-            self.opponent_index = int(torch.randint(len(self.pool), (), generator=self.generator,
+            self.opponent_index = int(torch.randint(len(candidates), (), generator=self.generator,
                                                     device=self.generator.device))
-        self.opponent.load_state_dict(self.pool[self.opponent_index])
+        self.opponent.load_state_dict(candidates[self.opponent_index])
 
     @torch.no_grad()
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> tuple[torch.Tensor, ...]:
@@ -271,13 +285,38 @@ class SelfPlayActor(ActorCriticActor):
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "opponent": self.opponent.state_dict(), "pool": list(self.pool),
-                "updates": self.updates, "opponent_index": self.opponent_index}
+                "league": list(self.league), "updates": self.updates, "opponent_index": self.opponent_index}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)
         self.opponent.load_state_dict(state["opponent"])
         self.pool = [dict(s) for s in state["pool"]]
+        self.league = [dict(s) for s in state.get("league", self.league)]
         self.updates, self.opponent_index = int(state["updates"]), int(state["opponent_index"])
+
+
+def _run_policy(run_dir: str, net: nn.Module, device: torch.device) -> dict[str, torch.Tensor]:
+    """The final policy of run ``run_dir`` (its last good checkpoint's actor weights), checked
+    against ``net``'s parameters, on ``device``.
+
+    Raises:
+        ConfigError: no readable checkpoint there, or other parameter names or shapes.
+    """
+    from msrl.checkpoints import CheckpointError, load_checkpoint
+    from msrl.errors import ConfigError
+
+    try:
+        ckpt, _ = load_checkpoint(run_dir)
+    except (FileNotFoundError, CheckpointError) as e:
+        raise ConfigError(f"algorithm.hparams.opponent_runs: {run_dir}: {e}") from None
+    weights = ckpt.get("actor_weights") or {}
+    mine = net.state_dict()
+    bad = sorted(set(mine) ^ set(weights)) or [k for k in mine if tuple(mine[k].shape) != tuple(weights[k].shape)]
+    if bad:
+        raise ConfigError(f"algorithm.hparams.opponent_runs: {run_dir}: its policy's parameters do not fit this network "
+                         f"(first difference: {bad[0]}); it must be a ppo_selfplay run on the same game with the same "
+                         "hidden_sizes")
+    return {k: v.detach().to(device).clone() for k, v in weights.items()}
 
 
 class SelfPlayBuffer(RolloutBuffer):

@@ -233,3 +233,40 @@ def test_msrl_graph_notes_each_actor_replicas_pool():
     notes = [line for line in text.splitlines() if "self-play opponent pool" in line]
     assert len(notes) == 1 and "each of 2 replicas" in notes[0]
     assert "every 4 updates, the newest 6 kept" in notes[0] and "p=0.8" in notes[0]
+
+
+def test_earlier_runs_join_the_pool_as_fixed_opponents(tmp_path):
+    """``opponent_runs``: each earlier run's final policy is a fixed member of the draw, kept past
+    ``pool_size``, loaded on every replica; a run that is not one, or of another size, is
+    refused naming the key and the run."""
+    import msrl
+    from msrl.job import Job
+
+    earlier = msrl.train("configs/ppo_selfplay_tictactoe.yaml", runs_dir=str(tmp_path), train__progress=False,
+                         train__total_env_steps=256, name="earlier", **{"algorithm.hparams.num_steps": 8,
+                                                                        "env.num_envs": 4,
+                                                                        "algorithm.hparams.hidden_sizes": [8]})
+    theirs = msrl.load(earlier.run_dir).actor.net.state_dict()
+    job = Job(_spec("single_learner_coarse", {"actor": 2}, snapshot_every=1, pool_size=2, latest_prob=0.0,
+                    opponent_runs=(str(earlier.run_dir),)))
+    try:
+        job.reset()
+        drawn = set()
+        for _ in range(12):
+            job.train_step()
+            for r in range(2):
+                actor = job.runtime.replicas[("actor", r)].trainer.components["actor"]
+                assert len(actor.league) == 1 and len(actor.pool) <= 2
+                drawn.add(actor.opponent_index)
+                if actor.opponent_index == 0:
+                    opp = actor.opponent.state_dict()
+                    assert all(torch.equal(opp[k], theirs[k]) for k in theirs)
+        assert drawn == {0, 1, 2}  # the earlier run's policy and both snapshots
+        actor = job.runtime.replicas[("actor", 0)].trainer.components["actor"]
+        assert "with 1 fixed policies of earlier runs" in actor.describe()
+    finally:
+        job.close()
+    with pytest.raises(ValueError, match=r"opponent_runs: .*earlier.*do not fit this network"):
+        Job(_spec(hidden_sizes=(16,), opponent_runs=(str(earlier.run_dir),)))
+    with pytest.raises(ValueError, match=r"opponent_runs: .*nowhere"):
+        Job(_spec(opponent_runs=(str(tmp_path / "nowhere"),)))
