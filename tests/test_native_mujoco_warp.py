@@ -77,6 +77,8 @@ def test_the_physics_choice_is_checked():
         make_native("msrl/HalfCheetah-v5", 2, physics="mjx")
     with pytest.raises(ValueError, match="msrl/CartPole-v1 has one implementation"):
         make_native("msrl/CartPole-v1", 2, physics="warp")
+    with pytest.raises(ValueError, match=r"unknown native env implementation 'cuda'; valid: torch, kernel"):
+        WarpHalfCheetah(2, impl="cuda")
     with pytest.raises(ValueError, match=r"action has shape \(2, 5\), expected"):
         WarpHalfCheetah(2).step(torch.zeros(2, 5))
 

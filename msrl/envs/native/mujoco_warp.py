@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from msrl.device import record_foreign
-from msrl.envs.native.base import NativeEnv, env_keys, uniform_many
+from msrl.envs.native.base import IMPLS, NativeEnv, env_keys, uniform_many
 from msrl.envs.native.mujoco import HalfCheetahRules, HopperRules
 
 __all__ = ["WarpMujocoTask", "WarpHalfCheetah", "WarpHopper", "MUJOCO_WARP_VERSION"]
@@ -81,7 +81,9 @@ def _import_warp() -> tuple[Any, Any]:
 def _init_quietly(wp: Any) -> None:
     """``wp.init()`` (idempotent) with its native library's notice that a machine has no CUDA
     driver dropped (printed from C, past ``log_level``: on a CPU-only machine it is no news);
-    anything else it prints is passed on to stderr."""
+    anything else it prints is passed on to stderr. The process's stdout and stderr point at a
+    temporary file while Warp initialises (once per process): another thread's output in that
+    moment goes to stderr after it."""
     import os
     import sys
     import tempfile
@@ -136,6 +138,8 @@ class WarpMujocoTask(NativeEnv):
 
     def __init__(self, num_envs: int, device: str | torch.device = "cpu", impl: str = "kernel",
                  max_episode_steps: int = 1000) -> None:
+        if impl not in IMPLS:
+            raise ValueError(f"unknown native env implementation {impl!r}; valid: {', '.join(IMPLS)}")
         super().__init__(num_envs, device, "torch")  # no CUDA C source: Warp's kernels are the physics
         if max_episode_steps < 1:
             raise ValueError(f"max_episode_steps must be >= 1, got {max_episode_steps}")
