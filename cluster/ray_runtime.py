@@ -55,6 +55,11 @@ CAPACITY_SETTLE_S = 60.0
 
 #: seconds a Ray that msrl starts on this machine waits for its GCS to come up (Ray's default: 30)
 LOCAL_GCS_WAIT_S = 120
+#: starts of a local Ray tried when its raylet does not register in time: Ray waits a fixed 30 s
+#: for it (``ray._private.node``), which a busy 2-core machine has overrun once in a CI run
+LOCAL_START_ATTEMPTS = 2
+#: the words of Ray's exception when its raylet did not register within those 30 s
+RAYLET_START_TIMEOUT = "timed out during startup"
 
 
 def _lacking(n: int, bundle: Mapping[str, float]) -> bool:
@@ -191,7 +196,8 @@ def init_ray(address: str | None, num_cpus: int, connect_timeout_s: float = 60.0
     ``HOST:PORT`` where nothing listens is refused at once, and Ray's own attempts to reach its
     GCS are bounded by it (``RAY_gcs_server_port_wait_time_s``, unless set). A Ray this call
     starts waits up to :data:`LOCAL_GCS_WAIT_S` for its GCS (Ray's own default is 30 s), unless
-    ``RAY_gcs_server_port_wait_time_s`` is set.
+    ``RAY_gcs_server_port_wait_time_s`` is set, and is started once more (saying so on stderr)
+    when its raylet does not register within Ray's fixed 30 s (:data:`LOCAL_START_ATTEMPTS`).
 
     Raises:
         ClusterJoinError: Ray could not connect to ``address``; the message names the address,
@@ -207,16 +213,26 @@ def init_ray(address: str | None, num_cpus: int, connect_timeout_s: float = 60.0
         # Ray waits 30 s for its new GCS to write its port; a busy machine (CI, a laptop under
         # load) has taken longer, and the start failed with nothing wrong
         os.environ.setdefault("RAY_gcs_server_port_wait_time_s", str(LOCAL_GCS_WAIT_S))
-        try:
-            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-                     configure_logging=False, _system_config=system)
-        except Exception as e:  # noqa: BLE001 - Ray's own start failed (a timeout on a busy machine, ...)
-            said = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
-            raise ClusterJoinError(
-                f"cannot start Ray on this machine ({type(e).__name__}: {said[:300]}); Ray's logs are under "
-                f"{os.path.join(tempfile.gettempdir(), 'ray', 'session_latest', 'logs')}; on a machine this busy, "
-                "try again, or run on fewer replicas (runtime=local runs them as threads)"
-            ) from None
+        for attempt in range(1, LOCAL_START_ATTEMPTS + 1):
+            try:
+                ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                         configure_logging=False, _system_config=system)
+                break
+            except Exception as e:  # noqa: BLE001 - Ray's own start failed (a timeout on a busy machine, ...)
+                try:
+                    ray.shutdown()  # what the failed start left running
+                except Exception:  # noqa: BLE001 - nothing was left to stop
+                    pass
+                said = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+                if attempt < LOCAL_START_ATTEMPTS and RAYLET_START_TIMEOUT in str(e):
+                    print(f"msrl: Ray's node did not register within Ray's 30 s ({said[:120]}); starting it once more",
+                          file=sys.stderr, flush=True)
+                    continue
+                raise ClusterJoinError(
+                    f"cannot start Ray on this machine ({type(e).__name__}: {said[:300]}); Ray's logs are under "
+                    f"{os.path.join(tempfile.gettempdir(), 'ray', 'session_latest', 'logs')}; on a machine this busy, "
+                    "try again, or run on fewer replicas (runtime=local runs them as threads)"
+                ) from None
         _report_ray()
         return
     if "RAY_AUTH_MODE" not in os.environ:

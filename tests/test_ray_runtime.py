@@ -15,7 +15,7 @@ ray = pytest.importorskip("ray")
 
 from procs import EVENT_TIMEOUT_S, descendants, popen, stop_tree, tcp_listeners, wait_for  # noqa: E402
 
-from msrl.cluster.ray_runtime import pid_alive  # noqa: E402
+from msrl.cluster.ray_runtime import init_ray, pid_alive  # noqa: E402
 from msrl.graph import NodeKind  # noqa: E402
 from msrl.job import Job, JobSpec  # noqa: E402
 from msrl.policy import load_policy  # noqa: E402
@@ -36,9 +36,7 @@ def ray_local(_module_ray):
     every job frees its replicas and placement group when it ends (each test checks that its
     replica processes are gone)."""
     if not ray.is_initialized():
-        # replicas at niceness 0, as in a Ray msrl starts (Ray's default 15 starves them on a busy machine)
-        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False,
-                 _system_config={"worker_niceness": 0})
+        init_ray(None, num_cpus=4)  # as msrl starts one: workers at niceness 0, a slow start tried again
     yield
 
 
@@ -791,8 +789,7 @@ def ray_of_4_cpus():
     """A Ray of its own with 4 logical CPUs for one test (whatever Ray earlier tests left)."""
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False,
-             _system_config={"worker_niceness": 0})
+    init_ray(None, num_cpus=4)
     yield
     ray.shutdown()
 

@@ -134,9 +134,9 @@ def test_another_seed_draws_otherwise(tmp_path, capsys):
 def ray_local():
     import ray
 
-    # replicas at niceness 0, as in a Ray msrl starts (Ray's default 15 starves them on a busy machine)
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False,
-             _system_config={"worker_niceness": 0})
+    from msrl.cluster.ray_runtime import init_ray
+
+    init_ray(None, num_cpus=4)  # as msrl starts one: workers at niceness 0, a slow start tried again
     yield
     ray.shutdown()
 
