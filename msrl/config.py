@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from msrl.errors import ConfigError
 
-__all__ = ["ConfigError", "RunConfig", "load_config", "apply_overrides", "parse_overrides", "validate", "build_job_spec",
+__all__ = ["ConfigError", "RunConfig", "load_config", "apply_overrides", "parse_overrides", "validate", "build_job_spec", "on_device",
            "check_population"]
 
 
@@ -711,15 +711,22 @@ def check_population(cfg: RunConfig, algorithm: Any) -> None:
                               f"distribution_policy.devices={dict(cfg.distribution_policy.devices)} would place its "
                               "fragments too: set one of them")
     spec = build_job_spec(cfg.model_copy(update={"population": None}))
+    fragments = [f.name for f in spec.policy.fragments]
     for device in dict.fromkeys(pop.devices or ()):  # each exists, and the policy's backends run on it
-        placed = cfg.distribution_policy.model_copy(update={"devices": {f.name: device for f in spec.policy.fragments}})
         try:
-            build_job_spec(cfg.model_copy(update={"population": None, "distribution_policy": placed}))
+            build_job_spec(on_device(cfg.model_copy(update={"population": None}), device, fragments))
         except ConfigError as e:
             raise ConfigError(f"population.devices: {device}: {e}") from None
     if resolve_runtime(cfg.runtime, spec.policy) != "local":
         raise ConfigError(f"population: the members run in this process (runtime: local); runtime={cfg.runtime} "
                           f"would run {spec.policy.name}'s replicas on Ray: set runtime: local")
+
+
+def on_device(cfg: RunConfig, device: str, fragments: Sequence[str]) -> RunConfig:
+    """``cfg`` with each of ``fragments`` (the policy's fragment names) on ``device``
+    (``distribution_policy.devices``): a population member's whole job on its device."""
+    placed = cfg.distribution_policy.model_copy(update={"devices": {name: device for name in fragments}})
+    return cfg.model_copy(update={"distribution_policy": placed})
 
 
 def _float_fields(cls: type) -> list[str]:

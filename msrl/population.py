@@ -55,7 +55,7 @@ from typing import Any, Sequence
 
 import torch
 
-from msrl.config import RunConfig, build_job_spec, check_population
+from msrl.config import RunConfig, build_job_spec, check_population, on_device
 from msrl.outcome import TrainResult
 
 __all__ = ["MEMBER_SEED_STRIDE", "Member", "member_configs", "member_device", "check_population", "plan_exploits", "explore",
@@ -79,16 +79,14 @@ def member_configs(cfg: RunConfig, rng: random.Random) -> list[RunConfig]:
     ``population.devices``, every fragment of its job on ``devices[i % len(devices)]``
     (:func:`member_device`)."""
     pop = cfg.population
+    fragments = ([f.name for f in build_job_spec(cfg.model_copy(update={"population": None})).policy.fragments]
+                 if pop.devices else [])
     out = []
     for i in range(pop.size):
         values = {name: (r.init[i] if r.init is not None else _sample(r, rng)) for name, r in pop.explore.items()}
         mcfg = _with_hparams(cfg, values, cfg.seed + MEMBER_SEED_STRIDE * i)
         device = member_device(cfg, i)
-        if device is not None:
-            fragments = build_job_spec(mcfg).policy.fragments
-            dp = mcfg.distribution_policy.model_copy(update={"devices": {f.name: device for f in fragments}})
-            mcfg = mcfg.model_copy(update={"distribution_policy": dp})
-        out.append(mcfg)
+        out.append(mcfg if device is None else on_device(mcfg, device, fragments))
     return out
 
 

@@ -253,7 +253,6 @@ def _caller_outside_torch() -> str:
     return "<unknown>" if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
-
 def _fixed_branches(graphs: dict[str, Graph]) -> list[tuple[str, Node]]:
     """The branches of ``graphs`` whose condition is the same on every iteration: a constant,
     or computed (by ``compute`` nodes) only from constants and trainer attributes that no

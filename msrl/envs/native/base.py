@@ -9,6 +9,7 @@ no episode finished) and are read back once, by :meth:`NativeEnv.pop_episode_sta
 from __future__ import annotations
 
 import ctypes
+import math
 import pathlib
 import sys
 from typing import Any, Callable, Mapping
@@ -19,7 +20,7 @@ import torch
 from msrl.api import Environment, EnvSpec, EpisodeStats, ReplayContract
 from msrl.device import host_side, read_host
 
-__all__ = ["NativeEnv", "IMPLS", "splitmix64", "env_keys", "uniform", "uniform_many", "empty_output"]
+__all__ = ["NativeEnv", "IMPLS", "splitmix64", "env_keys", "uniform", "uniform_many", "box_muller", "empty_output"]
 
 #: Implementations of a native env's rules.
 IMPLS = ("torch", "kernel")
@@ -84,6 +85,15 @@ def uniform_many(key: torch.Tensor, stream: torch.Tensor | int, episode: torch.T
     """Like :func:`uniform` for any number of draws ``k`` per episode (``msrl_uniform_many``)."""
     h = splitmix64(key ^ splitmix64(stream ^ splitmix64(splitmix64(episode) + k)))
     return _srl(h, 11).to(torch.float64) * (1.0 / 9007199254740992.0)
+
+
+def box_muller(u: torch.Tensor) -> torch.Tensor:
+    """Standard normals by Box-Muller (Box & Muller 1958): ``(B, count)`` float64 from uniform
+    draws ``u`` in [0, 1) of shape ``(B, 2 count)`` (the first ``count`` columns give the radius,
+    the rest the angle)."""
+    count = u.shape[1] // 2
+    u1, u2 = 1.0 - u[:, :count], u[:, count:]  # u1 in (0, 1]: log is finite
+    return torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2.0 * math.pi * u2)
 
 
 class NativeEnv(Environment):

@@ -19,7 +19,6 @@ Physics runs on the CPU whatever ``device`` is; observations and rewards are ret
 
 from __future__ import annotations
 
-import math
 import os
 import pathlib
 from typing import Any, Mapping
@@ -30,7 +29,7 @@ import torch
 
 from msrl.api import EnvSpec
 from msrl.envs.gymnasium_env import EpisodeTracker, TrackedEnvironment
-from msrl.envs.native.base import env_keys, uniform_many
+from msrl.envs.native.base import box_muller, env_keys, uniform_many
 
 __all__ = ["MujocoTask", "HalfCheetah", "Hopper", "HalfCheetahRules", "HopperRules"]
 
@@ -133,9 +132,7 @@ class MujocoTask(TrackedEnvironment):
     def _normals(self, ids: torch.Tensor, count: int, first: int) -> torch.Tensor:
         """Standard normal float64 ``(B, count)`` by Box-Muller (Box & Muller 1958) from
         ``2 count`` uniform draws starting at ``first``."""
-        u = self._uniforms(ids, 2 * count, first)
-        u1, u2 = 1.0 - u[:, :count], u[:, count:]  # u1 in (0, 1]: log is finite
-        return torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2.0 * math.pi * u2)
+        return box_muller(self._uniforms(ids, 2 * count, first))
 
     def _reset_envs(self, ids: torch.Tensor) -> None:
         """mj_resetData + start state for envs ``ids`` (int64 ``(B,)``), as gymnasium's reset."""

@@ -36,7 +36,6 @@ half the compile time, no slower here: a CPU step is bound by Warp's per-launch 
 from __future__ import annotations
 
 import contextlib
-import math
 import pathlib
 from typing import Any, Iterator
 
@@ -45,7 +44,7 @@ import numpy as np
 import torch
 
 from msrl.device import record_foreign
-from msrl.envs.native.base import IMPLS, NativeEnv, env_keys, uniform_many
+from msrl.envs.native.base import IMPLS, NativeEnv, box_muller, env_keys, uniform_many
 from msrl.envs.native.mujoco import HalfCheetahRules, HopperRules
 
 __all__ = ["WarpMujocoTask", "WarpHalfCheetah", "WarpHopper", "MUJOCO_WARP_VERSION"]
@@ -229,10 +228,8 @@ class WarpMujocoTask(NativeEnv):
         return torch.stack([uniform_many(keys, self.STREAM, episode, first + k) for k in range(count)], 1)
 
     def _normals(self, episode: torch.Tensor, count: int, first: int) -> torch.Tensor:
-        """Standard normal float64 ``(N, count)`` by Box-Muller (Box & Muller 1958)."""
-        u = self._uniforms(episode, 2 * count, first)
-        u1, u2 = 1.0 - u[:, :count], u[:, count:]
-        return torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2.0 * math.pi * u2)
+        """Standard normal float64 ``(N, count)`` (:func:`~msrl.envs.native.base.box_muller`)."""
+        return box_muller(self._uniforms(episode, 2 * count, first))
 
     def _restart(self, done: torch.Tensor) -> None:
         """Starts the next episode of the envs where ``done`` ``(N,)`` bool, as gymnasium's
