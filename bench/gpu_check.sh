@@ -8,7 +8,8 @@
 # Installs msrl into a temporary folder first, so the machine's own Python (which must hold a CUDA
 # build of torch) is untouched; on a machine without network access, put wheels of what it lacks
 # into .whl/ first (`pip download --no-deps --only-binary=:all: -d .whl gymnasium tensordict
-# pydantic ...`, for that machine's Python version): they are installed from there.
+# pydantic ...`, for that machine's Python version; `bash bench/gpu_wheels.sh` makes it): they are
+# installed from there, and from the parts of a larger bundle in PARTS (bench/gpu_wheels.sh --mujoco).
 # Writes each part's log into $OUT (default: a temporary folder); with ARCHIVE=FILE also a .tar.gz
 # of them, remade after each part (for a results channel that takes only a few files).
 #
@@ -39,6 +40,17 @@ py=${PYTHON:-python3}
 W=${WHEELS:-.whl}  # wheels for this machine's Python (WHEELS=none: install none, the Python has them)
 if ls "$W"/*.whl >/dev/null 2>&1; then
   $py -m pip install -q --no-index --no-deps --no-compile --target "$T/site" "$W"/*.whl || exit 1
+fi
+PARTS=${PARTS:-}  # a folder of wheels.tar.NN parts brought over several calls (bench/gpu_wheels.sh --mujoco)
+if [ -n "$PARTS" ]; then
+  mkdir -p "$T/joined"
+  cat "$PARTS"/wheels.tar.[0-9][0-9] > "$T/wheels.tar" || exit 1
+  if [ -f "$PARTS/wheels.tar.sha256" ] && [ "$(sha256sum "$T/wheels.tar" | cut -d' ' -f1)" != "$(cat "$PARTS/wheels.tar.sha256")" ]; then
+    echo "the wheel parts in $PARTS do not join into the tar bench/gpu_wheels.sh made (a part missing or damaged)" >&2
+    exit 1
+  fi
+  tar -xf "$T/wheels.tar" -C "$T/joined" && rm -f "$T/wheels.tar" || exit 1
+  $py -m pip install -q --no-index --no-deps --no-compile --target "$T/site" "$T/joined"/*.whl || exit 1
 fi
 $py -m pip install -q --no-index --no-deps --no-build-isolation --target "$T/msrl" . || exit 1
 export PYTHONPATH="$T/msrl:$T/site${PYTHONPATH:+:$PYTHONPATH}" PATH="$T/msrl/bin:$PATH"
@@ -140,8 +152,8 @@ if [ "${PONG:-0}" = 1 ] && [ "$GPU" = 1 ]; then  # Pong: actors on the CPU (ale-
 fi
 if [ "${MUJOCO:-0}" = 1 ] && [ "$GPU" = 1 ]; then  # MuJoCo on MJWarp's kernels on the GPU (env.kwargs.physics=warp):
   # each step against gymnasium's from the same state, then PPO at 4,096 envs under gpu_only (env steps/s,
-  # the return reached); needs warp-lang and mujoco-warp importable (their wheels, ~150 MB, exceed a
-  # small .whl/ bundle: a machine image that has them)
+  # the return reached); needs warp-lang and mujoco-warp importable: their wheels (~150 MB) exceed one
+  # call's 64 MiB, so they come in parts over several calls (bench/gpu_wheels.sh --mujoco, PARTS=)
   part mujoco_warp_check 400 $py -P -m msrl.envs.native.check --env halfcheetah --physics warp --device cuda \
     --num-envs 64 --steps 200 --start-step 900
   part mujoco_warp_ppo 600 msrl train configs/ppo_halfcheetah_gpu.yaml "runs_dir=$T/runs" train.progress=false \
@@ -157,7 +169,7 @@ fi
 echo "== summary"
 status=0
 for f in "$T"/rc/*; do
-  case $f in *.tail) continue;; esac
+  case $f in *.tail|"$T/rc/*") continue;; esac  # (no part ran: ONLY named none)
   code=$(cat "$f")
   echo "$(basename "$f"): exit $code"
   [ "$code" = 0 ] || status=1
