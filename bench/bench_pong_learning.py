@@ -48,6 +48,9 @@ def train(config: pathlib.Path, runs_dir: pathlib.Path, steps: int, hours: float
         cmd = [sys.executable, "-m", "msrl.cli", "train", str(config), f"runs_dir={runs_dir}",
                f"train.total_env_steps={steps}", "train.progress=false", *(overrides or [])]
     proc = subprocess.Popen(cmd, cwd=ROOT)
+    # SIGTERM to this script stops the run as the time limit does (the run keeps its checkpoint),
+    # rather than leaving it training on without its driver
+    signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signal.SIGTERM))
     try:
         proc.wait(timeout=hours * 3600)
     except subprocess.TimeoutExpired:
