@@ -21,7 +21,8 @@ so msrl reduces it where it crosses to fewer replicas, whatever the distribution
 Loss (Algorithm S3, with SB3's A2C coefficients): ``-mean(A_t log pi(a_t|s_t)) + vf_coef *
 mean((R_t - V(s_t))^2) - ent_coef * H``, ``A_t`` from GAE with ``lambda = 1`` (n-step returns
 bootstrapped from the critic); RMSprop on the learner (the paper's shared RMSProp statistics
-live there), the gradients clipped to ``max_grad_norm`` after the reduction.
+live there; torch's or TensorFlow's, ``optimizer``), the gradients clipped to ``max_grad_norm``
+after the reduction.
 """
 
 from __future__ import annotations
@@ -76,6 +77,13 @@ class A3CConfig:
     """global gradient-norm clip, applied by the learner to the reduced gradients"""
     rms_prop_eps: PositiveFloat = 1e-5
     """RMSprop epsilon"""
+    optimizer: Literal["rmsprop", "rmsprop_tf"] = "rmsprop"
+    """the learner's RMSprop: ``rmsprop`` is torch's (``p -= lr g / (sqrt(v) + eps)``, the mean
+    square ``v`` from 0); ``rmsprop_tf`` is TensorFlow's, which OpenAI Baselines' A2C and the A3C
+    paper's implementations stepped with (``p -= lr g / sqrt(v + eps)``, ``v`` from 1; Stable
+    Baselines3's ``RMSpropTFLike``, which SB3 recommends for A2C on Atari). With eps 1e-5 and the
+    small gradients of a CNN trunk (|g| ~ 1e-4), torch's steps every weight by about ``lr`` in the
+    sign of its gradient; TensorFlow's by ``lr g / 3e-3``, ~20 times less"""
     norm_adv: bool = False
     """normalise the advantages of each rollout"""
     hidden_sizes: LayerSizes = (64, 64)
@@ -122,6 +130,16 @@ class A3CWorker(ActorCriticActor):
         return dict(zip(self.names, grads)), losses
 
 
+def _rmsprop(hp: A3CConfig, parameters: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """The learner's optimiser (``hp.optimizer``): torch's RMSprop, or TensorFlow's as Stable
+    Baselines3's ``RMSpropTFLike`` implements it (decay 0.99 for both)."""
+    if hp.optimizer == "rmsprop_tf":
+        from stable_baselines3.common.sb2_compat.rmsprop_tf_like import RMSpropTFLike
+
+        return RMSpropTFLike(parameters, lr=hp.learning_rate, alpha=0.99, eps=hp.rms_prop_eps)
+    return torch.optim.RMSprop(parameters, lr=hp.learning_rate, alpha=0.99, eps=hp.rms_prop_eps, foreach=True)
+
+
 class A3CLearner(Learner):
     """Applies pushed gradients: one RMSprop step per (reduced) push, clipped to ``max_grad_norm``."""
 
@@ -131,8 +149,7 @@ class A3CLearner(Learner):
         self.weights = ModuleWeights(self.net)
         self.names = [name for name, _ in self.net.named_parameters()]
         self.parameters = list(self.net.parameters())
-        self.optimizer = torch.optim.RMSprop(self.parameters, lr=self.hp.learning_rate, alpha=0.99, eps=self.hp.rms_prop_eps,
-                                             foreach=True)
+        self.optimizer = _rmsprop(self.hp, self.parameters)
         self.num_iterations = max(1, ctx.total_env_steps // (self.hp.num_steps * ctx.total_num_envs))
         self.iteration = 0
 

@@ -6,6 +6,7 @@ partitioner refuse and what they suggest, and A3C learning under each policy."""
 from __future__ import annotations
 
 import dataclasses
+import io
 import math
 
 import pytest
@@ -135,6 +136,46 @@ def test_a3c_under_single_equals_coarse_with_one_actor_bitwise():
     b = run(_spec("single_learner_coarse", 1))
     assert all(torch.equal(a[1][k], b[1][k]) for k in a[1])
     assert [{k: float(v) for k, v in m.items()} for m in a[0]] == [{k: float(v) for k, v in m.items()} for m in b[0]]
+
+
+def test_a3c_learner_steps_with_tensorflows_rmsprop_when_asked_and_resumes_it():
+    """``optimizer: rmsprop_tf`` (configs/a3c_pong.yaml): ``p -= lr g / sqrt(v + eps)`` with the
+    mean square ``v`` from 1 (TensorFlow's RMSProp, as Baselines' A2C), not torch's
+    ``lr g / (sqrt(v) + eps)`` from 0; the mean square survives a checkpoint."""
+    spec = _spec("single", 1)
+    spec = dataclasses.replace(spec, hparams=a3c.ALGORITHM.hparams(**TINY, optimizer="rmsprop_tf", learning_rate=0.01,
+                                                                     max_grad_norm=1e9))
+    job = Job(spec)
+    try:
+        job.reset()
+        learner = job.component("learner")
+        before = {k: v.clone() for k, v in learner.get_weights().items()}
+        g = torch.Generator().manual_seed(3)
+        grads = {n: torch.randn(p.shape, generator=g) for n, p in learner.net.named_parameters()}
+        learner.apply(grads, {})
+        after = learner.get_weights()
+        for name in grads:
+            v = 0.99 + 0.01 * grads[name] ** 2  # one step of the mean square, from 1
+            want = before[name] - 0.01 * grads[name] / torch.sqrt(v + 1e-5)
+            torch.testing.assert_close(after[name], want, rtol=1e-6, atol=1e-7)
+            torch_rmsprop = before[name] - 0.01 * grads[name] / (torch.sqrt(0.01 * grads[name] ** 2) + 1e-5)
+            assert not torch.allclose(after[name], torch_rmsprop)  # (torch's first step is ~10x larger)
+        buffer = io.BytesIO()
+        torch.save(learner.state_dict(), buffer)  # as a checkpoint holds it
+        buffer.seek(0)
+        state = torch.load(buffer, weights_only=False)
+        twin = Job(spec)
+        try:
+            twin.reset()
+            twin.component("learner").load_state_dict(state)
+            learner.apply(grads, {})
+            twin.component("learner").apply(grads, {})
+            a, b = learner.get_weights(), twin.component("learner").get_weights()
+            assert all(torch.equal(a[k], b[k]) for k in a)
+        finally:
+            twin.close()
+    finally:
+        job.close()
 
 
 class _BatchDeclared(a3c.A3CWorker):
