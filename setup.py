@@ -42,7 +42,6 @@ setup(
         "matplotlib>=3.7",
         "ray[default]>=2.40",  # [default]: the Jobs client of msrl launch
         "psutil>=5.9",  # a replica's network interface by its address (msrl/runtime/wiring.py)
-        "stable-baselines3>=2.3",  # RMSpropTFLike: A3C's optimizer: rmsprop_tf (needs only torch, gymnasium, numpy, cloudpickle)
     ],
     extras_require={
         # cupy-cuda12x: the GPU build's set-up errors are tested where CuPy imports without a GPU

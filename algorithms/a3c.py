@@ -50,6 +50,7 @@ from msrl.rl.actors import ActorCriticActor
 from msrl.rl.buffers import RolloutBuffer
 from msrl.rl.losses import actor_critic_loss
 from msrl.rl.networks import ACTION_SPACES, OBSERVATION_SPACES, ActorCritic, build_actor_critic
+from msrl.rl.optim import RMSpropTF
 
 __all__ = ["A3CConfig", "A3CWorker", "A3CLearner", "A3CTrainer", "ALGORITHM"]
 
@@ -80,8 +81,9 @@ class A3CConfig:
     optimizer: Literal["rmsprop", "rmsprop_tf"] = "rmsprop"
     """the learner's RMSprop: ``rmsprop`` is torch's (``p -= lr g / (sqrt(v) + eps)``, the mean
     square ``v`` from 0); ``rmsprop_tf`` is TensorFlow's, which OpenAI Baselines' A2C and the A3C
-    paper's implementations stepped with (``p -= lr g / sqrt(v + eps)``, ``v`` from 1; Stable
-    Baselines3's ``RMSpropTFLike``, which SB3 recommends for A2C on Atari). With eps 1e-5 and the
+    paper's implementations stepped with (``p -= lr g / sqrt(v + eps)``, ``v`` from 1:
+    :class:`msrl.rl.optim.RMSpropTF`, Stable Baselines3's ``RMSpropTFLike``, which SB3 recommends
+    for A2C on Atari). With eps 1e-5 and the
     small gradients of a CNN trunk (|g| ~ 1e-4), torch's steps every weight by about ``lr`` in the
     sign of its gradient; TensorFlow's by ``lr g / 3e-3``, ~20 times less"""
     norm_adv: bool = False
@@ -131,12 +133,10 @@ class A3CWorker(ActorCriticActor):
 
 
 def _rmsprop(hp: A3CConfig, parameters: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    """The learner's optimiser (``hp.optimizer``): torch's RMSprop, or TensorFlow's as Stable
-    Baselines3's ``RMSpropTFLike`` implements it (decay 0.99 for both)."""
+    """The learner's optimiser (``hp.optimizer``): torch's RMSprop, or TensorFlow's
+    (:class:`msrl.rl.optim.RMSpropTF`); decay 0.99 for both."""
     if hp.optimizer == "rmsprop_tf":
-        from stable_baselines3.common.sb2_compat.rmsprop_tf_like import RMSpropTFLike
-
-        return RMSpropTFLike(parameters, lr=hp.learning_rate, alpha=0.99, eps=hp.rms_prop_eps)
+        return RMSpropTF(parameters, lr=hp.learning_rate, alpha=0.99, eps=hp.rms_prop_eps)
     return torch.optim.RMSprop(parameters, lr=hp.learning_rate, alpha=0.99, eps=hp.rms_prop_eps, foreach=True)
 
 

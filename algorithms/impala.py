@@ -34,6 +34,7 @@ from msrl.rl.actors import ActorCriticActor
 from msrl.rl.buffers import RolloutBuffer
 from msrl.rl.losses import normalize_advantages
 from msrl.rl.networks import ACTION_SPACES, OBSERVATION_SPACES, ActorCritic, build_actor_critic
+from msrl.rl.optim import RMSpropTF
 from msrl.rl.schedules import anneal_learning_rate, learning_rate_tensor, load_learning_rate
 
 __all__ = ["IMPALAConfig", "IMPALALearner", "IMPALATrainer", "ALGORITHM"]
@@ -46,7 +47,14 @@ class IMPALAConfig:
     num_steps: PositiveInt = 20
     """unroll length per env per iteration (T; the paper: 20)"""
     learning_rate: PositiveFloat = 1e-3
-    """Adam learning rate at the start of training (the paper uses RMSProp)"""
+    """the learning rate at the start of training"""
+    optimizer: Literal["adam", "rmsprop_tf"] = "adam"
+    """``adam`` (eps 1e-5), or the paper's RMSProp (Table G.1: decay 0.99, momentum 0, epsilon
+    ``rms_prop_eps``) as TensorFlow steps it (:class:`msrl.rl.optim.RMSpropTF`: epsilon inside the
+    square root, so a small gradient takes a small step, where Adam steps every weight by about
+    the learning rate)"""
+    rms_prop_eps: PositiveFloat = 0.01
+    """``rmsprop_tf``'s epsilon (the paper: 0.01)"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 over training (the paper: polynomial decay)"""
     gamma: UnitInterval = 0.99
@@ -108,7 +116,10 @@ class IMPALALearner(Learner):
         #: the learning rate and updates taken, 0-d tensors updated in place (a captured
         #: iteration replays the schedule: :func:`msrl.rl.schedules.anneal_learning_rate`)
         self.lr = learning_rate_tensor(self.hp.learning_rate, ctx.device)
-        self.optimizer = torch.optim.Adam(self.parameters, lr=self.lr, eps=1e-5, fused=True)
+        if self.hp.optimizer == "rmsprop_tf":
+            self.optimizer = RMSpropTF(self.parameters, lr=self.lr, alpha=0.99, eps=self.hp.rms_prop_eps)
+        else:
+            self.optimizer = torch.optim.Adam(self.parameters, lr=self.lr, eps=1e-5, fused=True)
         self.num_iterations = max(1, ctx.total_env_steps // (self.hp.num_steps * ctx.total_num_envs))
         self.iteration = torch.zeros((), dtype=torch.int64, device=ctx.device)
         self.generator = torch.Generator(device=ctx.device)
