@@ -49,12 +49,15 @@ class IMPALAConfig:
     learning_rate: PositiveFloat = 1e-3
     """the learning rate at the start of training"""
     optimizer: Literal["adam", "rmsprop_tf"] = "adam"
-    """``adam`` (eps 1e-5), or the paper's RMSProp (Table G.1: decay 0.99, momentum 0, epsilon
-    ``rms_prop_eps``) as TensorFlow steps it (:class:`msrl.rl.optim.RMSpropTF`: epsilon inside the
-    square root, so a small gradient takes a small step, where Adam steps every weight by about
-    the learning rate)"""
-    rms_prop_eps: PositiveFloat = 0.01
-    """``rmsprop_tf``'s epsilon (the paper: 0.01)"""
+    """``adam`` (eps 1e-5), or the paper's RMSProp (Table G.1: decay 0.99, momentum 0) as
+    TensorFlow steps it (:class:`msrl.rl.optim.RMSpropTF`: epsilon inside the square root, the
+    mean square from 1, so a small gradient takes a small step, where Adam steps every weight by
+    about the learning rate)"""
+    rms_prop_eps: PositiveFloat = 1e-5
+    """``rmsprop_tf``'s epsilon. The paper's 0.01 is for losses *summed* over the batch's T x B
+    terms (its ``scalable_agent``: 20 x 32); msrl's losses are means, whose gradients are T x B
+    times smaller, so the same steps take 0.01 / (T B)^2 (2.4e-8 there); 1e-5 is Baselines'
+    A2C's (means too)"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 over training (the paper: polynomial decay)"""
     gamma: UnitInterval = 0.99
