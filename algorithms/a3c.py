@@ -83,9 +83,9 @@ class A3CConfig:
     square ``v`` from 0); ``rmsprop_tf`` is TensorFlow's, which OpenAI Baselines' A2C and the A3C
     paper's implementations stepped with (``p -= lr g / sqrt(v + eps)``, ``v`` from 1:
     :class:`msrl.rl.optim.RMSpropTF`, Stable Baselines3's ``RMSpropTFLike``, which SB3 recommends
-    for A2C on Atari). With eps 1e-5 and the
-    small gradients of a CNN trunk (|g| ~ 1e-4), torch's steps every weight by about ``lr`` in the
-    sign of its gradient; TensorFlow's by ``lr g / 3e-3``, ~20 times less"""
+    for A2C on Atari). With eps 1e-5 and the small gradients of a CNN trunk (|g| ~ 1e-4), torch's
+    steps every weight by about ``lr`` in the sign of its gradient; TensorFlow's by ``lr g / 3e-3``,
+    ~30 times less"""
     norm_adv: bool = False
     """normalise the advantages of each rollout"""
     hidden_sizes: LayerSizes = (64, 64)
