@@ -68,9 +68,10 @@ def _same_state(a, b):
     (GPU_ONLY, [*SMALL, "algorithm.hparams.normalize_obs=true", "algorithm.hparams.normalize_reward=true"]),
     (CONFIGS / "ma_ppo_tag.yaml", ["env.num_envs=4", "algorithm.hparams.num_steps=8"]),  # launch sequences
     (CONFIGS / "impala_cartpole.yaml", ["env.id=msrl/CartPole-v1", "distribution_policy.name=gpu_only", "env.num_envs=8"]),
-    # TensorFlow's RMSProp reading the annealed rate from its tensor
+    # TensorFlow's RMSProp reading the annealed rate from its tensor; APPO's clipped surrogate over 2 epochs
     (CONFIGS / "impala_cartpole.yaml", ["env.id=msrl/CartPole-v1", "distribution_policy.name=gpu_only", "env.num_envs=8",
-                                        "algorithm.hparams.optimizer=rmsprop_tf"]),
+                                        "algorithm.hparams.optimizer=rmsprop_tf", "algorithm.hparams.clip_coef=0.2",
+                                        "algorithm.hparams.update_epochs=2"]),
 ])
 def test_a_captured_gpu_only_job_equals_the_eager_one_bitwise(config, overrides):
     """Warm-up, probe, capture and replays: every iteration's metrics, the finished episodes,

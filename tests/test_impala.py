@@ -169,3 +169,59 @@ def test_norm_adv_takes_the_policy_gradient_on_normalised_v_trace_advantages():
     got = learner.learn(batch)["losses/policy_loss"]
     assert torch.allclose(got, expected, atol=1e-6) and not torch.allclose(got, plain, atol=1e-3)
     assert torch.allclose(raw.learn(batch)["losses/policy_loss"], plain, atol=1e-6)
+
+
+def _on_policy(learner, batch):
+    """``batch`` with ``log_prob`` the learner's own (every ratio ``pi / mu`` exactly 1)."""
+    T, N = batch.batch_size
+    with torch.no_grad():
+        log_prob, _, _ = learner.net.evaluate(batch["obs"].reshape(T * N, 4), batch["action"].reshape(T * N))
+    batch = batch.clone()
+    batch["log_prob"] = log_prob.view(T, N)
+    return batch
+
+
+def test_clip_coef_takes_appos_clipped_surrogate_of_the_v_trace_advantages():
+    """clip_coef=c: the policy loss is PPO's clipped surrogate (Eq. 7) of V-trace's advantages
+    with the ratio pi / mu against the behaviour policy, not IMPALA's -mean(A log pi)."""
+    from msrl.advantages import vtrace
+    from msrl.rl.losses import clipped_surrogate_loss
+
+    learner, batch = _learner_and_batch(clip_coef=0.1, anneal_lr=False)
+    T, N = batch.batch_size
+    hp, net = learner.hp, learner.net
+    with torch.no_grad():
+        log_prob, _, value = net.evaluate(batch["obs"].reshape(T * N, 4), batch["action"].reshape(T * N))
+        log_prob, value = log_prob.view(T, N), value.view(T, N)
+        next_values = net.value(batch["next_obs"].reshape(T * N, 4)).view(T, N)
+        _, pg_adv = vtrace(batch["log_prob"], log_prob, batch["reward"], value, next_values, batch["terminated"],
+                           batch["truncated"], hp.gamma, hp.rho_bar, hp.c_bar, hp.vtrace_lambda)
+    ratio = (log_prob - batch["log_prob"]).exp()
+    expected = clipped_surrogate_loss(pg_adv, ratio, 0.1)
+    m = learner.learn(batch)
+    assert torch.allclose(m["losses/policy_loss"], expected, atol=1e-6)
+    assert not torch.allclose(m["losses/policy_loss"], -(pg_adv * log_prob).mean(), atol=1e-3)
+    clipped = ((ratio - 1).abs() > 0.1).float().mean()
+    assert 0.0 < clipped < 1.0 and torch.equal(m["losses/clipfrac"], clipped)
+
+
+def test_clip_coef_first_step_on_policy_is_the_policy_gradient_and_bounds_later_epochs():
+    """On the actors' own policy (ratio 1) the surrogate's gradient is the policy gradient, so
+    the first step equals IMPALA's; over many passes on one batch the clip holds the policy near
+    the behaviour policy where the plain loss walks away from it."""
+    clip, batch = _learner_and_batch(clip_coef=0.1, anneal_lr=False, learning_rate=1e-2)
+    plain, _ = _learner_and_batch(anneal_lr=False, learning_rate=1e-2)
+    batch = _on_policy(clip, batch)
+    clip.learn(batch)
+    plain.learn(batch)
+    for a, b in zip(_weights(clip).values(), _weights(plain).values()):
+        assert torch.allclose(a, b, atol=1e-6)
+    drift = {}
+    for name, learner in (("clip", clip), ("plain", plain)):
+        for _ in range(30):
+            learner.learn(batch)
+        T, N = batch.batch_size
+        with torch.no_grad():
+            log_prob, _, _ = learner.net.evaluate(batch["obs"].reshape(T * N, 4), batch["action"].reshape(T * N))
+        drift[name] = (log_prob.view(T, N) - batch["log_prob"]).abs().mean().item()
+    assert drift["clip"] < 0.5 * drift["plain"], drift
