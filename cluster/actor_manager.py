@@ -82,22 +82,23 @@ class ReplicaGroup:
         #: replacement actors wait for a bundle): not probed by :meth:`dead_replica`
         self.absent: Mapping[tuple[str, int], Any] = {}
 
-    def start(self, actor_class: type, placement_group: Any, options: Mapping[str, Any],
+    def start(self, actor_class: type, placement_group: Any, options_of: Callable[[tuple[str, int]], Mapping[str, Any]],
               args_of: Callable[[tuple[str, int]], Sequence[Any]]) -> None:
         """Starts one ``actor_class`` actor per key, replica ``i`` in bundle ``i`` of
-        ``placement_group``, with Ray ``options`` and constructor arguments ``args_of(key)``."""
+        ``placement_group``, with Ray options ``options_of(key)`` (its bundle's CPUs and GPUs)
+        and constructor arguments ``args_of(key)``."""
         import ray
 
-        self._start = (ray.remote(actor_class), placement_group, dict(options), args_of)
+        self._start = (ray.remote(actor_class), placement_group, options_of, args_of)
         self.actors = [self._start_one(i) for i in range(len(self.keys))]
 
     def _start_one(self, i: int) -> Any:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        remote, placement_group, options, args_of = self._start
+        remote, placement_group, options_of, args_of = self._start
         return remote.options(
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group, placement_group_bundle_index=i),
-            **options,
+            **options_of(self.keys[i]),
         ).remote(*args_of(self.keys[i]))
 
     def replace(self, key: tuple[str, int]) -> Any:

@@ -2,7 +2,8 @@
 ``torch.distributed`` (Gloo) with the codec, one placement-group bundle per replica.
 
 Driver side (:class:`RayJob`): traces, probes and partitions the job once, reserves a placement
-group (one bundle ``{"CPU": c}`` per replica, PACK or SPREAD), starts one :class:`ReplicaActor` per
+group (one bundle ``{"CPU": c}`` per replica, ``c`` the fragment's ``cluster.cpus_per_replica``;
+PACK or SPREAD), starts one :class:`ReplicaActor` per
 replica in its bundle, and sets up one Gloo process group across them (its rendezvous in Ray's
 key-value store under the job's secret, :mod:`msrl.cluster.rendezvous`). Each actor builds its own :class:`~msrl.runtime.replica.Replica` --
 components, envs, RNG -- from the job spec and its (fragment, replica index), with torch's and
@@ -37,6 +38,7 @@ from msrl.api import EpisodeStats
 from msrl.backend import env_frame_padding
 from msrl.cluster.actor_manager import ReplicaGroup
 from msrl.cluster.replacement import CAPACITY_NOTE_S, Replacements
+from msrl.config import per_fragment
 from msrl.errors import ConfigError, PlacementError
 from msrl.runtime.codec import MAX_MESSAGE as CODEC_MAX_MESSAGE
 from msrl.runtime.elastic import replaced_fragments
@@ -62,12 +64,29 @@ LOCAL_START_ATTEMPTS = 2
 RAYLET_START_TIMEOUT = "timed out during startup"
 
 
-def _lacking(n: int, bundle: Mapping[str, float]) -> bool:
-    """Whether the live nodes of the cluster have, in all, fewer CPUs/GPUs than ``n`` bundles need."""
+def _total(bundles: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """The CPUs (and GPUs, where any bundle has some) that ``bundles`` need in all."""
+    return {k: sum(b.get(k, 0) for b in bundles) for k in ("CPU", "GPU") if k == "CPU" or any(b.get(k) for b in bundles)}
+
+
+def _lacking(bundles: Sequence[Mapping[str, float]]) -> bool:
+    """Whether the live nodes of the cluster have, in all, fewer CPUs/GPUs than ``bundles`` need."""
     import ray
 
     have = ray.cluster_resources()
-    return any(v * n > have.get(k, 0) for k, v in bundle.items())
+    return any(v > have.get(k, 0) for k, v in _total(bundles).items())
+
+
+def bundles_text(keys: Sequence[tuple[str, int]], bundles: Sequence[Mapping[str, float]]) -> str:
+    """``"3 bundles of 2 CPU"`` where every replica's bundle is the same, else each fragment's:
+    ``"3 bundles (actor: 1 CPU x2, learner: 2 CPU)"``."""
+    if all(b == bundles[0] for b in bundles):
+        return f"{len(bundles)} bundles of {_resources(bundles[0])}"
+    per: dict[str, list] = {}
+    for (fragment, _), b in zip(keys, bundles):
+        per.setdefault(fragment, [b, 0])[1] += 1
+    parts = [f"{f}: {_resources(b)}" + (f" x{n}" if n > 1 else "") for f, (b, n) in per.items()]
+    return f"{len(bundles)} bundles ({', '.join(parts)})"
 
 
 def _resources(res: Mapping[str, float]) -> str:
@@ -75,20 +94,22 @@ def _resources(res: Mapping[str, float]) -> str:
     return ", ".join(f"{res.get(k, 0):g} {k}" for k in ("CPU", "GPU") if k == "CPU" or res.get(k))
 
 
-def capacity_note(n: int, bundle: Mapping[str, float], strategy: str, timeout_s: float) -> str:
-    """The one line a restarting job prints while the cluster cannot hold its ``n`` bundles:
-    what the job needs, the live nodes (addresses) and what they have and have free, how the
-    job gets going again, and the key that bounds the wait."""
+def capacity_note(keys: Sequence[tuple[str, int]], bundles: Sequence[Mapping[str, float]], strategy: str,
+                  timeout_s: float) -> str:
+    """The one line a restarting job prints while the cluster cannot hold the ``bundles`` of its
+    replicas ``keys``: what the job needs, the live nodes (addresses) and what they have and have
+    free, how the job gets going again, and the key that bounds the wait."""
     import ray
 
     nodes = live_nodes()
     have = {k: sum(x.get("Resources", {}).get(k, 0) for x in nodes) for k in ("CPU", "GPU")}
-    need = {k: v * n for k, v in bundle.items()}
+    need = _total(bundles)
+    n = len(bundles)
     try:
         head = ray.get_runtime_context().gcs_address
     except Exception:  # noqa: BLE001 - only for the message
         head = "HEAD:PORT"
-    return (f"msrl: waiting for capacity: the job's {n} replicas need {n} bundles of {_resources(bundle)} "
+    return (f"msrl: waiting for capacity: the job's {n} replicas need {bundles_text(keys, bundles)} "
             f"({strategy}), {_resources(need)} in all; the cluster's {len(nodes)} live node(s) "
             f"({', '.join(sorted(x.get('NodeManagerAddress', '?') for x in nodes))}) have {_resources(have)}, "
             f"{_resources(ray.available_resources())} free. The replicas start when nodes join "
@@ -587,12 +608,13 @@ class ReplicaActor:
         return os.getpid()
 
     def info(self) -> dict[str, Any]:
-        """This replica's process id and node address."""
+        """This replica's process id, node address, GPUs, its node's cores and its own torch
+        (intra-op) threads."""
         import ray
 
         ctx = ray.get_runtime_context()
         return {"pid": os.getpid(), "node": ray.util.get_node_ip_address(), "node_id": ctx.get_node_id(),
-                "gpus": [str(g) for g in ray.get_gpu_ids()], "cores": _cores()}
+                "gpus": [str(g) for g in ray.get_gpu_ids()], "cores": _cores(), "threads": torch.get_num_threads()}
 
     def lower_priority(self, nice: int) -> int:
         """Raises this process's niceness by ``nice`` (every thread's: Linux keeps one per
@@ -715,8 +737,10 @@ class RayJob(Replacements):
             or module (so each process can import it); ``None`` for built-ins.
         address: a Ray cluster's address (``None``: the running Ray instance of this process, or
             a new local one; see :func:`init_ray`).
-        cpus_per_replica: the CPUs of each replica's bundle (its torch/OpenMP threads).
-        gpus_per_replica: the GPUs of each replica's bundle (``ray.get_gpu_ids()`` in the replica).
+        cpus_per_replica: the CPUs of each replica's bundle (its torch/OpenMP threads): one number
+            for every fragment, or fragment name -> CPUs (a fragment not named: 1).
+        gpus_per_replica: the GPUs of each replica's bundle (``ray.get_gpu_ids()`` in the
+            replica): one number, or fragment name -> GPUs (a fragment not named: 0).
         strategy: the placement group's strategy (``"PACK"`` or ``"SPREAD"``).
         probe: as for :class:`msrl.job.Job`.
         timeout_s: how long a replica waits at a boundary before the process group gives up.
@@ -752,8 +776,9 @@ class RayJob(Replacements):
 
     Raises:
         TraceError, PartitionError, ValueError: as :class:`msrl.job.Job`; ``ValueError`` for a
-        strategy other than PACK/SPREAD; :class:`PlacementError` when the cluster cannot hold
-        the bundles, or a fragment on a CUDA device would get no GPU (``gpus_per_replica=0``);
+        strategy other than PACK/SPREAD, or a per-fragment ``cpus_per_replica``/``gpus_per_replica``
+        naming a fragment the policy lacks; :class:`PlacementError` when the cluster cannot hold
+        the bundles, or a fragment on a CUDA device would get no GPU (``gpus_per_replica`` 0 for it);
         :class:`ReplicaDied` when a replica cannot start.
 
     A replica that dies (or hangs) while the job runs is a :class:`ReplicaDied`
@@ -768,8 +793,8 @@ class RayJob(Replacements):
     iterations_exact = False
 
     def __init__(self, spec: Any, algorithm_ref: str | None = None, address: str | None = None,
-                 cpus_per_replica: float = 1.0, strategy: str = "PACK", probe: bool = True,
-                 gpus_per_replica: float = 0.0,
+                 cpus_per_replica: float | Mapping[str, float] = 1.0, strategy: str = "PACK", probe: bool = True,
+                 gpus_per_replica: float | Mapping[str, float] = 0.0,
                  timeout_s: float = 600.0, placement_timeout_s: float = 60.0, intra_node: str = "shm",
                  tls: Any = None, max_message: int | None = None, replica_timeout_s: float | None = 30.0,
                  boundary_transport: str = "auto", learner_priority: str = "auto", sync_transport: str = "auto",
@@ -792,12 +817,16 @@ class RayJob(Replacements):
             raise ValueError(f"cluster.boundary_transport must be auto or grpc, got {boundary_transport!r}")
         if learner_priority not in ("auto", "on", "off"):
             raise ValueError(f"cluster.learner_priority must be auto, on or off, got {learner_priority!r}")
-        cuda = sorted({f.name for f in spec.policy.fragments if torch.device(f.device).type == "cuda"})
-        if cuda and gpus_per_replica <= 0:
+        names = [f.name for f in spec.policy.fragments]
+        cpus = per_fragment(cpus_per_replica, names, "cluster.cpus_per_replica", 1.0)
+        gpus = per_fragment(gpus_per_replica, names, "cluster.gpus_per_replica", 0.0)
+        cuda = sorted({f.name for f in spec.policy.fragments if torch.device(f.device).type == "cuda" and gpus[f.name] <= 0})
+        if cuda:
+            given = "=0" if not isinstance(gpus_per_replica, Mapping) else f" gives them none ({gpus_per_replica})"
             raise PlacementError(
-                f"fragment(s) {', '.join(cuda)} hold CUDA tensors but cluster.gpus_per_replica=0: a replica "
-                "process sees no GPU without one in its bundle; set cluster.gpus_per_replica (e.g. 1) or the "
-                "fragments' device to cpu"
+                f"fragment(s) {', '.join(cuda)} hold CUDA tensors but cluster.gpus_per_replica{given}: a replica "
+                "process sees no GPU without one in its bundle; set cluster.gpus_per_replica (e.g. 1, or "
+                f"{{{cuda[0]}: 1}} for those fragments alone) or the fragments' device to cpu"
             )
         self.iteration = 0
         self._env_steps = 0
@@ -821,7 +850,9 @@ class RayJob(Replacements):
         #: the one owner of the replica actors and their health
         self.replicas = ReplicaGroup(self.keys, {f.name: f.roles for f in spec.policy.fragments}, self._count_lost)
         self.replicas.absent = self._absent  # the same dict: the group's probes skip them
-        need = cpus_per_replica * len(self.keys)
+        #: each replica's placement-group bundle, in the order of ``keys``
+        self.bundles = [{"CPU": cpus[f], **({"GPU": gpus[f]} if gpus[f] else {})} for f, _ in self.keys]
+        need = sum(b["CPU"] for b in self.bundles)
         self._started_ray = not ray.is_initialized()
         _quiet_token_note()  # (a Ray this process started before, too: the bench, a notebook's)
         if self._started_ray:
@@ -829,17 +860,19 @@ class RayJob(Replacements):
             # when they outnumber the cores; they then share cores, never spin on them)
             init_ray(address, max(os.cpu_count() or 1, math.ceil(need)), connect_timeout_s)
         try:
-            threads = max(1, int(math.floor(cpus_per_replica)))
-            bundle = {"CPU": cpus_per_replica, **({"GPU": gpus_per_replica} if gpus_per_replica else {})}
-            self.placement_group = self._place(bundle, strategy, placement_timeout_s, capacity_timeout_s)
+            threads = {f: max(1, int(math.floor(c))) for f, c in cpus.items()}
+            self.placement_group = self._place(self.bundles, strategy, placement_timeout_s, capacity_timeout_s)
             spec_bytes, fg_bytes = cloudpickle.dumps(spec), cloudpickle.dumps(self.fragment_graph)
-            env_vars = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-            # one thread: a threaded actor (max_concurrency > 1) runs methods off the main thread
-            # and cost coarse PPO ~7% of its env steps/s here (GIL hand-offs)
-            self.replicas.start(ReplicaActor, self.placement_group,
-                                {"num_cpus": cpus_per_replica, "num_gpus": gpus_per_replica,
-                                 "runtime_env": {"env_vars": env_vars}, "max_concurrency": 1},
-                                lambda key: (algorithm_ref, spec_bytes, fg_bytes, *key, threads, self.job_id))
+
+            def options(key: tuple[str, int]) -> dict[str, Any]:
+                n = str(threads[key[0]])
+                # one thread: a threaded actor (max_concurrency > 1) runs methods off the main thread
+                # and cost coarse PPO ~7% of its env steps/s here (GIL hand-offs)
+                return {"num_cpus": cpus[key[0]], "num_gpus": gpus[key[0]], "max_concurrency": 1,
+                        "runtime_env": {"env_vars": {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n}}}
+
+            self.replicas.start(ReplicaActor, self.placement_group, options,
+                                lambda key: (algorithm_ref, spec_bytes, fg_bytes, *key, threads[key[0]], self.job_id))
             ranks = {k: i for i, k in enumerate(self.keys)}
             peers = dict(zip(self.keys, self.replicas.call("info")))
             self.replicas.locate(peers, ray.get_runtime_context().get_node_id())
@@ -871,10 +904,10 @@ class RayJob(Replacements):
                 ray.shutdown()
             raise
 
-    def _place(self, bundle: dict[str, float], strategy: str, placement_timeout_s: float,
+    def _place(self, bundles: Sequence[dict[str, float]], strategy: str, placement_timeout_s: float,
                capacity_timeout_s: float | None) -> Any:
-        """Reserves and returns the placement group of one ``bundle`` per replica (see
-        ``capacity_timeout_s`` in the class docstring for how long it waits).
+        """Reserves and returns the placement group of ``bundles`` (one per replica, in the order
+        of ``keys``; see ``capacity_timeout_s`` in the class docstring for how long it waits).
 
         Raises:
             PlacementError: the cluster lacks the resources (first start), or the group was not
@@ -883,16 +916,17 @@ class RayJob(Replacements):
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
 
-        n = len(self.keys)
+        n = len(bundles)
         if capacity_timeout_s is None:
-            for res, per in bundle.items():
+            for res, need in _total(bundles).items():
                 have = ray.cluster_resources().get(res, 0)
-                if per * n > have:
+                if need > have:
                     key = {"CPU": "cpus_per_replica", "GPU": "gpus_per_replica"}[res]
-                    raise PlacementError(f"{n} replicas x cluster.{key}={per:g} need {per * n:g} {res}s; "
-                                         f"the Ray cluster has {have:g}")
+                    per = {f"{b[res]:g}" for b in bundles}
+                    each = f"x cluster.{key}={per.pop()}" if len(per) == 1 else f"({bundles_text(self.keys, bundles)}, cluster.{key})"
+                    raise PlacementError(f"{n} replicas {each} need {need:g} {res}s; the Ray cluster has {have:g}")
         deadline = placement_timeout_s if capacity_timeout_s is None else capacity_timeout_s
-        group = placement_group([dict(bundle) for _ in self.keys], strategy=strategy)
+        group = placement_group([dict(b) for b in bundles], strategy=strategy)
         t0 = time.monotonic()
         try:
             if capacity_timeout_s is None or capacity_timeout_s <= CAPACITY_NOTE_S:
@@ -905,13 +939,13 @@ class RayJob(Replacements):
                     # Ray marks a lost node dead only once its health checks fail (~15-30 s after):
                     # until the live nodes are too small, or CAPACITY_SETTLE_S, the note would
                     # count the lost node as live; placed before then, there is nothing to say
-                    while not _lacking(n, bundle) and time.monotonic() - t0 < min(CAPACITY_SETTLE_S, deadline):
+                    while not _lacking(bundles) and time.monotonic() - t0 < min(CAPACITY_SETTLE_S, deadline):
                         try:
                             ray.get(ready, timeout=1.0)
                             return group
                         except ray.exceptions.GetTimeoutError:
                             pass
-                    print(capacity_note(n, bundle, strategy, capacity_timeout_s), file=sys.stderr, flush=True)
+                    print(capacity_note(self.keys, bundles, strategy, capacity_timeout_s), file=sys.stderr, flush=True)
                     ray.get(ready, timeout=max(0.1, deadline - (time.monotonic() - t0)))
                     print(f"msrl: the cluster holds the job's {n} replicas again after {time.monotonic() - t0:.1f} s "
                           "of waiting; starting them", file=sys.stderr, flush=True)
@@ -919,7 +953,7 @@ class RayJob(Replacements):
             remove_placement_group(group)
             key = ("cluster.capacity_timeout_s" if capacity_timeout_s is not None else "the placement timeout")
             raise PlacementError(
-                f"the placement group of {n} bundles {bundle} ({strategy}) was not placed within {deadline:g} s "
+                f"the placement group of {bundles_text(self.keys, bundles)} ({strategy}) was not placed within {deadline:g} s "
                 f"({key}); the cluster's free resources: {_resources(ray.available_resources())}"
             ) from None
         return group

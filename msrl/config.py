@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from msrl.errors import ConfigError
 
-__all__ = ["ConfigError", "RunConfig", "load_config", "apply_overrides", "parse_overrides", "validate", "build_job_spec", "on_device",
+__all__ = ["ConfigError", "RunConfig", "load_config", "apply_overrides", "parse_overrides", "validate", "per_fragment", "build_job_spec", "on_device",
            "check_population"]
 
 
@@ -175,8 +175,12 @@ class ClusterConfig(_Strict):
         60.0, gt=0, le=3600, description="the longest a join of cluster.address may take, in seconds: nothing "
         "answering there by then is one error line (exit status 2)"
     )
-    cpus_per_replica: float = Field(1.0, gt=0, description="CPUs of each replica's placement-group bundle (its torch/OpenMP threads)")
-    gpus_per_replica: float = Field(0.0, ge=0, description="GPUs of each replica's placement-group bundle")
+    cpus_per_replica: float | dict[str, float] = Field(
+        1.0, description="CPUs of each replica's placement-group bundle (its torch/OpenMP threads): one number for "
+        "every fragment, or fragment name -> CPUs (e.g. {learner: 2}; a fragment not named: 1)")
+    gpus_per_replica: float | dict[str, float] = Field(
+        0.0, description="GPUs of each replica's placement-group bundle: one number for every fragment, or "
+        "fragment name -> GPUs (e.g. {learner: 1}; a fragment not named: 0)")
     strategy: Literal["PACK", "SPREAD"] = Field("PACK", description="placement-group strategy")
     max_restarts: int = Field(
         3, ge=0, description="restarts from the last checkpoint after a replica process dies or hangs (any role)"
@@ -237,6 +241,16 @@ class ClusterConfig(_Strict):
                     "overlapped coarse and of async_learner) at niceness 10, so that the replicas they feed run "
                     "whenever they can: auto (on a machine whose cores the job's replicas outnumber), on, or off",
     )
+
+    @pydantic.field_validator("cpus_per_replica", "gpus_per_replica")
+    @classmethod
+    def _per_replica(cls, value: float | dict[str, float], info: pydantic.ValidationInfo) -> float | dict[str, float]:
+        cpus = info.field_name == "cpus_per_replica"
+        values = value.values() if isinstance(value, dict) else [value]
+        if any(v <= 0 if cpus else v < 0 for v in values):
+            raise ValueError(f"{'CPUs must be > 0' if cpus else 'GPUs must be >= 0'}; valid: a number for every "
+                             "fragment, or fragment name -> number (e.g. {learner: 2})")
+        return value
 
     @pydantic.field_validator("address")
     @classmethod
@@ -501,6 +515,31 @@ def _finite_example(default: Any) -> Any:
     return default if default is not dataclasses.MISSING and _non_finite(default) is None else 0.001
 
 
+def per_fragment(value: float | Mapping[str, float], fragments: Sequence[str], key: str, default: float) -> dict[str, float]:
+    """A per-replica resource (``cluster.cpus_per_replica``, ``gpus_per_replica``) for each fragment.
+
+    Args:
+        value: one number for every fragment, or fragment name -> number.
+        fragments: the policy's fragment names.
+        key: the config key, for the error.
+        default: the number of a fragment ``value`` does not name.
+
+    Returns:
+        fragment name -> number, for every name of ``fragments``.
+
+    Raises:
+        ValueError: ``value`` names a fragment the policy does not have (the message names the
+            valid ones).
+    """
+    if not isinstance(value, Mapping):
+        return {name: float(value) for name in fragments}
+    unknown = sorted(set(value) - set(fragments))
+    if unknown:
+        raise ValueError(f"{key} names fragment(s) {', '.join(unknown)}, which the policy does not have; "
+                         f"its fragments: {', '.join(fragments)}")
+    return {name: float(value.get(name, default)) for name in fragments}
+
+
 def validate(raw: Mapping[str, Any]) -> RunConfig:
     """Validates a config mapping: schema, names of things that must exist, and consistency.
 
@@ -623,9 +662,18 @@ def build_job_spec(cfg: RunConfig) -> Any:
             raise ConfigError(f"fragment {frag.name}: device {frag.device} requested but no CUDA device is available "
                               "on this machine (to run on a cluster's GPUs, set cluster.address or use msrl launch)")
     cores = os.cpu_count() or 1
-    if cfg.cluster.address is None and resolve_runtime(cfg.runtime, policy) == "ray" and cfg.cluster.cpus_per_replica > cores:
-        raise ConfigError(f"cluster.cpus_per_replica={cfg.cluster.cpus_per_replica:g}: each replica runs on this machine, "
-                          f"which has {cores} CPUs; valid: up to {cores} (or set cluster.address to run on a cluster)")
+    names = [f.name for f in policy.fragments]
+    try:
+        cpus = per_fragment(cfg.cluster.cpus_per_replica, names, "cluster.cpus_per_replica", 1.0)
+        per_fragment(cfg.cluster.gpus_per_replica, names, "cluster.gpus_per_replica", 0.0)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if cfg.cluster.address is None and resolve_runtime(cfg.runtime, policy) == "ray":
+        for name, c in cpus.items():
+            if c > cores:
+                key = "cluster.cpus_per_replica" + (f".{name}" if isinstance(cfg.cluster.cpus_per_replica, dict) else "")
+                raise ConfigError(f"{key}={c:g}: each replica runs on this machine, which has {cores} CPUs; "
+                                  f"valid: up to {cores} (or set cluster.address to run on a cluster)")
     env_frag = policy.fragment(policy.fragment_of_role("env"))
     if cfg.env.num_workers is not None and load_backend(env_frag.backend).env_engine(cfg.env.engine) == "sync":
         raise ConfigError(f"env.num_workers={cfg.env.num_workers} sets the process engine's workers (or EnvPool's "

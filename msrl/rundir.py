@@ -36,7 +36,7 @@ __all__ = ["RunLock", "check_runs_dir", "new_run_dir", "atomic_write_text", "wri
 #: ``learn(..., reset_num_timesteps=False)`` does.
 RESUMABLE = ("train.total_env_steps", "train.eval_every", "train.checkpoint_every", "train.stop_at_return",
              "train.progress", "cluster.address", "cluster.connect_timeout_s", "cluster.max_restarts", "cluster.capacity_timeout_s",
-             "cluster.watchdog",
+             "cluster.watchdog", "cluster.cpus_per_replica", "cluster.gpus_per_replica",
              "cluster.replica_timeout_s", "cluster.intra_node",
              "cluster.boundary_transport", "cluster.sync_transport", "cluster.learner_priority", "cluster.on_replica_loss",
              "env.num_workers")
@@ -175,7 +175,7 @@ def check_resumable(saved: RunConfig, cfg: RunConfig, run_dir: str | pathlib.Pat
 def _refuse_fixed(a: dict[str, Any], b: dict[str, Any], diff: Sequence[str], run_dir: str | pathlib.Path) -> None:
     """Raises ConfigError naming the first key of ``diff`` outside :data:`RESUMABLE` (the root of
     a difference first: another algorithm differs in every hyperparameter too)."""
-    fixed = [k for k in diff if k not in RESUMABLE]
+    fixed = [k for k in diff if not any(k == r or k.startswith(r + ".") for r in RESUMABLE)]  # a per-fragment value's keys too
     if fixed:
         roots = ("algorithm.name", "env.id", "distribution_policy.name")
         k = next((r for r in roots if r in fixed), fixed[0])

@@ -121,6 +121,21 @@ def test_resume_with_another_algorithm_names_the_algorithm(tmp_path, capsys):
     assert line.startswith(f"msrl: error: --resume {run}: algorithm.name='dqn' differs from the run's 'ppo' (config.yaml)")
 
 
+def test_a_resume_may_move_the_bundles_per_fragment_but_not_what_the_run_computes():
+    """``cluster.cpus_per_replica`` / ``gpus_per_replica`` (a number or per fragment) are
+    placement, as ``cluster.address`` is: a resume may change them, never a hyperparameter."""
+    from msrl.rundir import check_resumable
+
+    config = ROOT / "configs/impala_cartpole.yaml"
+    saved = load_config(config)
+    moved = load_config(config, ["cluster.cpus_per_replica={learner: 2}", "cluster.gpus_per_replica.learner=1"])
+    assert check_resumable(saved, moved, "runs/x") == ["cluster.cpus_per_replica", "cluster.cpus_per_replica.learner",
+                                                       "cluster.gpus_per_replica", "cluster.gpus_per_replica.learner"]
+    with pytest.raises(ConfigError, match=r"--resume runs/x: algorithm.hparams.clip_coef=0.1 differs from the run's None"):
+        check_resumable(saved, load_config(config, ["cluster.cpus_per_replica.learner=2", "algorithm.hparams.clip_coef=0.1"]),
+                        "runs/x")
+
+
 @pytest.mark.parametrize("config, over, match", [
     ("a2c_cartpole.yaml", ["distribution_policy.name=async_learner"],
      "algorithm.name=a2c under distribution_policy.name=async_learner (weights: latest): the actors act with weights "

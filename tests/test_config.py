@@ -91,6 +91,11 @@ def test_overrides_are_applied_and_typed():
          "and learner are fifo queues, one per env replica"),
         (["distribution_policy.name=single_learner_coarse", "cluster.cpus_per_replica=100000"],
          "cluster.cpus_per_replica=100000: each replica runs on this machine, which has"),
+        (["distribution_policy.name=single_learner_coarse", "cluster.cpus_per_replica.learner=100000"],
+         "cluster.cpus_per_replica.learner=100000: each replica runs on this machine, which has"),
+        (["distribution_policy.name=async_learner", "cluster.cpus_per_replica={learnr: 2}"],
+         "cluster.cpus_per_replica names fragment(s) learnr, which the policy does not have; its fragments: actor, learner"),
+        (["cluster.gpus_per_replica={learner: -1}"], "cluster.gpus_per_replica={'learner': -1}: GPUs must be >= 0"),
         (["train.total_env_steps=100"], "train.total_env_steps=100: less than one iteration, which is 256 env steps "
                                         "for this job (env.num_envs=16); a run trains whole iterations within its "
                                         "budget: set at least 256"),

@@ -421,6 +421,42 @@ def test_a_cuda_fragment_without_a_gpu_bundle_is_a_placement_error(spec_factory)
         RayJob(spec)
 
 
+def test_per_fragment_bundles_give_each_fragment_its_cpus_and_threads(ray_of_4_cpus, spec_factory):
+    """``cpus_per_replica={"learner": 2}``: the learner's bundle holds 2 CPUs and its process 2
+    torch threads, every actor's 1 (RLlib's per-learner and per-env-runner CPUs); a mapping the
+    cluster cannot hold names each fragment's bundle; a fragment the policy lacks is refused."""
+    from msrl.cluster.ray_runtime import PlacementError, RayJob
+
+    spec = spec_factory("async_learner")  # 2 actor replicas and a learner
+    job = RayJob(spec, cpus_per_replica={"learner": 2})
+    try:
+        assert job.bundles == [{"CPU": 1.0}, {"CPU": 1.0}, {"CPU": 2.0}]
+        rows = {(r["fragment"], r["replica"]): r for r in job.replica_table()}
+        assert {k: r["threads"] for k, r in rows.items()} == {("actor", 0): 1, ("actor", 1): 1, ("learner", 0): 2}
+        job.reset()
+        assert job.run(2)[-1]["output"] is not None
+    finally:
+        job.close()
+    with pytest.raises(PlacementError, match=r"^3 replicas \(3 bundles \(actor: 1 CPU x2, learner: 3 CPU\), "
+                                             r"cluster.cpus_per_replica\) need 5 CPUs; the Ray cluster has 4$"):
+        RayJob(spec, cpus_per_replica={"learner": 3})
+    with pytest.raises(ValueError, match=r"cluster.cpus_per_replica names fragment\(s\) learnr, which the policy does "
+                                         r"not have; its fragments: actor, learner"):
+        RayJob(spec, cpus_per_replica={"learnr": 2})
+
+
+def test_a_per_fragment_gpu_bundle_is_checked_against_the_cuda_fragments(spec_factory):
+    """``gpus_per_replica`` per fragment: a CUDA fragment it leaves without a GPU is refused
+    before Ray starts, naming the fragment and the mapping."""
+    from msrl.cluster.ray_runtime import PlacementError, RayJob
+
+    spec = spec_factory("single_learner_coarse")
+    spec = dataclasses.replace(spec, policy=spec.policy.with_overrides(devices={"learner": "cuda:0"}))
+    with pytest.raises(PlacementError, match=r"fragment\(s\) learner hold CUDA tensors but cluster.gpus_per_replica "
+                                             r"gives them none \(\{'actor': 1\}\).*\{learner: 1\}"):
+        RayJob(spec, gpus_per_replica={"actor": 1})
+
+
 @pytest.mark.parametrize("transport", ["auto", "grpc"])
 def test_overlapped_coarse_streams_between_its_processes(ray_local, spec_factory, transport):
     """Coarse with its boundaries made asynchronous, on Ray: the consumers' servers are Unix
