@@ -28,8 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from msrl.errors import ConfigError
 
-__all__ = ["ConfigError", "RunConfig", "load_config", "apply_overrides", "parse_overrides", "validate", "per_fragment", "build_job_spec", "on_device",
-           "check_population"]
+__all__ = ["ConfigError", "RunConfig", "load_config", "apply_overrides", "parse_overrides", "validate", "per_fragment", "build_job_spec",
+           "on_device", "check_population"]
 
 
 class _Strict(BaseModel):
