@@ -172,7 +172,7 @@ class UdsServer:
         #: replica of ``producer`` greets with its own server's ``address`` (an elastic job:
         #: this replica's streams to it reopen there, :meth:`~msrl.cluster.frames.StreamTransport.rejoin`)
         self.on_rejoin: Any = None
-        mailbox.pump, mailbox.wake = self.pump, self.wake
+        mailbox.pump, mailbox.wake, mailbox.partial = self.pump, self.wake, self.partial
         grpc_credit = mailbox.on_take  # producers on other machines: the gRPC server's credits
         mailbox.on_take = lambda b, p: self.credit(b, p) or (grpc_credit is not None and grpc_credit(b, p))
         self._acceptor = threading.Thread(target=self._accept, daemon=True, name=f"msrl-uds-accept-{fragment}{replica}")
@@ -329,6 +329,11 @@ class UdsServer:
             os.write(self._wake_w, b"w")
         except OSError:
             pass  # full (a wake is pending anyway) or closed
+
+    def partial(self) -> bool:
+        """Whether a producer's stream has a frame partly read."""
+        with self._lock:
+            return any(c.reader.buf for c in self._conns.values())
 
     def pump(self, timeout_s: float) -> None:
         """Waits up to ``timeout_s`` for bytes on any producer's stream and delivers every

@@ -234,6 +234,59 @@ def test_latest_versions_are_coalesced_while_the_consumer_does_not_read():
         server.stop()
 
 
+def test_a_latest_value_on_the_wire_is_read_whole_by_the_next_get():
+    """Weights larger than the socket's buffer (16 MiB; Pong's Nature CNN is 6.8 MB): once the
+    producer has published a version, the consumer's next ``get`` returns it, though it arrives
+    over many reads of the socket, not the version before (read a buffer per ``get``, A3C's
+    actors on Pong acted with weights 6-7 versions old)."""
+    bs = [latest()]
+    token = secrets.token_urlsafe(16)
+    mailbox = Mailbox({}, timeout_s=120)
+    server = UdsServer(bs, "actor", 0, mailbox, token, max_message=1 << 26)
+    transport = ProcessTransport(bs, "learner", 0, {("actor", 0): server.address}, token)
+    try:
+        learner = AsyncEndpoint(bs, "learner", 0, Mailbox({}), transport)
+        reader = AsyncEndpoint(bs, "actor", 0, mailbox, None)
+        big = torch.arange(4 << 20, dtype=torch.float32)
+        for v in range(4):
+            learner.put(WEIGHTS, big + v)
+            assert torch.equal(reader.get(WEIGHTS), big + v)
+            assert reader.read_versions[WEIGHTS] == v + 1
+    finally:
+        transport.close()
+        server.stop()
+
+
+def test_a_producer_stalled_mid_frame_costs_a_get_its_deadline_and_the_newest_whole_version(monkeypatch):
+    """A producer that sends part of a ``latest`` frame and stops: ``get`` reads on for at most
+    ``LATEST_WIRE_S``, then returns the newest whole version it has."""
+    monkeypatch.setattr("msrl.runtime.asynchronous.LATEST_WIRE_S", 0.2)
+    bs = [latest()]
+    token = secrets.token_urlsafe(16)
+    mailbox = Mailbox({}, timeout_s=120)
+    server = UdsServer(bs, "actor", 0, mailbox, token, max_message=1 << 20)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(server.path)
+        hello = encode_hello(token, "learner/0")
+        whole = encode_frame(LATEST, 0, 0, 1, {}, _msg(7))
+        cut = encode_frame(LATEST, 0, 0, 2, {}, _msg(8))
+        sock.sendall(struct.pack("<I", len(hello)) + hello + struct.pack("<I", len(whole)) + whole
+                     + struct.pack("<I", len(cut)) + cut[: len(cut) // 2])
+        reader = AsyncEndpoint(bs, "actor", 0, mailbox, None)
+        assert int(reader.get(WEIGHTS)) == 7  # the first version: waited for
+        assert server.partial()  # the second is half here
+        assert int(reader.get(WEIGHTS)) == 7 and reader.read_versions[WEIGHTS] == 1
+        sock.sendall(cut[len(cut) // 2:])
+        deadline = time.monotonic() + 300
+        while int(reader.get(WEIGHTS)) != 8 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert reader.read_versions[WEIGHTS] == 2 and not server.partial()
+    finally:
+        sock.close()
+        server.stop()
+
+
 def test_a_producer_reconnects_after_its_consumer_restarts(tmp_path):
     """The learner's server goes away and comes back on the same socket path: the producer's
     in-flight item is dropped and counted, its stream reopens, and later items arrive."""

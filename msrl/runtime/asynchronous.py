@@ -61,6 +61,10 @@ from msrl.runtime.values import copy_value, deliver, payload_bytes
 __all__ = ["ChannelClosed", "Item", "Mailbox", "AsyncTransport", "AsyncEndpoint", "LocalTransport"]
 
 _POLL_S = 0.05
+#: the longest :meth:`Mailbox.newest` reads on for a frame partly read (a producer that stalls
+#: mid-frame costs its reader this once; the newest whole version is returned then)
+LATEST_WIRE_S = 1.0
+_WIRE_POLL_S = 0.005
 
 
 @dataclasses.dataclass
@@ -108,6 +112,9 @@ class Mailbox:
         self._cond = threading.Condition(threading.Lock())
         self.pump: Callable[[float], None] | None = None
         self.wake: Callable[[], None] | None = None
+        #: whether the transport :attr:`pump` reads holds a frame partly read (a big ``latest``
+        #: value, a CNN's weights, arrives over many pumps: the kernel's socket buffer is ~200 KB)
+        self.partial: Callable[[], bool] | None = None
         self._pumping: int | None = None  # the thread pumping now
         self._fifo: dict[tuple[str, int], collections.deque[Item]] = collections.defaultdict(collections.deque)
         self._slot: dict[tuple[str, int], tuple[int, Any]] = {}
@@ -330,6 +337,12 @@ class Mailbox:
         with BATON.released(), self._cond:
             if self.pump is not None and key in self._slot:
                 self._pump(0.0)  # versions already sent, not yet read
+                # and a version on the wire: read it whole (its sender is writing it now), or the
+                # reader gets one ~200 KB socket buffer of it per read and acts with weights
+                # many versions old (A3C on Pong: 6.8 MB of weights, a lag of 6-7 updates)
+                deadline = time.monotonic() + LATEST_WIRE_S
+                while self.partial is not None and self.partial() and time.monotonic() < deadline:
+                    self._pump(_WIRE_POLL_S)
             what = (f"boundary {boundary} (first value from replica {producer})" if not after else
                     f"boundary {boundary} (a version after {after} from replica {producer})")
             self._wait(lambda: key in self._slot and self._slot[key][0] > after, what)
