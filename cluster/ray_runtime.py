@@ -922,7 +922,7 @@ class RayJob(Replacements):
                 have = ray.cluster_resources().get(res, 0)
                 if need > have:
                     key = {"CPU": "cpus_per_replica", "GPU": "gpus_per_replica"}[res]
-                    per = {f"{b[res]:g}" for b in bundles}
+                    per = {f"{b.get(res, 0):g}" for b in bundles}
                     each = f"x cluster.{key}={per.pop()}" if len(per) == 1 else f"({bundles_text(self.keys, bundles)}, cluster.{key})"
                     raise PlacementError(f"{n} replicas {each} need {need:g} {res}s; the Ray cluster has {have:g}")
         deadline = placement_timeout_s if capacity_timeout_s is None else capacity_timeout_s
