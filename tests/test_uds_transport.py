@@ -5,6 +5,7 @@ server serves the legitimate producer), the socket's private directory and no TC
 a value larger than the socket's buffer, coalesced ``latest`` versions, reconnection after the
 consumer restarts. Its semantics suite is tests/test_async_channels.py's (transport ``uds``)."""
 
+import contextlib
 import dataclasses
 import os
 import secrets
@@ -207,31 +208,37 @@ def test_a_value_larger_than_the_socket_buffer_does_not_wait_for_the_consumer():
         server.stop()
 
 
+@contextlib.contextmanager
+def _weights_link(max_message):
+    """A learner publishing a ``latest`` slot to an actor's Unix-socket server: yields the
+    learner's endpoint, the actor's reading endpoint and the learner's transport."""
+    bs = [latest()]
+    token = secrets.token_urlsafe(16)
+    mailbox = Mailbox({}, timeout_s=120)
+    server = UdsServer(bs, "actor", 0, mailbox, token, max_message=max_message)
+    transport = ProcessTransport(bs, "learner", 0, {("actor", 0): server.address}, token)
+    try:
+        yield AsyncEndpoint(bs, "learner", 0, Mailbox({}), transport), AsyncEndpoint(bs, "actor", 0, mailbox, None), transport
+    finally:
+        transport.close()
+        server.stop()
+
+
 def test_latest_versions_are_coalesced_while_the_consumer_does_not_read():
     """A slot published 200 times (64 KiB each) to a consumer that reads nothing meanwhile: the
     producer never waits, and what it holds stays bounded (an unsent version is replaced); the
     consumer then reads the newest."""
-    bs = [latest()]
-    token = secrets.token_urlsafe(16)
-    mailbox = Mailbox({}, timeout_s=120)
-    server = UdsServer(bs, "actor", 0, mailbox, token, max_message=1 << 20)
-    transport = ProcessTransport(bs, "learner", 0, {("actor", 0): server.address}, token)
-    try:
-        learner = AsyncEndpoint(bs, "learner", 0, Mailbox({}), transport)
+    with _weights_link(1 << 20) as (learner, reader, transport):
         t0 = time.monotonic()
         for v in range(200):
             learner.put(WEIGHTS, torch.full((1 << 14,), float(v)))
         assert time.monotonic() - t0 < 60  # nobody reads: a put that waited would wait for ever
         stream = next(iter(transport._streams.values()))
         assert sum(1 for e in stream.pending if e[0] == "latest") <= 2
-        reader = AsyncEndpoint(bs, "actor", 0, mailbox, None)
         deadline = time.monotonic() + 300
         while float(reader.get(WEIGHTS)[0]) != 199 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert reader.read_versions[WEIGHTS] == 200
-    finally:
-        transport.close()
-        server.stop()
 
 
 def test_a_latest_value_on_the_wire_is_read_whole_by_the_next_get():
@@ -239,22 +246,12 @@ def test_a_latest_value_on_the_wire_is_read_whole_by_the_next_get():
     producer has published a version, the consumer's next ``get`` returns it, though it arrives
     over many reads of the socket, not the version before (read a buffer per ``get``, A3C's
     actors on Pong acted with weights 6-7 versions old)."""
-    bs = [latest()]
-    token = secrets.token_urlsafe(16)
-    mailbox = Mailbox({}, timeout_s=120)
-    server = UdsServer(bs, "actor", 0, mailbox, token, max_message=1 << 26)
-    transport = ProcessTransport(bs, "learner", 0, {("actor", 0): server.address}, token)
-    try:
-        learner = AsyncEndpoint(bs, "learner", 0, Mailbox({}), transport)
-        reader = AsyncEndpoint(bs, "actor", 0, mailbox, None)
+    with _weights_link(1 << 26) as (learner, reader, _):
         big = torch.arange(4 << 20, dtype=torch.float32)
         for v in range(4):
             learner.put(WEIGHTS, big + v)
             assert torch.equal(reader.get(WEIGHTS), big + v)
             assert reader.read_versions[WEIGHTS] == v + 1
-    finally:
-        transport.close()
-        server.stop()
 
 
 def test_a_producer_stalled_mid_frame_costs_a_get_its_deadline_and_the_newest_whole_version(monkeypatch):
