@@ -48,7 +48,7 @@ from msrl.api import (
 )
 from msrl.rl.actors import ActorCriticActor
 from msrl.rl.buffers import RolloutBuffer
-from msrl.rl.losses import actor_critic_loss
+from msrl.rl.losses import actor_critic_loss, rollout_next_values
 from msrl.rl.networks import ACTION_SPACES, OBSERVATION_SPACES, ActorCritic, build_actor_critic
 from msrl.rl.optim import RMSpropTF
 
@@ -124,8 +124,11 @@ class A3CWorker(ActorCriticActor):
         """
         hp, net = self.hp, self.net
         with torch.enable_grad():
+            # the rollout's values are this copy's (its weights change only after the push):
+            # the critic runs on the last row's next observations alone
             loss, losses = actor_critic_loss(net, batch, gamma=hp.gamma, gae_lambda=hp.gae_lambda, norm_adv=hp.norm_adv,
-                                             vf_coef=hp.vf_coef, ent_coef=hp.ent_coef)
+                                             vf_coef=hp.vf_coef, ent_coef=hp.ent_coef,
+                                             next_values=rollout_next_values(net, batch))
             if loss.device.type == "cpu" and not torch.isfinite(loss):
                 raise FloatingPointError(f"loss is {loss.item()}; no gradients were pushed")
             grads = torch.autograd.grad(loss, list(net.parameters()))

@@ -122,6 +122,51 @@ def test_the_learner_gets_the_mean_of_every_actors_gradients_bit_for_bit(monkeyp
         assert not all(torch.equal(g0[k], g1[k]) for k in g0)  # two rollouts, two gradients
 
 
+def test_a3c_bootstraps_from_its_rollouts_values_and_from_final_observations_where_truncated():
+    """A3C's actors take ``V(s'_t)`` from the rollout's own values (computed by the same copy)
+    and run the critic only on the last row's next observations and the final observations of
+    truncated episodes: the same values, loss and gradients as the critic over every
+    ``next_obs``, to float rounding."""
+    import gymnasium
+    import numpy as np
+    from tensordict import TensorDict
+
+    from msrl.rl.losses import actor_critic_loss, rollout_next_values
+    from msrl.rl.networks import ActorCritic
+
+    torch.manual_seed(0)
+    net = ActorCritic(gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32), gymnasium.spaces.Discrete(2), (8,))
+    T, N = 5, 3
+    states = torch.randn(T + 1, N, 4)
+    terminated, truncated = torch.zeros(T, N, dtype=torch.bool), torch.zeros(T, N, dtype=torch.bool)
+    terminated[1, 0] = True  # ends: states[2, 0] is a reset observation
+    truncated[2, 1] = True   # cut by a time limit: bootstrapped from its final observation
+    truncated[T - 1, 2] = True
+    next_obs = states[1:].clone()
+    next_obs[2, 1] = torch.randn(4)  # the final observations the env reported
+    next_obs[T - 1, 2] = torch.randn(4)
+    next_obs[1, 0] = torch.randn(4)
+    with torch.no_grad():  # the values the actor recorded as it acted, one step at a time
+        value = torch.stack([net.value(states[t]) for t in range(T)])
+    batch = TensorDict({"obs": states[:T], "action": torch.randint(0, 2, (T, N)), "value": value,
+                        "reward": torch.randn(T, N), "terminated": terminated, "truncated": truncated,
+                        "next_obs": next_obs}, batch_size=[T, N])
+    with torch.no_grad():
+        full = net.value(next_obs.flatten(0, 1)).view(T, N)
+    got = rollout_next_values(net, batch)
+    live = ~terminated
+    torch.testing.assert_close(got[live], full[live], rtol=0, atol=1e-6)
+    assert not torch.allclose(full[2, 1], value[3, 1])  # the final observation's value, not the next row's
+    kw = dict(gamma=0.99, gae_lambda=1.0, norm_adv=False, vf_coef=0.25, ent_coef=0.01)
+    loss_full, _ = actor_critic_loss(net, batch, **kw)
+    loss_cheap, _ = actor_critic_loss(net, batch, **kw, next_values=got)
+    torch.testing.assert_close(loss_cheap, loss_full, rtol=0, atol=1e-6)
+    grads_full = torch.autograd.grad(loss_full, list(net.parameters()))
+    grads_cheap = torch.autograd.grad(loss_cheap, list(net.parameters()))
+    for a, b in zip(grads_cheap, grads_full):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
 def test_a3c_under_single_equals_coarse_with_one_actor_bitwise():
     def run(spec):
         job = Job(spec)

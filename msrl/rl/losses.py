@@ -13,8 +13,8 @@ import torch
 
 from msrl.advantages import gae
 
-__all__ = ["clipped_surrogate_loss", "clipped_value_loss", "normalize_advantages", "actor_critic_loss", "ppo_loss",
-           "ppo_epochs", "explained_variance", "shuffled_minibatches"]
+__all__ = ["clipped_surrogate_loss", "clipped_value_loss", "normalize_advantages", "actor_critic_loss",
+           "rollout_next_values", "ppo_loss", "ppo_epochs", "explained_variance", "shuffled_minibatches"]
 
 
 def normalize_advantages(advantages: torch.Tensor) -> torch.Tensor:
@@ -25,8 +25,45 @@ def normalize_advantages(advantages: torch.Tensor) -> torch.Tensor:
     return (advantages - advantages.mean()) / (advantages.std() + 1e-8)
 
 
+def rollout_next_values(net: Any, batch: Any) -> torch.Tensor:
+    """``V(s'_t)`` for a rollout whose ``value`` column the same weights as ``net``'s computed
+    (an A3C actor's: its copy does not change between acting and taking the gradients).
+
+    ``s'_t`` is ``s_{t+1}`` wherever step ``t`` did not end its episode, so ``V(s'_t)`` is the
+    rollout's own ``value[t + 1]`` there; the critic runs only on the last row's next
+    observations ``(N, *obs_shape)`` and on the final observations of episodes truncated before
+    the last row (bootstrapped from, :func:`~msrl.advantages.gae`). A terminated row keeps
+    ``value[t + 1]`` (the reset observation's), which GAE multiplies by 0. The same values as
+    ``net.value(next_obs)`` over all ``T * N`` rows to float rounding (the critic's batch differs),
+    at a ``1 / T`` of its cost: what SB3's A2C bootstraps with.
+
+    Args:
+        net: an actor-critic with ``value(obs) -> (B,)``.
+        batch: a TensorDict of batch size ``(T, N)`` with ``value`` ``(T, N)`` float32,
+            ``next_obs`` ``(T, N, *obs_shape)`` and ``truncated`` ``(T, N)`` bool.
+
+    Returns:
+        ``(T, N)`` float32, without autograd history.
+
+    Note:
+        The truncated rows are found on the host (one read of a ``(T - 1, N)`` bool): on a CUDA
+        device, where that read is a sync, the critic runs on all ``T * N`` next observations.
+    """
+    T, N = batch.batch_size
+    with torch.no_grad():
+        if batch["value"].device.type != "cpu":
+            return net.value(batch["next_obs"].flatten(0, 1)).view(T, N)
+        next_values = torch.cat([batch["value"][1:], net.value(batch["next_obs"][-1]).view(1, N)])
+        truncated = batch["truncated"][:-1]
+        if bool(truncated.any()):
+            rows = truncated.nonzero(as_tuple=True)
+            next_values[rows] = net.value(batch["next_obs"][:-1][rows])
+    return next_values
+
+
 def actor_critic_loss(net: Any, batch: Any, *, gamma: float, gae_lambda: float, norm_adv: bool, vf_coef: float,
-                      ent_coef: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                      ent_coef: float, next_values: torch.Tensor | None = None,
+                      ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The advantage actor-critic loss of one rollout (Mnih et al. 2016, "Asynchronous Methods for
     Deep Reinforcement Learning", Algorithm S3, with GAE's advantages, Schulman et al. 2016)::
 
@@ -41,14 +78,17 @@ def actor_critic_loss(net: Any, batch: Any, *, gamma: float, gae_lambda: float, 
             ``value``, ``next_obs``, ``terminated``, ``truncated`` (:class:`~msrl.rl.buffers.RolloutBuffer`).
         gamma, gae_lambda: GAE's; norm_adv: :func:`normalize_advantages` over the rollout;
         vf_coef, ent_coef: the value loss's and the entropy bonus's weights.
+        next_values: ``V(s'_t)`` ``(T, N)`` when the caller has them (:func:`rollout_next_values`);
+            ``None``: the critic runs on ``next_obs``.
 
     Returns:
         ``(loss, terms)``: the 0-d loss (differentiable in ``net``'s parameters) and
         ``losses/policy_loss``, ``losses/value_loss``, ``losses/entropy`` (detached).
     """
     T, N = batch.batch_size
-    with torch.no_grad():
-        next_values = net.value(batch["next_obs"].flatten(0, 1)).view(T, N)
+    if next_values is None:
+        with torch.no_grad():
+            next_values = net.value(batch["next_obs"].flatten(0, 1)).view(T, N)
     advantages, returns = gae(batch["reward"], batch["value"], next_values, batch["terminated"], batch["truncated"], gamma,
                               gae_lambda)
     b_adv = normalize_advantages(advantages.flatten()) if norm_adv else advantages.flatten()
