@@ -125,7 +125,7 @@ class A3CWorker(ActorCriticActor):
         hp, net = self.hp, self.net
         with torch.enable_grad():
             # the rollout's values are this copy's (its weights change only after the push):
-            # the critic runs on the last row's next observations alone
+            # the critic runs only on the last row's next observations and truncated episodes' final ones
             loss, losses = actor_critic_loss(net, batch, gamma=hp.gamma, gae_lambda=hp.gae_lambda, norm_adv=hp.norm_adv,
                                              vf_coef=hp.vf_coef, ent_coef=hp.ent_coef,
                                              next_values=rollout_next_values(net, batch))

@@ -26,8 +26,8 @@ def normalize_advantages(advantages: torch.Tensor) -> torch.Tensor:
 
 
 def rollout_next_values(net: Any, batch: Any) -> torch.Tensor:
-    """``V(s'_t)`` for a rollout whose ``value`` column the same weights as ``net``'s computed
-    (an A3C actor's: its copy does not change between acting and taking the gradients).
+    """``V(s'_t)`` for a rollout whose ``value`` column was computed with ``net``'s current
+    weights (an A3C actor's: its copy does not change between acting and taking the gradients).
 
     ``s'_t`` is ``s_{t+1}`` wherever step ``t`` did not end its episode, so ``V(s'_t)`` is the
     rollout's own ``value[t + 1]`` there; the critic runs only on the last row's next
