@@ -158,7 +158,8 @@ def hierarchical_row(address: str, intra: str, nodes: int, iterations: int) -> N
     ``cluster.intra_node=intra``."""
     import collections
 
-    from msrl.cluster.ray_runtime import RayJob, init_ray
+    from msrl.cluster.bootstrap import init_ray
+    from msrl.cluster.ray_runtime import RayJob
     from msrl.config import build_job_spec, load_config
     from msrl.runtime.values import same_bits
 
@@ -204,7 +205,7 @@ def main() -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "bench"), os.environ.get("PYTHONPATH", "")])
     import ray
 
-    from msrl.cluster.ray_runtime import init_ray
+    from msrl.cluster.bootstrap import init_ray
 
     init_ray(None, max(os.cpu_count() or 1, max(args.replicas) + 1))
     print(f"# {platform.node()}: {os.cpu_count()} cores; IMPALA async_learner, SleepCartPole-v1 "

@@ -15,7 +15,7 @@ Rows (medians over ``--repeats`` runs, each a fresh process):
   eval.episodes=1``, whole process (the acceptance row: <= 1.3x ``import torch``);
 * the floor of a plain torch PPO script's start-up: ``import torch, gymnasium``, CartPole's
   vector env and the same actor-critic's Adam optimiser built (which imports TorchDynamo in
-  torch 2.13, as msrl's learner did before ``msrl._lean_imports.lean_optimizers``);
+  torch 2.13, as msrl's learner did before ``msrl.startup.own_process``);
 * with ``--solved-seeds``: the whole process from the command until the main job is solved
   (an evaluation every 5,000 env steps reaches 475 and the run stops), per seed.
 

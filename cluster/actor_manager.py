@@ -120,7 +120,7 @@ class ReplicaGroup:
         return self.actors[i]
 
     def relocate(self, key: tuple[str, int], info: Mapping[str, Any], node_id: str) -> None:
-        """Notes the new process of replica ``key`` (its :meth:`~msrl.cluster.ray_runtime.ReplicaActor.info`)."""
+        """Notes the new process of replica ``key`` (its :meth:`~msrl.cluster.replica_actor.ReplicaActor.info`)."""
         old = self.peers.get(key, {})
         if old.get("pid") in self._local_pids:
             self._local_pids.remove(old["pid"])
@@ -132,7 +132,7 @@ class ReplicaGroup:
 
     def locate(self, peers: Mapping[tuple[str, int], Mapping[str, Any]], node_id: str) -> None:
         """Notes which replica processes run on this node (``node_id``): :meth:`kill` waits for
-        them. ``peers``: each key's :meth:`~msrl.cluster.ray_runtime.ReplicaActor.info`."""
+        them. ``peers``: each key's :meth:`~msrl.cluster.replica_actor.ReplicaActor.info`."""
         self.peers = dict(peers)
         self._local_pids = [p["pid"] for p in peers.values() if p["node_id"] == node_id]
 

@@ -19,7 +19,7 @@ kind       serves                                 module
 =========  =====================================  ==============================================
 
 Synchronous boundaries and all-reduces go over ``torch.distributed`` (Gloo, NCCL) and shared
-memory (:mod:`msrl.runtime.shm`), chosen in :class:`~msrl.cluster.ray_runtime.ReplicaActor`'s
+memory (:mod:`msrl.runtime.shm`), chosen in :class:`~msrl.cluster.replica_actor.ReplicaActor`'s
 ``init_process_group``.
 """
 

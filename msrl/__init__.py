@@ -13,15 +13,15 @@ help and config errors come before torch is loaded.) The errors a run raises are
 ``msrl.ConfigError`` (bad input), ``msrl.TraceError`` and ``msrl.PartitionError`` (code the
 tracer or the policy cannot honour), ``msrl.TrainingStopped`` (a NaN, dead replicas) and
 ``msrl.TrainingInterrupted`` (Ctrl-C; the last checkpoint is kept).
+
+Importing msrl changes nothing outside msrl: torch, ``torch.optim`` and tensordict stay as they
+are. The start-up shortcuts of :mod:`msrl.startup` run only in the processes msrl owns (the
+``msrl`` command, Ray replica processes), or in yours with ``msrl.train(..., own_process=True)``.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-from msrl._lean_imports import install as _install_lean_imports
-
-_install_lean_imports()  # tensordict without TorchDynamo (msrl never compiles): see msrl/_lean_imports.py
 
 __all__ = ["train", "load", "evaluate", "TrainedPolicy", "TrainResult", "MsrlError", "InputError", "ConfigError",
            "TraceError", "PartitionError", "TrainingStopped", "TrainingInterrupted"]

@@ -33,10 +33,6 @@ import gymnasium
 import torch
 from annotated_types import Ge, Gt, Le, MinLen
 
-from msrl._lean_imports import lean_optimizers
-
-lean_optimizers()  # torch.optim without TorchDynamo while nothing compiles: see msrl/_lean_imports.py
-
 __all__ = [
     "PositiveInt",
     "NonNegativeInt",

@@ -24,7 +24,7 @@ import math
 import pathlib
 import signal
 import sys
-from typing import Callable, NoReturn
+from typing import Any, Callable, NoReturn
 
 from msrl.errors import MsrlError
 
@@ -47,6 +47,8 @@ def _train(args: argparse.Namespace) -> int:
         raise ConfigError("msrl train needs a CONFIG (a YAML file), or --resume RUN_DIR")
     else:
         cfg = load_config(configs[0], overrides)  # config errors before torch is imported
+    if args.owned:  # the msrl command: its start-up shortcuts, now that the config says whether it compiles
+        _own_process(cfg)
 
     if args.supervise:
         from msrl.config import resolve_runtime
@@ -59,6 +61,14 @@ def _train(args: argparse.Namespace) -> int:
 
             return supervised(lambda: _classified(lambda: _train_run(cfg, args)))
     return _train_run(cfg, args)
+
+
+def _own_process(cfg: Any) -> None:
+    """The ``msrl`` command's process is msrl's own: :func:`msrl.startup.own_process`, unless
+    the job compiles a fragment."""
+    from msrl.startup import job_compiles, own_process
+
+    own_process(compiles=job_compiles(cfg.distribution_policy.compile))
 
 
 def _format_return(value: float) -> str:
@@ -93,6 +103,10 @@ def _launch(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     from msrl.python_api import evaluate, load
 
+    if args.owned:  # an evaluation compiles nothing
+        from msrl.startup import own_process
+
+        own_process()
     policy = load(args.run_dir)
     returns = evaluate(policy, args.episodes, args.seed)
     mean = sum(returns) / len(returns)
@@ -116,6 +130,8 @@ def _graph(args: argparse.Namespace) -> int:
     from msrl.runtime.replica import FragmentError
 
     cfg = load_config(args.config, args.overrides)
+    if args.owned:
+        _own_process(cfg)
     population = cfg.population
     if population is not None:  # the members' job: member 0's config
         from msrl.population import member_configs
@@ -206,8 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     # the command line (argv None) watches a Ray run's driver from a parent process; a call
     # from Python (main([...]), the tests) runs in the caller's process
     args.supervise = argv is None
-    if argv is None:  # this process is msrl's own: no collector during start-up nor at exit (msrl/_lean_imports.py)
-        from msrl._lean_imports import defer_gc, freeze_before_exit
+    args.owned = argv is None  # the command's process is msrl's own (msrl/startup.py); a caller's is not
+    if argv is None:  # this process is msrl's own: no collector during start-up nor at exit (msrl/startup.py)
+        from msrl.startup import defer_gc, freeze_before_exit
 
         defer_gc()
         for sig in (signal.SIGTERM, signal.SIGHUP):  # stop as Ctrl-C stops: checkpoint kept, resume line, status 130

@@ -10,7 +10,6 @@ import sys
 import time
 from typing import Any
 
-from msrl._lean_imports import resume_gc
 from msrl.checkpoints import CHECKPOINT, CheckpointError, Progress, read_checkpoint, save_checkpoint
 from msrl.config import RunConfig
 from msrl.evaluation import evaluate_job
@@ -20,6 +19,7 @@ from msrl.outcome import ReplicaLost, TrainingInterrupted, TrainingStopped, Trai
 from msrl.rundir import RunLock, atomic_write_text, new_run_dir, write_config
 from msrl.runtime.interface import JobRuntime
 from msrl.runtime.replica import FragmentError, ReplicaDied
+from msrl.startup import resume_gc
 from msrl.supervisor import report
 
 __all__ = ["TrainingLoop"]
@@ -103,7 +103,7 @@ class TrainingLoop:
 
     def run(self) -> TrainResult:
         """Trains to the end of the budget (or the threshold), then evaluates and reports."""
-        resume_gc()  # start-up is over: the collector back on for the loop (msrl/_lean_imports.py)
+        resume_gc()  # start-up is over: the collector back on for the loop (msrl/startup.py)
         try:
             iter_s = None
             while self.job.iteration < self.spec.num_iterations:

@@ -39,7 +39,8 @@ def _config(config: Any, overrides: Mapping[str, Any]) -> Any:
     return validate(set_values(config, [(key.replace("__", ".").split("."), value) for key, value in overrides.items()]))
 
 
-def train(config: Any = None, /, *, resume: str | pathlib.Path | None = None, **overrides: Any) -> Any:
+def train(config: Any = None, /, *, resume: str | pathlib.Path | None = None, own_process: bool = False,
+          **overrides: Any) -> Any:
     """Trains a job and returns its :class:`~msrl.outcome.TrainResult` (``run_dir``,
     ``eval_returns``/``eval_mean``, ``env_steps``, ``time_s``, ``metrics()``).
 
@@ -47,6 +48,12 @@ def train(config: Any = None, /, *, resume: str | pathlib.Path | None = None, **
         config: a YAML config's path, the same content as a mapping, or a
             :class:`~msrl.config.RunConfig`; optional with ``resume`` (the run's own config).
         resume: a run directory to continue from its last checkpoint (``msrl train --resume``).
+        own_process: give this process the ``msrl`` command's start-up shortcuts
+            (:func:`msrl.startup.own_process`: tensordict without its compile marks and
+            ``torch.optim`` without TorchDynamo's wrappers, for the rest of the process; about
+            as long as ``import torch`` saved). Off by default: without it, training changes
+            nothing of torch, ``torch.optim`` or tensordict in your process. Ignored (plain
+            torch) where the job compiles a fragment or the torch release is untested.
         **overrides: config keys with ``__`` for ``.`` (``seed=3``,
             ``train__total_env_steps=100_000``), or dotted keys passed as ``**{"env.num_envs": 8}``;
             with ``resume``, only budget-like keys (:data:`msrl.rundir.RESUMABLE`).
@@ -61,12 +68,19 @@ def train(config: Any = None, /, *, resume: str | pathlib.Path | None = None, **
     from msrl.rundir import resume_config
 
     if resume is not None:  # run_train refuses a change outside the resumable keys
-        return run_train(_config(resume_config(resume) if config is None else config, overrides), resume=resume)
-    if config is None:
+        cfg = _config(resume_config(resume) if config is None else config, overrides)
+    elif config is None:
         from msrl.config import ConfigError
 
         raise ConfigError("msrl.train needs a config (a YAML path, a mapping or a RunConfig), or resume=RUN_DIR")
-    return run_train(_config(config, overrides))
+    else:
+        cfg = _config(config, overrides)
+    if own_process:
+        from msrl.startup import job_compiles
+        from msrl.startup import own_process as own
+
+        own(compiles=job_compiles(cfg.distribution_policy.compile))
+    return run_train(cfg, resume=resume)
 
 
 class TrainedPolicy:

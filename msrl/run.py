@@ -137,7 +137,7 @@ def _cluster_stopped() -> str | None:
     """Why the Ray cluster of this driver stopped, or ``None`` (running, or no Ray imported)."""
     if "ray" not in sys.modules:
         return None
-    from msrl.cluster.ray_runtime import cluster_stopped
+    from msrl.cluster.bootstrap import cluster_stopped
 
     return cluster_stopped()
 

@@ -133,7 +133,7 @@ def supervised(work: Callable[[], int]) -> int:
         err_write.close()
         pump = threading.Thread(target=_pump, args=(err_read, terminal), name="msrl-stderr", daemon=True)
         pump.start()
-    from msrl._lean_imports import resume_gc
+    from msrl.startup import resume_gc
 
     resume_gc()  # the parent only waits: its start-up is over
     return _watch(pid, read_fd, pump, sigint_ignored=before is signal.SIG_IGN)

@@ -244,7 +244,7 @@ def test_a_ray_msrl_starts_waits_minutes_for_its_gcs_unless_the_user_says(monkey
     (CI: "Timed out waiting for file .../gcs_server_port_..."). A Ray msrl starts waits
     :data:`LOCAL_GCS_WAIT_S`; ``RAY_gcs_server_port_wait_time_s`` set by the user wins."""
     ray = pytest.importorskip("ray")
-    from msrl.cluster import ray_runtime
+    from msrl.cluster import bootstrap as ray_runtime
 
     if ray.is_initialized():
         ray.shutdown()
@@ -271,7 +271,7 @@ def test_a_ray_whose_raylet_registers_late_is_started_once_more(monkeypatch, cap
     machine overran it: "The current node timed out during startup"): msrl shuts the half-started
     Ray down and starts it once more, saying so; a second overrun is one ClusterJoinError."""
     ray = pytest.importorskip("ray")
-    from msrl.cluster import ray_runtime
+    from msrl.cluster import bootstrap as ray_runtime
 
     if ray.is_initialized():
         ray.shutdown()

@@ -160,7 +160,7 @@ def test_a_damaged_checkpoint_names_the_loaders_error_without_cutting_a_word():
 def test_rays_token_note_is_dropped_and_its_warnings_are_not():
     import logging
 
-    from msrl.cluster.ray_runtime import _DropTokenNote
+    from msrl.cluster.bootstrap import _DropTokenNote
 
     def rec(msg):
         return logging.LogRecord("ray", logging.WARNING, __file__, 1, msg, None, None)
@@ -174,7 +174,7 @@ def test_rays_daemon_lines_are_dropped_and_a_workers_own_lines_kept():
     """What Ray's daemons send the driver's terminal (the raylet's worker-death reports and its
     "N PYTHON worker processes have been started" warning at 32 replicas, a lost node's state
     dumps from the GCS or the autoscaler) stays in Ray's log folder; a worker's own lines pass."""
-    from msrl.cluster.ray_runtime import _without_daemon_lines
+    from msrl.cluster.bootstrap import _without_daemon_lines
 
     printed = []
     f = _without_daemon_lines(lambda data, ignore_prefix: printed.append(data["lines"]))

@@ -89,7 +89,7 @@ def test_a_replica_process_takes_the_jobs_matmul_precision():
     import cloudpickle
     import torch
 
-    from msrl.cluster.ray_runtime import ReplicaActor
+    from msrl.cluster.replica_actor import ReplicaActor
     from msrl.config import build_job_spec, load_config
     from msrl.job import compile_job
 

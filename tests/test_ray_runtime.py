@@ -15,10 +15,11 @@ ray = pytest.importorskip("ray")
 
 from procs import EVENT_TIMEOUT_S, descendants, popen, stop_tree, tcp_listeners, wait_for  # noqa: E402
 
-from msrl.cluster.ray_runtime import init_ray, pid_alive  # noqa: E402
+from msrl.cluster.bootstrap import init_ray  # noqa: E402
 from msrl.graph import NodeKind  # noqa: E402
 from msrl.job import Job, JobSpec  # noqa: E402
 from msrl.policy import load_policy  # noqa: E402
+from msrl.runtime.shm import pid_alive  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -413,7 +414,8 @@ def _cmdline(pid: int) -> str:
 
 
 def test_a_cuda_fragment_without_a_gpu_bundle_is_a_placement_error(spec_factory):
-    from msrl.cluster.ray_runtime import PlacementError, RayJob
+    from msrl.cluster.ray_runtime import RayJob
+    from msrl.errors import PlacementError
 
     spec = spec_factory("single_learner_coarse")
     spec = dataclasses.replace(spec, policy=spec.policy.with_overrides(devices={"learner": "cuda:0"}))
@@ -425,7 +427,8 @@ def test_per_fragment_bundles_give_each_fragment_its_cpus_and_threads(ray_of_4_c
     """``cpus_per_replica={"learner": 2}``: the learner's bundle holds 2 CPUs and its process 2
     torch threads, every actor's 1 (RLlib's per-learner and per-env-runner CPUs); a mapping the
     cluster cannot hold names each fragment's bundle; a fragment the policy lacks is refused."""
-    from msrl.cluster.ray_runtime import PlacementError, RayJob
+    from msrl.cluster.ray_runtime import RayJob
+    from msrl.errors import PlacementError
 
     spec = spec_factory("async_learner")  # 2 actor replicas and a learner
     job = RayJob(spec, cpus_per_replica={"learner": 2})
@@ -448,7 +451,8 @@ def test_per_fragment_bundles_give_each_fragment_its_cpus_and_threads(ray_of_4_c
 def test_a_per_fragment_gpu_bundle_is_checked_against_the_cuda_fragments(spec_factory):
     """``gpus_per_replica`` per fragment: a CUDA fragment it leaves without a GPU is refused
     before Ray starts, naming the fragment and the mapping."""
-    from msrl.cluster.ray_runtime import PlacementError, RayJob
+    from msrl.cluster.ray_runtime import RayJob
+    from msrl.errors import PlacementError
 
     spec = spec_factory("single_learner_coarse")
     spec = dataclasses.replace(spec, policy=spec.policy.with_overrides(devices={"learner": "cuda:0"}))
@@ -467,7 +471,8 @@ def test_overlapped_coarse_streams_between_its_processes(ray_local, spec_factory
     learner; with ``off`` all run at the driver's."""
     import ray
 
-    from msrl.cluster.ray_runtime import PRODUCER_NICE, RayJob
+    from msrl.cluster.placement import PRODUCER_NICE
+    from msrl.cluster.ray_runtime import RayJob
 
     spec = spec_factory("single_learner_coarse")
     policy = spec.policy.with_overrides(boundaries={"trajectories": "fifo", "weights": "latest"})
@@ -778,7 +783,7 @@ def _greet_with_a_wrong_token(address: str) -> None:
 def test_learner_priority_lowers_only_producer_only_replicas(spec_factory, policy, boundaries, producers):
     """``cluster.learner_priority``: the producer-only fragments of each policy, and which of
     their replicas each mode lowers -- ``auto`` only on a machine the job's replicas outnumber."""
-    from msrl.cluster.ray_runtime import producer_only_fragments, producers_to_lower
+    from msrl.cluster.placement import producer_only_fragments, producers_to_lower
     from msrl.job import METHODS, partition_job
     from msrl.probe import probe as run_probe
     from msrl.tracer import trace
@@ -840,7 +845,8 @@ def test_a_restart_waits_for_capacity_saying_so_and_starts_when_it_is_there(ray_
 
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    from msrl.cluster.ray_runtime import PlacementError, RayJob
+    from msrl.cluster.ray_runtime import RayJob
+    from msrl.errors import PlacementError
 
     spec = spec_factory("single_learner_coarse")
     spec = dataclasses.replace(spec, policy=spec.policy.with_overrides(replicas={"actor": 1}))  # 2 bundles of 1 CPU
@@ -949,3 +955,23 @@ def test_pong_rollouts_cross_processes_compact_and_train_the_local_bits(ray_loca
         assert 0 < sent < 3 * 0.3 * whole, (sent, whole)
     finally:
         remote.close()
+
+
+@pytest.mark.parametrize("compile_mode", ["off", "inductor"])
+def test_replica_processes_are_msrls_own_without_the_config_schema(ray_local, spec_factory, compile_mode):
+    """A replica's process is msrl's own: its start-up shortcuts ran before tensordict and the
+    optimisers were imported (:func:`msrl.startup.own_process`), except in a job that compiles a
+    fragment; and it never imports the config schema (pydantic's models are the driver's)."""
+    from msrl.cluster.ray_runtime import RayJob
+
+    spec = spec_factory("single_learner_coarse")
+    if compile_mode != "off":
+        spec = dataclasses.replace(spec, policy=spec.policy.with_overrides(compile={"learner": compile_mode}))
+    job = RayJob(spec)
+    try:
+        rows = job.replica_table()
+    finally:
+        job.close()
+    assert [row["config_schema"] for row in rows] == [False] * 3
+    for row in rows:
+        assert ("tensordict" in row["startup"] and "Optimizer.zero_grad" in row["startup"]) is (compile_mode == "off")

@@ -134,7 +134,7 @@ def test_another_seed_draws_otherwise(tmp_path, capsys):
 def ray_local():
     import ray
 
-    from msrl.cluster.ray_runtime import init_ray
+    from msrl.cluster.bootstrap import init_ray
 
     init_ray(None, num_cpus=4)  # as msrl starts one: workers at niceness 0, a slow start tried again
     yield

@@ -1,6 +1,7 @@
-"""Start-up: what the main job's command loads and what it leaves for later (msrl/_lean_imports.py,
-the learning curve in a background process). Each check runs in a fresh interpreter: what a
-test process has imported already says nothing about a user's run."""
+"""Start-up: what the main job's command loads and what it leaves for later (msrl/startup.py,
+the learning curve in a background process), and what importing msrl leaves of a user's
+process: everything as it was. Each check runs in a fresh interpreter: what a test process has
+imported already says nothing about a user's run."""
 
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ def test_the_main_job_loads_no_dynamo_matplotlib_or_mujoco(tmp_path):
     curve, drawn by another process) and MuJoCo (a checkpoint's env state) are never imported."""
     out = _python(f"""
         import json, sys
+        from msrl.startup import own_process
+        own_process()  # what the msrl command does in its own process (main([...]) runs in its caller's)
         from msrl.cli import main
         from msrl.plot import wait_for_background_plots
         code = main(["train", {MAIN!r}, "train.total_env_steps=256", "eval.episodes=1", "runs_dir={tmp_path}",
@@ -48,7 +51,8 @@ def test_the_main_job_loads_no_dynamo_matplotlib_or_mujoco(tmp_path):
 OPTIMIZERS = """
     import hashlib, json, sys
     import torch
-    import msrl.api  # msrl's components import it: torch.optim made lean here
+    from msrl.startup import own_process
+    own_process()  # a process msrl owns: torch.optim made lean here
     torch.manual_seed(0)
     digest = hashlib.sha256()
     for make in (lambda p: torch.optim.Adam(p, lr=1e-2, eps=1e-5, fused=True),
@@ -80,8 +84,8 @@ def test_lean_optimizers_step_bitwise_as_torch_and_load_no_dynamo():
 
 COMPILED_STEP = """
     import json, torch
-    import msrl.api
-    from msrl._lean_imports import _UntilDynamo
+    from msrl.startup import _UntilDynamo, own_process
+    own_process()
     torch.manual_seed(0)
     p = torch.nn.Parameter(torch.randn(5))
     opt = torch.optim.Adam([p], lr=0.1)
@@ -111,7 +115,7 @@ def test_once_dynamo_is_loaded_torch_s_own_wrappers_run_and_compiled_steps_match
 def test_the_collector_is_deferred_through_start_up_and_frozen_after():
     out = _python("""
         import gc, json
-        from msrl._lean_imports import defer_gc, resume_gc
+        from msrl.startup import defer_gc, resume_gc
         defer_gc()
         during = gc.isenabled()
         resume_gc()
@@ -163,6 +167,8 @@ def test_a_background_plot_draws_the_curve(tmp_path, rows):
 
 CAPTURED = """
     import json, sys
+    from msrl.startup import own_process
+    own_process()
     from msrl.config import build_job_spec, load_config
     from msrl.job import Job
     job = Job(build_job_spec(load_config("configs/ppo_cartpole_gpu_only.yaml",
@@ -181,9 +187,136 @@ def test_a_capture_probes_and_records_without_loading_dynamo():
     """torch wraps every ``TorchDispatchMode`` subclass's ``__torch_dispatch__`` in
     ``torch._disable_dynamo``, whose first call imports TorchDynamo: the capture's probe took
     5-6 s on the H200 machine for it. msrl's modes dispatch without it
-    (:func:`msrl._lean_imports.lean_dispatch_mode`), with the same results as with torch's wrappers."""
+    (:func:`msrl.startup.lean_dispatch_mode`), with the same results as with torch's wrappers."""
     lean = json.loads(_python(CAPTURED).splitlines()[-1])
     stock = json.loads(_python(CAPTURED, env={"MSRL_EAGER_OPTIMIZERS": "0"}).splitlines()[-1])
     assert lean["status"] == stock["status"] == "graph"
     assert lean["dynamo"] is False and stock["dynamo"] is True
     assert lean["rows"] == stock["rows"]
+
+
+UNTOUCHED = """
+    import json, os, pathlib, sys
+    import torch, torch.optim
+    from torch.optim import optimizer as optimizer_module
+    finders = list(sys.meta_path)
+    import msrl, msrl.api
+    result = msrl.train("configs/ppo_cartpole.yaml", runs_dir=RUNS, train__total_env_steps=256, eval__episodes=1,
+                        train__progress=False)
+    policy = msrl.load(result.run_dir)
+    import tensordict, tensordict.utils
+    home = str(pathlib.Path(msrl.__file__).parent)
+    from_msrl = []   # an optimiser method whose code (or a code it wraps) is msrl's
+    cached = []      # a torch._disable_dynamo cache entry msrl put there
+    for cls in [optimizer_module.Optimizer, *[c for c in vars(torch.optim).values()
+                                              if isinstance(c, type) and issubclass(c, optimizer_module.Optimizer)]]:
+        for name, attr in vars(cls).items():
+            fn = attr
+            while fn is not None:
+                code = getattr(fn, "__code__", None)
+                if code is not None and code.co_filename.startswith(home):
+                    from_msrl.append(f"{cls.__qualname__}.{name}")
+                cache = getattr(fn, "__dynamo_disable", None)
+                if cache is not None and type(cache).__module__.startswith("msrl"):
+                    cached.append(f"{cls.__qualname__}.{name}")
+                fn = getattr(fn, "__wrapped__", None)
+    print(json.dumps({"from_msrl": from_msrl, "cached": cached,
+                      "finders": [type(f).__module__ for f in sys.meta_path
+                                  if f not in finders and type(f).__module__.startswith("msrl")],
+                      "marked": getattr(tensordict.utils._lock_warn, "_dynamo_marked_constant", False),
+                      "owned": __import__("msrl.startup").startup.owned_changes()}))
+"""
+
+
+def test_importing_training_and_loading_leave_torch_optim_and_tensordict_as_they_were(tmp_path):
+    """``import msrl``, ``msrl.api``, ``msrl.train`` and ``msrl.load`` in a user's process: no
+    optimiser method runs msrl's code, no torch cache holds msrl's entry, no import finder is
+    left behind, and tensordict's compile marks are applied as tensordict wrote them."""
+    out = json.loads(_python(UNTOUCHED.replace("RUNS", repr(str(tmp_path)))).splitlines()[-1])
+    assert out == {"from_msrl": [], "cached": [], "finders": [], "marked": True, "owned": []}
+
+
+USER_COMPILE = """
+    import hashlib, json, os, torch
+    if os.environ.get("WITH_MSRL"):
+        import msrl, msrl.api
+    from tensordict import TensorDict
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 2)
+    opt = torch.optim.Adam(net.parameters(), lr=0.1)
+    td = TensorDict({"x": torch.randn(8, 4), "y": torch.randn(8, 2)}, batch_size=[8])
+
+    @torch.compile(fullgraph=True, backend="eager")
+    def loss_of(td):
+        td = td.apply(lambda v: v * 2)
+        return (net(td["x"]) - td["y"]).square().mean()
+
+    @torch.compile(backend="eager")  # an optimiser's step breaks a full graph in plain torch too
+    def step():
+        opt.step()
+
+    for _ in range(3):
+        opt.zero_grad()
+        loss_of(td).backward()
+        step()
+    print(json.dumps(hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in net.parameters())).hexdigest()))
+"""
+
+
+def test_a_users_full_graph_compile_of_tensordict_and_an_optimiser_works_after_import_msrl():
+    plain = _python(USER_COMPILE).splitlines()[-1]
+    with_msrl = _python(USER_COMPILE, env={"WITH_MSRL": "1"}).splitlines()[-1]
+    assert with_msrl == plain
+
+
+PLAIN_WHERE = """
+    import json, logging, sys, torch
+    logging.basicConfig(level=logging.DEBUG, stream=sys.stdout, format="%(name)s: %(message)s")
+    from msrl.startup import own_process, owned_changes
+    compiling = own_process(compiles=True)
+    torch.__version__ = "2.99.0+cpu"  # a release msrl's start-up was not tested on
+    untested = own_process() + own_process()
+    import tensordict
+    print(json.dumps({"compiling": compiling, "untested": untested, "owned": owned_changes(),
+                      "dynamo": "torch._dynamo" in sys.modules}))
+"""
+
+
+def test_own_process_keeps_plain_torch_for_a_compiling_job_and_an_untested_release_saying_so_once():
+    lines = _python(PLAIN_WHERE).splitlines()
+    assert json.loads(lines[-1]) == {"compiling": [], "untested": [], "owned": [], "dynamo": True}
+    said = [line for line in lines[:-1] if line.startswith("msrl.startup: ")]
+    assert said == ["msrl.startup: start-up: plain torch (the job compiles a fragment)",
+                    "msrl.startup: start-up: plain torch (2.99.0 is not a release msrl's start-up was tested "
+                    "on: 2.13.0)"]
+
+
+HAND_OVER = """
+    import json, threading, torch
+    from msrl.startup import own_process
+    changed = own_process()
+    nets = [torch.nn.Linear(3, 3) for _ in range(16)]
+    opts = [torch.optim.Adam(n.parameters(), lr=0.1) for n in nets]
+    import torch._dynamo  # every thread's next call hands over to torch's wrappers at once
+    barrier, errors = threading.Barrier(len(opts)), []
+
+    def work(opt):
+        barrier.wait()
+        try:
+            for _ in range(20):
+                opt.zero_grad()
+                opt.load_state_dict(opt.state_dict())
+        except Exception as e:  # noqa: BLE001
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=work, args=(o,)) for o in opts]
+    for t in threads: t.start()
+    for t in threads: t.join()
+    print(json.dumps({"changed": "tensordict" in changed and "Optimizer.zero_grad" in changed, "errors": errors}))
+"""
+
+
+def test_the_hand_over_to_torchs_wrappers_is_thread_safe():
+    """Replicas run on threads of one process (``runtime: local``): when Dynamo gets loaded,
+    several threads meet the same pre-filled cache entry at once; each hands over, none fails."""
+    assert json.loads(_python(HAND_OVER).splitlines()[-1]) == {"changed": True, "errors": []}

@@ -69,12 +69,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from msrl._lean_imports import lean_dispatch_mode
 from msrl.api import ReplayContract
 from msrl.device import in_host_side, register_packer, set_foreign_recorder
 from msrl.errors import MsrlError
 from msrl.policy import CAPTURE_MODES
 from msrl.runtime.host_syncs import HostSyncRecorder
+from msrl.startup import lean_dispatch_mode
 
 __all__ = ["CAPTURE_MODES", "WARMUP", "CapturedProgram", "NotCapturable", "Tape", "host_state", "invalidate",
            "notify", "pop_notices", "resolve_capture"]
@@ -269,7 +269,7 @@ def _freeze(x: Any) -> Any:
     return tree_map(lambda v: v, x)
 
 
-@lean_dispatch_mode  # dispatches without importing TorchDynamo (msrl/_lean_imports.py)
+@lean_dispatch_mode  # dispatches without importing TorchDynamo (msrl/startup.py)
 class Tape(TorchDispatchMode):
     """The CPU stand-in of a CUDA graph: records the aten ops (and :func:`msrl.device.record_foreign`
     calls) of the code run inside it, on this thread, and :meth:`replay` re-runs them in order
@@ -533,7 +533,7 @@ _LIFT = (torch.ops.aten.lift_fresh, torch.ops.aten.lift_fresh_copy)
 _COPIES = (torch.ops.aten._to_copy, torch.ops.aten.copy_)
 
 
-@lean_dispatch_mode  # (msrl/_lean_imports.py)
+@lean_dispatch_mode  # (msrl/startup.py)
 class _ProbeRecorder(HostSyncRecorder):
     """A :class:`~msrl.runtime.host_syncs.HostSyncRecorder` that also records what a CUDA graph
     cannot hold besides host syncs: a tensor made from host data (``torch.tensor``,

@@ -1,7 +1,7 @@
 """The replica host: one fragment replica as every runtime runs it -- its
 :class:`~msrl.runtime.replica.Replica`, its endpoint, and the record of each iteration -- on a
 thread of one process (:mod:`msrl.runtime.local`) or in a Ray actor's process
-(:class:`msrl.cluster.ray_runtime.ReplicaActor`, a thin shell around one host).
+(:class:`msrl.cluster.replica_actor.ReplicaActor`, a thin shell around one host).
 
 A runtime gives a host its endpoint (the thread runtime: a hub's per method; the Ray actor: one
 over torch.distributed and the asynchronous streams) and asks it to run ``n`` iterations; the

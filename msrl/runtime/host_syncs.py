@@ -31,8 +31,8 @@ from typing import Any, Callable, Sequence
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from msrl._lean_imports import lean_dispatch_mode
 from msrl.device import in_host_side
+from msrl.startup import lean_dispatch_mode
 
 __all__ = ["HostSync", "HostSyncRecorder", "NO_KERNEL_OPS", "SYNC_OPS", "recording_program", "sync_reason"]
 
@@ -117,7 +117,7 @@ class HostSync:
         return f"{self.op} at {self.where}: {self.why}"
 
 
-@lean_dispatch_mode  # dispatches without importing TorchDynamo (msrl/_lean_imports.py)
+@lean_dispatch_mode  # dispatches without importing TorchDynamo (msrl/startup.py)
 class HostSyncRecorder(TorchDispatchMode):
     """Records every aten op dispatched inside it (on this thread) and every one that
     synchronises the host (see :func:`sync_reason`), with where it was called.
@@ -135,7 +135,7 @@ class HostSyncRecorder(TorchDispatchMode):
 
     #: files of recorders (this one and subclasses, and msrl's dispatch shim) whose frames are never
     #: the place of a sync
-    internal_files: tuple[str, ...] = ("msrl/runtime/host_syncs.py", "msrl/_lean_imports.py")
+    internal_files: tuple[str, ...] = ("msrl/runtime/host_syncs.py", "msrl/startup.py")
 
     def __init__(self, allow: Sequence[tuple[str, str]] = CPU_ONLY_READS) -> None:
         super().__init__()

@@ -26,7 +26,7 @@ asynchronous boundary       the first kind of                   gRPC (a kind tha
 :class:`msrl.runtime.host.ReplicaHost`.)
 
 ``peers`` maps every replica ``(fragment, replica)`` to what it reported of itself
-(:meth:`~msrl.cluster.ray_runtime.ReplicaActor.info`): at least ``node_id`` (which machine),
+(:meth:`~msrl.cluster.replica_actor.ReplicaActor.info`): at least ``node_id`` (which machine),
 ``node`` (its IPv4 address) and ``pid``.
 """
 
