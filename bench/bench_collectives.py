@@ -69,7 +69,7 @@ def _worker(rank: int, world: int, port: int, rounds: int, warmup: int, out: "mp
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
     from msrl.graph import NodeKind
-    from msrl.partition import Boundary
+    from msrl.graph.fragmented import Boundary
     from msrl.runtime.codec import encode
     from msrl.runtime.dist import DistEndpoint
 

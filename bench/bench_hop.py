@@ -33,7 +33,7 @@ def _cpu() -> float:
 
 def _boundaries():
     from msrl.graph import NodeKind
-    from msrl.partition import Boundary
+    from msrl.graph.fragmented import Boundary
 
     return [Boundary("train_step/b0:traj", "train_step", "traj", NodeKind.PUT, "actor", "learner", 1, 1, "sharded", 0,
                      False, pattern=NodeKind.SEND, channel="fifo", capacity=1)]

@@ -24,7 +24,7 @@ class ReplicaActor:
         algorithm_ref: how to import the algorithm's module in this process before the spec is
             unpickled (an algorithm file's path, a dotted module; ``None`` for built-ins).
         spec_bytes, fragment_graph_bytes: the cloudpickled :class:`~msrl.job.JobSpec` and
-            :class:`~msrl.partition.FragmentGraph`.
+            :class:`~msrl.graph.fragmented.FragmentGraph`.
         fragment, replica: which replica.
         threads: torch intra-op (and OpenMP) threads: the bundle's CPUs.
         job_id: the job's random id, naming this replica's :class:`~msrl.cluster.watchdog.Heartbeat`.

@@ -33,7 +33,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from msrl.errors import MsrlError
-from msrl.partition import Boundary
+from msrl.graph.fragmented import Boundary
 from msrl.runtime.endpoint import Endpoint
 from msrl.runtime.generators import BATON
 from msrl.runtime.patterns import concat, split  # noqa: F401 - re-exported
@@ -59,7 +59,7 @@ class LocalHub:
     """The queues of every boundary of a job whose fragment replicas share one process.
 
     Args:
-        boundaries: from :class:`msrl.partition.FragmentGraph`.
+        boundaries: from :class:`msrl.graph.fragmented.FragmentGraph`.
         fragment_replicas: fragment -> its replica count (for ``allreduce`` among a fragment's
             replicas; fragments not listed have one).
         devices: fragment -> the device its values are delivered on (fragments not listed: each

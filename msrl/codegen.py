@@ -155,7 +155,7 @@ def _lower_allreduce(node: Node, ctx: CodegenContext, pad: str, depth: int, emit
 
 def _lower_serve(node: Node, ctx: CodegenContext, pad: str, depth: int, emit: Callable[[Graph, int], None],
                  lines: list[str], line_nodes: dict[int, Node]) -> None:
-    # central inference (msrl.inference): the region becomes a nested function that returns
+    # central inference (msrl.frontend.serving): the region becomes a nested function that returns
     # the values the rest reads, run by comm.serve once per client replica (msrl.runtime.inference)
     outs = "".join(f"{ctx.var(v)}, " for v in node.outputs)
     lines.append(f"{pad}def _msrl_served(self, {COMM_VAR}):  # %{node.id} {node.where()}")

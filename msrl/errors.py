@@ -12,7 +12,7 @@ or the user's components) raises with its traceback.
 
 from __future__ import annotations
 
-__all__ = ["MsrlError", "InputError", "ConfigError", "PlacementError"]
+__all__ = ["MsrlError", "InputError", "ConfigError", "PlacementError", "PartitionError"]
 
 
 class MsrlError(Exception):
@@ -43,3 +43,8 @@ class PlacementError(ConfigError):
     written. After a replica's death (:func:`msrl.run.train`'s restart) it means the cluster did
     not hold the replicas again within ``cluster.capacity_timeout_s``: the run stops with its
     checkpoint kept (:class:`msrl.TrainingStopped`)."""
+
+
+class PartitionError(InputError, ValueError):
+    """A graph that a distribution policy cannot split exactly: the message names the node or
+    edge (``file:line``) and, where it helps, the replica counts."""

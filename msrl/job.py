@@ -19,34 +19,19 @@ from msrl.api import AlgorithmSpec, EpisodeStats, Trainer
 from msrl.backend import env_frame_padding
 from msrl.codegen import Program
 from msrl.errors import InputError
+from msrl.frontend.pipeline import front_end
 from msrl.graph import Graph
-from msrl.partition import FragmentGraph, partition
+from msrl.graph.fragmented import FragmentGraph
 from msrl.policy import DistributionPolicy
 from msrl.runtime.local import LocalRuntime
 from msrl.runtime.replica import Replica, as_floats, check_losses, compile_fragment, replica_states
-from msrl.tracer import TRACED_METHODS, trace
+from msrl.tracer import TRACED_METHODS
 
 __all__ = ["JobSpec", "Job", "UnknownAlgorithmError", "load_algorithm", "available_algorithms", "METHODS",
-           "partition_job"]
+           "compile_job", "CompiledJob"]
 
 #: The traced trainer methods, in the order a job runs them.
 METHODS = TRACED_METHODS
-
-
-def partition_job(graphs: dict[str, Graph], policy: DistributionPolicy) -> FragmentGraph:
-    """:func:`msrl.partition.partition`, then, under central inference, the plan of its served
-    region (:func:`msrl.inference.plan_inference`) -- what every runtime runs.
-
-    Raises:
-        PartitionError: what the policy (or central inference) cannot honour, naming the line.
-    """
-    fg = partition(graphs, policy)
-    if policy.serving is not None:
-        from msrl.inference import plan_inference, wrap_served_region
-
-        fg.inference = plan_inference(fg)
-        wrap_served_region(fg, fg.inference)
-    return fg
 
 
 class UnknownAlgorithmError(InputError, ValueError):
@@ -350,8 +335,8 @@ class CompiledJob:
 
 
 def compile_job(spec: JobSpec, probe: bool = True, max_message: int | None = None) -> CompiledJob:
-    """Trace -> probe -> partition -> codegen: what every runtime runs, compiled once by the
-    driver (DESIGN.md §1).
+    """Trace -> probe -> partition -> passes (:func:`msrl.frontend.pipeline.front_end`) ->
+    codegen: what every runtime runs, compiled once by the driver (DESIGN.md §1).
 
     Args:
         spec: the job.
@@ -364,18 +349,7 @@ def compile_job(spec: JobSpec, probe: bool = True, max_message: int | None = Non
         TraceError, PartitionError, ProbeDiverged, ConfigError, UnknownBackendError: as the
             stages raise them.
     """
-    graphs = {m: trace(spec.algorithm.trainer, m) for m in METHODS}
-    drawn = None
-    if probe:
-        from msrl.probe import probe as run_probe
-
-        drawn = run_probe(graphs, spec)
-    fg = partition_job(graphs, spec.policy)
-    fg.generator_kinds = drawn
-    if probe and max_message is not None:
-        from msrl.probe import check_message_sizes
-
-        check_message_sizes(graphs, fg, spec.num_envs, max_message)
+    graphs, fg = front_end(spec, probe, max_message)
     return CompiledJob(graphs, fg, compile_programs(fg, spec.algorithm))
 
 

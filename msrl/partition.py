@@ -43,223 +43,14 @@ from __future__ import annotations
 import ast
 import dataclasses
 from collections import defaultdict
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable
 
-from msrl.api import COLLECTIVE_POINTS, VALUE_KINDS
-from msrl.errors import InputError
-from msrl.graph import COMM_KINDS, CommTarget, Graph, Node, NodeKind
-from msrl.policy import DistributionPolicy, FragmentSpec
+from msrl.errors import PartitionError
+from msrl.graph import CommTarget, Graph, Node, NodeKind
+from msrl.graph.fragmented import Boundary, Fragment, FragmentGraph, value_info
+from msrl.policy import DistributionPolicy
 
-__all__ = [
-    "PartitionError",
-    "Boundary",
-    "Collective",
-    "Fragment",
-    "FragmentGraph",
-    "partition",
-    "value_info",
-    "boundary_values",
-    "VALUE_KINDS",  # (msrl.api's, where a component declares them)
-]
-
-
-class PartitionError(InputError, ValueError):
-    """A graph that a policy cannot split: the message names the node or edge."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Boundary:
-    """One value crossing from one fragment to another.
-
-    Attributes:
-        name: unique id, ``"<method>/b<k>:<value>"``; both sides' comm nodes carry it.
-        method: the traced method (``"train_step"``).
-        value: the value name.
-        comm_kind: the comm node kind on both sides (``gather``; ``send``/``recv`` and
-            ``put``/``get`` pairs are recorded by their src kind). An asynchronous boundary is
-            ``put``/``get``.
-        pattern: how values combine between the replica counts: ``send`` (replica ``i`` ->
-            ``i``), ``gather``, ``reduce``, ``scatter`` or ``broadcast``; the same as ``comm_kind``
-            when synchronous.
-        channel: what carries it, one of :data:`msrl.policy.BOUNDARY_CHANNELS` (``sync``: a
-            collective both sides wait on, ``fifo``: a bounded queue, ``latest``: a latest-value
-            slot); ``boundary_class``: the policy's class that set it, if any.
-        capacity: a ``fifo`` boundary's items per producer and consumer.
-        src, dst: fragment names; ``src_replicas``, ``dst_replicas``: their replica counts.
-        value_kind: one of :data:`VALUE_KINDS` (``None`` without probe info or declaration).
-        axis: the env (or batch) axis of a sharded value or a batch.
-        in_loop: whether the boundary sits inside a loop region.
-        in_branch: whether it sits inside a branch region (met only when the side is taken).
-        reduce: a ``partial`` value's reduction (``sum`` or ``mean``); ``None`` for other kinds.
-    """
-
-    name: str
-    method: str
-    value: str
-    comm_kind: NodeKind
-    src: str
-    dst: str
-    src_replicas: int
-    dst_replicas: int
-    value_kind: str | None
-    axis: int | None
-    in_loop: bool
-    in_branch: bool = False
-    pattern: NodeKind | None = None
-    channel: str = "sync"
-    boundary_class: str | None = None
-    capacity: int = 1
-    reduce: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.pattern is None:
-            object.__setattr__(self, "pattern", self.comm_kind)
-
-    @property
-    def asynchronous(self) -> bool:
-        """Whether the boundary is a queue or a latest-value slot (``put``/``get``)."""
-        return self.channel != "sync"
-
-
-@dataclasses.dataclass(frozen=True)
-class Collective:
-    """A collective among the replicas of one fragment, placed by the partitioner at one of a
-    replicated learner's collective points (:data:`msrl.api.COLLECTIVE_POINTS`): the gradient
-    all-reduce (an ``allreduce`` region around the call that takes the gradient steps; DD-PPO,
-    Wijmans et al. 2020; as torch DDP averages gradients) and, beside it, the all-reduce of its
-    running statistics (as SyncBatchNorm's own collective beside DDP's).
-
-    Attributes:
-        name: unique id, ``"<method>/a<k>:<point>"``; the region's :class:`CommTarget` carries it.
-        method: the traced method; ``fragment``: whose replicas take part; ``replicas``: how many.
-        comm_kind: :attr:`NodeKind.ALLREDUCE`; ``value``: the point, what is reduced (``"gradients"``
-            or ``"statistics"``).
-        call: ``file:line`` and ``role.method`` of the call that reaches the point.
-        gradient_step: the probe's ``{"tensors", "bytes"}`` of one reduction at the point (the
-            largest; ``None``: not probed).
-        in_loop, in_branch: whether the region sits inside a loop, a branch.
-    """
-
-    name: str
-    method: str
-    fragment: str
-    replicas: int
-    call: str
-    comm_kind: NodeKind = NodeKind.ALLREDUCE
-    value: str = "gradients"
-    gradient_step: Any = None
-    in_loop: bool = False
-    in_branch: bool = False
-
-
-def boundary_end(boundaries: Mapping[str, Boundary], name: str, fragment: str) -> Boundary:
-    """The boundary ``name`` seen from ``fragment``, one of its two ends.
-
-    Raises:
-        KeyError: ``name`` is not among ``boundaries``.
-        RuntimeError: ``fragment`` is neither the boundary's src nor its dst.
-    """
-    b = boundaries.get(name)
-    if b is None:
-        raise KeyError(f"unknown boundary {name!r}")
-    if fragment not in (b.src, b.dst):
-        raise RuntimeError(f"fragment {fragment} is not an end of boundary {name} ({b.src} -> {b.dst})")
-    return b
-
-
-@dataclasses.dataclass
-class Fragment:
-    """One fragment: its spec and, per traced method, its region graph (comm ops included)."""
-
-    spec: FragmentSpec
-    programs: dict[str, Graph]
-
-    @property
-    def name(self) -> str:
-        """The fragment's name (its spec's)."""
-        return self.spec.name
-
-
-@dataclasses.dataclass
-class FragmentGraph:
-    """The result of partitioning: fragments in order and the boundaries between them.
-
-    Attributes:
-        policy: the (overridden) policy used.
-        graphs: the traced graphs, per method, before partitioning.
-        fragments: fragments in order; each holds a program region per method.
-        boundaries: every boundary, in program order per method.
-        collectives: every collective among one fragment's replicas (the gradient all-reduce
-            of a replicated learner), in program order per method.
-        inference: under central inference, its :class:`~msrl.inference.InferencePlan` (set by
-            :func:`msrl.job.partition_job`).
-        generator_kinds: the global generators (``"torch"``, ``"numpy"``, ``"python"``) the
-            probe saw the programs draw from (``None``: not probed, every one); a hand-over
-            between replicas of one process swaps these (:mod:`msrl.runtime.generators`).
-    """
-
-    policy: DistributionPolicy
-    graphs: dict[str, Graph]
-    fragments: list[Fragment]
-    boundaries: list[Boundary]
-    inference: Any = None
-    generator_kinds: frozenset[str] | None = None
-    collectives: list[Collective] = dataclasses.field(default_factory=list)
-
-    def fragment(self, name: str) -> Fragment:
-        """The fragment called ``name`` (KeyError if absent)."""
-        for f in self.fragments:
-            if f.name == name:
-                return f
-        raise KeyError(name)
-
-    def fragment_of_role(self, role: str) -> Fragment:
-        """The fragment running ``role``'s calls."""
-        return self.fragment(self.policy.fragment_of_role(role))
-
-    def check_schedule(self) -> None:
-        """Checks that any two fragments meet their shared boundaries in the same order.
-
-        Fragments run concurrently and block at boundaries, so this is what rules out a
-        deadlock (the role a "cycle between fragments" check plays for partitions run one
-        after another). The partitioner guarantees it by placing both sides of a boundary at
-        the same program position; this re-checks the result. Boundaries inside a branch are
-        met only when its side is taken, which every fragment decides identically.
-
-        Raises:
-            PartitionError: naming the two fragments and their differing boundary orders.
-        """
-        for method in self.graphs:
-            seqs = {
-                fr.name: [n.target.boundary for n in fr.programs[method].walk() if n.kind in COMM_KINDS]
-                for fr in self.fragments
-            }
-            for a in seqs:
-                for b in seqs:
-                    if a >= b:
-                        continue
-                    shared_a = [x for x in seqs[a] if any(x == y for y in seqs[b])]
-                    shared_b = [x for x in seqs[b] if any(x == y for y in seqs[a])]
-                    if shared_a != shared_b:
-                        raise PartitionError(
-                            f"{method}: fragments {a} and {b} meet their boundaries in different orders "
-                            f"({shared_a} vs {shared_b}); running them concurrently would deadlock"
-                        )
-
-
-def value_info(node: Node, name: str) -> dict[str, Any] | None:
-    """Probe info (``kind``, ``axis``, ``shape``, ``dtype``) of value ``name`` written by
-    ``node``; for a region node, from the body node that last writes it. ``None`` if neither
-    probed nor declared."""
-    if node.kind in (NodeKind.LOOP, NodeKind.BRANCH):
-        for region in node.regions():
-            last = region.producers().get(name)
-            if last is not None:
-                info = value_info(last, name)
-                if info is not None:
-                    return info
-        return None
-    return node.meta.get("values", {}).get(name)
+__all__ = ["partition", "boundary_values"]
 
 
 # -- def-use: reaching definitions over nested regions ---------------------------------------
@@ -678,8 +469,6 @@ class _Builder:
             self.boundaries[id(c)] = (b, src_kind, dst_kind)
             self.by_pos[(id(c.region), c.after.id)].append(c)
         self.index = {id(c): k for k, c in enumerate(comms)}
-        #: the all-reduces placed (``allreduce`` regions, one per collective point), in program order
-        self.allreduces: list[Collective] = []
 
     def comm_nodes(self, comms: list[_Comm], frag: str) -> list[Node]:
         out = []
@@ -701,58 +490,12 @@ class _Builder:
             out.append(node)
         return out
 
-    def collective_points(self, node: Node, frag: str) -> list[str]:
-        """The collective points (:data:`msrl.api.COLLECTIVE_POINTS`) ``node`` (a call of
-        ``frag``) reaches that ``frag``'s replicas average, outermost first: none unless
-        ``frag`` has several replicas holding the learner; the points the probe saw the call
-        reach (``meta["collective_steps"]``), or, for a learner call the probe never ran, every
-        point (to be safe).
-
-        Raises:
-            PartitionError: the call steps an optimiser outside ``apply_gradients``.
-        """
-        spec = self.policy.fragment(frag)
-        if node.kind is not NodeKind.CALL or spec.replicas < 2 or "learner" not in spec.roles:
-            return []
-        if "direct_step" in node.meta:
-            raise PartitionError(
-                f"{node.describe()} at {node.where()} steps an optimiser outside apply_gradients (at "
-                f"{node.meta['direct_step']}): fragment {frag} has {spec.replicas} replicas whose gradients are averaged "
-                "at every apply_gradients, so this step would make the replicas' weights diverge silently; take the "
-                "step through self.apply_gradients(loss, optimizer=...), or give the learner one replica")
-        if "collective_steps" in node.meta:
-            return [p for p in COLLECTIVE_POINTS if node.meta["collective_steps"].get(p)]
-        return list(COLLECTIVE_POINTS) if node.role == "learner" else []
-
-    def allreduce(self, inner: Node, call: Node, point: str, k: int, frag: str, in_loop: bool, in_branch: bool) -> Node:
-        """The ``allreduce`` region of collective point ``point`` (the job's ``k``-th collective
-        of this method) around ``inner``: the call (a copy already in ``frag``) or the region of
-        its next point."""
-        step = call.meta.get("collective_steps", {}).get(point)
-        b = Collective(name=f"{self.method}/a{k}:{point}", method=self.method, fragment=frag,
-                       replicas=self.policy.fragment(frag).replicas,
-                       call=f"{call.target[0]}.{call.target[1]} ({call.where()})", value=point,
-                       gradient_step=step, in_loop=in_loop, in_branch=in_branch)
-        self.allreduces.append(b)
-        body = Graph(f"{call.meta.get('fragment', frag)}.allreduce")
-        body.append(inner)
-        node = Node(NodeKind.ALLREDUCE, CommTarget(b.name, point, frag, frag, "all"), inputs=body.free_values(),
-                    outputs=body.written_values(), body=body,
-                    meta={"file": call.meta.get("file", "<generated>"), "line": call.meta.get("line", 0), "fragment": frag,
-                          "role": call.role, **({"gradient_step": step} if point == "gradients" else {})})
-        node.id = self.next_id + 2 * len(self.boundaries) + k
-        return node
-
     def build(self, graph: Graph, frag: str, in_loop: bool = False, in_branch: bool = False) -> Graph:
         g = Graph(graph.name)
         for node in graph:
             if frag in self.a.f(self.method, node):
                 copy = _copy(node)
                 copy.meta["fragment"] = frag
-                call, points, base = copy, self.collective_points(node, frag), len(self.allreduces)
-                for i in reversed(range(len(points))):  # the first point outermost, numbered first
-                    copy = self.allreduce(copy, call, points[i], base + i, frag, in_loop, in_branch)
-                self.allreduces[base:] = self.allreduces[base:][::-1]  # in program order
                 if node.kind is NodeKind.LOOP:
                     copy.body = self.build(node.body, frag, True, in_branch)
                     written = copy.body.written_values()
@@ -815,7 +558,6 @@ def partition(graphs: dict[str, Graph], policy: DistributionPolicy) -> FragmentG
     assigner = _Assigner(graphs, policy)
     assigner.run()
     boundaries: list[Boundary] = []
-    collectives: list[Collective] = []
     programs: dict[str, dict[str, Graph]] = {f: {} for f in order}
     first_seen: dict[str, int] = {}
     next_id = 1 + max((n.id for g in graphs.values() for n in g.walk()), default=0)
@@ -827,11 +569,10 @@ def partition(graphs: dict[str, Graph], policy: DistributionPolicy) -> FragmentG
             for f in assigner.f(method, node):
                 first_seen.setdefault(f, i + 10_000 * mi)
         boundaries += [b for b, _, _ in builder.boundaries.values()]
-        collectives += builder.allreduces
-        next_id += 2 * len(builder.boundaries) + len(builder.allreduces)
+        next_id += 2 * len(builder.boundaries)
     fragments = [Fragment(policy.fragment(f), programs[f]) for f in order]
     fragments.sort(key=lambda fr: first_seen.get(fr.name, 10**9))
-    fg = FragmentGraph(policy, graphs, fragments, boundaries, collectives=collectives)
+    fg = FragmentGraph(policy, graphs, fragments, boundaries)
     for fr in fragments:
         for method, g in fr.programs.items():
             g.name = f"{fr.name}.{method}"

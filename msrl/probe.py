@@ -32,9 +32,9 @@ import torch
 
 from msrl.api import COLLECTIVE_POINTS, collective_scope, declared_kinds, in_gradient_step
 from msrl.codegen import Lowering, generate
-from msrl.errors import ConfigError
+from msrl.errors import ConfigError, PartitionError
 from msrl.graph import Graph, Node, NodeKind
-from msrl.partition import PartitionError, boundary_values, partition
+from msrl.partition import boundary_values, partition
 from msrl.policy import load_policy
 from msrl.runtime.values import describe_value
 from msrl.tracer import check_references

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import torch
 
+from msrl.errors import PartitionError
 from msrl.graph import NodeKind
 from msrl.job import Job, JobSpec
-from msrl.partition import PartitionError
 from msrl.policy import load_policy
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))

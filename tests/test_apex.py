@@ -264,8 +264,8 @@ def test_two_replay_shards_each_gather_the_transitions_of_their_own_two_actors()
 
 
 def test_replicas_that_do_not_divide_are_a_partition_error():
+    from msrl.errors import PartitionError
     from msrl.job import Job, JobSpec
-    from msrl.partition import PartitionError
     from msrl.policy import load_policy
 
     pol = load_policy("single_learner_coarse").with_overrides(replicas={"actor": 4, "replay": 3}, placement={"buffer": "replay"})

@@ -17,7 +17,7 @@ from channel_suite import run_threads
 
 from msrl.channels import ChannelClosed
 from msrl.graph import NodeKind
-from msrl.partition import Boundary
+from msrl.graph.fragmented import Boundary
 from msrl.runtime.asynchronous import AsyncEndpoint, LocalTransport, Mailbox
 
 grpc = pytest.importorskip("grpc")

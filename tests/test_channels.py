@@ -13,7 +13,7 @@ from tensordict import TensorDict
 
 from msrl.channels import ChannelClosed, LocalHub
 from msrl.graph import NodeKind
-from msrl.partition import Boundary
+from msrl.graph.fragmented import Boundary
 from msrl.runtime.shm import available as shm_available
 
 TRANSPORTS = ["local", "dist", "dist_split", "dist_shm"]

@@ -248,3 +248,39 @@ def test_both_runtimes_implement_the_one_interface():
     names = [n for n in dir(JobRuntime) if not n.startswith("_")]
     for cls in (Job, RayJob):
         assert [n for n in names if not hasattr(cls, n) and n not in cls.__init__.__code__.co_names] == [], cls
+
+
+def _reach(edges: dict[str, set[str]], start: set[str]) -> set[str]:
+    """Every msrl module ``start`` imports, directly or through others (function-level imports too)."""
+    seen, todo = set(), list(start)
+    while todo:
+        m = todo.pop()
+        for t in edges.get(m, ()):
+            if t not in seen:
+                seen.add(t)
+                todo.append(t)
+    return seen
+
+
+FRONT_END = ("msrl.tracer", "msrl.probe", "msrl.partition", "msrl.frontend", "msrl.codegen")
+
+
+def test_the_graph_package_imports_nothing_above_it():
+    """The graph IR and the fragmented graph sit below everything that builds or runs them: the
+    graph package reaches only itself and msrl's errors, never the front end, the runtime or
+    the run (directly or through another module)."""
+    edges = _imports(_modules())
+    graph = {m for m in edges if m == "msrl.graph" or m.startswith("msrl.graph.")}
+    assert "msrl.graph.fragmented" in graph
+    assert sorted(t for t in _reach(edges, graph) if t not in graph) == ["msrl.errors"]
+
+
+def test_the_runtime_never_reaches_the_partitioner_or_the_config():
+    """The runtime reads the fragmented graph (``msrl.graph.fragmented``) and runs programs; the
+    partitioner, the passes that build the graph and the config schema are the driver's, so no
+    runtime module imports them, directly or through another module."""
+    edges = _imports(_modules())
+    runtime = {m for m in edges if m.startswith("msrl.runtime")}
+    reached = _reach(edges, runtime)
+    assert "msrl.graph.fragmented" in reached
+    assert sorted(t for t in reached if t.startswith(("msrl.partition", "msrl.frontend", "msrl.config"))) == []

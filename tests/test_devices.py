@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from msrl.channels import LocalHub, deliver
 from msrl.cluster.grpc_transport import ITEM, deliver_frame, encode_frame
 from msrl.graph import NodeKind
-from msrl.partition import Boundary
+from msrl.graph.fragmented import Boundary
 from msrl.runtime.asynchronous import AsyncEndpoint, LocalTransport, Mailbox
 from msrl.runtime.codec import encode
 

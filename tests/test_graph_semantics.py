@@ -13,9 +13,10 @@ from msrl.algorithms import dqn
 from msrl.api import Learner, Trainer, returns
 from msrl.cli import main
 from msrl.config import ConfigError, load_config
+from msrl.errors import PartitionError
 from msrl.graph import COMM_KINDS, NodeKind
 from msrl.job import Job, JobSpec, UnknownAlgorithmError, load_algorithm
-from msrl.partition import PartitionError, partition
+from msrl.partition import partition
 from msrl.policy import load_policy
 from msrl.tracer import TraceError, trace, trace_methods
 

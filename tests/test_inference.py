@@ -12,9 +12,9 @@ from tensordict import TensorDict
 from test_matrix import ENV_KWARGS, ITERATIONS, TINY, run, spec
 
 from msrl.channels import ChannelClosed
+from msrl.errors import PartitionError
 from msrl.graph import NodeKind
 from msrl.job import Job, JobSpec
-from msrl.partition import PartitionError
 from msrl.policy import load_policy
 from msrl.runtime.inference import Batcher, ShardedComponent, batch_args, inference_metrics, split_rows
 from msrl.runtime.replica import FragmentError

@@ -14,9 +14,9 @@ import torch
 
 from msrl.algorithms import a3c
 from msrl.api import returns
+from msrl.errors import PartitionError
 from msrl.graph import NodeKind
 from msrl.job import Job, JobSpec
-from msrl.partition import PartitionError
 from msrl.policy import load_policy
 from msrl.runtime.patterns import total
 

@@ -4,9 +4,10 @@
 import pytest
 
 from msrl.algorithms.ppo import PPOTrainer
+from msrl.errors import PartitionError
 from msrl.graph import COMM_KINDS, NodeKind
 from msrl.job import Job
-from msrl.partition import PartitionError, partition
+from msrl.partition import partition
 from msrl.policy import load_policy
 from msrl.tracer import trace
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from msrl.graph import NodeKind
-from msrl.partition import Boundary
+from msrl.graph.fragmented import Boundary
 from msrl.runtime.asynchronous import AsyncEndpoint, Mailbox
 
 pytest.importorskip("grpc")

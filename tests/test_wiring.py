@@ -125,7 +125,7 @@ LINK_RANKS = {k: i for i, k in enumerate(LINK_KEYS)}
 
 
 def _link_boundaries():
-    from msrl.partition import Boundary
+    from msrl.graph.fragmented import Boundary
 
     gather = Boundary("train_step/b0:traj", "train_step", "traj", NodeKind.GATHER, "actor", "learner", 3, 1, "sharded",
                       0, False, pattern=NodeKind.GATHER)

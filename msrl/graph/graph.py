@@ -12,6 +12,7 @@ networkx holds the edges; it is not exposed.
 from __future__ import annotations
 
 import ast
+import dataclasses
 from typing import Iterator
 
 import networkx as nx
@@ -57,6 +58,36 @@ class Graph:
     def _new_id(self) -> int:
         self._next_id += 1
         return self._next_id - 1
+
+    def replace(self, node: Node, new: Node) -> Node:
+        """Puts ``new`` in ``node``'s place in the program order (``new`` keeps its own id, or
+        gets one). Returns ``new``.
+
+        Raises:
+            ValueError: ``node`` is not in this region.
+        """
+        i = next((k for k, n in enumerate(self._nodes) if n is node), None)
+        if i is None:
+            raise ValueError(f"node %{node.id} is not in region {self.name}")
+        if new.id < 0:
+            new.id = self._new_id()
+        self._nodes[i] = new
+        return new
+
+    def copy(self) -> "Graph":
+        """A copy a pass may edit without touching this graph: new nodes (their input, output
+        and meta containers new too) and, through the region table, new sub-graphs; ids, names
+        and every other value are kept."""
+        g = Graph(self.name)
+        g._next_id = self._next_id
+        for node in self._nodes:
+            copy = dataclasses.replace(node, inputs=list(node.inputs), outputs=list(node.outputs), meta=dict(node.meta))
+            region = node.region_kind()
+            for attr, _ in (region.subgraphs if region is not None else ()):
+                sub = getattr(node, attr)
+                setattr(copy, attr, sub.copy() if sub is not None else None)
+            g._nodes.append(copy)
+        return g
 
     def set_id_base(self, base: int) -> None:
         """Makes new node ids start at ``base`` (so ids stay unique across nested regions)."""

@@ -51,7 +51,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import torch
 
 from msrl.channels import ChannelClosed, ProducerReplaced
-from msrl.partition import boundary_end
+from msrl.graph.fragmented import boundary_end
 from msrl.policy import SLOT_CHANNELS
 from msrl.runtime.frames import compact_value, rebuild_value
 from msrl.runtime.generators import BATON

@@ -43,7 +43,7 @@ from typing import Any, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from msrl.partition import Boundary
+from msrl.graph.fragmented import Boundary
 from msrl.runtime.codec import MAX_MESSAGE, CodecError, decode, decode_parts, encode, encode_parts, payload_size
 from msrl.runtime.endpoint import Endpoint
 

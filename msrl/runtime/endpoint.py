@@ -40,7 +40,7 @@ import torch
 
 from msrl.api import collective_scope
 from msrl.graph import NodeKind
-from msrl.partition import Boundary, boundary_end
+from msrl.graph.fragmented import Boundary, boundary_end
 from msrl.runtime.frames import compact_value, rebuild_value
 from msrl.runtime.patterns import combine, deliveries, shards, sources
 from msrl.runtime.values import reduce_leaves, tensor_leaves

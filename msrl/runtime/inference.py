@@ -1,5 +1,5 @@
 """Central inference with dynamic batching, the runtime side (SEED RL, Espeholt et al. 2020,
-section 3; the graph side is :mod:`msrl.inference`).
+section 3; the graph side is :mod:`msrl.frontend.serving`).
 
 The server replica's generated ``train_step`` calls ``comm.serve(self, _msrl_served)``; the
 endpoint hands it to this replica's :class:`InferenceServer`, which
@@ -256,7 +256,7 @@ class ShardedComponent:
     Args:
         shards: the components, client 0 first.
         combine: method -> env axis of each of its results (from the
-            :class:`~msrl.inference.InferencePlan`); ``()`` for a method without results.
+            :class:`~msrl.graph.fragmented.InferencePlan`); ``()`` for a method without results.
     """
 
     def __init__(self, shards: Sequence[Any], combine: Mapping[str, tuple[int, ...]]) -> None:
@@ -348,7 +348,7 @@ class InferenceServer:
     """Runs the served region of the server replica's ``train_step`` (see the module docstring).
 
     Args:
-        plan: the job's :class:`~msrl.inference.InferencePlan`.
+        plan: the job's :class:`~msrl.graph.fragmented.InferencePlan`.
         generators: one :class:`~msrl.runtime.generators.GlobalGenerators` per client: the
             global generator states its run draws from (``None``: runs hold none).
     """

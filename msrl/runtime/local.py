@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping
 
 from msrl.channels import ChannelClosed, LocalHub
-from msrl.partition import FragmentGraph
+from msrl.graph.fragmented import FragmentGraph
 from msrl.runtime.asynchronous import AsyncEndpoint, LocalTransport, Mailbox
 from msrl.runtime.host import ReplicaHost
 from msrl.runtime.replica import FragmentError, Replica, print_notices

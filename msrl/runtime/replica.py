@@ -25,7 +25,7 @@ from msrl.codegen import Program, generate
 from msrl.device import start_read
 from msrl.envs import env_spec as make_env_spec
 from msrl.errors import MsrlError
-from msrl.partition import FragmentGraph
+from msrl.graph.fragmented import FragmentGraph
 from msrl.policy import FragmentSpec
 from msrl.runtime.capture import invalidate, pop_notices, replayed
 from msrl.runtime.generators import BATON, KINDS, GlobalGenerators
@@ -181,7 +181,7 @@ def build_trainer(spec: Any, frag: FragmentSpec, replica: int, inference: Any = 
     ``(seed, "build", fragment, replica)``: layers built with ``nn.Linear``'s defaults get the same
     weights under every policy that gives the role the same envs.
 
-    Under central inference (``inference``: the job's :class:`~msrl.inference.InferencePlan`),
+    Under central inference (``inference``: the job's :class:`~msrl.graph.fragmented.InferencePlan`),
     the server replica holds each sharded role (its buffer) as one shard per env replica
     (:class:`~msrl.runtime.inference.ShardedComponent`), shard ``i`` built exactly as a
     fragment replica ``i`` beside env replica ``i`` would be.

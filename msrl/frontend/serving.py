@@ -1,4 +1,4 @@
-"""Central inference with dynamic batching, the graph side: which part of the server fragment's
+"""The serving pass: central inference with dynamic batching, the graph side: which part of the server fragment's
 ``train_step`` runs once per client replica, and what that asks of the algorithm (SEED RL,
 Espeholt et al. 2020, "SEED RL: Scalable and Efficient Deep-RL with Accelerated Central
 Inference", section 3).
@@ -17,62 +17,24 @@ Its ``train_step`` program is cut in two:
   run ended, where a call on a sharded component combines the shards' results as a gather of
   replicas would (sharded values concatenated along their env axis).
 
-What cannot be honoured exactly is a :class:`~msrl.partition.PartitionError` naming the
+What cannot be honoured exactly is a :class:`~msrl.errors.PartitionError` naming the
 ``file:line``: a learner call, or state that is not a control value, inside the served region
 (it would run once per client), a served call whose results are not sharded along axis 0, a
 call after the region whose result the shards cannot combine into what one component returns
 (a replay sample), a non-control value that the region computes and the rest reads.
+
+:func:`serve_inference` is the pass (``FragmentGraph -> FragmentGraph``): the plan
+(:func:`plan_inference`) and the served region (:func:`wrap_served_region`) on a copy.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from msrl.graph import COMM_KINDS, Graph, Node, NodeKind
+from msrl.graph.fragmented import FragmentGraph, InferencePlan
 
-__all__ = ["InferencePlan", "plan_inference"]
-
-
-@dataclasses.dataclass(frozen=True)
-class InferencePlan:
-    """How the server fragment runs central inference.
-
-    Attributes:
-        server, clients: fragment names; ``clients_count``: the client replicas.
-        role: the role whose calls are batched (``"actor"``).
-        max_batch: client requests per batch (1..``clients_count``).
-        timeout_ms: the longest a request waits for its batch to fill (``None``: no deadline).
-        region: how many top-level nodes of the server's ``train_step`` program the served
-            region holds.
-        shard_roles: roles of the server fragment with one component shard per client.
-        combine: ``(role, method) -> env axis of each result`` for the calls on sharded
-            components outside the served region (``()``: a call without results, made on
-            every shard).
-        live_outs: values the served region computes and the rest reads: control values
-            (every client's run computes the same; the first client's is used) and the
-            :attr:`sharded_outs`.
-        state_writes: control trainer attributes the served region writes (copied back from
-            the first client's run).
-        sharded_state: trainer attributes sharded along the env axis (axis 0) that the served
-            region reads (an LSTM's state): each client's run reads its own rows.
-        sharded_outs: live-outs sharded along the env axis: the clients' runs' values are
-            concatenated in client order, as a gather of the env replicas would.
-    """
-
-    server: str
-    clients: str
-    clients_count: int
-    role: str
-    max_batch: int
-    timeout_ms: float | None
-    region: int
-    shard_roles: tuple[str, ...]
-    combine: dict[tuple[str, str], tuple[int, ...]]
-    live_outs: tuple[str, ...]
-    state_writes: tuple[str, ...]
-    sharded_state: tuple[str, ...] = ()
-    sharded_outs: tuple[str, ...] = ()
+__all__ = ["serve_inference", "plan_inference", "wrap_served_region"]
 
 
 def _walk(nodes: list[Node]) -> list[Node]:
@@ -93,17 +55,18 @@ def _reads(n: Node) -> list[str]:
     return names
 
 
-def plan_inference(fg: Any) -> InferencePlan:
+def plan_inference(fg: FragmentGraph) -> InferencePlan:
     """The :class:`InferencePlan` of a partitioned job whose policy serves inference.
 
     Args:
-        fg: a :class:`~msrl.partition.FragmentGraph` whose ``policy.serving`` is set.
+        fg: a :class:`~msrl.graph.fragmented.FragmentGraph` whose ``policy.serving`` is set.
 
     Raises:
         PartitionError: the algorithm's ``train_step`` cannot run per client (see the module
             docstring), naming the node's ``file:line`` and the setting to change.
     """
-    from msrl.partition import PartitionError, value_info
+    from msrl.errors import PartitionError
+    from msrl.graph.fragmented import value_info
 
     inf = fg.policy.serving
     server, clients = fg.fragment(inf.server), fg.fragment(inf.clients)
@@ -202,14 +165,30 @@ def plan_inference(fg: Any) -> InferencePlan:
 
 def _rows(node: Node, name: str) -> bool:
     """Whether value ``name`` of ``node`` is sharded along the env axis, axis 0 (one row per env)."""
-    from msrl.partition import value_info
+    from msrl.graph.fragmented import value_info
 
     info = value_info(node, name)
     return info is not None and info.get("kind") == "sharded" and (info.get("axis") or 0) == 0
 
 
-def wrap_served_region(fg: Any, plan: InferencePlan) -> None:
-    """Puts the served region of ``plan`` into the IR: the first ``plan.region`` top-level nodes
+def serve_inference(fg: FragmentGraph) -> FragmentGraph:
+    """The pass: under a policy that serves inference (``policy.serving``), a copy of ``fg``
+    with its :class:`~msrl.graph.fragmented.InferencePlan` and the served region wrapped in the
+    server's ``train_step``; ``fg`` itself otherwise (unchanged either way).
+
+    Raises:
+        PartitionError: what central inference cannot honour exactly (``file:line``).
+    """
+    if fg.policy.serving is None:
+        return fg
+    plan = plan_inference(fg)
+    out = fg.copy()
+    wrap_served_region(out, plan)
+    return dataclasses.replace(out, inference=plan)
+
+
+def wrap_served_region(fg: FragmentGraph, plan: InferencePlan) -> None:
+    """Puts the served region of ``plan`` into the IR of ``fg`` (in place: the pass's own copy): the first ``plan.region`` top-level nodes
     of the server fragment's ``train_step`` program become the body of one ``serve`` region node
     (its outputs: ``plan.live_outs``), which codegen lowers to the function ``comm.serve`` runs
     once per client replica. The program is linted again.
