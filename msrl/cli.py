@@ -24,7 +24,7 @@ import math
 import pathlib
 import signal
 import sys
-from typing import Any, Callable, NoReturn
+from typing import Callable, NoReturn, Sequence
 
 from msrl.errors import MsrlError
 
@@ -39,6 +39,8 @@ def _train(args: argparse.Namespace) -> int:
     overrides = [i for i in items if "=" in i]
     if len(configs) > 1 or (configs and items[0] != configs[0]):
         raise ConfigError(f"msrl train takes one CONFIG before its key=value overrides, got {' '.join(items)}")
+    if args.owned:  # the msrl command: its start-up shortcuts first (validating a config imports the algorithm)
+        _own_process(configs[0] if configs else pathlib.Path(args.resume or ".") / "config.yaml", overrides)
     if args.resume:  # the run's saved config (or CONFIG), with budget-like overrides
         from msrl.rundir import resume_config
 
@@ -47,8 +49,6 @@ def _train(args: argparse.Namespace) -> int:
         raise ConfigError("msrl train needs a CONFIG (a YAML file), or --resume RUN_DIR")
     else:
         cfg = load_config(configs[0], overrides)  # config errors before torch is imported
-    if args.owned:  # the msrl command: its start-up shortcuts, now that the config says whether it compiles
-        _own_process(cfg)
 
     if args.supervise:
         from msrl.config import resolve_runtime
@@ -63,12 +63,21 @@ def _train(args: argparse.Namespace) -> int:
     return _train_run(cfg, args)
 
 
-def _own_process(cfg: Any) -> None:
-    """The ``msrl`` command's process is msrl's own: :func:`msrl.startup.own_process`, unless
-    the job compiles a fragment."""
+def _own_process(config: str | pathlib.Path, overrides: Sequence[str]) -> None:
+    """The ``msrl`` command's process is msrl's own: :func:`msrl.startup.own_process`, before
+    the config is validated (validation imports the algorithm, and with it tensordict), unless
+    the config (read, not yet validated) compiles a fragment. A config that cannot be read
+    keeps plain torch; its error comes from the validation that follows."""
+    from msrl.config import ConfigError, read_config
     from msrl.startup import job_compiles, own_process
 
-    own_process(compiles=job_compiles(cfg.distribution_policy.compile))
+    try:
+        raw = read_config(config, overrides)
+        modes = (raw.get("distribution_policy") or {}).get("compile") or {}
+        compiles = job_compiles({k: "off" if v is False else str(v) for k, v in dict(modes).items()})
+    except (ConfigError, AttributeError, TypeError, ValueError):
+        return
+    own_process(compiles=compiles)
 
 
 def _format_return(value: float) -> str:
@@ -129,9 +138,9 @@ def _graph(args: argparse.Namespace) -> int:
     from msrl.printer import draw_fragments, format_boundary_bytes, format_capture, format_compile, format_job
     from msrl.runtime.replica import FragmentError
 
-    cfg = load_config(args.config, args.overrides)
     if args.owned:
-        _own_process(cfg)
+        _own_process(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides)
     population = cfg.population
     if population is not None:  # the members' job: member 0's config
         from msrl.population import member_configs

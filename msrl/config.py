@@ -440,11 +440,13 @@ def set_values(raw: Mapping[str, Any], values: Sequence[tuple[list[str], Any]]) 
     return data
 
 
-def load_config(path: str | pathlib.Path, overrides: Sequence[str] = ()) -> RunConfig:
-    """Reads, overrides and fully validates a config file (see :func:`validate`).
+def read_config(path: str | pathlib.Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """Reads a config file and applies dotted overrides, without validating it (nothing is
+    imported: the ``msrl`` command reads what its process start-up depends on from it).
 
     Raises:
-        ConfigError: unreadable file, invalid YAML, or any validation error.
+        ConfigError: unreadable file, invalid YAML, a top level that is not a mapping, or a
+            malformed override.
     """
     p = pathlib.Path(path)
     try:
@@ -457,7 +459,16 @@ def load_config(path: str | pathlib.Path, overrides: Sequence[str] = ()) -> RunC
         raise ConfigError(f"{p}: invalid YAML: {e}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{p}: the top level must be a mapping of keys, got {type(raw).__name__}")
-    return validate(apply_overrides(raw, overrides))
+    return apply_overrides(raw, overrides)
+
+
+def load_config(path: str | pathlib.Path, overrides: Sequence[str] = ()) -> RunConfig:
+    """Reads, overrides and fully validates a config file (see :func:`validate`).
+
+    Raises:
+        ConfigError: unreadable file, invalid YAML, or any validation error.
+    """
+    return validate(read_config(path, overrides))
 
 
 def _has_frames(space: Any) -> bool:

@@ -64,23 +64,40 @@ def train(config: Any = None, /, *, resume: str | pathlib.Path | None = None, ow
         TrainingStopped: a fragment raised (e.g. a NaN), the last checkpoint is kept.
         TrainingInterrupted: Ctrl-C; the checkpoint is kept, ``resume=`` continues it.
     """
+    if own_process:  # before msrl.run and the validation, which import tensordict
+        _own_process(pathlib.Path(resume) / "config.yaml" if resume is not None and config is None else config, overrides)
     from msrl.run import train as run_train
     from msrl.rundir import resume_config
 
     if resume is not None:  # run_train refuses a change outside the resumable keys
-        cfg = _config(resume_config(resume) if config is None else config, overrides)
-    elif config is None:
+        return run_train(_config(resume_config(resume) if config is None else config, overrides), resume=resume)
+    if config is None:
         from msrl.config import ConfigError
 
         raise ConfigError("msrl.train needs a config (a YAML path, a mapping or a RunConfig), or resume=RUN_DIR")
-    else:
-        cfg = _config(config, overrides)
-    if own_process:
-        from msrl.startup import job_compiles
-        from msrl.startup import own_process as own
+    return run_train(_config(config, overrides))
 
-        own(compiles=job_compiles(cfg.distribution_policy.compile))
-    return run_train(cfg, resume=resume)
+
+def _own_process(config: Any, overrides: Mapping[str, Any]) -> None:
+    """:func:`msrl.startup.own_process` for ``msrl.train(..., own_process=True)``: plain torch
+    where the config (read, not yet validated) compiles a fragment or cannot be read (its error
+    comes from the validation that follows)."""
+    from msrl.config import ConfigError, RunConfig, read_config, set_values
+    from msrl.startup import job_compiles, own_process
+
+    try:
+        if isinstance(config, (str, pathlib.Path)):
+            raw = read_config(config)
+        elif isinstance(config, RunConfig):
+            raw = config.model_dump()
+        else:
+            raw = dict(config)
+        raw = set_values(raw, [(key.replace("__", ".").split("."), value) for key, value in overrides.items()])
+        modes = (raw.get("distribution_policy") or {}).get("compile") or {}
+        compiles = job_compiles({k: "off" if v is False else str(v) for k, v in dict(modes).items()})
+    except (ConfigError, AttributeError, TypeError, ValueError):
+        return
+    own_process(compiles=compiles)
 
 
 class TrainedPolicy:

@@ -79,10 +79,20 @@ def _say_once(line: str) -> None:
 
 
 def torch_release() -> str:
-    """The running torch's release without its local part: ``"2.13.0"`` for ``2.13.0+cpu``."""
-    import torch
+    """The torch release without its local part (``"2.13.0"`` for ``2.13.0+cpu``): the imported
+    module's, or, before ``import torch``, the installed package's (torch is not imported for
+    it); ``"none"`` where torch is not installed."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        version = torch.__version__
+    else:
+        import importlib.metadata
 
-    return str(torch.__version__).split("+")[0]
+        try:
+            version = importlib.metadata.version("torch")
+        except importlib.metadata.PackageNotFoundError:
+            return "none"
+    return str(version).split("+")[0]
 
 
 def job_compiles(compile_modes: Mapping[str, str]) -> bool:
@@ -105,7 +115,9 @@ def own_process(*, compiles: bool = False) -> list[str]:
 
     Returns:
         what this call changed: ``"tensordict"`` for the import finder, and the qualified names
-        of the ``torch.optim`` methods (empty when nothing was changed).
+        of the ``torch.optim`` methods (empty when nothing was changed). Before ``import
+        torch`` the optimisers are changed once torch's import ends (the finder waits for it;
+        nothing else of torch is touched): :func:`owned_changes` lists them from then on.
     """
     if compiles:
         _say_once("start-up: plain torch (the job compiles a fragment)")
@@ -117,9 +129,18 @@ def own_process(*, compiles: bool = False) -> list[str]:
         return []
     with _LOCK:
         changed: list[str] = []
-        if _install_finder():
+        pending = set()
+        finder = next((f for f in sys.meta_path if isinstance(f, _Finder)), None)
+        waiting = finder.pending if finder is not None else set()
+        if ("tensordict" not in sys.modules and "tensordict" not in waiting and not _dynamo_loaded()
+                and os.environ.get("MSRL_EAGER_TENSORDICT") != "0"):
+            pending.add("tensordict")
             changed.append("tensordict")
-        changed += _lean_optimizers()
+        if "torch" in sys.modules:
+            changed += _lean_optimizers()
+        else:  # torch's own import ends before the optimisers are changed
+            pending.add("torch")
+        _install_finder(pending)
         _OWNED.extend(changed)
         return changed
 
@@ -131,7 +152,10 @@ def owned_changes() -> list[str]:
         return list(_OWNED)
 
 
-class _Loader(importlib.abc.Loader):
+class _TensordictLoader(importlib.abc.Loader):
+    """Runs tensordict's package with ``torch.compiler``'s two marks as identity functions,
+    then puts them back (see the module docstring)."""
+
     def __init__(self, inner: Any) -> None:
         self.inner = inner
 
@@ -152,32 +176,62 @@ class _Loader(importlib.abc.Loader):
             compiler.allow_in_graph, compiler.assume_constant_result = saved
 
 
+class _TorchLoader(importlib.abc.Loader):
+    """Runs torch's package as it is, then changes its optimisers (:func:`_lean_optimizers`)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def create_module(self, spec: Any) -> Any:
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self.inner.exec_module(module)
+        try:
+            changed = _lean_optimizers()
+        except Exception as e:  # noqa: BLE001 - a start-up shortcut never breaks torch's import
+            _say_once(f"start-up: plain torch.optim ({type(e).__name__}: {e})")
+            return
+        with _LOCK:
+            _OWNED.extend(changed)
+
+
+_LOADERS = {"tensordict": _TensordictLoader, "torch": _TorchLoader}
+
+
 def _identity(fn: Any) -> Any:
     return fn
 
 
 class _Finder(importlib.abc.MetaPathFinder):
-    """Wraps the loader of the ``tensordict`` package (once; then leaves ``sys.meta_path``)."""
+    """Wraps the loaders of the packages it waits for (``tensordict``, ``torch``), each once;
+    leaves ``sys.meta_path`` when it waits for none."""
+
+    def __init__(self) -> None:
+        self.pending: set[str] = set()
 
     def find_spec(self, name: str, path: Sequence[str] | None, target: Any = None) -> Any:
-        if name != "tensordict":
+        if name not in self.pending:
             return None
-        sys.meta_path.remove(self)
+        with _LOCK:
+            self.pending.discard(name)
+            if not self.pending and self in sys.meta_path:
+                sys.meta_path.remove(self)
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is not None and spec.loader is not None:
-            spec.loader = _Loader(spec.loader)
+            spec.loader = _LOADERS[name](spec.loader)
         return spec
 
 
-def _install_finder() -> bool:
-    """Puts the finder in place unless tensordict is imported already, ``torch._dynamo`` is
-    loaded or the environment says ``MSRL_EAGER_TENSORDICT=0``; returns whether it did."""
-    if "tensordict" in sys.modules or _dynamo_loaded() or os.environ.get("MSRL_EAGER_TENSORDICT") == "0":
-        return False
-    if any(isinstance(f, _Finder) for f in sys.meta_path):
-        return False
-    sys.meta_path.insert(0, _Finder())
-    return True
+def _install_finder(names: set[str]) -> None:
+    """Makes the finder (first on ``sys.meta_path``) wait for ``names`` too."""
+    if not names:
+        return
+    finder = next((f for f in sys.meta_path if isinstance(f, _Finder)), None)
+    if finder is None:
+        finder = _Finder()
+        sys.meta_path.insert(0, finder)
+    finder.pending |= names
 
 
 def _dynamo_loaded() -> bool:

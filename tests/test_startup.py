@@ -320,3 +320,24 @@ def test_the_hand_over_to_torchs_wrappers_is_thread_safe():
     """Replicas run on threads of one process (``runtime: local``): when Dynamo gets loaded,
     several threads meet the same pre-filled cache entry at once; each hands over, none fails."""
     assert json.loads(_python(HAND_OVER).splitlines()[-1]) == {"changed": True, "errors": []}
+
+
+ASKED = """
+    import json, sys
+    import msrl
+    result = msrl.train("configs/ppo_cartpole.yaml", own_process=True, runs_dir=RUNS, train__total_env_steps=256,
+                        eval__episodes=1, train__progress=False)
+    import tensordict.utils
+    from msrl.startup import owned_changes
+    owned = owned_changes()
+    print(json.dumps({"tensordict": "tensordict" in owned, "optimizers": "Adam.step" in owned,
+                      "marked": getattr(tensordict.utils._lock_warn, "_dynamo_marked_constant", False),
+                      "dynamo": "torch._dynamo" in sys.modules}))
+"""
+
+
+def test_msrl_train_gives_a_users_process_the_start_up_shortcuts_only_when_asked(tmp_path):
+    """``msrl.train(..., own_process=True)``: the command's start-up in the caller's process,
+    applied before the config's validation imports the algorithm (and tensordict with it)."""
+    out = json.loads(_python(ASKED.replace("RUNS", repr(str(tmp_path)))).splitlines()[-1])
+    assert out == {"tensordict": True, "optimizers": True, "marked": False, "dynamo": False}

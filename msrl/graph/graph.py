@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-from typing import Iterator
-
-import networkx as nx
+from typing import Any, Iterator
 
 from msrl.errors import MsrlError
 from msrl.graph.node import COMM_KINDS, CommTarget, Const, Node, NodeKind
@@ -154,7 +152,11 @@ class Graph:
         """Nodes of the region that read a value ``node`` writes (before it is rewritten)."""
         return [c for p, c, _ in self.edges() if p is node]
 
-    def _nx(self) -> nx.MultiDiGraph:
+    def _nx(self) -> Any:
+        """The region's data edges as a ``networkx.MultiDiGraph`` (networkx is imported here, on
+        first use: no run needs it, and it is 0.16 s of a run's start-up)."""
+        import networkx as nx
+
         g = nx.MultiDiGraph()
         self._by_id = {n.id: n for n in self._nodes}
         last: dict[str, Node] = {}
@@ -180,6 +182,8 @@ class Graph:
                 if prev is not None:
                     g.add_edge(prev.id, node.id, value="<effect>")
                 prev = node
+        import networkx as nx
+
         try:
             order = list(nx.lexicographical_topological_sort(g, key=lambda i: self._pos(i)))
         except nx.NetworkXUnfeasible as e:
