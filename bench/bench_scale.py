@@ -17,7 +17,7 @@ Rows, per N (``--replicas``):
 * ``env steps/s``: steady-state throughput (iterations 6..6+``--iterations``), and ``efficiency``:
   that over N x the throughput at N=1 (the first N of the list should be 1);
 * ``replacement``: at the largest N (``--kill``), actor replica 0 SIGKILLed mid-run: the seconds
-  from its loss noticed to its replacement rejoined (``RayJob.replacement_s``), the other
+  from its loss noticed to its replacement rejoined (``RayJob.replacements.replacement_s``), the other
   replicas running throughout.
 
 * ``--hierarchical NODES``: instead, ``multi_learner`` with ``2 x NODES`` learners (the README's
@@ -129,7 +129,7 @@ def measure(n: int, delay_ms: float, iterations: int, kill: bool) -> dict:
             job.run(max(iterations, int(3.0 / max(1e-3, iterations / sps * spec.env_steps_per_iteration / iterations))))
             timer.join()
             job.run(3)  # it runs on
-            out["replacement_s"] = job.replacement_s[0] if job.replacement_s else float("nan")
+            out["replacement_s"] = job.replacements.replacement_s[0] if job.replacements.replacement_s else float("nan")
         return out
     finally:
         job.close()

@@ -80,7 +80,7 @@ def _line_up(records: Sequence[dict[str, Any]], n: int) -> list[dict[str, Any] |
     return head + [last]
 
 
-class RayJob(Replacements):
+class RayJob:
     """A job whose fragment replicas are Ray actors (see the module docstring): a
     :class:`~msrl.runtime.interface.JobRuntime`, as :class:`msrl.job.Job` is (what
     :func:`msrl.run.train` uses).
@@ -185,7 +185,7 @@ class RayJob(Replacements):
         self.iteration = 0
         self._env_steps = 0
         #: (fragment, replica) -> that replica's env steps after the last finished chunk
-        self._replica_steps: dict[tuple[str, int], int] = {}
+        self.replica_steps: dict[tuple[str, int], int] = {}
         self.job_id = secrets.token_hex(8)
         self._stats = EpisodeStats([], [])
         self._eval_actor: Any = None
@@ -196,14 +196,15 @@ class RayJob(Replacements):
         self.elastic = replaced_fragments(on_replica_loss, self.fragment_graph)
         #: the job's iteration when its replica processes started (a replacement's consumer
         #: counts the items it received from then on)
-        self._start_iteration = 0
-        self._faults: dict[str, int] = {}
-        self._rejoin_args: tuple = ()
-        self._init_replacements(replacement_timeout_s)
+        self.start_iteration = 0
+        self.faults: dict[str, int] = {}
+        self.rejoin_args: tuple = ()
+        #: lost elastic replicas replaced alone (reads this job through its JobView attributes)
+        self.replacements = Replacements(self, replacement_timeout_s)
         self.keys = [(f.name, r) for f in spec.policy.fragments for r in range(f.replicas)]
         #: the one owner of the replica actors and their health
         self.replicas = ReplicaGroup(self.keys, {f.name: f.roles for f in spec.policy.fragments}, self._count_lost)
-        self.replicas.absent = self._absent  # the same dict: the group's probes skip them
+        self.replicas.absent = self.replacements.absent  # the same dict: the group's probes skip them
         #: each replica's placement-group bundle, in the order of ``keys``
         self.bundles = [{"CPU": cpus[f], **({"GPU": gpus[f]} if gpus[f] else {})} for f, _ in self.keys]
         need = sum(b["CPU"] for b in self.bundles)
@@ -247,7 +248,7 @@ class RayJob(Replacements):
                 self.replicas.call_each("init_process_group", [(ranks[k], ranks, timeout_s, peers, intra_node, servers, token,
                                                                 tls, max_message, sorted(self.elastic), sync_transport)
                                                                for k in self.keys])
-            self._rejoin_args = (servers, token, tls, max_message, timeout_s, boundary_transport, learner_priority)
+            self.rejoin_args = (servers, token, tls, max_message, timeout_s, boundary_transport, learner_priority)
             self._has_env = [k[0] == spec.policy.fragment_of_role("env") for k in self.keys]
             self.replicas.watch(self.job_id, replica_timeout_s)
         except BaseException as e:
@@ -334,12 +335,12 @@ class RayJob(Replacements):
 
         time.sleep(1.5 * PERIOD_S)  # the live replicas, stuck at a boundary, report their final counts
         beats = self.watchdog.env_steps()
-        reached = {k: max(self._replica_steps.get(k, 0), beats.get(k, 0))
+        reached = {k: max(self.replica_steps.get(k, 0), beats.get(k, 0))
                    for k, env in zip(self.keys, self._has_env) if env}
         dead = (cause.fragment, cause.replica)
         if dead in reached:  # its own last heartbeat may be up to a period old: as far as its peers got
-            ahead = [reached[k] - self._replica_steps.get(k, 0) for k in reached if k != dead]
-            reached[dead] = max(reached[dead], self._replica_steps.get(dead, 0) + max(ahead, default=0))
+            ahead = [reached[k] - self.replica_steps.get(k, 0) for k in reached if k != dead]
+            reached[dead] = max(reached[dead], self.replica_steps.get(dead, 0) + max(ahead, default=0))
         cause.env_steps = max(self._env_steps, sum(reached.values()))
 
     def run(self, n: int, method: str = "train_step") -> list[dict[str, Any]]:
@@ -358,20 +359,20 @@ class RayJob(Replacements):
             FloatingPointError: a ``*_loss`` metric is not finite.
         """
         if method == "train_step":
-            end = self.iteration - self._start_iteration + n  # the consumers' iterations at the chunk's end
-            if self._absent:
-                self._settle_absent(end - n)
+            end = self.iteration - self.start_iteration + n  # the consumers' iterations at the chunk's end
+            if self.replacements.absent:
+                self.replacements.settle_absent(end - n)
             per_replica = self._call_all("run", (method, n), end, lambda key, owed: ("run", method, owed),
-                                         counts=self._chunk_counts(n) if self._absent else None)
+                                         counts=self.replacements.chunk_counts(n) if self.replacements.absent else None)
         else:
-            per_replica = self.replicas.call("run", method, n, skip=self._absent)
+            per_replica = self.replicas.call("run", method, n, skip=self.replacements.absent)
         per_replica = [recs or [] for recs in per_replica]  # an absent replica ran nothing
         for recs in per_replica:  # the replicas' notices (a capture, or why not), printed here
             print_notices(recs)
         # a replacement ran the chunk's last iterations only: its rows line up with theirs; a
         # replica that also did an absent one's share ran more: its last row holds the rest
         per_replica = [_line_up(recs, n) for recs in per_replica]
-        faults, self._faults = self._faults, {}
+        faults, self.faults = self.faults, {}
         records = []
         for i in range(n):
             rows = [recs[i] if recs[i] is not None else self._idle_row(k) for k, recs in zip(self.keys, per_replica)]
@@ -384,7 +385,7 @@ class RayJob(Replacements):
             if method == "train_step":
                 self.iteration += 1
             self._env_steps = sum(r["env_steps"] for r in rows)
-            self._replica_steps = {k: r["env_steps"] for k, r in zip(self.keys, rows)}
+            self.replica_steps = {k: r["env_steps"] for k, r in zip(self.keys, rows)}
             check_losses(out, self.iteration)
             busy = sum(r["time_s"] for r in rows)
             records.append({"output": out, "env_steps": self._env_steps, "episodes": episodes,
@@ -400,7 +401,7 @@ class RayJob(Replacements):
     def _idle_row(self, key: tuple[str, int]) -> dict[str, Any]:
         """The record of an iteration replica ``key`` did not run in this chunk (a replacement
         started after it): nothing finished, its env steps where the replacement started."""
-        return {"output": None, "env_steps": self._replica_steps.get(key, 0), "episodes": EpisodeStats([], []),
+        return {"output": None, "env_steps": self.replica_steps.get(key, 0), "episodes": EpisodeStats([], []),
                 "policy_lags": [], "inference": None, "time_s": 0.0, "comm_s": 0.0, "wait_s": 0.0,
                 "refused": {"connections": 0, "frames": 0, "datagrams": 0}}
 
@@ -415,11 +416,11 @@ class RayJob(Replacements):
         ``None``."""
         if not self.elastic:
             return self.replicas.call(method, *args)
-        end = self.iteration - self._start_iteration if end is None else end
+        end = self.iteration - self.start_iteration if end is None else end
         again = again or (lambda key, owed: (method, *args))
-        replace = lambda cause: self._replace(cause, end, again, [] if counts is not None else None)  # noqa: E731
+        replace = lambda cause: self.replacements.replace(cause, end, again, [] if counts is not None else None)  # noqa: E731
         if counts is None:
-            return self.replicas.call(method, *args, replace=replace, skip=self._absent)
+            return self.replicas.call(method, *args, replace=replace, skip=self.replacements.absent)
         futures = [self.replicas.submit(k, *again(k, counts[k])) if counts[k] > 0 else None for k in self.keys]
         return self.replicas.wait(futures, replace=replace)
 
@@ -430,7 +431,7 @@ class RayJob(Replacements):
         :data:`PRODUCER_NICE` (``ReplicaActor.lower_priority``)."""
         return producers_to_lower(keys, peers, producer_only_fragments(self.fragment_graph), priority)
 
-    def _lower_replacement(self, key: tuple[str, int], peers: Mapping[tuple[str, int], Mapping[str, Any]],
+    def lower_replacement(self, key: tuple[str, int], peers: Mapping[tuple[str, int], Mapping[str, Any]],
                            priority: str) -> None:
         """Lowers replacement ``key``'s priority where :meth:`_to_lower` says so.
 
@@ -442,7 +443,7 @@ class RayJob(Replacements):
         if self._to_lower([key], peers, priority):
             ray.get(self.replicas.submit(key, "lower_priority", PRODUCER_NICE))
 
-    def _bundle_unplaced(self, key: tuple[str, int]) -> bool:
+    def bundle_unplaced(self, key: tuple[str, int]) -> bool:
         """Whether replica ``key``'s placement-group bundle has no live node now (its node lost,
         not yet placed again); ``False`` when Ray does not say."""
         from ray.util.placement_group import placement_group_table
@@ -480,16 +481,16 @@ class RayJob(Replacements):
         frag = self.spec.policy.fragment(self.spec.policy.fragment_of_role(role))
         if frag.name not in self.elastic:
             return self.replicas.call_one((frag.name, replica), "weights", role)
-        end = self.iteration - self._start_iteration
+        end = self.iteration - self.start_iteration
         for _ in range(frag.replicas + 1):
-            live = [r for r in range(frag.replicas) if (frag.name, r) not in self._absent]
+            live = [r for r in range(frag.replicas) if (frag.name, r) not in self.replacements.absent]
             if not live:
                 break
             r = min((r for r in live if r >= replica), default=live[0])
             futures: list[Any] = [None] * len(self.keys)
             i = self.keys.index((frag.name, r))
             futures[i] = self.replicas.submit((frag.name, r), "weights", role)
-            got = self.replicas.wait(futures, replace=lambda cause: self._replace(
+            got = self.replicas.wait(futures, replace=lambda cause: self.replacements.replace(
                 cause, end, lambda key, owed: ("weights", role)))[i]
             if got is not None:
                 return got
@@ -520,9 +521,9 @@ class RayJob(Replacements):
         """
         self.replicas.call_each("load_state_dict", [(s,) for s in replica_states(state, self.keys)])
         self.iteration = int(state["iteration"])
-        self._start_iteration = self.iteration
+        self.start_iteration = self.iteration
         self._env_steps = int(state.get("env_steps", 0))
-        self._replica_steps = {}  # each replica's count: from its first chunk on
+        self.replica_steps = {}  # each replica's count: from its first chunk on
 
     def kill(self) -> None:
         """Kills every replica process and frees the placement group (no process left behind)."""
@@ -565,7 +566,7 @@ class RayJob(Replacements):
 
         stopped = cluster_stopped() is not None
         if not stopped:
-            self.replicas.close(timeout_s=30.0, skip=self._absent)
+            self.replicas.close(timeout_s=30.0, skip=self.replacements.absent)
         self.kill()
         if self.watchdog is not None and ray.is_initialized() and not stopped:
             from msrl.cluster.rendezvous import RayStore

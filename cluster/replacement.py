@@ -1,12 +1,13 @@
 """Replacing lost replicas alone, the driver's side (:mod:`msrl.runtime.elastic` says which
-fragments may be; ``cluster.on_replica_loss``): :class:`Replacements`, the part of
-:class:`~msrl.cluster.ray_runtime.RayJob` that answers a lost elastic replica while the others
-run -- a new process in its bundle that rejoins its boundaries and owes its consumer exactly what
-the lost one had not delivered (:meth:`Replacements._replace`); central inference's env replicas,
-whose iteration the server serves again for the replacement (:meth:`Replacements._redo_client`);
-and running on without a lost replica whose bundle no live node holds (its node lost; Ray has
-not placed it again), its share done by the others of its fragment until Ray places it
-(:meth:`Replacements._go_absent`, :meth:`Replacements._settle_absent`).
+fragments may be; ``cluster.on_replica_loss``): :class:`Replacements`, the object a
+:class:`~msrl.cluster.ray_runtime.RayJob` holds (reading the job only through :class:`JobView`)
+that answers a lost elastic replica while the others run -- a new process in its bundle that
+rejoins its boundaries and owes its consumer exactly what the lost one had not delivered
+(:meth:`Replacements.replace`); central inference's env replicas, whose iteration the server
+serves again for the replacement (:meth:`Replacements._redo_client`); and running on without a
+lost replica whose bundle no live node holds (its node lost; Ray has not placed it again), its
+share done by the others of its fragment until Ray places it (:meth:`Replacements._go_absent`,
+:meth:`Replacements.settle_absent`).
 
 Every Ray actor call goes through the job's :class:`~msrl.cluster.actor_manager.ReplicaGroup`;
 consumers are told what changed through their heartbeat's order (:meth:`Replacements._send_orders`)
@@ -18,14 +19,14 @@ from __future__ import annotations
 import sys
 import time
 from collections import Counter
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 from msrl.cluster.actor_manager import StandIn
 from msrl.runtime.elastic import fifo_out
 from msrl.runtime.patterns import deliveries
 from msrl.runtime.replica import ReplicaDied
 
-__all__ = ["Replacements", "CAPACITY_NOTE_S", "ENDED_WAIT_S"]
+__all__ = ["Replacements", "JobView", "CAPACITY_NOTE_S", "ENDED_WAIT_S"]
 
 #: seconds a placement (a restart's, or a replacement's bundle) may take before the job says it
 #: is waiting for capacity (where the live nodes are too small; a restart: else once
@@ -36,17 +37,55 @@ CAPACITY_NOTE_S = 5.0
 ENDED_WAIT_S = 120.0
 
 
-class Replacements:
-    """The lost-replica half of :class:`~msrl.cluster.ray_runtime.RayJob` (a mixin: it reads the
-    job's ``spec``, ``fragment_graph``, ``keys``, ``replicas``, ``watchdog``, ``elastic``,
-    ``iteration``, ``_start_iteration``, ``_replica_steps``, ``_faults`` and ``_rejoin_args``, and
-    calls its ``_lower_replacement`` and ``_bundle_unplaced``)."""
+class JobView(Protocol):
+    """What :class:`Replacements` reads of its job and calls on it, and nothing else
+    (:class:`~msrl.cluster.ray_runtime.RayJob` is one)."""
 
-    def _init_replacements(self, replacement_timeout_s: float) -> None:
-        """The state of replacements and absences (called by the job's ``__init__``)."""
+    spec: Any
+    fragment_graph: Any
+    #: every replica, ``(fragment, index)``, in replica order
+    keys: list[tuple[str, int]]
+    #: the fragments whose lost replicas are replaced alone
+    elastic: set[str]
+    #: the one owner of the replica actors (:class:`~msrl.cluster.actor_manager.ReplicaGroup`)
+    replicas: Any
+    #: the job's iteration when its replica processes started
+    start_iteration: int
+    #: each replica's env steps after the last finished chunk
+    replica_steps: dict[tuple[str, int], int]
+    #: the fault counters of the iterations in flight
+    faults: dict[str, int]
+    #: what a replacement rejoins with: the consumers' boundary servers, the job's token, TLS,
+    #: the largest message, the boundary timeout, the stream transport and the priority mode
+    rejoin_args: tuple
+
+    @property
+    def watchdog(self) -> Any: ...
+
+    def lower_replacement(self, key: tuple[str, int], peers: Mapping[tuple[str, int], Mapping[str, Any]],
+                          mode: str) -> None: ...
+
+    def bundle_unplaced(self, key: tuple[str, int]) -> bool: ...
+
+
+class Replacements:
+    """Replaces a :class:`JobView`'s lost elastic replicas alone (see the module docstring).
+
+    Args:
+        job: the job, read through :class:`JobView` only.
+        replacement_timeout_s: how long a replacement waits for its bundle to be placed.
+
+    Attributes:
+        absent: lost replicas not replaced for want of room, the job running on without them.
+        replacement_s: seconds each replacement took, from the loss noticed to the
+            replacement rejoined.
+    """
+
+    def __init__(self, job: JobView, replacement_timeout_s: float) -> None:
+        self.job = job
         #: lost replicas not replaced for want of room (the job runs on without them): key ->
         #: ``{"ref": the replacement's info() future, "cause", "lost_steps", "t0"}``
-        self._absent: dict[tuple[str, int], dict[str, Any]] = {}
+        self.absent: dict[tuple[str, int], dict[str, Any]] = {}
         #: key -> items asked of it beyond the consumers' iterations since the replicas
         #: started: + what it did for absent replicas, - the share it was not asked while absent
         self._asked_delta: Counter = Counter()
@@ -60,7 +99,7 @@ class Replacements:
         self.replacement_s: list[float] = []
         self._replacement_timeout_s = replacement_timeout_s
 
-    def _asked(self, key: tuple[str, int], end: int) -> int:
+    def asked(self, key: tuple[str, int], end: int) -> int:
         """The items replica ``key``'s consumer has been promised from it, since the replicas
         started, when the consumers reach iteration ``end`` (of this start)."""
         return end + self._asked_delta[key]
@@ -81,20 +120,20 @@ class Replacements:
         """The live replicas that can do lost replica ``key``'s share: the other replicas of its
         fragment, not absent, when they all put on one ``fifo`` boundary read by one consumer
         (whose shared queue any of their items may stand in; empty: none can)."""
-        outs = fifo_out(self.fragment_graph, key[0])
+        outs = fifo_out(self.job.fragment_graph, key[0])
         if len(outs) != 1:
             return []
-        b, n = outs[0], self.spec.policy.fragment(key[0]).replicas
+        b, n = outs[0], self.job.spec.policy.fragment(key[0]).replicas
         if len({deliveries(b, r)[0][0] for r in range(n)}) != 1:
             return []
-        return [k for k in self.keys if k[0] == key[0] and k != key and k not in self._absent]
+        return [k for k in self.job.keys if k[0] == key[0] and k != key and k not in self.absent]
 
-    def _chunk_counts(self, n: int) -> dict[tuple[str, int], int]:
+    def chunk_counts(self, n: int) -> dict[tuple[str, int], int]:
         """The iterations each replica runs in a chunk of ``n`` while some are absent: none for
         an absent one, ``n`` plus a share of the absent ones' for the live replicas of its
-        fragment; the promises (:meth:`_asked`) move with them."""
-        counts = {k: n for k in self.keys}
-        for key in self._absent:
+        fragment; the promises (:meth:`asked`) move with them."""
+        counts = {k: n for k in self.job.keys}
+        for key in self.absent:
             counts[key] = 0
             for q, e in self._hand_over(key, n).items():
                 counts[q] += e
@@ -112,8 +151,8 @@ class Replacements:
     def _absent_by_consumer(self) -> dict[tuple[str, int], dict[str, list[int]]]:
         """Consumer -> ``{fifo boundary: its absent producers}``."""
         by_consumer: dict[tuple[str, int], dict[str, list[int]]] = {}
-        for key in self._absent:
-            b = fifo_out(self.fragment_graph, key[0])[0]
+        for key in self.absent:
+            b = fifo_out(self.job.fragment_graph, key[0])[0]
             consumer = (b.dst, deliveries(b, key[1])[0][0])
             by_consumer.setdefault(consumer, {}).setdefault(b.name, []).append(key[1])
         return by_consumer
@@ -138,55 +177,55 @@ class Replacements:
         for consumer in consumers:
             absent = by_consumer.get(consumer, {})
             redo = {f"{f}/{r}": g for (f, r), g in self._generations.items()
-                    if self.fragment_graph.inference is not None and consumer == (self.fragment_graph.inference.server, 0)}
-            self.watchdog.order(consumer, {"seq": self._order_seq, "absent": absent, "redo": redo})
+                    if self.job.fragment_graph.inference is not None and consumer == (self.job.fragment_graph.inference.server, 0)}
+            self.job.watchdog.order(consumer, {"seq": self._order_seq, "absent": absent, "redo": redo})
             if sync:
-                ray.get(self.replicas.submit(consumer, "set_absent", self._order_seq, absent))
+                ray.get(self.job.replicas.submit(consumer, "set_absent", self._order_seq, absent))
 
     def _go_absent(self, cause: ReplicaDied, key: tuple[str, int], ref: Any, end: int, delivered: int,
                    lost_steps: int, t0: float, again: Any, result: Any) -> StandIn:
         """Runs on without lost replica ``key`` (no node has room for its replacement, which
-        waits for one: :meth:`_settle_absent`): what it still owed this call is spread over the
+        waits for one: :meth:`settle_absent`): what it still owed this call is spread over the
         live replicas of its fragment as extra iterations, and its consumer takes its share from
         theirs (:meth:`~msrl.runtime.asynchronous.Mailbox.set_absent`)."""
-        extras = {self.keys.index(q): [self.replicas.submit(q, *again(q, e))]
-                  for q, e in self._hand_over(key, self._asked(key, end) - delivered).items()}
-        self._absent[key] = {"ref": ref, "cause": cause, "lost_steps": lost_steps, "t0": t0}
-        self._replica_steps[key] = self._steps_at(key, delivered)  # its count stays there while absent
-        self._count_loss(cause, lost_steps, self._replica_steps[key])
-        self.watchdog.absent.add(key)
+        extras = {self.job.keys.index(q): [self.job.replicas.submit(q, *again(q, e))]
+                  for q, e in self._hand_over(key, self.asked(key, end) - delivered).items()}
+        self.absent[key] = {"ref": ref, "cause": cause, "lost_steps": lost_steps, "t0": t0}
+        self.job.replica_steps[key] = self._steps_at(key, delivered)  # its count stays there while absent
+        self._count_loss(cause, lost_steps, self.job.replica_steps[key])
+        self.job.watchdog.absent.add(key)
         self._send_absent(sync=False)
-        frag = self.spec.policy.fragment(key[0])
-        live = frag.replicas - sum(1 for k in self._absent if k[0] == key[0])
-        self._faults["absent_replicas"] = self._faults.get("absent_replicas", 0) + 1
+        frag = self.job.spec.policy.fragment(key[0])
+        live = frag.replicas - sum(1 for k in self.absent if k[0] == key[0])
+        self.job.faults["absent_replicas"] = self.job.faults.get("absent_replicas", 0) + 1
         print(f"msrl: {cause}; its placement-group bundle was on a lost node and is not placed again yet (Ray places "
               f"it once a live node has room): running on with {live} of {frag.replicas} {key[0]} replicas, the others "
               f"doing its share, until it is", file=sys.stderr, flush=True)
         return StandIn(result, extras)
 
-    def _settle_absent(self, end: int) -> None:
+    def settle_absent(self, end: int) -> None:
         """Between chunks (the consumers at iteration ``end``): each absent replica whose
         replacement a node now has room for rejoins (from the items it delivered on), and its
         consumer is told before the next chunk."""
         import ray
 
         back = []
-        for key, a in list(self._absent.items()):
-            if not self.replicas.done(a["ref"]):
+        for key, a in list(self.absent.items()):
+            if not self.job.replicas.done(a["ref"]):
                 continue
             try:
                 info = ray.get(a["ref"])
             except ray.exceptions.RayActorError:  # placed on a node lost in turn: it waits again
-                self.replicas.replace(key)
-                a["ref"] = self.replicas.submit(key, "info")
+                self.job.replicas.replace(key)
+                a["ref"] = self.job.replicas.submit(key, "info")
                 continue
-            del self._absent[key]
-            self._finish_rejoin(a["cause"], key, info, self._asked(key, end), a["lost_steps"], a["t0"], back=True)
+            del self.absent[key]
+            self._finish_rejoin(a["cause"], key, info, self.asked(key, end), a["lost_steps"], a["t0"], back=True)
             back.append(key)
         if back:
             self._send_absent(sync=True)
 
-    def _replace(self, cause: ReplicaDied, end: int, again: Any, result: Any = None) -> Any:
+    def replace(self, cause: ReplicaDied, end: int, again: Any, result: Any = None) -> Any:
         """Replaces the lost replica of ``cause`` alone (:mod:`msrl.runtime.elastic`) while the
         others run; returns the future of ``again(key, owed)``, the call the replacement runs in
         the lost one's place (``owed``: the iterations it owes its consumer), a
@@ -196,17 +235,17 @@ class Replacements:
 
         ``end``: the iterations the consumers will have run since the replicas started when the
         running call ends; the replacement owes each consumer the items promised by then
-        (:meth:`_asked`) minus those it received from the lost replica (read from the consumer's
+        (:meth:`asked`) minus those it received from the lost replica (read from the consumer's
         heartbeat once the lost replica's stream has ended there)."""
 
         key = (cause.fragment, cause.replica)
-        if key[0] not in self.elastic or self.watchdog is None:
+        if key[0] not in self.job.elastic or self.job.watchdog is None:
             return None
         t0 = time.monotonic()
-        timeout_s = self._rejoin_args[4]
-        lost_steps = max(self.watchdog.env_steps().get(key, 0), self._replica_steps.get(key, 0))
-        self.replicas.replace(key)
-        plan = self.fragment_graph.inference
+        timeout_s = self.job.rejoin_args[4]
+        lost_steps = max(self.job.watchdog.env_steps().get(key, 0), self.job.replica_steps.get(key, 0))
+        self.job.replicas.replace(key)
+        plan = self.job.fragment_graph.inference
         if plan is not None and key[0] == plan.clients:
             delivered = self._redo_client(key, (plan.server, 0), min(timeout_s, ENDED_WAIT_S))
         else:
@@ -227,14 +266,14 @@ class Replacements:
         once the lost process's stream ended there; ``None``: it did not end within ``timeout_s``."""
         from msrl.cluster.watchdog import PERIOD_S
 
-        b = fifo_out(self.fragment_graph, key[0])[0]
+        b = fifo_out(self.job.fragment_graph, key[0])[0]
         consumer = (b.dst, deliveries(b, key[1])[0][0])
-        name, asked = f"{key[0]}/{key[1]}", self._asked(key, end)
+        name, asked = f"{key[0]}/{key[1]}", self.asked(key, end)
         # the lost process is gone (killed when hung): its stream ends at the consumer within a
         # heartbeat or two; one that does not is a fault of its own, answered by the restart
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            record = self.watchdog.record(consumer) or {}
+            record = self.job.watchdog.record(consumer) or {}
             received = int(record.get("received", {}).get(f"{b.name}|{key[1]}", 0))
             # final once its stream ended there, or once it holds all the chunk asks of it
             if name in record.get("ended", ()) or received >= asked:
@@ -254,14 +293,14 @@ class Replacements:
 
         name = f"{key[0]}/{key[1]}"
         deadline = time.monotonic() + timeout_s
-        while name not in (self.watchdog.record(server) or {}).get("ended", ()):
+        while name not in (self.job.watchdog.record(server) or {}).get("ended", ()):
             if time.monotonic() > deadline:
                 return None
             time.sleep(PERIOD_S / 2)
         self._generations[key] += 1
         self._send_orders([server], sync=False)
         while time.monotonic() < deadline:
-            record = self.watchdog.record(server) or {}
+            record = self.job.watchdog.record(server) or {}
             client = record.get("clients", {}).get(name, {})
             if record.get("generations", {}).get(name, 0) >= self._generations[key] and not client.get("stale", True):
                 return int(client["runs"])
@@ -270,13 +309,13 @@ class Replacements:
 
     def _rejoin(self, cause: ReplicaDied, key: tuple[str, int], again: Any, end: int, delivered: int,
                 lost_steps: int, t0: float, result: Any = None) -> Any:
-        """The second half of :meth:`_replace`: the new process's boundaries and reset, its
+        """The second half of :meth:`replace`: the new process's boundaries and reset, its
         count from ``delivered`` items on; returns its call ``again(key, owed)`` (method and
         arguments), or a :class:`~msrl.cluster.actor_manager.StandIn` when no node has room for
         it and its fragment can run on without it (:meth:`_go_absent`)."""
         import ray
 
-        ref = self.replicas.submit(key, "info")
+        ref = self.job.replicas.submit(key, "info")
         deadline, noted = time.monotonic() + self._replacement_timeout_s, False
         while True:  # a new process starts (seconds); a bundle on a lost node waits for room elsewhere
             try:
@@ -288,12 +327,12 @@ class Replacements:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(1.0)
-                self.replicas.replace(key)
-                ref = self.replicas.submit(key, "info")
+                self.job.replicas.replace(key)
+                ref = self.job.replicas.submit(key, "info")
             except ray.exceptions.GetTimeoutError:
                 if time.monotonic() > deadline:
                     raise
-                if not noted and time.monotonic() - t0 > CAPACITY_NOTE_S and self._bundle_unplaced(key):
+                if not noted and time.monotonic() - t0 > CAPACITY_NOTE_S and self.job.bundle_unplaced(key):
                     if self._stand_ins(key):
                         return self._go_absent(cause, key, ref, end, delivered, lost_steps, t0, again, result)
                     noted = True
@@ -302,15 +341,15 @@ class Replacements:
                           f"need it wait at their boundaries), for up to cluster.capacity_timeout_s="
                           f"{self._replacement_timeout_s:g} s", file=sys.stderr, flush=True)
         self._finish_rejoin(cause, key, info, delivered, lost_steps, t0)
-        return self.replicas.submit(key, *again(key, self._asked(key, end) - delivered))
+        return self.job.replicas.submit(key, *again(key, self.asked(key, end) - delivered))
 
     def _steps_at(self, key: tuple[str, int], delivered: int) -> int:
         """Replica ``key``'s env steps after ``delivered`` items since the replicas started
         (every env replica steps ``env_steps_per_iteration / env replicas`` an item)."""
-        env_replicas = sum(f.replicas for f in self.spec.policy.fragments if "env" in f.roles)
-        has_env = "env" in self.spec.policy.fragment(key[0]).roles
-        per_iteration = self.spec.env_steps_per_iteration // max(1, env_replicas) if has_env else 0
-        return (self._start_iteration + delivered) * per_iteration
+        env_replicas = sum(f.replicas for f in self.job.spec.policy.fragments if "env" in f.roles)
+        has_env = "env" in self.job.spec.policy.fragment(key[0]).roles
+        per_iteration = self.job.spec.env_steps_per_iteration // max(1, env_replicas) if has_env else 0
+        return (self.job.start_iteration + delivered) * per_iteration
 
     def _count_loss(self, cause: ReplicaDied, lost_steps: int, offset: int) -> int:
         """Counts a lost replica's fault (a hang, the env steps of its rollout in flight dropped:
@@ -318,7 +357,7 @@ class Replacements:
         dropped = max(0, lost_steps - offset)
         hung = int(type(cause).__name__ == "ReplicaHung")
         for k, v in (("dropped_env_steps", dropped), ("replica_hangs", hung)):
-            self._faults[k] = self._faults.get(k, 0) + v
+            self.job.faults[k] = self.job.faults.get(k, 0) + v
         return dropped
 
     def _finish_rejoin(self, cause: ReplicaDied, key: tuple[str, int], info: Mapping[str, Any], delivered: int,
@@ -329,20 +368,20 @@ class Replacements:
         ``back``: it replaces a replica the job ran on without (its loss counted then)."""
         import ray
 
-        servers, token, tls, max_message, timeout_s, transport, priority = self._rejoin_args
+        servers, token, tls, max_message, timeout_s, transport, priority = self.job.rejoin_args
         offset = self._steps_at(key, delivered)
-        self.replicas.relocate(key, info, ray.get_runtime_context().get_node_id())
-        peers = dict(self.replicas.peers)
-        self._lower_replacement(key, peers, priority)
-        own = ray.get(self.replicas.submit(key, "start_boundary_server", token, timeout_s, tls, max_message, None, peers,
+        self.job.replicas.relocate(key, info, ray.get_runtime_context().get_node_id())
+        peers = dict(self.job.replicas.peers)
+        self.job.lower_replacement(key, peers, priority)
+        own = ray.get(self.job.replicas.submit(key, "start_boundary_server", token, timeout_s, tls, max_message, None, peers,
                                            transport))
         consumers = {k: a for k, a in servers.items() if k != key}
         if own is not None:
             servers[key] = own
-        ray.get(self.replicas.submit(key, "rejoin", consumers, peers, own, token, tls, max_message, timeout_s,
-                                     sorted(self.elastic), offset))
-        self._replica_steps[key] = offset
-        self._faults["replaced_replicas"] = self._faults.get("replaced_replicas", 0) + 1
+        ray.get(self.job.replicas.submit(key, "rejoin", consumers, peers, own, token, tls, max_message, timeout_s,
+                                     sorted(self.job.elastic), offset))
+        self.job.replica_steps[key] = offset
+        self.job.faults["replaced_replicas"] = self.job.faults.get("replaced_replicas", 0) + 1
         self.replacement_s.append(time.monotonic() - t0)
         if back:
             print(f"msrl: its bundle placed again: fragment {key[0]} replica {key[1]} replaced, "
