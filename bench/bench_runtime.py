@@ -51,10 +51,11 @@ def measure(policy: str, replicas: dict[str, int], runtime: str, iterations: int
     cfg = load_config("configs/ppo_cartpole.yaml", [*over, f"runtime={runtime}"])
     spec = build_job_spec(cfg)
     if runtime == "ray":
+        from msrl.cluster.options import RayOptions
         from msrl.cluster.ray_runtime import RayJob
 
-        job = RayJob(spec, intra_node=intra_node, boundary_transport=boundary_transport,
-                     learner_priority=learner_priority)
+        job = RayJob.compile(spec, RayOptions(intra_node=intra_node, boundary_transport=boundary_transport,
+                                              learner_priority=learner_priority))
     else:
         job = Job(spec)
     try:

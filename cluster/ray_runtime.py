@@ -34,6 +34,7 @@ import torch
 from msrl.api import EpisodeStats
 from msrl.cluster.actor_manager import ReplicaGroup
 from msrl.cluster.bootstrap import cluster_stopped, init_ray, live_nodes, quiet_ray_notes
+from msrl.cluster.options import RayOptions
 from msrl.cluster.placement import (
     CAPACITY_SETTLE_S,
     PRODUCER_NICE,
@@ -47,10 +48,10 @@ from msrl.cluster.placement import (
 )
 from msrl.cluster.replacement import CAPACITY_NOTE_S, Replacements
 from msrl.cluster.replica_actor import ReplicaActor, uds_prefix
-from msrl.config import per_fragment
 from msrl.errors import PlacementError
 from msrl.runtime.codec import MAX_MESSAGE as CODEC_MAX_MESSAGE
 from msrl.runtime.elastic import replaced_fragments
+from msrl.runtime.interface import iteration_record
 from msrl.runtime.replica import ReplicaDied, check_losses, print_notices, replica_states
 
 __all__ = ["RayJob"]
@@ -86,52 +87,16 @@ class RayJob:
     :func:`msrl.run.train` uses).
 
     Args:
-        spec: the job.
+        compiled: the job, compiled once by the driver (:func:`msrl.job.compile_job`;
+            :meth:`compile` does both).
+        options: how it is placed and connected (:class:`~msrl.cluster.options.RayOptions`, the
+            ``cluster.*`` keys; default: its defaults).
         algorithm_ref: ``algorithm.name`` of the config when the algorithm is loaded from a file
             or module (so each process can import it); ``None`` for built-ins.
-        address: a Ray cluster's address (``None``: the running Ray instance of this process, or
-            a new local one; see :func:`init_ray`).
-        cpus_per_replica: the CPUs of each replica's bundle (its torch/OpenMP threads): one number
-            for every fragment, or fragment name -> CPUs (a fragment not named: 1).
-        gpus_per_replica: the GPUs of each replica's bundle (``ray.get_gpu_ids()`` in the
-            replica): one number, or fragment name -> GPUs (a fragment not named: 0).
-        strategy: the placement group's strategy (``"PACK"`` or ``"SPREAD"``).
-        probe: as for :class:`msrl.job.Job`.
-        timeout_s: how long a replica waits at a boundary before the process group gives up.
-        placement_timeout_s: how long to wait for the placement group to be placed.
-        intra_node: ``"shm"``: a fragment whose replicas share one machine all-reduces host
-            tensors through shared memory (:mod:`msrl.runtime.shm`); ``"gloo"``: through Gloo.
-        tls: a :class:`~msrl.cluster.grpc_transport.TlsConfig` for the gRPC streams of
-            asynchronous boundaries (``None``: plain TCP, still token-checked).
-        max_message: the largest message of a boundary (bytes; a Gloo channel's buffer, a gRPC
-            frame; default :data:`~msrl.runtime.codec.MAX_MESSAGE`).
-        replica_timeout_s: seconds without a heartbeat after which a replica is hung
-            (:class:`~msrl.cluster.watchdog.ReplicaHung`, raised like a death); ``None``: the
-            watchdog never calls a replica hung (``cluster.watchdog: off``).
-        boundary_transport: asynchronous boundaries between replicas of one machine over Unix
-            sockets and between machines over gRPC (``"auto"``), or all over gRPC (``"grpc"``).
-        sync_transport: synchronous boundaries per peer pair (:mod:`msrl.runtime.links`): a Unix
-            socket between host replicas of one machine and Gloo otherwise (``"auto"``, or
-            ``"unix"``), or Gloo for all (``"gloo"``).
-        learner_priority: ``"on"``: the replicas of producer-only fragments (see
-            :func:`producer_only_fragments`) run at niceness :data:`PRODUCER_NICE`; ``"auto"``:
-            those on a machine where the job's replicas outnumber the cores; ``"off"``: none.
-        connect_timeout_s: the longest a join of ``address`` may take (seconds).
-        capacity_timeout_s: ``None`` (a first start): a cluster without the resources for the
-            bundles is a :class:`PlacementError` at once, one that has them but cannot place
-            them within ``placement_timeout_s`` one then. A number (a restart after a replica's
-            or a node's death): the job waits up to that many seconds for the cluster to hold
-            its bundles again (nodes joining, resources freed), saying once on stderr what it
-            waits for and once when it is placed; then :class:`PlacementError`.
-        on_replica_loss: ``cluster.on_replica_loss`` (:mod:`msrl.runtime.elastic`): which lost
-            replicas are replaced alone.
-        replacement_timeout_s: how long a replacement waits for its bundle to be placed (its node
-            lost), saying so once; then every replica restarts (``cluster.capacity_timeout_s``).
 
     Raises:
-        TraceError, PartitionError, ValueError: as :class:`msrl.job.Job`; ``ValueError`` for a
-        strategy other than PACK/SPREAD, or a per-fragment ``cpus_per_replica``/``gpus_per_replica``
-        naming a fragment the policy lacks; :class:`PlacementError` when the cluster cannot hold
+        ValueError: a per-fragment ``cpus_per_replica``/``gpus_per_replica`` naming a fragment
+        the policy lacks; :class:`PlacementError` when the cluster cannot hold
         the bundles, or a fragment on a CUDA device would get no GPU (``gpus_per_replica`` 0 for it);
         :class:`ReplicaDied` when a replica cannot start.
 
@@ -146,37 +111,32 @@ class RayJob:
     #: a failed :meth:`run` leaves ``iteration`` where the call began
     iterations_exact = False
 
-    def __init__(self, spec: Any, algorithm_ref: str | None = None, address: str | None = None,
-                 cpus_per_replica: float | Mapping[str, float] = 1.0, strategy: str = "PACK", probe: bool = True,
-                 gpus_per_replica: float | Mapping[str, float] = 0.0,
-                 timeout_s: float = 600.0, placement_timeout_s: float = 60.0, intra_node: str = "shm",
-                 tls: Any = None, max_message: int | None = None, replica_timeout_s: float | None = 30.0,
-                 boundary_transport: str = "auto", learner_priority: str = "auto", sync_transport: str = "auto",
-                 connect_timeout_s: float = 60.0, capacity_timeout_s: float | None = None,
-                 on_replica_loss: str = "auto", replacement_timeout_s: float = 600.0) -> None:
+    @classmethod
+    def compile(cls, spec: Any, options: RayOptions | None = None, algorithm_ref: str | None = None,
+                probe: bool = True) -> "RayJob":
+        """Compiles ``spec`` (:func:`msrl.job.compile_job`, boundary values checked against
+        ``options.max_message``) and starts it on Ray: what the driver and the tests call.
+
+        Raises:
+            as :func:`msrl.job.compile_job` and the class do.
+        """
+        from msrl.job import compile_job
+
+        options = options or RayOptions()
+        return cls(compile_job(spec, probe, options.max_message or CODEC_MAX_MESSAGE), options, algorithm_ref)
+
+    def __init__(self, compiled: Any, options: RayOptions | None = None, algorithm_ref: str | None = None) -> None:
         import secrets
 
         import ray
 
-        from msrl.job import compile_job
-
-        if strategy not in ("PACK", "SPREAD"):
-            raise ValueError(f"cluster.strategy must be PACK or SPREAD, got {strategy!r}")
-        if intra_node not in ("shm", "gloo"):
-            raise ValueError(f"cluster.intra_node must be shm or gloo, got {intra_node!r}")
-        from msrl.runtime.links import kinds_for
-
-        kinds_for(sync_transport)  # a ValueError naming the values, before Ray starts
-        if boundary_transport not in ("auto", "grpc"):
-            raise ValueError(f"cluster.boundary_transport must be auto or grpc, got {boundary_transport!r}")
-        if learner_priority not in ("auto", "on", "off"):
-            raise ValueError(f"cluster.learner_priority must be auto, on or off, got {learner_priority!r}")
+        o = self.options = options or RayOptions()
+        spec = compiled.spec
         names = [f.name for f in spec.policy.fragments]
-        cpus = per_fragment(cpus_per_replica, names, "cluster.cpus_per_replica", 1.0)
-        gpus = per_fragment(gpus_per_replica, names, "cluster.gpus_per_replica", 0.0)
+        cpus, gpus = o.bundles(names)
         cuda = sorted({f.name for f in spec.policy.fragments if torch.device(f.device).type == "cuda" and gpus[f.name] <= 0})
         if cuda:
-            given = "=0" if not isinstance(gpus_per_replica, Mapping) else f" gives them none ({gpus_per_replica})"
+            given = "=0" if not isinstance(o.gpus_per_replica, Mapping) else f" gives them none ({o.gpus_per_replica})"
             raise PlacementError(
                 f"fragment(s) {', '.join(cuda)} hold CUDA tensors but cluster.gpus_per_replica{given}: a replica "
                 "process sees no GPU without one in its bundle; set cluster.gpus_per_replica (e.g. 1, or "
@@ -190,17 +150,17 @@ class RayJob:
         self._stats = EpisodeStats([], [])
         self._eval_actor: Any = None
         self.spec = spec
-        compiled = compile_job(spec, probe, max_message or CODEC_MAX_MESSAGE)
         self.graphs, self.fragment_graph = compiled.graphs, compiled.fragment_graph
+        max_message = o.max_message or CODEC_MAX_MESSAGE
         #: the fragments whose lost replicas are replaced alone (cluster.on_replica_loss)
-        self.elastic = replaced_fragments(on_replica_loss, self.fragment_graph)
+        self.elastic = replaced_fragments(o.on_replica_loss, self.fragment_graph)
         #: the job's iteration when its replica processes started (a replacement's consumer
         #: counts the items it received from then on)
         self.start_iteration = 0
         self.faults: dict[str, int] = {}
         self.rejoin_args: tuple = ()
         #: lost elastic replicas replaced alone (reads this job through its JobView attributes)
-        self.replacements = Replacements(self, replacement_timeout_s)
+        self.replacements = Replacements(self, o.replacement_timeout_s)
         self.keys = [(f.name, r) for f in spec.policy.fragments for r in range(f.replicas)]
         #: the one owner of the replica actors and their health
         self.replicas = ReplicaGroup(self.keys, {f.name: f.roles for f in spec.policy.fragments}, self._count_lost)
@@ -213,10 +173,10 @@ class RayJob:
         if self._started_ray:
             # on this machine: declare at least the CPUs the bundles ask for (one thread each
             # when they outnumber the cores; they then share cores, never spin on them)
-            init_ray(address, max(os.cpu_count() or 1, math.ceil(need)), connect_timeout_s)
+            init_ray(o.address, max(os.cpu_count() or 1, math.ceil(need)), o.connect_timeout_s)
         try:
             threads = {f: max(1, int(math.floor(c))) for f, c in cpus.items()}
-            self.placement_group = self._place(self.bundles, strategy, placement_timeout_s, capacity_timeout_s)
+            self.placement_group = self._place(self.bundles, o.strategy, o.placement_timeout_s, o.capacity_timeout_s)
             spec_bytes, fg_bytes = cloudpickle.dumps(spec), cloudpickle.dumps(self.fragment_graph)
             compiles = any((f.compile or "off") != "off" for f in spec.policy.fragments)  # plain torch in replicas
 
@@ -233,7 +193,7 @@ class RayJob:
             ranks = {k: i for i, k in enumerate(self.keys)}
             peers = dict(zip(self.keys, self.replicas.call("info")))
             self.replicas.locate(peers, ray.get_runtime_context().get_node_id())
-            lower = self._to_lower(self.keys, peers, learner_priority)
+            lower = self._to_lower(self.keys, peers, o.learner_priority)
             self.replicas.call_each("lower_priority", [(PRODUCER_NICE,)] * len(lower), lower)
             servers: dict[tuple[str, int], str] = {}
             # the job's secret: the rendezvous' key prefix, every boundary stream's token, the
@@ -241,16 +201,16 @@ class RayJob:
             token = secrets.token_urlsafe(32)
             self._token = token
             if any(b.asynchronous for b in self.fragment_graph.boundaries):
-                addresses = self.replicas.call("start_boundary_server", token, timeout_s, tls, max_message, None, peers,
-                                               boundary_transport)
+                addresses = self.replicas.call("start_boundary_server", token, o.timeout_s, o.tls, max_message, None, peers,
+                                               o.boundary_transport)
                 servers = {k: addr for k, addr in zip(self.keys, addresses) if addr is not None}
             if len(self.keys) > 1:
-                self.replicas.call_each("init_process_group", [(ranks[k], ranks, timeout_s, peers, intra_node, servers, token,
-                                                                tls, max_message, sorted(self.elastic), sync_transport)
+                self.replicas.call_each("init_process_group", [(ranks[k], ranks, o.timeout_s, peers, o.intra_node, servers, token,
+                                                                o.tls, max_message, sorted(self.elastic), o.sync_transport)
                                                                for k in self.keys])
-            self.rejoin_args = (servers, token, tls, max_message, timeout_s, boundary_transport, learner_priority)
+            self.rejoin_args = (servers, token, o.tls, max_message, o.timeout_s, o.boundary_transport, o.learner_priority)
             self._has_env = [k[0] == spec.policy.fragment_of_role("env") for k in self.keys]
-            self.replicas.watch(self.job_id, replica_timeout_s)
+            self.replicas.watch(self.job_id, o.replica_timeout_s)
         except BaseException as e:
             # a failed start stops what it started: its replicas (killed already where a replica
             # died) and the Ray it started; whether the cluster itself had stopped is asked first
@@ -377,25 +337,14 @@ class RayJob:
         for i in range(n):
             rows = [recs[i] if recs[i] is not None else self._idle_row(k) for k, recs in zip(self.keys, per_replica)]
             out = next((r["output"] for r in rows if r["output"] is not None), None)
-            episodes = EpisodeStats([], [])
-            for row, has_env in zip(rows, self._has_env):
-                if has_env:
-                    episodes.merge(row["episodes"])
-            self._stats.merge(episodes)
+            record = iteration_record(rows, out, self._has_env, processes=True)
+            self._stats.merge(record["episodes"])
             if method == "train_step":
                 self.iteration += 1
-            self._env_steps = sum(r["env_steps"] for r in rows)
+            self._env_steps = record["env_steps"]
             self.replica_steps = {k: r["env_steps"] for k, r in zip(self.keys, rows)}
             check_losses(out, self.iteration)
-            busy = sum(r["time_s"] for r in rows)
-            records.append({"output": out, "env_steps": self._env_steps, "episodes": episodes,
-                            "policy_lags": [lag for r in rows for lag in r["policy_lags"]],
-                            "inference": next((r["inference"] for r in rows if r.get("inference")), None),
-                            "time_s": max(r["time_s"] for r in rows),
-                            "comm_share": sum(r["comm_s"] for r in rows) / busy if busy > 0 else 0.0,
-                            "wait_share": sum(r["wait_s"] for r in rows) / busy if busy > 0 else 0.0,
-                            "refused": {k: sum(r["refused"][k] for r in rows) for k in rows[0]["refused"]},
-                            "faults": faults if i == 0 else {}})
+            records.append({**record, "faults": faults if i == 0 else {}})
         return records
 
     def _idle_row(self, key: tuple[str, int]) -> dict[str, Any]:

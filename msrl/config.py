@@ -26,9 +26,10 @@ import pydantic
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from msrl.cluster.options import per_fragment
 from msrl.errors import ConfigError
 
-__all__ = ["ConfigError", "RunConfig", "load_config", "apply_overrides", "parse_overrides", "validate", "per_fragment", "build_job_spec",
+__all__ = ["ConfigError", "RunConfig", "load_config", "apply_overrides", "parse_overrides", "validate", "build_job_spec",
            "on_device", "check_population"]
 
 
@@ -524,31 +525,6 @@ def _non_finite(value: Any) -> float | None:
 
 def _finite_example(default: Any) -> Any:
     return default if default is not dataclasses.MISSING and _non_finite(default) is None else 0.001
-
-
-def per_fragment(value: float | Mapping[str, float], fragments: Sequence[str], key: str, default: float) -> dict[str, float]:
-    """A per-replica resource (``cluster.cpus_per_replica``, ``gpus_per_replica``) for each fragment.
-
-    Args:
-        value: one number for every fragment, or fragment name -> number.
-        fragments: the policy's fragment names.
-        key: the config key, for the error.
-        default: the number of a fragment ``value`` does not name.
-
-    Returns:
-        fragment name -> number, for every name of ``fragments``.
-
-    Raises:
-        ValueError: ``value`` names a fragment the policy does not have (the message names the
-            valid ones).
-    """
-    if not isinstance(value, Mapping):
-        return {name: float(value) for name in fragments}
-    unknown = sorted(set(value) - set(fragments))
-    if unknown:
-        raise ValueError(f"{key} names fragment(s) {', '.join(unknown)}, which the policy does not have; "
-                         f"its fragments: {', '.join(fragments)}")
-    return {name: float(value.get(name, default)) for name in fragments}
 
 
 def validate(raw: Mapping[str, Any]) -> RunConfig:

@@ -22,23 +22,24 @@ def make_job(spec: JobSpec, cfg: RunConfig, restarted: bool = False) -> Any:
 
     if resolve_runtime(cfg.runtime, spec.policy) == "local":
         return Job(spec)
+    from msrl.cluster.options import RayOptions
     from msrl.cluster.ray_runtime import RayJob
-    from msrl.job import available_algorithms
+    from msrl.job import available_algorithms, compile_job
 
     name = cfg.algorithm.name
     ref = None if name in available_algorithms() else (
         str(pathlib.Path(name).expanduser().resolve()) if name.endswith(".py") or "/" in name else name
     )
-    return RayJob(spec, algorithm_ref=ref, address=cfg.cluster.address,
-                  cpus_per_replica=cfg.cluster.cpus_per_replica, gpus_per_replica=cfg.cluster.gpus_per_replica,
-                  strategy=cfg.cluster.strategy, intra_node=cfg.cluster.intra_node, tls=tls_config(cfg),
-                  max_message=round(cfg.cluster.max_message_mb * (1 << 20)),
-                  replica_timeout_s=cfg.cluster.replica_timeout_s if cfg.cluster.watchdog else None,
-                  boundary_transport=cfg.cluster.boundary_transport, sync_transport=cfg.cluster.sync_transport,
-                  learner_priority=cfg.cluster.learner_priority,
-                  connect_timeout_s=cfg.cluster.connect_timeout_s, on_replica_loss=cfg.cluster.on_replica_loss,
-                  replacement_timeout_s=cfg.cluster.capacity_timeout_s,
-                  capacity_timeout_s=cfg.cluster.capacity_timeout_s if restarted else None)
+    c = cfg.cluster
+    options = RayOptions(address=c.address, cpus_per_replica=c.cpus_per_replica, gpus_per_replica=c.gpus_per_replica,
+                         strategy=c.strategy, intra_node=c.intra_node, tls=tls_config(cfg),
+                         max_message=round(c.max_message_mb * (1 << 20)),
+                         replica_timeout_s=c.replica_timeout_s if c.watchdog else None,
+                         boundary_transport=c.boundary_transport, sync_transport=c.sync_transport,
+                         learner_priority=c.learner_priority, connect_timeout_s=c.connect_timeout_s,
+                         on_replica_loss=c.on_replica_loss, replacement_timeout_s=c.capacity_timeout_s,
+                         capacity_timeout_s=c.capacity_timeout_s if restarted else None)
+    return RayJob(compile_job(spec, True, options.max_message), options, algorithm_ref=ref)
 
 
 def tls_config(cfg: RunConfig) -> Any:

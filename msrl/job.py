@@ -23,6 +23,7 @@ from msrl.frontend.pipeline import front_end
 from msrl.graph import Graph
 from msrl.graph.fragmented import FragmentGraph
 from msrl.policy import DistributionPolicy
+from msrl.runtime.interface import iteration_record
 from msrl.runtime.local import LocalRuntime
 from msrl.runtime.replica import Replica, as_floats, check_losses, compile_fragment, replica_states
 from msrl.tracer import TRACED_METHODS
@@ -237,22 +238,14 @@ class Job:
             FragmentError, FloatingPointError: as :meth:`train_step`.
         """
         results = self.runtime.run("train_step", n)
-        steps = {key: 0 for key in results}
         records = []
         for i in range(n):
-            rows = {key: recs[i] for key, recs in results.items()}
             out = as_floats(self.runtime.output("train_step", results, i))
             self.iteration += 1
             check_losses(out, self.iteration)
-            episodes = EpisodeStats([], [])
-            for key in sorted(rows):
-                episodes.merge(rows[key]["episodes"])
-                steps[key] = rows[key]["env_steps"]
-            self._stats.merge(episodes)
-            records.append({"output": out, "env_steps": sum(steps.values()), "episodes": episodes,
-                            "time_s": max(r["time_s"] for r in rows.values()),
-                            "policy_lags": [lag for key in sorted(rows) for lag in rows[key]["policy_lags"]],
-                            "inference": next((rows[k]["inference"] for k in sorted(rows) if rows[k].get("inference")), None)})
+            record = iteration_record([results[key][i] for key in sorted(results)], out)
+            self._stats.merge(record["episodes"])
+            records.append(record)
         return records
 
     @property
@@ -323,12 +316,14 @@ class CompiledJob:
     """A job through the front half of the pipeline, before any replica exists.
 
     Attributes:
+        spec: the job it was compiled from.
         graphs: traced graph per method (probe info in their nodes' ``meta``).
         fragment_graph: the partition (its ``generator_kinds`` from the probe).
         programs: ``(fragment, method) -> Program``, each generated with its backend (and
             wrapped by its :meth:`~msrl.backend.Backend.wrap_program`).
     """
 
+    spec: JobSpec
     graphs: dict[str, Graph]
     fragment_graph: FragmentGraph
     programs: dict[tuple[str, str], Program]
@@ -350,7 +345,7 @@ def compile_job(spec: JobSpec, probe: bool = True, max_message: int | None = Non
             stages raise them.
     """
     graphs, fg = front_end(spec, probe, max_message)
-    return CompiledJob(graphs, fg, compile_programs(fg, spec.algorithm))
+    return CompiledJob(spec, graphs, fg, compile_programs(fg, spec.algorithm))
 
 
 def compile_programs(fg: FragmentGraph, algorithm: AlgorithmSpec) -> dict[tuple[str, str], Program]:

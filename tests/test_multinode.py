@@ -327,12 +327,13 @@ import dataclasses, json, subprocess, sys
 sys.path.insert(0, "tests")
 from conftest import ppo_spec
 from test_multinode import STRANGER, _listeners
+from msrl.cluster.options import RayOptions
 from msrl.cluster.ray_runtime import RayJob
 address, namespace = sys.argv[1], sys.argv[2]
 spec = ppo_spec("single_learner_coarse")
 spec = dataclasses.replace(spec, policy=spec.policy.with_overrides(
     replicas={"actor": 2}, boundaries={"trajectories": "fifo", "weights": "latest"}))
-job = RayJob(spec, address=address, strategy="SPREAD")
+job = RayJob.compile(spec, RayOptions(address=address, strategy="SPREAD"))
 try:
     job.reset()
     job.run(2)

@@ -57,7 +57,7 @@ def test_coarse_on_ray_equals_the_local_runtime_bitwise(ray_local, spec_factory,
     local.reset()
     local_metrics = [local.train_step() for _ in range(3)]
     # on Ray, the actor fragment runs on the cpu_process_group backend: the same program in processes
-    remote = RayJob(dataclasses.replace(spec, policy=spec.policy.with_overrides(backends={"actor": "cpu_process_group"},
+    remote = RayJob.compile(dataclasses.replace(spec, policy=spec.policy.with_overrides(backends={"actor": "cpu_process_group"},
                                                                                   boundaries=boundaries)))
     try:
         pids = remote.pids()
@@ -93,7 +93,7 @@ def test_a3c_gradients_reduce_across_processes_as_in_one(ray_local, boundaries):
     local = Job(spec)
     local.reset()
     local_metrics = [local.train_step() for _ in range(4)]
-    remote = RayJob(dataclasses.replace(spec, policy=pol.with_overrides(backends={"actor": "cpu_process_group"},
+    remote = RayJob.compile(dataclasses.replace(spec, policy=pol.with_overrides(backends={"actor": "cpu_process_group"},
                                                                         boundaries=boundaries)))
     try:
         assert {b.comm_kind if b.channel == "sync" else b.pattern for b in remote.fragment_graph.boundaries
@@ -111,6 +111,7 @@ def test_a3c_gradients_reduce_across_processes_as_in_one(ray_local, boundaries):
 
 @pytest.mark.parametrize("intra_node, replicas", [("shm", 2), ("gloo", 2), ("shm", 3)])
 def test_multi_learner_on_ray_keeps_replicas_identical_and_equals_local(ray_local, spec_factory, intra_node, replicas):
+    from msrl.cluster.options import RayOptions
     from msrl.cluster.ray_runtime import RayJob
 
     spec = spec_factory("multi_learner", num_envs=2 * replicas)
@@ -119,7 +120,7 @@ def test_multi_learner_on_ray_keeps_replicas_identical_and_equals_local(ray_loca
     local.reset()
     for _ in range(2):
         local.train_step()
-    remote = RayJob(spec, intra_node=intra_node)
+    remote = RayJob.compile(spec, RayOptions(intra_node=intra_node))
     try:
         remote.reset()
         remote.run(2)
@@ -163,7 +164,7 @@ def test_a_failing_replica_stops_the_job_with_its_node(ray_local, spec_factory, 
     path = tmp_path / "exploding.py"
     path.write_text(EXPLODING)
     spec = dataclasses.replace(spec_factory("single_learner_coarse", num_envs=4), algorithm=load_algorithm(str(path)))
-    remote = RayJob(spec, algorithm_ref=str(path))  # each process imports the algorithm file
+    remote = RayJob.compile(spec, algorithm_ref=str(path))  # each process imports the algorithm file
     try:
         remote.reset()
         with pytest.raises(FragmentError) as info:
@@ -420,18 +421,19 @@ def test_a_cuda_fragment_without_a_gpu_bundle_is_a_placement_error(spec_factory)
     spec = spec_factory("single_learner_coarse")
     spec = dataclasses.replace(spec, policy=spec.policy.with_overrides(devices={"learner": "cuda:0"}))
     with pytest.raises(PlacementError, match=r"fragment\(s\) learner hold CUDA tensors but cluster.gpus_per_replica=0"):
-        RayJob(spec)
+        RayJob.compile(spec)
 
 
 def test_per_fragment_bundles_give_each_fragment_its_cpus_and_threads(ray_of_4_cpus, spec_factory):
     """``cpus_per_replica={"learner": 2}``: the learner's bundle holds 2 CPUs and its process 2
     torch threads, every actor's 1 (RLlib's per-learner and per-env-runner CPUs); a mapping the
     cluster cannot hold names each fragment's bundle; a fragment the policy lacks is refused."""
+    from msrl.cluster.options import RayOptions
     from msrl.cluster.ray_runtime import RayJob
     from msrl.errors import PlacementError
 
     spec = spec_factory("async_learner")  # 2 actor replicas and a learner
-    job = RayJob(spec, cpus_per_replica={"learner": 2})
+    job = RayJob.compile(spec, RayOptions(cpus_per_replica={"learner": 2}))
     try:
         assert job.bundles == [{"CPU": 1.0}, {"CPU": 1.0}, {"CPU": 2.0}]
         rows = {(r["fragment"], r["replica"]): r for r in job.replica_table()}
@@ -442,15 +444,16 @@ def test_per_fragment_bundles_give_each_fragment_its_cpus_and_threads(ray_of_4_c
         job.close()
     with pytest.raises(PlacementError, match=r"^3 replicas \(3 bundles \(actor: 1 CPU x2, learner: 3 CPU\), "
                                              r"cluster.cpus_per_replica\) need 5 CPUs; the Ray cluster has 4$"):
-        RayJob(spec, cpus_per_replica={"learner": 3})
+        RayJob.compile(spec, RayOptions(cpus_per_replica={"learner": 3}))
     with pytest.raises(ValueError, match=r"cluster.cpus_per_replica names fragment\(s\) learnr, which the policy does "
                                          r"not have; its fragments: actor, learner"):
-        RayJob(spec, cpus_per_replica={"learnr": 2})
+        RayJob.compile(spec, RayOptions(cpus_per_replica={"learnr": 2}))
 
 
 def test_a_per_fragment_gpu_bundle_is_checked_against_the_cuda_fragments(spec_factory):
     """``gpus_per_replica`` per fragment: a CUDA fragment it leaves without a GPU is refused
     before Ray starts, naming the fragment and the mapping."""
+    from msrl.cluster.options import RayOptions
     from msrl.cluster.ray_runtime import RayJob
     from msrl.errors import PlacementError
 
@@ -458,7 +461,7 @@ def test_a_per_fragment_gpu_bundle_is_checked_against_the_cuda_fragments(spec_fa
     spec = dataclasses.replace(spec, policy=spec.policy.with_overrides(devices={"learner": "cuda:0"}))
     with pytest.raises(PlacementError, match=r"fragment\(s\) learner hold CUDA tensors but cluster.gpus_per_replica "
                                              r"gives them none \(\{'actor': 1\}\).*\{learner: 1\}"):
-        RayJob(spec, gpus_per_replica={"actor": 1})
+        RayJob.compile(spec, RayOptions(gpus_per_replica={"actor": 1}))
 
 
 @pytest.mark.parametrize("transport", ["auto", "grpc"])
@@ -471,13 +474,15 @@ def test_overlapped_coarse_streams_between_its_processes(ray_local, spec_factory
     learner; with ``off`` all run at the driver's."""
     import ray
 
+    from msrl.cluster.options import RayOptions
     from msrl.cluster.placement import PRODUCER_NICE
     from msrl.cluster.ray_runtime import RayJob
 
     spec = spec_factory("single_learner_coarse")
     policy = spec.policy.with_overrides(boundaries={"trajectories": "fifo", "weights": "latest"})
     priority = "on" if transport == "auto" else "off"
-    job = RayJob(dataclasses.replace(spec, policy=policy), boundary_transport=transport, learner_priority=priority)
+    job = RayJob.compile(dataclasses.replace(spec, policy=policy),
+                         RayOptions(boundary_transport=transport, learner_priority=priority))
     try:
         nice = dict(zip(job.keys, ray.get([a.priority.remote() for a in job.actors])))
         base = nice[("learner", 0)]
@@ -519,7 +524,7 @@ def test_central_inference_on_ray_equals_the_local_runtime_bitwise_and_serves_dy
     local = Job(full)
     local.reset()
     local_metrics = [local.train_step() for _ in range(3)]
-    job = RayJob(full)
+    job = RayJob.compile(full)
     try:
         job.reset()
         records = job.run(3)
@@ -535,7 +540,7 @@ def test_central_inference_on_ray_equals_the_local_runtime_bitwise_and_serves_dy
         job.close()
         local.close()
     dynamic = dataclasses.replace(spec, policy=spec.policy.with_overrides(inference={"max_batch": 1, "timeout_ms": 1.0}))
-    job = RayJob(dynamic)
+    job = RayJob.compile(dynamic)
     try:
         job.reset()
         records = job.run(3)
@@ -729,7 +734,7 @@ def test_replicas_on_one_machine_listen_on_loopback_only(ray_local, spec_factory
     at all (Unix sockets)."""
     from msrl.cluster.ray_runtime import RayJob
 
-    alone = RayJob(spec_factory("single"))
+    alone = RayJob.compile(spec_factory("single"))
     try:
         ray_own = [a for p in alone.pids() for a in _tcp_listeners(p)]
     finally:
@@ -739,7 +744,7 @@ def test_replicas_on_one_machine_listen_on_loopback_only(ray_local, spec_factory
     overlapped = dataclasses.replace(spec, policy=spec.policy.with_overrides(
         boundaries={"trajectories": "fifo", "weights": "latest"}))
     for s in (spec, overlapped):
-        job = RayJob(s)
+        job = RayJob.compile(s)
         try:
             job.reset()
             job.run(2)
@@ -846,6 +851,7 @@ def test_a_restart_waits_for_capacity_saying_so_and_starts_when_it_is_there(ray_
 
     from ray.util.placement_group import placement_group, remove_placement_group
 
+    from msrl.cluster.options import RayOptions
     from msrl.cluster.ray_runtime import RayJob
     from msrl.errors import PlacementError
 
@@ -859,7 +865,7 @@ def test_a_restart_waits_for_capacity_saying_so_and_starts_when_it_is_there(ray_
     blocker = placement_group([{"CPU": 1}] * 3)  # 1 of the 4 CPUs left
     ray.get(blocker.ready(), timeout=EVENT_TIMEOUT_S)
     made: list = []
-    t = threading.Thread(target=lambda: made.append(RayJob(spec, capacity_timeout_s=EVENT_TIMEOUT_S)), daemon=True)
+    t = threading.Thread(target=lambda: made.append(RayJob.compile(spec, RayOptions(capacity_timeout_s=EVENT_TIMEOUT_S))), daemon=True)
     t.start()
     try:
         assert tee.seen.wait(EVENT_TIMEOUT_S), "".join(tee.text)
@@ -884,7 +890,7 @@ def test_a_restart_waits_for_capacity_saying_so_and_starts_when_it_is_there(ray_
     ray.get(blocker.ready(), timeout=EVENT_TIMEOUT_S)
     try:
         with pytest.raises(PlacementError, match=r"not placed within 6 s \(cluster.capacity_timeout_s\)"):
-            RayJob(spec, capacity_timeout_s=6)
+            RayJob.compile(spec, RayOptions(capacity_timeout_s=6))
     finally:
         remove_placement_group(blocker)
     # the refused job's pending group was removed with it: every CPU comes back free
@@ -903,7 +909,7 @@ def test_a_captured_fragment_in_a_ray_process_equals_the_local_eager_job_and_say
     cfg = pathlib.Path(__file__).resolve().parents[1] / "configs" / "ppo_cartpole_gpu_only.yaml"
     over = ["env.num_envs=8", "algorithm.hparams.num_steps=16", "train.total_env_steps=4096"]
     local = Job(build_job_spec(load_config(cfg, over)))
-    remote = RayJob(build_job_spec(load_config(cfg, [*over, "distribution_policy.capture.main=graph"])))
+    remote = RayJob.compile(build_job_spec(load_config(cfg, [*over, "distribution_policy.capture.main=graph"])))
     try:
         local.reset(), remote.reset()
         assert [r["output"] for r in remote.run(6)] == [local.train_step() for _ in range(6)]
@@ -944,7 +950,7 @@ def test_pong_rollouts_cross_processes_compact_and_train_the_local_bits(ray_loca
     finally:
         torch.set_num_threads(threads)
     whole = 2 * 32 * 2 * 4 * 84 * 84  # obs and next_obs of one rollout, bytes
-    remote = RayJob(spec)
+    remote = RayJob.compile(spec)
     try:
         remote.reset()
         records = remote.run(3)
@@ -968,7 +974,7 @@ def test_replica_processes_are_msrls_own_without_the_config_schema(ray_local, sp
     spec = spec_factory("single_learner_coarse")
     if compile_mode != "off":
         spec = dataclasses.replace(spec, policy=spec.policy.with_overrides(compile={"learner": compile_mode}))
-    job = RayJob(spec)
+    job = RayJob.compile(spec)
     try:
         rows = job.replica_table()
     finally:
@@ -976,3 +982,17 @@ def test_replica_processes_are_msrls_own_without_the_config_schema(ray_local, sp
     assert [row["config_schema"] for row in rows] == [False] * 3
     for row in rows:
         assert ("tensordict" in row["startup"] and "Optimizer.zero_grad" in row["startup"]) is (compile_mode == "off")
+
+
+@pytest.mark.parametrize("key, value, valid", [("strategy", "PAK", "PACK or SPREAD"), ("intra_node", "nccl", "shm or gloo"),
+                                               ("boundary_transport", "unix", "auto or grpc"),
+                                               ("learner_priority", "high", "auto, on, off"),
+                                               ("sync_transport", "tcp", "auto, unix, gloo")])
+def test_ray_options_are_checked_once_when_made_naming_the_key_and_its_values(key, value, valid):
+    """:class:`~msrl.cluster.options.RayOptions` is the one validated value a Ray job receives:
+    a bad value is a ``ValueError`` naming the ``cluster.*`` key and what is valid, before any
+    job is compiled or Ray started."""
+    from msrl.cluster.options import RayOptions
+
+    with pytest.raises(ValueError, match=f"cluster.{key} must be (one of )?{valid}, got '{value}'"):
+        RayOptions(**{key: value})

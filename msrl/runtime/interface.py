@@ -7,9 +7,9 @@ runtime (:class:`msrl.cluster.ray_runtime.RayJob`: a process per replica) both i
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol, TypedDict, runtime_checkable
+from typing import Any, Mapping, Protocol, Sequence, TypedDict, runtime_checkable
 
-__all__ = ["IterationRecord", "JobRuntime"]
+__all__ = ["IterationRecord", "JobRuntime", "iteration_record"]
 
 
 class IterationRecord(TypedDict, total=False):
@@ -44,6 +44,43 @@ class IterationRecord(TypedDict, total=False):
     comm_share: float
     wait_share: float
     refused: dict[str, int]
+
+
+def iteration_record(rows: Sequence[Mapping[str, Any]], output: dict[str, float] | None,
+                     with_episodes: Sequence[bool] | None = None, processes: bool = False) -> IterationRecord:
+    """The job's record of one iteration from its replicas' rows (each
+    :meth:`~msrl.runtime.host.ReplicaHost.run` record), the one aggregation both runtimes use.
+
+    Args:
+        rows: one row per replica, in the order their episodes are listed.
+        output: the output fragment's metrics as floats (``None``: it returned nothing).
+        with_episodes: per row, whether its finished episodes count (the env's fragment);
+            ``None``: every row's.
+        processes: the replicas are processes (Ray): the record has their communication
+            shares and what their servers refused too.
+
+    Returns:
+        the :class:`IterationRecord`: ``env_steps`` summed over the rows, episodes merged in
+        row order, the slowest row's ``time_s``, every row's policy lags, the first central
+        inference statistics; with ``processes`` also ``comm_share``, ``wait_share`` and
+        ``refused``.
+    """
+    from msrl.api import EpisodeStats
+
+    episodes = EpisodeStats([], [])
+    for row, counts in zip(rows, with_episodes if with_episodes is not None else [True] * len(rows)):
+        if counts:
+            episodes.merge(row["episodes"])
+    record: IterationRecord = {
+        "output": output, "env_steps": sum(r["env_steps"] for r in rows), "episodes": episodes,
+        "time_s": max(r["time_s"] for r in rows), "policy_lags": [lag for r in rows for lag in r["policy_lags"]],
+        "inference": next((r["inference"] for r in rows if r.get("inference")), None)}
+    if processes:
+        busy = sum(r["time_s"] for r in rows)
+        record["comm_share"] = sum(r["comm_s"] for r in rows) / busy if busy > 0 else 0.0
+        record["wait_share"] = sum(r["wait_s"] for r in rows) / busy if busy > 0 else 0.0
+        record["refused"] = {k: sum(r["refused"][k] for r in rows) for k in rows[0]["refused"]}
+    return record
 
 
 @runtime_checkable
