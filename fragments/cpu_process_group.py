@@ -49,7 +49,9 @@ class ProcessGroupBackend(Backend):
         if is_native(env_id):
             raise ConfigError(f"{key} steps gymnasium envs in worker processes; env.id={env_id!r} is a native "
                               "batched env, stepped in the replica's own process: use torch_graph")
-        if env_engine not in ("sync", ENGINE):
+        from msrl.envs.engines import engine
+
+        if engine(env_engine).in_worker_processes != ENGINE:
             raise ConfigError(f"{key} steps its envs on the {ENGINE} engine; env.engine="
                               f"{env_engine} asks for another: leave env.engine at sync, or use torch_graph")
 

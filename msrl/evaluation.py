@@ -95,15 +95,9 @@ def evaluation_env(cfg: Any) -> tuple[str | None, dict[str, Any], list[str]]:
         return eval_env_id(cfg.env.id), {}, []
     if eval_env_id(cfg.env.id) is None:
         return None, {}, []
-    if cfg.env.engine == "envpool":  # EnvPool's kwargs are not gymnasium's; its ids may not be gymnasium ids
-        from msrl.envs.single import UnknownEnvError, check_env_id
+    from msrl.envs.engines import engine
 
-        try:
-            check_env_id(cfg.env.id)
-        except UnknownEnvError:
-            return None, {}, []
-        return cfg.env.id, {}, []
-    return cfg.env.id, dict(cfg.env.kwargs), list(cfg.env.wrappers)
+    return engine(cfg.env.engine).evaluation(cfg.env.id, cfg.env.kwargs, cfg.env.wrappers)
 
 
 def actor_device(actor: Any) -> torch.device:

@@ -12,6 +12,7 @@ from typing import Any
 
 from msrl.checkpoints import CHECKPOINT, CheckpointError, Progress, read_checkpoint, save_checkpoint
 from msrl.config import RunConfig
+from msrl.envs.engines import engine
 from msrl.evaluation import evaluate_job
 from msrl.job import JobSpec
 from msrl.metrics import MetricsWriter, iteration_row
@@ -179,7 +180,7 @@ class TrainingLoop:
                 self._write_replica_table()  # the replacements' pids
             row = iteration_row(rec, it + i + 1, p.time_s + chunk_dt * (i + 1) / n, self.steps_per_iteration,
                                 p.faults if job.restarts_replicas else None,
-                                p.faults["lost_episodes"] if self.cfg.env.engine == "process" and not job.restarts_replicas
+                                p.faults["lost_episodes"] if engine(self.cfg.env.engine).loses_episodes and not job.restarts_replicas
                                 else None)
             if i == n - 1:
                 eval_dt = self._evaluate_if_due(row, t0)

@@ -266,18 +266,20 @@ class DistributionPolicy:
 
     def configured(
         self,
-        replicas: Mapping[str, int],
-        backends: Mapping[str, str],
-        devices: Mapping[str, str],
-        placement: Mapping[str, str],
-        boundaries: Mapping[str, str],
+        *,
+        replicas: Mapping[str, int] | None = None,
+        backends: Mapping[str, str] | None = None,
+        devices: Mapping[str, str] | None = None,
+        placement: Mapping[str, str] | None = None,
+        boundaries: Mapping[str, str] | None = None,
         queue_capacity: int | None = None,
         inference: Mapping[str, Any] | None = None,
         capture: Mapping[str, str] | None = None,
         compile: Mapping[str, str] | None = None,
     ) -> "DistributionPolicy":
-        """:meth:`with_overrides` of the YAML's ``distribution_policy.*`` keys, each checked by
-        the policy that owns the rule first (the config delegates here).
+        """:meth:`with_overrides` of the YAML's ``distribution_policy.*`` keys (each by its name;
+        ``None``: not set), each checked by the policy that owns the rule first (the config
+        delegates here).
 
         Raises:
             ConfigError: naming the key and what is valid (an unknown fragment, role or boundary
@@ -286,10 +288,13 @@ class DistributionPolicy:
         """
         from msrl.errors import ConfigError
 
+        replicas, backends, devices = replicas or {}, backends or {}, devices or {}
+        placement, boundaries = placement or {}, boundaries or {}
         if placement.get("buffer") == REPLAY_FRAGMENT and REPLAY_FRAGMENT not in [f.name for f in self.fragments]:
             rest = {role: frag for role, frag in placement.items() if role != "buffer"}
             return self.with_overrides(placement={"buffer": REPLAY_FRAGMENT}).configured(
-                replicas, backends, devices, rest, boundaries, queue_capacity, inference, capture, compile)
+                replicas=replicas, backends=backends, devices=devices, placement=rest, boundaries=boundaries,
+                queue_capacity=queue_capacity, inference=inference, capture=capture, compile=compile)
         for frag, mode in (capture or {}).items():
             if mode not in CAPTURE_MODES:
                 raise ConfigError(f"distribution_policy.capture.{frag}={mode}: unknown capture mode; modes: "

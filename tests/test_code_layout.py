@@ -284,3 +284,24 @@ def test_the_runtime_never_reaches_the_partitioner_or_the_config():
     reached = _reach(edges, runtime)
     assert "msrl.graph.fragmented" in reached
     assert sorted(t for t in reached if t.startswith(("msrl.partition", "msrl.frontend", "msrl.config"))) == []
+
+
+def test_no_module_outside_the_envs_compares_engine_names():
+    """What differs between env engines lives in their table (``msrl.envs.engines``), as a
+    backend's differences live in its hooks: nothing outside ``msrl/envs/`` compares an
+    ``env.engine`` value with an engine's name."""
+    from msrl.envs.engines import ENGINES
+
+    assert set(ENGINES) == {"sync", "process", "envpool", "ale_vector"}
+    found = []
+    for mod, f in _modules().items():
+        if mod.startswith("msrl.envs"):
+            continue
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Compare) and "engine" in ast.unparse(node):
+                consts = [c for c in [node.left, *node.comparators] if isinstance(c, ast.Constant)]
+                consts += [e for c in node.comparators if isinstance(c, (ast.Tuple, ast.List, ast.Set)) for e in c.elts
+                           if isinstance(e, ast.Constant)]
+                if any(c.value in ENGINES for c in consts):
+                    found.append(f"{mod}:{node.lineno}")
+    assert found == [], f"engine names compared outside msrl/envs/: {found}"

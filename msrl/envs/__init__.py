@@ -10,10 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["check_env_id", "make_env", "env_spec", "eval_env_id", "UnknownEnvError", "is_native", "ENGINES"]
+__all__ = ["check_env_id", "make_env", "env_spec", "eval_env_id", "UnknownEnvError", "is_native", "ENGINES",
+           "engine"]
 
 
 def __getattr__(name: str) -> Any:
+    if name in ("ENGINES", "engine"):
+        from msrl.envs import engines
+
+        return getattr(engines, name)
     if name in __all__:
         from msrl.envs import factory
 

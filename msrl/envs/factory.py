@@ -1,9 +1,8 @@
 """The env factory: msrl's native batched envs and gymnasium envs on one of the engines.
 
 Env ids in the ``msrl/`` namespace (``msrl/CartPole-v1``) are native envs; every other id is a
-registered gymnasium id, stepped by the engine ``env.engine`` names (:data:`ENGINES`):
-:class:`~msrl.envs.gymnasium_env.GymnasiumEnv` in the actor's process (``sync``) or
-:class:`~msrl.envs.engine.ProcessEnv`'s worker processes (``process``).
+registered gymnasium id (or an engine's own: EnvPool's tasks, ALE games), stepped by the engine
+``env.engine`` names (:mod:`msrl.envs.engines`, :data:`ENGINES`).
 """
 
 from __future__ import annotations
@@ -14,33 +13,12 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from msrl.api import Environment, EnvSpec
+from msrl.envs.engines import ENGINES, check_env_id
+from msrl.envs.engines import engine as engine_kind
 from msrl.envs.native import NATIVE_ENVS, is_native, make_native
 from msrl.envs.single import UnknownEnvError, make_single_env
-from msrl.envs.single import check_env_id as check_gymnasium_id
 
 __all__ = ["check_env_id", "make_env", "env_spec", "eval_env_id", "UnknownEnvError", "is_native", "ENGINES"]
-
-#: Values of ``env.engine``: ``sync`` steps gymnasium envs one after another in the actor's
-#: process; ``process`` steps them in worker processes over shared memory (:mod:`msrl.envs.engine`);
-#: ``envpool`` steps EnvPool's own tasks on its thread pool (:mod:`msrl.envs.envpool_env`);
-#: ``ale_vector`` steps ALE games on ale-py's vector env (:mod:`msrl.envs.ale_vector_env`).
-ENGINES = ("sync", "process", "envpool", "ale_vector")
-
-
-def check_env_id(env_id: str) -> None:
-    """Checks that ``env_id`` is a native env or a registered gymnasium env.
-
-    Raises:
-        UnknownEnvError: naming close gymnasium ids, the native ids and every gymnasium id.
-    """
-    if is_native(env_id):
-        return
-    if env_id.startswith("msrl/"):
-        raise UnknownEnvError(f"unknown native env id {env_id!r}; native envs: {', '.join(NATIVE_ENVS)}")
-    try:
-        check_gymnasium_id(env_id)
-    except UnknownEnvError as e:
-        raise UnknownEnvError(f"{e}; native envs: {', '.join(NATIVE_ENVS)}") from None
 
 
 def make_env(
@@ -64,33 +42,18 @@ def make_env(
         UnknownEnvError: unknown id.
         ValueError: an unknown engine, or wrappers on a native env.
     """
-    if engine not in ENGINES:
-        raise ValueError(f"unknown env engine {engine!r}; valid: {', '.join(ENGINES)}")
-    if engine == "envpool":
-        if wrappers:
-            raise ValueError("env.wrappers apply to gymnasium envs; EnvPool's tasks take their options as env.kwargs")
-        from msrl.envs.envpool_env import EnvPoolEnv
-
-        return EnvPoolEnv(env_id, num_envs, num_workers, device, env_kwargs)
-    if engine == "ale_vector":
-        if list(wrappers) != ["atari"]:
-            raise ValueError(f"env.engine=ale_vector does the atari preprocessing itself: env.wrappers must be "
-                             f"['atari'], got {list(wrappers)}")
-        from msrl.envs.ale_vector_env import AleVectorEnv
-
-        return AleVectorEnv(env_id, num_envs, num_workers, device, env_kwargs)
+    kind = engine_kind(engine)
+    if kind.spec is not None:  # the engine's own ids (EnvPool's tasks, ALE games)
+        problem = kind.wrappers_problem(wrappers)
+        if problem is not None:
+            raise ValueError(f"env.wrappers: {problem}")
+        return kind.make(env_id, num_envs, num_workers, device, env_kwargs, wrappers)
     check_env_id(env_id)
     if is_native(env_id):
         if wrappers:
             raise ValueError(f"env.wrappers apply to gymnasium envs, not the native env {env_id!r}")
         return make_native(env_id, num_envs, device=device, impl=native_impl, **dict(env_kwargs or {}))
-    if engine == "process":
-        from msrl.envs.engine import ProcessEnv
-
-        return ProcessEnv(env_id, num_envs, num_workers, device, env_kwargs, wrappers)
-    from msrl.envs.gymnasium_env import GymnasiumEnv
-
-    return GymnasiumEnv(env_id, num_envs, device, env_kwargs, wrappers)
+    return kind.make(env_id, num_envs, num_workers, device, env_kwargs, wrappers)
 
 
 def env_spec(env_id: str, num_envs: int, env_kwargs: Mapping[str, Any] | None = None,
@@ -103,14 +66,9 @@ def env_spec(env_id: str, num_envs: int, env_kwargs: Mapping[str, Any] | None = 
             with ``"ale_vector"``).
         EnvKwargsError: an ``env_kwargs`` key ``ale_vector`` does not take.
     """
-    if engine == "envpool":
-        from msrl.envs.envpool_env import envpool_spec
-
-        return envpool_spec(env_id, num_envs, env_kwargs)
-    if engine == "ale_vector":
-        from msrl.envs.ale_vector_env import ale_vector_spec
-
-        return ale_vector_spec(env_id, num_envs, env_kwargs)
+    kind = engine_kind(engine)
+    if kind.spec is not None:
+        return kind.spec(env_id, num_envs, env_kwargs)
     check_env_id(env_id)
     if is_native(env_id):
         spec = make_native(env_id, 1, impl="torch", **dict(env_kwargs or {})).spec

@@ -177,8 +177,6 @@ def frame_padding(env_engine: str, env_wrappers: tuple[str, ...] | list[str]) ->
     ``FrameStackObservation`` under the ``atari`` wrapper and for EnvPool's Atari tasks; ``None``
     otherwise (values cross whole). A wrong answer costs one failed check, never a wrong value
     (:func:`compact_frames` checks every rollout)."""
-    if env_engine == "ale_vector":
-        return "zeros"
-    if "atari" in env_wrappers or env_engine == "envpool":
-        return "reset"
-    return None
+    from msrl.envs.engines import engine
+
+    return engine(env_engine).frame_padding(env_wrappers)
