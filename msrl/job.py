@@ -178,7 +178,8 @@ class Job:
 
     Attributes:
         graphs: traced graph per method; ``fragment_graph``: the partition;
-        programs: ``(fragment, method) -> Program``; ``trainers``: ``(fragment, replica) -> Trainer``.
+        programs: ``(fragment, method) -> Program``; ``trainers``: ``(fragment, replica) -> Trainer``;
+        replicas: ``(fragment, replica) -> Replica`` (:meth:`replica` reads one).
 
     Raises:
         TraceError, PartitionError, UnknownBackendError, ValueError: as the stages raise them.
@@ -207,6 +208,20 @@ class Job:
                                     frame_padding=env_frame_padding(spec))
         self.iteration = 0
         self._stats = EpisodeStats([], [])
+
+    def replica(self, fragment: str, index: int = 0) -> Replica:
+        """Replica ``index`` of ``fragment``, a thread of this process: its trainer, its
+        programs (:meth:`~msrl.runtime.replica.Replica.program_status`), its components' weights
+        and episodes -- for debugging and tests.
+
+        Raises:
+            KeyError: no such fragment or replica (the message names the job's replicas).
+        """
+        key = (fragment, index)
+        if key not in self.replicas:
+            raise KeyError(f"no replica {index} of fragment {fragment!r}; replicas: "
+                           f"{', '.join(f'{f}/{r}' for f, r in self.replicas)}")
+        return self.replicas[key]
 
     # -- running ----------------------------------------------------------------------------
     def reset(self) -> None:

@@ -33,7 +33,7 @@ def _pair(config, overrides):
 
 
 def _replica(job):
-    return job.runtime.replicas[("main", 0)]
+    return job.replica("main", 0)
 
 
 def _status_after(config, overrides, iterations=WARMUP + 2):
@@ -47,7 +47,7 @@ def _status_after(config, overrides, iterations=WARMUP + 2):
             assert graph.train_step() == eager.train_step()
         rep = _replica(graph)
         fn = rep.programs["train_step"].fn
-        made = any(c.graph is not None for c in capture._registry.get(rep.trainer, {}).values())
+        made = any(c.graph is not None for c in capture.captures(rep.trainer))
         return fn.status, made
     finally:
         graph.close(), eager.close()
@@ -86,7 +86,7 @@ def test_a_captured_gpu_only_job_equals_the_eager_one_bitwise(config, overrides)
         _same_state(graph, eager)
         fn = _replica(graph).programs["train_step"].fn
         assert isinstance(fn, CapturedProgram) and fn.status == "graph"
-        (cap,) = capture._registry[_replica(graph).trainer].values()
+        (cap,) = capture.captures(_replica(graph).trainer)
         assert cap.replays == 3 and (DEVICE == "cuda" or len(cap.graph.steps) > 100)
         assert not isinstance(_replica(eager).programs["train_step"].fn, CapturedProgram)
     finally:
@@ -101,16 +101,16 @@ def test_a_checkpoint_loaded_into_a_captured_job_is_captured_again():
         graph.reset(), eager.reset()
         for _ in range(3):
             graph.train_step(), eager.train_step()
-        saved = {k: copy.deepcopy(r.state_dict()) for k, r in eager.runtime.replicas.items()}
+        saved = {k: copy.deepcopy(r.state_dict()) for k, r in eager.replicas.items()}
         for _ in range(WARMUP + 3):
             graph.train_step(), eager.train_step()
         for job in (graph, eager):  # both back to iteration 3 (each its own copy: loading shares tensors)
-            for k, r in job.runtime.replicas.items():
+            for k, r in job.replicas.items():
                 r.load_state_dict(copy.deepcopy(saved[k]))
         for _ in range(WARMUP + 4):
             assert graph.train_step() == eager.train_step()
         _same_state(graph, eager)
-        (cap,) = capture._registry[_replica(graph).trainer].values()
+        (cap,) = capture.captures(_replica(graph).trainer)
         assert cap.graph is not None and cap.replays == 2  # captured anew after the load
     finally:
         graph.close(), eager.close()
@@ -164,7 +164,7 @@ def test_a_host_env_or_a_boundary_keeps_a_fragment_eager():
     coarse = Job(build_job_spec(load_config(main, ["distribution_policy.name=single_learner_coarse",
                                                    "distribution_policy.capture.learner=graph"])))
     try:
-        status = coarse.runtime.replicas[("learner", 0)].programs["train_step"].fn.status
+        status = coarse.replica("learner", 0).program_status("train_step")
         assert re.fullmatch(r"eager: the program exchanges values with other replicas \(gather at .*ppo\.py:\d+\); "
                             r"only a fragment without boundaries or collectives is captured", status), status
     finally:
@@ -172,7 +172,7 @@ def test_a_host_env_or_a_boundary_keeps_a_fragment_eager():
     multi = Job(build_job_spec(load_config(main, ["distribution_policy.name=multi_learner",
                                                   "distribution_policy.capture.main=graph"])))
     try:  # the gradient all-reduce among the fragment's own replicas
-        status = multi.runtime.replicas[("main", 1)].programs["train_step"].fn.status
+        status = multi.replica("main", 1).program_status("train_step")
         assert status.startswith("eager: the program exchanges values with other replicas (allreduce_region at "), status
     finally:
         multi.close()

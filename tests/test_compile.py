@@ -49,7 +49,7 @@ def _close_metrics(a, b, rel=1e-3, abs_=1e-4):
 
 
 def _weights_close(jobs, role, atol=1e-4):
-    a, b = (j.runtime.replicas[("main", 0)].weights(role) for j in jobs)
+    a, b = (j.replica("main", 0).weights(role) for j in jobs)
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=atol, rtol=1e-3, msg=f"{role}.{k}")
 
@@ -68,7 +68,7 @@ def test_a_compiled_fragment_equals_its_eager_program_to_float_tolerance(config,
             _close_metrics(c, e)
         for role in ("actor", "learner"):
             _weights_close(jobs, role)
-        rep = jobs[0].runtime.replicas[("main", 0)]
+        rep = jobs[0].replica("main", 0)
         status = compiled_program_of(rep.programs["train_step"].fn).status(rep.trainer)
         assert status and all(line.endswith(": inductor") for line in status), status
         names = {line.split(":")[0] for line in status}
@@ -95,14 +95,14 @@ def test_a_target_with_a_graph_break_runs_eagerly_with_one_line(monkeypatch, cap
     jobs = [Job(build_job_spec(load_config(main, [*over, f"distribution_policy.compile.main={m}"])))
             for m in ("inductor", "off")]
     try:
-        monkeypatch.setattr(type(jobs[0].runtime.replicas[("main", 0)].trainer.learner), "compile_targets", lambda self: ())
+        monkeypatch.setattr(type(jobs[0].replica("main", 0).trainer.learner), "compile_targets", lambda self: ())
         for j in jobs:
             j.reset()
         for _ in range(3):
             assert jobs[0].train_step() == jobs[1].train_step()
-        a, b = (j.runtime.replicas[("main", 0)].weights("learner") for j in jobs)
+        a, b = (j.replica("main", 0).weights("learner") for j in jobs)
         assert all(torch.equal(a[k], b[k]) for k in a)
-        rep = jobs[0].runtime.replicas[("main", 0)]
+        rep = jobs[0].replica("main", 0)
         [line] = compiled_program_of(rep.programs["train_step"].fn).status(rep.trainer)
         assert re.fullmatch(r"actor\.act: eager: Unsupported: .*at .*msrl/rl/distributions\.py:\d+ \(.*generator.*\)",
                             line), line
@@ -124,7 +124,7 @@ def test_compile_settings_are_checked_and_off_by_default():
     assert spec.policy.fragment("main").compile is None
     job = Job(spec)
     try:  # off: the program as generated (or captured), no compiled wrapper anywhere
-        assert compiled_program_of(job.runtime.replicas[("main", 0)].programs["train_step"].fn) is None
+        assert compiled_program_of(job.replica("main", 0).programs["train_step"].fn) is None
     finally:
         job.close()
 

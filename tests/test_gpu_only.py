@@ -129,7 +129,7 @@ def _one_iteration(job, recorder, fragment=None):
         with recorder:
             job.runtime.run("train_step")
         return
-    rep = job.runtime.replicas[(fragment, 0)]
+    rep = job.replica(fragment, 0)
     program = rep.programs["train_step"]
     rep.programs["train_step"] = recording_program(program, recorder)
     try:

@@ -93,14 +93,14 @@ def test_under_gpu_only_the_captured_iteration_equals_the_eager_one_bitwise():
         graph.reset(), eager.reset()
         for _ in range(WARMUP + 4):
             assert graph.train_step() == eager.train_step()
-        rg, re_ = graph.runtime.replicas[("main", 0)], eager.runtime.replicas[("main", 0)]
+        rg, re_ = graph.replica("main", 0), eager.replica("main", 0)
         for role in ("actor", "learner"):
             for (k, x), (_, y) in zip(rg.weights(role).items(), re_.weights(role).items()):
                 assert torch.equal(x, y), f"{role}.{k}"
         assert torch.equal(rg.trainer.obs, re_.trainer.obs) and rg.env_steps == re_.env_steps
         fn = rg.programs["train_step"].fn
         assert isinstance(fn, CapturedProgram) and fn.status == "graph", getattr(fn, "status", fn)
-        (cap,) = capture._registry[rg.trainer].values()
+        (cap,) = capture.captures(rg.trainer)
         assert cap.replays == 2
         foreign = [s for s in cap.graph.steps if s[0] == "foreign"]
         assert len(foreign) == 4  # one physics call per env step of the iteration

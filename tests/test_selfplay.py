@@ -255,14 +255,14 @@ def test_earlier_runs_join_the_pool_as_fixed_opponents(tmp_path):
         for _ in range(12):
             job.train_step()
             for r in range(2):
-                actor = job.runtime.replicas[("actor", r)].trainer.components["actor"]
+                actor = job.replica("actor", r).trainer.components["actor"]
                 assert len(actor.league) == 1 and len(actor.pool) <= 2
                 drawn.add(actor.opponent_index)
                 if actor.opponent_index == 0:
                     opp = actor.opponent.state_dict()
                     assert all(torch.equal(opp[k], theirs[k]) for k in theirs)
         assert drawn == {0, 1, 2}  # the earlier run's policy and both snapshots
-        actor = job.runtime.replicas[("actor", 0)].trainer.components["actor"]
+        actor = job.replica("actor", 0).trainer.components["actor"]
         assert "with 1 fixed policies of earlier runs" in actor.describe()
     finally:
         job.close()

@@ -176,7 +176,7 @@ CAPTURED = """
                                           "distribution_policy.capture.main=graph"])))
     job.reset()
     rows = [job.train_step() for _ in range(5)]  # warm-up, probe (HostSyncRecorder), capture (Tape), replays
-    status = job.runtime.replicas[("main", 0)].programs["train_step"].fn.status
+    status = job.replica("main", 0).program_status("train_step")
     job.close()
     print(json.dumps({"dynamo": "torch._dynamo" in sys.modules, "status": status,
                       "rows": [{k: float(v) for k, v in r.items()} for r in rows]}, sort_keys=True))

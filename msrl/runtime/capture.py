@@ -76,7 +76,8 @@ from msrl.policy import CAPTURE_MODES
 from msrl.runtime.host_syncs import HostSyncRecorder
 from msrl.startup import lean_dispatch_mode
 
-__all__ = ["CAPTURE_MODES", "WARMUP", "CapturedProgram", "NotCapturable", "Tape", "host_state", "invalidate",
+__all__ = ["CAPTURE_MODES", "WARMUP", "CapturedProgram", "Capture", "captures", "NotCapturable", "Tape", "host_state",
+           "invalidate",
            "notify", "pop_notices", "resolve_capture"]
 
 #: eager iterations before the probe (the optimiser's state is created in the first)
@@ -361,8 +362,14 @@ class _CudaGraph:
 # -- the captured program ---------------------------------------------------------------------
 
 @dataclasses.dataclass
-class _Captured:
-    """One trainer's capture of one program."""
+class Capture:
+    """One trainer's capture of one program, as :func:`captures` reports it.
+
+    Attributes:
+        runs: calls so far; ``probed``: the probe iteration ran; ``graph``: the captured graph
+            (a CUDA graph, or on the CPU a :class:`Tape`; ``None`` before the capture);
+        replays: replays of ``graph`` since it was captured; ``probe_s``: the probe's wall time (s).
+    """
 
     runs: int = 0
     probed: bool = False
@@ -375,8 +382,15 @@ class _Captured:
     probe_s: float = 0.0  # the probe iteration's wall time (s)
 
 
-_registry: "weakref.WeakKeyDictionary[Any, dict[int, _Captured]]" = weakref.WeakKeyDictionary()
+_registry: "weakref.WeakKeyDictionary[Any, dict[int, Capture]]" = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
+
+
+def captures(trainer: Any) -> list[Capture]:
+    """The captures of ``trainer``'s programs (one per captured program that has run; empty:
+    none), for ``msrl graph``, debugging and tests. Reading them changes nothing."""
+    with _lock:
+        return list(_registry.get(trainer, {}).values())
 
 
 _notices: "weakref.WeakKeyDictionary[Any, list[str]]" = weakref.WeakKeyDictionary()
@@ -630,13 +644,13 @@ class CapturedProgram:
                 del caps[key]
             cap = caps.get(id(self))
             if cap is None:
-                cap = caps[id(self)] = _Captured()
+                cap = caps[id(self)] = Capture()
         if cap.graph is not None:
             if self._inputs_fit(trainer, cap):
                 out = self._replay(cap)
                 _replaying[trainer] = True
                 return out
-            cap = caps[id(self)] = _Captured()
+            cap = caps[id(self)] = Capture()
         cap.runs += 1
         if cap.runs <= WARMUP:
             return self._eager(trainer, comm)
@@ -716,7 +730,7 @@ class CapturedProgram:
         self.reason, self._told = reason, True
         notify(trainer, f"{self.method} runs eagerly, not captured: {reason}")
 
-    def _capture(self, trainer: Any, comm: Any, cap: _Captured) -> Any:
+    def _capture(self, trainer: Any, comm: Any, cap: Capture) -> Any:
         t0 = time.perf_counter()
         statics = {}
         for a in self.state_attrs:
@@ -784,7 +798,7 @@ class CapturedProgram:
                          f"probe {cap.probe_s:.2f} s)")
         return _fresh(out)
 
-    def _inputs_fit(self, trainer: Any, cap: _Captured) -> bool:
+    def _inputs_fit(self, trainer: Any, cap: Capture) -> bool:
         """Whether the state attributes still fit the static buffers (copying a rebound value in)."""
         for a, buf in cap.statics.items():
             v = getattr(trainer, a, None)
@@ -796,7 +810,7 @@ class CapturedProgram:
             setattr(trainer, a, buf)
         return True
 
-    def _replay(self, cap: _Captured) -> Any:
+    def _replay(self, cap: Capture) -> Any:
         for comp, attr, items in cap.logs:  # items still held from the last replay: kept as they are now
             held = getattr(comp, attr)
             ids = {id(x) for x in items}

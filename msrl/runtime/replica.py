@@ -323,6 +323,16 @@ class Replica:
             {n.target for fr in fragment_graph.fragments for g in fr.programs.values() for n in g.walk() if n.kind.value == "state_out"}
         )
 
+    def program_status(self, method: str = "train_step") -> str:
+        """How ``method``'s program runs: ``graph`` (captured once and replayed, or still
+        warming up), ``eager: <reason>`` (a capture refused, with why), or ``eager`` (never
+        captured: the fragment's ``capture`` is ``eager``).
+
+        Raises:
+            KeyError: ``method`` is not a traced method.
+        """
+        return getattr(self.programs[method].fn, "status", "eager")
+
     @property
     def has_env(self) -> bool:
         """Whether this replica steps envs."""
