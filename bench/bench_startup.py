@@ -4,7 +4,9 @@
 Rows (medians over ``--repeats`` runs, each a fresh process):
 
 * ``python -c "import torch"``: the floor any PyTorch program pays;
-* ``python -c "import msrl.run"``: what the driver imports before it reads the config;
+* ``python -c "import msrl.run"`` in a user's process (plain torch: tensordict's compile marks
+  import TorchDynamo there, as in any process that imports tensordict), and the same in a process
+  msrl owns (:func:`msrl.startup.own_process` first, as the ``msrl`` command does);
 * ``msrl train`` to its first iteration: from the command until the line ``msrl: run
   directory ...``, which the driver prints once the job is traced, probed, partitioned, built
   and reset, just before the first iteration;
@@ -110,12 +112,14 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--solved-seeds", type=int, nargs="*", default=[])
     args = p.parse_args()
-    torch_s, plain_s, msrl_s, first_s, whole_s, issue_s = [], [], [], [], [], []
+    torch_s, plain_s, msrl_s, owned_s, first_s, whole_s, issue_s = [], [], [], [], [], [], []
     with tempfile.TemporaryDirectory() as runs_dir:
         for k in range(args.repeats):  # interleaved, so a slow moment of the machine hits every row
             torch_s.append(_wall([sys.executable, "-c", "import torch"]))
             plain_s.append(_wall([sys.executable, "-c", PLAIN_PPO_START]))
             msrl_s.append(_wall([sys.executable, "-c", "import msrl.run"]))
+            owned_s.append(_wall([sys.executable, "-c", "from msrl.startup import own_process; own_process(); "
+                                  "import msrl.run"]))
             first, whole = _to_first_iteration(runs_dir, k)
             first_s.append(first)
             whole_s.append(whole)
@@ -127,7 +131,8 @@ def main() -> None:
     print("| --- | --- | --- | --- |")
     for name, xs in (("python -c 'import torch' (floor)", torch_s),
                      ("plain torch PPO script: imports, vector env, Adam built", plain_s),
-                     ("python -c 'import msrl.run'", msrl_s),
+                     ("python -c 'import msrl.run' (a user's process: plain torch)", msrl_s),
+                     ("the same in a process msrl owns (own_process() first)", owned_s),
                      ("msrl train: command to first iteration", first_s),
                      ("msrl train: whole process, one iteration, 20 eval episodes", whole_s),
                      ("msrl train ... train.total_env_steps=256 eval.episodes=1 (whole process)", issue_s)):
