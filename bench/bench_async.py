@@ -76,7 +76,7 @@ def _floor_worker(role: str, iterations: int, barrier, out, num_envs: int = 16) 
     envs = num_envs if role.startswith("actor") else 16
     job = Job(build_job_spec(load_config("configs/ppo_cartpole.yaml", ["distribution_policy.name=single",
                                                                        f"env.num_envs={envs}"])), probe=False)
-    t = job.trainers[("main", 0)]
+    t = job.replica("main", 0).trainer
     hp = t.hparams
     obs = t.env.reset(seed=1)
 

@@ -51,7 +51,7 @@ def _trainer(num_envs: int, nice: int = 0):
 
     job = Job(build_job_spec(load_config(CONFIG, ["distribution_policy.name=single", f"env.num_envs={num_envs}"])),
               probe=False)
-    return job, job.trainers[("main", 0)]
+    return job, job.replica("main", 0).trainer
 
 
 def _rollout(t, obs):

@@ -178,8 +178,8 @@ class Job:
 
     Attributes:
         graphs: traced graph per method; ``fragment_graph``: the partition;
-        programs: ``(fragment, method) -> Program``; ``trainers``: ``(fragment, replica) -> Trainer``;
-        replicas: ``(fragment, replica) -> Replica`` (:meth:`replica` reads one).
+        programs: ``(fragment, method) -> Program``;
+        replicas: ``(fragment, replica) -> Replica`` (:meth:`replica` reads one; its ``trainer``).
 
     Raises:
         TraceError, PartitionError, UnknownBackendError, ValueError: as the stages raise them.
@@ -202,8 +202,6 @@ class Job:
             programs = {m: p for (f, m), p in self.programs.items() if f == frag.name}
             for r in range(frag.replicas):
                 self.replicas[(frag.name, r)] = Replica(spec, self.fragment_graph, frag.name, r, programs)
-        #: ``(fragment, replica) -> Trainer``: the replicas' objects (in-process debugging and tests)
-        self.trainers: dict[tuple[str, int], Trainer] = {k: r.trainer for k, r in self.replicas.items()}
         self.runtime = LocalRuntime(self.fragment_graph, self.replicas,
                                     frame_padding=env_frame_padding(spec))
         self.iteration = 0
@@ -277,7 +275,7 @@ class Job:
     def replicas_with(self, role: str) -> list[Trainer]:
         """The trainers (one per replica) of the fragment holding ``role``."""
         frag = self.spec.policy.fragment_of_role(role)
-        return [t for (f, _), t in sorted(self.trainers.items()) if f == frag]
+        return [r.trainer for (f, _), r in sorted(self.replicas.items()) if f == frag]
 
     def component(self, role: str, replica: int = 0) -> Any:
         """The ``role`` component of replica ``replica`` of its fragment."""

@@ -63,7 +63,7 @@ def test_the_partitioner_places_the_gradient_allreduce_at_the_learners_gradient_
         source = job.programs[("main", "train_step")].source
         assert f"with _msrl_comm.allreduce_region({b.name!r}, 'gradients', self.learner):" in source
         # nothing set on the component: the region is a scope of the running code, not an attribute
-        learners = [t.components["learner"] for t in job.trainers.values()]
+        learners = [t.components["learner"] for t in (r.trainer for r in job.replicas.values())]
         before = [dict(vars(learner)) for learner in learners]
         job.reset()
         job.run(2)

@@ -246,7 +246,7 @@ def _shards(actors: int, shards: int) -> list[ReplayBuffer]:
         job.reset()
         for _ in range(2):
             job.train_step()
-        return [job.trainers[("replay", r)].components["buffer"] for r in range(shards)]
+        return [job.replica("replay", r).trainer.components["buffer"] for r in range(shards)]
     finally:
         job.close()
 

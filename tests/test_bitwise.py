@@ -19,7 +19,7 @@ def test_single_program_reproduces_eager_train_step_bitwise(spec_factory):
     job = Job(spec)
     job.reset()
     job_metrics = [job.train_step() for _ in range(4)]
-    program = job.trainers[("main", 0)]
+    program = job.replica("main", 0).trainer
 
     assert job_metrics == eager_metrics  # every loss, KL, clip fraction: exact floats
     assert _weights_equal(program.learner.get_weights(), eager.learner.get_weights())
@@ -43,8 +43,8 @@ def test_coarse_replicas_step_the_same_envs_as_one_process(spec_factory):
     single = Job(spec_factory("single", num_envs=4, seed=5))
     coarse = Job(spec_factory("single_learner_coarse", num_envs=4, seed=5))
     single.reset(), coarse.reset()
-    obs_single = single.trainers[("main", 0)].obs
-    obs_coarse = torch.cat([coarse.trainers[("actor", r)].obs for r in range(2)])
+    obs_single = single.replica("main", 0).trainer.obs
+    obs_coarse = torch.cat([coarse.replica("actor", r).trainer.obs for r in range(2)])
     assert torch.equal(obs_single, obs_coarse)
     # the initial weights broadcast from the learner reach both actor replicas
     w = {k: v.clone() for k, v in coarse.component("learner").get_weights().items()}

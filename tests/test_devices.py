@@ -154,7 +154,7 @@ def _cuda_job(config, policy, extra=()):
 def _parameter_devices(job):
     """fragment -> the device types of its actors' and learners' weights."""
     return {key[0]: {w.device.type for c in t.components.values() if hasattr(c, "get_weights")
-                     for w in c.get_weights().values()} for key, t in job.trainers.items()}
+                     for w in c.get_weights().values()} for key, t in ((k, r.trainer) for k, r in job.replicas.items())}
 
 
 @_CUDA

@@ -38,7 +38,7 @@ def test_gpu_only_kernels_reproduce_the_torch_reference_bitwise():
     kernel.reset(), reference.reset()
     for _ in range(4):
         assert kernel.train_step() == reference.train_step()
-    assert torch.equal(kernel.trainers[("main", 0)].obs, reference.trainers[("main", 0)].obs)
+    assert torch.equal(kernel.replica("main", 0).trainer.obs, reference.replica("main", 0).trainer.obs)
     kernel.close(), reference.close()
 
 
@@ -112,8 +112,8 @@ def test_native_env_replicas_draw_what_one_process_draws():
     two = Job(build_job_spec(load_config(CFG, SMALL + ["distribution_policy.name=single_learner_coarse",
                                                        "distribution_policy.replicas.actor=2"])))
     one.reset(), two.reset()
-    both = torch.cat([two.trainers[("actor", r)].obs for r in range(2)])
-    assert torch.equal(one.trainers[("main", 0)].obs.cpu(), both.cpu())  # gpu_only on a GPU, coarse on the CPU
+    both = torch.cat([two.replica("actor", r).trainer.obs for r in range(2)])
+    assert torch.equal(one.replica("main", 0).trainer.obs.cpu(), both.cpu())  # gpu_only on a GPU, coarse on the CPU
     one.close(), two.close()
 
 

@@ -147,7 +147,7 @@ def test_multi_learner_runs_every_algorithm_with_identical_replicas(algo):
         losses = [float(v) for m in metrics for k, v in m.items() if k.startswith("losses/") and "kl" not in k]
         assert losses and all(math.isfinite(x) for x in losses)
         assert not job.fragment_graph.boundaries
-        w0, w1 = (job.trainers[("main", r)].components["learner"].get_weights() for r in range(2))
+        w0, w1 = (job.replica("main", r).trainer.components["learner"].get_weights() for r in range(2))
         assert all(torch.equal(w0[k], w1[k]) for k in w0)
     finally:
         job.close()

@@ -11,7 +11,7 @@ FULL_BATCH = {"update_epochs": 1, "num_minibatches": 1, "norm_adv": False}
 
 
 def _weights(job, r):
-    return job.trainers[("main", r)].components["learner"].get_weights()
+    return job.replica("main", r).trainer.components["learner"].get_weights()
 
 
 def test_replicas_hold_identical_weights_after_every_update(spec_factory):
@@ -25,8 +25,8 @@ def test_replicas_hold_identical_weights_after_every_update(spec_factory):
         assert all(torch.equal(w0[k], w1[k]) for k in w0)
     assert any(not torch.equal(before[k], _weights(job, 0)[k]) for k in before)
     # the replicas stepped different envs: their rollouts differ
-    b0 = job.trainers[("main", 0)].components["buffer"].storage
-    b1 = job.trainers[("main", 1)].components["buffer"].storage
+    b0 = job.replica("main", 0).trainer.components["buffer"].storage
+    b1 = job.replica("main", 1).trainer.components["buffer"].storage
     assert not torch.equal(b0["obs"], b1["obs"])
     job.close()
 
@@ -36,7 +36,7 @@ def test_one_update_equals_one_learner_on_the_combined_batch(spec_factory):
     job = Job(spec)
     job.reset()
     job.train_step()
-    combined = torch.cat([job.trainers[("main", r)].components["buffer"].storage.clone() for r in range(2)], dim=1)
+    combined = torch.cat([job.replica("main", r).trainer.components["buffer"].storage.clone() for r in range(2)], dim=1)
     # one learner, built as replica 0's was (same seed, same initial weights), on both rollouts
     one = build_trainer(spec, spec.policy.fragment("main"), 0).components["learner"]
     one.learn(combined)

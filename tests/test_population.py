@@ -89,7 +89,7 @@ def test_a_member_takes_the_donors_learner_bitwise_and_keeps_its_own_learning_ra
         own = member.state_dict()
         new_cfg = _with_hparams(cfgs[0], {"learning_rate": 0.012}, cfgs[0].seed)
         rebuilt = Job(build_job_spec(new_cfg))
-        obs_before = member.trainers[("main", 0)].obs.clone()
+        obs_before = member.replica("main", 0).trainer.obs.clone()
         exploit(rebuilt, own, donor)
         mine, theirs = rebuilt.component("learner"), donor.component("learner")
         assert all(torch.equal(a, b) for a, b in zip(mine.state_dict()["net"].values(), theirs.state_dict()["net"].values()))
@@ -99,8 +99,8 @@ def test_a_member_takes_the_donors_learner_bitwise_and_keeps_its_own_learning_ra
         assert theirs.optimizer.param_groups[0]["lr"] != pytest.approx(0.012)
         actor_w = rebuilt.component("actor").get_weights()
         assert all(torch.equal(actor_w[k], v) for k, v in donor.component("learner").get_weights().items())
-        assert torch.equal(rebuilt.trainers[("main", 0)].obs, obs_before)  # its own envs where they were
-        assert not torch.equal(obs_before, donor.trainers[("main", 0)].obs)
+        assert torch.equal(rebuilt.replica("main", 0).trainer.obs, obs_before)  # its own envs where they were
+        assert not torch.equal(obs_before, donor.replica("main", 0).trainer.obs)
         metrics = rebuilt.run(2)  # and it trains on
         assert all(math.isfinite(v) for r in metrics for k, v in r["output"].items() if k.startswith("losses/"))
         rebuilt.close()

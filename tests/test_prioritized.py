@@ -228,7 +228,7 @@ def test_two_replay_shards_take_their_actors_transitions_and_their_own_td_errors
         job.reset()
         for _ in range(6):
             job.train_step()
-        shards = [job.trainers[("replay", r)].components["buffer"] for r in range(2)]
+        shards = [job.replica("replay", r).trainer.components["buffer"] for r in range(2)]
         assert [s.size for s in shards] == [6 * 4 * 2, 6 * 4 * 2]  # 6 iterations x 4 steps x its actor's 2 envs
     finally:
         job.close()
