@@ -37,7 +37,7 @@ ROWS = {
     "multi_learner x2": ["distribution_policy.name=multi_learner", "distribution_policy.replicas.main=2"],
 }
 
-HEAVY = ("matplotlib", "torch.utils.tensorboard", "tensorboard", "pydantic", "msrl.tracer", "msrl.config", "tqdm",
+HEAVY = ("matplotlib", "torch.utils.tensorboard", "tensorboard", "pydantic", "msrl.frontend.tracer", "msrl.config", "tqdm",
          "torch._dynamo", "sympy", "grpc")
 
 

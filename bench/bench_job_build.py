@@ -22,7 +22,7 @@ DEFAULT = [
 
 def build(config: str, overrides: list[str]) -> dict:
     """Times ``Job(build_job_spec(load_config(config, overrides)))`` and its probe runs."""
-    import msrl.probe as probe
+    import msrl.frontend.probe as probe
     from msrl.config import build_job_spec, load_config
     from msrl.job import Job
 

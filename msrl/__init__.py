@@ -30,7 +30,7 @@ __all__ = ["train", "load", "evaluate", "TrainedPolicy", "TrainResult", "MsrlErr
 _HOMES = {"train": "msrl.python_api", "load": "msrl.python_api", "evaluate": "msrl.python_api",
           "TrainedPolicy": "msrl.python_api", "TrainResult": "msrl.outcome", "MsrlError": "msrl.errors",
           "InputError": "msrl.errors", "ConfigError": "msrl.errors",
-          "TraceError": "msrl.tracer", "PartitionError": "msrl.errors", "TrainingStopped": "msrl.outcome",
+          "TraceError": "msrl.frontend.tracer", "PartitionError": "msrl.errors", "TrainingStopped": "msrl.outcome",
           "TrainingInterrupted": "msrl.outcome"}
 
 

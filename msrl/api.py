@@ -104,7 +104,7 @@ def returns(*kinds: str, axis: int = 0, reduce: str = "sum") -> Callable[[Callab
     part of a sum (the gradients of its own rollout, A3C's gradient push; DTensor's ``Partial``
     placement): when one crosses to other replicas it is reduced -- summed leaf by leaf in replica
     order, or averaged with ``reduce="mean"`` -- and every dst replica gets the whole result.
-    Undeclared results are classified by the probe (:mod:`msrl.probe`) from their shapes, which
+    Undeclared results are classified by the probe (:mod:`msrl.frontend.probe`) from their shapes, which
     cannot tell a batch, a partial value or a replicated one apart; the probe also checks every
     declaration against what it observes.
 
@@ -615,7 +615,7 @@ class Trainer:
     """The loop body of an algorithm.
 
     Subclasses implement :meth:`train_step` (and optionally :meth:`reset`) in the subset of
-    Python the tracer reads (see :mod:`msrl.tracer`): calls of ``self.<role>.<method>(...)``,
+    Python the tracer reads (see :mod:`msrl.frontend.tracer`): calls of ``self.<role>.<method>(...)``,
     assignments, ``for ... in range(...)`` loops, ``if``/``else`` on control values (step
     counters, hyperparameters), expressions on local values, trainer state as
     ``self.<attr>``, and calls of other trainer methods written in the same subset.

@@ -191,7 +191,7 @@ def generate(
     """Generates and compiles the program of one fragment's region graph.
 
     Args:
-        graph: the fragment's program region for ``method`` (from :mod:`msrl.partition`).
+        graph: the fragment's program region for ``method`` (from :mod:`msrl.frontend.partition`).
         fragment, method: names used in the function's pseudo file name.
         lowering: the backend's rule table.
         globals_: globals the user's expressions refer to (the trainer module's namespace).

@@ -20,13 +20,13 @@ from msrl.backend import env_frame_padding
 from msrl.codegen import Program
 from msrl.errors import InputError
 from msrl.frontend.pipeline import front_end
+from msrl.frontend.tracer import TRACED_METHODS
 from msrl.graph import Graph
 from msrl.graph.fragmented import FragmentGraph
 from msrl.policy import DistributionPolicy
 from msrl.runtime.interface import iteration_record
 from msrl.runtime.local import LocalRuntime
 from msrl.runtime.replica import Replica, as_floats, check_losses, compile_fragment, replica_states
-from msrl.tracer import TRACED_METHODS
 
 __all__ = ["JobSpec", "Job", "UnknownAlgorithmError", "load_algorithm", "available_algorithms", "METHODS",
            "compile_job", "CompiledJob"]
@@ -174,7 +174,7 @@ class Job:
     Args:
         spec: the job.
         probe: annotate shapes and sharded/replicated values by a probe run (needed when
-            fragments have different replica counts; see :mod:`msrl.probe`).
+            fragments have different replica counts; see :mod:`msrl.frontend.probe`).
 
     Attributes:
         graphs: traced graph per method; ``fragment_graph``: the partition;
@@ -349,7 +349,7 @@ def compile_job(spec: JobSpec, probe: bool = True, max_message: int | None = Non
     Args:
         spec: the job.
         probe: annotate values by a probe run (needed when fragments have different replica
-            counts, and for a replicated learner's gradient points; see :mod:`msrl.probe`).
+            counts, and for a replicated learner's gradient points; see :mod:`msrl.frontend.probe`).
         max_message: the largest message between processes (bytes): a boundary value larger
             than that is refused here, from the probe's sizes (``None``: no limit, one process).
 

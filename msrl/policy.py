@@ -2,7 +2,7 @@
 
 A policy is declared in one file of ``distribution_policies/`` as a module-level ``POLICY``.
 It names its fragments, the roles each holds, default replicas, backend, device and
-resources, and which boundaries are asynchronous. The partitioner (:mod:`msrl.partition`)
+resources, and which boundaries are asynchronous. The partitioner (:mod:`msrl.frontend.partition`)
 does the rest generically.
 """
 

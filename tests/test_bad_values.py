@@ -104,7 +104,7 @@ def test_a_boundary_value_over_max_message_mb_is_refused_before_any_replica_or_r
 
 def test_message_sizes_scale_with_the_envs_a_replica_holds():
     """The probe's sizes (2 and 3 envs) extrapolate linearly; a replicated value is constant."""
-    from msrl.probe import message_nbytes
+    from msrl.frontend.probe import message_nbytes
 
     assert message_nbytes({"nbytes": {2: 100, 3: 140}}, 10) == 420  # 20 + 40 per env
     assert message_nbytes({"nbytes": {2: 64, 3: 64}}, 1000) == 64

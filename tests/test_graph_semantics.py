@@ -14,11 +14,11 @@ from msrl.api import Learner, Trainer, returns
 from msrl.cli import main
 from msrl.config import ConfigError, load_config
 from msrl.errors import PartitionError
+from msrl.frontend.partition import partition
+from msrl.frontend.tracer import TraceError, trace, trace_methods
 from msrl.graph import COMM_KINDS, NodeKind
 from msrl.job import Job, JobSpec, UnknownAlgorithmError, load_algorithm
-from msrl.partition import partition
 from msrl.policy import load_policy
-from msrl.tracer import TraceError, trace, trace_methods
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -420,7 +420,7 @@ def test_replay_buffer_overwrites_the_oldest_rows_in_ring_order():
 def test_the_probe_knows_which_branches_have_a_condition_fixed_for_the_run():
     """``if hp.prioritized_replay:`` (hyperparameters only) is fixed for the whole run;
     ``if self.global_step >= hp.learning_starts:`` (a counter written back) is not."""
-    from msrl.probe import _fixed_branches
+    from msrl.frontend.probe import _fixed_branches
 
     graphs = trace_methods(dqn.DQNTrainer)
     lines = {int(b.where().rsplit(":", 1)[1]) for _, b in _fixed_branches(graphs)}
@@ -436,7 +436,7 @@ def test_the_probe_stops_once_the_other_side_of_a_fixed_branch_has_run(monkeypat
     used to step PROBE_MAX_ENV_STEPS (20,000) env steps, twice, waiting for the side that never
     runs (3.7 minutes before the shipped Ape-X config started). It stops as soon as learning has
     started, and the job is the same."""
-    from msrl.probe import PROBE_MAX_ENV_STEPS
+    from msrl.frontend.probe import PROBE_MAX_ENV_STEPS
     from msrl.runtime import replica
 
     iterations = []

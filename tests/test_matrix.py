@@ -306,8 +306,8 @@ ALGORITHM = dataclasses.replace(A2C, name="counting", trainer=CountingTrainer,
 def test_branching_on_module_level_state_is_refused_under_every_policy(policy, replicas, tmp_path):
     """Module-level state each fragment (each process, on Ray) would hold a copy of: one trace
     error naming the line, whichever policy."""
+    from msrl.frontend.tracer import TraceError
     from msrl.job import load_algorithm
-    from msrl.tracer import TraceError
 
     path = tmp_path / "counting_algo.py"
     path.write_text(MODULE_STATE)

@@ -261,7 +261,7 @@ def test_immutable_module_constants_are_read_as_constants():
 
     import torch
 
-    from msrl.tracer import _immutable
+    from msrl.frontend.tracer import _immutable
 
     class Mode(enum.Enum):
         A = 1
@@ -307,8 +307,8 @@ def test_pure_module_functions_and_numpy_elementwise_calls_are_control(tmp_path,
     ``np.floor`` on control values make a control condition: the branch is traced, not refused."""
     import importlib
 
+    from msrl.frontend.tracer import trace
     from msrl.graph import NodeKind
-    from msrl.tracer import trace
 
     (tmp_path / "helped_algo.py").write_text(HELPERS)
     monkeypatch.syspath_prepend(str(tmp_path))

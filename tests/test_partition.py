@@ -5,11 +5,11 @@ import pytest
 
 from msrl.algorithms.ppo import PPOTrainer
 from msrl.errors import PartitionError
+from msrl.frontend.partition import partition
+from msrl.frontend.tracer import trace
 from msrl.graph import COMM_KINDS, NodeKind
 from msrl.job import Job
-from msrl.partition import partition
 from msrl.policy import load_policy
-from msrl.tracer import trace
 
 
 def comm_nodes(graph):

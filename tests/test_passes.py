@@ -9,10 +9,10 @@ from graphs import SHAPES, off_policy_step, on_policy_step
 
 from msrl.errors import PartitionError
 from msrl.frontend.collectives import place_collectives
+from msrl.frontend.partition import partition
 from msrl.frontend.pipeline import PASSES, fragment_graph
 from msrl.frontend.serving import serve_inference
 from msrl.graph import NodeKind
-from msrl.partition import partition
 from msrl.policy import load_policy
 
 

@@ -790,9 +790,9 @@ def test_learner_priority_lowers_only_producer_only_replicas(spec_factory, polic
     their replicas each mode lowers -- ``auto`` only on a machine the job's replicas outnumber."""
     from msrl.cluster.placement import producer_only_fragments, producers_to_lower
     from msrl.frontend.pipeline import fragment_graph as partition_job
+    from msrl.frontend.probe import probe as run_probe
+    from msrl.frontend.tracer import trace
     from msrl.job import METHODS
-    from msrl.probe import probe as run_probe
-    from msrl.tracer import trace
 
     spec = spec_factory(policy)
     if boundaries:

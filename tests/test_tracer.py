@@ -4,8 +4,8 @@ import pytest
 
 from msrl.algorithms.ppo import PPOTrainer
 from msrl.api import Trainer
+from msrl.frontend.tracer import TraceError, trace
 from msrl.graph import Graph, GraphLintError, Node, NodeKind
-from msrl.tracer import TraceError, trace
 
 
 def calls(graph):

@@ -95,7 +95,7 @@ def place_collectives(fg: FragmentGraph) -> FragmentGraph:
     learner reaches, and those regions in ``collectives`` (per method, in program order).
 
     Args:
-        fg: a partitioned graph (:func:`msrl.partition.partition`), without collectives yet.
+        fg: a partitioned graph (:func:`msrl.frontend.partition.partition`), without collectives yet.
 
     Returns:
         a new :class:`~msrl.graph.fragmented.FragmentGraph` (``fg`` itself unchanged; the same

@@ -14,10 +14,10 @@ import dataclasses
 from typing import Any
 
 from msrl.frontend.collectives import place_collectives
+from msrl.frontend.partition import partition
 from msrl.frontend.serving import serve_inference
 from msrl.graph import Graph
 from msrl.graph.fragmented import FragmentGraph
-from msrl.partition import partition
 from msrl.policy import DistributionPolicy
 
 __all__ = ["PASSES", "fragment_graph", "front_end"]
@@ -27,7 +27,7 @@ PASSES = (place_collectives, serve_inference)
 
 
 def fragment_graph(graphs: dict[str, Graph], policy: DistributionPolicy) -> FragmentGraph:
-    """:func:`msrl.partition.partition`, then every pass of :data:`PASSES`.
+    """:func:`msrl.frontend.partition.partition`, then every pass of :data:`PASSES`.
 
     Args:
         graphs: method -> traced (and probed, where the policy needs it) graph.
@@ -48,7 +48,7 @@ def front_end(spec: Any, probe: bool = True, max_message: int | None = None) -> 
     Args:
         spec: the job.
         probe: annotate values by a probe run (needed when fragments have different replica
-            counts, and for a replicated learner's collective points; see :mod:`msrl.probe`).
+            counts, and for a replicated learner's collective points; see :mod:`msrl.frontend.probe`).
         max_message: the largest message between processes (bytes): a boundary value larger
             than that is refused here, from the probe's sizes (``None``: no limit, one process).
 
@@ -59,17 +59,17 @@ def front_end(spec: Any, probe: bool = True, max_message: int | None = None) -> 
     Raises:
         TraceError, PartitionError, ProbeDiverged, ConfigError: as the stages raise them.
     """
-    from msrl.tracer import TRACED_METHODS, trace
+    from msrl.frontend.tracer import TRACED_METHODS, trace
 
     graphs = {m: trace(spec.algorithm.trainer, m) for m in TRACED_METHODS}
     drawn = None
     if probe:
-        from msrl.probe import probe as run_probe
+        from msrl.frontend.probe import probe as run_probe
 
         drawn = run_probe(graphs, spec)
     fg = dataclasses.replace(fragment_graph(graphs, spec.policy), generator_kinds=drawn)
     if probe and max_message is not None:
-        from msrl.probe import check_message_sizes
+        from msrl.frontend.probe import check_message_sizes
 
         check_message_sizes(graphs, fg, spec.num_envs, max_message)
     return graphs, fg

@@ -1,6 +1,6 @@
 """The fragmented graph: what partitioning produces and every runtime reads (DESIGN.md §3).
 
-The front end (:mod:`msrl.partition`, the passes of :mod:`msrl.passes`) builds these; the runtime
+The front end (:mod:`msrl.frontend.partition`, the passes of :mod:`msrl.passes`) builds these; the runtime
 (:mod:`msrl.runtime`) and the code generator only read them, so they live here, with the graph
 IR, and the runtime never imports the partitioner.
 

@@ -217,7 +217,7 @@ class Endpoint:
             return reduce_leaves(value, lambda flat: self._reduce_flat(name, flat))
 
     def allreduce_region(self, name: str, point: str, learner: Any) -> ContextManager[None]:
-        """The ``allreduce`` region of collective ``name`` (:mod:`msrl.partition`): while its call
+        """The ``allreduce`` region of collective ``name`` (:mod:`msrl.frontend.partition`): while its call
         runs, what ``learner`` passes through its collective point ``point``
         (:data:`msrl.api.COLLECTIVE_POINTS`: every gradient step's gradients at
         :meth:`~msrl.api.Learner.apply_gradients`, its running statistics at

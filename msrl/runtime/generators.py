@@ -20,7 +20,7 @@ replicas and however their threads interleave.
   holder nothing is swapped, so a process with one replica (``single``, every Ray replica)
   swaps nothing while it trains.
 - **What is swapped.** The probe records which generators the programs drew from
-  (:func:`msrl.probe.probe`, :attr:`GlobalGenerators.kinds`). A replica whose programs drew
+  (:func:`msrl.frontend.probe.probe`, :attr:`GlobalGenerators.kinds`). A replica whose programs drew
   from none (every shipped algorithm: they own their generators) runs without the baton, so
   its process's threads never wait for one another because of it; :meth:`Baton.watch` checks
   that no global state changed meanwhile and, if one did, makes every replica hold the baton

@@ -9,7 +9,7 @@ side), never by value names:
 
    * ``call`` nodes go to their role's fragment.
    * *Control* nodes (``meta["control"]``: ``state_in``/``compute``/``state_out`` of control
-     values, see :mod:`msrl.tracer`) are copied into every fragment that uses them; a control
+     values, see :mod:`msrl.frontend.tracer`) are copied into every fragment that uses them; a control
      trainer attribute is kept by every fragment that reads it, so each fragment computes its
      own identical copy of a step counter.
    * A data ``compute`` follows the fragment of the data it reads; when that comes from
@@ -26,7 +26,7 @@ side), never by value names:
    definition's node there (after the loop, for a value a loop computes; at the end of an
    iteration, for a loop-carried value). The op is chosen by the replica counts and the
    value's kind, declared by the component method (:func:`msrl.api.returns`) or observed by
-   the probe (:mod:`msrl.probe`): equal counts -> ``send``/``recv``; many -> one ->
+   the probe (:mod:`msrl.frontend.probe`): equal counts -> ``send``/``recv``; many -> one ->
    ``gather`` (sharded values and batches); one -> many -> ``scatter`` (sharded, batches) or
    ``broadcast`` (replicated). A ``train_step`` boundary in one of the policy's asynchronous
    classes (a ``fifo`` queue or a ``latest`` slot, chosen in YAML) is ``put``/``get`` instead,
@@ -542,7 +542,7 @@ def partition(graphs: dict[str, Graph], policy: DistributionPolicy) -> FragmentG
 
     Args:
         graphs: method name -> traced graph (``{"reset": ..., "train_step": ...}``), traced
-            together (:func:`msrl.tracer.trace_methods`) and probed (:func:`msrl.probe.probe`)
+            together (:func:`msrl.frontend.tracer.trace_methods`) and probed (:func:`msrl.frontend.probe.probe`)
             when the policy has fragments with different replica counts.
         policy: the distribution policy (with YAML overrides applied).
 

@@ -33,11 +33,11 @@ import torch
 from msrl.api import COLLECTIVE_POINTS, collective_scope, declared_kinds, in_gradient_step
 from msrl.codegen import Lowering, generate
 from msrl.errors import ConfigError, PartitionError
+from msrl.frontend.partition import boundary_values, partition
+from msrl.frontend.tracer import check_references
 from msrl.graph import Graph, Node, NodeKind
-from msrl.partition import boundary_values, partition
 from msrl.policy import load_policy
 from msrl.runtime.values import describe_value
-from msrl.tracer import check_references
 
 __all__ = ["probe", "PROBE_NUM_ENVS", "PROBE_MAX_ENV_STEPS", "describe_value", "DeclarationError", "ProbeDiverged",
            "message_nbytes", "check_message_sizes"]
@@ -331,8 +331,8 @@ def _run(
     import sys
 
     from msrl.fragments.torch_graph import LOWERING
+    from msrl.frontend.tracer import TRACED_METHODS as METHODS
     from msrl.runtime.replica import as_floats, build_trainers, check_losses
-    from msrl.tracer import TRACED_METHODS as METHODS
 
     single = load_policy("single")
     pspec = dataclasses.replace(spec, policy=single, num_envs=num_envs)
