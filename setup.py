@@ -10,6 +10,8 @@ setup(
     packages=[
         "msrl",
         "msrl.graph",
+        "msrl.frontend",
+        "msrl.config",
         "msrl.envs",
         "msrl.envs.native",
         "msrl.runtime",

@@ -122,7 +122,7 @@ def measure(config: str, over: list[str], mode: str, iterations: int) -> dict:
         job.reset()
         for _ in range(capture.WARMUP + 2):  # warm-up, probe, capture (eager: the same iterations)
             job.runtime.run("train_step")
-        rep = job.runtime.replicas[("main", 0)]
+        rep = job.replica("main", 0)
         fn = rep.programs["train_step"].fn
         status = fn.status if isinstance(fn, capture.CapturedProgram) else "eager"
         cp = compiled_program_of(fn)

@@ -47,7 +47,7 @@ def measure(config: str, over: list[str], fragment: str | None) -> dict:
             with rec:
                 job.runtime.run("train_step")
         else:
-            rep = job.runtime.replicas[(fragment, 0)]
+            rep = job.replica(fragment, 0)
             program = rep.programs["train_step"]
             rep.programs["train_step"] = recording_program(program, rec)
             job.runtime.run("train_step")

@@ -303,3 +303,13 @@ def test_no_module_outside_the_envs_compares_engine_names():
                 if any(c.value in ENGINES for c in consts):
                     found.append(f"{mod}:{node.lineno}")
     assert found == [], f"engine names compared outside msrl/envs/: {found}"
+
+
+def test_setup_installs_every_package():
+    """A non-editable install (``pip install .``: the GPU check's) holds every folder of msrl's
+    namespace that is a package: ``setup.py`` lists each one."""
+    import re
+
+    listed = set(re.findall(r'"(msrl(?:\.[a-z_]+)*)"', (ROOT / "setup.py").read_text().split("package_dir")[0]))
+    packages = {m for m, f in _modules().items() if f.name == "__init__.py"}
+    assert packages - listed == set()
