@@ -69,15 +69,14 @@ def _own_process(config: str | pathlib.Path, overrides: Sequence[str]) -> None:
     the config (read, not yet validated) compiles a fragment. A config that cannot be read
     keeps plain torch; its error comes from the validation that follows."""
     from msrl.config import ConfigError, read_config
-    from msrl.startup import job_compiles, own_process
+    from msrl.startup import config_compiles, own_process
 
     try:
-        raw = read_config(config, overrides)
-        modes = (raw.get("distribution_policy") or {}).get("compile") or {}
-        compiles = job_compiles({k: "off" if v is False else str(v) for k, v in dict(modes).items()})
-    except (ConfigError, AttributeError, TypeError, ValueError):
+        compiles = config_compiles(read_config(config, overrides))
+    except ConfigError:
         return
-    own_process(compiles=compiles)
+    if compiles is not None:
+        own_process(compiles=compiles)
 
 
 def _format_return(value: float) -> str:

@@ -83,7 +83,7 @@ def _own_process(config: Any, overrides: Mapping[str, Any]) -> None:
     where the config (read, not yet validated) compiles a fragment or cannot be read (its error
     comes from the validation that follows)."""
     from msrl.config import ConfigError, RunConfig, read_config, set_values
-    from msrl.startup import job_compiles, own_process
+    from msrl.startup import config_compiles, own_process
 
     try:
         if isinstance(config, (str, pathlib.Path)):
@@ -93,11 +93,11 @@ def _own_process(config: Any, overrides: Mapping[str, Any]) -> None:
         else:
             raw = dict(config)
         raw = set_values(raw, [(key.replace("__", ".").split("."), value) for key, value in overrides.items()])
-        modes = (raw.get("distribution_policy") or {}).get("compile") or {}
-        compiles = job_compiles({k: "off" if v is False else str(v) for k, v in dict(modes).items()})
-    except (ConfigError, AttributeError, TypeError, ValueError):
+    except (ConfigError, TypeError, ValueError):
         return
-    own_process(compiles=compiles)
+    compiles = config_compiles(raw)
+    if compiles is not None:
+        own_process(compiles=compiles)
 
 
 class TrainedPolicy:

@@ -58,7 +58,7 @@ import sys
 import threading
 from typing import Any, Mapping, Sequence
 
-__all__ = ["TESTED_TORCH", "own_process", "owned_changes", "job_compiles", "lean_dispatch_mode", "defer_gc",
+__all__ = ["TESTED_TORCH", "own_process", "owned_changes", "job_compiles", "config_compiles", "lean_dispatch_mode", "defer_gc",
            "resume_gc", "freeze_before_exit"]
 
 #: the torch releases whose private wrappers (``torch._disable_dynamo``'s cache attribute,
@@ -99,6 +99,18 @@ def job_compiles(compile_modes: Mapping[str, str]) -> bool:
     """Whether a job compiles a fragment: ``distribution_policy.compile`` (fragment -> mode)
     names a mode other than ``off``."""
     return any(mode != "off" for mode in compile_modes.values())
+
+
+def config_compiles(raw: Any) -> bool | None:
+    """Whether a config mapping, read but not yet validated, compiles a fragment
+    (``distribution_policy.compile`` naming a mode other than ``off``; YAML's unquoted ``off``,
+    read as ``False``, is ``off``). ``None``: not a mapping this can read (its error comes from
+    the validation that follows)."""
+    try:
+        modes = (raw.get("distribution_policy") or {}).get("compile") or {}
+        return job_compiles({k: "off" if v is False else str(v) for k, v in dict(modes).items()})
+    except (AttributeError, TypeError, ValueError):
+        return None
 
 
 def own_process(*, compiles: bool = False) -> list[str]:

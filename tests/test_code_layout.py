@@ -123,6 +123,14 @@ def test_every_public_error_derives_from_msrl_error():
     assert outside == [], f"errors not derived from msrl.MsrlError: {outside}"
 
 
+def _compared_constants(node: ast.Compare) -> set:
+    """The constants a comparison compares with, alone or in a tuple, list or set."""
+    consts = [c for c in [node.left, *node.comparators] if isinstance(c, ast.Constant)]
+    consts += [e for c in node.comparators if isinstance(c, (ast.Tuple, ast.List, ast.Set)) for e in c.elts
+               if isinstance(e, ast.Constant)]
+    return {c.value for c in consts if isinstance(c.value, (str, int, float, bool))}
+
+
 def test_no_module_outside_fragments_compares_backend_names():
     """What differs between backends lives in their hooks (``msrl.backend.Backend``): nothing
     outside ``fragments/`` tests a fragment's backend by its name."""
@@ -133,12 +141,8 @@ def test_no_module_outside_fragments_compares_backend_names():
         if mod.startswith("msrl.fragments"):
             continue
         for node in ast.walk(ast.parse(f.read_text())):
-            if isinstance(node, ast.Compare):
-                consts = [c for c in [node.left, *node.comparators] if isinstance(c, ast.Constant)]
-                consts += [e for c in node.comparators if isinstance(c, (ast.Tuple, ast.List, ast.Set)) for e in c.elts
-                           if isinstance(e, ast.Constant)]
-                if any(c.value in names for c in consts):
-                    found.append(f"{mod}:{node.lineno}")
+            if isinstance(node, ast.Compare) and _compared_constants(node) & set(names):
+                found.append(f"{mod}:{node.lineno}")
     assert found == [], f"backend names compared outside fragments/: {found}"
 
 
@@ -296,12 +300,8 @@ def test_no_module_outside_the_envs_compares_engine_names():
         if mod.startswith("msrl.envs"):
             continue
         for node in ast.walk(ast.parse(f.read_text())):
-            if isinstance(node, ast.Compare) and "engine" in ast.unparse(node):
-                consts = [c for c in [node.left, *node.comparators] if isinstance(c, ast.Constant)]
-                consts += [e for c in node.comparators if isinstance(c, (ast.Tuple, ast.List, ast.Set)) for e in c.elts
-                           if isinstance(e, ast.Constant)]
-                if any(c.value in ENGINES for c in consts):
-                    found.append(f"{mod}:{node.lineno}")
+            if isinstance(node, ast.Compare) and "engine" in ast.unparse(node) and _compared_constants(node) & set(ENGINES):
+                found.append(f"{mod}:{node.lineno}")
     assert found == [], f"engine names compared outside msrl/envs/: {found}"
 
 
