@@ -15,6 +15,9 @@ setup(
         "msrl.envs",
         "msrl.envs.native",
         "msrl.runtime",
+        "msrl.runtime.programs",
+        "msrl.runtime.transports",
+        "msrl.run",
         "msrl.rl",
         "msrl.algorithms",
         "msrl.distribution_policies",
@@ -40,7 +43,7 @@ setup(
         "tqdm>=4.60",
         "grpcio>=1.60",  # asynchronous boundaries between processes (cluster/grpc_transport.py)
         "tensorboard>=2.14",
-        "google-crc32c>=1.5",  # TensorBoard's event checksums in C (msrl.metrics.use_native_crc32c)
+        "google-crc32c>=1.5",  # TensorBoard's event checksums in C (msrl.run.metrics.use_native_crc32c)
         "matplotlib>=3.7",
         "ray[default]>=2.40",  # [default]: the Jobs client of msrl launch
         "psutil>=5.9",  # a replica's network interface by its address (msrl/runtime/wiring.py)
@@ -71,5 +74,5 @@ setup(
         # RLlib, the peer of bench/bench_rllib.py (pins gymnasium 1.2.x: kept out of "bench")
         "rllib": ["ray[rllib]>=2.40"],
     },
-    entry_points={"console_scripts": ["msrl=msrl.cli:main"]},
+    entry_points={"console_scripts": ["msrl=msrl.run.cli:main"]},
 )

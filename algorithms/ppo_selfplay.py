@@ -302,8 +302,8 @@ def _run_policy(run_dir: str, net: nn.Module, device: torch.device) -> dict[str,
     Raises:
         ConfigError: no readable checkpoint there, or other parameter names or shapes.
     """
-    from msrl.checkpoints import CheckpointError, load_checkpoint
     from msrl.errors import ConfigError
+    from msrl.run.checkpoints import CheckpointError, load_checkpoint
 
     try:
         ckpt, _ = load_checkpoint(run_dir)

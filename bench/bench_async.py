@@ -55,7 +55,7 @@ ROWS = {
 
 def run(config: str, over: list[str], seed: int, eval_every: int, budget: int, runs_dir: str) -> dict:
     from msrl.config import load_config
-    from msrl.run import train
+    from msrl.run.training import train
 
     cfg = load_config(config, [*over, f"seed={seed}", f"runs_dir={runs_dir}", "train.progress=false",
                                f"train.eval_every={eval_every}", f"train.stop_at_return={THRESHOLD}",
@@ -71,7 +71,7 @@ def _floor_worker(role: str, iterations: int, barrier, out, num_envs: int = 16) 
     rollout of 16, ``iterations`` times."""
     torch.set_num_threads(1)
     from msrl.config import build_job_spec, load_config
-    from msrl.job import Job
+    from msrl.run.job import Job
 
     envs = num_envs if role.startswith("actor") else 16
     job = Job(build_job_spec(load_config("configs/ppo_cartpole.yaml", ["distribution_policy.name=single",

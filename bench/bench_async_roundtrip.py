@@ -14,7 +14,7 @@ import time
 import torch
 
 from msrl.config import build_job_spec, load_config
-from msrl.driver import make_job
+from msrl.run.driver import make_job
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -167,7 +167,7 @@ def run_msrl(config: str, steps: int, seed: int, overrides: list[str], raw: path
     """msrl's env steps per second over the run's training time (``metrics.csv``); profiled, the
     driver's stacks go to ``raw`` and each Ray replica's to ``<raw>.<pid>``."""
     with tempfile.TemporaryDirectory() as runs, tempfile.TemporaryFile("w+") as log:
-        cmd = [sys.executable, "-m", "msrl.cli", "train", str(ROOT / "configs" / config), f"seed={seed}",
+        cmd = [sys.executable, "-m", "msrl.run.cli", "train", str(ROOT / "configs" / config), f"seed={seed}",
                f"runs_dir={runs}", "name=bench", f"train.total_env_steps={steps}", "train.progress=false",
                "train.checkpoint_every=1000000", "eval.episodes=1", *overrides]
         proc = subprocess.Popen(_profiled(cmd, raw), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True)
@@ -190,8 +190,8 @@ def _frames(line: str) -> tuple[list[str], int]:
     return stack.split(";"), int(n)
 
 
-_COMM = ("msrl/runtime/codec.py", "msrl/channels.py", "msrl/runtime/unix_link.py", "cluster/uds_transport.py",
-         "cluster/grpc_transport.py", "msrl/runtime/dist.py")
+_COMM = ("msrl/runtime/transports/codec.py", "msrl/runtime/channels.py", "msrl/runtime/transports/unix_link.py", "cluster/uds_transport.py",
+         "cluster/grpc_transport.py", "msrl/runtime/transports/dist.py")
 
 
 def classify_msrl(frames: list[str]) -> str | None:

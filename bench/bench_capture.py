@@ -32,9 +32,9 @@ import time
 import torch
 
 from msrl.config import build_job_spec, load_config
-from msrl.job import Job
-from msrl.runtime import capture
-from msrl.runtime.compiled import compiled_program_of
+from msrl.run.job import Job
+from msrl.runtime.programs import capture
+from msrl.runtime.programs.compiled import compiled_program_of
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TAG_RULES = dict(grid_length=20.0, episode_length=500, max_acceleration=0.1, min_acceleration=-0.1, max_turn=2.356,

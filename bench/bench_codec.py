@@ -39,7 +39,7 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=5000)
     args = p.parse_args()
     torch.set_num_threads(1)
-    from msrl.runtime.codec import decode, encode
+    from msrl.runtime.transports.codec import decode, encode
 
     print(f"machine: {platform.processor() or platform.machine()}, torch {torch.__version__}")
     print("| value | bytes | encode (us) | decode, viewed in the received buffer (us) | decode, copied (us) |")

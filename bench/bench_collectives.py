@@ -3,8 +3,8 @@
 
 Under ``single_learner_coarse`` each iteration the learner gathers every actor's trajectory
 (``gather`` along the env axis) and sends every actor its new weights (``broadcast``). Both go
-through :class:`msrl.runtime.dist.DistEndpoint` over a Gloo process group: the value encoded by
-msrl's codec (:mod:`msrl.runtime.codec`) into one message per peer, posted point to point
+through :class:`msrl.runtime.transports.dist.DistEndpoint` over a Gloo process group: the value encoded by
+msrl's codec (:mod:`msrl.runtime.transports.codec`) into one message per peer, posted point to point
 (``isend``/``recv``), decoded and concatenated at the learner. The floor moves the same bytes with
 Gloo's own collectives in the same processes and the same process group: ``dist.gather`` of one
 flat uint8 buffer of the encoded trajectory's size from every actor, ``dist.broadcast`` of one flat
@@ -70,8 +70,8 @@ def _worker(rank: int, world: int, port: int, rounds: int, warmup: int, out: "mp
     torch.set_num_threads(1)
     from msrl.graph import NodeKind
     from msrl.graph.fragmented import Boundary
-    from msrl.runtime.codec import encode
-    from msrl.runtime.dist import DistEndpoint
+    from msrl.runtime.transports.codec import encode
+    from msrl.runtime.transports.dist import DistEndpoint
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     n = world - 1
@@ -83,7 +83,7 @@ def _worker(rank: int, world: int, port: int, rounds: int, warmup: int, out: "mp
     frag, rep = ("learner", 0) if rank == 0 else ("actor", rank - 1)
     ep = DistEndpoint([traj, bcast], frag, rep, ranks)
     # the same endpoint over Unix links (every pair on this machine: cluster.sync_transport=auto)
-    from msrl.runtime.unix_link import UnixLink, UnixLinkServer
+    from msrl.runtime.transports.unix_link import UnixLink, UnixLinkServer
 
     pids: list = [None] * world
     dist.all_gather_object(pids, os.getpid())

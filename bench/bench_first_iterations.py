@@ -41,7 +41,7 @@ def job_first_iterations(chunks: int = 4) -> None:
     import torch
 
     import msrl
-    import msrl.loop as loop
+    import msrl.run.loop as loop
 
     real_chunk = loop.TrainingLoop._chunk
     seen = [0]
@@ -78,7 +78,7 @@ def job_first_iterations(chunks: int = 4) -> None:
         return out
 
     # the capture's stages, timed apart (each after the GPU is drained)
-    from msrl.runtime import capture
+    from msrl.runtime.programs import capture
 
     stages: list[tuple[str, float]] = []
     real_graph = torch.cuda.CUDAGraph

@@ -58,7 +58,7 @@ def _child(overrides: list[str], iterations: int) -> None:
     import torch
 
     from msrl.config import build_job_spec, load_config
-    from msrl.driver import make_job
+    from msrl.run.driver import make_job
 
     torch.set_num_threads(1)
     cfg = load_config("configs/ppo_cartpole.yaml", overrides)

@@ -69,7 +69,7 @@ def _producer(address: str, n: int, q) -> None:
     import torch
 
     torch.set_num_threads(1)
-    from msrl.cluster.transports import ProcessTransport
+    from msrl.cluster.streams import ProcessTransport
     from msrl.runtime.asynchronous import Item
 
     bs = _boundaries()

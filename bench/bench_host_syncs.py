@@ -1,7 +1,7 @@
 """What one iteration of each ``gpu_only`` job dispatches, counted on any machine: aten ops per
 iteration and per batched env step (about the kernels a GPU launches: the figure CUDA-graph
 capture exists to collapse; views and allocations counted apart), the ops that would synchronise a GPU's host, and the iteration's
-host reads (:class:`msrl.runtime.host_syncs.HostSyncRecorder`; one ``train_step`` after a warm-up).
+host reads (:class:`msrl.runtime.programs.host_syncs.HostSyncRecorder`; one ``train_step`` after a warm-up).
 
     python bench/bench_host_syncs.py                    # the shipped GPU configs' sizes
     python bench/bench_host_syncs.py --envs 4096        # another batch (ops do not grow with it)
@@ -21,8 +21,8 @@ import platform
 import torch
 
 from msrl.config import build_job_spec, load_config
-from msrl.job import Job
-from msrl.runtime.host_syncs import CPU_ONLY_READS, HostSyncRecorder, recording_program
+from msrl.run.job import Job
+from msrl.runtime.programs.host_syncs import CPU_ONLY_READS, HostSyncRecorder, recording_program
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ONE_READ = ("msrl/runtime/replica.py", "start_read_iteration")

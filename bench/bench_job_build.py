@@ -1,5 +1,5 @@
 """How long building a job takes before its first iteration (trace, probe, partition, codegen,
-replicas): ``msrl.job.Job(spec)`` timed, with the probe's runs timed apart.
+replicas): ``msrl.run.job.Job(spec)`` timed, with the probe's runs timed apart.
 
     python bench/bench_job_build.py                       # the DQN and Ape-X configs, local runtime
     python bench/bench_job_build.py configs/ppo_cartpole.yaml --overrides runtime=local
@@ -24,7 +24,7 @@ def build(config: str, overrides: list[str]) -> dict:
     """Times ``Job(build_job_spec(load_config(config, overrides)))`` and its probe runs."""
     import msrl.frontend.probe as probe
     from msrl.config import build_job_spec, load_config
-    from msrl.job import Job
+    from msrl.run.job import Job
 
     runs: list[tuple[float, int]] = []
     original = probe._run

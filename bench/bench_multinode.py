@@ -54,7 +54,7 @@ def train(runs: pathlib.Path, name: str, over: list[str], steps: int, env: dict[
     """
     config = next((o.split("=", 1)[1] for o in over if o.startswith("CONFIG=")), "configs/ppo_cartpole.yaml")
     over = [o for o in over if not o.startswith("CONFIG=")]
-    cmd = [sys.executable, "-m", "msrl.cli", "train", config, f"runs_dir={runs}", f"name={name}",
+    cmd = [sys.executable, "-m", "msrl.run.cli", "train", config, f"runs_dir={runs}", f"name={name}",
            "runtime=ray", "train.eval_every=0", "train.progress=false", f"train.total_env_steps={steps}", *over]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
     if out.returncode != 0:

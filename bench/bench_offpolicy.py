@@ -101,7 +101,7 @@ def run_msrl(task: Task, seed: int, policy: str | None, runs_dir: str, extra: li
     ``whole_budget`` it trains the whole budget (the threshold read off the curve: the first
     evaluation at or above it) and adds ``final_eval``, the final greedy evaluation's mean return."""
     from msrl.config import load_config
-    from msrl.run import train
+    from msrl.run.training import train
 
     over = ([] if policy is None else [f"distribution_policy.name={policy}"]) + list(extra)
     cfg = load_config(

@@ -47,7 +47,7 @@ def _trainer(num_envs: int, nice: int = 0):
     if nice:
         os.setpriority(os.PRIO_PROCESS, 0, nice)  # lower priority: raising one's own nice needs no privilege
     from msrl.config import build_job_spec, load_config
-    from msrl.job import Job
+    from msrl.run.job import Job
 
     job = Job(build_job_spec(load_config(CONFIG, ["distribution_policy.name=single", f"env.num_envs={num_envs}"])),
               probe=False)

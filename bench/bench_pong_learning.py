@@ -29,7 +29,7 @@ import sys
 
 from plot_seeds import curve
 
-from msrl.checkpoints import CHECKPOINT
+from msrl.run.checkpoints import CHECKPOINT
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -43,9 +43,9 @@ def train(config: pathlib.Path, runs_dir: pathlib.Path, steps: int, hours: float
     name = yaml.safe_load(config.read_text())["name"]
     run_dir = runs_dir / name
     if (run_dir / CHECKPOINT).is_file():
-        cmd = [sys.executable, "-m", "msrl.cli", "train", "--resume", str(run_dir)]
+        cmd = [sys.executable, "-m", "msrl.run.cli", "train", "--resume", str(run_dir)]
     else:
-        cmd = [sys.executable, "-m", "msrl.cli", "train", str(config), f"runs_dir={runs_dir}",
+        cmd = [sys.executable, "-m", "msrl.run.cli", "train", str(config), f"runs_dir={runs_dir}",
                f"train.total_env_steps={steps}", "train.progress=false", *(overrides or [])]
     proc = subprocess.Popen(cmd, cwd=ROOT)
     # SIGTERM to this script stops the run as the time limit does (the run keeps its checkpoint),

@@ -36,7 +36,7 @@ EVAL_SEED = 10_000
 def run_msrl(seed: int, eval_every: int, budget: int, policy: str | None, runs_dir: str,
              config: str = "configs/ppo_cartpole.yaml") -> dict:
     from msrl.config import load_config
-    from msrl.run import train
+    from msrl.run.training import train
 
     over = [] if policy is None else [f"distribution_policy.name={policy}"]
     cfg = load_config(

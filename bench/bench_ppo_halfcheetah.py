@@ -34,7 +34,7 @@ THRESHOLD = 1400.0
 
 def run_msrl(seed: int, budget: int, runs_dir: str) -> dict:
     from msrl.config import load_config
-    from msrl.run import train
+    from msrl.run.training import train
 
     cfg = load_config("configs/ppo_halfcheetah.yaml", [f"seed={seed}", f"runs_dir={runs_dir}", f"name=s{seed}",
                                                        "train.progress=false", "train.eval_every=0",

@@ -28,8 +28,8 @@ import tempfile
 import time
 
 import msrl
-import msrl.loop as loop
-from msrl.runtime import capture
+import msrl.run.loop as loop
+from msrl.runtime.programs import capture
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -74,9 +74,9 @@ IMPALA_ROWS = [
 
 def run_msrl(overrides: list[str], seed: int, eval_every: int, budget: int, runs_dir: str,
              config: str = "configs/ppo_cartpole.yaml") -> dict:
-    """One msrl run to 475 through :func:`msrl.run.train` (what ``msrl train`` runs)."""
+    """One msrl run to 475 through :func:`msrl.run.training.train` (what ``msrl train`` runs)."""
     from msrl.config import load_config
-    from msrl.run import train
+    from msrl.run.training import train
 
     cfg = load_config(config, [
         *overrides, f"seed={seed}", f"runs_dir={runs_dir}", "train.progress=false",

@@ -44,7 +44,7 @@ def measure(policy: str, replicas: dict[str, int], runtime: str, iterations: int
     """Env steps/s over ``iterations`` iterations, the median comm share (Ray only), the
     iterations' records and the job's spec (``overrides``: more YAML overrides)."""
     from msrl.config import build_job_spec, load_config
-    from msrl.job import Job
+    from msrl.run.job import Job
 
     over = [f"distribution_policy.name={policy}", *(f"distribution_policy.replicas.{k}={v}" for k, v in replicas.items()),
             *(f"distribution_policy.boundaries.{k}={v}" for k, v in (boundaries or {}).items()), *overrides]
@@ -63,7 +63,7 @@ def measure(policy: str, replicas: dict[str, int], runtime: str, iterations: int
         job.run(warmup)
         t0 = time.perf_counter()
         records = []
-        while len(records) < iterations:  # chunks of ~0.5 s, as msrl.run.train runs them
+        while len(records) < iterations:  # chunks of ~0.5 s, as msrl.run.training.train runs them
             records += job.run(min(chunk, iterations - len(records)))
         dt = time.perf_counter() - t0
     finally:

@@ -44,7 +44,7 @@ def run_once(python: str, overrides: list[str], steps: int, runs_dir: str) -> fl
     Raises:
         RuntimeError: the run failed, or printed no ``steps/s`` line.
     """
-    cmd = [python, "-m", "msrl.cli", "train", str(ROOT / "configs/ppo_cartpole.yaml"), *overrides,
+    cmd = [python, "-m", "msrl.run.cli", "train", str(ROOT / "configs/ppo_cartpole.yaml"), *overrides,
            f"train.total_env_steps={steps}", "train.eval_every=0", f"runs_dir={runs_dir}", "train.progress=false"]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=runs_dir)
     m = re.search(r"\(([\d.]+) steps/s\)", out.stdout)

@@ -36,7 +36,7 @@ def run(variant: str, seed: int, steps: int | None, games: int, runs_dir: pathli
     import msrl
     from msrl.algorithms import ppo_selfplay
     from msrl.config import load_config
-    from msrl.run import train
+    from msrl.run.training import train
 
     overrides = [f"runs_dir={runs_dir}", f"name={variant}_{seed}", f"seed={seed}", "train.progress=false",
                  *VARIANTS[variant], *([f"train.total_env_steps={steps}"] if steps else [])]

@@ -4,9 +4,9 @@
 Rows (medians over ``--repeats`` runs, each a fresh process):
 
 * ``python -c "import torch"``: the floor any PyTorch program pays;
-* ``python -c "import msrl.run"`` in a user's process (plain torch: tensordict's compile marks
+* ``python -c "import msrl.run.training"`` in a user's process (plain torch: tensordict's compile marks
   import TorchDynamo there, as in any process that imports tensordict), and the same in a process
-  msrl owns (:func:`msrl.startup.own_process` first, as the ``msrl`` command does);
+  msrl owns (:func:`msrl.runtime.startup.own_process` first, as the ``msrl`` command does);
 * ``msrl train`` to its first iteration: from the command until the line ``msrl: run
   directory ...``, which the driver prints once the job is traced, probed, partitioned, built
   and reset, just before the first iteration;
@@ -17,7 +17,7 @@ Rows (medians over ``--repeats`` runs, each a fresh process):
   eval.episodes=1``, whole process (the acceptance row: <= 1.3x ``import torch``);
 * the floor of a plain torch PPO script's start-up: ``import torch, gymnasium``, CartPole's
   vector env and the same actor-critic's Adam optimiser built (which imports TorchDynamo in
-  torch 2.13, as msrl's learner did before ``msrl.startup.own_process``);
+  torch 2.13, as msrl's learner did before ``msrl.runtime.startup.own_process``);
 * with ``--solved-seeds``: the whole process from the command until the main job is solved
   (an evaluation every 5,000 env steps reaches 475 and the run stops), per seed.
 
@@ -63,7 +63,7 @@ def _wait_for_curve(run_dir: pathlib.Path) -> None:
 
 def _issue_command(runs_dir: str, k: int) -> float:
     """The whole ``msrl train configs/ppo_cartpole.yaml train.total_env_steps=256 eval.episodes=1``."""
-    cmd = [sys.executable, "-m", "msrl.cli", "train", "configs/ppo_cartpole.yaml", "train.total_env_steps=256",
+    cmd = [sys.executable, "-m", "msrl.run.cli", "train", "configs/ppo_cartpole.yaml", "train.total_env_steps=256",
            "eval.episodes=1", f"runs_dir={runs_dir}", f"name=issue{k}"]
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, capture_output=True)
@@ -74,7 +74,7 @@ def _issue_command(runs_dir: str, k: int) -> float:
 
 def _to_first_iteration(runs_dir: str, k: int) -> tuple[float, float]:
     """Seconds from the command to the ``run directory`` line, and to the process's end."""
-    cmd = [sys.executable, "-m", "msrl.cli", "train", "configs/ppo_cartpole.yaml", "train.total_env_steps=256",
+    cmd = [sys.executable, "-m", "msrl.run.cli", "train", "configs/ppo_cartpole.yaml", "train.total_env_steps=256",
            "train.eval_every=0", "train.progress=false", f"runs_dir={runs_dir}", f"name=first{k}"]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
@@ -98,7 +98,7 @@ def _to_solved(runs_dir: str, seed: int) -> tuple[float, bool]:
     import pathlib
 
     name = f"solved{seed}"
-    cmd = [sys.executable, "-m", "msrl.cli", "train", "configs/ppo_cartpole.yaml", f"seed={seed}", f"name={name}",
+    cmd = [sys.executable, "-m", "msrl.run.cli", "train", "configs/ppo_cartpole.yaml", f"seed={seed}", f"name={name}",
            "train.stop_at_return=475", "train.eval_every=5000", "train.progress=false", f"runs_dir={runs_dir}"]
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, capture_output=True)
@@ -117,9 +117,9 @@ def main() -> None:
         for k in range(args.repeats):  # interleaved, so a slow moment of the machine hits every row
             torch_s.append(_wall([sys.executable, "-c", "import torch"]))
             plain_s.append(_wall([sys.executable, "-c", PLAIN_PPO_START]))
-            msrl_s.append(_wall([sys.executable, "-c", "import msrl.run"]))
-            owned_s.append(_wall([sys.executable, "-c", "from msrl.startup import own_process; own_process(); "
-                                  "import msrl.run"]))
+            msrl_s.append(_wall([sys.executable, "-c", "import msrl.run.training"]))
+            owned_s.append(_wall([sys.executable, "-c", "from msrl.runtime.startup import own_process; own_process(); "
+                                  "import msrl.run.training"]))
             first, whole = _to_first_iteration(runs_dir, k)
             first_s.append(first)
             whole_s.append(whole)
@@ -131,7 +131,7 @@ def main() -> None:
     print("| --- | --- | --- | --- |")
     for name, xs in (("python -c 'import torch' (floor)", torch_s),
                      ("plain torch PPO script: imports, vector env, Adam built", plain_s),
-                     ("python -c 'import msrl.run' (a user's process: plain torch)", msrl_s),
+                     ("python -c 'import msrl.run.training' (a user's process: plain torch)", msrl_s),
                      ("the same in a process msrl owns (own_process() first)", owned_s),
                      ("msrl train: command to first iteration", first_s),
                      ("msrl train: whole process, one iteration, 20 eval episodes", whole_s),

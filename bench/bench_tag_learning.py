@@ -22,7 +22,7 @@ import torch
 
 from msrl.config import load_config
 from msrl.envs.native.tag import Tag
-from msrl.run import train
+from msrl.run.training import train
 
 
 def random_baseline(kwargs: dict, games: int, seed: int = 123) -> float:

@@ -18,8 +18,8 @@ import time
 import torch
 
 from msrl.algorithms.ppo import ALGORITHM, PPOConfig
-from msrl.job import JobSpec, build_trainers
 from msrl.policy import load_policy
+from msrl.run.job import JobSpec, build_trainers
 
 
 def timed(fn, n: int) -> float:

@@ -17,7 +17,7 @@ import sys
 
 from msrl.cluster.ray_runtime import RayJob
 from msrl.config import build_job_spec, load_config
-from msrl.job import Job
+from msrl.run.job import Job
 
 CASES = {
     "ppo": ("configs/ppo_cartpole.yaml", ["env.num_envs=4", "algorithm.hparams.num_steps=16"]),

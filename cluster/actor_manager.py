@@ -17,7 +17,7 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 from msrl.runtime.replica import ReplicaDied
-from msrl.runtime.shm import pid_alive
+from msrl.runtime.transports.shm import pid_alive
 
 __all__ = ["ReplicaGroup", "StandIn", "process_running"]
 

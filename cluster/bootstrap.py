@@ -49,9 +49,9 @@ def _auth_token_available() -> bool:
 
 
 def _report_ray() -> None:
-    """Tells a supervising ``msrl train`` (:mod:`msrl.supervisor`) the pids of the GCS and the
+    """Tells a supervising ``msrl train`` (:mod:`msrl.run.supervisor`) the pids of the GCS and the
     raylet of the Ray this driver started, and its log folder."""
-    from msrl.supervisor import report
+    from msrl.run.supervisor import report
 
     try:
         from ray._private import worker as ray_worker

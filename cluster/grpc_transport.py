@@ -13,7 +13,7 @@ raw bytes, never pickle::
 
 ``type`` is ``ITEM`` (a ``fifo`` item; the versions are the ``latest`` slots its producer had
 read) or ``LATEST`` (version ``version`` of a slot). The codec message is
-:func:`msrl.runtime.codec.encode`'s (dtype + shape + raw bytes). A ``BATCH`` message carries
+:func:`msrl.runtime.transports.codec.encode`'s (dtype + shape + raw bytes). A ``BATCH`` message carries
 several requests in one gRPC message: a producer holds the ``fifo`` items it puts until it is
 about to wait for anything (a ``get``, a synchronous receive, a full queue's credits, the end
 of its iteration) and then sends what it holds at once (:meth:`GrpcTransport.flush`); an env
@@ -53,8 +53,8 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import grpc
 
-from msrl.channels import ChannelClosed
-from msrl.cluster.frames import (  # noqa: F401 - re-exported: the wire format
+from msrl.cluster.refusals import Refusals
+from msrl.cluster.streams import (  # noqa: F401 - re-exported: the wire format
     _CREDIT,
     _HEAD,
     BATCH,
@@ -74,9 +74,9 @@ from msrl.cluster.frames import (  # noqa: F401 - re-exported: the wire format
     parse_frame,
     split_batch,
 )
-from msrl.cluster.refusals import Refusals
 from msrl.runtime.asynchronous import Mailbox
-from msrl.runtime.codec import CodecError
+from msrl.runtime.channels import ChannelClosed
+from msrl.runtime.transports.codec import CodecError
 
 __all__ = ["TransportError", "TlsConfig", "BoundaryServer", "GrpcTransport", "METHOD", "MAX_MESSAGE",
            "ITEM", "LATEST", "CREDIT", "BATCH", "encode_frame", "parse_frame", "encode_batch", "split_batch",
@@ -154,7 +154,7 @@ class BoundaryServer:
         self._lock = threading.Lock()
         #: ``on_rejoin(producer, address)``: called when a replacement replica of ``producer``
         #: opens its stream with its own server's ``address`` (``msrl-reply`` metadata: an
-        #: elastic job; :meth:`~msrl.cluster.frames.StreamTransport.rejoin`)
+        #: elastic job; :meth:`~msrl.cluster.streams.StreamTransport.rejoin`)
         self.on_rejoin: Any = None
         other = mailbox.on_take  # another server's credits (producers on this machine), whichever started first
         mailbox.on_take = lambda b, p: self._credit(b, p) or (other is not None and other(b, p))
@@ -413,6 +413,6 @@ class _Stream:
 
 def GrpcTransport(boundaries: Sequence[Any], fragment: str, replica: int, addresses: Mapping[tuple[str, int], str],  # noqa: N802
                   token: str, **kwargs: Any) -> StreamTransport:
-    """A producer replica's side of the gRPC transport: a :class:`~msrl.cluster.frames.StreamTransport`
+    """A producer replica's side of the gRPC transport: a :class:`~msrl.cluster.streams.StreamTransport`
     whose streams are gRPC streams to ``host:port`` addresses (arguments and errors as that class's)."""
     return StreamTransport(boundaries, fragment, replica, addresses, token, open_stream=_Stream, **kwargs)

@@ -5,7 +5,7 @@
     msrl launch CONFIG [key.sub=value ...] --address http://HEAD:8265 [--working-dir DIR] [--no-wait]
 
 The config is loaded and validated here first (a config error is reported before anything is
-submitted). The job's entrypoint is ``python -m msrl.cli train CONFIG ... cluster.address=auto``
+submitted). The job's entrypoint is ``python -m msrl.run.cli train CONFIG ... cluster.address=auto``
 run by Ray Jobs on the cluster's head node, in a copy of ``--working-dir`` (default: the current
 directory, uploaded by Ray; the config, and an algorithm given as a file, must lie inside it).
 msrl itself must be installed on the cluster's nodes, as RLlib would be. Its replicas are placed
@@ -55,7 +55,7 @@ def entrypoint(config: str | pathlib.Path, overrides: Sequence[str], working_dir
         working_dir: the directory uploaded as the job's working directory.
 
     Returns:
-        ``python -m msrl.cli train <config relative to working_dir> <overrides>
+        ``python -m msrl.run.cli train <config relative to working_dir> <overrides>
         cluster.address=auto [runs_dir=...]``, shell-quoted.
 
     Raises:
@@ -85,7 +85,7 @@ def _command(cfg: Any, config: str | pathlib.Path, overrides: Sequence[str], roo
     name = cfg.algorithm.name
     if name.endswith(".py") or "/" in name:
         _inside(pathlib.Path(name).expanduser(), root, "algorithm file")
-    args = ["python", "-m", "msrl.cli", "train", rel_config, *overrides, "cluster.address=auto"]
+    args = ["python", "-m", "msrl.run.cli", "train", rel_config, *overrides, "cluster.address=auto"]
     command = " ".join(shlex.quote(a) for a in args)
     if not pathlib.PurePath(cfg.runs_dir).is_absolute():  # (the last override wins)
         command += ' runs_dir="$HOME"/msrl/' + shlex.quote(cfg.runs_dir)

@@ -46,7 +46,7 @@ import tempfile
 import time
 from typing import Any, Callable, Sequence
 
-from msrl.runtime.shm import pid_alive
+from msrl.runtime.transports.shm import pid_alive
 
 __all__ = ["LocalCluster", "unavailable", "sweep_stale"]
 

@@ -1,5 +1,5 @@
 """How a job runs on Ray, in one validated value: :class:`RayOptions` (the ``cluster.*`` keys of a
-config, as :func:`msrl.driver.make_job` reads them), which :class:`~msrl.cluster.ray_runtime.RayJob`
+config, as :func:`msrl.run.driver.make_job` reads them), which :class:`~msrl.cluster.ray_runtime.RayJob`
 receives with the compiled job."""
 
 from __future__ import annotations
@@ -7,14 +7,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Sequence
 
-__all__ = ["RayOptions", "STRATEGIES", "INTRA_NODE", "BOUNDARY_TRANSPORTS", "LEARNER_PRIORITIES", "per_fragment"]
+from msrl.runtime.transports.kinds import BOUNDARY_TRANSPORTS, INTRA_NODE, SYNC_TRANSPORTS
+
+__all__ = ["RayOptions", "STRATEGIES", "LEARNER_PRIORITIES", "per_fragment"]
 
 #: ``cluster.strategy``: the placement group's strategy
 STRATEGIES = ("PACK", "SPREAD")
-#: ``cluster.intra_node``: how a fragment's replicas on one machine all-reduce host tensors
-INTRA_NODE = ("shm", "gloo")
-#: ``cluster.boundary_transport``: the asynchronous boundaries' streams
-BOUNDARY_TRANSPORTS = ("auto", "grpc")
 #: ``cluster.learner_priority``: which producer-only replicas run at a lower priority
 LEARNER_PRIORITIES = ("auto", "on", "off")
 
@@ -34,17 +32,17 @@ class RayOptions:
         timeout_s: how long a replica waits at a boundary before the process group gives up.
         placement_timeout_s: how long to wait for the placement group to be placed.
         intra_node: ``"shm"``: a fragment whose replicas share one machine all-reduces host
-            tensors through shared memory (:mod:`msrl.runtime.shm`); ``"gloo"``: through Gloo.
+            tensors through shared memory (:mod:`msrl.runtime.transports.shm`); ``"gloo"``: through Gloo.
         tls: a :class:`~msrl.cluster.grpc_transport.TlsConfig` for the gRPC streams of
             asynchronous boundaries (``None``: plain TCP, still token-checked).
         max_message: the largest message of a boundary (bytes; a Gloo channel's buffer, a gRPC
-            frame; ``None``: :data:`~msrl.runtime.codec.MAX_MESSAGE`).
+            frame; ``None``: :data:`~msrl.runtime.transports.codec.MAX_MESSAGE`).
         replica_timeout_s: seconds without a heartbeat after which a replica is hung
             (:class:`~msrl.cluster.watchdog.ReplicaHung`, raised like a death); ``None``: the
             watchdog never calls a replica hung (``cluster.watchdog: off``).
         boundary_transport: asynchronous boundaries between replicas of one machine over Unix
             sockets and between machines over gRPC (``"auto"``), or all over gRPC (``"grpc"``).
-        sync_transport: synchronous boundaries per peer pair (:mod:`msrl.runtime.links`): a Unix
+        sync_transport: synchronous boundaries per peer pair (:mod:`msrl.runtime.transports.links`): a Unix
             socket between host replicas of one machine and Gloo otherwise (``"auto"``, or
             ``"unix"``), or Gloo for all (``"gloo"``).
         learner_priority: ``"on"``: the replicas of producer-only fragments
@@ -87,15 +85,12 @@ class RayOptions:
     replacement_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
-        for key, valid in (("strategy", STRATEGIES), ("intra_node", INTRA_NODE),
+        for key, valid in (("strategy", STRATEGIES), ("intra_node", INTRA_NODE), ("sync_transport", SYNC_TRANSPORTS),
                            ("boundary_transport", BOUNDARY_TRANSPORTS), ("learner_priority", LEARNER_PRIORITIES)):
             value = getattr(self, key)
             if value not in valid:
                 raise ValueError(f"cluster.{key} must be {' or '.join(valid) if len(valid) == 2 else ', '.join(valid)}, "
                                  f"got {value!r}")
-        from msrl.runtime.links import kinds_for
-
-        kinds_for(self.sync_transport)  # a ValueError naming the values
 
     def bundles(self, fragments: Sequence[str]) -> tuple[dict[str, float], dict[str, float]]:
         """The CPUs and GPUs of each of ``fragments``' replica bundles.

@@ -49,10 +49,10 @@ from msrl.cluster.placement import (
 from msrl.cluster.replacement import CAPACITY_NOTE_S, Replacements
 from msrl.cluster.replica_actor import ReplicaActor, uds_prefix
 from msrl.errors import PlacementError
-from msrl.runtime.codec import MAX_MESSAGE as CODEC_MAX_MESSAGE
 from msrl.runtime.elastic import replaced_fragments
 from msrl.runtime.interface import iteration_record
 from msrl.runtime.replica import ReplicaDied, check_losses, print_notices, replica_states
+from msrl.runtime.transports.codec import MAX_MESSAGE as CODEC_MAX_MESSAGE
 
 __all__ = ["RayJob"]
 
@@ -83,11 +83,11 @@ def _line_up(records: Sequence[dict[str, Any]], n: int) -> list[dict[str, Any] |
 
 class RayJob:
     """A job whose fragment replicas are Ray actors (see the module docstring): a
-    :class:`~msrl.runtime.interface.JobRuntime`, as :class:`msrl.job.Job` is (what
-    :func:`msrl.run.train` uses).
+    :class:`~msrl.runtime.interface.JobRuntime`, as :class:`msrl.run.job.Job` is (what
+    :func:`msrl.run.training.train` uses).
 
     Args:
-        compiled: the job, compiled once by the driver (:func:`msrl.job.compile_job`;
+        compiled: the job, compiled once by the driver (:func:`msrl.run.job.compile_job`;
             :meth:`compile` does both).
         options: how it is placed and connected (:class:`~msrl.cluster.options.RayOptions`, the
             ``cluster.*`` keys; default: its defaults).
@@ -114,13 +114,13 @@ class RayJob:
     @classmethod
     def compile(cls, spec: Any, options: RayOptions | None = None, algorithm_ref: str | None = None,
                 probe: bool = True) -> "RayJob":
-        """Compiles ``spec`` (:func:`msrl.job.compile_job`, boundary values checked against
+        """Compiles ``spec`` (:func:`msrl.run.job.compile_job`, boundary values checked against
         ``options.max_message``) and starts it on Ray: what the driver and the tests call.
 
         Raises:
-            as :func:`msrl.job.compile_job` and the class do.
+            as :func:`msrl.run.job.compile_job` and the class do.
         """
-        from msrl.job import compile_job
+        from msrl.run.job import compile_job
 
         options = options or RayOptions()
         return cls(compile_job(spec, probe, options.max_message or CODEC_MAX_MESSAGE), options, algorithm_ref)

@@ -1,5 +1,5 @@
 """The Ray actor of one fragment replica, in its own process: msrl's own process (its start-up,
-:func:`msrl.startup.own_process`, runs before anything heavy is imported), a thin shell around
+:func:`msrl.runtime.startup.own_process`, runs before anything heavy is imported), a thin shell around
 one :class:`~msrl.runtime.host.ReplicaHost` with the calls the driver makes on it (its boundary
 servers, the process group, rejoining as a replacement, state and weights)."""
 
@@ -23,18 +23,18 @@ class ReplicaActor:
     Args:
         algorithm_ref: how to import the algorithm's module in this process before the spec is
             unpickled (an algorithm file's path, a dotted module; ``None`` for built-ins).
-        spec_bytes, fragment_graph_bytes: the cloudpickled :class:`~msrl.job.JobSpec` and
+        spec_bytes, fragment_graph_bytes: the cloudpickled :class:`~msrl.run.job.JobSpec` and
             :class:`~msrl.graph.fragmented.FragmentGraph`.
         fragment, replica: which replica.
         threads: torch intra-op (and OpenMP) threads: the bundle's CPUs.
         job_id: the job's random id, naming this replica's :class:`~msrl.cluster.watchdog.Heartbeat`.
         compiles: the job compiles a fragment (``distribution_policy.compile``): this process
-            keeps plain torch (:func:`msrl.startup.own_process`).
+            keeps plain torch (:func:`msrl.runtime.startup.own_process`).
     """
 
     def __init__(self, algorithm_ref: str | None, spec_bytes: bytes, fragment_graph_bytes: bytes,
                  fragment: str, replica: int, threads: int, job_id: str = "", compiles: bool = False) -> None:
-        from msrl.startup import own_process
+        from msrl.runtime.startup import own_process
 
         own_process(compiles=compiles)  # first: before tensordict and the optimisers are imported
         import cloudpickle
@@ -49,7 +49,7 @@ class ReplicaActor:
         self.heartbeat = Heartbeat(job_id, fragment, replica, self._progress, on_order=self._order) if job_id else None
         torch.set_num_threads(max(1, min(threads, os.cpu_count() or 1)))  # never more threads than the node's cores
         if algorithm_ref is not None:
-            from msrl.job import load_algorithm
+            from msrl.run.job import load_algorithm
 
             load_algorithm(algorithm_ref)  # registers a file's module before unpickling refers to it
         from msrl.runtime.replica import Replica
@@ -60,7 +60,7 @@ class ReplicaActor:
         self.fragment, self.index = fragment, replica
         self.replica = Replica(self.spec, self.fragment_graph, fragment, replica)
         self.comm: Any = None
-        #: this replica's boundary servers by transport kind (:mod:`msrl.cluster.transports`), and
+        #: this replica's boundary servers by transport kind (:data:`msrl.runtime.transports.kinds.STREAM_KINDS`), and
         #: the kinds its streams may use (``cluster.boundary_transport``)
         self.servers: dict[str, Any] = {}
         self.transport_choice = "auto"
@@ -114,7 +114,7 @@ class ReplicaActor:
                               transport: str = "auto") -> dict[str, str] | None:
         """Starts this replica's servers when it consumes an asynchronous boundary: for each
         of its producers' machines (``peers``: every replica's :meth:`info`; ``None``: all
-        others) the server of the first kind of :mod:`msrl.cluster.transports` that serves the
+        others) the server of the first kind of :data:`msrl.runtime.transports.kinds.STREAM_KINDS` that serves the
         pair (``transport="auto"``: a Unix socket for producers on this machine, gRPC bound to
         this node's address as Ray reports it, or ``host``, for producers on other machines; a
         kind's name: that kind for all). Returns their addresses by kind,
@@ -122,8 +122,8 @@ class ReplicaActor:
         import ray
 
         from msrl.cluster.grpc_transport import MAX_MESSAGE
-        from msrl.cluster.transports import kinds_for, kinds_needed
         from msrl.runtime.asynchronous import Mailbox
+        from msrl.runtime.transports.kinds import kinds_needed, stream_kinds_for
 
         boundaries = self.fragment_graph.boundaries
         self.transport_choice = transport
@@ -137,7 +137,7 @@ class ReplicaActor:
         else:
             here = peers[(self.fragment, self.index)]["node_id"]
             same_node = [p["node_id"] == here for k, p in peers.items() if k[0] in sources]
-        for kind in kinds_needed(kinds_for(transport), same_node):
+        for kind in kinds_needed(stream_kinds_for(transport), same_node):
             self.servers[kind.name] = kind.server(boundaries, self.fragment, self.index, self.mailbox, token,
                                                   max_message or MAX_MESSAGE, tls, host or ray.util.get_node_ip_address(),
                                                   uds_prefix(self.job_id))
@@ -156,16 +156,16 @@ class ReplicaActor:
         asynchronous boundary to its servers' addresses (:meth:`start_boundary_server`), where
         this replica's ``put``s stream with the job's ``token``. Replicas of the ``elastic``
         fragments may be replaced alone (:meth:`rejoin`). ``sync_transport``: ``cluster.sync_transport``
-        (the link per peer pair of the synchronous boundaries, :mod:`msrl.runtime.links`). The rendezvous goes through Ray's
+        (the link per peer pair of the synchronous boundaries, :mod:`msrl.runtime.transports.links`). The rendezvous goes through Ray's
         key-value store under the job's secret ``token``
         (:class:`~msrl.cluster.rendezvous.RayStore`: no port opened for it).
 
         Raises:
             ValueError: no ``token``, or ``rank`` is not this replica's.
         """
-        from msrl.backend import env_frame_padding
         from msrl.cluster.rendezvous import RayStore
         from msrl.runtime import wiring
+        from msrl.runtime.programs.backends import env_frame_padding
 
         key = (self.fragment, self.index)
         if ranks.get(key) != rank:
@@ -194,9 +194,9 @@ class ReplicaActor:
         them again (fresh episodes, the learner's newest weights). No process group: every
         boundary of a replaceable fragment is asynchronous. ``steps_offset``: the env steps the
         lost replica's delivered iterations took (its count goes on from there)."""
-        from msrl.backend import env_frame_padding
         from msrl.runtime import wiring
         from msrl.runtime.elastic import SubstituteEndpoint, substitutes
+        from msrl.runtime.programs.backends import env_frame_padding
 
         key = (self.fragment, self.index)
         asynchronous = wiring.stream_endpoint(self.fragment_graph, key, self.mailbox, self.servers, boundary_servers,
@@ -254,7 +254,7 @@ class ReplicaActor:
     def info(self) -> dict[str, Any]:
         """This replica's process id, node address, GPUs, its node's cores and its own torch
         (intra-op) threads; ``startup``: what msrl's start-up changed in this process
-        (:func:`msrl.startup.owned_changes`), ``config_schema``: whether the process imported the
+        (:func:`msrl.runtime.startup.owned_changes`), ``config_schema``: whether the process imported the
         config schema (:mod:`msrl.config`, pydantic's models: never, in a replica)."""
         import sys
 
@@ -262,7 +262,7 @@ class ReplicaActor:
         import torch
 
         from msrl.cluster.placement import node_cores
-        from msrl.startup import owned_changes
+        from msrl.runtime.startup import owned_changes
 
         ctx = ray.get_runtime_context()
         return {"pid": os.getpid(), "node": ray.util.get_node_ip_address(), "node_id": ctx.get_node_id(),

@@ -25,7 +25,7 @@ are read by the replica's own thread while it waits for a value (the mailbox's `
 length and frame checked before anything is allocated or delivered; a bad frame refuses that one
 stream (``REFUSED`` with the reason, then closed) and the server goes on serving the others.
 
-Producer (:class:`UdsStream`, made by :func:`msrl.cluster.transports.ProcessTransport` for a ``unix:`` address):
+Producer (:class:`UdsStream`, made by :func:`msrl.cluster.streams.ProcessTransport` for a ``unix:`` address):
 writes without blocking from the producer's thread; bytes the kernel cannot take at once (a
 value larger than the socket's buffer, a consumer that is not reading) go to a writer thread,
 so a ``put`` never waits on the consumer's reading, only on its credits; an unsent older
@@ -49,11 +49,11 @@ import threading
 import time
 from typing import Any, Sequence
 
-from msrl.channels import ChannelClosed
-from msrl.cluster.frames import CREDIT, CREDIT_FRAME, FORMAT, MAGIC, TransportError, deliver_frame
 from msrl.cluster.refusals import Refusals
+from msrl.cluster.streams import CREDIT, CREDIT_FRAME, FORMAT, MAGIC, TransportError, deliver_frame
 from msrl.runtime.asynchronous import Mailbox
-from msrl.runtime.codec import CodecError
+from msrl.runtime.channels import ChannelClosed
+from msrl.runtime.transports.codec import CodecError
 
 __all__ = ["UdsServer", "UdsStream", "HELLO", "REFUSED", "encode_hello"]
 
@@ -170,7 +170,7 @@ class UdsServer:
         self._closed = False
         #: ``on_rejoin(producer, address)``: called (on the acceptor thread) when a replacement
         #: replica of ``producer`` greets with its own server's ``address`` (an elastic job:
-        #: this replica's streams to it reopen there, :meth:`~msrl.cluster.frames.StreamTransport.rejoin`)
+        #: this replica's streams to it reopen there, :meth:`~msrl.cluster.streams.StreamTransport.rejoin`)
         self.on_rejoin: Any = None
         mailbox.pump, mailbox.wake, mailbox.partial = self.pump, self.wake, self.partial
         grpc_credit = mailbox.on_take  # producers on other machines: the gRPC server's credits

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from msrl.backend import Backend
 from msrl.errors import ConfigError
 from msrl.fragments.torch_graph import LOWERING as TORCH_GRAPH
+from msrl.runtime.programs.backends import Backend
 
 __all__ = ["BACKEND", "ProcessGroupBackend"]
 

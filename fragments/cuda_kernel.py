@@ -13,10 +13,10 @@ from typing import Any, Sequence
 
 import torch
 
-from msrl.backend import Backend
-from msrl.codegen import Lowering
 from msrl.errors import ConfigError
 from msrl.fragments.torch_graph import LOWERING as TORCH_GRAPH
+from msrl.runtime.programs.backends import Backend
+from msrl.runtime.programs.codegen import Lowering
 
 __all__ = ["BACKEND", "CudaKernelBackend"]
 

@@ -2,19 +2,19 @@
 
 Component methods run as ordinary torch code on the fragment's device; comm ops call the
 fragment replica's channel endpoint. Eager execution is the reference. The backend's program
-hook (:meth:`msrl.backend.Backend.wrap_program`) compiles the components' declared pure tensor
+hook (:meth:`msrl.runtime.programs.backends.Backend.wrap_program`) compiles the components' declared pure tensor
 methods with ``torch.compile`` under ``distribution_policy.compile.<fragment>: inductor``
-(:mod:`msrl.runtime.compiled`; off by default: on the 2-core CPU machines tiny MLPs run slower
+(:mod:`msrl.runtime.programs.compiled`; off by default: on the 2-core CPU machines tiny MLPs run slower
 compiled, bench/RESULTS.md) and captures the iteration as a CUDA graph on a GPU
-(:mod:`msrl.runtime.capture`).
+(:mod:`msrl.runtime.programs.capture`).
 """
 
 from __future__ import annotations
 
-from msrl.backend import Backend
-from msrl.codegen import CodegenContext, Lowering
 from msrl.graph import Node, NodeKind
 from msrl.runtime.endpoint import BOUNDARY_OPS
+from msrl.runtime.programs.backends import Backend
+from msrl.runtime.programs.codegen import CodegenContext, Lowering
 
 __all__ = ["BACKEND", "LOWERING"]
 
@@ -57,7 +57,7 @@ LOWERING = Lowering(
         NodeKind.COMPUTE: _compute,
         NodeKind.STATE_OUT: _state_out,
         NodeKind.OUTPUT: _output,
-        # (an ``allreduce`` region is structural, as loops are: :func:`msrl.codegen.generate`)
+        # (an ``allreduce`` region is structural, as loops are: :func:`msrl.runtime.programs.codegen.generate`)
         **{k: _comm for k in BOUNDARY_OPS},  # comm.<op>(boundary[, value]): msrl.runtime.endpoint
     },
 )

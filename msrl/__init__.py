@@ -8,14 +8,14 @@ From Python::
     policy = msrl.load(result.run_dir)
     msrl.evaluate(policy, episodes=20)
 
-(:mod:`msrl.python_api`; ``import msrl`` itself imports nothing heavy, so the ``msrl`` command's
+(:mod:`msrl.run.python_api`; ``import msrl`` itself imports nothing heavy, so the ``msrl`` command's
 help and config errors come before torch is loaded.) The errors a run raises are here too:
 ``msrl.ConfigError`` (bad input), ``msrl.TraceError`` and ``msrl.PartitionError`` (code the
 tracer or the policy cannot honour), ``msrl.TrainingStopped`` (a NaN, dead replicas) and
 ``msrl.TrainingInterrupted`` (Ctrl-C; the last checkpoint is kept).
 
 Importing msrl changes nothing outside msrl: torch, ``torch.optim`` and tensordict stay as they
-are. The start-up shortcuts of :mod:`msrl.startup` run only in the processes msrl owns (the
+are. The start-up shortcuts of :mod:`msrl.runtime.startup` run only in the processes msrl owns (the
 ``msrl`` command, Ray replica processes), or in yours with ``msrl.train(..., own_process=True)``.
 """
 
@@ -27,11 +27,11 @@ __all__ = ["train", "load", "evaluate", "TrainedPolicy", "TrainResult", "MsrlErr
            "TraceError", "PartitionError", "TrainingStopped", "TrainingInterrupted"]
 
 #: where each name lives (imported on first use)
-_HOMES = {"train": "msrl.python_api", "load": "msrl.python_api", "evaluate": "msrl.python_api",
-          "TrainedPolicy": "msrl.python_api", "TrainResult": "msrl.outcome", "MsrlError": "msrl.errors",
+_HOMES = {"train": "msrl.run.python_api", "load": "msrl.run.python_api", "evaluate": "msrl.run.python_api",
+          "TrainedPolicy": "msrl.run.python_api", "TrainResult": "msrl.run.outcome", "MsrlError": "msrl.errors",
           "InputError": "msrl.errors", "ConfigError": "msrl.errors",
-          "TraceError": "msrl.frontend.tracer", "PartitionError": "msrl.errors", "TrainingStopped": "msrl.outcome",
-          "TrainingInterrupted": "msrl.outcome"}
+          "TraceError": "msrl.frontend.tracer", "PartitionError": "msrl.errors", "TrainingStopped": "msrl.run.outcome",
+          "TrainingInterrupted": "msrl.run.outcome"}
 
 
 def __getattr__(name: str) -> Any:

@@ -198,7 +198,7 @@ class BuildContext:
 
 @dataclasses.dataclass(frozen=True)
 class ReplayContract:
-    """What a captured iteration (``msrl.runtime.capture``: a CUDA graph on a GPU, a host tape
+    """What a captured iteration (``msrl.runtime.programs.capture``: a CUDA graph on a GPU, a host tape
     on the CPU) may assume of a component: its answer to :meth:`Component.replay_contract`.
     A replay re-runs the iteration's device work and no Python; everything else of the
     component's host state is frozen at the capture (the capture's probe checks that, naming
@@ -236,7 +236,7 @@ class Component:
         tensor code (no host reads, no Python branching on tensor values, no ``torch.Generator``
         arguments, fixed shapes per call site), e.g. ``("net.head",)``: what
         ``distribution_policy.compile.<fragment>: inductor`` replaces by its ``torch.compile``
-        (:mod:`msrl.runtime.compiled`). Default: none."""
+        (:mod:`msrl.runtime.programs.compiled`). Default: none."""
         return ()
 
     def state_dict(self) -> dict[str, Any]:
@@ -528,7 +528,7 @@ class Learner(Component):
         Raises:
             FloatingPointError: the loss is not finite, for losses on the CPU (the step is not
                 taken). On a GPU the check would copy to the host at every step; there a
-                non-finite loss shows in the step's metrics, which :meth:`msrl.job.Job.train_step`
+                non-finite loss shows in the step's metrics, which :meth:`msrl.run.job.Job.train_step`
                 checks after the iteration.
         """
         if loss.device.type == "cpu" and not torch.isfinite(loss):

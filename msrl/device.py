@@ -31,7 +31,7 @@ _packer: Callable[[list[torch.Tensor]], torch.Tensor] | None = None
 
 
 def register_packer(packer: Callable[[list[torch.Tensor]], torch.Tensor]) -> None:
-    """Sets what :func:`start_read` with ``static=True`` packs with (``msrl.runtime.capture``'s
+    """Sets what :func:`start_read` with ``static=True`` packs with (``msrl.runtime.programs.capture``'s
     replayed concatenation)."""
     global _packer
     _packer = packer
@@ -84,7 +84,7 @@ def read_host(tensors: list[torch.Tensor | list[torch.Tensor]], scalars: int = 0
 
     The tensors of a device are flattened and concatenated as float64 on it (one ``cat``,
     promoting every dtype), copied to the host (``.to("cpu", copy=True)``: on a CPU an explicit
-    copy, the read a :class:`~msrl.runtime.host_syncs.HostSyncRecorder` counts), then split and
+    copy, the read a :class:`~msrl.runtime.programs.host_syncs.HostSyncRecorder` counts), then split and
     cast back to each tensor's shape and dtype. Exact for floating dtypes up to float64 and for
     integers and booleans below 2**53 in magnitude (returns, lengths, counts, flags).
     :func:`start_read` then :meth:`HostRead.result`.

@@ -6,7 +6,7 @@ Every public error of msrl derives from :class:`MsrlError`; ``exit_status`` says
 (the command line) ends on it: :class:`InputError` (a config, an override, a name, traced code
 or a partition that cannot run) is one line and status 2; a stopped run
 (:class:`msrl.TrainingStopped`) one line and 1; a lost cluster
-(:class:`msrl.outcome.ClusterLost`) one line and 3; any other (``None``: a failure inside msrl
+(:class:`msrl.run.outcome.ClusterLost`) one line and 3; any other (``None``: a failure inside msrl
 or the user's components) raises with its traceback.
 """
 
@@ -40,7 +40,7 @@ class ConfigError(InputError, ValueError):
 class PlacementError(ConfigError):
     """The Ray cluster cannot place the job's replicas (too few CPUs/GPUs for the bundles): a
     config error (``cluster.*``, ``distribution_policy.replicas``), reported before anything is
-    written. After a replica's death (:func:`msrl.run.train`'s restart) it means the cluster did
+    written. After a replica's death (:func:`msrl.run.training.train`'s restart) it means the cluster did
     not hold the replicas again within ``cluster.capacity_timeout_s``: the run stops with its
     checkpoint kept (:class:`msrl.TrainingStopped`)."""
 

@@ -36,9 +36,9 @@ __all__ = ["ONE_LEARNER", "BOUNDARY_CHANNELS", "SLOT_CHANNELS", "FragmentSpec", 
 BOUNDARY_CHANNELS = ("sync", "fifo", "latest", "fresh")
 #: the channels that are versioned slots (a ``put`` publishes, a ``get`` reads the newest)
 SLOT_CHANNELS = ("latest", "fresh")
-#: values of ``distribution_policy.capture.<fragment>`` (:mod:`msrl.runtime.capture`)
+#: values of ``distribution_policy.capture.<fragment>`` (:mod:`msrl.runtime.programs.capture`)
 CAPTURE_MODES = ("graph", "eager")
-#: values of ``distribution_policy.compile.<fragment>`` (:mod:`msrl.runtime.compiled`)
+#: values of ``distribution_policy.compile.<fragment>`` (:mod:`msrl.runtime.programs.compiled`)
 COMPILE_MODES = ("off", "inductor")
 
 
@@ -67,10 +67,10 @@ class FragmentSpec:
             the first GPU when there is one, else the CPU).
         resources: per-replica resources for a Ray placement-group bundle (``{"CPU": 1}``).
         capture: whether its iteration is captured once and replayed (``"graph"``: a CUDA
-            graph on a GPU, a host tape on the CPU; :mod:`msrl.runtime.capture`) or run op by
+            graph on a GPU, a host tape on the CPU; :mod:`msrl.runtime.programs.capture`) or run op by
             op (``"eager"``); ``None``: ``graph`` on a CUDA device, else ``eager``.
         compile: whether its components' compile targets run compiled by ``torch.compile``
-            (``"inductor"``; :mod:`msrl.runtime.compiled`) or as written (``"off"``, and ``None``).
+            (``"inductor"``; :mod:`msrl.runtime.programs.compiled`) or as written (``"off"``, and ``None``).
     """
 
     name: str

@@ -14,13 +14,13 @@ import traceback
 import torch
 import torch.multiprocessing as mp
 
-from msrl.channels import LocalHub
+from msrl.runtime.channels import LocalHub
 
 
 def _dist_worker(rank, world, init_file, scenarios, q, split_payload=False, cuda=False, shm=False):
     import torch.distributed as dist
 
-    from msrl.runtime.dist import DistEndpoint
+    from msrl.runtime.transports.dist import DistEndpoint
 
     torch.set_num_threads(1)
     try:
@@ -41,7 +41,7 @@ def _dist_worker(rank, world, init_file, scenarios, q, split_payload=False, cuda
                     local = None
                     mates = [k for k in keys if k[0] == frag]
                     if shm and len(mates) > 1:
-                        from msrl.runtime.shm import ShmGroup
+                        from msrl.runtime.transports.shm import ShmGroup
 
                         local = ShmGroup(f"{os.path.basename(init_file)}-{idx}-{frag}", mates.index((frag, rep)),
                                          len(mates), barrier=lambda g=pgs[frag]: dist.barrier(group=g))

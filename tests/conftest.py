@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from msrl.algorithms.ppo import ALGORITHM, PPOConfig
-from msrl.job import JobSpec
 from msrl.policy import load_policy
+from msrl.run.job import JobSpec
 
 torch.set_num_threads(1)
 
@@ -29,10 +29,10 @@ def spec_factory():
 
 @pytest.fixture(autouse=True)
 def _background_plots_end():
-    """Every learning curve a test's run started drawing (:func:`msrl.plot.plot_in_background`)
+    """Every learning curve a test's run started drawing (:func:`msrl.run.plot.plot_in_background`)
     is drawn before the next test: no process of a test outlives it."""
     yield
-    from msrl.plot import wait_for_background_plots
+    from msrl.run.plot import wait_for_background_plots
 
     wait_for_background_plots(timeout_s=900)
 

@@ -165,7 +165,7 @@ def tcp_listeners(pid: int) -> list[str]:
 
 def ray_log_lines(output: str) -> list[str]:
     """The lines of a run's terminal output that Ray's C++ logger wrote (they belong in Ray's log
-    folder, not on the user's terminal: :class:`msrl.supervisor.StderrFilter`)."""
-    from msrl.supervisor import StderrFilter
+    folder, not on the user's terminal: :class:`msrl.run.supervisor.StderrFilter`)."""
+    from msrl.run.supervisor import StderrFilter
 
     return [line for line in output.splitlines() if StderrFilter.RAY_MESSAGE.match(line.encode())]

@@ -15,8 +15,8 @@ import torch
 
 from msrl.errors import PartitionError
 from msrl.graph import NodeKind
-from msrl.job import Job, JobSpec
 from msrl.policy import load_policy
+from msrl.run.job import Job, JobSpec
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
 import global_rng_algo  # noqa: E402
@@ -87,7 +87,7 @@ def test_a_single_learner_has_no_allreduce(policy, replicas):
 
 
 def test_msrl_graph_shows_the_allreduce_with_its_bytes():
-    from msrl.printer import _human, format_boundary_bytes, format_job
+    from msrl.run.printer import _human, format_boundary_bytes, format_job
 
     job = Job(_spec(global_rng_algo.ALGORITHM, "multi_learner", {"main": 2}))
     try:
@@ -126,7 +126,7 @@ def test_running_statistics_get_an_allreduce_of_their_own_beside_the_gradients()
     """PPO with observation and reward normalisation under multi_learner: the learner's call
     sits in two nested all-reduce regions, gradients and statistics, each a collective with its
     own name, lowering and bytes; the replicas' statistics stay bitwise equal."""
-    from msrl.printer import _human, format_boundary_bytes, format_job
+    from msrl.run.printer import _human, format_boundary_bytes, format_job
 
     job = Job(_ppo_spec("multi_learner", {"main": 2}, normalize_obs=True, normalize_reward=True))
     try:

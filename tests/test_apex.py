@@ -162,8 +162,8 @@ def test_each_actor_replica_keeps_its_envs_share_of_the_apex_epsilons():
 
 
 def _apex_spec(policy: str, replicas=None, placement=None, num_envs: int = 2, seed: int = 3):
-    from msrl.job import JobSpec
     from msrl.policy import load_policy
+    from msrl.run.job import JobSpec
 
     hp = dqn.DQNConfig(learning_starts=16, train_frequency=4, gradient_steps=2, batch_size=8, buffer_size=256,
                        target_network_frequency=8, hidden_sizes=(16, 8), prioritized_replay=True, double_q=True,
@@ -176,7 +176,7 @@ def test_apex_with_one_actor_and_one_replay_shard_equals_single_bitwise():
     """Ape-X's parts together (n-step, double, dueling, prioritized, per-env epsilons) with the
     replay in a fragment of its own: synchronous, one actor and one shard, the same weights and
     metrics as ``single`` bit for bit."""
-    from msrl.job import Job
+    from msrl.run.job import Job
 
     def run(spec):
         job = Job(spec)
@@ -233,8 +233,8 @@ def test_grouped_patterns_map_each_replica_to_its_group():
 
 
 def _shards(actors: int, shards: int) -> list[ReplayBuffer]:
-    from msrl.job import Job, JobSpec
     from msrl.policy import load_policy
+    from msrl.run.job import Job, JobSpec
 
     # learning starts at the end of iteration 2: both iterations act with the initial weights
     hp = dict(learning_starts=24, train_frequency=3, gradient_steps=1, batch_size=4, buffer_size=64, hidden_sizes=(8,),
@@ -265,8 +265,8 @@ def test_two_replay_shards_each_gather_the_transitions_of_their_own_two_actors()
 
 def test_replicas_that_do_not_divide_are_a_partition_error():
     from msrl.errors import PartitionError
-    from msrl.job import Job, JobSpec
     from msrl.policy import load_policy
+    from msrl.run.job import Job, JobSpec
 
     pol = load_policy("single_learner_coarse").with_overrides(replicas={"actor": 4, "replay": 3}, placement={"buffer": "replay"})
     hp = dqn.DQNConfig(learning_starts=16, train_frequency=4, gradient_steps=1, batch_size=4, hidden_sizes=(8,))

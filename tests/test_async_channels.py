@@ -15,10 +15,10 @@ import pytest
 import torch
 from channel_suite import run_threads
 
-from msrl.channels import ChannelClosed
 from msrl.graph import NodeKind
 from msrl.graph.fragmented import Boundary
 from msrl.runtime.asynchronous import AsyncEndpoint, LocalTransport, Mailbox
+from msrl.runtime.channels import ChannelClosed
 
 grpc = pytest.importorskip("grpc")
 
@@ -31,9 +31,9 @@ from msrl.cluster.grpc_transport import (  # noqa: E402
     TlsConfig,
     encode_frame,
 )
-from msrl.cluster.transports import ProcessTransport  # noqa: E402
+from msrl.cluster.streams import ProcessTransport  # noqa: E402
 from msrl.cluster.uds_transport import UdsServer  # noqa: E402
-from msrl.runtime.codec import encode  # noqa: E402
+from msrl.runtime.transports.codec import encode  # noqa: E402
 
 TRANSPORTS = ["local", "grpc", "uds"]
 TRAJ, WEIGHTS = "train_step/b0:traj", "train_step/b1:w"

@@ -14,8 +14,8 @@ import threading
 
 import pytest
 
-from msrl.cli import main
 from msrl.config import ConfigError, load_config
+from msrl.run.cli import main
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "configs/ppo_cartpole.yaml")
@@ -124,7 +124,7 @@ def test_resume_with_another_algorithm_names_the_algorithm(tmp_path, capsys):
 def test_a_resume_may_move_the_bundles_per_fragment_but_not_what_the_run_computes():
     """``cluster.cpus_per_replica`` / ``gpus_per_replica`` (a number or per fragment) are
     placement, as ``cluster.address`` is: a resume may change them, never a hyperparameter."""
-    from msrl.rundir import check_resumable
+    from msrl.run.rundir import check_resumable
 
     config = ROOT / "configs/impala_cartpole.yaml"
     saved = load_config(config)

@@ -2,7 +2,7 @@
 
 import torch
 
-from msrl.job import Job
+from msrl.run.job import Job
 from msrl.runtime.replica import build_trainers
 
 

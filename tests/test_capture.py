@@ -1,4 +1,4 @@
-"""A fragment's iteration captured once and replayed (msrl.runtime.capture).
+"""A fragment's iteration captured once and replayed (msrl.runtime.programs.capture).
 
 On the CPU the capture is a host tape (each aten op and native-kernel launch of the iteration,
 re-run without the Python that issued it: what a CUDA graph replays); these tests hold it to
@@ -15,9 +15,9 @@ import torch
 
 import msrl
 from msrl.config import ConfigError, build_job_spec, load_config
-from msrl.job import Job
-from msrl.runtime import capture
-from msrl.runtime.capture import WARMUP, CapturedProgram, Tape, host_state
+from msrl.run.job import Job
+from msrl.runtime.programs import capture
+from msrl.runtime.programs.capture import WARMUP, CapturedProgram, Tape, host_state
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 GPU_ONLY = CONFIGS / "ppo_cartpole_gpu_only.yaml"
@@ -286,7 +286,7 @@ def test_find_reaches_what_components_hold_and_not_module_namespaces():
 
 
 def test_msrl_graph_says_whether_the_iteration_is_captured(capsys):
-    from msrl.cli import main
+    from msrl.run.cli import main
 
     assert main(["graph", str(GPU_ONLY), *SMALL, "distribution_policy.capture.main=graph", "--out", "/dev/null"]) == 0
     text = capsys.readouterr().out
@@ -381,7 +381,7 @@ def test_a_capture_that_fails_half_way_goes_back_and_runs_eagerly(monkeypatch):
     if DEVICE == "cuda":  # the CUDA graph's capture, with a mode that fails it at the 40th product
         from torch.utils._python_dispatch import TorchDispatchMode
 
-        from msrl.runtime.capture import _CudaGraph
+        from msrl.runtime.programs.capture import _CudaGraph
 
         class FailAt40(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):

@@ -11,10 +11,10 @@ from channel_suite import run_dist, run_local
 from channel_suite import run_threads as run_all
 from tensordict import TensorDict
 
-from msrl.channels import ChannelClosed, LocalHub
 from msrl.graph import NodeKind
 from msrl.graph.fragmented import Boundary
-from msrl.runtime.shm import available as shm_available
+from msrl.runtime.channels import ChannelClosed, LocalHub
+from msrl.runtime.transports.shm import available as shm_available
 
 TRANSPORTS = ["local", "dist", "dist_split", "dist_shm"]
 
@@ -65,7 +65,7 @@ def test_close_wakes_a_waiting_receiver():
 
 
 def test_failure_in_one_replica_stops_the_job_with_its_node(spec_factory):
-    from msrl.job import Job
+    from msrl.run.job import Job
     from msrl.runtime.local import FragmentError
 
     job = Job(spec_factory("single_learner_coarse"))
@@ -230,7 +230,7 @@ def _hostile_control_src(comm):
 
 
 def _hostile_control_dst(comm):
-    from msrl.runtime.codec import CodecError
+    from msrl.runtime.transports.codec import CodecError
 
     try:
         comm.recv("t")
@@ -252,8 +252,8 @@ def test_grow_sizes_are_bounded_by_the_limit_before_any_allocation():
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    from msrl.runtime.codec import CodecError
-    from msrl.runtime.dist import grow_size
+    from msrl.runtime.transports.codec import CodecError
+    from msrl.runtime.transports.dist import grow_size
 
     grow = st.tuples(st.integers(min_value=0, max_value=2**64 - 1), st.binary(max_size=8)).map(
         lambda p: struct.pack("<4sQ", b"GROW", p[0]) + p[1])
@@ -275,8 +275,8 @@ def test_grow_sizes_are_bounded_by_the_limit_before_any_allocation():
 
 
 def test_a_value_over_the_message_limit_is_refused_by_its_sender():
-    from msrl.runtime.codec import CodecError
-    from msrl.runtime.dist import DistEndpoint
+    from msrl.runtime.transports.codec import CodecError
+    from msrl.runtime.transports.dist import DistEndpoint
 
     comm = DistEndpoint([boundary("t", NodeKind.SEND, 1, 1)], "a", 0, {("a", 0): 0, ("b", 0): 1}, max_message=4096)
     with pytest.raises(CodecError, match="over the 4096-byte limit.*cluster.max_message_mb"):
@@ -323,7 +323,7 @@ class _Work:
 def test_reap_forgets_the_oldest_sends_that_left_and_stops_at_the_first_in_flight():
     import torch
 
-    from msrl.runtime.dist import DistEndpoint
+    from msrl.runtime.transports.dist import DistEndpoint
 
     comm = DistEndpoint([], "actor", 0, {("actor", 0): 0})
     works = [_Work(True), _Work(True), _Work(False), *[_Work(True) for _ in range(500)]]

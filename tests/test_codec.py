@@ -6,7 +6,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from msrl.runtime.codec import DTYPES, CodecError, decode, encode
+from msrl.runtime.transports.codec import DTYPES, CodecError, decode, encode
 
 
 def _equal(a, b):
@@ -125,7 +125,7 @@ def test_corrupted_bytes_give_a_codec_error_or_a_value_never_another_exception()
 
 
 def test_parts_carry_the_same_value_as_one_message():
-    from msrl.runtime.codec import decode_parts, encode_parts, payload_size
+    from msrl.runtime.transports.codec import decode_parts, encode_parts, payload_size
 
     value = {"obs": torch.randn(3, 4), "td": TensorDict({"a": torch.arange(6).view(2, 3)}, [2]), "k": 7, "none": None}
     head, payload = encode_parts(value)
@@ -143,7 +143,7 @@ def test_a_head_claiming_a_huge_payload_is_refused_before_allocation():
     import json
     import struct
 
-    from msrl.runtime.codec import decode_parts, encode_parts, payload_size
+    from msrl.runtime.transports.codec import decode_parts, encode_parts, payload_size
 
     _, payload = encode_parts(torch.zeros(4))
     # a head whose tensor claims 2**40 bytes, as a corrupt or hostile peer might send
@@ -156,7 +156,7 @@ def test_a_head_claiming_a_huge_payload_is_refused_before_allocation():
 
 
 def test_tensors_are_aligned_and_can_be_decoded_in_place():
-    from msrl.runtime.codec import ALIGN, _parse_head
+    from msrl.runtime.transports.codec import ALIGN, _parse_head
 
     value = {"flag": torch.tensor([True, False, True]), "x": torch.randn(3), "i": torch.arange(5),
              "td": TensorDict({"c": torch.randn(2, 2, dtype=torch.complex128)}, [2]), "n": 1}
@@ -286,7 +286,7 @@ def _tensors(value):
 
 def _full_encode(value, min_size=0):
     """The message as the full (uncached) path writes it."""
-    from msrl.runtime import codec
+    from msrl.runtime.transports import codec
 
     head, chunks = codec._head(value, None)
     size = head.numel() + sum(c.numel() for c in chunks)

@@ -1,4 +1,4 @@
-"""``distribution_policy.compile.<fragment>: inductor`` (msrl.runtime.compiled): the components'
+"""``distribution_policy.compile.<fragment>: inductor`` (msrl.runtime.programs.compiled): the components'
 pure tensor methods compiled by ``torch.compile``.
 
 A compiled fragment computes what its eager program computes up to float rounding (inductor
@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from msrl.config import ConfigError, build_job_spec, load_config
-from msrl.job import Job
 from msrl.rl.actors import ActorCriticActor
-from msrl.runtime.capture import WARMUP
-from msrl.runtime.compiled import CompiledMethod, CompileTargetError, compiled_program_of
+from msrl.run.job import Job
+from msrl.runtime.programs.capture import WARMUP
+from msrl.runtime.programs.compiled import CompiledMethod, CompileTargetError, compiled_program_of
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 GPU_ONLY = CONFIGS / "ppo_cartpole_gpu_only.yaml"
@@ -143,7 +143,7 @@ def test_a_target_that_is_not_a_method_is_named(monkeypatch):
 
 
 def test_msrl_graph_lists_the_compiled_methods(capsys):
-    from msrl.cli import main
+    from msrl.run.cli import main
 
     assert main(["graph", str(GPU_ONLY), *SMALL, "distribution_policy.compile.main=inductor",
                  "distribution_policy.capture.main=eager", "--out", "/dev/null"]) == 0

@@ -5,8 +5,8 @@ import pathlib
 import pytest
 import yaml
 
-from msrl.cli import main
 from msrl.config import ConfigError, apply_overrides, load_config, validate
+from msrl.run.cli import main
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MAIN = ROOT / "configs" / "ppo_cartpole.yaml"
@@ -169,7 +169,7 @@ def test_cpu_process_group_steps_the_fragments_envs_in_worker_processes():
 
     from msrl.config import build_job_spec, load_config
     from msrl.envs.engine import ProcessEnv
-    from msrl.job import Job
+    from msrl.run.job import Job
 
     base = ["distribution_policy.name=single_learner_coarse", "distribution_policy.replicas.actor=2", "runtime=local",
             "env.num_envs=4", "algorithm.hparams.num_steps=16", "env.num_workers=1"]

@@ -14,12 +14,12 @@ import torch
 from tensordict import TensorDict
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from msrl.channels import LocalHub, deliver
 from msrl.cluster.grpc_transport import ITEM, deliver_frame, encode_frame
 from msrl.graph import NodeKind
 from msrl.graph.fragmented import Boundary
 from msrl.runtime.asynchronous import AsyncEndpoint, LocalTransport, Mailbox
-from msrl.runtime.codec import encode
+from msrl.runtime.channels import LocalHub, deliver
+from msrl.runtime.transports.codec import encode
 
 _COPIES = {"aten._to_copy.default", "aten.clone.default", "aten.copy_.default"}
 
@@ -144,7 +144,7 @@ _POLICIES = {
 
 def _cuda_job(config, policy, extra=()):
     from msrl.config import build_job_spec, load_config
-    from msrl.job import Job
+    from msrl.run.job import Job
 
     cfg = load_config(config, [*_POLICIES[policy], "runtime=local", "distribution_policy.devices.learner=cuda:0",
                                "train.progress=false", *extra])
@@ -180,7 +180,7 @@ def test_a_cuda_learner_trains_on_values_from_cpu_actors(policy):
 @pytest.mark.parametrize("policy", ["coarse", "overlapped"])
 def test_a_cuda_learner_with_cpu_actors_reaches_475(tmp_path, policy):
     from msrl.config import load_config
-    from msrl.python_api import train
+    from msrl.run.python_api import train
 
     cfg = load_config("configs/ppo_cartpole.yaml", [*_POLICIES[policy], "runtime=local", "distribution_policy.devices.learner=cuda:0",
                                                     "train.progress=false", f"runs_dir={tmp_path}"])
@@ -192,7 +192,7 @@ def test_multi_learner_replicas_on_cuda_average_their_gradients():
     """The graph's gradient all-reduce on CUDA gradients (the local hub, threads): the two learner
     replicas hold the same weights after every update."""
     from msrl.config import build_job_spec, load_config
-    from msrl.job import Job
+    from msrl.run.job import Job
 
     cfg = load_config("configs/ppo_cartpole.yaml", ["distribution_policy.name=multi_learner", "distribution_policy.replicas.main=2",
                                                     "runtime=local", "distribution_policy.devices.main=cuda:0", "env.num_envs=8"])
@@ -211,7 +211,7 @@ def test_multi_learner_replicas_on_cuda_average_their_gradients():
 def test_one_walk_of_boundary_values_counts_and_reduces_tensordicts():
     """The all-reduce and the byte counts walk a value the same way: a TensorDict's tensors are
     reduced and counted (the walk the all-reduce used skipped them)."""
-    from msrl.channels import payload_bytes, tensor_leaves
+    from msrl.runtime.channels import payload_bytes, tensor_leaves
 
     value = _value()
     leaves = tensor_leaves(value)

@@ -10,13 +10,13 @@ import dataclasses
 import pytest
 from test_matrix import spec
 
-from msrl.channels import LocalEndpoint
-from msrl.codegen import COMM_VAR
 from msrl.graph import NodeKind
-from msrl.job import Job
 from msrl.policy import load_policy
-from msrl.runtime.dist import DistEndpoint
+from msrl.run.job import Job
+from msrl.runtime.channels import LocalEndpoint
 from msrl.runtime.endpoint import BOUNDARY_OPS, Endpoint
+from msrl.runtime.programs.codegen import COMM_VAR
+from msrl.runtime.transports.dist import DistEndpoint
 
 #: the ops generated code may call
 OPS = {"send", "recv", "gather", "reduce", "scatter", "broadcast", "put", "get", "allreduce_region", "serve"}
@@ -31,7 +31,7 @@ def _comm_calls(source: str) -> set[str]:
 def test_every_comm_node_a_backend_lowers_is_an_endpoint_op():
     """Every node kind any backend lowers, other than the program's own statements, becomes a
     ``comm.<kind>`` call: each must be an op of the endpoint, and every boundary op is lowered."""
-    from msrl.backend import load_backend
+    from msrl.runtime.programs.backends import load_backend
 
     own = {NodeKind.STATE_IN, NodeKind.CALL, NodeKind.COMPUTE, NodeKind.STATE_OUT, NodeKind.OUTPUT}
     for name in ("torch_graph", "cuda_kernel", "cpu_process_group"):

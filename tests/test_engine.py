@@ -269,7 +269,7 @@ def test_training_survives_a_sigkilled_env_worker_and_reports_the_lost_episodes(
     import sys
 
     proc = popen(
-        [sys.executable, "-m", "msrl.cli", "train", "configs/ppo_cartpole.yaml", f"runs_dir={tmp_path}", "name=k",
+        [sys.executable, "-m", "msrl.run.cli", "train", "configs/ppo_cartpole.yaml", f"runs_dir={tmp_path}", "name=k",
          "env.engine=process", "env.num_workers=2", "train.total_env_steps=40000", "train.eval_every=0",
          "train.progress=false"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -324,8 +324,8 @@ def test_ppo_builds_the_nature_cnn_for_atari_frames_and_stores_them_as_bytes():
     pytest.importorskip("ale_py")
     pytest.importorskip("cv2")
     from msrl.algorithms import ppo
-    from msrl.job import Job, JobSpec
     from msrl.policy import load_policy
+    from msrl.run.job import Job, JobSpec
 
     hp = ppo.PPOConfig(num_steps=4, num_minibatches=2, update_epochs=1)
     spec = JobSpec(ppo.ALGORITHM, hp, "ALE/Pong-v5", 2, load_policy("single"), seed=1, total_env_steps=1000,
@@ -349,7 +349,7 @@ def test_ppo_builds_the_nature_cnn_for_atari_frames_and_stores_them_as_bytes():
 def test_gymnasium_mujoco_envs_share_one_model_and_step_as_before():
     import gymnasium
 
-    from msrl.envs.single import make_single_env, share_mujoco_models
+    from msrl.envs.make_env import make_single_env, share_mujoco_models
 
     own = [make_single_env("HalfCheetah-v5") for _ in range(3)]
     shared = [make_single_env("HalfCheetah-v5") for _ in range(3)]
@@ -429,8 +429,8 @@ def test_ppo_trains_on_the_ale_vector_engine_with_bytes_end_to_end():
     """PPO's Atari config on env.engine=ale_vector: one iteration, the rollout stored as bytes."""
     pytest.importorskip("ale_py.vector_env")
     from msrl.algorithms import ppo
-    from msrl.job import Job, JobSpec
     from msrl.policy import load_policy
+    from msrl.run.job import Job, JobSpec
 
     hp = ppo.PPOConfig(num_steps=4, num_minibatches=2, update_epochs=1)
     spec = JobSpec(ppo.ALGORITHM, hp, "ALE/Pong-v5", 2, load_policy("single"), seed=1, total_env_steps=1000,
@@ -454,8 +454,8 @@ def test_the_impala_resnet_trunk_trains_pixels_and_is_refused_on_vectors(tmp_pat
 
     from msrl.algorithms import ppo
     from msrl.config import ConfigError, build_job_spec, load_config
-    from msrl.job import Job, JobSpec
     from msrl.policy import load_policy
+    from msrl.run.job import Job, JobSpec
 
     hp = ppo.PPOConfig(num_steps=4, num_minibatches=2, update_epochs=1, cnn="impala")
     spec = JobSpec(ppo.ALGORITHM, hp, "ALE/Pong-v5", 2, load_policy("single"), seed=1, total_env_steps=1000,

@@ -9,7 +9,7 @@ import torch
 from fakes import ENV_ID
 
 from msrl.config import build_job_spec, validate
-from msrl.job import Job
+from msrl.run.job import Job
 
 
 def _job(policy: str, **replicas: int) -> Job:

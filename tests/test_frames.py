@@ -1,4 +1,4 @@
-"""Frame-stacked rollouts in their compact form (msrl.runtime.frames): the first stack and each
+"""Frame-stacked rollouts in their compact form (msrl.runtime.frame_stacks): the first stack and each
 step's newest frame give the rollout back bit for bit, for both first-stack paddings, on real
 Pong rollouts with episode ends; a rollout that is not frame-stacked has no compact form."""
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from msrl.runtime.codec import decode, encode
-from msrl.runtime.frames import compact_frames, is_compact, rebuild_frames
+from msrl.runtime.frame_stacks import compact_frames, is_compact, rebuild_frames
+from msrl.runtime.transports.codec import decode, encode
 
 
 def _stacked_rollout(T=12, N=3, S=4, H=5, W=6, padding="zeros", seed=0):
@@ -70,7 +70,7 @@ def test_a_real_pong_rollout_has_its_compact_form(tmp_path, engine, padding):
     (the first frame repeated): compact and back, bit for bit."""
     pytest.importorskip("ale_py.vector_env")
     from msrl.config import build_job_spec, load_config
-    from msrl.job import Job
+    from msrl.run.job import Job
 
     spec = build_job_spec(load_config("configs/ppo_pong.yaml", [
         f"runs_dir={tmp_path}", f"env.engine={engine}", "env.num_envs=2", "env.num_workers=1",
@@ -99,8 +99,8 @@ def _pong_job(policy, padding, iterations=2, algorithm="ppo", **overrides):
     and the bytes each boundary moved in the last one (``rollout``, ``weights``)."""
     pytest.importorskip("ale_py.vector_env")
     from msrl.algorithms import impala, ppo
-    from msrl.job import Job, JobSpec
     from msrl.policy import load_policy
+    from msrl.run.job import Job, JobSpec
 
     algo, hp = {"ppo": (ppo.ALGORITHM, dict(num_steps=32, update_epochs=1, num_minibatches=2)),
                 "impala": (impala.ALGORITHM, dict(num_steps=16, num_minibatches=1))}[algorithm]

@@ -8,9 +8,9 @@ import torch
 from msrl.config import ConfigError, build_job_spec, load_config
 from msrl.device import host_side
 from msrl.envs.native import CartPole
-from msrl.job import Job
-from msrl.run import train
-from msrl.runtime.host_syncs import CPU_ONLY_READS, HostSyncRecorder, recording_program
+from msrl.run.job import Job
+from msrl.run.training import train
+from msrl.runtime.programs.host_syncs import CPU_ONLY_READS, HostSyncRecorder, recording_program
 
 CFG = pathlib.Path(__file__).resolve().parents[1] / "configs" / "ppo_cartpole_gpu_only.yaml"
 SMALL = ["env.num_envs=8", "algorithm.hparams.num_steps=16", "train.total_env_steps=4096"]

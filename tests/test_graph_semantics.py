@@ -11,14 +11,14 @@ import torch
 
 from msrl.algorithms import dqn
 from msrl.api import Learner, Trainer, returns
-from msrl.cli import main
 from msrl.config import ConfigError, load_config
 from msrl.errors import PartitionError
 from msrl.frontend.partition import partition
 from msrl.frontend.tracer import TraceError, trace, trace_methods
 from msrl.graph import COMM_KINDS, NodeKind
-from msrl.job import Job, JobSpec, UnknownAlgorithmError, load_algorithm
 from msrl.policy import load_policy
+from msrl.run.cli import main
+from msrl.run.job import Job, JobSpec, UnknownAlgorithmError, load_algorithm
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

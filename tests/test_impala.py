@@ -76,8 +76,8 @@ def test_vtrace_rejects_mismatched_shapes():
 
 def test_the_learner_steps_and_reports_its_importance_weights():
     from msrl.algorithms import impala
-    from msrl.job import Job, JobSpec
     from msrl.policy import load_policy
+    from msrl.run.job import Job, JobSpec
 
     hp = impala.IMPALAConfig(num_steps=8, hidden_sizes=(8,), num_minibatches=2)
     job = Job(JobSpec(impala.ALGORITHM, hp, "CartPole-v1", 4, load_policy("single"), seed=3, total_env_steps=2_000))

@@ -11,11 +11,11 @@ import torch
 from tensordict import TensorDict
 from test_matrix import ENV_KWARGS, ITERATIONS, TINY, run, spec
 
-from msrl.channels import ChannelClosed
 from msrl.errors import PartitionError
 from msrl.graph import NodeKind
-from msrl.job import Job, JobSpec
 from msrl.policy import load_policy
+from msrl.run.job import Job, JobSpec
+from msrl.runtime.channels import ChannelClosed
 from msrl.runtime.inference import Batcher, ShardedComponent, batch_args, inference_metrics, split_rows
 from msrl.runtime.replica import FragmentError
 
@@ -265,7 +265,7 @@ def test_an_error_in_a_served_call_stops_the_job_naming_the_line(monkeypatch):
 
 
 def test_msrl_graph_describes_central_inference():
-    from msrl.printer import format_job
+    from msrl.run.printer import format_job
 
     text = format_job(Job(_served("ppo", 2, max_batch=1, timeout_ms=2.0)))
     assert "## central inference" in text and "fifo queue of 1 per env replica (central inference)" in text
@@ -278,8 +278,8 @@ def test_msrl_graph_shows_the_serve_region_with_its_bytes():
     ``msrl graph`` shows it and what it moves per iteration."""
     from msrl.config import build_job_spec, load_config
     from msrl.graph import NodeKind
-    from msrl.job import Job
-    from msrl.printer import format_boundary_bytes, format_job
+    from msrl.run.job import Job
+    from msrl.run.printer import format_boundary_bytes, format_job
 
     job = Job(build_job_spec(load_config("configs/ppo_cartpole.yaml", [
         "distribution_policy.name=single_learner_fine", "runtime=local", "env.num_envs=4",
@@ -303,8 +303,8 @@ def test_a_mailbox_redo_drops_the_lost_producers_items_and_wakes_its_run():
     """Mailbox.redo: the replaced producer's queued items are dropped (another producer's kept), a
     take or check under the old generation raises ProducerReplaced -- at once, and in a take
     already waiting -- and the new generation takes what the replacement sends."""
-    from msrl.channels import ProducerReplaced
     from msrl.runtime.asynchronous import Item, Mailbox
+    from msrl.runtime.channels import ProducerReplaced
 
     box = Mailbox({"obs": 4}, timeout_s=60.0)
     for p in (0, 1):

@@ -13,8 +13,8 @@ import sys
 import pytest
 from procs import popen, ray_address_file_kept, stop_tree, wait_for
 
-from msrl.cli import main
 from msrl.cluster.launch import entrypoint
+from msrl.run.cli import main
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG = "configs/ppo_cartpole.yaml"
@@ -28,7 +28,7 @@ def in_repo(monkeypatch):
 
 def test_entrypoint_runs_msrl_train_on_the_cluster_it_is_sent_to(in_repo):
     cmd = entrypoint(CONFIG, ["seed=3", "env.num_envs=8"], ".")
-    assert cmd.startswith("python -m msrl.cli train configs/ppo_cartpole.yaml seed=3 env.num_envs=8 cluster.address=auto")
+    assert cmd.startswith("python -m msrl.run.cli train configs/ppo_cartpole.yaml seed=3 env.num_envs=8 cluster.address=auto")
     assert cmd.endswith('runs_dir="$HOME"/msrl/runs')  # the uploaded copy is temporary
     assert "runs_dir" not in entrypoint(CONFIG, ["runs_dir=/data/runs"], ".").split("auto", 1)[1]
 

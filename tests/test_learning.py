@@ -5,7 +5,7 @@ import pathlib
 import pytest
 
 from msrl.config import load_config
-from msrl.run import train
+from msrl.run.training import train
 
 MAIN = pathlib.Path(__file__).resolve().parents[1] / "configs" / "ppo_cartpole.yaml"
 

@@ -9,7 +9,7 @@ import pathlib
 import pytest
 
 from msrl.config import load_config
-from msrl.run import train
+from msrl.run.training import train
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 

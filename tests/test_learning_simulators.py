@@ -7,7 +7,7 @@ import statistics
 import pytest
 
 from msrl.config import load_config
-from msrl.run import train
+from msrl.run.training import train
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 #: mean return of a uniformly random policy on simple_spread (N=3, local_ratio 0.5, 25 steps),

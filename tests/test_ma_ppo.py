@@ -8,8 +8,8 @@ import torch
 
 from msrl.config import build_job_spec, load_config
 from msrl.graph import NodeKind
-from msrl.job import Job
-from msrl.run import train
+from msrl.run.job import Job
+from msrl.run.training import train
 from msrl.runtime.replica import build_trainers
 
 CFG = pathlib.Path(__file__).resolve().parents[1] / "configs" / "ma_ppo_tag.yaml"

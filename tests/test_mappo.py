@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from msrl.algorithms import mappo
-from msrl.job import Job, JobSpec
 from msrl.policy import load_policy
+from msrl.run.job import Job, JobSpec
 
 
 def test_actor_is_decentralised_and_critic_centralised():

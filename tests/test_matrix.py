@@ -11,8 +11,8 @@ import torch
 
 from msrl.algorithms import a2c, a3c, dqn, impala, impala_lstm, mappo, ppo, ppo_lstm, ppo_selfplay, sac
 from msrl.graph import NodeKind
-from msrl.job import Job, JobSpec
 from msrl.policy import load_policy
+from msrl.run.job import Job, JobSpec
 
 TINY = {
     "ppo": (ppo.ALGORITHM, dict(num_steps=8, update_epochs=2, num_minibatches=2, hidden_sizes=(8,)), "CartPole-v1"),
@@ -307,7 +307,7 @@ def test_branching_on_module_level_state_is_refused_under_every_policy(policy, r
     """Module-level state each fragment (each process, on Ray) would hold a copy of: one trace
     error naming the line, whichever policy."""
     from msrl.frontend.tracer import TraceError
-    from msrl.job import load_algorithm
+    from msrl.run.job import load_algorithm
 
     path = tmp_path / "counting_algo.py"
     path.write_text(MODULE_STATE)

@@ -4,7 +4,7 @@ every replica; one update equals one learner's update on the combined batch."""
 import torch
 from torch.testing import assert_close
 
-from msrl.job import Job
+from msrl.run.job import Job
 from msrl.runtime.replica import build_trainer
 
 FULL_BATCH = {"update_epochs": 1, "num_minibatches": 1, "norm_adv": False}

@@ -29,7 +29,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 def _train(tmp_path, cluster, name, *over, timeout=900, config="configs/ppo_cartpole.yaml"):
     """``msrl train`` of ``config`` (the README's CartPole PPO) on ``cluster``, as a user runs it."""
-    cmd = [sys.executable, "-m", "msrl.cli", "train", config, f"runs_dir={tmp_path / 'runs'}",
+    cmd = [sys.executable, "-m", "msrl.run.cli", "train", config, f"runs_dir={tmp_path / 'runs'}",
            f"name={name}", "runtime=ray", f"cluster.address={cluster.address}", "cluster.strategy=SPREAD",
            "train.eval_every=0", "train.progress=false", *over]
     return run(cmd, cwd=ROOT, timeout=timeout, env=cluster.client_env())
@@ -128,7 +128,7 @@ def _train_one_node(tmp_path, name, *over, timeout=900):
     import os
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    cmd = [sys.executable, "-m", "msrl.cli", "train", "configs/ppo_cartpole.yaml", f"runs_dir={tmp_path / 'runs'}",
+    cmd = [sys.executable, "-m", "msrl.run.cli", "train", "configs/ppo_cartpole.yaml", f"runs_dir={tmp_path / 'runs'}",
            f"name={name}", "runtime=ray", "train.eval_every=0", "train.progress=false", *over]
     return run(cmd, cwd=ROOT, timeout=timeout, env=env)
 
@@ -277,7 +277,7 @@ def test_msrl_launch_runs_on_the_cluster_and_a_dead_head_is_one_line(tmp_path, t
     run directory and metrics come back; against a head that is not there, one line naming the
     address."""
     env = {k: v for k, v in three_nodes.client_env().items() if k != "RAY_ADDRESS"}
-    cmd = [sys.executable, "-m", "msrl.cli", "launch", "configs/ppo_cartpole.yaml",
+    cmd = [sys.executable, "-m", "msrl.run.cli", "launch", "configs/ppo_cartpole.yaml",
            "distribution_policy.name=single_learner_coarse", "distribution_policy.replicas.actor=2", "runtime=ray",
            "cluster.strategy=SPREAD", "train.total_env_steps=2048", "train.eval_every=0", "train.progress=false",
            f"runs_dir={tmp_path}"]
@@ -382,7 +382,7 @@ def _train_streamed(tmp_path, cluster, name, *over):
     from procs import popen
 
     err = tmp_path / f"{name}.stderr"
-    cmd = [sys.executable, "-m", "msrl.cli", "train", "configs/ppo_cartpole.yaml", f"runs_dir={tmp_path / 'runs'}",
+    cmd = [sys.executable, "-m", "msrl.run.cli", "train", "configs/ppo_cartpole.yaml", f"runs_dir={tmp_path / 'runs'}",
            f"name={name}", "runtime=ray", f"cluster.address={cluster.address}", "cluster.strategy=SPREAD",
            "train.eval_every=0", "train.progress=false", *over]
     with open(err, "w") as f:
@@ -454,7 +454,7 @@ def test_a_node_lost_for_longer_than_capacity_timeout_stops_the_run_with_its_che
     assert f"continue with: msrl train --resume {run_dir}" in text, text[-3000:]
     assert (run_dir / "checkpoints" / "latest.pt").is_file(), last
     three_nodes.wait_nodes(3)
-    out = run([sys.executable, "-m", "msrl.cli", "train", "--resume", str(run_dir)], cwd=ROOT,
+    out = run([sys.executable, "-m", "msrl.run.cli", "train", "--resume", str(run_dir)], cwd=ROOT,
               env=three_nodes.client_env(), timeout=EVENT_TIMEOUT_S)
     assert out.returncode == 0, out.stderr[-3000:]
     assert _rows(tmp_path, "cut")[-1]["env_steps"] == "30720"
@@ -509,7 +509,7 @@ def test_actors_lost_with_their_node_and_no_room_left_are_done_without_until_it_
     err = tmp_path / "thin.stderr"
     from procs import popen
 
-    argv = [sys.executable, "-m", "msrl.cli", "train", "configs/impala_cartpole.yaml", f"runs_dir={tmp_path / 'runs'}",
+    argv = [sys.executable, "-m", "msrl.run.cli", "train", "configs/impala_cartpole.yaml", f"runs_dir={tmp_path / 'runs'}",
             "name=thin", "runtime=ray", f"cluster.address={three_nodes.address}", "cluster.strategy=SPREAD",
             "train.eval_every=0", "train.progress=false", *cmd]
     with open(err, "w") as f:

@@ -20,9 +20,9 @@ pytest.importorskip("mujoco_warp")
 from msrl.config import build_job_spec, load_config  # noqa: E402
 from msrl.envs.native import MUJOCO_PHYSICS, HalfCheetah, WarpHalfCheetah, WarpHopper, make_native  # noqa: E402
 from msrl.envs.native.check import MUJOCO_WARP_REWARD_TOL, MUJOCO_WARP_TOL, check_mujoco  # noqa: E402
-from msrl.job import Job  # noqa: E402
-from msrl.runtime import capture  # noqa: E402
-from msrl.runtime.capture import WARMUP, CapturedProgram  # noqa: E402
+from msrl.run.job import Job  # noqa: E402
+from msrl.runtime.programs import capture  # noqa: E402
+from msrl.runtime.programs.capture import WARMUP, CapturedProgram  # noqa: E402
 
 CONFIG = pathlib.Path(__file__).resolve().parents[1] / "configs" / "ppo_halfcheetah_gpu.yaml"
 SMALL = ["env.num_envs=2", "algorithm.hparams.num_steps=4", "algorithm.hparams.num_minibatches=2",

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from msrl.cli import main
+from msrl.run.cli import main
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "configs/ppo_cartpole.yaml")
@@ -57,11 +57,11 @@ def test_a_misspelt_component_or_method_is_one_line_naming_it(tmp_path, capsys, 
 ])
 def test_a_run_directory_that_cannot_be_made_is_refused_before_any_work(tmp_path, capsys, monkeypatch, override, message):
     """Checked before tracing and probing (which take seconds), and nothing is written."""
-    import msrl.run
+    import msrl.run.training
 
     f = tmp_path / "a_file"
     f.write_text("x")
-    monkeypatch.setattr(msrl.run, "make_job", lambda *a: pytest.fail("a job was built before the run directory was checked"))
+    monkeypatch.setattr(msrl.run.training, "make_job", lambda *a: pytest.fail("a job was built before the run directory was checked"))
     monkeypatch.chdir(tmp_path)
     code = main(["train", CONFIG, override.format(file=f), "train.total_env_steps=256"])
     err = capsys.readouterr().err
@@ -128,7 +128,7 @@ def test_the_readme_python_example_runs_as_written(tmp_path, monkeypatch, capsys
 def test_an_algorithm_module_on_pythonpath_is_found_by_its_bare_name(tmp_path, monkeypatch):
     import sys
 
-    from msrl.job import load_algorithm
+    from msrl.run.job import load_algorithm
 
     (tmp_path / "my_dqn_mod.py").write_text(
         "import dataclasses\nfrom msrl.algorithms.dqn import ALGORITHM as DQN\n"
@@ -149,7 +149,7 @@ def test_a_budget_that_is_not_whole_iterations_is_announced(tmp_path, capsys):
 
 
 def test_a_damaged_checkpoint_names_the_loaders_error_without_cutting_a_word():
-    from msrl.checkpoints import first_sentence as _first_sentence
+    from msrl.run.checkpoints import first_sentence as _first_sentence
 
     long = "PytorchStreamReader failed reading zip archive: failed finding central directory. " + "more words " * 60
     assert _first_sentence(long) == "PytorchStreamReader failed reading zip archive: failed finding central directory."
@@ -202,8 +202,8 @@ def test_state_read_before_it_is_set_is_one_line_naming_it(tmp_path, capsys):
 def test_msrl_graph_prints_the_bytes_each_boundary_moves_per_iteration():
     """Measured on one iteration: the learner's weights broadcast to 2 actors is twice their size."""
     from msrl.config import build_job_spec, load_config
-    from msrl.job import Job
-    from msrl.printer import format_boundary_bytes
+    from msrl.run.job import Job
+    from msrl.run.printer import format_boundary_bytes
 
     job = Job(build_job_spec(load_config(CONFIG, ["distribution_policy.name=single_learner_coarse"])))
     try:
@@ -384,7 +384,7 @@ def test_sigterm_or_sighup_stops_a_local_run_as_ctrl_c_does(tmp_path, sig, start
     metrics = tmp_path / "ppo_cartpole" / "metrics.csv"
     launch = [sys.executable, "-c", SIGINT_IGNORED] if start == "sigint_ignored" else [sys.executable]
     ray = ["distribution_policy.name=single_learner_coarse"] if start == "sigint_ignored" else []  # supervised
-    proc = popen([*launch, "-m", "msrl.cli", "train", CONFIG, f"runs_dir={tmp_path}", "train.progress=false",
+    proc = popen([*launch, "-m", "msrl.run.cli", "train", CONFIG, f"runs_dir={tmp_path}", "train.progress=false",
                   "train.checkpoint_every=1", *ray], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: metrics.is_file() and len(metrics.read_text().splitlines()) > 2, "two logged iterations",
@@ -463,7 +463,7 @@ def test_a_cluster_address_without_a_port_is_one_line(tmp_path, capsys, address)
 @pytest.mark.parametrize("value, shown", [(500.0, "500.0"), (0.9575, "0.9575"), (51.0, "51.0"), (54.55, "54.55"),
                                           (-3.14159, "-3.142"), (-250.26, "-250.3"), (0.0, "0.0")])
 def test_the_result_line_shows_a_return_as_it_is(value, shown):
-    from msrl.cli import _format_return
+    from msrl.run.cli import _format_return
 
     assert _format_return(value) == shown
 

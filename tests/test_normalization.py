@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from msrl.algorithms import ppo
-from msrl.job import Job, JobSpec
 from msrl.normalization import RunningMeanStd
 from msrl.policy import load_policy
+from msrl.run.job import Job, JobSpec
 
 
 def test_batched_updates_give_the_moments_of_all_samples():

@@ -16,8 +16,8 @@ from msrl.algorithms import a3c
 from msrl.api import returns
 from msrl.errors import PartitionError
 from msrl.graph import NodeKind
-from msrl.job import Job, JobSpec
 from msrl.policy import load_policy
+from msrl.run.job import Job, JobSpec
 from msrl.runtime.patterns import total
 
 TINY = dict(num_steps=5, hidden_sizes=(8,))
@@ -61,7 +61,7 @@ def test_coarse_reduces_the_gradients_to_the_learner_and_msrl_graph_says_so(caps
             assert (b.comm_kind, b.value_kind, b.reduce, b.axis) == (NodeKind.REDUCE, "partial", "mean", None)
     finally:
         job.close()
-    from msrl.cli import main
+    from msrl.run.cli import main
 
     assert main(["graph", "configs/a3c_cartpole.yaml", "distribution_policy.name=single_learner_coarse",
                  "distribution_policy.replicas.actor=4"]) == 0
@@ -265,7 +265,7 @@ def test_a3c_reaches_475_on_cartpole_with_two_actor_replicas(tmp_path, policy):
     import csv
 
     from msrl.config import load_config
-    from msrl.run import train
+    from msrl.run.training import train
 
     cfg = load_config("configs/a3c_cartpole.yaml", [f"runs_dir={tmp_path}", "name=a3c", "train.progress=false",
                                                    f"distribution_policy.name={policy}", "runtime=local"])

@@ -8,8 +8,8 @@ from msrl.errors import PartitionError
 from msrl.frontend.partition import partition
 from msrl.frontend.tracer import trace
 from msrl.graph import COMM_KINDS, NodeKind
-from msrl.job import Job
 from msrl.policy import load_policy
+from msrl.run.job import Job
 
 
 def comm_nodes(graph):
@@ -190,7 +190,7 @@ def test_boundary_kinds_from_the_policy_and_yaml_become_put_get_with_their_patte
 
 
 def test_msrl_graph_prints_each_boundarys_kind(capsys):
-    from msrl.cli import main
+    from msrl.run.cli import main
 
     assert main(["graph", "configs/impala_cartpole.yaml", "--out", "/dev/null"]) == 0
     text = capsys.readouterr().out

@@ -12,9 +12,9 @@ import torch
 from tensordict import TensorDict
 
 from msrl.algorithms import impala, ppo
-from msrl.job import Job, JobSpec
 from msrl.policy import load_policy
-from msrl.runtime.codec import decode, encode
+from msrl.run.job import Job, JobSpec
+from msrl.runtime.transports.codec import decode, encode
 
 ENV = "engine_envs:Frames-v0"
 FRAME = 4 * 36 * 36  # bytes of one observation

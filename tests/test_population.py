@@ -1,4 +1,4 @@
-"""Population-based training (msrl.population): the config's checks, truncation selection and
+"""Population-based training (msrl.run.population): the config's checks, truncation selection and
 perturbation, a member taking a donor's learner (bitwise) with its own hyperparameters' optimiser
 settings, and a whole population run reproducible from its seed; slow: PBT against the worst of
 its fixed members on a task with a sensitive learning rate."""
@@ -41,7 +41,7 @@ def test_the_config_names_what_a_population_cannot_explore(tmp_path):
 
 
 def test_truncation_selection_replaces_the_bottom_with_the_top():
-    from msrl.population import plan_exploits
+    from msrl.run.population import plan_exploits
 
     rng = random.Random(0)
     assert plan_exploits([5.0, 1.0, 9.0, 3.0], 0.25, rng) == {1: 2}  # k = ceil(0.25 * 4) = 1
@@ -53,7 +53,7 @@ def test_truncation_selection_replaces_the_bottom_with_the_top():
 
 
 def test_explore_perturbs_by_the_factors_and_stays_in_range(tmp_path):
-    from msrl.population import explore
+    from msrl.run.population import explore
 
     ranges = _cfg(tmp_path).population.explore
     rng = random.Random(1)
@@ -66,8 +66,8 @@ def test_explore_perturbs_by_the_factors_and_stays_in_range(tmp_path):
 
 def _two_members(tmp_path):
     from msrl.config import build_job_spec
-    from msrl.job import Job
-    from msrl.population import member_configs
+    from msrl.run.job import Job
+    from msrl.run.population import member_configs
 
     cfg = _cfg(tmp_path, "population.size=2", "population.explore.learning_rate.init=[0.0001, 0.01]")
     cfgs = member_configs(cfg, random.Random(0))
@@ -80,8 +80,8 @@ def _two_members(tmp_path):
 
 def test_a_member_takes_the_donors_learner_bitwise_and_keeps_its_own_learning_rate_and_envs(tmp_path):
     from msrl.config import build_job_spec
-    from msrl.job import Job
-    from msrl.population import _with_hparams, exploit
+    from msrl.run.job import Job
+    from msrl.run.population import _with_hparams, exploit
 
     cfgs, (member, donor) = _two_members(tmp_path)
     assert [c.seed for c in cfgs] == [1, 1001] and [c.algorithm.hparams["learning_rate"] for c in cfgs] == [0.0001, 0.01]
@@ -110,7 +110,7 @@ def test_a_member_takes_the_donors_learner_bitwise_and_keeps_its_own_learning_ra
 
 
 def _population_run(tmp_path, name):
-    from msrl.run import train
+    from msrl.run.training import train
 
     cfg = _cfg(tmp_path / name, "train.total_env_steps=6144", "population.interval=4", "population.size=3",
                "population.explore.learning_rate.init=[0.00001, 0.001, 0.01]", "train.progress=false", "eval.episodes=2")
@@ -118,7 +118,7 @@ def _population_run(tmp_path, name):
 
 
 def test_a_population_run_writes_each_member_and_replays_from_its_seed(tmp_path):
-    from msrl.python_api import load
+    from msrl.run.python_api import load
 
     a = _population_run(tmp_path, "a")
     b = _population_run(tmp_path, "b")
@@ -141,10 +141,10 @@ def test_a_population_run_writes_each_member_and_replays_from_its_seed(tmp_path)
 def test_an_interrupted_population_resumes_exactly(tmp_path, monkeypatch):
     """Ctrl-C in turn 3 of 6 (population.pt holds turn 2), then msrl train --resume: the same
     population.csv, members' losses, final weights and evaluations as the run never interrupted."""
-    import msrl.population as population
-    from msrl.outcome import TrainingInterrupted
-    from msrl.run import train
-    from msrl.rundir import resume_config
+    import msrl.run.population as population
+    from msrl.run.outcome import TrainingInterrupted
+    from msrl.run.rundir import resume_config
+    from msrl.run.training import train
 
     over = ["train.total_env_steps=6144", "population.interval=4", "population.size=3", "train.checkpoint_every=4",
             "population.explore.learning_rate.init=[0.00001, 0.001, 0.01]", "train.progress=false", "eval.episodes=2"]
@@ -182,9 +182,9 @@ def test_an_interrupted_population_resumes_exactly(tmp_path, monkeypatch):
 
 
 def test_a_shorter_budget_no_checkpoint_or_a_damaged_one_is_refused_in_one_line(tmp_path):
-    from msrl.population import POPULATION_CHECKPOINT
-    from msrl.run import train
-    from msrl.rundir import resume_config
+    from msrl.run.population import POPULATION_CHECKPOINT
+    from msrl.run.rundir import resume_config
+    from msrl.run.training import train
 
     _population_run(tmp_path, "a")
     root = tmp_path / "a" / "pbt_ppo_cartpole"
@@ -201,8 +201,8 @@ def test_a_shorter_budget_no_checkpoint_or_a_damaged_one_is_refused_in_one_line(
 
 def test_msrl_graph_shows_the_members_and_the_exchange(tmp_path):
     from msrl.config import build_job_spec
-    from msrl.job import Job
-    from msrl.population import describe, member_configs
+    from msrl.run.job import Job
+    from msrl.run.population import describe, member_configs
 
     cfg = _cfg(tmp_path)
     job = Job(build_job_spec(member_configs(cfg, random.Random(0))[0]))
@@ -224,8 +224,8 @@ def test_population_devices_place_each_members_whole_job_round_robin(tmp_path):
     graph``; an unknown or absent device, an empty list, and both device settings at once are
     refused naming the key."""
     from msrl.config import build_job_spec
-    from msrl.job import Job
-    from msrl.population import describe, member_configs
+    from msrl.run.job import Job
+    from msrl.run.population import describe, member_configs
 
     cfg = _cfg(tmp_path, "population.devices=[cpu]")
     cfgs = member_configs(cfg, random.Random(0))
@@ -252,8 +252,8 @@ def test_population_devices_place_each_members_whole_job_round_robin(tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="members on a CPU and a GPU need a GPU")
 def test_a_member_on_the_cpu_takes_the_learner_of_a_member_on_a_gpu(tmp_path):
     from msrl.config import build_job_spec
-    from msrl.job import Job
-    from msrl.population import exploit, member_configs
+    from msrl.run.job import Job
+    from msrl.run.population import exploit, member_configs
 
     cfg = _cfg(tmp_path, "population.size=2", "population.devices=[cpu, cuda:0]")
     cfgs = member_configs(cfg, random.Random(0))
@@ -276,7 +276,7 @@ def test_a_member_on_the_cpu_takes_the_learner_of_a_member_on_a_gpu(tmp_path):
 def test_pbt_beats_its_worst_fixed_member_on_a_sensitive_learning_rate(tmp_path):
     """Over 5 seeds: PPO on CartPole with learning rates 1e-5 ... 1e-2; the population's best
     final evaluation against the final evaluations of the 4 fixed learning rates (members that never exchange)."""
-    from msrl.run import train
+    from msrl.run.training import train
 
     worse = 0
     for seed in range(5):

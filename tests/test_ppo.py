@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from msrl.algorithms.ppo import ALGORITHM, PPOConfig
-from msrl.job import Job, JobSpec
 from msrl.policy import load_policy
+from msrl.run.job import Job, JobSpec
 from msrl.runtime.replica import build_trainers
 
 

@@ -115,9 +115,9 @@ def test_td_errors_go_back_to_the_replay_shard_that_drew_each_sample(monkeypatch
     ``(K, 2B)`` are scattered back along the batch axis, so shard ``r`` updates exactly the
     slots it drew (columns ``rB..(r+1)B`` of the gathered sample) with their errors."""
     from msrl.algorithms import dqn
-    from msrl.job import Job, JobSpec
     from msrl.policy import load_policy
     from msrl.rl.buffers import PrioritizedReplayBuffer
+    from msrl.run.job import Job, JobSpec
 
     updates, learned = [], []
     real_update, real_learn = PrioritizedReplayBuffer.update_priorities, dqn.DQNLearner.learn_prioritized
@@ -157,8 +157,8 @@ def test_td_errors_go_back_to_the_replay_shard_that_drew_each_sample(monkeypatch
 
 def _per_spec(policy, replicas=None, placement=None, num_envs=2, seed=7):
     from msrl.algorithms import dqn
-    from msrl.job import JobSpec
     from msrl.policy import load_policy
+    from msrl.run.job import JobSpec
 
     hp = dqn.DQNConfig(learning_starts=16, train_frequency=4, gradient_steps=2, batch_size=8, buffer_size=256,
                        target_network_frequency=8, hidden_sizes=(8,), prioritized_replay=True)
@@ -185,7 +185,7 @@ def test_one_replay_shard_beside_one_actor_equals_single_bitwise():
     """Synchronous, one actor replica and one replay shard in their own fragments: the same
     learner weights and metrics as ``single``, bit for bit (the partition moves code, never
     what it computes)."""
-    from msrl.job import Job
+    from msrl.run.job import Job
 
     def run(spec):
         job = Job(spec)
@@ -209,8 +209,8 @@ def test_two_replay_shards_take_their_actors_transitions_and_their_own_td_errors
     learner gathers both shards' samples and scatters the TD errors back: each shard holds every
     transition of its actor's envs, and updates only the slots it drew."""
     from msrl.graph import NodeKind
-    from msrl.job import Job
     from msrl.rl.buffers import PrioritizedReplayBuffer
+    from msrl.run.job import Job
 
     drawn, updated = [], []
     real_draw, real_update = PrioritizedReplayBuffer._draw, PrioritizedReplayBuffer.update_priorities

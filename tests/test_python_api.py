@@ -53,7 +53,7 @@ def test_the_run_sets_its_matmul_precision_and_gives_the_callers_back(tmp_path, 
     whole run, and the caller's own setting comes back afterwards (also when the run fails)."""
     import torch
 
-    from msrl.loop import TrainingLoop
+    from msrl.run.loop import TrainingLoop
 
     seen, fail = [], []
     chunk = TrainingLoop._chunk
@@ -91,7 +91,7 @@ def test_a_replica_process_takes_the_jobs_matmul_precision():
 
     from msrl.cluster.replica_actor import ReplicaActor
     from msrl.config import build_job_spec, load_config
-    from msrl.job import compile_job
+    from msrl.run.job import compile_job
 
     spec = build_job_spec(load_config(MAIN, ["train.float32_matmul_precision=medium",
                                              "distribution_policy.name=single_learner_coarse"]))

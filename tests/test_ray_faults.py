@@ -1,5 +1,5 @@
 """What a Ray run does when the ground goes from under it, as ``msrl train`` on the command line
-runs it (a supervising parent, :mod:`msrl.supervisor`, and the driver it forks):
+runs it (a supervising parent, :mod:`msrl.run.supervisor`, and the driver it forks):
 
 * the run's own raylet killed: one line naming what stopped, the last checkpoint and the
   ``--resume`` command, exit status 3, the checkpoint kept; the run resumes from it;
@@ -31,7 +31,7 @@ COARSE = ["configs/ppo_cartpole.yaml", "runtime=ray", "distribution_policy.name=
 
 
 def _train(tmp_path, *over) -> subprocess.Popen:
-    return popen([sys.executable, "-m", "msrl.cli", "train", *COARSE, f"runs_dir={tmp_path}", "name=r", *over],
+    return popen([sys.executable, "-m", "msrl.run.cli", "train", *COARSE, f"runs_dir={tmp_path}", "name=r", *over],
                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
 
 
@@ -80,7 +80,7 @@ def test_the_runs_raylet_killed_is_one_line_with_the_checkpoint_and_the_run_resu
     assert not _running(tree), "processes of the run outlived it"
     steps = int(last.split("; the last checkpoint is at env step ")[1].split(";")[0])
     assert steps > 0 and steps % 512 == 0  # a checkpoint every 2 iterations of 256 env steps
-    resumed = popen([sys.executable, "-m", "msrl.cli", "train", "--resume", str(run)], stdout=subprocess.PIPE,
+    resumed = popen([sys.executable, "-m", "msrl.run.cli", "train", "--resume", str(run)], stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         out, err = resumed.communicate(timeout=EVENT_TIMEOUT_S)
@@ -102,7 +102,7 @@ def test_no_process_of_the_run_outlives_its_driver(tmp_path, victim):
     try:
         wait_for(lambda: _rows(run) >= 15, f"15 rows in {run}/metrics.csv", alive=proc)
         table = process_table()
-        drivers = [p for p, (ppid, cmd) in table.items() if ppid == proc.pid and b"msrl.cli" in cmd]
+        drivers = [p for p, (ppid, cmd) in table.items() if ppid == proc.pid and b"msrl.run.cli" in cmd]
         assert len(drivers) == 1, f"the driver below msrl train ({proc.pid}): {drivers}"
         tree = descendants(proc.pid)
         replicas = _tree(proc.pid, b"ray::ReplicaActor")

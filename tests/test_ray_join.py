@@ -78,7 +78,7 @@ def head(tmp_path):
 
 
 def _train(tmp_path, env, *over):
-    cmd = [sys.executable, "-m", "msrl.cli", "train", "configs/ppo_cartpole.yaml", f"runs_dir={tmp_path / 'runs'}",
+    cmd = [sys.executable, "-m", "msrl.run.cli", "train", "configs/ppo_cartpole.yaml", f"runs_dir={tmp_path / 'runs'}",
            "distribution_policy.name=single_learner_coarse", "train.total_env_steps=2560", "train.eval_every=0",
            "train.progress=false", *over]
     return run(cmd, env=env, cwd=pathlib.Path(__file__).parents[1])  # its process tree stopped whatever happens

@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("ray")
 
 from msrl.config import load_config  # noqa: E402
-from msrl.run import train  # noqa: E402
+from msrl.run.training import train  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

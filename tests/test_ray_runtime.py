@@ -17,9 +17,9 @@ from procs import EVENT_TIMEOUT_S, descendants, popen, stop_tree, tcp_listeners,
 
 from msrl.cluster.bootstrap import init_ray  # noqa: E402
 from msrl.graph import NodeKind  # noqa: E402
-from msrl.job import Job, JobSpec  # noqa: E402
 from msrl.policy import load_policy  # noqa: E402
-from msrl.runtime.shm import pid_alive  # noqa: E402
+from msrl.run.job import Job, JobSpec  # noqa: E402
+from msrl.runtime.transports.shm import pid_alive  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +158,7 @@ def test_a_failing_replica_stops_the_job_with_its_node(ray_local, spec_factory, 
     import dataclasses
 
     from msrl.cluster.ray_runtime import RayJob
-    from msrl.job import load_algorithm
+    from msrl.run.job import load_algorithm
     from msrl.runtime.replica import FragmentError
 
     path = tmp_path / "exploding.py"
@@ -243,7 +243,7 @@ def _train_killing(tmp_path, capsys, config, overrides, fragment, budget):
     import csv
 
     from msrl.config import load_config
-    from msrl.run import train
+    from msrl.run.training import train
 
     assert ray.is_initialized()  # the module's Ray (ray_local): the job runs on it and leaves it running
     cfg = load_config(config, [f"runs_dir={tmp_path}", "name=kill", "runtime=ray", "train.progress=false",
@@ -301,7 +301,7 @@ def _kill_and_compare(tmp_path, capsys, fragment, overrides, budget, every, rows
     import csv
 
     from msrl.config import load_config
-    from msrl.run import train
+    from msrl.run.training import train
 
     assert ray.is_initialized()  # the module's Ray (ray_local)
     over = [f"runs_dir={tmp_path}", "runtime=ray", "train.progress=false", "train.eval_every=0",
@@ -377,7 +377,7 @@ def test_ctrl_c_leaves_no_process_behind(tmp_path):
     if ray.is_initialized():
         ray.shutdown()
     proc = popen(
-        [sys.executable, "-m", "msrl.cli", "train", "configs/ppo_cartpole.yaml", f"runs_dir={tmp_path}", "name=c",
+        [sys.executable, "-m", "msrl.run.cli", "train", "configs/ppo_cartpole.yaml", f"runs_dir={tmp_path}", "name=c",
          "runtime=ray", "distribution_policy.name=single_learner_coarse", "distribution_policy.replicas.actor=2",
          "train.progress=false", "train.total_env_steps=10000000"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -579,7 +579,7 @@ def test_replace_under_a_policy_that_cannot_is_one_config_error_naming_each_frag
     """cluster.on_replica_loss=replace under synchronous coarse: refused before Ray starts or a
     run directory is made, naming the key, each fragment's reason and the policies that replace."""
     from msrl.config import ConfigError, load_config
-    from msrl.run import train
+    from msrl.run.training import train
 
     cfg = load_config("configs/ppo_cartpole.yaml", [f"runs_dir={tmp_path}", "name=x", "runtime=ray",
                                                     "distribution_policy.name=single_learner_coarse",
@@ -599,7 +599,7 @@ def test_which_fragments_are_replaced_alone_per_policy():
     synchronous coarse, multi_learner and the fine policy's lockstep collective restart (each
     reason named); restart replaces nothing."""
     from msrl.config import build_job_spec, load_config
-    from msrl.job import compile_job
+    from msrl.run.job import compile_job
     from msrl.runtime.elastic import replaceable, replaced_fragments
 
     def fg(config, *over):
@@ -635,7 +635,7 @@ def _train_replacing(tmp_path, capsys, config, overrides, sig=None, timeout_s=No
     import json
 
     from msrl.config import load_config
-    from msrl.run import train
+    from msrl.run.training import train
 
     budget = 40960
     over = [f"runs_dir={tmp_path}", "name=elastic", "runtime=ray", "train.progress=false",
@@ -792,7 +792,7 @@ def test_learner_priority_lowers_only_producer_only_replicas(spec_factory, polic
     from msrl.frontend.pipeline import fragment_graph as partition_job
     from msrl.frontend.probe import probe as run_probe
     from msrl.frontend.tracer import trace
-    from msrl.job import METHODS
+    from msrl.run.job import METHODS
 
     spec = spec_factory(policy)
     if boundaries:
@@ -931,8 +931,8 @@ def test_pong_rollouts_cross_processes_compact_and_train_the_local_bits(ray_loca
     pytest.importorskip("ale_py.vector_env")
     from msrl.algorithms import ppo
     from msrl.cluster.ray_runtime import RayJob
-    from msrl.job import JobSpec
     from msrl.policy import load_policy
+    from msrl.run.job import JobSpec
 
     spec = JobSpec(ppo.ALGORITHM, ppo.ALGORITHM.hparams(num_steps=32, update_epochs=1, num_minibatches=2),
                    "ALE/Pong-v5", 2, load_policy("single_learner_coarse").with_overrides(
@@ -967,7 +967,7 @@ def test_pong_rollouts_cross_processes_compact_and_train_the_local_bits(ray_loca
 @pytest.mark.parametrize("compile_mode", ["off", "inductor"])
 def test_replica_processes_are_msrls_own_without_the_config_schema(ray_local, spec_factory, compile_mode):
     """A replica's process is msrl's own: its start-up shortcuts ran before tensordict and the
-    optimisers were imported (:func:`msrl.startup.own_process`), except in a job that compiles a
+    optimisers were imported (:func:`msrl.runtime.startup.own_process`), except in a job that compiles a
     fragment; and it never imports the config schema (pydantic's models are the driver's)."""
     from msrl.cluster.ray_runtime import RayJob
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from msrl.algorithms import ppo_lstm
-from msrl.job import Job, JobSpec
 from msrl.policy import load_policy
+from msrl.run.job import Job, JobSpec
 
 RECALL = "engine_envs:Recall-v0"
 TINY = ppo_lstm.PPOLSTMConfig(num_steps=8, num_minibatches=2, update_epochs=2, hidden_sizes=(8,), lstm_size=8)
@@ -55,7 +55,7 @@ def test_ppo_lstm_remembers_a_cue_that_a_memoryless_policy_cannot(tmp_path):
     learns to answer it (greedy return >= 0.9 of 1) within 20k steps; PPO's MLP, same budget,
     stays at chance (0.5)."""
     from msrl.config import load_config
-    from msrl.run import train
+    from msrl.run.training import train
 
     common = ["train.total_env_steps=20000", "train.progress=false", "train.eval_every=0", "eval.episodes=40",
               f"env.id={RECALL}", "env.num_envs=8", "runtime=local"]
@@ -146,7 +146,7 @@ def test_a_trained_recurrent_policy_acts_with_its_state_from_python(tmp_path):
 
     import msrl
     from msrl.config import load_config
-    from msrl.run import train
+    from msrl.run.training import train
 
     result = train(load_config("configs/ppo_lstm_cartpole_novel.yaml", [
         f"runs_dir={tmp_path}", "name=p", "train.total_env_steps=2048", "train.progress=false", "eval.episodes=2",
@@ -197,7 +197,7 @@ def test_impala_lstm_remembers_a_cue_and_runs_under_async_learner(tmp_path):
     thread runtime it trains with finite losses."""
     from msrl.algorithms import impala_lstm
     from msrl.config import load_config
-    from msrl.run import train
+    from msrl.run.training import train
 
     result = train(load_config("configs/impala_lstm_pong.yaml", [
         f"runs_dir={tmp_path}", "name=recall", f"env.id={RECALL}", "env.engine=sync", "env.wrappers=[]",

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from procs import EVENT_TIMEOUT_S, popen, stop_tree, wait_for
 
-from msrl.cli import main
 from msrl.config import ConfigError, load_config
-from msrl.job import Job
-from msrl.plot import wait_for_background_plots
-from msrl.run import train
+from msrl.run.cli import main
+from msrl.run.job import Job
+from msrl.run.plot import wait_for_background_plots
+from msrl.run.training import train
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MAIN = ROOT / "configs" / "ppo_cartpole.yaml"
@@ -69,7 +69,7 @@ def test_cli_train_eval_plot_graph_end_to_end(tmp_path, capsys, monkeypatch):
 
 def test_graph_prints_the_generated_programs(capsys):
     from msrl.config import build_job_spec
-    from msrl.printer import format_job
+    from msrl.run.printer import format_job
 
     assert main(["graph", str(MAIN), "distribution_policy.name=single_learner_coarse", "--out", "/dev/null"]) == 0
     printed = capsys.readouterr().out
@@ -176,7 +176,7 @@ def test_ctrl_c_is_an_interruption_with_a_resume_hint(tmp_path):
     import sys
     import time
 
-    proc = popen([sys.executable, "-m", "msrl.cli", "train", str(MAIN), f"runs_dir={tmp_path}", "name=c",
+    proc = popen([sys.executable, "-m", "msrl.run.cli", "train", str(MAIN), f"runs_dir={tmp_path}", "name=c",
                   "train.progress=false", "train.total_env_steps=10000000", "train.checkpoint_every=5"],
                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ckpt = tmp_path / "c" / "checkpoints" / "latest.pt"
@@ -198,7 +198,7 @@ def test_help_and_config_errors_do_not_import_torch():
     import subprocess
     import sys
 
-    code = ("import sys\nfrom msrl.cli import main\n"
+    code = ("import sys\nfrom msrl.run.cli import main\n"
             "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
             "print('torch' in sys.modules)")
     for argv in (["--help"], ["train", str(MAIN), "trian.x=1"]):
@@ -248,7 +248,7 @@ def test_tensorboard_holds_every_metrics_row(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from msrl.config import load_config
-    from msrl.run import train
+    from msrl.run.training import train
 
     r = train(load_config("configs/ppo_cartpole.yaml", [f"runs_dir={tmp_path}", "train.total_env_steps=2048",
                                                          "train.progress=false", "train.eval_every=0"]))
@@ -271,7 +271,7 @@ def test_tensorboard_checksums_in_c_are_tensorboards_own(tmp_path):
     from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import PyRecordReader_New, masked_crc32c
     from tensorboard.summary.writer import record_writer
 
-    from msrl.metrics import MetricsWriter, _masked_crc32c, use_native_crc32c
+    from msrl.run.metrics import MetricsWriter, _masked_crc32c, use_native_crc32c
 
     for n in (0, 1, 3, 8, 300, 4097):
         data = os.urandom(n)
@@ -302,7 +302,7 @@ def test_without_google_crc32c_tensorboards_own_checksum_stays(monkeypatch):
     from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c as own
     from tensorboard.summary.writer import record_writer
 
-    from msrl.metrics import use_native_crc32c
+    from msrl.run.metrics import use_native_crc32c
 
     monkeypatch.setattr(record_writer, "masked_crc32c", own)  # TensorBoard's own (restored after)
     monkeypatch.setitem(sys.modules, "google_crc32c", None)  # import google_crc32c raises ImportError
@@ -364,7 +364,7 @@ def test_eval_episodes_must_be_positive(tmp_path, capsys):
 def test_every_bad_input_is_one_line_exit_2_and_changes_no_run(tmp_path, capsys):
     """The misuse cases of the CLI, each against an existing run: exit status 2, one line on
     stderr naming the problem, and the run directory byte for byte as before."""
-    from msrl.rundir import RunLock
+    from msrl.run.rundir import RunLock
 
     run = tmp_path / "r"
     assert main(["train", str(MAIN), f"runs_dir={tmp_path}", "name=r", *TINY, "train.checkpoint_every=2"]) == 0
@@ -428,7 +428,7 @@ def test_two_processes_on_one_run_directory(tmp_path, capsys):
 
     run = tmp_path / "r"
     assert main(["train", str(MAIN), f"runs_dir={tmp_path}", "name=r", *TINY]) == 0
-    holder = popen([sys.executable, "-m", "msrl.cli", "train", "--resume", str(run),
+    holder = popen([sys.executable, "-m", "msrl.run.cli", "train", "--resume", str(run),
                     "train.total_env_steps=10000000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: str(holder.pid) in (run / ".lock").read_text(), f"process {holder.pid} holding {run}/.lock",
@@ -447,7 +447,7 @@ def test_two_processes_on_one_run_directory(tmp_path, capsys):
 
 
 def test_progress_bar_shows_one_speed_an_evaluating_state_and_the_run_directory(tmp_path, capsys, monkeypatch):
-    from msrl.loop import TrainingLoop
+    from msrl.run.loop import TrainingLoop
 
     make_bar = TrainingLoop._progress_bar
 
@@ -470,7 +470,7 @@ def test_progress_bar_shows_one_speed_an_evaluating_state_and_the_run_directory(
 
 
 def test_a_multi_agent_plot_draws_the_per_type_returns():
-    from msrl.plot import return_series
+    from msrl.run.plot import return_series
 
     tag = ["iteration", "env_steps", "charts/episodic_return", "charts/tagger_return", "charts/runner_return"]
     assert return_series(tag) == [("tagger return", "charts/tagger_return"), ("runner return", "charts/runner_return")]
@@ -480,21 +480,21 @@ def test_a_multi_agent_plot_draws_the_per_type_returns():
 def test_ctrl_c_during_the_final_evaluation_says_where_to_resume(tmp_path, monkeypatch):
     """The budget is trained and checkpointed when the final evaluation starts: Ctrl-C there is
     an interruption with the resume hint, and the resume only evaluates."""
-    import msrl.loop
-    from msrl.outcome import TrainingInterrupted
+    import msrl.run.loop
+    from msrl.run.outcome import TrainingInterrupted
 
-    real = msrl.loop.evaluate_job
+    real = msrl.run.loop.evaluate_job
 
     def interrupted(job, cfg):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(msrl.loop, "evaluate_job", interrupted)
+    monkeypatch.setattr(msrl.run.loop, "evaluate_job", interrupted)
     cfg = load_config(MAIN, [*TINY, f"runs_dir={tmp_path}", "name=e", "train.eval_every=0"])
     with pytest.raises(TrainingInterrupted) as info:
         train(cfg)
     run = tmp_path / "e"
     assert str(info.value).endswith(f"resume with: msrl train --resume {run}") and "env step 2048" in str(info.value)
-    monkeypatch.setattr(msrl.loop, "evaluate_job", real)
+    monkeypatch.setattr(msrl.run.loop, "evaluate_job", real)
     resumed = train(cfg, resume=run)
     assert resumed.env_steps == 2048 and len(resumed.eval_returns) == cfg.eval.episodes
     assert [int(r["iteration"]) for r in rows(run)] == list(range(1, 9))
@@ -508,7 +508,7 @@ def test_the_latest_checkpoint_is_never_missing_while_the_next_one_is_saved(tmp_
 
     import torch
 
-    from msrl import checkpoints
+    from msrl.run.training import checkpoints
 
     path = tmp_path / "latest.pt"
     checkpoints.atomic_save({"v": 1}, path, keep_previous=True)
@@ -536,8 +536,8 @@ def test_an_asynchronous_policy_runs_chunks_of_several_slow_iterations():
     keeps chunks of about ``CHUNK_S``; the next checkpoint still ends a chunk."""
     from types import SimpleNamespace
 
-    from msrl.loop import TrainingLoop
     from msrl.policy import load_policy
+    from msrl.run.loop import TrainingLoop
 
     def chunk(policy, iter_s, iteration=0, checkpoint_every=50):
         loop = SimpleNamespace(cfg=SimpleNamespace(train=SimpleNamespace(checkpoint_every=checkpoint_every, eval_every=0)),

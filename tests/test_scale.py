@@ -64,7 +64,7 @@ def _start(tmp_path, cluster, name, config, *over):
     """``msrl train`` of ``config`` on ``cluster``, as a user starts it, left running; its output
     goes to a file the test reads while it runs. Returns ``(process, output file, run dir)``."""
     err = tmp_path / f"{name}.out"
-    cmd = [sys.executable, "-m", "msrl.cli", "train", config, f"runs_dir={tmp_path / 'runs'}", f"name={name}",
+    cmd = [sys.executable, "-m", "msrl.run.cli", "train", config, f"runs_dir={tmp_path / 'runs'}", f"name={name}",
            "runtime=ray", f"cluster.address={cluster.address}", "cluster.strategy=SPREAD", "cluster.cpus_per_replica=0.5",
            "train.eval_every=0", "train.progress=false", *over]
     with open(err, "w") as f:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from msrl.cli import main
+from msrl.run.cli import main
 from msrl.runtime.generators import BATON, Baton, GlobalGenerators, derive_seed
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -11,8 +11,8 @@ import torch
 
 from msrl.algorithms import ppo_selfplay
 from msrl.envs.pettingzoo_env import TurnBasedStackedEnv, make_parallel
-from msrl.job import Job, JobSpec
 from msrl.policy import load_policy
+from msrl.run.job import Job, JobSpec
 
 TICTACTOE = "pettingzoo/pettingzoo.classic.tictactoe_v3"
 
@@ -212,7 +212,7 @@ def test_self_play_learns_tictactoe_against_a_random_player(tmp_path):
     bench/RESULTS.md "Self-play on tic-tac-toe")."""
     import msrl
     from msrl.config import load_config
-    from msrl.run import train
+    from msrl.run.training import train
 
     cfg = load_config("configs/ppo_selfplay_tictactoe.yaml", [f"runs_dir={tmp_path}", "train.progress=false"])
     result = train(cfg)
@@ -223,7 +223,7 @@ def test_self_play_learns_tictactoe_against_a_random_player(tmp_path):
 
 
 def test_msrl_graph_notes_each_actor_replicas_pool():
-    from msrl.printer import format_job
+    from msrl.run.printer import format_job
 
     job = Job(_spec("single_learner_coarse", {"actor": 2}, snapshot_every=4, pool_size=6, latest_prob=0.8))
     try:
@@ -240,7 +240,7 @@ def test_earlier_runs_join_the_pool_as_fixed_opponents(tmp_path):
     ``pool_size``, loaded on every replica; a run that is not one, or of another size, is
     refused naming the key and the run."""
     import msrl
-    from msrl.job import Job
+    from msrl.run.job import Job
 
     earlier = msrl.train("configs/ppo_selfplay_tictactoe.yaml", runs_dir=str(tmp_path), train__progress=False,
                          train__total_env_steps=256, name="earlier", **{"algorithm.hparams.num_steps": 8,

@@ -1,4 +1,4 @@
-"""The shared-memory all-reduce of a fragment's replicas on one machine (msrl.runtime.shm)."""
+"""The shared-memory all-reduce of a fragment's replicas on one machine (msrl.runtime.transports.shm)."""
 
 import multiprocessing as mp
 import os
@@ -9,8 +9,8 @@ import uuid
 import pytest
 import torch
 
-from msrl.runtime import shm
-from msrl.runtime.shm import ShmGroup, ShmGroupError
+from msrl.runtime.transports import shm
+from msrl.runtime.transports.shm import ShmGroup, ShmGroupError
 
 pytestmark = pytest.mark.skipif(not shm.available(), reason="ShmGroup needs Linux")
 

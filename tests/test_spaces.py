@@ -64,7 +64,7 @@ def test_an_algorithm_learns_multi_discrete_actions_from_dict_observations(tmp_p
     return rises from a random policy's (4.67; LookAndMatch: 8) towards 16, and its deterministic
     evaluation answers both targets nearly always."""
     from msrl.config import load_config
-    from msrl.run import train
+    from msrl.run.training import train
 
     over = [f"runs_dir={tmp_path}", "name=spaces", f"env.id={env}", f"env.wrappers={wrappers}",
             f"env.engine={engine}", f"distribution_policy.name={policy}", "train.total_env_steps=40000",
@@ -220,7 +220,7 @@ def test_a_trained_dict_policy_acts_on_the_dicts_the_env_returns(tmp_path):
     them, as the engines packed them in training."""
     import msrl
     from msrl.config import load_config
-    from msrl.run import train
+    from msrl.run.training import train
 
     over = [f"runs_dir={tmp_path}", "name=dict", f"env.id={ENV}", "train.total_env_steps=2048",
             "train.progress=false", "train.eval_every=0", "eval.episodes=2", "runtime=local"]
@@ -284,7 +284,7 @@ def test_tuple_actions_are_refused_with_the_wrapper_that_takes_them(tmp_path):
     """A Tuple of Discrete actions is one line naming ``multi_discrete_action``; the wrapper
     hands the env each sub-space's ``start + index``; a Tuple holding a Box is refused by position."""
     from msrl.config import ConfigError, build_job_spec, load_config
-    from msrl.envs.single import TupleAsMultiDiscrete, make_single_env
+    from msrl.envs.make_env import TupleAsMultiDiscrete, make_single_env
 
     with pytest.raises(ConfigError) as info:
         build_job_spec(load_config("configs/ppo_cartpole.yaml",

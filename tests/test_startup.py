@@ -1,4 +1,4 @@
-"""Start-up: what the main job's command loads and what it leaves for later (msrl/startup.py,
+"""Start-up: what the main job's command loads and what it leaves for later (msrl/runtime/startup.py,
 the learning curve in a background process), and what importing msrl leaves of a user's
 process: everything as it was. Each check runs in a fresh interpreter: what a test process has
 imported already says nothing about a user's run."""
@@ -15,7 +15,7 @@ import textwrap
 import pytest
 from procs import EVENT_TIMEOUT_S
 
-from msrl.cli import main
+from msrl.run.cli import main
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MAIN = str(ROOT / "configs/ppo_cartpole.yaml")
@@ -34,10 +34,10 @@ def test_the_main_job_loads_no_dynamo_matplotlib_or_mujoco(tmp_path):
     curve, drawn by another process) and MuJoCo (a checkpoint's env state) are never imported."""
     out = _python(f"""
         import json, sys
-        from msrl.startup import own_process
+        from msrl.runtime.startup import own_process
         own_process()  # what the msrl command does in its own process (main([...]) runs in its caller's)
-        from msrl.cli import main
-        from msrl.plot import wait_for_background_plots
+        from msrl.run.cli import main
+        from msrl.run.plot import wait_for_background_plots
         code = main(["train", {MAIN!r}, "train.total_env_steps=256", "eval.episodes=1", "runs_dir={tmp_path}",
                      "train.progress=false"])
         loaded = [m for m in ("torch._dynamo", "matplotlib", "mujoco") if m in sys.modules]
@@ -51,7 +51,7 @@ def test_the_main_job_loads_no_dynamo_matplotlib_or_mujoco(tmp_path):
 OPTIMIZERS = """
     import hashlib, json, sys
     import torch
-    from msrl.startup import own_process
+    from msrl.runtime.startup import own_process
     own_process()  # a process msrl owns: torch.optim made lean here
     torch.manual_seed(0)
     digest = hashlib.sha256()
@@ -84,7 +84,7 @@ def test_lean_optimizers_step_bitwise_as_torch_and_load_no_dynamo():
 
 COMPILED_STEP = """
     import json, torch
-    from msrl.startup import _UntilDynamo, own_process
+    from msrl.runtime.startup import _UntilDynamo, own_process
     own_process()
     torch.manual_seed(0)
     p = torch.nn.Parameter(torch.randn(5))
@@ -115,7 +115,7 @@ def test_once_dynamo_is_loaded_torch_s_own_wrappers_run_and_compiled_steps_match
 def test_the_collector_is_deferred_through_start_up_and_frozen_after():
     out = _python("""
         import gc, json
-        from msrl.startup import defer_gc, resume_gc
+        from msrl.runtime.startup import defer_gc, resume_gc
         defer_gc()
         during = gc.isenabled()
         resume_gc()
@@ -140,7 +140,7 @@ def test_plot_of_a_run_without_iterations_is_one_line_and_keeps_the_curve(tmp_pa
 
 
 def test_a_background_plot_that_fails_says_why_where_the_picture_would_be(tmp_path):
-    from msrl.plot import plot_in_background, wait_for_background_plots
+    from msrl.run.plot import plot_in_background, wait_for_background_plots
 
     run = tmp_path / "run"
     run.mkdir()
@@ -153,7 +153,7 @@ def test_a_background_plot_that_fails_says_why_where_the_picture_would_be(tmp_pa
 
 @pytest.mark.parametrize("rows", [1, 3])
 def test_a_background_plot_draws_the_curve(tmp_path, rows):
-    from msrl.plot import plot_in_background, wait_for_background_plots
+    from msrl.run.plot import plot_in_background, wait_for_background_plots
 
     run = tmp_path / "run"
     run.mkdir()
@@ -167,10 +167,10 @@ def test_a_background_plot_draws_the_curve(tmp_path, rows):
 
 CAPTURED = """
     import json, sys
-    from msrl.startup import own_process
+    from msrl.runtime.startup import own_process
     own_process()
     from msrl.config import build_job_spec, load_config
-    from msrl.job import Job
+    from msrl.run.job import Job
     job = Job(build_job_spec(load_config("configs/ppo_cartpole_gpu_only.yaml",
                                          ["env.num_envs=4", "algorithm.hparams.num_steps=8",
                                           "distribution_policy.capture.main=graph"])))
@@ -187,7 +187,7 @@ def test_a_capture_probes_and_records_without_loading_dynamo():
     """torch wraps every ``TorchDispatchMode`` subclass's ``__torch_dispatch__`` in
     ``torch._disable_dynamo``, whose first call imports TorchDynamo: the capture's probe took
     5-6 s on the H200 machine for it. msrl's modes dispatch without it
-    (:func:`msrl.startup.lean_dispatch_mode`), with the same results as with torch's wrappers."""
+    (:func:`msrl.runtime.startup.lean_dispatch_mode`), with the same results as with torch's wrappers."""
     lean = json.loads(_python(CAPTURED).splitlines()[-1])
     stock = json.loads(_python(CAPTURED, env={"MSRL_EAGER_OPTIMIZERS": "0"}).splitlines()[-1])
     assert lean["status"] == stock["status"] == "graph"
@@ -224,7 +224,7 @@ UNTOUCHED = """
                       "finders": [type(f).__module__ for f in sys.meta_path
                                   if f not in finders and type(f).__module__.startswith("msrl")],
                       "marked": getattr(tensordict.utils._lock_warn, "_dynamo_marked_constant", False),
-                      "owned": __import__("msrl.startup").startup.owned_changes()}))
+                      "owned": __import__("msrl.runtime.startup").startup.owned_changes()}))
 """
 
 
@@ -272,7 +272,7 @@ def test_a_users_full_graph_compile_of_tensordict_and_an_optimiser_works_after_i
 PLAIN_WHERE = """
     import json, logging, sys, torch
     logging.basicConfig(level=logging.DEBUG, stream=sys.stdout, format="%(name)s: %(message)s")
-    from msrl.startup import own_process, owned_changes
+    from msrl.runtime.startup import own_process, owned_changes
     compiling = own_process(compiles=True)
     torch.__version__ = "2.99.0+cpu"  # a release msrl's start-up was not tested on
     untested = own_process() + own_process()
@@ -285,15 +285,15 @@ PLAIN_WHERE = """
 def test_own_process_keeps_plain_torch_for_a_compiling_job_and_an_untested_release_saying_so_once():
     lines = _python(PLAIN_WHERE).splitlines()
     assert json.loads(lines[-1]) == {"compiling": [], "untested": [], "owned": [], "dynamo": True}
-    said = [line for line in lines[:-1] if line.startswith("msrl.startup: ")]
-    assert said == ["msrl.startup: start-up: plain torch (the job compiles a fragment)",
-                    "msrl.startup: start-up: plain torch (2.99.0 is not a release msrl's start-up was tested "
+    said = [line for line in lines[:-1] if line.startswith("msrl.runtime.startup: ")]
+    assert said == ["msrl.runtime.startup: start-up: plain torch (the job compiles a fragment)",
+                    "msrl.runtime.startup: start-up: plain torch (2.99.0 is not a release msrl's start-up was tested "
                     "on: 2.13.0)"]
 
 
 HAND_OVER = """
     import json, threading, torch
-    from msrl.startup import own_process
+    from msrl.runtime.startup import own_process
     changed = own_process()
     nets = [torch.nn.Linear(3, 3) for _ in range(16)]
     opts = [torch.optim.Adam(n.parameters(), lr=0.1) for n in nets]
@@ -328,7 +328,7 @@ ASKED = """
     result = msrl.train("configs/ppo_cartpole.yaml", own_process=True, runs_dir=RUNS, train__total_env_steps=256,
                         eval__episodes=1, train__progress=False)
     import tensordict.utils
-    from msrl.startup import owned_changes
+    from msrl.runtime.startup import owned_changes
     owned = owned_changes()
     print(json.dumps({"tensordict": "tensordict" in owned, "optimizers": "Adam.step" in owned,
                       "marked": getattr(tensordict.utils._lock_warn, "_dynamo_marked_constant", False),

@@ -1,4 +1,4 @@
-"""The supervising parent of ``msrl train`` (:mod:`msrl.supervisor`) keeps Ray's own C++ log
+"""The supervising parent of ``msrl train`` (:mod:`msrl.run.supervisor`) keeps Ray's own C++ log
 lines, which Ray's core worker copies to the driver's standard error, off the user's terminal,
 and passes everything else on; the driver's Python ``sys.stderr`` still sees the terminal."""
 
@@ -15,7 +15,7 @@ import time
 
 from procs import EVENT_TIMEOUT_S
 
-from msrl.supervisor import StderrFilter
+from msrl.run.supervisor import StderrFilter
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -42,7 +42,7 @@ def test_ray_messages_are_dropped_whole_and_nothing_else():
 
 SCRIPT = textwrap.dedent("""
     import os, sys
-    from msrl.supervisor import supervised
+    from msrl.run.supervisor import supervised
 
     def work():
         os.write(2, RAY_ERROR)

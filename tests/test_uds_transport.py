@@ -25,9 +25,10 @@ from msrl.runtime.asynchronous import AsyncEndpoint, Mailbox
 pytest.importorskip("grpc")
 
 from msrl.cluster.grpc_transport import ITEM, LATEST, encode_frame  # noqa: E402
-from msrl.cluster.transports import STREAM_KINDS, ProcessTransport  # noqa: E402
+from msrl.cluster.streams import ProcessTransport  # noqa: E402
 from msrl.cluster.uds_transport import REFUSED, UdsServer, encode_hello  # noqa: E402
-from msrl.runtime.codec import encode  # noqa: E402
+from msrl.runtime.transports.codec import encode  # noqa: E402
+from msrl.runtime.transports.kinds import STREAM_KINDS  # noqa: E402
 
 TRAJ, WEIGHTS = "train_step/b0:traj", "train_step/b1:w"
 
@@ -444,13 +445,13 @@ def test_a_replaced_consumer_is_dropped_without_waiting_and_its_replacement_gets
 
 
 def test_the_transport_registry_picks_a_unix_socket_on_one_machine_and_grpc_across():
-    """``cluster/transports.py``: a consumer starts the server of each kind its producers need
-    (a Unix socket for those on its machine, gRPC for the others; gRPC alone when the job says
-    ``cluster.boundary_transport=grpc``), a producer dials the first kind that serves its pair,
-    and a stream's kind follows from its address."""
-    from msrl.cluster import transports
+    """``msrl/runtime/transports/kinds.py``: a consumer starts the server of each kind its
+    producers need (a Unix socket for those on its machine, gRPC for the others; gRPC alone when
+    the job says ``cluster.boundary_transport=grpc``), a producer dials the first kind that serves
+    its pair, and a stream's kind follows from its address."""
+    from msrl.runtime.transports import kinds as transports
 
-    auto, grpc_only = transports.kinds_for("auto"), transports.kinds_for("grpc")
+    auto, grpc_only = transports.stream_kinds_for("auto"), transports.stream_kinds_for("grpc")
     names = lambda kinds: [k.name for k in kinds]  # noqa: E731
     assert names(transports.kinds_needed(auto, [True, True])) == ["unix"]
     assert names(transports.kinds_needed(auto, [True, False])) == ["unix", "grpc"]
@@ -461,8 +462,10 @@ def test_the_transport_registry_picks_a_unix_socket_on_one_machine_and_grpc_acro
     assert transports.pick(grpc_only, both, same_node=True) == "10.0.0.1:5000"
     with pytest.raises(KeyError, match="no transport serves this pair"):
         transports.pick(auto, {"unix": "unix:/tmp/x/s"}, same_node=False)
-    with pytest.raises(ValueError, match="cluster.boundary_transport must be auto or one of unix, grpc"):
-        transports.kinds_for("carrier-pigeon")
+    with pytest.raises(ValueError, match="cluster.boundary_transport must be one of auto, grpc, got 'carrier-pigeon'"):
+        transports.stream_kinds_for("carrier-pigeon")
+    with pytest.raises(ValueError, match="cluster.boundary_transport must be one of auto, grpc, got 'unix'"):
+        transports.stream_kinds_for("unix")  # serves one machine only: not a choice alone
     made = []
     fake = [dataclasses.replace(k, stream=lambda t, target, n=k.name: made.append((n, target))) for k in transports.STREAM_KINDS]
     try:
@@ -472,3 +475,25 @@ def test_the_transport_registry_picks_a_unix_socket_on_one_machine_and_grpc_acro
     finally:
         transports.STREAM_KINDS = saved
     assert made == [("unix", "unix:/tmp/x/s"), ("grpc", "10.0.0.1:5000")]
+
+
+def test_the_configs_transport_choices_are_the_registrys():
+    """One registry of transports: the values ``cluster.sync_transport``,
+    ``cluster.boundary_transport`` and ``cluster.intra_node`` accept are read from it, in the
+    schema and in :class:`~msrl.cluster.options.RayOptions` alike, and a link kind that serves
+    only some pairs is chosen with one that serves every pair."""
+    import typing
+
+    from msrl.cluster.options import RayOptions
+    from msrl.config.schema import ClusterConfig
+    from msrl.runtime.transports import kinds as registry
+
+    fields = ClusterConfig.model_fields
+    assert typing.get_args(fields["sync_transport"].annotation) == registry.SYNC_TRANSPORTS == ("auto", "unix", "gloo")
+    assert typing.get_args(fields["boundary_transport"].annotation) == registry.BOUNDARY_TRANSPORTS == ("auto", "grpc")
+    assert typing.get_args(fields["intra_node"].annotation) == registry.INTRA_NODE == ("shm", "gloo")
+    assert [k.name for k in registry.link_kinds_for("unix")] == ["unix", "gloo"]
+    assert [k.name for k in registry.link_kinds_for("gloo")] == ["gloo"]
+    for key, bad in (("sync_transport", "tcp"), ("boundary_transport", "unix"), ("intra_node", "nccl")):
+        with pytest.raises(ValueError, match=f"cluster.{key} must be"):
+            RayOptions(**{key: bad})

@@ -15,8 +15,8 @@ import torch.multiprocessing as mp
 
 from msrl.graph import NodeKind
 from msrl.runtime import wiring
-from msrl.runtime.shm import available as shm_available
-from msrl.runtime.unix_link import available as unix_link_available
+from msrl.runtime.transports.shm import available as shm_available
+from msrl.runtime.transports.unix_link import available as unix_link_available
 
 KEYS = [("main", r) for r in range(4)]
 RANKS = {k: i for i, k in enumerate(KEYS)}

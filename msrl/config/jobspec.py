@@ -1,5 +1,5 @@
 """Job-spec assembly: a validated :class:`~msrl.config.schema.RunConfig` to the
-:class:`msrl.job.JobSpec` it runs, with the checks that need the algorithm, the env, the policy
+:class:`msrl.run.job.JobSpec` it runs, with the checks that need the algorithm, the env, the policy
 and the backends (each delegating to what owns the rule: the env engines' table, the policy's
 ``configured``, a backend's ``check``)."""
 
@@ -92,7 +92,7 @@ def resolve_runtime(runtime: str, policy: Any) -> str:
 
 
 def build_job_spec(cfg: RunConfig) -> Any:
-    """The :class:`msrl.job.JobSpec` of a validated config.
+    """The :class:`msrl.run.job.JobSpec` of a validated config.
 
     Raises:
         ConfigError: an unknown algorithm, env id, policy, fragment, backend or device; envs
@@ -100,10 +100,10 @@ def build_job_spec(cfg: RunConfig) -> Any:
     """
     import torch
 
-    from msrl.backend import UnknownBackendError, load_backend
     from msrl.envs import UnknownEnvError, check_env_id, is_native
     from msrl.envs.engines import engine as engine_kind
-    from msrl.job import JobSpec, UnknownAlgorithmError, load_algorithm
+    from msrl.run.job import JobSpec, UnknownAlgorithmError, load_algorithm
+    from msrl.runtime.programs.backends import UnknownBackendError, load_backend
 
     engine = engine_kind(cfg.env.engine)
     from msrl.policy import UnknownPolicyError, load_policy
@@ -115,7 +115,7 @@ def build_job_spec(cfg: RunConfig) -> Any:
     except (UnknownAlgorithmError, UnknownEnvError, UnknownPolicyError) as e:
         raise ConfigError(str(e)) from None
     from msrl.envs import env_spec as make_env_spec
-    from msrl.envs.single import EnvKwargsError, check_wrappers
+    from msrl.envs.make_env import EnvKwargsError, check_wrappers
 
     try:
         check_wrappers(cfg.env.wrappers)

@@ -10,6 +10,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from msrl.envs.engines import ENGINES
+from msrl.runtime.transports.kinds import BOUNDARY_TRANSPORTS, INTRA_NODE, SYNC_TRANSPORTS
 
 __all__ = ["RunConfig", "AlgorithmConfig", "EnvConfig", "InferenceConfig", "PolicyConfig", "TrainConfig",
            "EvalConfig", "ClusterConfig", "ExploreRange", "PopulationConfig", "format_errors"]
@@ -202,18 +203,18 @@ class ClusterConfig(_Strict):
         description="the largest message of a boundary between processes (MiB): a Gloo channel's buffer, a gRPC frame; "
                     "a receiver never allocates more, a sender names this key when a value is larger",
     )
-    intra_node: Literal["shm", "gloo"] = Field(
+    intra_node: Literal[INTRA_NODE] = Field(  # type: ignore[valid-type]
         "shm",
         description="how a fragment's replicas on one machine all-reduce host tensors: shm (shared memory, Linux; "
                     "Gloo where unavailable or across machines) or gloo (TCP through Gloo)",
     )
-    sync_transport: Literal["auto", "unix", "gloo"] = Field(
+    sync_transport: Literal[SYNC_TRANSPORTS] = Field(  # type: ignore[valid-type]
         "auto",
         description="how synchronous boundaries cross between processes, per peer pair: auto (a Unix socket between "
                     "replicas of one machine whose fragments are on the host, Gloo otherwise: NCCL between CUDA devices) "
                     "or gloo (Gloo for all)",
     )
-    boundary_transport: Literal["auto", "grpc"] = Field(
+    boundary_transport: Literal[BOUNDARY_TRANSPORTS] = Field(  # type: ignore[valid-type]
         "auto",
         description="how asynchronous boundaries (fifo, latest, fresh) cross between processes: auto (a Unix socket between "
                     "replicas of one machine, gRPC between machines) or grpc (gRPC for all)",
@@ -248,7 +249,7 @@ class ClusterConfig(_Strict):
 
 
 class ExploreRange(_Strict):
-    """The range of one hyperparameter a population explores (:mod:`msrl.population`)."""
+    """The range of one hyperparameter a population explores (:mod:`msrl.run.population`)."""
 
     min: float = Field(gt=0, description="smallest value (> 0)")
     max: float = Field(gt=0, description="largest value")
@@ -272,7 +273,7 @@ class PopulationConfig(_Strict):
     own values of the ``explore``d hyperparameters; every ``interval`` iterations the bottom
     ``quantile`` of members (by the mean return of the episodes they finished in the interval)
     copy the learner state of a member of the top ``quantile`` (exploit) and perturb the copied
-    values (explore). See :mod:`msrl.population`."""
+    values (explore). See :mod:`msrl.run.population`."""
 
     size: int = Field(ge=2, description="members (>= 2)")
     interval: int = Field(gt=0, description="iterations each member trains between exploit/explore steps")
@@ -317,7 +318,7 @@ class RunConfig(_Strict):
     )
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     population: PopulationConfig | None = Field(
-        None, description="train a population of this job's members with PBT (msrl.population); none: one job")
+        None, description="train a population of this job's members with PBT (msrl.run.population); none: one job")
 
     @pydantic.field_validator("name")
     @classmethod

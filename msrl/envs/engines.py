@@ -32,8 +32,8 @@ def check_env_id(env_id: str) -> None:
         UnknownEnvError: naming close gymnasium ids, the native ids and every gymnasium id.
     """
     from msrl.envs.native import NATIVE_ENVS, is_native
-    from msrl.envs.single import UnknownEnvError
-    from msrl.envs.single import check_env_id as check_gymnasium_id
+    from msrl.envs.make_env import UnknownEnvError
+    from msrl.envs.make_env import check_env_id as check_gymnasium_id
 
     if is_native(env_id):
         return
@@ -82,7 +82,7 @@ def _as_trained(env_id: str, kwargs: Mapping[str, Any], wrappers: Sequence[str])
 
 def _envpool_twin(env_id: str, kwargs: Mapping[str, Any], wrappers: Sequence[str]) -> tuple[str | None, dict, list]:
     """EnvPool's kwargs are not gymnasium's, and its ids may not be gymnasium ids."""
-    from msrl.envs.single import UnknownEnvError, check_env_id
+    from msrl.envs.make_env import UnknownEnvError, check_env_id
 
     try:
         check_env_id(env_id)
@@ -137,7 +137,7 @@ class EngineKind:
 
     Attributes:
         name: the value of ``env.engine``.
-        check_id: raises :class:`~msrl.envs.single.UnknownEnvError` for an id the engine cannot
+        check_id: raises :class:`~msrl.envs.make_env.UnknownEnvError` for an id the engine cannot
             step (naming what it can).
         wrappers_problem: what is wrong with ``env.wrappers`` on this engine (``None``: nothing).
         make: ``make(env_id, num_envs, num_workers, device, env_kwargs, wrappers)`` -> the
@@ -145,7 +145,7 @@ class EngineKind:
         spec: ``spec(env_id, num_envs, env_kwargs)`` -> its :class:`~msrl.api.EnvSpec`, for an
             engine whose ids are its own (``None``: gymnasium's spaces of one env).
         frame_padding: how an episode's first frame stack is filled, given the wrappers
-            (``"zeros"``, ``"reset"``; ``None``: values cross whole; :mod:`msrl.runtime.frames`).
+            (``"zeros"``, ``"reset"``; ``None``: values cross whole; :mod:`msrl.runtime.frame_stacks`).
         evaluation: ``evaluation(env_id, env_kwargs, wrappers)`` -> the gymnasium env id
             (``None``: none), ``gymnasium.make`` kwargs and wrappers evaluations run on.
         gymnasium_ids: its ids are gymnasium ids (an evaluation twin exists without

@@ -16,7 +16,7 @@ from msrl.api import Environment, EnvSpec
 from msrl.envs.engines import ENGINES, check_env_id
 from msrl.envs.engines import engine as engine_kind
 from msrl.envs.native import NATIVE_ENVS, is_native, make_native
-from msrl.envs.single import UnknownEnvError, make_single_env
+from msrl.envs.make_env import UnknownEnvError, make_single_env
 
 __all__ = ["check_env_id", "make_env", "env_spec", "eval_env_id", "UnknownEnvError", "is_native", "ENGINES"]
 
@@ -32,7 +32,7 @@ def make_env(
     native_impl: str = "torch",
 ) -> Environment:
     """Builds ``num_envs`` envs ``env_id`` on ``device`` (what a fragment backend's
-    :meth:`~msrl.backend.Backend.build_env` calls).
+    :meth:`~msrl.runtime.programs.backends.Backend.build_env` calls).
 
     A native env runs its torch reference (``native_impl="torch"``) or its CUDA C kernels
     (``"kernel"``, the ``cuda_kernel`` backend's choice); a gymnasium env runs on ``engine``

@@ -5,7 +5,7 @@
 
 Each stage after the partition is a pass ``FragmentGraph -> FragmentGraph``
 (:mod:`msrl.frontend.collectives`, :mod:`msrl.frontend.serving`); the code generation of each
-fragment's programs follows in :func:`msrl.job.compile_job`.
+fragment's programs follows in :func:`msrl.run.job.compile_job`.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def fragment_graph(graphs: dict[str, Graph], policy: DistributionPolicy) -> Frag
 
 
 def front_end(spec: Any, probe: bool = True, max_message: int | None = None) -> tuple[dict[str, Graph], FragmentGraph]:
-    """Trace -> probe -> partition -> passes for ``spec`` (a :class:`msrl.job.JobSpec`).
+    """Trace -> probe -> partition -> passes for ``spec`` (a :class:`msrl.run.job.JobSpec`).
 
     Args:
         spec: the job.

@@ -31,12 +31,12 @@ from typing import Any, Iterator
 import torch
 
 from msrl.api import COLLECTIVE_POINTS, collective_scope, declared_kinds, in_gradient_step
-from msrl.codegen import Lowering, generate
 from msrl.errors import ConfigError, PartitionError
 from msrl.frontend.partition import boundary_values, partition
 from msrl.frontend.tracer import check_references
 from msrl.graph import Graph, Node, NodeKind
 from msrl.policy import load_policy
+from msrl.runtime.programs.codegen import Lowering, generate
 from msrl.runtime.values import describe_value
 
 __all__ = ["probe", "PROBE_NUM_ENVS", "PROBE_MAX_ENV_STEPS", "describe_value", "DeclarationError", "ProbeDiverged",
@@ -466,7 +466,7 @@ def probe(graphs: dict[str, Graph], spec: Any) -> frozenset[str]:
 
     Args:
         graphs: method -> traced graph.
-        spec: the :class:`msrl.job.JobSpec`; its algorithm, hparams and env are used with the
+        spec: the :class:`msrl.run.job.JobSpec`; its algorithm, hparams and env are used with the
             probe's env counts and the ``single`` policy.
 
     Raises:

@@ -1,7 +1,7 @@
 """The region kinds of the IR in one table: a region node holds sub-graphs, and everything that
 walks the graph reads what a kind's sub-graphs are, how it is checked and how it reads from
 this table (JAX's higher-order primitives carry their rules the same way), so a new region kind
-is one entry here and one lowering rule (:data:`msrl.codegen.REGION_LOWERING`, which must
+is one entry here and one lowering rule (:data:`msrl.runtime.programs.codegen.REGION_LOWERING`, which must
 cover this table), not a branch in every file.
 
 ===========  ==========================  ===================================================

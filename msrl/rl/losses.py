@@ -195,7 +195,7 @@ def ppo_epochs(evaluate: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tens
         update_epochs, num_minibatches, norm_adv, clip_vloss, ent_coef, vf_coef, target_kl:
             PPO's hyperparameters of those names.
         loss: :func:`ppo_loss` or a callable of its signature (a learner's compiled form of it,
-            :mod:`msrl.runtime.compiled`).
+            :mod:`msrl.runtime.programs.compiled`).
 
     Returns:
         :func:`ppo_loss`'s metrics of the last minibatch with ``losses/grad_norm``, then

@@ -196,7 +196,7 @@ class RecurrentActor(ActorCriticActor):
     step as a value of the trainer (``self.lstm_state``: it crosses boundaries as observations
     do); samples from its own generator as :class:`~msrl.rl.actors.ActorCriticActor` does."""
 
-    #: evaluation and :class:`msrl.python_api.TrainedPolicy` carry the core state between steps
+    #: evaluation and :class:`msrl.run.python_api.TrainedPolicy` carry the core state between steps
     recurrent = True
 
     def build_net(self, ctx: BuildContext) -> nn.Module:

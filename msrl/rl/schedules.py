@@ -11,7 +11,7 @@ __all__ = ["learning_rate_tensor", "anneal_learning_rate", "load_learning_rate"]
 def learning_rate_tensor(value: float, device: torch.device) -> torch.Tensor:
     """A learning rate as a 0-d tensor on ``device``, for an optimiser built with ``lr=`` it
     and a schedule that updates it in place (:func:`anneal_learning_rate`): a captured
-    iteration (a CUDA graph, ``msrl.runtime.capture``) replays the update. float64 on the CPU
+    iteration (a CUDA graph, ``msrl.runtime.programs.capture``) replays the update. float64 on the CPU
     (fused Adam reads it as a double: the same steps as with the Python float), float32 on a
     GPU (where the fused Adam kernel reads it on the device)."""
     return torch.tensor(value, device=device, dtype=torch.float32 if device.type == "cuda" else torch.float64)

@@ -35,7 +35,7 @@ itself publishes one of those slots records ``published - read`` for it when it 
 (:attr:`AsyncEndpoint.lags`): for an actor's trajectory and the learner's weights, the learner's
 version minus the version the actor acted with.
 
-Transports: :class:`LocalTransport` (threads of one process, :mod:`msrl.channels`) and the gRPC
+Transports: :class:`LocalTransport` (threads of one process, :mod:`msrl.runtime.channels`) and the gRPC
 transport (processes, :mod:`msrl.cluster.grpc_transport`) both deliver into a consumer's
 :class:`Mailbox`; :class:`AsyncEndpoint` is the part both share.
 """
@@ -50,10 +50,10 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import torch
 
-from msrl.channels import ChannelClosed, ProducerReplaced
 from msrl.graph.fragmented import boundary_end
 from msrl.policy import SLOT_CHANNELS
-from msrl.runtime.frames import compact_value, rebuild_value
+from msrl.runtime.channels import ChannelClosed, ProducerReplaced
+from msrl.runtime.frame_stacks import compact_value, rebuild_value
 from msrl.runtime.generators import BATON
 from msrl.runtime.patterns import combine, deliveries, shards, sources
 from msrl.runtime.values import copy_value, deliver, payload_bytes
@@ -91,7 +91,7 @@ class Mailbox:
         on_take: called with ``(boundary, producer)`` after an item is taken (the gRPC transport
             returns a credit to the producer).
         device: the consumer fragment's device: every transport delivers values onto it
-            (:func:`msrl.channels.deliver`; a network transport decodes onto it). ``None``: values
+            (:func:`msrl.runtime.channels.deliver`; a network transport decodes onto it). ``None``: values
             stay where they were made.
 
     Attributes:
@@ -246,7 +246,7 @@ class Mailbox:
         """Central inference's replacement of a lost client ``producer``: drops every item of
         it still queued on ``boundaries`` (what the lost process sent; its stream has ended) and
         moves it to ``generation``, so that a :meth:`take` or :meth:`check` of the run serving
-        it under an older generation raises :class:`~msrl.channels.ProducerReplaced`. Returns
+        it under an older generation raises :class:`~msrl.runtime.channels.ProducerReplaced`. Returns
         whether it was applied (``generation`` newer than the producer's)."""
         with self._cond:
             if generation <= self.generation.get(producer, 0):
@@ -259,7 +259,7 @@ class Mailbox:
         return True
 
     def check(self, generation: tuple[tuple[str, int], int] | None) -> None:
-        """Raises :class:`~msrl.channels.ProducerReplaced` when ``generation`` = ``(producer,
+        """Raises :class:`~msrl.runtime.channels.ProducerReplaced` when ``generation`` = ``(producer,
         the generation a run started under)`` is not the producer's now (:meth:`redo`)."""
         if generation is not None and self.generation.get(generation[0], 0) != generation[1]:
             raise ProducerReplaced(f"producer {generation[0][0]} replica {generation[0][1]} is being replaced")
@@ -540,7 +540,7 @@ class AsyncEndpoint:
 class LocalTransport:
     """Delivers between replicas that are threads of one process: straight into the
     consumer's :class:`Mailbox`, as a copy on the consumer's device (``Mailbox.device``,
-    :func:`~msrl.channels.deliver`: the one copy a network would make), blocking on a full queue.
+    :func:`~msrl.runtime.channels.deliver`: the one copy a network would make), blocking on a full queue.
 
     Args:
         mailboxes: ``(fragment, replica) -> Mailbox`` of every consumer replica.

@@ -22,7 +22,7 @@ run's seeds for its shard (fresh episodes). Where the fragment's ``reset`` progr
 value over a synchronous boundary (the learner's weights, broadcast), the replacement takes it
 from the ``train_step`` slot that carries the same call's result (:func:`substitutes`) -- the
 learner's newest weights, which its stream sends a replacement at once
-(:meth:`~msrl.cluster.frames.StreamTransport.rejoin`). A ``reset`` boundary without such a slot
+(:meth:`~msrl.cluster.streams.StreamTransport.rejoin`). A ``reset`` boundary without such a slot
 makes the fragment not replaceable.
 
 What is not replaceable keeps the exact restart of every replica from the last checkpoint.

@@ -1,6 +1,6 @@
 """The endpoint: the one interface a generated fragment program talks through.
 
-Code generation (:mod:`msrl.codegen`, the backends' lowering rules) emits exactly these calls on
+Code generation (:mod:`msrl.runtime.programs.codegen`, the backends' lowering rules) emits exactly these calls on
 the program's ``comm`` argument, a fragment replica's :class:`Endpoint`:
 
 =====================================  ==========================================================
@@ -24,8 +24,8 @@ one value travels, which a transport's endpoint supplies by four methods: :meth:
 (a src replica's values to dst replicas), :meth:`Endpoint._take` (a dst replica's value from one
 src replica), :meth:`Endpoint._reduce_flat` (the mean of one flat buffer over the fragment's
 replicas) and :meth:`Endpoint._fragment_size`. The in-process transport is
-:class:`msrl.channels.LocalEndpoint` (queues between threads), the one between processes
-:class:`msrl.runtime.dist.DistEndpoint` (torch.distributed, shared memory for host all-reduces);
+:class:`msrl.runtime.channels.LocalEndpoint` (queues between threads), the one between processes
+:class:`msrl.runtime.transports.dist.DistEndpoint` (torch.distributed, shared memory for host all-reduces);
 asynchronous boundaries move over :class:`~msrl.runtime.asynchronous.AsyncTransport`\\ s
 (in-process, Unix sockets, gRPC), peers, none a subclass of another.
 """
@@ -41,7 +41,7 @@ import torch
 from msrl.api import collective_scope
 from msrl.graph import NodeKind
 from msrl.graph.fragmented import Boundary, boundary_end
-from msrl.runtime.frames import compact_value, rebuild_value
+from msrl.runtime.frame_stacks import compact_value, rebuild_value
 from msrl.runtime.patterns import combine, deliveries, shards, sources
 from msrl.runtime.values import reduce_leaves, tensor_leaves
 
@@ -71,11 +71,11 @@ class Endpoint:
             its side of a boundary; op_s: ``comm_s`` by op (``send``, ``gather``, ..., ``flush``).
         bytes_sent, bytes_received: bytes of messages it sent and received.
         local_group: the shared-memory all-reduce group of its fragment's replicas on this
-            machine (:class:`~msrl.runtime.shm.ShmGroup`), or ``None``.
+            machine (:class:`~msrl.runtime.transports.shm.ShmGroup`), or ``None``.
         frame_padding: how the job's env pads an episode's first frame stack
-            (:func:`msrl.runtime.frames.frame_padding`) when its frame-stacked rollouts leave
+            (:func:`msrl.runtime.frame_stacks.frame_padding`) when its frame-stacked rollouts leave
             this endpoint in compact form -- the first stack, then each step's newest frame,
-            checked bit for bit (:mod:`msrl.runtime.frames`); ``None``: values leave whole. A
+            checked bit for bit (:mod:`msrl.runtime.frame_stacks`); ``None``: values leave whole. A
             compact value is rebuilt where it arrives, whatever the receiver's setting.
     """
 

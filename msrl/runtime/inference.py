@@ -22,7 +22,7 @@ computes what ``single`` computes, bit for bit.
 In an elastic job (:mod:`msrl.runtime.elastic`) a lost client replica is replaced alone: its
 run's takes and puts carry the client's generation, and when the driver raises it
 (:meth:`~msrl.runtime.asynchronous.Mailbox.redo`: the lost process's queued items dropped) the
-run raises :class:`~msrl.channels.ProducerReplaced` at its next take or put, its buffer shards go
+run raises :class:`~msrl.runtime.channels.ProducerReplaced` at its next take or put, its buffer shards go
 back to the ``state_dict()`` they had at the run's start, and the run starts again, serving the
 replacement's fresh episodes (:attr:`InferenceServer.runs_done` tells the driver what the
 replacement owes).
@@ -44,7 +44,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from tensordict import TensorDictBase
 
-from msrl.channels import ChannelClosed, ProducerReplaced
+from msrl.runtime.channels import ChannelClosed, ProducerReplaced
 from msrl.runtime.endpoint import Endpoint
 from msrl.runtime.generators import BATON
 from msrl.runtime.patterns import concat
@@ -301,7 +301,7 @@ class _ClientQueues:
     """The asynchronous side of a :class:`ClientEndpoint`: the server replica's ``fifo`` queues
     to and from one client replica; ``generation``: the client's generation the run started
     under (:meth:`~msrl.runtime.asynchronous.Mailbox.redo`): a take or put once it changed
-    raises :class:`~msrl.channels.ProducerReplaced` (nothing is sent to the replacement)."""
+    raises :class:`~msrl.runtime.channels.ProducerReplaced` (nothing is sent to the replacement)."""
 
     def __init__(self, asynchronous: Any, client: int, cancel: threading.Event,
                  generation: tuple[tuple[str, int], int] | None = None) -> None:

@@ -1,6 +1,6 @@
-"""The one interface every runtime implements: what the driver (:mod:`msrl.loop`,
-:mod:`msrl.evaluation`, :mod:`msrl.checkpoints`) calls, and the record of one iteration it gets
-back. The local runtime (:class:`msrl.job.Job`: replicas as threads of this process) and the Ray
+"""The one interface every runtime implements: what the driver (:mod:`msrl.run.loop`,
+:mod:`msrl.run.evaluation`, :mod:`msrl.run.checkpoints`) calls, and the record of one iteration it gets
+back. The local runtime (:class:`msrl.run.job.Job`: replicas as threads of this process) and the Ray
 runtime (:class:`msrl.cluster.ray_runtime.RayJob`: a process per replica) both implement
 :class:`JobRuntime`; the driver never asks which one it has.
 """
@@ -88,7 +88,7 @@ class JobRuntime(Protocol):
     """A built job ready to run on some runtime.
 
     Attributes:
-        spec: the :class:`~msrl.job.JobSpec`; ``fragment_graph``: its partition.
+        spec: the :class:`~msrl.run.job.JobSpec`; ``fragment_graph``: its partition.
         iteration: ``train_step`` iterations finished; ``env_steps``: env steps taken so far.
         restarts_replicas: whether a replica's death is recovered by restarting the job from its
             last checkpoint (replicas in processes under a watchdog: a restart point is saved

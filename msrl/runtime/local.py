@@ -3,7 +3,7 @@
 A job with one fragment replica runs its program on the calling thread. Otherwise each
 replica runs on its own thread (as each would in its own Ray actor), runs its iterations itself
 and meets the others only at boundaries: synchronous ones through a
-:class:`~msrl.channels.LocalHub` per traced method, asynchronous ones (``fifo`` queues,
+:class:`~msrl.runtime.channels.LocalHub` per traced method, asynchronous ones (``fifo`` queues,
 ``latest`` slots) through each replica's :class:`~msrl.runtime.asynchronous.Mailbox`. Hubs and
 mailboxes live as long as the runtime, so a queue or a slot carries over from one :meth:`run`
 to the next, as on Ray. Errors are re-raised as :class:`FragmentError` naming the fragment,
@@ -15,9 +15,9 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping
 
-from msrl.channels import ChannelClosed, LocalHub
 from msrl.graph.fragmented import FragmentGraph
 from msrl.runtime.asynchronous import AsyncEndpoint, LocalTransport, Mailbox
+from msrl.runtime.channels import ChannelClosed, LocalHub
 from msrl.runtime.host import ReplicaHost
 from msrl.runtime.replica import FragmentError, Replica, print_notices
 
@@ -31,7 +31,7 @@ class LocalRuntime:
         fragment_graph: the partitioned job.
         replicas: ``(fragment, replica) -> Replica``.
         timeout_s: how long a replica waits on an asynchronous boundary before giving up.
-        frame_padding: the job's frame padding (:func:`msrl.runtime.frames.frame_padding`):
+        frame_padding: the job's frame padding (:func:`msrl.runtime.frame_stacks.frame_padding`):
             its frame-stacked rollouts cross in compact form where the job's fragments sit on
             more than one device (:attr:`frame_padding` says whether they do; a test may set it).
     """

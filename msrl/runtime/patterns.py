@@ -1,8 +1,8 @@
 """The replica mapping of every boundary pattern, written once (DESIGN.md §3): which dst replicas
 a src replica's value goes to (whole or one shard), which src replicas a dst replica reads, and
 how it combines what it read, as one table of :class:`Pattern` records (:data:`PATTERNS`).
-Every endpoint -- in-process (:class:`msrl.channels.LocalEndpoint`), between processes
-(:class:`msrl.runtime.dist.DistEndpoint`) and on asynchronous boundaries
+Every endpoint -- in-process (:class:`msrl.runtime.channels.LocalEndpoint`), between processes
+(:class:`msrl.runtime.transports.dist.DistEndpoint`) and on asynchronous boundaries
 (:class:`msrl.runtime.asynchronous.AsyncEndpoint`) -- moves values by this table; only how a
 value travels differs.
 

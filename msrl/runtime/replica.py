@@ -20,15 +20,15 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from msrl.api import BuildContext, EpisodeStats, Trainer
-from msrl.backend import load_backend
-from msrl.codegen import Program, generate
 from msrl.device import start_read
 from msrl.envs import env_spec as make_env_spec
 from msrl.errors import MsrlError
 from msrl.graph.fragmented import FragmentGraph
 from msrl.policy import FragmentSpec
-from msrl.runtime.capture import invalidate, pop_notices, replayed
 from msrl.runtime.generators import BATON, KINDS, GlobalGenerators
+from msrl.runtime.programs.backends import load_backend
+from msrl.runtime.programs.capture import invalidate, pop_notices, replayed
+from msrl.runtime.programs.codegen import Program, generate
 
 __all__ = ["FragmentError", "ReplicaDied", "ReplicaHung", "Replica", "build_trainer", "build_trainers", "build_standalone_actor",
            "compile_fragment", "as_floats", "check_losses", "replica_states", "pipelined_records"]
@@ -283,7 +283,7 @@ class Replica:
     :mod:`msrl.runtime.generators`).
 
     Args:
-        spec: the job (:class:`msrl.job.JobSpec`).
+        spec: the job (:class:`msrl.run.job.JobSpec`).
         fragment_graph: the partitioned job.
         fragment, replica: which replica this is.
         programs: the fragment's programs when already generated (else generated here).
@@ -376,7 +376,7 @@ class Replica:
         episodes its envs finished since the last call (:meth:`pop_episode_stats`). On a GPU
         the metrics and a native env's episode statistics come back in one device-to-host copy
         (:func:`~msrl.device.read_host`): the iteration's one host sync. After a
-        replayed iteration (:func:`msrl.runtime.capture.replayed`) the packing of that copy is
+        replayed iteration (:func:`msrl.runtime.programs.capture.replayed`) the packing of that copy is
         replayed too (on a GPU: one graph launch, then the copy).
         :meth:`start_read_iteration`, then its result.
 
@@ -411,7 +411,7 @@ class Replica:
 
     def pop_notices(self) -> list[str]:
         """One-line notices of this replica's programs since the last call (a captured program:
-        captured, or why it runs eagerly; :func:`msrl.runtime.capture.pop_notices`), each naming
+        captured, or why it runs eagerly; :func:`msrl.runtime.programs.capture.pop_notices`), each naming
         the replica: the runtime hands them to the driver, which prints them
         (:func:`print_notices`)."""
         return [f"fragment {self.fragment} replica {self.replica}: {line}" for line in pop_notices(self.trainer)]
@@ -440,7 +440,7 @@ class Replica:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores :meth:`state_dict`'s output (a checkpoint written before the generators were
         saved leaves them as seeded). A captured program of this replica is captured again
-        (:func:`msrl.runtime.capture.invalidate`: loading may replace the tensors it replays on)."""
+        (:func:`msrl.runtime.programs.capture.invalidate`: loading may replace the tensors it replays on)."""
         invalidate(self.trainer)
         for role, c in self.trainer.components.items():
             c.load_state_dict(state["components"][role])

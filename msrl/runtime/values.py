@@ -9,7 +9,7 @@ an all-reduce's flatten and copy-back, the probe's description -- is answered by
 Concatenating and splitting replicas' shards along a boundary's axis is
 :func:`msrl.runtime.patterns.concat`/:func:`~msrl.runtime.patterns.split` (a TensorDict is
 concatenated as one, along its batch dimensions); encoding for a network is the codec's
-(:mod:`msrl.runtime.codec`, which bounds what a decoder accepts).
+(:mod:`msrl.runtime.transports.codec`, which bounds what a decoder accepts).
 """
 
 from __future__ import annotations

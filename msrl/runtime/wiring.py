@@ -9,20 +9,22 @@ Per peer pair:
 what                        on one machine                      between machines
 ==========================  ==================================  =================================
 synchronous boundary        the first kind of                   Gloo point to point on the node's
-                            :data:`msrl.runtime.links.          interface (NCCL for CUDA payloads)
-                            LINK_KINDS` that serves the pair:
+                            :data:`~msrl.runtime.transports.   interface (NCCL for CUDA payloads)
+                            registry.LINK_KINDS` that serves
+                            the pair:
                             a Unix socket (host tensors)
 all-reduce of a fragment    shared memory (:mod:`.shm`,         hierarchically: shared memory
 (host tensors)              ``cluster.intra_node=shm``)         within each node, Gloo among one
                                                                 leader per node
 asynchronous boundary       the first kind of                   gRPC (a kind that serves pairs on
-                            :data:`msrl.cluster.transports.     other machines)
-                            STREAM_KINDS` that serves the pair:
+                            :data:`~msrl.runtime.transports.   other machines)
+                            registry.STREAM_KINDS` that
+                            serves the pair:
                             a Unix socket
 ==========================  ==================================  =================================
 
 (A job's replicas in one process -- :class:`msrl.runtime.local.LocalRuntime` -- share a
-:class:`msrl.channels.LocalHub` instead; each replica of either runtime is run by a
+:class:`msrl.runtime.channels.LocalHub` instead; each replica of either runtime is run by a
 :class:`msrl.runtime.host.ReplicaHost`.)
 
 ``peers`` maps every replica ``(fragment, replica)`` to what it reported of itself
@@ -41,7 +43,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from msrl.runtime.codec import MAX_MESSAGE as CODEC_MAX_MESSAGE
+from msrl.runtime.transports.codec import MAX_MESSAGE as CODEC_MAX_MESSAGE
 
 __all__ = ["Groups", "interface_of", "node_leaders", "join", "endpoint", "stream_endpoint"]
 
@@ -79,12 +81,12 @@ class Groups:
 
     Attributes:
         fragment_group: the Gloo (or NCCL) group of its fragment's replicas (``None``: it has one).
-        local_group: the :class:`~msrl.runtime.shm.ShmGroup` of its fragment's replicas on this
+        local_group: the :class:`~msrl.runtime.transports.shm.ShmGroup` of its fragment's replicas on this
             machine (``None``: the all-reduce goes over ``fragment_group``).
         hierarchical: its fragment all-reduces within each node, then among node leaders.
         leaders_group: the group of one replica per node (this replica is its node's leader), else ``None``.
-        links: peer rank -> the link of the synchronous boundaries to it (:mod:`msrl.runtime.links`).
-        link_server: this process's :class:`~msrl.runtime.unix_link.UnixLinkServer` (``None``: no Unix link).
+        links: peer rank -> the link of the synchronous boundaries to it (:mod:`msrl.runtime.transports.links`).
+        link_server: this process's :class:`~msrl.runtime.transports.unix_link.UnixLinkServer` (``None``: no Unix link).
     """
 
     fragment_group: Any = None
@@ -104,9 +106,9 @@ def join(spec: Any, key: Key, ranks: Mapping[Key, int], peers: Mapping[Key, Mapp
     Gloo's pairs listen on loopback only (``GLOO_SOCKET_IFNAME=lo`` unless the environment names
     an interface), on several on the interface holding this node's address (:func:`interface_of`).
     With ``intra_node="shm"`` a CPU fragment's replicas on one machine all-reduce through a
-    :class:`~msrl.runtime.shm.ShmGroup` named after the job's secret ``token``, hierarchically
+    :class:`~msrl.runtime.transports.shm.ShmGroup` named after the job's secret ``token``, hierarchically
     when they span several machines. The synchronous boundaries' link to each peer is the first
-    kind of :data:`msrl.runtime.links.LINK_KINDS` that ``sync_transport`` allows and that serves
+    kind of :data:`msrl.runtime.transports.links.LINK_KINDS` that ``sync_transport`` allows and that serves
     the pair (a Unix socket on one machine, Gloo otherwise); the Unix links' server is made before
     the rendezvous, so that every peer's listens once the rendezvous returns.
 
@@ -116,7 +118,7 @@ def join(spec: Any, key: Key, ranks: Mapping[Key, int], peers: Mapping[Key, Mapp
     """
     import torch.distributed as dist
 
-    from msrl.runtime import shm
+    from msrl.runtime.transports import shm
 
     if not token:
         raise ValueError("a replica's process group needs the job's secret token")
@@ -134,16 +136,17 @@ def join(spec: Any, key: Key, ranks: Mapping[Key, int], peers: Mapping[Key, Mapp
         ifname = interface_of(peers[key]["node"])
         if ifname is not None:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", ifname)
-    from msrl.runtime import links as link_kinds
+    from msrl.runtime.transports import links as link_kinds
+    from msrl.runtime.transports.kinds import link_kinds_for
 
-    kinds = link_kinds.kinds_for(sync_transport)
+    kinds = link_kinds_for(sync_transport)
     uid = hashlib.sha256(token.encode()).hexdigest()[:32]  # the job's secret names its sockets
     node = hashlib.sha256(peers[key]["node_id"].encode()).hexdigest()[:8] if peers is not None else "0"  # nodes sharing a kernel
     context: dict[str, Any] = {"rank": ranks[key]}
     planned = link_kinds.plan(key, ranks, peers, devices, kinds)
     unix = {r: peers[k]["pid"] for k, r in ranks.items() if r in planned and planned[r].name == "unix"}
     if unix:
-        from msrl.runtime.unix_link import UnixLinkServer
+        from msrl.runtime.transports.unix_link import UnixLinkServer
 
         context["server"] = UnixLinkServer(f"{uid}:{node}", ranks[key], unix, timeout_s)
     links = link_kinds.links(planned, context)
@@ -175,12 +178,12 @@ def join(spec: Any, key: Key, ranks: Mapping[Key, int], peers: Mapping[Key, Mapp
 
 def endpoint(spec: Any, fragment_graph: Any, key: Key, ranks: Mapping[Key, int], groups: Groups | None,
              asynchronous: Any = None, max_message: int | None = None, frame_padding: str | None = None) -> Any:
-    """The replica's :class:`~msrl.runtime.dist.DistEndpoint`: its synchronous boundaries over the
+    """The replica's :class:`~msrl.runtime.transports.dist.DistEndpoint`: its synchronous boundaries over the
     process group :func:`join` made (``groups``; ``None`` with empty ``ranks``: a replacement,
     every boundary of it asynchronous), its asynchronous ones over ``asynchronous``
     (:func:`stream_endpoint`). With ``frame_padding`` (the job's:
-    :func:`msrl.backend.env_frame_padding`) both send its frame-stacked rollouts in compact form."""
-    from msrl.runtime.dist import DistEndpoint
+    :func:`msrl.runtime.programs.backends.env_frame_padding`) both send its frame-stacked rollouts in compact form."""
+    from msrl.runtime.transports.dist import DistEndpoint
 
     devices = {f.name: torch.device(f.device) for f in spec.policy.fragments}
     groups = groups or Groups()
@@ -200,8 +203,8 @@ def stream_endpoint(fragment_graph: Any, key: Key, mailbox: Any, servers: Mappin
                     timeout_s: float, elastic: Sequence[str] = (), reply: Mapping[str, str] | None = None,
                     choice: str = "auto") -> Any:
     """The replica's :class:`~msrl.runtime.asynchronous.AsyncEndpoint` over a
-    :class:`~msrl.cluster.transports.ProcessTransport` to its consumers' servers (``None``
-    without any), each pair over the kind :func:`msrl.cluster.transports.pick` names (on this
+    :class:`~msrl.cluster.streams.ProcessTransport` to its consumers' servers (``None``
+    without any), each pair over the kind :func:`msrl.runtime.transports.kinds.pick` names (on this
     machine a Unix socket, on another gRPC; ``choice``: ``cluster.boundary_transport``).
 
     Args:
@@ -215,11 +218,12 @@ def stream_endpoint(fragment_graph: Any, key: Key, mailbox: Any, servers: Mappin
     if not boundary_servers:
         return None
     from msrl.cluster.grpc_transport import MAX_MESSAGE
-    from msrl.cluster.transports import ProcessTransport, kinds_for, pick
+    from msrl.cluster.streams import ProcessTransport
     from msrl.runtime.asynchronous import AsyncEndpoint
+    from msrl.runtime.transports.kinds import pick, stream_kinds_for
 
     here = peers[key]["node_id"] if peers is not None else None
-    kinds = kinds_for(choice)
+    kinds = stream_kinds_for(choice)
     consumers = {b.dst for b in fragment_graph.boundaries if b.asynchronous and b.src == key[0]}
     addresses = {k: pick(kinds, dict(a), peers is not None and peers[k]["node_id"] == here)
                  for k, a in boundary_servers.items() if k[0] in consumers}  # (others may not serve this pair)

@@ -11,7 +11,7 @@ device, ``eager`` on the CPU):
 1. **warm-up**: the first :data:`WARMUP` iterations run eagerly (the optimiser creates its
    state, the allocator and the kernels settle);
 2. **probe**: the next iteration runs eagerly under a
-   :class:`~msrl.runtime.host_syncs.HostSyncRecorder` and between two snapshots of the
+   :class:`~msrl.runtime.programs.host_syncs.HostSyncRecorder` and between two snapshots of the
    trainer's host state (:func:`host_state`). A replay re-runs the device work only: no Python
    runs, so an op that reads the device on the host, a tensor made from host data, a Python
    value that changes each iteration (a step counter, a learning rate computed as a float), a
@@ -73,8 +73,8 @@ from msrl.api import ReplayContract
 from msrl.device import in_host_side, register_packer, set_foreign_recorder
 from msrl.errors import MsrlError
 from msrl.policy import CAPTURE_MODES
-from msrl.runtime.host_syncs import HostSyncRecorder
-from msrl.startup import lean_dispatch_mode
+from msrl.runtime.programs.host_syncs import HostSyncRecorder
+from msrl.runtime.startup import lean_dispatch_mode
 
 __all__ = ["CAPTURE_MODES", "WARMUP", "CapturedProgram", "Capture", "captures", "NotCapturable", "Tape", "host_state",
            "invalidate",
@@ -270,7 +270,7 @@ def _freeze(x: Any) -> Any:
     return tree_map(lambda v: v, x)
 
 
-@lean_dispatch_mode  # dispatches without importing TorchDynamo (msrl/startup.py)
+@lean_dispatch_mode  # dispatches without importing TorchDynamo (msrl/runtime/startup.py)
 class Tape(TorchDispatchMode):
     """The CPU stand-in of a CUDA graph: records the aten ops (and :func:`msrl.device.record_foreign`
     calls) of the code run inside it, on this thread, and :meth:`replay` re-runs them in order
@@ -281,7 +281,7 @@ class Tape(TorchDispatchMode):
     that the replay updates in place); allocations are not re-run; in-place ops and random
     draws re-run on their tensors and generators. An op that returns a Python value (a host
     read) is recorded as nothing: the probe refuses programs with such reads, except the
-    CPU-only checks :data:`~msrl.runtime.host_syncs.CPU_ONLY_READS`, which a replay skips as a
+    CPU-only checks :data:`~msrl.runtime.programs.host_syncs.CPU_ONLY_READS`, which a replay skips as a
     CUDA graph would.
     """
 
@@ -398,7 +398,7 @@ _notices: "weakref.WeakKeyDictionary[Any, list[str]]" = weakref.WeakKeyDictionar
 
 def notify(trainer: Any, line: str) -> None:
     """Queues one notice line about ``trainer``'s programs for :func:`pop_notices` (captured or
-    why not; a compiled target's time or why it runs eagerly: :mod:`msrl.runtime.compiled`)."""
+    why not; a compiled target's time or why it runs eagerly: :mod:`msrl.runtime.programs.compiled`)."""
     with _lock:
         _notices.setdefault(trainer, []).append(line)
 
@@ -547,13 +547,13 @@ _LIFT = (torch.ops.aten.lift_fresh, torch.ops.aten.lift_fresh_copy)
 _COPIES = (torch.ops.aten._to_copy, torch.ops.aten.copy_)
 
 
-@lean_dispatch_mode  # (msrl/startup.py)
+@lean_dispatch_mode  # (msrl/runtime/startup.py)
 class _ProbeRecorder(HostSyncRecorder):
-    """A :class:`~msrl.runtime.host_syncs.HostSyncRecorder` that also records what a CUDA graph
+    """A :class:`~msrl.runtime.programs.host_syncs.HostSyncRecorder` that also records what a CUDA graph
     cannot hold besides host syncs: a tensor made from host data (``torch.tensor``,
     ``torch.as_tensor``: ``lift_fresh``) and, on a GPU (``device``), a host-to-device copy."""
 
-    internal_files = (*HostSyncRecorder.internal_files, "msrl/runtime/capture.py")
+    internal_files = (*HostSyncRecorder.internal_files, "msrl/runtime/programs/capture.py")
 
     def __init__(self, device: torch.device) -> None:
         super().__init__()

@@ -1,33 +1,34 @@
-"""The point-to-point links under a job's synchronous boundaries, one per peer pair, chosen from a
-registry of link kinds (:data:`LINK_KINDS`) the way :data:`msrl.cluster.transports.STREAM_KINDS`
-chooses an asynchronous boundary's stream.
+"""The point-to-point links under a job's synchronous boundaries, one per peer pair, of the kinds
+of :data:`msrl.runtime.transports.kinds.LINK_KINDS` (the one registry of transports).
 
-A :class:`~msrl.runtime.dist.DistEndpoint` moves every synchronous value as fixed-size ``uint8``
+A :class:`~msrl.runtime.transports.dist.DistEndpoint` moves every synchronous value as fixed-size ``uint8``
 buffers tagged with the boundary's index (its ``GROW`` protocol keeps both ends agreeing on the
 sizes); a link is what moves one buffer to one peer rank:
 
 ==========  ===============================================  ====================================
 kind        serves a pair                                    module
 ==========  ===============================================  ====================================
-``unix``    both replicas on one machine, host tensors       :mod:`msrl.runtime.unix_link`: one
+``unix``    both replicas on one machine, host tensors       :mod:`msrl.runtime.transports.unix_link`: one
             (``cluster.sync_transport=auto``)                Unix stream socket per direction, no
                                                              TCP stack, no Gloo threads
 ``gloo``    any (the process group's ``isend``/``irecv``:    this module (:class:`GlooLink`)
             Gloo on the host, NCCL for CUDA payloads)
 ==========  ===============================================  ====================================
 
-The first kind of :data:`LINK_KINDS` that serves a pair carries it, at both ends (they see the
-same facts: both replicas' node and devices). Adding a kind is its module and one line here.
+The first kind of :data:`~msrl.runtime.transports.kinds.LINK_KINDS` that serves a pair carries
+it, at both ends (they see the same facts: both replicas' node and devices). Adding a kind is its
+module and one line in the registry.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Mapping, Protocol
 
 import torch
 
-__all__ = ["Link", "GlooLink", "LinkKind", "LINK_KINDS", "LINK_CHOICES", "Pair", "kinds_for", "plan", "links"]
+from msrl.runtime.transports.kinds import LinkKind, Pair
+
+__all__ = ["Link", "GlooLink", "plan", "links"]
 
 Key = tuple[str, int]
 
@@ -76,71 +77,6 @@ class GlooLink:
         import torch.distributed as dist
 
         return dist.irecv(buffer, self.rank, tag=tag)
-
-
-@dataclasses.dataclass(frozen=True)
-class Pair:
-    """What both ends of a peer pair know of it.
-
-    Attributes:
-        same_node: both replicas run on one machine (one Ray node: one kernel, one network namespace).
-        host_only: neither replica's fragment is on a CUDA device (no payload goes GPU to GPU).
-    """
-
-    same_node: bool
-    host_only: bool
-
-
-@dataclasses.dataclass(frozen=True)
-class LinkKind:
-    """One kind of link.
-
-    Attributes:
-        name: its name (``cluster.sync_transport``'s values but ``auto``).
-        serves: whether it can carry a :class:`Pair`.
-        make: ``make(context, peer rank) -> Link``; ``context`` is what :func:`links` was given
-            (``rank``, ``server``: this process's :class:`~msrl.runtime.unix_link.UnixLinkServer`, ...).
-    """
-
-    name: str
-    serves: Callable[[Pair], bool]
-    make: Callable[[Mapping[str, Any], int], Link]
-
-
-def _unix(context: Mapping[str, Any], rank: int) -> Link:
-    from msrl.runtime.unix_link import UnixLink
-
-    return UnixLink(context["server"], rank)
-
-
-def _unix_serves(pair: Pair) -> bool:
-    from msrl.runtime.unix_link import available
-
-    return pair.same_node and pair.host_only and available()
-
-
-#: every kind, in the order they are tried for a pair
-LINK_KINDS: tuple[LinkKind, ...] = (
-    LinkKind("unix", _unix_serves, _unix),
-    LinkKind("gloo", lambda pair: True, lambda context, rank: GlooLink(rank)),
-)
-#: the values of ``cluster.sync_transport``
-LINK_CHOICES = ("auto", *(k.name for k in LINK_KINDS))
-
-
-def kinds_for(choice: str) -> tuple[LinkKind, ...]:
-    """The kinds ``cluster.sync_transport=choice`` allows: every one (``auto``), or that one and
-    Gloo (which serves every pair).
-
-    Raises:
-        ValueError: ``choice`` is not one of :data:`LINK_CHOICES`.
-    """
-    if choice == "auto":
-        return LINK_KINDS
-    chosen = [k for k in LINK_KINDS if k.name == choice]
-    if not chosen:
-        raise ValueError(f"cluster.sync_transport must be one of {', '.join(LINK_CHOICES)}, got {choice!r}")
-    return (*chosen, *(k for k in LINK_KINDS if k.name == "gloo" and k.name != choice))
 
 
 def plan(key: Key, ranks: Mapping[Key, int], peers: Mapping[Key, Mapping[str, Any]] | None,

@@ -110,7 +110,7 @@ def plot_run(run_dir: str | pathlib.Path, out: str | pathlib.Path | None = None)
 
 
 def plot_in_background(run_dir: str | pathlib.Path) -> subprocess.Popen:
-    """Starts ``python -m msrl.plot RUN_DIR`` (:func:`plot_run`) in a process of its own
+    """Starts ``python -m msrl.run.plot RUN_DIR`` (:func:`plot_run`) in a process of its own
     session, which the caller need not wait for: it outlives ``msrl train`` and is not stopped
     by the terminal's Ctrl-C. It holds none of this process's output streams (``msrl train |
     tee log`` ends with ``msrl train``); where it fails, it writes the reason as one line to
@@ -119,7 +119,7 @@ def plot_in_background(run_dir: str | pathlib.Path) -> subprocess.Popen:
     Returns:
         the process (also kept for :func:`wait_for_background_plots`).
     """
-    proc = subprocess.Popen([sys.executable, "-m", "msrl.plot", str(run_dir)], stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen([sys.executable, "-m", "msrl.run.plot", str(run_dir)], stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     _BACKGROUND.append(proc)
     return proc

@@ -51,7 +51,7 @@ def lost_message(run_dir: pathlib.Path | None, what: str) -> tuple[str, int | No
     """``what`` happened to the run in ``run_dir``: the one line that says so, where its last
     checkpoint is and how to resume; with the checkpoint's env steps and path (``None`` when
     there is none yet)."""
-    from msrl.checkpoints import CheckpointError, load_checkpoint
+    from msrl.run.checkpoints import CheckpointError, load_checkpoint
 
     if run_dir is None:
         return f"{what}; no run directory was made yet", None, None
@@ -115,7 +115,7 @@ class TrainResult:
 
 
 class ReplicaLost(MsrlError):
-    """A replica process died during an attempt (:func:`msrl.run.train` restarts the job from its last
+    """A replica process died during an attempt (:func:`msrl.run.training.train` restarts the job from its last
     checkpoint); the attempt's run directory (``None``: not made yet) and the env steps the job
     had reached (``-1``: it died while the job started, before any chunk)."""
 

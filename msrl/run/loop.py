@@ -1,6 +1,6 @@
 """The training loop of one attempt at a run: chunks of iterations in which the replicas run free,
 each ending at the next checkpoint, evaluation or the end of the budget; a row of metrics per
-iteration; the final evaluation, ``eval.json`` and the learning curve (see :mod:`msrl.run`)."""
+iteration; the final evaluation, ``eval.json`` and the learning curve (see :mod:`msrl.run.training`)."""
 
 from __future__ import annotations
 
@@ -10,18 +10,18 @@ import sys
 import time
 from typing import Any
 
-from msrl.checkpoints import CHECKPOINT, CheckpointError, Progress, read_checkpoint, save_checkpoint
 from msrl.config import RunConfig
 from msrl.envs.engines import engine
-from msrl.evaluation import evaluate_job
-from msrl.job import JobSpec
-from msrl.metrics import MetricsWriter, iteration_row
-from msrl.outcome import ReplicaLost, TrainingInterrupted, TrainingStopped, TrainResult
-from msrl.rundir import RunLock, atomic_write_text, new_run_dir, write_config
+from msrl.run.checkpoints import CHECKPOINT, CheckpointError, Progress, read_checkpoint, save_checkpoint
+from msrl.run.evaluation import evaluate_job
+from msrl.run.job import JobSpec
+from msrl.run.metrics import MetricsWriter, iteration_row
+from msrl.run.outcome import ReplicaLost, TrainingInterrupted, TrainingStopped, TrainResult
+from msrl.run.rundir import RunLock, atomic_write_text, new_run_dir, write_config
+from msrl.run.supervisor import report
 from msrl.runtime.interface import JobRuntime
 from msrl.runtime.replica import FragmentError, ReplicaDied
-from msrl.startup import resume_gc
-from msrl.supervisor import report
+from msrl.runtime.startup import resume_gc
 
 __all__ = ["TrainingLoop"]
 
@@ -104,7 +104,7 @@ class TrainingLoop:
 
     def run(self) -> TrainResult:
         """Trains to the end of the budget (or the threshold), then evaluates and reports."""
-        resume_gc()  # start-up is over: the collector back on for the loop (msrl/startup.py)
+        resume_gc()  # start-up is over: the collector back on for the loop (msrl/runtime/startup.py)
         try:
             iter_s = None
             while self.job.iteration < self.spec.num_iterations:
@@ -254,7 +254,7 @@ class TrainingLoop:
             "env_steps": job.env_steps, "iterations": job.iteration, "time_s": p.time_s,
             "time_to_threshold_s": p.threshold[0], "steps_to_threshold": p.threshold[1]}, indent=2))
         job.close()
-        from msrl.plot import plot_in_background
+        from msrl.run.plot import plot_in_background
 
         plot_in_background(self.run_dir)  # the result line does not wait for matplotlib
         return result

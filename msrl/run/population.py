@@ -56,7 +56,7 @@ from typing import Any, Sequence
 import torch
 
 from msrl.config import RunConfig, build_job_spec, check_population, on_device
-from msrl.outcome import TrainResult
+from msrl.run.outcome import TrainResult
 
 __all__ = ["MEMBER_SEED_STRIDE", "Member", "member_configs", "member_device", "check_population", "plan_exploits", "explore",
            "exploit", "describe", "train_population"]
@@ -128,7 +128,7 @@ def explore(values: dict[str, float], ranges: dict[str, Any], factors: Sequence[
 @dataclasses.dataclass
 class Member:
     """One member of a population: its config (current hyperparameters), its job (a
-    :class:`~msrl.job.Job`), its score, its directory and metrics writer."""
+    :class:`~msrl.run.job.Job`), its score, its directory and metrics writer."""
 
     index: int
     cfg: RunConfig
@@ -147,7 +147,7 @@ def _optimizers(component: Any) -> list[tuple[str, torch.optim.Optimizer]]:
 def exploit(member_job: Any, own_state: Any, donor_job: Any) -> None:
     """Makes ``member_job`` -- built afresh with the member's new hyperparameters, nothing loaded
     yet -- the member with the donor's learner: the member's own state ``own_state`` (its
-    :meth:`~msrl.job.Job.state_dict`: envs, buffers, generators, counters) loaded, then every
+    :meth:`~msrl.run.job.Job.state_dict`: envs, buffers, generators, counters) loaded, then every
     learner replica's whole state copied from ``donor_job``'s (its ``state_dict``: weights,
     optimiser moments, statistics), then each optimiser's settings (``lr`` and every other
     param-group setting) put back to what the new hyperparameters set when the job was built,
@@ -183,7 +183,7 @@ POPULATION_CHECKPOINT = "population.pt"
 
 def _save_population(run_dir: pathlib.Path, members: list[Member], turn: int, rng: random.Random) -> None:
     """Every member's state, the turn and the decisions' generator, in one atomic write."""
-    from msrl.checkpoints import atomic_save
+    from msrl.run.checkpoints import atomic_save
 
     atomic_save({"turn": turn, "rng": rng.getstate(),
                  "members": [{"config": m.cfg.model_dump(), "job": m.job.state_dict(), "values": dict(m.values),
@@ -197,8 +197,8 @@ def _load_population(run_dir: pathlib.Path) -> dict[str, Any]:
     Raises:
         ConfigError: none yet, or a damaged one (the loader's error in one line).
     """
-    from msrl.checkpoints import first_sentence
     from msrl.config import ConfigError
+    from msrl.run.checkpoints import first_sentence
 
     path = run_dir / POPULATION_CHECKPOINT
     if not path.is_file():
@@ -232,13 +232,13 @@ def train_population(cfg: RunConfig, resume: str | pathlib.Path | None = None) -
         TrainingStopped: a member's fragment raised (a NaN loss, ...): the message names the member.
         TrainingInterrupted: Ctrl-C; ``population.pt`` kept, the resume command named.
     """
-    from msrl.checkpoints import Progress, save_checkpoint
     from msrl.config import ConfigError
-    from msrl.evaluation import evaluate_job
-    from msrl.job import Job
-    from msrl.metrics import MetricsWriter
-    from msrl.outcome import TrainingInterrupted
-    from msrl.rundir import RunLock, atomic_write_text, check_resumable, check_runs_dir, load_run_config, new_run_dir, write_config
+    from msrl.run.checkpoints import Progress, save_checkpoint
+    from msrl.run.evaluation import evaluate_job
+    from msrl.run.job import Job
+    from msrl.run.metrics import MetricsWriter
+    from msrl.run.outcome import TrainingInterrupted
+    from msrl.run.rundir import RunLock, atomic_write_text, check_resumable, check_runs_dir, load_run_config, new_run_dir, write_config
 
     pop = cfg.population
     spec0 = build_job_spec(cfg)  # (checks the population too: check_population)
@@ -328,8 +328,8 @@ def _turns(members: list[Member], turn: int, total_iterations: int, cfg: RunConf
     the bottom copy the top, ``population.csv`` gets the turn's rows, and ``population.pt`` the
     population when ``train.checkpoint_every`` iterations have passed since ``saved[0]`` (and at
     the end; ``saved[0]`` then becomes the iteration it holds)."""
-    from msrl.metrics import iteration_row
-    from msrl.outcome import TrainingStopped
+    from msrl.run.metrics import iteration_row
+    from msrl.run.outcome import TrainingStopped
     from msrl.runtime.replica import FragmentError
 
     pop = cfg.population
@@ -405,7 +405,7 @@ def _values_text(values: dict[str, float]) -> str:
 def _replace(member: Member, donor: Member, values: dict[str, float]) -> None:
     """Member takes ``donor``'s learner with hyperparameters ``values``: its job rebuilt with
     them, its own state (envs, buffers, generators) loaded back, then :func:`exploit`."""
-    from msrl.job import Job
+    from msrl.run.job import Job
 
     own = copy.deepcopy(member.job.state_dict())
     member.job.close()

@@ -1,4 +1,4 @@
-"""The ``unix`` link of :mod:`msrl.runtime.links`: a synchronous boundary's buffers between two
+"""The ``unix`` link of :mod:`msrl.runtime.transports.links`: a synchronous boundary's buffers between two
 replicas on one machine over a Unix stream socket, instead of Gloo's TCP pairs on loopback.
 
 Design:
@@ -41,7 +41,7 @@ from typing import Mapping
 import torch
 
 from msrl.errors import MsrlError
-from msrl.runtime.shm import pid_alive
+from msrl.runtime.transports.shm import pid_alive
 
 __all__ = ["UnixLinkServer", "UnixLink", "LinkError", "available"]
 
@@ -209,7 +209,7 @@ class _Receive:
 
 
 class UnixLink:
-    """A :class:`~msrl.runtime.links.Link` to one same-machine peer rank over Unix stream
+    """A :class:`~msrl.runtime.transports.links.Link` to one same-machine peer rank over Unix stream
     sockets: sends on a connection to the peer's :class:`UnixLinkServer` (made at the first
     send), receives from this process's ``server``.
 

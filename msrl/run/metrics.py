@@ -64,7 +64,7 @@ def use_native_crc32c() -> bool:
 def iteration_row(rec: Mapping[str, Any], iteration: int, time_s: float, steps_per_iteration: int,
                   faults: Mapping[str, int] | None, lost_episodes: int | None) -> dict[str, Any]:
     """The ``metrics.csv`` row of one iteration's runtime record (see
-    :meth:`msrl.job.Job.run`).
+    :meth:`msrl.run.job.Job.run`).
 
     Args:
         rec: the record; ``iteration``: its number (from 1); ``time_s``: training time at its end.

@@ -41,7 +41,7 @@ def _config(config: Any, overrides: Mapping[str, Any]) -> Any:
 
 def train(config: Any = None, /, *, resume: str | pathlib.Path | None = None, own_process: bool = False,
           **overrides: Any) -> Any:
-    """Trains a job and returns its :class:`~msrl.outcome.TrainResult` (``run_dir``,
+    """Trains a job and returns its :class:`~msrl.run.outcome.TrainResult` (``run_dir``,
     ``eval_returns``/``eval_mean``, ``env_steps``, ``time_s``, ``metrics()``).
 
     Args:
@@ -49,14 +49,14 @@ def train(config: Any = None, /, *, resume: str | pathlib.Path | None = None, ow
             :class:`~msrl.config.RunConfig`; optional with ``resume`` (the run's own config).
         resume: a run directory to continue from its last checkpoint (``msrl train --resume``).
         own_process: give this process the ``msrl`` command's start-up shortcuts
-            (:func:`msrl.startup.own_process`: tensordict without its compile marks and
+            (:func:`msrl.runtime.startup.own_process`: tensordict without its compile marks and
             ``torch.optim`` without TorchDynamo's wrappers, for the rest of the process; about
             as long as ``import torch`` saved). Off by default: without it, training changes
             nothing of torch, ``torch.optim`` or tensordict in your process. Ignored (plain
             torch) where the job compiles a fragment or the torch release is untested.
         **overrides: config keys with ``__`` for ``.`` (``seed=3``,
             ``train__total_env_steps=100_000``), or dotted keys passed as ``**{"env.num_envs": 8}``;
-            with ``resume``, only budget-like keys (:data:`msrl.rundir.RESUMABLE`).
+            with ``resume``, only budget-like keys (:data:`msrl.run.rundir.RESUMABLE`).
 
     Raises:
         ConfigError: an invalid config or override, or a resume that changes a fixed key.
@@ -64,10 +64,10 @@ def train(config: Any = None, /, *, resume: str | pathlib.Path | None = None, ow
         TrainingStopped: a fragment raised (e.g. a NaN), the last checkpoint is kept.
         TrainingInterrupted: Ctrl-C; the checkpoint is kept, ``resume=`` continues it.
     """
-    if own_process:  # before msrl.run and the validation, which import tensordict
+    if own_process:  # before msrl.run.training and the validation, which import tensordict
         _own_process(pathlib.Path(resume) / "config.yaml" if resume is not None and config is None else config, overrides)
-    from msrl.run import train as run_train
-    from msrl.rundir import resume_config
+    from msrl.run.rundir import resume_config
+    from msrl.run.training import train as run_train
 
     if resume is not None:  # run_train refuses a change outside the resumable keys
         return run_train(_config(resume_config(resume) if config is None else config, overrides), resume=resume)
@@ -79,11 +79,11 @@ def train(config: Any = None, /, *, resume: str | pathlib.Path | None = None, ow
 
 
 def _own_process(config: Any, overrides: Mapping[str, Any]) -> None:
-    """:func:`msrl.startup.own_process` for ``msrl.train(..., own_process=True)``: plain torch
+    """:func:`msrl.runtime.startup.own_process` for ``msrl.train(..., own_process=True)``: plain torch
     where the config (read, not yet validated) compiles a fragment or cannot be read (its error
     comes from the validation that follows)."""
     from msrl.config import ConfigError, RunConfig, read_config, set_values
-    from msrl.startup import config_compiles, own_process
+    from msrl.runtime.startup import config_compiles, own_process
 
     try:
         if isinstance(config, (str, pathlib.Path)):
@@ -213,20 +213,20 @@ class TrainedPolicy:
 
 def load(run_dir: str | pathlib.Path, device: str = "cpu") -> TrainedPolicy:
     """The trained actor of a run directory (its last good checkpoint; see
-    :func:`msrl.checkpoints.load_checkpoint`). As :func:`train` does, it sets torch's intra-op
+    :func:`msrl.run.checkpoints.load_checkpoint`). As :func:`train` does, it sets torch's intra-op
     threads to the run's ``train.torch_threads`` (``torch.set_num_threads``): the policy acts
     as fast as it trained (on 2 cores, 2 evaluation episodes of the main job took 26.7 s with
     torch's default threads against 7.9 s with the run's one).
 
     Raises:
         ConfigError: not a run directory, no checkpoint, or no readable one
-            (:class:`~msrl.checkpoints.CheckpointError`).
+            (:class:`~msrl.run.checkpoints.CheckpointError`).
     """
     import torch
 
-    from msrl.checkpoints import load_checkpoint
     from msrl.config import ConfigError, build_job_spec
-    from msrl.rundir import load_run_config
+    from msrl.run.checkpoints import load_checkpoint
+    from msrl.run.rundir import load_run_config
     from msrl.runtime.replica import build_standalone_actor
 
     cfg = load_run_config(run_dir)
@@ -261,8 +261,8 @@ def evaluate(policy: TrainedPolicy | str | pathlib.Path, episodes: int = 20, see
     import torch
 
     from msrl.config import ConfigError
-    from msrl.evaluation import evaluate as run_episodes
-    from msrl.evaluation import evaluation_env
+    from msrl.run.evaluation import evaluate as run_episodes
+    from msrl.run.evaluation import evaluation_env
 
     if not isinstance(policy, TrainedPolicy):
         policy = load(policy)

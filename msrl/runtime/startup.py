@@ -7,7 +7,7 @@ it owns -- the ``msrl`` command (once its config says whether the job compiles),
 replica process (before it imports anything heavy) -- and in a user's process only when asked,
 ``msrl.train(..., own_process=True)``. They apply only to the torch releases in
 :data:`TESTED_TORCH` (another release runs plain torch; a debug line of the logger
-``msrl.startup`` says so once), never in a job that compiles a fragment
+``msrl.runtime.startup`` says so once), never in a job that compiles a fragment
 (``distribution_policy.compile``: TorchDynamo is loaded there anyway and tensordict's marks
 steer it), and they are thread-safe (:class:`~msrl.runtime.local.LocalRuntime` runs replicas on
 threads). The env engine's worker processes import no torch and change nothing.
@@ -66,7 +66,7 @@ __all__ = ["TESTED_TORCH", "own_process", "owned_changes", "job_compiles", "conf
 #: (``tests/test_startup.py``); any other release runs plain torch
 TESTED_TORCH = ("2.13.0",)
 
-_LOG = logging.getLogger("msrl.startup")
+_LOG = logging.getLogger("msrl.runtime.startup")
 _LOCK = threading.RLock()  # own_process and the shims' hand-over to torch's wrappers
 _OWNED: list[str] = []     # what own_process changed in this process
 _SAID: set[str] = set()    # the debug lines said once
@@ -334,7 +334,7 @@ def lean_dispatch_mode(cls: Any) -> Any:
     ``torch._dynamo``. torch wraps each subclass's ``__torch_dispatch__`` in
     ``torch._disable_dynamo`` (``TorchDispatchMode.__init_subclass__``), whose first call
     imports TorchDynamo (2.7 s on the 2-core machine, 5-6 s on the H200 machine: a capture's
-    probe, under :class:`~msrl.runtime.host_syncs.HostSyncRecorder`, took that long); the same
+    probe, under :class:`~msrl.runtime.programs.host_syncs.HostSyncRecorder`, took that long); the same
     shim as :func:`own_process` gives the optimisers runs the plain method until Dynamo is loaded, then hands
     over to torch's wrapper. Changes only ``cls`` (msrl's own class), never torch. Does nothing
     when Dynamo is loaded, the torch release is not in :data:`TESTED_TORCH` or

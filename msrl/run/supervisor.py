@@ -7,7 +7,7 @@ parent, the process the user started, only waits for it:
   Terminate the process.``, exit status 1), so no Python code of the driver runs. The parent
   then says what happened in one line -- ``msrl: error: the Ray cluster of this run stopped
   (...); the last checkpoint is at env step S; resume with msrl train --resume RUN`` -- and exits
-  with :data:`~msrl.outcome.EXIT_LOST`; Ray's own logs stay in Ray's log folder.
+  with :data:`~msrl.run.outcome.EXIT_LOST`; Ray's own logs stay in Ray's log folder.
 * Whatever ended the driver (a SIGKILL, the OOM killer, Ray), no process of the run outlives it:
   the parent is a child subreaper (Linux ``PR_SET_CHILD_SUBREAPER``), so the driver's orphaned
   processes (Ray's GCS, raylet, dashboard and runtime-env agents, replicas) become its children,
@@ -133,7 +133,7 @@ def supervised(work: Callable[[], int]) -> int:
         err_write.close()
         pump = threading.Thread(target=_pump, args=(err_read, terminal), name="msrl-stderr", daemon=True)
         pump.start()
-    from msrl.startup import resume_gc
+    from msrl.runtime.startup import resume_gc
 
     resume_gc()  # the parent only waits: its start-up is over
     return _watch(pid, read_fd, pump, sigint_ignored=before is signal.SIG_IGN)
@@ -257,7 +257,7 @@ def _watch(pid: int, read_fd: int, pump: threading.Thread | None = None, sigint_
         what = f"the training process (pid {pid}) ended without a word (exit status {code})"
     import pathlib
 
-    from msrl.outcome import EXIT_LOST, lost_message
+    from msrl.run.outcome import EXIT_LOST, lost_message
 
     run_dir = facts.get("run_dir")
     message, _, _ = lost_message(pathlib.Path(run_dir) if run_dir else None, what)

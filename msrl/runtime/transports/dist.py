@@ -2,10 +2,10 @@
 :class:`~msrl.runtime.endpoint.Endpoint` for fragment replicas that are processes (Ray actors).
 
 Every fragment replica of a job is one rank of one process group (Gloo for CPU tensors). A
-boundary's value travels as one :mod:`codec <msrl.runtime.codec>` message (dtype + shape + raw
+boundary's value travels as one :mod:`codec <msrl.runtime.transports.codec>` message (dtype + shape + raw
 bytes, never pickle) by point-to-point messages tagged with the boundary's index, so two
 boundaries between the same pair of replicas can never be confused; the pair's link
-(:mod:`msrl.runtime.links`: a Unix socket between host replicas of one machine, the process
+(:mod:`msrl.runtime.transports.links`: a Unix socket between host replicas of one machine, the process
 group's Gloo/NCCL otherwise) carries them. Each (boundary, sender,
 receiver) channel has a buffer size both ends know, so a value is one message, not a size and
 then the bytes: the first value on a channel (or one larger than its buffers) is announced by a
@@ -44,8 +44,8 @@ import torch
 import torch.distributed as dist
 
 from msrl.graph.fragmented import Boundary
-from msrl.runtime.codec import MAX_MESSAGE, CodecError, decode, decode_parts, encode, encode_parts, payload_size
 from msrl.runtime.endpoint import Endpoint
+from msrl.runtime.transports.codec import MAX_MESSAGE, CodecError, decode, decode_parts, encode, encode_parts, payload_size
 
 __all__ = ["DistEndpoint", "grow_size"]
 
@@ -96,23 +96,23 @@ class DistEndpoint(Endpoint):
             host (Gloo); any other boundary moves one host message.
         split_payload: send every value as a host header plus a separate payload message even
             on the CPU (the GPU protocol's logic, for tests on machines without GPUs).
-        local_group: a :class:`~msrl.runtime.shm.ShmGroup` of this fragment's replicas (all on
+        local_group: a :class:`~msrl.runtime.transports.shm.ShmGroup` of this fragment's replicas (all on
             this machine) that all-reduces host tensors in place of Gloo; ``None``: Gloo.
         asynchronous: this replica's :class:`~msrl.runtime.asynchronous.AsyncEndpoint` for the
             job's asynchronous boundaries (``put``/``get``; over gRPC between processes), or
             ``None`` when the job has none.
         max_message: the largest message (bytes) sent or received on a channel
             (``cluster.max_message_mb``): a receiver never allocates more for one value, a
-            sender refuses a larger one with a :class:`~msrl.runtime.codec.CodecError`.
+            sender refuses a larger one with a :class:`~msrl.runtime.transports.codec.CodecError`.
         hierarchical: the fragment's replicas span several nodes and all-reduce host tensors
             hierarchically: summed within each node through ``local_group`` (when the node holds
             more than one), across nodes over Gloo among one leader per node
             (``leaders_group``, given to the leaders only), then the leader's total handed to its
             node's replicas through ``local_group`` again (the others add zeros): every replica
             ends with the same bits; one node's traffic leaves it once, not once per replica.
-        links: peer rank -> the link per peer pair (:func:`msrl.runtime.links.links`: a Unix
+        links: peer rank -> the link per peer pair (:func:`msrl.runtime.transports.links.links`: a Unix
             socket to a replica on this machine, Gloo to one on another); ``None``: Gloo for all.
-        link_server: this process's :class:`~msrl.runtime.unix_link.UnixLinkServer` (closed with
+        link_server: this process's :class:`~msrl.runtime.transports.unix_link.UnixLinkServer` (closed with
             the endpoint), when a link uses it.
     """
 
@@ -135,8 +135,8 @@ class DistEndpoint(Endpoint):
         link_server: Any = None,
     ) -> None:
         self.boundaries = {b.name: b for b in boundaries}
-        #: peer rank -> the :class:`~msrl.runtime.links.Link` that carries this replica's buffers
-        #: to and from it (:mod:`msrl.runtime.links`; a rank not named: :class:`~msrl.runtime.links.GlooLink`)
+        #: peer rank -> the :class:`~msrl.runtime.transports.links.Link` that carries this replica's buffers
+        #: to and from it (:mod:`msrl.runtime.transports.links`; a rank not named: :class:`~msrl.runtime.transports.links.GlooLink`)
         self.links: dict[int, Any] = dict(links or {})
         self.link_server = link_server
         self.max_message = max_message
@@ -220,7 +220,7 @@ class DistEndpoint(Endpoint):
     def _link(self, rank: int) -> Any:
         link = self.links.get(rank)
         if link is None:
-            from msrl.runtime.links import GlooLink
+            from msrl.runtime.transports.links import GlooLink
 
             link = self.links[rank] = GlooLink(rank)
         return link

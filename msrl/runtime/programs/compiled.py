@@ -15,10 +15,10 @@ one up to float rounding.
 * **Fallback.** A target that TorchDynamo cannot trace whole (a graph break: a data-dependent
   branch, a ``torch.Generator`` argument, a call into host code) runs eagerly from then on,
   with one line naming the break and where (:attr:`CompiledMethod.reason`; the run prints it
-  once on stderr through :func:`msrl.runtime.capture.notify`, ``msrl graph`` lists it). The
+  once on stderr through :func:`msrl.runtime.programs.capture.notify`, ``msrl graph`` lists it). The
   failed attempt runs nothing of the target: Dynamo traces before it executes.
 * **Capture.** Compilation happens in the first (warm-up) iteration, before a capture
-  (:mod:`msrl.runtime.capture`) records anything: a captured iteration records the compiled
+  (:mod:`msrl.runtime.programs.capture`) records anything: a captured iteration records the compiled
   kernels into its CUDA graph. Under a ``TorchDispatchMode`` (the capture's probe, the CPU
   tape) a target runs eagerly: those modes watch aten ops, which compiled kernels bypass.
 * **Start-up.** The time of each target's first call (trace + compile + one run) is reported
@@ -204,7 +204,7 @@ class CompiledProgram:
 
     def __call__(self, trainer: Any, comm: Any) -> Any:
         if id(trainer) not in self.methods:
-            from msrl.runtime.capture import notify
+            from msrl.runtime.programs.capture import notify
 
             with _lock:
                 self.methods[id(trainer)] = install(trainer, lambda line: notify(trainer, line), self.roles)
@@ -218,7 +218,7 @@ class CompiledProgram:
 
 def compiled_program_of(fn: Any) -> CompiledProgram | None:
     """The :class:`CompiledProgram` of a fragment's program as its backend wrapped it (itself,
-    or inside a :class:`~msrl.runtime.capture.CapturedProgram`), or ``None``."""
+    or inside a :class:`~msrl.runtime.programs.capture.CapturedProgram`), or ``None``."""
     while fn is not None and not isinstance(fn, CompiledProgram):
         fn = getattr(fn, "fn", None)
     return fn

@@ -177,7 +177,7 @@ REGION_LOWERING: dict[NodeKind, Callable[..., None]] = {
     NodeKind.SERVE: _lower_serve,
 }
 if set(REGION_LOWERING) != set(REGIONS):  # a region kind without its lowering rule
-    raise ImportError(f"msrl.codegen lowers regions {sorted(k.value for k in REGION_LOWERING)}, the region table holds "
+    raise ImportError(f"msrl.runtime.programs.codegen lowers regions {sorted(k.value for k in REGION_LOWERING)}, the region table holds "
                       f"{sorted(k.value for k in REGIONS)}")
 
 

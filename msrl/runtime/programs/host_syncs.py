@@ -32,7 +32,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from msrl.device import in_host_side
-from msrl.startup import lean_dispatch_mode
+from msrl.runtime.startup import lean_dispatch_mode
 
 __all__ = ["HostSync", "HostSyncRecorder", "NO_KERNEL_OPS", "SYNC_OPS", "recording_program", "sync_reason"]
 
@@ -69,7 +69,7 @@ NO_KERNEL_OPS = frozenset({
 #: ``_host_rngs``), which compare the CPU generator's state, a host tensor on every machine
 CPU_ONLY_READS: tuple[tuple[str, str], ...] = (("msrl/api.py", "apply_gradients"),
                                                ("msrl/runtime/generators.py", "watch"),
-                                               ("msrl/runtime/capture.py", "_host_rngs"))
+                                               ("msrl/runtime/programs/capture.py", "_host_rngs"))
 
 
 def _is_mask(index: Any) -> bool:
@@ -117,7 +117,7 @@ class HostSync:
         return f"{self.op} at {self.where}: {self.why}"
 
 
-@lean_dispatch_mode  # dispatches without importing TorchDynamo (msrl/startup.py)
+@lean_dispatch_mode  # dispatches without importing TorchDynamo (msrl/runtime/startup.py)
 class HostSyncRecorder(TorchDispatchMode):
     """Records every aten op dispatched inside it (on this thread) and every one that
     synchronises the host (see :func:`sync_reason`), with where it was called.
@@ -135,7 +135,7 @@ class HostSyncRecorder(TorchDispatchMode):
 
     #: files of recorders (this one and subclasses, and msrl's dispatch shim) whose frames are never
     #: the place of a sync
-    internal_files: tuple[str, ...] = ("msrl/runtime/host_syncs.py", "msrl/startup.py")
+    internal_files: tuple[str, ...] = ("msrl/runtime/programs/host_syncs.py", "msrl/runtime/startup.py")
 
     def __init__(self, allow: Sequence[tuple[str, str]] = CPU_ONLY_READS) -> None:
         super().__init__()
@@ -246,7 +246,7 @@ def _recording_method(name: str, why: str, original: Callable[..., Any]) -> Call
 
 
 def recording_program(program: Any, recorder: HostSyncRecorder) -> Any:
-    """``program`` (a :class:`~msrl.codegen.Program`) whose ``fn`` runs inside ``recorder``,
+    """``program`` (a :class:`~msrl.runtime.programs.codegen.Program`) whose ``fn`` runs inside ``recorder``,
     on whichever thread runs it: for a replica of the local runtime that runs in a worker thread."""
     fn: Callable[..., Any] = program.fn
 

@@ -6,8 +6,8 @@ name is taken; announced at the start) holds:
 
 * ``config.yaml`` -- the resolved config (overrides applied);
 * ``metrics.csv`` and ``tb/`` -- one row (TensorBoard: one event) per iteration
-  (:mod:`msrl.metrics`);
-* ``checkpoints/latest.pt`` and ``previous.pt`` -- written atomically (:mod:`msrl.checkpoints`);
+  (:mod:`msrl.run.metrics`);
+* ``checkpoints/latest.pt`` and ``previous.pt`` -- written atomically (:mod:`msrl.run.checkpoints`);
 * ``replicas.json`` -- where each replica runs (Ray runs);
 * ``eval.json`` -- the final deterministic evaluation; ``learning_curve.png``;
 * ``.lock`` -- held by the one process training in it (:class:`RunLock`).

@@ -42,7 +42,7 @@ def _train(args: argparse.Namespace) -> int:
     if args.owned:  # the msrl command: its start-up shortcuts first (validating a config imports the algorithm)
         _own_process(configs[0] if configs else pathlib.Path(args.resume or ".") / "config.yaml", overrides)
     if args.resume:  # the run's saved config (or CONFIG), with budget-like overrides
-        from msrl.rundir import resume_config
+        from msrl.run.rundir import resume_config
 
         cfg = resume_config(args.resume, overrides, configs[0] if configs else None)
     elif not configs:
@@ -56,20 +56,20 @@ def _train(args: argparse.Namespace) -> int:
 
         policy = load_policy(cfg.distribution_policy.name).with_overrides(cfg.distribution_policy.replicas,
                                                                           placement=cfg.distribution_policy.placement)
-        if resolve_runtime(cfg.runtime, policy) == "ray":  # a Ray driver: watched by this process (msrl.supervisor)
-            from msrl.supervisor import supervised
+        if resolve_runtime(cfg.runtime, policy) == "ray":  # a Ray driver: watched by this process (msrl.run.supervisor)
+            from msrl.run.supervisor import supervised
 
             return supervised(lambda: _classified(lambda: _train_run(cfg, args)))
     return _train_run(cfg, args)
 
 
 def _own_process(config: str | pathlib.Path, overrides: Sequence[str]) -> None:
-    """The ``msrl`` command's process is msrl's own: :func:`msrl.startup.own_process`, before
+    """The ``msrl`` command's process is msrl's own: :func:`msrl.runtime.startup.own_process`, before
     the config is validated (validation imports the algorithm, and with it tensordict), unless
     the config (read, not yet validated) compiles a fragment. A config that cannot be read
     keeps plain torch; its error comes from the validation that follows."""
     from msrl.config import ConfigError, read_config
-    from msrl.startup import config_compiles, own_process
+    from msrl.runtime.startup import config_compiles, own_process
 
     try:
         compiles = config_compiles(read_config(config, overrides))
@@ -90,7 +90,7 @@ def _format_return(value: float) -> str:
 
 
 def _train_run(cfg: object, args: argparse.Namespace) -> int:
-    from msrl.run import train
+    from msrl.run.training import train
 
     result = train(cfg, resume=args.resume)
     evaluation = (f"evaluation: mean return {_format_return(result.eval_mean)} over {len(result.eval_returns)} episodes"
@@ -109,10 +109,10 @@ def _launch(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from msrl.python_api import evaluate, load
+    from msrl.run.python_api import evaluate, load
 
     if args.owned:  # an evaluation compiles nothing
-        from msrl.startup import own_process
+        from msrl.runtime.startup import own_process
 
         own_process()
     policy = load(args.run_dir)
@@ -124,7 +124,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _plot(args: argparse.Namespace) -> int:
-    from msrl.plot import plot_run
+    from msrl.run.plot import plot_run
 
     print(plot_run(args.run_dir, args.out))
     return 0
@@ -132,9 +132,9 @@ def _plot(args: argparse.Namespace) -> int:
 
 def _graph(args: argparse.Namespace) -> int:
     from msrl.config import build_job_spec, load_config
-    from msrl.job import Job
-    from msrl.outcome import TrainingStopped
-    from msrl.printer import draw_fragments, format_boundary_bytes, format_capture, format_compile, format_job
+    from msrl.run.job import Job
+    from msrl.run.outcome import TrainingStopped
+    from msrl.run.printer import draw_fragments, format_boundary_bytes, format_capture, format_compile, format_job
     from msrl.runtime.replica import FragmentError
 
     if args.owned:
@@ -142,13 +142,13 @@ def _graph(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     population = cfg.population
     if population is not None:  # the members' job: member 0's config
-        from msrl.population import member_configs
+        from msrl.run.population import member_configs
 
         member = member_configs(cfg, __import__("random").Random(cfg.seed))[0]
     job = Job(build_job_spec(member if population is not None else cfg))
     try:
         if population is not None:
-            from msrl.population import describe
+            from msrl.run.population import describe
 
             sys.stdout.write(describe(cfg, job))
         sys.stdout.write(format_job(job))
@@ -230,9 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     # the command line (argv None) watches a Ray run's driver from a parent process; a call
     # from Python (main([...]), the tests) runs in the caller's process
     args.supervise = argv is None
-    args.owned = argv is None  # the command's process is msrl's own (msrl/startup.py); a caller's is not
-    if argv is None:  # this process is msrl's own: no collector during start-up nor at exit (msrl/startup.py)
-        from msrl.startup import defer_gc, freeze_before_exit
+    args.owned = argv is None  # the command's process is msrl's own (msrl/runtime/startup.py); a caller's is not
+    if argv is None:  # this process is msrl's own: no collector during start-up nor at exit (msrl/runtime/startup.py)
+        from msrl.runtime.startup import defer_gc, freeze_before_exit
 
         defer_gc()
         for sig in (signal.SIGTERM, signal.SIGHUP):  # stop as Ctrl-C stops: checkpoint kept, resume line, status 130
@@ -255,7 +255,7 @@ def _classified(fn: Callable[[], int]) -> int:
     errors 2, a stopped run 1, a lost cluster 3, Ctrl-C 130; anything else is raised."""
     try:
         return fn()
-    except KeyboardInterrupt as e:  # Ctrl-C: not a crash (msrl.outcome.TrainingInterrupted says where to resume)
+    except KeyboardInterrupt as e:  # Ctrl-C: not a crash (msrl.run.outcome.TrainingInterrupted says where to resume)
         print(f"\nmsrl: {str(e) or 'interrupted'}", file=sys.stderr)  # a bare Ctrl-C (start-up) has no text
         return 130
     except FileNotFoundError as e:

@@ -10,15 +10,16 @@ import struct
 import threading
 from typing import Any, Mapping, Sequence
 
-from msrl.channels import ChannelClosed
 from msrl.errors import MsrlError
 from msrl.policy import SLOT_CHANNELS
 from msrl.runtime.asynchronous import Item, Mailbox
-from msrl.runtime.codec import MAX_MESSAGE as CODEC_MAX_MESSAGE
-from msrl.runtime.codec import decode, encode
+from msrl.runtime.channels import ChannelClosed
+from msrl.runtime.transports.codec import MAX_MESSAGE as CODEC_MAX_MESSAGE
+from msrl.runtime.transports.codec import decode, encode
 
 __all__ = ["TransportError", "StreamTransport", "MAX_MESSAGE", "MAGIC", "FORMAT", "ITEM", "LATEST", "CREDIT", "BATCH",
-           "encode_frame", "parse_frame", "encode_batch", "is_batch", "split_batch", "deliver_frame", "CREDIT_FRAME"]
+           "encode_frame", "parse_frame", "encode_batch", "is_batch", "split_batch", "deliver_frame", "CREDIT_FRAME",
+           "ProcessTransport"]
 
 MAGIC = b"MSRA"
 FORMAT = 1
@@ -168,7 +169,7 @@ class StreamTransport:
     """A producer replica's side of the transports between processes (an
     :class:`~msrl.runtime.asynchronous.AsyncTransport`): one stream to each consumer replica,
     opened on first use by ``open_stream`` -- a gRPC stream (:func:`msrl.cluster.grpc_transport.GrpcTransport`)
-    or a Unix-socket stream (:func:`msrl.cluster.transports.ProcessTransport` picks by address):
+    or a Unix-socket stream (:func:`ProcessTransport` picks by address):
     peers, each moving this class's frames.
 
     Args:
@@ -338,3 +339,16 @@ class StreamTransport:
         for s in list(self._streams.values()):
             s.close()
         self._streams.clear()
+
+
+def ProcessTransport(boundaries: Sequence[Any], fragment: str, replica: int,  # noqa: N802
+                     addresses: Mapping[tuple[str, int], str], token: str, **kwargs: Any) -> StreamTransport:
+    """A producer replica's side of every asynchronous boundary between processes: a
+    :class:`StreamTransport` whose stream to each consumer is of the kind its address names
+    (:func:`msrl.runtime.transports.kinds.open_stream`: a
+    :class:`~msrl.cluster.uds_transport.UdsStream` to ``unix:/path``, same machine; a gRPC stream
+    to ``host:port``). Arguments and errors are ``StreamTransport``'s (``tls`` applies to the gRPC
+    streams)."""
+    from msrl.runtime.transports.kinds import open_stream
+
+    return StreamTransport(boundaries, fragment, replica, addresses, token, open_stream=open_stream, **kwargs)

@@ -1,9 +1,9 @@
-"""Training runs: the loop around a job (:class:`~msrl.job.Job` or a Ray job), in its run
-directory (:mod:`msrl.rundir`), with checkpoints (:mod:`msrl.checkpoints`) and metrics
-(:mod:`msrl.metrics`).
+"""Training runs: the loop around a job (:class:`~msrl.run.job.Job` or a Ray job), in its run
+directory (:mod:`msrl.run.rundir`), with checkpoints (:mod:`msrl.run.checkpoints`) and metrics
+(:mod:`msrl.run.metrics`).
 
 :func:`train` reads top to bottom: check the run directory, build the job spec, (on resume)
-check the config and load the checkpoint, build the job on its runtime, then :class:`~msrl.loop.TrainingLoop`:
+check the config and load the checkpoint, build the job on its runtime, then :class:`~msrl.run.loop.TrainingLoop`:
 chunks of iterations in which the replicas run free, each chunk ending at the next checkpoint,
 evaluation or the end; rows logged; a final evaluation, ``eval.json`` and the learning curve.
 Under Ray, a replica whose process dies restarts the job from its last checkpoint.
@@ -17,14 +17,14 @@ from typing import Any
 
 import torch
 
-from msrl.checkpoints import CHECKPOINT, atomic_save, load_checkpoint, read_checkpoint, set_aside_damaged
 from msrl.config import ConfigError, RunConfig, build_job_spec
-from msrl.driver import make_job
 from msrl.errors import PlacementError
-from msrl.job import JobSpec
-from msrl.loop import TrainingLoop
-from msrl.outcome import ClusterLost, ReplicaLost, TrainingInterrupted, TrainingStopped, TrainResult
-from msrl.rundir import RunLock, check_resumable, check_runs_dir, flatten, load_run_config, write_config
+from msrl.run.checkpoints import CHECKPOINT, atomic_save, load_checkpoint, read_checkpoint, set_aside_damaged
+from msrl.run.driver import make_job
+from msrl.run.job import JobSpec
+from msrl.run.loop import TrainingLoop
+from msrl.run.outcome import ClusterLost, ReplicaLost, TrainingInterrupted, TrainingStopped, TrainResult
+from msrl.run.rundir import RunLock, check_resumable, check_runs_dir, flatten, load_run_config, write_config
 from msrl.runtime.replica import ReplicaDied, ReplicaHung
 
 __all__ = ["TrainResult", "TrainingStopped", "TrainingInterrupted", "train"]
@@ -63,10 +63,10 @@ def train(cfg: RunConfig, resume: str | pathlib.Path | None = None) -> TrainResu
     as any other death: the job starts again, from the last checkpoint where there is one.
 
     A config with a ``population`` section trains a population with PBT
-    (:func:`msrl.population.train_population`, which resumes from its ``population.pt``).
+    (:func:`msrl.run.population.train_population`, which resumes from its ``population.pt``).
     """
     if cfg.population is not None:
-        from msrl.population import train_population
+        from msrl.run.population import train_population
 
         return train_population(cfg, resume)
     restarts = 0

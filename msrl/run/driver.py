@@ -7,13 +7,13 @@ import pathlib
 from typing import Any
 
 from msrl.config import ConfigError, RunConfig
-from msrl.job import Job, JobSpec
+from msrl.run.job import Job, JobSpec
 
 __all__ = ["make_job", "tls_config"]
 
 
 def make_job(spec: JobSpec, cfg: RunConfig, restarted: bool = False) -> Any:
-    """The job of ``cfg`` on its runtime: :class:`~msrl.job.Job` (``runtime: local``) or
+    """The job of ``cfg`` on its runtime: :class:`~msrl.run.job.Job` (``runtime: local``) or
     :class:`~msrl.cluster.ray_runtime.RayJob` (``runtime: ray``; ``cluster.*`` places it);
     ``runtime: auto`` runs policies with more than one replica on Ray. A ``restarted`` job
     (after a replica's death) waits up to ``cluster.capacity_timeout_s`` for the cluster to
@@ -24,7 +24,7 @@ def make_job(spec: JobSpec, cfg: RunConfig, restarted: bool = False) -> Any:
         return Job(spec)
     from msrl.cluster.options import RayOptions
     from msrl.cluster.ray_runtime import RayJob
-    from msrl.job import available_algorithms, compile_job
+    from msrl.run.job import available_algorithms, compile_job
 
     name = cfg.algorithm.name
     ref = None if name in available_algorithms() else (

@@ -14,8 +14,8 @@ from typing import Any, Sequence
 import torch
 
 from msrl import registry
-from msrl.codegen import Lowering, Program
 from msrl.errors import InputError
+from msrl.runtime.programs.codegen import Lowering, Program
 
 __all__ = ["Backend", "UnknownBackendError", "load_backend", "available_backends"]
 
@@ -31,7 +31,7 @@ class Backend:
 
     Attributes:
         name: the YAML value of a fragment's ``backend``.
-        lowering: rule table used by :func:`msrl.codegen.generate`.
+        lowering: rule table used by :func:`msrl.runtime.programs.codegen.generate`.
         devices: device types it runs on (``("cpu", "cuda")``).
     """
 
@@ -70,20 +70,20 @@ class Backend:
 
         Default: as generated, or -- when ``fragment`` (its :class:`~msrl.policy.FragmentSpec`)
         resolves ``capture`` to ``graph`` (a CUDA device's default) -- wrapped in a
-        :class:`~msrl.runtime.capture.CapturedProgram`: warmed up, probed, captured once (a
+        :class:`~msrl.runtime.programs.capture.CapturedProgram`: warmed up, probed, captured once (a
         CUDA graph on a GPU, a host tape on the CPU) and replayed. A program that exchanges
         values with other fragments (a boundary or an all-reduce: host work, and the other
         side's timing) runs eagerly: as generated under the default, wrapped with that as its
         stated reason when ``capture: graph`` was asked for. Under ``compile: inductor`` the
         program (inside the capture, when captured) first compiles its components' compile
-        targets (:class:`~msrl.runtime.compiled.CompiledProgram`). A backend that compiles the
+        targets (:class:`~msrl.runtime.programs.compiled.CompiledProgram`). A backend that compiles the
         program otherwise replaces ``program.fn`` here.
         """
         if fragment is None:
             return program
         from msrl.graph import NodeKind
-        from msrl.runtime.capture import CapturedProgram, resolve_capture
-        from msrl.runtime.compiled import CompiledProgram, resolve_compile
+        from msrl.runtime.programs.capture import CapturedProgram, resolve_capture
+        from msrl.runtime.programs.compiled import CompiledProgram, resolve_compile
 
         if resolve_compile(fragment.compile) == "inductor":  # inside the capture: compiled in its warm-up
             program = dataclasses.replace(program, fn=CompiledProgram(program.fn, fragment.roles))
@@ -117,11 +117,11 @@ def load_backend(name: str) -> Backend:
 
 
 def env_frame_padding(spec: Any) -> str | None:
-    """How the env of job ``spec`` (a :class:`~msrl.job.JobSpec`) pads an episode's first frame
-    stack (:func:`msrl.runtime.frames.frame_padding`), on the engine the backend of the fragment
+    """How the env of job ``spec`` (a :class:`~msrl.run.job.JobSpec`) pads an episode's first frame
+    stack (:func:`msrl.runtime.frame_stacks.frame_padding`), on the engine the backend of the fragment
     holding the env actually steps it on (``cpu_process_group`` steps every gymnasium env on the
     process engine, whatever ``env.engine`` says)."""
-    from msrl.runtime.frames import frame_padding
+    from msrl.runtime.frame_stacks import frame_padding
 
     fragment = spec.policy.fragment(spec.policy.fragment_of_role("env"))
     return frame_padding(load_backend(fragment.backend).env_engine(spec.env_engine), tuple(spec.env_wrappers))

@@ -16,8 +16,6 @@ from typing import Any, Mapping
 
 from msrl import registry
 from msrl.api import AlgorithmSpec, EpisodeStats, Trainer
-from msrl.backend import env_frame_padding
-from msrl.codegen import Program
 from msrl.errors import InputError
 from msrl.frontend.pipeline import front_end
 from msrl.frontend.tracer import TRACED_METHODS
@@ -26,6 +24,8 @@ from msrl.graph.fragmented import FragmentGraph
 from msrl.policy import DistributionPolicy
 from msrl.runtime.interface import iteration_record
 from msrl.runtime.local import LocalRuntime
+from msrl.runtime.programs.backends import env_frame_padding
+from msrl.runtime.programs.codegen import Program
 from msrl.runtime.replica import Replica, as_floats, check_losses, compile_fragment, replica_states
 
 __all__ = ["JobSpec", "Job", "UnknownAlgorithmError", "load_algorithm", "available_algorithms", "METHODS",
@@ -333,7 +333,7 @@ class CompiledJob:
         graphs: traced graph per method (probe info in their nodes' ``meta``).
         fragment_graph: the partition (its ``generator_kinds`` from the probe).
         programs: ``(fragment, method) -> Program``, each generated with its backend (and
-            wrapped by its :meth:`~msrl.backend.Backend.wrap_program`).
+            wrapped by its :meth:`~msrl.runtime.programs.backends.Backend.wrap_program`).
     """
 
     spec: JobSpec

@@ -6,8 +6,8 @@ import pathlib
 
 from msrl.graph import COMM_KINDS, Graph, Node, NodeKind
 from msrl.graph.regions import region_of
-from msrl.job import METHODS, Job
-from msrl.runtime.capture import resolve_capture
+from msrl.run.job import METHODS, Job
+from msrl.runtime.programs.capture import resolve_capture
 
 __all__ = ["format_graph", "format_job", "draw_fragments"]
 
@@ -180,7 +180,7 @@ def format_capture(job: Job) -> str:
     found by running it as training does -- warm-up, probe, capture, one replay -- after
     :func:`format_boundary_bytes`'s iteration; or why it runs eagerly, in one line. Empty when
     no fragment asks for capture."""
-    from msrl.runtime import capture
+    from msrl.runtime.programs import capture
 
     reps = {k: r for k, r in job.runtime.replicas.items()
             if "train_step" in r.programs and isinstance(r.programs["train_step"].fn, capture.CapturedProgram)}
@@ -202,9 +202,9 @@ def format_capture(job: Job) -> str:
 
 def format_compile(job: Job) -> str:
     """Each compile target of each fragment replica under ``distribution_policy.compile``
-    (:mod:`msrl.runtime.compiled`), after the iterations already run: ``inductor`` or why it
+    (:mod:`msrl.runtime.programs.compiled`), after the iterations already run: ``inductor`` or why it
     runs eagerly, one line each. Empty when no fragment compiles."""
-    from msrl.runtime.compiled import compiled_program_of
+    from msrl.runtime.programs.compiled import compiled_program_of
 
     out = []
     for (frag, i), rep in sorted(job.runtime.replicas.items()):
