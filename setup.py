@@ -9,6 +9,7 @@ setup(
     python_requires=">=3.10",
     packages=[
         "msrl",
+        "msrl.api",
         "msrl.graph",
         "msrl.frontend",
         "msrl.config",

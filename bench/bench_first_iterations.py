@@ -78,7 +78,7 @@ def job_first_iterations(chunks: int = 4) -> None:
         return out
 
     # the capture's stages, timed apart (each after the GPU is drained)
-    from msrl.runtime.programs import capture
+    from msrl.runtime.programs import replay
 
     stages: list[tuple[str, float]] = []
     real_graph = torch.cuda.CUDAGraph
@@ -94,9 +94,9 @@ def job_first_iterations(chunks: int = 4) -> None:
                 stages.append((name, time.perf_counter() - t0))
         return run
 
-    real_init, real_capture = capture._CudaGraph.__init__, capture._CudaGraph.capture
-    capture._CudaGraph.__init__ = timed("_CudaGraph(): torch.cuda.CUDAGraph() and the generators registered", real_init)
-    capture._CudaGraph.capture = timed("_CudaGraph.capture: record, instantiate, the first replay", real_capture)
+    real_init, real_capture = replay.CudaGraph.__init__, replay.CudaGraph.capture
+    replay.CudaGraph.__init__ = timed("_CudaGraph(): torch.cuda.CUDAGraph() and the generators registered", real_init)
+    replay.CudaGraph.capture = timed("_CudaGraph.capture: record, instantiate, the first replay", real_capture)
     if cuda:
         torch.cuda.CUDAGraph = timed("torch.cuda.CUDAGraph() alone", real_graph)
     loop.TrainingLoop._chunk = chunk
@@ -107,7 +107,7 @@ def job_first_iterations(chunks: int = 4) -> None:
                        **{"eval.episodes": 1})
     finally:
         loop.TrainingLoop._chunk = real_chunk
-        capture._CudaGraph.__init__, capture._CudaGraph.capture = real_init, real_capture
+        replay.CudaGraph.__init__, replay.CudaGraph.capture = real_init, real_capture
         torch.cuda.CUDAGraph = real_graph
     print("\n=== the capture's stages (ms)")
     for name, dt in stages:

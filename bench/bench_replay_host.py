@@ -29,7 +29,7 @@ import time
 
 import msrl
 import msrl.run.loop as loop
-from msrl.runtime.programs import capture
+from msrl.runtime.programs import capture, replay
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -60,8 +60,8 @@ def measure(iterations: int) -> dict:
             if start > capture.WARMUP + 2:  # replays only
                 chunks.append((n, spent[0], time.perf_counter() - t0))
 
-    replay = capture.Tape.replay
-    loop.TrainingLoop._chunk, capture.Tape.replay = chunk, lambda self: None
+    real_replay = replay.Tape.replay
+    loop.TrainingLoop._chunk, replay.Tape.replay = chunk, lambda self: None
     try:
         with tempfile.TemporaryDirectory() as runs:
             msrl.train(ROOT / "configs/ppo_cartpole_gpu_only.yaml", runs_dir=runs, train__progress=False,
@@ -69,7 +69,7 @@ def measure(iterations: int) -> dict:
                        **{"distribution_policy.capture.main": "graph", "distribution_policy.devices.main": "cpu",
                           "eval.episodes": 1})
     finally:
-        loop.TrainingLoop._chunk, capture.Tape.replay = real_chunk, replay
+        loop.TrainingLoop._chunk, replay.Tape.replay = real_chunk, real_replay
     n = sum(c[0] for c in chunks)
     run_us, total_us = 1e6 * sum(c[1] for c in chunks) / n, 1e6 * sum(c[2] for c in chunks) / n
     return {"iterations": n, "job_run_us": run_us, "loop_us": total_us - run_us, "total_us": total_us}

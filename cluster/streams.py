@@ -346,7 +346,7 @@ def ProcessTransport(boundaries: Sequence[Any], fragment: str, replica: int,  # 
     """A producer replica's side of every asynchronous boundary between processes: a
     :class:`StreamTransport` whose stream to each consumer is of the kind its address names
     (:func:`msrl.runtime.transports.kinds.open_stream`: a
-    :class:`~msrl.cluster.uds_transport.UdsStream` to ``unix:/path``, same machine; a gRPC stream
+    :class:`~msrl.cluster.uds_stream.UdsStream` to ``unix:/path``, same machine; a gRPC stream
     to ``host:port``). Arguments and errors are ``StreamTransport``'s (``tls`` applies to the gRPC
     streams)."""
     from msrl.runtime.transports.kinds import open_stream

@@ -95,7 +95,7 @@ def test_msrl_graph_shows_the_allreduce_with_its_bytes():
         assert "\n## collectives\n- train_step/a0:gradients: all-reduce (mean) of the learner's gradients over main's 2 replicas" in text
         assert "allreduce[all] gradients (over main's replicas)" in text
         grad_bytes = 4 * sum(p.numel() for p in job.component("learner").parameters)
-        measured = format_boundary_bytes(job)
+        measured = format_boundary_bytes(job, job.measure_boundary_bytes())
         # one gradient step per iteration, contributed by each of the 2 replicas
         assert f"- train_step/a0:gradients: {_human(2 * grad_bytes)} (all-reduce over main's replicas" in measured, measured
     finally:
@@ -145,7 +145,7 @@ def test_running_statistics_get_an_allreduce_of_their_own_beside_the_gradients()
         text = format_job(job)
         assert ("- train_step/a1:statistics: all-reduce (mean) of the learner's running statistics over main's 2 "
                 "replicas at every reduce_statistics of learner.learn") in text, text
-        measured = format_boundary_bytes(job)
+        measured = format_boundary_bytes(job, job.measure_boundary_bytes())
         # per iteration and replica: the observations' moments (64 B) and the returns' (16 B)
         assert f"- train_step/a1:statistics: {_human(2 * (64 + 16))} (all-reduce over main's replicas" in measured, measured
         job.run(2)

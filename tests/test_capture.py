@@ -17,7 +17,10 @@ import msrl
 from msrl.config import ConfigError, build_job_spec, load_config
 from msrl.run.job import Job
 from msrl.runtime.programs import capture
-from msrl.runtime.programs.capture import WARMUP, CapturedProgram, Tape, host_state
+from msrl.runtime.programs.capture import WARMUP, CapturedProgram
+from msrl.runtime.programs.host_state import find_objects, first_change, host_state
+from msrl.runtime.programs.packing import Packer
+from msrl.runtime.programs.replay import Tape
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 GPU_ONLY = CONFIGS / "ppo_cartpole_gpu_only.yaml"
@@ -227,18 +230,18 @@ def test_host_state_sees_counters_rebindings_and_lengths():
     c = Comp()
     before = host_state({"c": c})
     c.t.add_(1)  # device state, which a replay does change: not host state
-    assert capture.first_change(before, host_state({"c": c})) is None
+    assert first_change(before, host_state({"c": c})) is None
     c.n += 1
-    assert capture.first_change(before, host_state({"c": c})) == ("c.n", 0, 1)
+    assert first_change(before, host_state({"c": c})) == ("c.n", 0, 1)
     c.n, old, c.t = 0, c.t, torch.zeros(2)
-    path, a, b = capture.first_change(before, host_state({"c": c}))
+    path, a, b = first_change(before, host_state({"c": c}))
     assert path == "c.t" and a[0] == b[0] == "tensor" and a != b
     c.t = old
     c.items.append(torch.zeros(1))
-    assert capture.first_change(before, host_state({"c": c})) == ("c.items#len", 0, 1)
-    assert capture.first_change(host_state({"c": Comp()}, skip=["c.items"]), host_state({"c": c}, skip=["c.items"])) \
+    assert first_change(before, host_state({"c": c})) == ("c.items#len", 0, 1)
+    assert first_change(host_state({"c": Comp()}, skip=["c.items"]), host_state({"c": c}, skip=["c.items"])) \
         is not None  # another object's tensor
-    assert capture.first_change(before, host_state({"c": c}, skip=["c.items"])) is not None  # skipped paths are gone
+    assert first_change(before, host_state({"c": c}, skip=["c.items"])) is not None  # skipped paths are gone
 
 
 def test_find_reaches_what_components_hold_and_not_module_namespaces():
@@ -266,8 +269,8 @@ def test_find_reaches_what_components_hold_and_not_module_namespaces():
     trainer = Trainer()
     trainer._components = {"learner": Comp()}
     comp = trainer._components["learner"]
-    assert capture._find(trainer, torch.optim.Optimizer) == [("learner.parts.0.opt", comp.parts[0]["opt"])]
-    assert capture._find(trainer, torch.Generator) == [("learner.parts.1.gen", comp.parts[1].gen)]
+    assert find_objects(trainer, torch.optim.Optimizer) == [("learner.parts.0.opt", comp.parts[0]["opt"])]
+    assert find_objects(trainer, torch.Generator) == [("learner.parts.1.gen", comp.parts[1].gen)]
     # a dict keyed by tensors (as an optimiser's state is) is walked without formatting a key:
     # on a GPU that reads the tensor back element by element
     key, gen = torch.zeros(3), torch.Generator()
@@ -279,7 +282,7 @@ def test_find_reaches_what_components_hold_and_not_module_namespaces():
     real = torch.Tensor.__format__
     torch.Tensor.__format__ = no_format
     try:
-        found = capture._find(trainer, torch.Generator)
+        found = find_objects(trainer, torch.Generator)
     finally:
         torch.Tensor.__format__ = real
     assert found[-1] == ("learner.parts.2[#0].g", gen)
@@ -381,7 +384,7 @@ def test_a_capture_that_fails_half_way_goes_back_and_runs_eagerly(monkeypatch):
     if DEVICE == "cuda":  # the CUDA graph's capture, with a mode that fails it at the 40th product
         from torch.utils._python_dispatch import TorchDispatchMode
 
-        from msrl.runtime.programs.capture import _CudaGraph
+        from msrl.runtime.programs.replay import CudaGraph as _CudaGraph
 
         class FailAt40(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -419,14 +422,12 @@ def test_a_capture_that_fails_half_way_goes_back_and_runs_eagerly(monkeypatch):
         graph.close(), eager.close()
 
 
-def test_packed_reads_exactly_and_captures_once_per_layout(monkeypatch):
-    """``capture.packed`` (the concatenation a replayed iteration's one host read goes
+def test_packed_reads_exactly_and_captures_once_per_layout():
+    """:class:`~msrl.runtime.programs.packing.Packer` (the concatenation a replayed iteration's one host read goes
     through): equal to the eager ``cat`` for every dtype, a later call on the same tensors
     replays the same capture and sees their new values, a new layout is a new capture, at most
-    ``MAX_PACKS`` are kept; no tensors is an error."""
-    monkeypatch.setattr(capture, "_packs", type(capture._packs)())
-    monkeypatch.setattr(capture, "_pack_ids", {})
-    monkeypatch.setattr(capture, "MAX_PACKS", 3)
+    ``max_layouts`` are kept; no tensors is an error."""
+    packer = Packer(max_layouts=3)
     g = torch.Generator().manual_seed(0)
     tensors = [torch.randn((), generator=g).to(DEVICE), torch.randn(4, generator=g, dtype=torch.float64).to(DEVICE),
                torch.randint(-5, 5, (2, 3), generator=g).to(DEVICE), (torch.randn(5, generator=g) > 0).to(DEVICE)]
@@ -434,38 +435,37 @@ def test_packed_reads_exactly_and_captures_once_per_layout(monkeypatch):
     def expected():
         return torch.cat([t.reshape(-1).to(torch.float64) for t in tensors])
 
-    first = capture.packed(tensors)
+    first = packer.packed(tensors)
     assert first.dtype == torch.float64 and torch.equal(first, expected())
-    graph = next(iter(capture._packs.values()))[0]
+    graph = next(iter(packer.layouts.values()))[0]
     for t in tensors:  # new values in the same memory: the same capture replays them
         t.copy_(torch.ones_like(t) * 3 if t.dtype != torch.bool else ~t)
-    again = capture.packed(tensors)
+    again = packer.packed(tensors)
     assert again is first and torch.equal(again, expected())
-    assert len(capture._packs) == 1 and next(iter(capture._packs.values()))[0] is graph
+    assert len(packer.layouts) == 1 and next(iter(packer.layouts.values()))[0] is graph
     for n in range(2, 6):  # other layouts: captured anew, the oldest dropped past MAX_PACKS
         other = [torch.arange(n, dtype=torch.float32, device=DEVICE)]
-        assert torch.equal(capture.packed(other), torch.arange(n, dtype=torch.float64, device=DEVICE))
-    assert len(capture._packs) == 3
-    assert len(capture._pack_ids) <= 3  # the objects' notes go with their dropped layouts
+        assert torch.equal(packer.packed(other), torch.arange(n, dtype=torch.float64, device=DEVICE))
+    assert len(packer.layouts) == 3
+    assert len(packer.noted) <= 3  # the objects' notes go with their dropped layouts
     with pytest.raises(ValueError, match="one device"):
-        capture.packed([])
+        packer.packed([])
 
 
 def test_packed_matches_the_same_objects_by_address_and_sees_a_moved_tensor(monkeypatch):
     """The same tensor objects again are a hit by identity (no layout walk); one of them given
     new memory in place (``set_``) misses and is read from its new memory."""
-    monkeypatch.setattr(capture, "_packs", type(capture._packs)())
-    monkeypatch.setattr(capture, "_pack_ids", {})
+    packer = Packer()
     tensors = [torch.arange(3.0, device=DEVICE), torch.arange(4, device=DEVICE)]
-    first = capture.packed(tensors)
+    first = packer.packed(tensors)
     walks = []
     with monkeypatch.context() as m:
         m.setattr(torch.Tensor, "stride", lambda self, *a: walks.append(1) or torch.Tensor.size(self, *a))
-        assert capture.packed(tensors) is first and walks == []  # matched by identity, no layout walk
+        assert packer.packed(tensors) is first and walks == []  # matched by identity, no layout walk
     tensors[1].set_(torch.full((4,), 7, device=DEVICE))  # the same object, other memory
-    moved = capture.packed(tensors)
+    moved = packer.packed(tensors)
     assert torch.equal(moved, torch.tensor([0.0, 1.0, 2.0, 7, 7, 7, 7], dtype=torch.float64, device=DEVICE))
-    assert len(capture._packs) == 2
+    assert len(packer.layouts) == 2
 
 
 def test_a_replayed_iteration_reads_its_results_through_one_captured_pack(monkeypatch):
@@ -473,13 +473,15 @@ def test_a_replayed_iteration_reads_its_results_through_one_captured_pack(monkey
     logged again by every replay) are read through one pack, captured at the first replay and
     replayed from then on; the values read equal the eager job's."""
     calls = []
-    real = capture.packed
+    from msrl.runtime.programs import packing
+
+    real = packing.packed
 
     def spy(tensors):
         calls.append(tuple(t.data_ptr() for t in tensors))
         return real(tensors)
 
-    monkeypatch.setattr(capture, "packed", spy)
+    monkeypatch.setattr(packing, "packed", spy)
     graph, eager = _pair(GPU_ONLY, SMALL)
     try:
         graph.reset(), eager.reset()

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from msrl.algorithms.dqn import DQNConfig, DQNLearner, ReplayBuffer
-from msrl.api import BuildContext, EnvSpec, _clip_grad_norm
+from msrl.api import BuildContext, EnvSpec
+from msrl.api.roles import _clip_grad_norm
 
 
 def _ctx(**hparams) -> BuildContext:

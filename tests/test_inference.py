@@ -291,7 +291,7 @@ def test_msrl_graph_shows_the_serve_region_with_its_bytes():
         assert any(n.kind is NodeKind.GET for n in serve[0].body.walk())  # the requests are inside it
         text = format_job(job)
         assert "serve actor to env (x2), once per client replica" in text
-        measured = format_boundary_bytes(job)
+        measured = format_boundary_bytes(job, job.measure_boundary_bytes())
         line = next(x for x in measured.splitlines() if x.startswith("- serve region"))
         assert line.startswith("- serve region (learner serving actor to env x2): ") and "over its 7 boundaries" in line
         assert not line.startswith("- serve region (learner serving actor to env x2): 0 B "), line

@@ -207,7 +207,7 @@ def test_msrl_graph_prints_the_bytes_each_boundary_moves_per_iteration():
 
     job = Job(build_job_spec(load_config(CONFIG, ["distribution_policy.name=single_learner_coarse"])))
     try:
-        text = format_boundary_bytes(job)
+        text = format_boundary_bytes(job, job.measure_boundary_bytes())
         weights = sum(t.numel() * t.element_size() for t in job.component("learner").get_weights().values())
         kb = f"{2 * weights / 1024:.1f} KB"
         assert f"_learner_get_weights2: {kb} (learner -> actor)" in text, text

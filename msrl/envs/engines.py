@@ -31,9 +31,9 @@ def check_env_id(env_id: str) -> None:
     Raises:
         UnknownEnvError: naming close gymnasium ids, the native ids and every gymnasium id.
     """
-    from msrl.envs.native import NATIVE_ENVS, is_native
     from msrl.envs.make_env import UnknownEnvError
     from msrl.envs.make_env import check_env_id as check_gymnasium_id
+    from msrl.envs.native import NATIVE_ENVS, is_native
 
     if is_native(env_id):
         return

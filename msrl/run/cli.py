@@ -24,7 +24,7 @@ import math
 import pathlib
 import signal
 import sys
-from typing import Callable, NoReturn, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 from msrl.errors import MsrlError
 
@@ -153,17 +153,29 @@ def _graph(args: argparse.Namespace) -> int:
             sys.stdout.write(describe(cfg, job))
         sys.stdout.write(format_job(job))
         try:
-            measured = format_boundary_bytes(job)
+            measured = job.measure_boundary_bytes()
         except (FragmentError, FloatingPointError) as e:  # the algorithm failed in its measured iteration: as msrl train says it
             raise TrainingStopped(f"the iteration msrl graph measures bytes on stopped: {e}", 1, 0, None) from e
-        sys.stdout.write(measured)
-        sys.stdout.write(format_capture(job))
-        sys.stdout.write(format_compile(job))
+        sys.stdout.write(format_boundary_bytes(job, measured))
+        sys.stdout.write(format_capture(_measure_captures(job)))
+        sys.stdout.write(format_compile({k: job.replica(*k).compile_status() for k in job.replicas}))
         out = draw_fragments(job, args.out or f"{cfg.name}_fdg.png")
         print(f"\npicture of the fragmented graph: {pathlib.Path(out).resolve()}")
     finally:
         job.close()
     return 0
+
+
+def _measure_captures(job: Any) -> dict[tuple[str, int], str]:
+    """Each replica's ``train_step`` capture (:meth:`~msrl.runtime.replica.Replica.capture_summary`)
+    after running the iterations a capture takes (warm-up, probe, capture, one replay) where one
+    may still be captured; only replicas whose program is under capture."""
+    from msrl.runtime.programs.capture import WARMUP
+
+    if any(job.replica(*k).capture_summary() == "graph" for k in job.replicas):
+        job.run(WARMUP + 2)
+    summaries = {k: job.replica(*k).capture_summary() for k in job.replicas}
+    return {k: s for k, s in summaries.items() if s is not None}
 
 
 def _positive_int(text: str) -> int:

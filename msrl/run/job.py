@@ -221,6 +221,15 @@ class Job:
                            f"{', '.join(f'{f}/{r}' for f, r in self.replicas)}")
         return self.replicas[key]
 
+    def measure_boundary_bytes(self) -> dict[str, int]:
+        """Runs ``reset`` and one ``train_step`` and returns what each boundary and collective
+        moved in it (name -> tensor bytes, every replica's sends; a loop's once per trip):
+        what ``msrl graph`` reports."""
+        self.reset()
+        self.runtime.pop_boundary_bytes()
+        self.run(1)
+        return self.runtime.pop_boundary_bytes()
+
     # -- running ----------------------------------------------------------------------------
     def reset(self) -> None:
         """Runs every replica's ``reset`` program (initial state, initial weight sync)."""

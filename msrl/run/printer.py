@@ -1,15 +1,18 @@
-"""Human-readable forms of a job's FDG: text (``msrl graph``) and a picture."""
+"""Human-readable forms of a job's FDG: text (``msrl graph``) and a picture. Formatting only:
+what is measured by running the job (bytes per boundary, captures, compiled targets) is measured
+by the caller (:func:`msrl.run.cli.main`'s ``graph``) and passed in."""
 
 from __future__ import annotations
 
 import pathlib
+from typing import Mapping
 
 from msrl.graph import COMM_KINDS, Graph, Node, NodeKind
 from msrl.graph.regions import region_of
 from msrl.run.job import METHODS, Job
 from msrl.runtime.programs.capture import resolve_capture
 
-__all__ = ["format_graph", "format_job", "draw_fragments"]
+__all__ = ["format_graph", "format_job", "format_boundary_bytes", "format_capture", "format_compile", "draw_fragments"]
 
 
 def _shape(shape: object) -> str:
@@ -142,14 +145,11 @@ def format_job(job: Job) -> str:
     return "\n".join(out) + "\n"
 
 
-def format_boundary_bytes(job: Job) -> str:
-    """What each ``train_step`` boundary moves per iteration, measured by running ``reset`` and
-    one ``train_step`` of ``job`` on the local runtime (tensor bytes, every replica's sends; a
-    loop's boundaries once per trip): what a value returned across fragments costs."""
-    job.reset()
-    job.runtime.pop_boundary_bytes()
-    job.run(1)
-    measured = job.runtime.pop_boundary_bytes()
+def format_boundary_bytes(job: Job, measured: Mapping[str, int]) -> str:
+    """What each ``train_step`` boundary moves per iteration: ``measured`` is
+    :meth:`~msrl.run.job.Job.measure_boundary_bytes` (boundary or collective name -> tensor bytes
+    of one iteration, every replica's sends; a loop's boundaries once per trip): what a value
+    returned across fragments costs."""
     out = ["\n## bytes per train_step iteration (measured on one iteration)"]
     rows = [b for b in job.fragment_graph.boundaries if b.method == "train_step"]
     collectives = [c for c in job.fragment_graph.collectives if c.method == "train_step"]
@@ -175,42 +175,24 @@ def _human(n: int) -> str:
     return f"{n} B"
 
 
-def format_capture(job: Job) -> str:
-    """Whether each fragment's ``train_step`` is captured (``distribution_policy.capture``),
-    found by running it as training does -- warm-up, probe, capture, one replay -- after
-    :func:`format_boundary_bytes`'s iteration; or why it runs eagerly, in one line. Empty when
-    no fragment asks for capture."""
-    from msrl.runtime.programs import capture
-
-    reps = {k: r for k, r in job.runtime.replicas.items()
-            if "train_step" in r.programs and isinstance(r.programs["train_step"].fn, capture.CapturedProgram)}
-    if not reps:
+def format_capture(summaries: Mapping[tuple[str, int], str]) -> str:
+    """Whether each fragment replica's ``train_step`` is captured (``distribution_policy.capture``),
+    as measured by running it as training does -- warm-up, probe, capture, one replay:
+    ``summaries`` is (fragment, replica) -> :meth:`~msrl.runtime.replica.Replica.capture_summary`.
+    Empty when no fragment asks for capture."""
+    if not summaries:
         return ""
-    if any(r.programs["train_step"].fn.reason is None for r in reps.values()):
-        job.run(capture.WARMUP + 2)
     out = ["\n## capture of train_step (measured: warm-up, probe, capture, one replay)"]
-    for (frag, i), rep in sorted(reps.items()):
-        fn = rep.programs["train_step"].fn
-        cap = capture._registry.get(rep.trainer, {}).get(id(fn))
-        if fn.reason is None and cap is not None and cap.graph is not None:
-            what = "a CUDA graph" if fn.device.type == "cuda" else f"a host tape of {len(cap.graph.steps)} ops"
-            out.append(f"- {frag} replica {i}: captured as {what}, replayed")
-        else:
-            out.append(f"- {frag} replica {i}: {fn.status}")
+    out += [f"- {frag} replica {i}: {line}" for (frag, i), line in sorted(summaries.items())]
     return "\n".join(out) + "\n"
 
 
-def format_compile(job: Job) -> str:
+def format_compile(statuses: Mapping[tuple[str, int], list[str]]) -> str:
     """Each compile target of each fragment replica under ``distribution_policy.compile``
-    (:mod:`msrl.runtime.programs.compiled`), after the iterations already run: ``inductor`` or why it
-    runs eagerly, one line each. Empty when no fragment compiles."""
-    from msrl.runtime.programs.compiled import compiled_program_of
-
-    out = []
-    for (frag, i), rep in sorted(job.runtime.replicas.items()):
-        cp = compiled_program_of(rep.programs["train_step"].fn) if "train_step" in rep.programs else None
-        if cp is not None:
-            out.extend(f"- {frag} replica {i}: {line}" for line in cp.status(rep.trainer))
+    (:mod:`msrl.runtime.programs.compiled`): ``statuses`` is (fragment, replica) ->
+    :meth:`~msrl.runtime.replica.Replica.compile_status`; ``inductor`` or why it runs eagerly,
+    one line each. Empty when no fragment compiles."""
+    out = [f"- {frag} replica {i}: {line}" for (frag, i), lines in sorted(statuses.items()) for line in lines]
     return "\n## compiled methods (distribution_policy.compile)\n" + "\n".join(out) + "\n" if out else ""
 
 

@@ -333,6 +333,40 @@ class Replica:
         """
         return getattr(self.programs[method].fn, "status", "eager")
 
+    def capture_summary(self, method: str = "train_step") -> str | None:
+        """How ``method``'s program ran under ``distribution_policy.capture`` so far, in one
+        line: ``captured as a CUDA graph, replayed``, ``captured as a host tape of <n> ops,
+        replayed``, or :meth:`program_status` (warming up, or why it runs eagerly); ``None``
+        when the program is not under capture.
+
+        Raises:
+            KeyError: ``method`` is not a traced method.
+        """
+        from msrl.runtime.programs.capture import CapturedProgram
+
+        fn = self.programs[method].fn
+        if not isinstance(fn, CapturedProgram):
+            return None
+        cap = fn.capture_of(self.trainer)
+        if fn.reason is None and cap is not None and cap.graph is not None:
+            what = "a CUDA graph" if fn.device.type == "cuda" else f"a host tape of {len(cap.graph.steps)} ops"
+            return f"captured as {what}, replayed"
+        return fn.status
+
+    def compile_status(self, method: str = "train_step") -> list[str]:
+        """One line per compile target of ``method``'s program under
+        ``distribution_policy.compile`` (:mod:`msrl.runtime.programs.compiled`):
+        ``<role>.<path>: inductor`` or ``...: eager: <reason>``; empty when it compiles nothing
+        or has not run.
+
+        Raises:
+            KeyError: ``method`` is not a traced method.
+        """
+        from msrl.runtime.programs.compiled import compiled_program_of
+
+        program = compiled_program_of(self.programs[method].fn)
+        return [] if program is None else program.status(self.trainer)
+
     @property
     def has_env(self) -> bool:
         """Whether this replica steps envs."""

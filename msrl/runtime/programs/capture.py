@@ -40,11 +40,11 @@ guessed: ``counters`` names integer attributes that advance by the same amount e
 replay, and ``logs`` names lists the iteration appends device tensors to (a native env's
 finished episodes), appended the captured items again after a replay (their tensors hold the
 replay's values; items left from the previous replay are cloned first). The object walk of
-the probe (:func:`host_state`) is the check of that contract: what it finds changed that no
+the probe (:func:`~msrl.runtime.programs.host_state.host_state`) is the check of that contract: what it finds changed that no
 contract declares keeps the fragment eager, named in the reason.
 
 On the CPU (``capture: graph`` on a CPU fragment, and CI, which has no GPU) the same machinery
-runs with a :class:`Tape` in place of the CUDA graph: a ``TorchDispatchMode`` that records each
+runs with a :class:`~msrl.runtime.programs.replay.Tape` in place of the CUDA graph: a ``TorchDispatchMode`` that records each
 aten op of the captured iteration with its arguments, and the native kernels' host launches
 (:func:`msrl.device.record_foreign`), and replays them in order on the same tensors: the ops of the
 iteration re-run without Python, exactly what a replayed graph does. A program that is not
@@ -54,11 +54,8 @@ tests compare the two bitwise. The tape is for checking: it is slower than eager
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import inspect
 import random
-import re
 import threading
 import time
 import weakref
@@ -66,30 +63,22 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_map
 
 from msrl.api import ReplayContract
-from msrl.device import in_host_side, register_packer, set_foreign_recorder
-from msrl.errors import MsrlError
+from msrl.device import in_host_side, register_packer
 from msrl.policy import CAPTURE_MODES
+from msrl.runtime.programs import packing
+from msrl.runtime.programs.host_state import assignment_site, find_objects, first_change, host_state, source_of
 from msrl.runtime.programs.host_syncs import HostSyncRecorder
+from msrl.runtime.programs.replay import CudaGraph, NotCapturable, Tape
 from msrl.runtime.startup import lean_dispatch_mode
 
-__all__ = ["CAPTURE_MODES", "WARMUP", "CapturedProgram", "Capture", "captures", "NotCapturable", "Tape", "host_state",
-           "invalidate",
-           "notify", "pop_notices", "resolve_capture"]
+__all__ = ["CAPTURE_MODES", "WARMUP", "CapturedProgram", "Capture", "captures", "NotCapturable", "invalidate", "notify",
+           "pop_notices", "replayed", "resolve_capture"]
 
 #: eager iterations before the probe (the optimiser's state is created in the first)
 WARMUP = 1
-
-_local = threading.local()
-
-
-class NotCapturable(MsrlError, RuntimeError):
-    """Why a program cannot be captured: one line naming the op or attribute and where (the
-    program then runs eagerly: :attr:`CapturedProgram.status`)."""
-
 
 def resolve_capture(mode: str | None, device: str) -> str:
     """The capture mode of a fragment: ``mode`` as given, or (``None``) ``graph`` on a CUDA
@@ -103,260 +92,6 @@ def resolve_capture(mode: str | None, device: str) -> str:
     if mode not in CAPTURE_MODES:
         raise ValueError(f"unknown capture mode {mode!r}; valid: {', '.join(CAPTURE_MODES)}")
     return mode
-
-
-# -- the host state a replay would not change --------------------------------------------------
-
-_SCALARS = (int, float, bool, str, bytes, complex, type(None))
-_OPAQUE = (type, type(len), type(lambda: 0), type(inspect), property, staticmethod, classmethod,
-           threading.Thread, weakref.ref)
-
-
-def _not_walked(obj: Any) -> bool:
-    """Whether the walks over a trainer's objects (:func:`host_state`, :func:`_find`) stop at
-    ``obj``: a module, class, function or other code object (its namespace is not the
-    trainer's state; a native env's GPU kernels hold the ``cupy`` module)."""
-    return isinstance(obj, _OPAQUE) or callable(obj) and not hasattr(obj, "__dict__")
-
-
-def host_state(roots: dict[str, Any], skip: Sequence[str] = (), max_items: int = 256) -> dict[str, Any]:
-    """A snapshot of the host state reachable from ``roots``: ``path -> value`` for every Python
-    number, string and ``None``, the identity of every tensor and generator (a rebinding shows),
-    the length of every list and dict, a NumPy array's bytes and a host RNG's state. Tensors'
-    contents are not read (that is device state, which a replay does change).
-
-    Args:
-        roots: name -> object (``{"learner": learner, ...}``); paths start with the name.
-        skip: paths left out, with everything under them (declared replayed state).
-        max_items: elements of a list or dict walked (the length is always recorded).
-
-    Returns:
-        the snapshot; compare two with :func:`first_change`.
-    """
-    out: dict[str, Any] = {}
-    seen: set[int] = set()
-    skipped = set(skip)
-
-    def walk(path: str, obj: Any, depth: int) -> None:
-        if path in skipped:
-            return
-        if isinstance(obj, _SCALARS):
-            out[path] = obj
-            return
-        if isinstance(obj, torch.Tensor):
-            out[path] = ("tensor", id(obj))
-            return
-        if isinstance(obj, torch.Generator):
-            out[path] = ("generator", id(obj))
-            return
-        if isinstance(obj, np.ndarray):
-            out[path] = ("ndarray", obj.tobytes() if obj.nbytes <= 1 << 16 else id(obj))
-            return
-        if isinstance(obj, np.random.Generator):
-            out[path] = ("numpy rng", repr(obj.bit_generator.state))
-            return
-        if isinstance(obj, random.Random):
-            out[path] = ("python rng", obj.getstate())
-            return
-        if _not_walked(obj) or depth > 10:
-            return
-        if id(obj) in seen:
-            return
-        seen.add(id(obj))
-        if isinstance(obj, (list, tuple)):
-            out[path + "#len"] = len(obj)
-            for i, v in enumerate(obj[:max_items]):
-                walk(f"{path}[{i}]", v, depth + 1)
-            return
-        if isinstance(obj, dict):
-            out[path + "#len"] = len(obj)
-            for i, (k, v) in enumerate(list(obj.items())[:max_items]):
-                walk(f"{path}[{k!r}]" if isinstance(k, (str, int)) else f"{path}[#{i}]", v, depth + 1)
-            return
-        if isinstance(obj, torch.optim.Optimizer):
-            walk(f"{path}.param_groups", obj.param_groups, depth + 1)
-            walk(f"{path}.state", list(obj.state.values()), depth + 1)
-            return
-        attrs = getattr(obj, "__dict__", None)
-        if attrs is None:
-            return
-        for k, v in list(attrs.items()):
-            if k in ("_forward_hooks", "_backward_hooks", "_forward_pre_hooks", "_state_dict_hooks",
-                     "_load_state_dict_pre_hooks", "_non_persistent_buffers_set"):
-                continue
-            walk(f"{path}.{k}", v, depth + 1)
-
-    for name, obj in roots.items():
-        walk(name, obj, 0)
-    return out
-
-
-def first_change(before: dict[str, Any], after: dict[str, Any]) -> tuple[str, Any, Any] | None:
-    """The first path whose value differs between two :func:`host_state` snapshots, with both
-    values (``None`` for a path one lacks); ``None`` when they are equal."""
-    for path in list(before) + [p for p in after if p not in before]:
-        a, b = before.get(path), after.get(path)
-        if a != b:
-            return path, a, b
-    return None
-
-
-def _source_of(cls: type) -> str:
-    """``file:line`` of a class ('?' when unknown)."""
-    try:
-        return f"{inspect.getsourcefile(cls)}:{inspect.getsourcelines(cls)[1]}"
-    except (OSError, TypeError):
-        return "?"
-
-
-def _assignment_site(root: Any, path: str) -> str:
-    """``file:line`` where the attribute at ``path`` (``learner.iteration``) is assigned outside
-    ``__init__`` in its owner's class, or the owner class's ``file:line`` ('?' when unknown)."""
-    parts = re.split(r"\.|\[", path)
-    obj = root
-    for part in parts[1:-1]:
-        obj = getattr(obj, part, None) if not part.endswith("]") else None
-        if obj is None:
-            return "?"
-    attr = parts[-1].split("#")[0]
-    for cls in type(obj).__mro__:
-        try:
-            lines, start = inspect.getsourcelines(cls)
-            file = inspect.getsourcefile(cls)
-        except (OSError, TypeError):
-            continue
-        func = None
-        for i, line in enumerate(lines):
-            m = re.match(r"\s*def (\w+)", line)
-            if m:
-                func = m.group(1)
-            if func not in (None, "__init__", "load_state_dict") and re.search(rf"self\.{re.escape(attr)}\s*([-+*/]?=)(?!=)", line):
-                return f"{file}:{start + i}"
-    return _source_of(type(obj))
-
-
-# -- the CPU tape ------------------------------------------------------------------------------
-
-def _schema_kind(func: Any) -> str:
-    """``view`` (every output aliases an input, nothing written), ``write`` (mutates an
-    argument or writes an ``out=``), ``meta`` (a profiler marker) or ``compute``."""
-    if func.namespace == "profiler":
-        return "meta"
-    schema = func._schema
-    if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
-        return "write"
-    rets = schema.returns
-    if rets and all(r.alias_info is not None for r in rets):
-        return "view"
-    return "compute"
-
-
-def _fresh_outputs(func: Any, out: Any) -> list[torch.Tensor]:
-    """The tensors of an op's outputs that alias no input (what a replay must copy back)."""
-    rets = func._schema.returns
-    groups = [out] if len(rets) == 1 else list(out) if isinstance(out, (tuple, list)) else [out]
-    fresh = []
-    for r, g in zip(rets, groups):
-        if r.alias_info is None:
-            fresh += [t for t in tree_flatten(g)[0] if isinstance(t, torch.Tensor)]
-    return fresh
-
-
-_ALLOC = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
-
-
-def _freeze(x: Any) -> Any:
-    """Lists and dicts in an op's arguments copied (the caller may reuse them), leaves kept."""
-    return tree_map(lambda v: v, x)
-
-
-@lean_dispatch_mode  # dispatches without importing TorchDynamo (msrl/runtime/startup.py)
-class Tape(TorchDispatchMode):
-    """The CPU stand-in of a CUDA graph: records the aten ops (and :func:`msrl.device.record_foreign`
-    calls) of the code run inside it, on this thread, and :meth:`replay` re-runs them in order
-    on the same tensors, without the Python that issued them.
-
-    A replayed op that computes fresh outputs writes them into the tensors the recording
-    returned (which later ops and the caller hold); views are not re-run (they alias memory
-    that the replay updates in place); allocations are not re-run; in-place ops and random
-    draws re-run on their tensors and generators. An op that returns a Python value (a host
-    read) is recorded as nothing: the probe refuses programs with such reads, except the
-    CPU-only checks :data:`~msrl.runtime.programs.host_syncs.CPU_ONLY_READS`, which a replay skips as a
-    CUDA graph would.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        #: ``(kind, func, args, outputs)`` in order
-        self.steps: list[tuple[str, Any, Any, Any]] = []
-
-    def __enter__(self) -> "Tape":
-        set_foreign_recorder(self.steps.append)  # (raises when a Tape already records on this thread)
-        return super().__enter__()
-
-    def __exit__(self, *exc: Any) -> None:
-        try:
-            super().__exit__(*exc)
-        finally:
-            set_foreign_recorder(None)
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None) -> Any:
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        kind = _schema_kind(func)
-        if kind in ("view", "meta") or func.overloadpacket.__name__ in _ALLOC:
-            return out
-        fresh = _fresh_outputs(func, out)
-        if kind == "compute" and not fresh:
-            return out  # a host read (vetted by the probe) or a metadata query: nothing to replay
-        self.steps.append((kind, func, (_freeze(tuple(args)), _freeze(dict(kwargs))), fresh))
-        return out
-
-    def replay(self) -> None:
-        """Re-runs the recorded ops in order (no autograd, no Python of the recorded code).
-
-        Raises:
-            RuntimeError: an op's output changed shape (a data-dependent shape, which a CUDA
-                graph cannot hold either).
-        """
-        with torch.no_grad():
-            for kind, func, call, outs in self.steps:
-                if kind == "foreign":
-                    func(*call)
-                    continue
-                args, kwargs = call
-                res = func(*args, **kwargs)
-                for dst, src in zip(outs, _fresh_outputs(func, res)):
-                    if dst.shape != src.shape:
-                        raise RuntimeError(f"{func} returned shape {tuple(src.shape)} on replay, "
-                                           f"{tuple(dst.shape)} when captured: a data-dependent shape")
-                    dst.copy_(src)
-
-
-class _CudaGraph:
-    """A CUDA graph of the captured iteration (``torch.cuda.CUDAGraph``), with the CUDA
-    generators the iteration draws from registered (``register_generator_state``)."""
-
-    def __init__(self, generators: list[torch.Generator]) -> None:
-        self.graph = torch.cuda.CUDAGraph()
-        # other threads (the driver, other replicas) may use CUDA meanwhile: only this thread's
-        # unsafe calls end the capture
-        register = getattr(self.graph, "register_generator_state", None)
-        custom = [g for g in generators if g.device.type == "cuda"]
-        if custom and register is None:
-            raise NotCapturable(f"torch {torch.__version__} cannot capture draws from a torch.Generator of the "
-                                "program's own (CUDAGraph.register_generator_state is missing)")
-        for g in custom:
-            register(g)
-
-    def capture(self, fn: Callable[[], Any]) -> Any:
-        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
-            out = fn()
-        self.graph.replay()  # capture records without running: this runs the captured iteration
-        return out
-
-    def replay(self) -> None:
-        self.graph.replay()
 
 
 # -- the captured program ---------------------------------------------------------------------
@@ -425,87 +160,10 @@ def replayed(trainer: Any) -> bool:
 
 
 #: captured packs kept (:func:`packed`), least recently used dropped first
-MAX_PACKS = 8
-_packs: "collections.OrderedDict[tuple, tuple[Any, torch.Tensor]]" = collections.OrderedDict()
-#: tensor objects' ids -> (their layout's key in _packs, the tensors, their addresses)
-_pack_ids: dict[tuple[int, ...], tuple[tuple, list[torch.Tensor], list[int]]] = {}
 
 
-def packed(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The ``tensors`` (one device, any shapes and dtypes) flattened and concatenated as one
-    float64 tensor on their device, through a capture of that concatenation.
-
-    The first call for a layout -- each tensor's memory address, shape, strides and dtype --
-    captures it (a CUDA graph on a GPU, a :class:`Tape` on the CPU); later calls with the same
-    layout replay it: on a GPU one graph launch in place of a ``cat`` (one kernel per dtype
-    group, and copies) per read. A replay reads whatever the addresses hold now, which is what
-    the layout names, so a hit is exact. :data:`MAX_PACKS` layouts are kept. A call with the
-    very tensor objects of a kept layout (a replayed iteration's outputs, every iteration) is
-    matched by their identities and addresses (~7 us for 42 tensors, not ~60 us for the whole
-    layout): the same objects at the same addresses are taken to keep their shapes and strides
-    (nothing changes a captured output's shape in place; a replay would write the old one).
-
-    Returns:
-        ``(sum of numels,)`` float64 on the tensors' device, overwritten by the next call with
-        the same layout: read it before then.
-
-    Raises:
-        ValueError: no tensors, or tensors on more than one device.
-    """
-    if not tensors or len({t.device for t in tensors}) != 1:
-        raise ValueError(f"packed needs tensors on one device, got {len(tensors)} on "
-                         f"{sorted({str(t.device) for t in tensors})}")
-    ids = tuple(map(id, tensors))
-    with _lock:
-        known = _pack_ids.get(ids)
-        hit = _packs.get(known[0]) if known is not None and [t.data_ptr() for t in tensors] == known[2] else None
-        if hit is not None:
-            _packs.move_to_end(known[0])
-    if hit is not None:
-        hit[0].replay()
-        return hit[1]
-    dev = tensors[0].device
-    key = (dev, tuple((t.data_ptr(), tuple(t.shape), t.stride(), t.dtype) for t in tensors))
-    with _lock:
-        hit = _packs.get(key)
-        if hit is not None:
-            _packs.move_to_end(key)
-            _remember_ids(ids, key, tensors)
-    if hit is not None:
-        hit[0].replay()
-        return hit[1]
-
-    def pack() -> torch.Tensor:
-        with torch.no_grad():  # a leading empty float64 piece makes the one cat promote every dtype
-            return torch.cat([torch.empty(0, dtype=torch.float64, device=dev)] + [t.reshape(-1) for t in tensors])
-
-    if dev.type == "cuda":
-        graph: Any = _CudaGraph([])
-        flat = graph.capture(pack)
-    else:
-        graph = Tape()
-        with graph:
-            flat = pack()
-    with _lock:
-        _packs[key] = (graph, flat)
-        while len(_packs) > MAX_PACKS:
-            _packs.popitem(last=False)
-        _remember_ids(ids, key, tensors)
-    return flat
-
-
-
-# msrl.device.start_read(static=True) packs a replayed iteration's outputs with it (looked up at each call)
-register_packer(lambda tensors: packed(tensors))
-
-def _remember_ids(ids: tuple[int, ...], key: tuple, tensors: Sequence[torch.Tensor]) -> None:
-    """Notes that the tensor objects ``ids`` have layout ``key`` (held, so no other object gets
-    their ids while noted): one note per kept layout, the latest objects' (a caller passing new
-    view objects of the same memory each call replaces it), notes of dropped layouts gone.
-    Under ``_lock``."""
-    for old in [i for i, (k, _, _) in _pack_ids.items() if k == key or k not in _packs]:
-        del _pack_ids[old]
-    _pack_ids[ids] = (key, list(tensors), [t.data_ptr() for t in tensors])
+# msrl.device.start_read(static=True) packs a replayed iteration's outputs (looked up at each call)
+register_packer(lambda tensors: packing.packed(tensors))
 
 
 def invalidate(trainer: Any) -> None:
@@ -613,6 +271,12 @@ class CapturedProgram:
         """``graph`` (captured and replayed, or still warming up), or ``eager: <reason>``."""
         return "graph" if self.reason is None else f"eager: {self.reason}"
 
+    def capture_of(self, trainer: Any) -> Capture | None:
+        """This program's :class:`Capture` on ``trainer`` (``None``: it has not run there since
+        its last invalidation). Reading it changes nothing."""
+        with _lock:
+            return _registry.get(trainer, {}).get(id(self))
+
     def replays_next(self, trainer: Any) -> bool:
         """Whether the next call on ``trainer`` is a replay (captured, nothing run in between,
         the state attributes still fit their buffers): no Python of the program runs then, so
@@ -657,7 +321,7 @@ class CapturedProgram:
         if not cap.probed:
             for role, comp in getattr(trainer, "_components", {}).items():
                 if not _contract(comp).capturable:
-                    self._give_up(trainer, f"its {role} ({type(comp).__name__}, {_source_of(type(comp))}) works on the "
+                    self._give_up(trainer, f"its {role} ({type(comp).__name__}, {source_of(type(comp))}) works on the "
                                            "host, outside torch (its replay_contract: capturable=False): a replay would "
                                            "not run it")
                     return self.fn(trainer, comm)
@@ -704,13 +368,13 @@ class CapturedProgram:
             if change is not None:
                 path, a, b = change
                 root = roots.get(path.split(".")[0].split("[")[0])
-                site = _assignment_site(root, path) if root is not None and not path.startswith("self") else "?"
+                site = assignment_site(root, path) if root is not None and not path.startswith("self") else "?"
                 what = "rebound to another tensor" if isinstance(a, tuple) and a and a[0] == "tensor" else \
                     f"changed from {a!r} to {b!r}"
                 reason = (f"{path.replace('#len', ' (its length)')} {what} during an iteration (at {site}); "
                           "a replay runs the device work only: keep it in a tensor updated in place")
         if reason is None:
-            for path, opt in _find(trainer, torch.optim.Optimizer):
+            for path, opt in find_objects(trainer, torch.optim.Optimizer):
                 if not all(g.get("fused") or g.get("capturable") for g in opt.param_groups):
                     reason = (f"{path} ({type(opt).__name__}) keeps its step count on the host: build it with "
                               "fused=True or capturable=True")
@@ -753,16 +417,16 @@ class CapturedProgram:
 
         groups = []
         if self.device.type == "cuda":
-            generators = [v for _, v in _find(trainer, torch.Generator)]
+            generators = [v for _, v in find_objects(trainer, torch.Generator)]
             try:
-                graph = _CudaGraph(generators)
+                graph = CudaGraph(generators)
             except NotCapturable as e:
                 self._give_up(trainer, str(e))
                 return self.fn(trainer, comm)
             # torch refuses to capture step() unless the groups say capturable; a fused
             # optimiser's kernel is the same either way (its step count is on the device), so
             # the flag is raised for the capture only (a replay runs no Python to check it)
-            groups = [g for _, opt in _find(trainer, torch.optim.Optimizer) for g in opt.param_groups
+            groups = [g for _, opt in find_objects(trainer, torch.optim.Optimizer) for g in opt.param_groups
                       if g.get("fused") and not g.get("capturable")]
         else:
             graph = Tape()
@@ -868,32 +532,3 @@ def _leaves(out: Any, path: str = "output") -> Iterator[tuple[str, Any]]:
             yield from _leaves(v, f"{path}[{i}]")
     elif out is not None:
         yield path, out
-
-
-def _find(trainer: Any, kind: type) -> list[tuple[str, Any]]:
-    """The objects of type ``kind`` (generators, optimisers) the trainer's components hold,
-    each once, with its path."""
-    found, seen = [], set()
-
-    def walk(path: str, obj: Any, depth: int) -> None:
-        if isinstance(obj, kind):
-            if id(obj) not in seen:
-                seen.add(id(obj))
-                found.append((path, obj))
-            return
-        # not into what host_state does not walk either (walking cupy's namespace visited ~160k
-        # objects, ~0.3 s of a GPU job's start), NumPy arrays or the tensors' contents
-        if depth > 6 or isinstance(obj, (torch.Tensor, np.ndarray, *_SCALARS)) or _not_walked(obj) or id(obj) in seen:
-            return
-        seen.add(id(obj))
-        items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else \
-            getattr(obj, "__dict__", {}).items()
-        for i, (k, v) in enumerate(list(items)[:256]):
-            # a key that is not a name or an index (an optimiser's state is keyed by its
-            # parameters) is named by its position: formatting a CUDA tensor reads every element
-            # back to the host (~1,000 syncs, ~90 ms, in the GPU job's capture)
-            walk(f"{path}.{k}" if isinstance(k, (str, int)) else f"{path}[#{i}]", v, depth + 1)
-
-    for role, comp in getattr(trainer, "_components", {}).items():
-        walk(role, comp, 0)
-    return found

@@ -67,7 +67,7 @@ NO_KERNEL_OPS = frozenset({
 #: :meth:`msrl.api.Learner.apply_gradients`, which runs only for losses on the CPU, and the
 #: generator watches (:meth:`msrl.runtime.generators.Baton.watch`, the capture probe's
 #: ``_host_rngs``), which compare the CPU generator's state, a host tensor on every machine
-CPU_ONLY_READS: tuple[tuple[str, str], ...] = (("msrl/api.py", "apply_gradients"),
+CPU_ONLY_READS: tuple[tuple[str, str], ...] = (("msrl/api/roles.py", "apply_gradients"),
                                                ("msrl/runtime/generators.py", "watch"),
                                                ("msrl/runtime/programs/capture.py", "_host_rngs"))
 

@@ -10,7 +10,7 @@ synchronous boundary     ``unix``  replicas of one machine,   :mod:`msrl.runtime
 (one link per peer                 host tensors               (one Unix stream socket per direction)
 pair: :data:`LINK_KINDS`) ``gloo`` any pair                   :mod:`msrl.runtime.transports.links`
                                                               (Gloo; NCCL for CUDA payloads)
-asynchronous boundary    ``unix``  replicas of one machine    :mod:`msrl.cluster.uds_transport`
+asynchronous boundary    ``unix``  replicas of one machine    :mod:`msrl.cluster.uds_transport`, `uds_stream`
 (fifo, latest, fresh:    ``grpc``  any pair                   :mod:`msrl.cluster.grpc_transport`
 :data:`STREAM_KINDS`)
 all-reduce of a          ``shm``   replicas of one machine    :mod:`msrl.runtime.transports.shm`
@@ -150,11 +150,12 @@ def _uds_server(boundaries, fragment, replica, mailbox, token, max_message, tls,
 
 
 def _uds_stream(transport: Any, target: str) -> Any:
-    return _load("msrl.cluster.uds_transport", "UdsStream")(transport, target[len("unix:"):])
+    return _load("msrl.cluster.uds_stream", "UdsStream")(transport, target[len("unix:"):])
 
 
 def _grpc_server(boundaries, fragment, replica, mailbox, token, max_message, tls, host, prefix):  # noqa: ANN001, ANN202
-    return _load("msrl.cluster.grpc_transport", "BoundaryServer")(boundaries, fragment, replica, mailbox, token, host=host, tls=tls, max_message=max_message)
+    server = _load("msrl.cluster.grpc_transport", "BoundaryServer")
+    return server(boundaries, fragment, replica, mailbox, token, host=host, tls=tls, max_message=max_message)
 
 
 def _grpc_stream(transport: Any, target: str) -> Any:

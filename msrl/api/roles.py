@@ -1,223 +1,23 @@
-"""The component API: the roles an RL algorithm is made of (DESIGN.md §1).
-
-An algorithm is a set of components, each with a role, and a :class:`Trainer` whose
-``train_step()`` is the body of the training loop. The tracer reads ``train_step`` (and
-``reset``) and never executes them; the components' methods are the units the distribution
-policy places on fragments. The loop of a trainer in one process reads::
-
-    trainer.reset()                  # self.obs = self.env.reset(seed=...)
-    while env_steps < total:
-        metrics = trainer.train_step()   # rollout -> learn -> sync weights
-
-Roles:
-
-* :class:`Environment` -- batched env on tensors with a leading env dimension ``(N, ...)``.
-* :class:`Actor` -- policy inference; holds networks; ``get_weights``/``set_weights``.
-* :class:`Learner` -- ``learn(batch) -> metrics``; owns networks and optimiser. Its gradient
-  step goes through :meth:`Learner.apply_gradients` and its running statistics through
-  :meth:`Learner.reduce_statistics`: the declared **collective points** where a replicated
-  learner (``multi_learner``) averages over its replicas, each an ``allreduce`` node of the
-  graph (:data:`COLLECTIVE_POINTS`, :func:`collective_scope`).
-* :class:`Buffer` -- rollout or replay storage.
-"""
+"""The roles an algorithm is made of: :class:`Component` and its roles :class:`Environment`,
+:class:`Actor`, :class:`Learner` (with its declared collective points), :class:`Buffer`, and the
+:class:`Trainer` whose ``train_step`` the tracer reads."""
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import dataclasses
 import types
-from typing import Annotated, Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
-import gymnasium
 import torch
-from annotated_types import Ge, Gt, Le, MinLen
 
-__all__ = [
-    "PositiveInt",
-    "NonNegativeInt",
-    "PositiveFloat",
-    "NonNegativeFloat",
-    "UnitInterval",
-    "Fraction",
-    "LayerSizes",
-    "ROLES",
-    "ReplayContract",
-    "Component",
-    "Environment",
-    "Actor",
-    "Learner",
-    "Buffer",
-    "Trainer",
-    "EnvSpec",
-    "BuildContext",
-    "AlgorithmSpec",
-    "EpisodeStats",
-    "ModuleWeights",
-    "returns",
-    "declared_kinds",
-    "VALUE_KINDS",
-    "PARTIAL_REDUCTIONS",
-    "COLLECTIVE_POINTS",
-    "collective_scope",
-    "in_gradient_step",
-]
+from msrl.api.specs import BuildContext, EnvSpec, EpisodeStats, ReplayContract
 
-# -- hyperparameter types: bounds an algorithm's hparams dataclass declares on its fields, which
-#    the config checks (``algorithm.hparams.<field>: ...``, exit status 2) before anything runs.
-#: an integer >= 1 (steps, epochs, batch and buffer sizes, frequencies)
-PositiveInt = Annotated[int, Ge(1)]
-#: an integer >= 0 (e.g. warm-up steps)
-NonNegativeInt = Annotated[int, Ge(0)]
-#: a float > 0 (learning rates, gradient-norm limits, epsilons)
-PositiveFloat = Annotated[float, Gt(0)]
-#: a float >= 0 (loss coefficients)
-NonNegativeFloat = Annotated[float, Ge(0)]
-#: a float in [0, 1] (discounts, GAE lambda, exploration rates)
-UnitInterval = Annotated[float, Ge(0), Le(1)]
-#: a float in (0, 1] (Polyak tau, schedule fractions)
-Fraction = Annotated[float, Gt(0), Le(1)]
-#: hidden layer widths, each >= 1, at least one layer
-LayerSizes = Annotated[tuple[PositiveInt, ...], MinLen(1)]
-
-#: How a value relates to the env axis (see :func:`returns`): ``sharded`` (one row per env,
-#: split with the envs), ``batch`` (rows of a fixed-size batch, concatenated when gathered: a
-#: replay sample), ``replicated`` (the same whole value everywhere: weights, metrics) or
-#: ``partial`` (each replica holds a part of a sum: gradients of its own rollout; summed, or
-#: averaged, over the replicas when it crosses). The one definition; the partitioner chooses
-#: comm ops by it.
-VALUE_KINDS: tuple[str, ...] = ("sharded", "batch", "replicated", "partial")
-#: how a ``partial`` value's replicas combine (``@returns("partial", reduce=...)``)
-PARTIAL_REDUCTIONS: tuple[str, ...] = ("sum", "mean")
-
-
-def returns(*kinds: str, axis: int = 0, reduce: str = "sum") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Declares how a component method's result relates to the env axis.
-
-    The partitioner chooses a boundary's comm op from it (DESIGN.md §3): ``"sharded"`` values
-    have one row per env along ``axis`` and are split and concatenated with the envs (a rollout
-    ``(T, N, ...)`` with ``axis=1``); a ``"batch"`` is a fixed-size batch whose rows are
-    concatenated along ``axis`` when gathered from several replicas (a replay sample of 256
-    transitions: two actor replicas give the learner 512; every tensor of a batch has its rows
-    along ``axis``, the same number in each); ``"replicated"`` values are whole on every replica
-    (weights, metrics) and are broadcast, never gathered; ``"partial"`` values are one replica's
-    part of a sum (the gradients of its own rollout, A3C's gradient push; DTensor's ``Partial``
-    placement): when one crosses to other replicas it is reduced -- summed leaf by leaf in replica
-    order, or averaged with ``reduce="mean"`` -- and every dst replica gets the whole result.
-    Undeclared results are classified by the probe (:mod:`msrl.frontend.probe`) from their shapes, which
-    cannot tell a batch, a partial value or a replicated one apart; the probe also checks every
-    declaration against what it observes.
-
-    Example::
-
-        class ReplayBuffer(Buffer):
-            @returns("batch")
-            def sample(self) -> TensorDict: ...
-
-    Args:
-        kinds: one kind for the whole result (every element of a tuple result), or one per
-            element of a tuple result, each in :data:`VALUE_KINDS`.
-        axis: the env (or batch) axis of sharded values and batches.
-        reduce: how the replicas of a ``partial`` value combine, one of
-            :data:`PARTIAL_REDUCTIONS` (``"sum"``; ``"mean"``: the sum divided by the replica count).
-
-    Raises:
-        ValueError: no kind, a kind outside :data:`VALUE_KINDS`, or ``reduce`` outside
-            :data:`PARTIAL_REDUCTIONS`.
-    """
-    if not kinds:
-        raise ValueError(f"returns() takes at least one kind from {VALUE_KINDS}")
-    for k in kinds:
-        if k not in VALUE_KINDS:
-            raise ValueError(f"unknown value kind {k!r}; kinds are {VALUE_KINDS}")
-    if reduce not in PARTIAL_REDUCTIONS:
-        raise ValueError(f"returns(reduce={reduce!r}): a partial value's replicas combine by one of {PARTIAL_REDUCTIONS}")
-
-    def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
-        fn.__msrl_returns__ = (tuple(kinds), int(axis), reduce)  # type: ignore[attr-defined]
-        return fn
-
-    return mark
-
-
-def declared_kinds(component: Any, method: str) -> tuple[tuple[str, ...], int, str] | None:
-    """The ``(kinds, axis, reduce)`` declared with :func:`returns` on ``component``'s ``method``
-    (looked up on its class, so subclasses inherit it), or ``None``."""
-    fn = getattr(type(component), method, None)
-    return getattr(fn, "__msrl_returns__", None)
+__all__ = ["ROLES", "Component", "Environment", "ModuleWeights", "Actor", "Learner", "Buffer", "Trainer",
+           "ComponentFactory", "COLLECTIVE_POINTS", "collective_scope", "in_gradient_step"]
 
 #: The component roles a trainer may hold, in the order the partitioner reports them.
 ROLES: tuple[str, ...] = ("env", "actor", "buffer", "learner")
-
-
-@dataclasses.dataclass(frozen=True)
-class EnvSpec:
-    """What a component needs to know of the environment it serves.
-
-    Attributes:
-        env_id: the registered id (e.g. ``"CartPole-v1"``).
-        observation_space: the space of one env's observation (unbatched).
-        action_space: the space of one env's action (unbatched).
-        num_envs: envs in this replica's batch (``N`` of the ``(N, ...)`` tensors).
-        num_agents: agents per env (1 for single-agent envs; multi-agent envs return
-            ``(N, num_agents, ...)`` observations and ``(N, num_agents)`` rewards).
-    """
-
-    env_id: str
-    observation_space: gymnasium.Space
-    action_space: gymnasium.Space
-    num_envs: int
-    num_agents: int = 1
-
-
-@dataclasses.dataclass(frozen=True)
-class BuildContext:
-    """Everything a component factory receives; nothing else is shared between components.
-
-    Attributes:
-        hparams: the algorithm's validated hyperparameter dataclass.
-        env_spec: spaces and the per-replica env count.
-        replica: index of the fragment replica this component is built for, ``0 <= replica <
-            num_replicas``.
-        num_replicas: replicas of the fragment that holds the component.
-        total_num_envs: envs summed over every replica of the env role.
-        total_env_steps: the training budget in env steps (for annealing schedules).
-        seed: the seed of this replica (already offset by the replica index).
-        device: torch device the component's tensors live on.
-    """
-
-    hparams: Any
-    env_spec: EnvSpec
-    replica: int
-    num_replicas: int
-    total_num_envs: int
-    total_env_steps: int
-    seed: int
-    device: torch.device
-
-
-@dataclasses.dataclass(frozen=True)
-class ReplayContract:
-    """What a captured iteration (``msrl.runtime.programs.capture``: a CUDA graph on a GPU, a host tape
-    on the CPU) may assume of a component: its answer to :meth:`Component.replay_contract`.
-    A replay re-runs the iteration's device work and no Python; everything else of the
-    component's host state is frozen at the capture (the capture's probe checks that, naming
-    what it finds changed).
-
-    Attributes:
-        capturable: its methods do all their work in torch ops (and native kernels) on its
-            tensors, which a replay re-runs (``False``: an env stepping on the host, e.g.
-            gymnasium's; a fragment holding it runs eagerly, saying so).
-        counters: integer attributes that advance by the same amount every iteration (a step
-            count): after each replay each is advanced by the captured iteration's amount.
-        logs: list attributes an iteration appends device tensors to (finished episodes),
-            emptied by their reader between iterations: after each replay the captured items,
-            holding the replay's values, are appended again.
-    """
-
-    capturable: bool = True
-    counters: tuple[str, ...] = ()
-    logs: tuple[str, ...] = ()
 
 
 class Component:
@@ -250,35 +50,6 @@ class Component:
             KeyError: when ``state`` lacks an entry this component saved.
         """
         del state
-
-
-@dataclasses.dataclass
-class EpisodeStats:
-    """Finished episodes since the last :meth:`Environment.pop_episode_stats`.
-
-    Attributes:
-        returns: undiscounted return of each finished episode, float (multi-agent envs: summed
-            over the agents).
-        lengths: its length in env steps, int.
-        extra: further per-episode series by name (e.g. ``tagger_return``), logged as
-            ``charts/<name>``.
-        lost: episodes cut short because the process stepping their env died (the env engine
-            restarted it); counted here, never among ``returns``, and logged as
-            ``faults/lost_episodes``.
-    """
-
-    returns: list[float]
-    lengths: list[int]
-    extra: dict[str, list[float]] = dataclasses.field(default_factory=dict)
-    lost: int = 0
-
-    def merge(self, other: "EpisodeStats") -> None:
-        """Appends ``other``'s episodes to these (in place)."""
-        self.returns += other.returns
-        self.lengths += other.lengths
-        for k, v in other.extra.items():
-            self.extra.setdefault(k, []).extend(v)
-        self.lost += other.lost
 
 
 class Environment(Component):
@@ -705,68 +476,3 @@ class Trainer:
 
 ComponentFactory = Callable[[BuildContext], Component]
 
-
-@dataclasses.dataclass(frozen=True)
-class AlgorithmSpec:
-    """How msrl builds an algorithm: registered by the module-level ``ALGORITHM`` of a file
-    in ``algorithms/``.
-
-    Attributes:
-        name: the YAML value ``algorithm.name``.
-        hparams: a dataclass type; its fields (with a one-line doc each) are the keys of
-            ``algorithm.hparams``.
-        trainer: the :class:`Trainer` subclass.
-        components: role -> factory for every role except ``env`` (msrl builds envs).
-        env_steps_per_iteration: ``hparams, total_num_envs -> env steps per train_step``.
-        observation_spaces, action_spaces: the gymnasium space classes of one agent's
-            observation and action it supports (the config refuses an env with others).
-        num_agents: the agents per env it supports, ``(least, most)`` (``None``: no limit).
-        policy_lag: how its update treats data collected with older weights, which actors of
-            a policy with a ``latest`` weights boundary (``async_learner``, overlapped coarse)
-            produce: ``"corrected"`` (it corrects for the behaviour policy: V-trace, PPO's
-            clipped importance ratio, or off-policy learning from a replay buffer),
-            ``"uncorrected"`` (it assumes the learner's own policy acted, as A2C's gradient
-            does: the config refuses such policies), ``"tolerated"`` (its update applies what
-            older weights computed as it is, by design: A3C's asynchronous gradient push, Mnih et
-            al. 2016; the lag is logged), or ``None`` (not declared: a run under such a policy
-            says once on stderr that its actors lag).
-    """
-
-    name: str
-    hparams: type
-    trainer: type[Trainer]
-    components: Mapping[str, ComponentFactory]
-    env_steps_per_iteration: Callable[[Any, int], int]
-    observation_spaces: tuple[type[gymnasium.Space], ...] = (gymnasium.spaces.Box,)
-    action_spaces: tuple[type[gymnasium.Space], ...] = (gymnasium.spaces.Discrete, gymnasium.spaces.Box)
-    num_agents: tuple[int, int | None] = (1, 1)
-    policy_lag: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.policy_lag not in (None, "corrected", "uncorrected", "tolerated"):
-            raise ValueError(f"AlgorithmSpec.policy_lag={self.policy_lag!r}: expected 'corrected', 'uncorrected', "
-                             "'tolerated' or None")
-
-    def unsupported(self, env: EnvSpec) -> str | None:
-        """Why this algorithm cannot train on ``env`` (``None`` when it can)."""
-        def names(classes: tuple[type, ...]) -> str:
-            return " or ".join(c.__name__ for c in classes)
-
-        least, most = self.num_agents
-        if env.num_agents < least or (most is not None and env.num_agents > most):
-            kind = "single-agent" if most == 1 else f"multi-agent ({least}+ agents per env)"
-            return f"{self.name} is {kind}; {env.env_id} has {env.num_agents} agent(s) per env"
-        if not isinstance(env.observation_space, self.observation_spaces):
-            hint = ""
-            if isinstance(env.observation_space, (gymnasium.spaces.Dict, gymnasium.spaces.Tuple)):
-                hint = " (env.wrappers: [flatten_observation] makes them one vector)"
-            return (f"{self.name} supports {names(self.observation_spaces)} observations; {env.env_id} has "
-                    f"{type(env.observation_space).__name__} observations{hint}")
-        if not isinstance(env.action_space, self.action_spaces):
-            hint = ""
-            if (isinstance(env.action_space, gymnasium.spaces.Tuple) and gymnasium.spaces.MultiDiscrete in self.action_spaces
-                    and all(isinstance(s, gymnasium.spaces.Discrete) for s in env.action_space.spaces)):
-                hint = " (env.wrappers: [multi_discrete_action] takes a Tuple of Discrete actions as one MultiDiscrete)"
-            return (f"{self.name} supports {names(self.action_spaces)} actions; {env.env_id} has "
-                    f"{type(env.action_space).__name__} actions{hint}")
-        return None
