@@ -4,6 +4,8 @@ their input as it was, and the pipeline composes them in one order."""
 
 from __future__ import annotations
 
+import ast
+
 import pytest
 from graphs import SHAPES, off_policy_step, on_policy_step
 
@@ -121,3 +123,66 @@ def test_the_pipeline_runs_the_partition_then_each_pass_in_order():
     fg = fragment_graph(on_policy_step({"gradients": 4}), policy)
     by_hand = serve_inference(place_collectives(partition(on_policy_step({"gradients": 4}), policy)))
     assert _snapshot(fg) == _snapshot(by_hand) and fg.collectives == by_hand.collectives
+
+
+def test_def_use_sees_a_loops_carried_value_and_both_arms_of_a_branch():
+    """``msrl.graph.defuse.DefUse``, the one def-use analysis: a read inside a loop body is
+    reached by the definition before the loop and by the body's own (the next trip's); a read
+    after a branch by the writes of both arms and, where one arm writes nothing, the earlier
+    write; a write that every path redefines does not reach."""
+    from graphs import Builder
+
+    from msrl.graph.defuse import DefUse
+
+    b = Builder("train_step")
+    b.compute("0", "x")
+    b.loop("t", 3, lambda r: r.compute("x + 1", "x"))
+    b.compute("1", "y")
+    b.compute("2", "y")  # kills the write just before it
+    b.branch("flag", lambda r: r.compute("x * 2", "x"))
+    b.compute("x + y", "z")
+    nodes = {n.id: n for n in b.graph.walk()}
+    by_expr = {ast.unparse(n.target): n.id for n in nodes.values() if n.kind is NodeKind.COMPUTE}
+    flow = DefUse(b.graph)
+    loop_body_write = by_expr["x + 1"]
+    assert flow.uses[(loop_body_write, "x")] == {by_expr["0"], loop_body_write}
+    assert flow.uses[(by_expr["x + y"], "y")] == {by_expr["2"]}
+    assert flow.uses[(by_expr["x + y"], "x")] == {by_expr["0"], loop_body_write, by_expr["x * 2"]}
+    assert DefUse.reads(nodes[by_expr["x + y"]]) == ["x", "y"]
+    branch = next(n for n in nodes.values() if n.kind is NodeKind.BRANCH)
+    assert DefUse.reads(branch) == ["flag"] and flow.uses[(branch.id, "flag")] == frozenset()
+
+
+def test_serve_inference_leaves_live_only_what_reaches_a_read_after_the_rollout():
+    """The serving pass's live-outs come from the same def-use: a value the rollout writes but
+    the rest of train_step rewrites before reading it is not sent back from the clients."""
+    from graphs import Builder, _reset
+
+    def step(rewrite: bool):
+        b = Builder("train_step")
+        b.state_in("obs")
+
+        def rollout(r: Builder) -> None:
+            act = r.call("actor", "act", "self.obs", outs=("action",))
+            r.values(act, action=("sharded", 0))
+            stepped = r.call("env", "step", "action", outs=("next_obs", "reward"))
+            r.values(stepped, next_obs=("sharded", 0), reward=("sharded", 0))
+            r.call("buffer", "insert", "self.obs", "action", "reward")
+            r.compute("0", "n", control=True)
+
+        b.loop("t", 2, rollout)
+        if rewrite:
+            b.compute("1", "n", control=True)
+        gather = b.call("buffer", "gather", outs=("batch",))
+        b.values(gather, batch=("sharded", 1))
+        learn = b.call("learner", "learn", "batch", "n", outs=("metrics",))
+        b.values(learn, metrics=("replicated", None))
+        weights = b.call("learner", "get_weights", outs=("weights",))
+        b.values(weights, weights=("replicated", None))
+        b.call("actor", "set_weights", "weights")
+        b.output("metrics")
+        return {"reset": _reset(), "train_step": b.graph}
+
+    policy = load_policy("single_learner_fine").with_overrides(inference={"max_batch": 2})
+    assert "n" in serve_inference(partition(step(rewrite=False), policy)).inference.live_outs
+    assert "n" not in serve_inference(partition(step(rewrite=True), policy)).inference.live_outs

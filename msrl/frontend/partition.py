@@ -47,116 +47,11 @@ from typing import Any, Iterable
 
 from msrl.errors import PartitionError
 from msrl.graph import CommTarget, Graph, Node, NodeKind
+from msrl.graph.defuse import DefUse
 from msrl.graph.fragmented import Boundary, Fragment, FragmentGraph, value_info
 from msrl.policy import DistributionPolicy
 
 __all__ = ["partition", "boundary_values"]
-
-
-# -- def-use: reaching definitions over nested regions ---------------------------------------
-Env = dict[str, frozenset[int]]
-
-
-def _merge(a: Env, b: Env) -> Env:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = out.get(k, frozenset()) | v
-    return out
-
-
-class _Flow:
-    """Reaching definitions of one traced method.
-
-    Attributes:
-        nodes: id -> node, for every node of every region.
-        uses: ``(user id, value) -> ids of the definitions reaching that read``. A loop node
-            reads its range arguments, a branch node its condition.
-        after: ``(region id, node id) -> env`` right after a node of a region.
-        chain: node id -> ``[(region, ancestor node in it), ...]`` from the method's top
-            region down to the node itself.
-    """
-
-    def __init__(self, graph: Graph) -> None:
-        self.nodes: dict[int, Node] = {}
-        self.uses: dict[tuple[int, str], frozenset[int]] = {}
-        self.after: dict[tuple[int, int], Env] = {}
-        self.chain: dict[int, list[tuple[Graph, Node]]] = {}
-        self.region_of: dict[int, Graph] = {}
-        self._index(graph, [])
-        self._run(graph, {})
-
-    def _index(self, region: Graph, prefix: list[tuple[Graph, Node]]) -> None:
-        for node in region:
-            self.nodes[node.id] = node
-            self.region_of[node.id] = region
-            self.chain[node.id] = prefix + [(region, node)]
-            for sub in node.regions():
-                self._index(sub, prefix + [(region, node)])
-
-    def _run(self, region: Graph, env: Env) -> Env:
-        env = dict(env)
-        for node in region:
-            if node.kind is NodeKind.LOOP:
-                for a in node.args:
-                    if isinstance(a, str):
-                        self.uses[(node.id, a)] = env.get(a, frozenset())
-                entry = dict(env)
-                if node.target:
-                    entry[node.target] = frozenset({node.id})
-                while True:  # zero or more trips: iterate the body to a fixpoint
-                    out = self._run(node.body, entry)
-                    grown = _merge(entry, out)
-                    if grown == entry:
-                        break
-                    entry = grown
-                env = _merge(env, out)
-                if node.target:
-                    env[node.target] = env.get(node.target, frozenset()) | {node.id}
-            elif node.kind is NodeKind.BRANCH:
-                if isinstance(node.target, str):
-                    self.uses[(node.id, node.target)] = env.get(node.target, frozenset())
-                env = _merge(self._run(node.body, env), self._run(node.orelse, env))
-            else:
-                for name in node.inputs:
-                    self.uses[(node.id, name)] = env.get(name, frozenset())
-                for name in node.outputs:
-                    env[name] = frozenset({node.id})
-            self.after[(id(region), node.id)] = dict(env)
-        return env
-
-    def users(self) -> dict[int, list[tuple[int, str]]]:
-        """Definition id -> ``[(user id, value), ...]``."""
-        out: dict[int, list[tuple[int, str]]] = defaultdict(list)
-        for (u, name), defs in self.uses.items():
-            for d in defs:
-                out[d].append((u, name))
-        return out
-
-    def position(self, d: int, u: int) -> tuple[Graph, Node]:
-        """Where a value defined by ``d`` and read by ``u`` crosses: the innermost region
-        holding both, and the node of that region the definition lies in (the comm goes right
-        after it)."""
-        cd, cu = self.chain[d], self.chain[u]
-        level = 0
-        for i in range(min(len(cd), len(cu))):
-            if cd[i][0] is cu[i][0]:
-                level = i
-            else:
-                break
-        return cd[level]
-
-    def in_regions(self, region: Graph, node_id: int) -> tuple[bool, bool]:
-        """Whether position ``region`` is inside a loop, inside a branch."""
-        in_loop = in_branch = False
-        chain = self.chain[node_id]
-        for r, owner in chain:
-            if r is region:
-                break
-            if owner.kind is NodeKind.LOOP:
-                in_loop = True
-            if owner.kind is NodeKind.BRANCH:
-                in_branch = True
-        return in_loop, in_branch
 
 
 # -- 1. assignment ----------------------------------------------------------------------------
@@ -178,7 +73,7 @@ class _Assigner:
     def __init__(self, graphs: dict[str, Graph], policy: DistributionPolicy) -> None:
         self.graphs, self.policy = graphs, policy
         self.order = [f.name for f in policy.fragments]
-        self.flows = {m: _Flow(g) for m, g in graphs.items()}
+        self.flows = {m: DefUse(g) for m, g in graphs.items()}
         self.users = {m: fl.users() for m, fl in self.flows.items()}
         #: (method, node id) -> the fragments the node runs in (the fixpoint being computed)
         self.fragments_of: dict[tuple[str, int], set[str]] = {}

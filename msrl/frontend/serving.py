@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 
 from msrl.graph import COMM_KINDS, Graph, Node, NodeKind
+from msrl.graph.defuse import DefUse
 from msrl.graph.fragmented import FragmentGraph, InferencePlan
 
 __all__ = ["serve_inference", "plan_inference", "wrap_served_region"]
@@ -44,15 +45,6 @@ def _walk(nodes: list[Node]) -> list[Node]:
         for region in n.regions():
             out += _walk(list(region))
     return out
-
-
-def _reads(n: Node) -> list[str]:
-    names = [a for a in n.inputs if isinstance(a, str)]
-    if n.kind is NodeKind.LOOP:
-        names += [a for a in n.args if isinstance(a, str)]
-    if n.kind is NodeKind.BRANCH and isinstance(n.target, str):
-        names.append(n.target)
-    return names
 
 
 def plan_inference(fg: FragmentGraph) -> InferencePlan:
@@ -85,7 +77,6 @@ def plan_inference(fg: FragmentGraph) -> InferencePlan:
                              f"{inf.clients} replicas; there is nothing to serve{off}")
     region, rest = top[:last + 1], top[last + 1:]
     shard_roles = tuple(r for r in server.spec.roles if r not in (inf.role, "learner"))
-    writes: dict[str, Node] = {}
     state_writes: list[str] = []
     sharded_state: list[str] = []
     for n in _walk(region):
@@ -119,14 +110,16 @@ def plan_inference(fg: FragmentGraph) -> InferencePlan:
             raise PartitionError(f"central inference runs the rollout once per {inf.clients} replica, and {where} "
                                  f"crosses to fragment {n.target.src if n.target.dst == inf.server else n.target.dst} "
                                  f"inside it{off}")
-        for out in n.outputs:
-            writes[out] = n
+    # the values the region leaves live: what a node after it reads from a write inside it
+    flow = DefUse(program)
+    order = {n.id: i for i, n in enumerate(_walk(region))}
     live_outs, sharded_outs = [], []
     for n in _walk(rest):
-        for name in _reads(n):
-            w = writes.get(name)
-            if w is None or name in live_outs:
+        for name in DefUse.reads(n):
+            defs = sorted((d for d in flow.uses.get((n.id, name), ()) if d in order), key=order.__getitem__)
+            if not defs or name in live_outs:
                 continue
+            w = flow.nodes[defs[-1]]
             if not w.meta.get("control") and _rows(w, name):
                 sharded_outs.append(name)  # the clients' rows, concatenated in client order
             elif not w.meta.get("control"):
