@@ -52,9 +52,9 @@ def measure(policy: str, replicas: dict[str, int], runtime: str, iterations: int
     spec = build_job_spec(cfg)
     if runtime == "ray":
         from msrl.cluster.options import RayOptions
-        from msrl.cluster.ray_runtime import RayJob
+        from msrl.run.driver import ray_job
 
-        job = RayJob.compile(spec, RayOptions(intra_node=intra_node, boundary_transport=boundary_transport,
+        job = ray_job(spec, RayOptions(intra_node=intra_node, boundary_transport=boundary_transport,
                                               learner_priority=learner_priority))
     else:
         job = Job(spec)

@@ -98,11 +98,11 @@ def startup(n: int) -> float:
     """Seconds from ``RayJob`` construction to the end of the first iteration, the env's steps
     costing nothing (``delay_s=0``: the probe and the iteration step it too)."""
     from msrl.cluster.options import RayOptions
-    from msrl.cluster.ray_runtime import RayJob
+    from msrl.run.driver import ray_job
 
     spec, _ = spec_of(n, 0.0)
     t0 = time.perf_counter()
-    job = RayJob.compile(spec, RayOptions(cpus_per_replica=1.0, on_replica_loss="auto"))
+    job = ray_job(spec, RayOptions(cpus_per_replica=1.0, on_replica_loss="auto"))
     try:
         job.reset()
         job.run(1)
@@ -113,10 +113,10 @@ def startup(n: int) -> float:
 
 def measure(n: int, delay_ms: float, iterations: int, kill: bool) -> dict:
     from msrl.cluster.options import RayOptions
-    from msrl.cluster.ray_runtime import RayJob
+    from msrl.run.driver import ray_job
 
     spec, cfg = spec_of(n, delay_ms)
-    job = RayJob.compile(spec, RayOptions(cpus_per_replica=1.0, on_replica_loss="auto"))
+    job = ray_job(spec, RayOptions(cpus_per_replica=1.0, on_replica_loss="auto"))
     try:
         job.reset()
         job.run(6)
@@ -162,8 +162,8 @@ def hierarchical_row(address: str, intra: str, nodes: int, iterations: int) -> N
 
     from msrl.cluster.bootstrap import init_ray
     from msrl.cluster.options import RayOptions
-    from msrl.cluster.ray_runtime import RayJob
     from msrl.config import build_job_spec, load_config
+    from msrl.run.driver import ray_job
     from msrl.runtime.values import same_bits
 
     learners = 2 * nodes
@@ -171,7 +171,7 @@ def hierarchical_row(address: str, intra: str, nodes: int, iterations: int) -> N
     cfg = load_config(str(ROOT / "configs/ppo_cartpole.yaml"), [
         "name=hier", "distribution_policy.name=multi_learner", f"distribution_policy.replicas.main={learners}",
         f"env.num_envs={2 * learners}", "runtime=ray", "train.total_env_steps=100000000"])
-    job = RayJob.compile(build_job_spec(cfg), RayOptions(address=address, cpus_per_replica=2.0, strategy="PACK",
+    job = ray_job(build_job_spec(cfg), RayOptions(address=address, cpus_per_replica=2.0, strategy="PACK",
                                                                  intra_node=intra))
     try:
         per_node = sorted(collections.Counter(r["node"] for r in job.replica_table()).values())

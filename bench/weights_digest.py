@@ -17,6 +17,7 @@ import sys
 
 from msrl.cluster.ray_runtime import RayJob
 from msrl.config import build_job_spec, load_config
+from msrl.run.driver import ray_job
 from msrl.run.job import Job
 
 CASES = {
@@ -53,7 +54,7 @@ for name in which:
     try:
         spec = build_job_spec(load_config(cfg_path, [*over, "train.eval_every=0", "distribution_policy.name=single_learner_coarse",
                                                      "distribution_policy.replicas.actor=2", "runtime=ray"]))
-        job = RayJob.compile(spec) if hasattr(RayJob, "compile") else RayJob(spec)
+        job = ray_job(spec) if hasattr(RayJob, "compile") else RayJob(spec)
         try:
             job.reset()
             job.run(3)

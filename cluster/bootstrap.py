@@ -11,7 +11,7 @@ import socket
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, Callable
 
 from msrl.errors import ConfigError
 
@@ -48,20 +48,22 @@ def _auth_token_available() -> bool:
     return os.path.isfile(path)
 
 
-def _report_ray() -> None:
-    """Tells a supervising ``msrl train`` (:mod:`msrl.run.supervisor`) the pids of the GCS and the
-    raylet of the Ray this driver started, and its log folder."""
-    from msrl.run.supervisor import report
-
+def _started_ray(on_started: Callable[[dict[str, Any]], None] | None) -> None:
+    """Passes ``on_started`` the pids of the GCS and the raylet of the Ray this process started,
+    and its log folder (``{"pids": {"gcs_server": [...], "raylet": [...]}, "logs_dir": ...}``):
+    what a supervising ``msrl train`` stops when this driver dies (the run layer passes it)."""
+    if on_started is None:
+        return
     try:
         from ray._private import worker as ray_worker
 
         node = ray_worker._global_node
         pids = {kind: [info.process.pid for info in infos] for kind, infos in node.all_processes.items()
                 if kind in ("gcs_server", "raylet")}
-        report(ray={"pids": pids, "logs_dir": node.get_logs_dir_path()})
+        facts = {"pids": pids, "logs_dir": node.get_logs_dir_path()}
     except Exception:  # noqa: BLE001 - another Ray layout: the supervisor knows less, nothing fails
-        pass
+        return
+    on_started(facts)
 
 
 def _tcp_refusal(host: str, port: int, timeout_s: float) -> OSError | None:
@@ -116,7 +118,8 @@ def _check_reachable(address: str, timeout_s: float) -> None:
             channel.close()
 
 
-def init_ray(address: str | None, num_cpus: int, connect_timeout_s: float = 60.0) -> None:
+def init_ray(address: str | None, num_cpus: int, connect_timeout_s: float = 60.0,
+             on_started: Callable[[dict[str, Any]], None] | None = None) -> None:
     """Starts or joins Ray for a job.
 
     Without ``address`` (and no ``RAY_ADDRESS`` in the environment) a new Ray instance starts on
@@ -170,7 +173,7 @@ def init_ray(address: str | None, num_cpus: int, connect_timeout_s: float = 60.0
                     f"{os.path.join(tempfile.gettempdir(), 'ray', 'session_latest', 'logs')}; on a machine this busy, "
                     "try again, or run on fewer replicas (runtime=local runs them as threads)"
                 ) from None
-        _report_ray()
+        _started_ray(on_started)
         return
     if "RAY_AUTH_MODE" not in os.environ:
         try:  # Ray reads RAY_AUTH_MODE once, at import: its own helper sets it and refreshes its config

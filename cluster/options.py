@@ -5,7 +5,7 @@ receives with the compiled job."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from msrl.runtime.transports.kinds import BOUNDARY_TRANSPORTS, INTRA_NODE, SYNC_TRANSPORTS
 
@@ -50,6 +50,9 @@ class RayOptions:
             :data:`~msrl.cluster.placement.PRODUCER_NICE`; ``"auto"``: those on a machine where
             the job's replicas outnumber the cores; ``"off"``: none.
         connect_timeout_s: the longest a join of ``address`` may take (seconds).
+        on_ray_started: called with the pids of the Ray processes this job starts on this
+            machine and their log folder (:func:`~msrl.cluster.bootstrap.init_ray`); the ``msrl``
+            command passes its supervisor's report, so that a dead driver's Ray is stopped.
         capacity_timeout_s: ``None`` (a first start): a cluster without the resources for the
             bundles is a :class:`~msrl.errors.PlacementError` at once, one that has them but
             cannot place them within ``placement_timeout_s`` one then. A number (a restart after
@@ -83,6 +86,7 @@ class RayOptions:
     capacity_timeout_s: float | None = None
     on_replica_loss: str = "auto"
     replacement_timeout_s: float = 600.0
+    on_ray_started: Callable[[dict[str, Any]], None] | None = None
 
     def __post_init__(self) -> None:
         for key, valid in (("strategy", STRATEGIES), ("intra_node", INTRA_NODE), ("sync_transport", SYNC_TRANSPORTS),

@@ -111,20 +111,6 @@ class RayJob:
     #: a failed :meth:`run` leaves ``iteration`` where the call began
     iterations_exact = False
 
-    @classmethod
-    def compile(cls, spec: Any, options: RayOptions | None = None, algorithm_ref: str | None = None,
-                probe: bool = True) -> "RayJob":
-        """Compiles ``spec`` (:func:`msrl.run.job.compile_job`, boundary values checked against
-        ``options.max_message``) and starts it on Ray: what the driver and the tests call.
-
-        Raises:
-            as :func:`msrl.run.job.compile_job` and the class do.
-        """
-        from msrl.run.job import compile_job
-
-        options = options or RayOptions()
-        return cls(compile_job(spec, probe, options.max_message or CODEC_MAX_MESSAGE), options, algorithm_ref)
-
     def __init__(self, compiled: Any, options: RayOptions | None = None, algorithm_ref: str | None = None) -> None:
         import secrets
 
@@ -173,7 +159,7 @@ class RayJob:
         if self._started_ray:
             # on this machine: declare at least the CPUs the bundles ask for (one thread each
             # when they outnumber the cores; they then share cores, never spin on them)
-            init_ray(o.address, max(os.cpu_count() or 1, math.ceil(need)), o.connect_timeout_s)
+            init_ray(o.address, max(os.cpu_count() or 1, math.ceil(need)), o.connect_timeout_s, o.on_ray_started)
         try:
             threads = {f: max(1, int(math.floor(c))) for f, c in cpus.items()}
             self.placement_group = self._place(self.bundles, o.strategy, o.placement_timeout_s, o.capacity_timeout_s)

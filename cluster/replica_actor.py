@@ -49,7 +49,7 @@ class ReplicaActor:
         self.heartbeat = Heartbeat(job_id, fragment, replica, self._progress, on_order=self._order) if job_id else None
         torch.set_num_threads(max(1, min(threads, os.cpu_count() or 1)))  # never more threads than the node's cores
         if algorithm_ref is not None:
-            from msrl.run.job import load_algorithm
+            from msrl.registry import load_algorithm
 
             load_algorithm(algorithm_ref)  # registers a file's module before unpickling refers to it
         from msrl.runtime.replica import Replica

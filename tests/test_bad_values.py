@@ -285,7 +285,6 @@ def test_a_ray_whose_raylet_registers_late_is_started_once_more(monkeypatch, cap
 
     monkeypatch.setattr(ray, "init", init)
     monkeypatch.setattr(ray, "shutdown", lambda: calls.__setitem__("shutdown", calls["shutdown"] + 1))
-    monkeypatch.setattr(ray_runtime, "_report_ray", lambda: None)
     if failures < ray_runtime.LOCAL_START_ATTEMPTS:
         ray_runtime.init_ray(None, num_cpus=2)
         assert calls == {"init": 2, "shutdown": 1}

@@ -17,8 +17,9 @@ from msrl.frontend.partition import partition
 from msrl.frontend.tracer import TraceError, trace, trace_methods
 from msrl.graph import COMM_KINDS, NodeKind
 from msrl.policy import load_policy
+from msrl.registry import UnknownAlgorithmError, load_algorithm
 from msrl.run.cli import main
-from msrl.run.job import Job, JobSpec, UnknownAlgorithmError, load_algorithm
+from msrl.run.job import Job, JobSpec
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

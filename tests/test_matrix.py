@@ -307,7 +307,7 @@ def test_branching_on_module_level_state_is_refused_under_every_policy(policy, r
     """Module-level state each fragment (each process, on Ray) would hold a copy of: one trace
     error naming the line, whichever policy."""
     from msrl.frontend.tracer import TraceError
-    from msrl.run.job import load_algorithm
+    from msrl.registry import load_algorithm
 
     path = tmp_path / "counting_algo.py"
     path.write_text(MODULE_STATE)

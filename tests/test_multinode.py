@@ -329,11 +329,12 @@ from conftest import ppo_spec
 from test_multinode import STRANGER, _listeners
 from msrl.cluster.options import RayOptions
 from msrl.cluster.ray_runtime import RayJob
+from msrl.run.driver import ray_job
 address, namespace = sys.argv[1], sys.argv[2]
 spec = ppo_spec("single_learner_coarse")
 spec = dataclasses.replace(spec, policy=spec.policy.with_overrides(
     replicas={"actor": 2}, boundaries={"trajectories": "fifo", "weights": "latest"}))
-job = RayJob.compile(spec, RayOptions(address=address, strategy="SPREAD"))
+job = ray_job(spec, RayOptions(address=address, strategy="SPREAD"))
 try:
     job.reset()
     job.run(2)

@@ -128,7 +128,7 @@ def test_the_readme_python_example_runs_as_written(tmp_path, monkeypatch, capsys
 def test_an_algorithm_module_on_pythonpath_is_found_by_its_bare_name(tmp_path, monkeypatch):
     import sys
 
-    from msrl.run.job import load_algorithm
+    from msrl.registry import load_algorithm
 
     (tmp_path / "my_dqn_mod.py").write_text(
         "import dataclasses\nfrom msrl.algorithms.dqn import ALGORITHM as DQN\n"

@@ -48,10 +48,10 @@ def _spec(spec_factory, policy, replicas):
 @pytest.mark.parametrize("policy", ["multi_learner", "single_learner_coarse"])
 def test_one_bundle_per_declared_gpu_and_identical_weights(cluster, spec_factory, policy):
     from msrl.cluster.options import RayOptions
-    from msrl.cluster.ray_runtime import RayJob
+    from msrl.run.driver import ray_job
 
     n = NODES * GPUS
-    job = RayJob.compile(_spec(spec_factory, policy, n), RayOptions(gpus_per_replica=1, strategy="SPREAD"))
+    job = ray_job(_spec(spec_factory, policy, n), RayOptions(gpus_per_replica=1, strategy="SPREAD"))
     try:
         table = job.replica_table()
         assert len(table) == n

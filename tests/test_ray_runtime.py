@@ -50,14 +50,14 @@ def test_coarse_on_ray_equals_the_local_runtime_bitwise(ray_local, spec_factory,
     """Coarse on Ray (one process per replica) computes what the local runtime's synchronous
     coarse computes, bit for bit: over Gloo, and in lockstep over streams (trajectories queued,
     weights a fresh slot: what makes its actors replaceable alone)."""
-    from msrl.cluster.ray_runtime import RayJob
+    from msrl.run.driver import ray_job
 
     spec = spec_factory("single_learner_coarse")
     local = Job(spec)
     local.reset()
     local_metrics = [local.train_step() for _ in range(3)]
     # on Ray, the actor fragment runs on the cpu_process_group backend: the same program in processes
-    remote = RayJob.compile(dataclasses.replace(spec, policy=spec.policy.with_overrides(backends={"actor": "cpu_process_group"},
+    remote = ray_job(dataclasses.replace(spec, policy=spec.policy.with_overrides(backends={"actor": "cpu_process_group"},
                                                                                   boundaries=boundaries)))
     try:
         pids = remote.pids()
@@ -85,7 +85,7 @@ def test_a3c_gradients_reduce_across_processes_as_in_one(ray_local, boundaries):
     ``reduce`` boundary, over Gloo and over streams, averaged in replica order: the learner's
     weights and the metrics equal the thread runtime's bit for bit."""
     from msrl.algorithms import a3c
-    from msrl.cluster.ray_runtime import RayJob
+    from msrl.run.driver import ray_job
 
     pol = load_policy("single_learner_coarse").with_overrides(replicas={"actor": 2})
     spec = JobSpec(a3c.ALGORITHM, a3c.A3CConfig(num_steps=5, hidden_sizes=(16,)), "CartPole-v1", 4, pol, seed=5,
@@ -93,7 +93,7 @@ def test_a3c_gradients_reduce_across_processes_as_in_one(ray_local, boundaries):
     local = Job(spec)
     local.reset()
     local_metrics = [local.train_step() for _ in range(4)]
-    remote = RayJob.compile(dataclasses.replace(spec, policy=pol.with_overrides(backends={"actor": "cpu_process_group"},
+    remote = ray_job(dataclasses.replace(spec, policy=pol.with_overrides(backends={"actor": "cpu_process_group"},
                                                                         boundaries=boundaries)))
     try:
         assert {b.comm_kind if b.channel == "sync" else b.pattern for b in remote.fragment_graph.boundaries
@@ -112,7 +112,7 @@ def test_a3c_gradients_reduce_across_processes_as_in_one(ray_local, boundaries):
 @pytest.mark.parametrize("intra_node, replicas", [("shm", 2), ("gloo", 2), ("shm", 3)])
 def test_multi_learner_on_ray_keeps_replicas_identical_and_equals_local(ray_local, spec_factory, intra_node, replicas):
     from msrl.cluster.options import RayOptions
-    from msrl.cluster.ray_runtime import RayJob
+    from msrl.run.driver import ray_job
 
     spec = spec_factory("multi_learner", num_envs=2 * replicas)
     spec = dataclasses.replace(spec, policy=spec.policy.with_overrides(replicas={"main": replicas}))
@@ -120,7 +120,7 @@ def test_multi_learner_on_ray_keeps_replicas_identical_and_equals_local(ray_loca
     local.reset()
     for _ in range(2):
         local.train_step()
-    remote = RayJob.compile(spec, RayOptions(intra_node=intra_node))
+    remote = ray_job(spec, RayOptions(intra_node=intra_node))
     try:
         remote.reset()
         remote.run(2)
@@ -157,14 +157,14 @@ ALGORITHM = dataclasses.replace(PPO, name="exploding", components={**PPO.compone
 def test_a_failing_replica_stops_the_job_with_its_node(ray_local, spec_factory, tmp_path):
     import dataclasses
 
-    from msrl.cluster.ray_runtime import RayJob
-    from msrl.run.job import load_algorithm
+    from msrl.registry import load_algorithm
+    from msrl.run.driver import ray_job
     from msrl.runtime.replica import FragmentError
 
     path = tmp_path / "exploding.py"
     path.write_text(EXPLODING)
     spec = dataclasses.replace(spec_factory("single_learner_coarse", num_envs=4), algorithm=load_algorithm(str(path)))
-    remote = RayJob.compile(spec, algorithm_ref=str(path))  # each process imports the algorithm file
+    remote = ray_job(spec, algorithm_ref=str(path))  # each process imports the algorithm file
     try:
         remote.reset()
         with pytest.raises(FragmentError) as info:
@@ -415,13 +415,13 @@ def _cmdline(pid: int) -> str:
 
 
 def test_a_cuda_fragment_without_a_gpu_bundle_is_a_placement_error(spec_factory):
-    from msrl.cluster.ray_runtime import RayJob
     from msrl.errors import PlacementError
+    from msrl.run.driver import ray_job
 
     spec = spec_factory("single_learner_coarse")
     spec = dataclasses.replace(spec, policy=spec.policy.with_overrides(devices={"learner": "cuda:0"}))
     with pytest.raises(PlacementError, match=r"fragment\(s\) learner hold CUDA tensors but cluster.gpus_per_replica=0"):
-        RayJob.compile(spec)
+        ray_job(spec)
 
 
 def test_per_fragment_bundles_give_each_fragment_its_cpus_and_threads(ray_of_4_cpus, spec_factory):
@@ -429,11 +429,11 @@ def test_per_fragment_bundles_give_each_fragment_its_cpus_and_threads(ray_of_4_c
     torch threads, every actor's 1 (RLlib's per-learner and per-env-runner CPUs); a mapping the
     cluster cannot hold names each fragment's bundle; a fragment the policy lacks is refused."""
     from msrl.cluster.options import RayOptions
-    from msrl.cluster.ray_runtime import RayJob
     from msrl.errors import PlacementError
+    from msrl.run.driver import ray_job
 
     spec = spec_factory("async_learner")  # 2 actor replicas and a learner
-    job = RayJob.compile(spec, RayOptions(cpus_per_replica={"learner": 2}))
+    job = ray_job(spec, RayOptions(cpus_per_replica={"learner": 2}))
     try:
         assert job.bundles == [{"CPU": 1.0}, {"CPU": 1.0}, {"CPU": 2.0}]
         rows = {(r["fragment"], r["replica"]): r for r in job.replica_table()}
@@ -444,24 +444,24 @@ def test_per_fragment_bundles_give_each_fragment_its_cpus_and_threads(ray_of_4_c
         job.close()
     with pytest.raises(PlacementError, match=r"^3 replicas \(3 bundles \(actor: 1 CPU x2, learner: 3 CPU\), "
                                              r"cluster.cpus_per_replica\) need 5 CPUs; the Ray cluster has 4$"):
-        RayJob.compile(spec, RayOptions(cpus_per_replica={"learner": 3}))
+        ray_job(spec, RayOptions(cpus_per_replica={"learner": 3}))
     with pytest.raises(ValueError, match=r"cluster.cpus_per_replica names fragment\(s\) learnr, which the policy does "
                                          r"not have; its fragments: actor, learner"):
-        RayJob.compile(spec, RayOptions(cpus_per_replica={"learnr": 2}))
+        ray_job(spec, RayOptions(cpus_per_replica={"learnr": 2}))
 
 
 def test_a_per_fragment_gpu_bundle_is_checked_against_the_cuda_fragments(spec_factory):
     """``gpus_per_replica`` per fragment: a CUDA fragment it leaves without a GPU is refused
     before Ray starts, naming the fragment and the mapping."""
     from msrl.cluster.options import RayOptions
-    from msrl.cluster.ray_runtime import RayJob
     from msrl.errors import PlacementError
+    from msrl.run.driver import ray_job
 
     spec = spec_factory("single_learner_coarse")
     spec = dataclasses.replace(spec, policy=spec.policy.with_overrides(devices={"learner": "cuda:0"}))
     with pytest.raises(PlacementError, match=r"fragment\(s\) learner hold CUDA tensors but cluster.gpus_per_replica "
                                              r"gives them none \(\{'actor': 1\}\).*\{learner: 1\}"):
-        RayJob.compile(spec, RayOptions(gpus_per_replica={"actor": 1}))
+        ray_job(spec, RayOptions(gpus_per_replica={"actor": 1}))
 
 
 @pytest.mark.parametrize("transport", ["auto", "grpc"])
@@ -476,12 +476,12 @@ def test_overlapped_coarse_streams_between_its_processes(ray_local, spec_factory
 
     from msrl.cluster.options import RayOptions
     from msrl.cluster.placement import PRODUCER_NICE
-    from msrl.cluster.ray_runtime import RayJob
+    from msrl.run.driver import ray_job
 
     spec = spec_factory("single_learner_coarse")
     policy = spec.policy.with_overrides(boundaries={"trajectories": "fifo", "weights": "latest"})
     priority = "on" if transport == "auto" else "off"
-    job = RayJob.compile(dataclasses.replace(spec, policy=policy),
+    job = ray_job(dataclasses.replace(spec, policy=policy),
                          RayOptions(boundary_transport=transport, learner_priority=priority))
     try:
         nice = dict(zip(job.keys, ray.get([a.priority.remote() for a in job.actors])))
@@ -517,14 +517,14 @@ def test_central_inference_on_ray_equals_the_local_runtime_bitwise_and_serves_dy
     replica's Unix-socket server (every replica on this machine), which runs one rollout per env
     replica. In full batches it computes what the local runtime computes, bit for bit; with max_batch=1 every
     request is served alone and the records carry the batches and latencies."""
-    from msrl.cluster.ray_runtime import RayJob
+    from msrl.run.driver import ray_job
 
     spec = spec_factory("single_learner_fine")
     full = dataclasses.replace(spec, policy=spec.policy.with_overrides(inference={}))
     local = Job(full)
     local.reset()
     local_metrics = [local.train_step() for _ in range(3)]
-    job = RayJob.compile(full)
+    job = ray_job(full)
     try:
         job.reset()
         records = job.run(3)
@@ -540,7 +540,7 @@ def test_central_inference_on_ray_equals_the_local_runtime_bitwise_and_serves_dy
         job.close()
         local.close()
     dynamic = dataclasses.replace(spec, policy=spec.policy.with_overrides(inference={"max_batch": 1, "timeout_ms": 1.0}))
-    job = RayJob.compile(dynamic)
+    job = ray_job(dynamic)
     try:
         job.reset()
         records = job.run(3)
@@ -732,9 +732,9 @@ def test_replicas_on_one_machine_listen_on_loopback_only(ray_local, spec_factory
     replica process is Ray's own worker server, which a replica without any process group has
     too (shown by a one-replica job). Asynchronous boundaries between them add no TCP listener
     at all (Unix sockets)."""
-    from msrl.cluster.ray_runtime import RayJob
+    from msrl.run.driver import ray_job
 
-    alone = RayJob.compile(spec_factory("single"))
+    alone = ray_job(spec_factory("single"))
     try:
         ray_own = [a for p in alone.pids() for a in _tcp_listeners(p)]
     finally:
@@ -744,7 +744,7 @@ def test_replicas_on_one_machine_listen_on_loopback_only(ray_local, spec_factory
     overlapped = dataclasses.replace(spec, policy=spec.policy.with_overrides(
         boundaries={"trajectories": "fifo", "weights": "latest"}))
     for s in (spec, overlapped):
-        job = RayJob.compile(s)
+        job = ray_job(s)
         try:
             job.reset()
             job.run(2)
@@ -852,8 +852,8 @@ def test_a_restart_waits_for_capacity_saying_so_and_starts_when_it_is_there(ray_
     from ray.util.placement_group import placement_group, remove_placement_group
 
     from msrl.cluster.options import RayOptions
-    from msrl.cluster.ray_runtime import RayJob
     from msrl.errors import PlacementError
+    from msrl.run.driver import ray_job
 
     spec = spec_factory("single_learner_coarse")
     spec = dataclasses.replace(spec, policy=spec.policy.with_overrides(replicas={"actor": 1}))  # 2 bundles of 1 CPU
@@ -865,7 +865,7 @@ def test_a_restart_waits_for_capacity_saying_so_and_starts_when_it_is_there(ray_
     blocker = placement_group([{"CPU": 1}] * 3)  # 1 of the 4 CPUs left
     ray.get(blocker.ready(), timeout=EVENT_TIMEOUT_S)
     made: list = []
-    t = threading.Thread(target=lambda: made.append(RayJob.compile(spec, RayOptions(capacity_timeout_s=EVENT_TIMEOUT_S))), daemon=True)
+    t = threading.Thread(target=lambda: made.append(ray_job(spec, RayOptions(capacity_timeout_s=EVENT_TIMEOUT_S))), daemon=True)
     t.start()
     try:
         assert tee.seen.wait(EVENT_TIMEOUT_S), "".join(tee.text)
@@ -890,7 +890,7 @@ def test_a_restart_waits_for_capacity_saying_so_and_starts_when_it_is_there(ray_
     ray.get(blocker.ready(), timeout=EVENT_TIMEOUT_S)
     try:
         with pytest.raises(PlacementError, match=r"not placed within 6 s \(cluster.capacity_timeout_s\)"):
-            RayJob.compile(spec, RayOptions(capacity_timeout_s=6))
+            ray_job(spec, RayOptions(capacity_timeout_s=6))
     finally:
         remove_placement_group(blocker)
     # the refused job's pending group was removed with it: every CPU comes back free
@@ -903,13 +903,13 @@ def test_a_captured_fragment_in_a_ray_process_equals_the_local_eager_job_and_say
     in its own process, whose output Ray does not forward -- reaches the driver's stderr."""
     import pathlib
 
-    from msrl.cluster.ray_runtime import RayJob
     from msrl.config import build_job_spec, load_config
+    from msrl.run.driver import ray_job
 
     cfg = pathlib.Path(__file__).resolve().parents[1] / "configs" / "ppo_cartpole_gpu_only.yaml"
     over = ["env.num_envs=8", "algorithm.hparams.num_steps=16", "train.total_env_steps=4096"]
     local = Job(build_job_spec(load_config(cfg, over)))
-    remote = RayJob.compile(build_job_spec(load_config(cfg, [*over, "distribution_policy.capture.main=graph"])))
+    remote = ray_job(build_job_spec(load_config(cfg, [*over, "distribution_policy.capture.main=graph"])))
     try:
         local.reset(), remote.reset()
         assert [r["output"] for r in remote.run(6)] == [local.train_step() for _ in range(6)]
@@ -930,8 +930,8 @@ def test_pong_rollouts_cross_processes_compact_and_train_the_local_bits(ray_loca
     rollouts cross whole."""
     pytest.importorskip("ale_py.vector_env")
     from msrl.algorithms import ppo
-    from msrl.cluster.ray_runtime import RayJob
     from msrl.policy import load_policy
+    from msrl.run.driver import ray_job
     from msrl.run.job import JobSpec
 
     spec = JobSpec(ppo.ALGORITHM, ppo.ALGORITHM.hparams(num_steps=32, update_epochs=1, num_minibatches=2),
@@ -950,7 +950,7 @@ def test_pong_rollouts_cross_processes_compact_and_train_the_local_bits(ray_loca
     finally:
         torch.set_num_threads(threads)
     whole = 2 * 32 * 2 * 4 * 84 * 84  # obs and next_obs of one rollout, bytes
-    remote = RayJob.compile(spec)
+    remote = ray_job(spec)
     try:
         remote.reset()
         records = remote.run(3)
@@ -969,12 +969,12 @@ def test_replica_processes_are_msrls_own_without_the_config_schema(ray_local, sp
     """A replica's process is msrl's own: its start-up shortcuts ran before tensordict and the
     optimisers were imported (:func:`msrl.runtime.startup.own_process`), except in a job that compiles a
     fragment; and it never imports the config schema (pydantic's models are the driver's)."""
-    from msrl.cluster.ray_runtime import RayJob
+    from msrl.run.driver import ray_job
 
     spec = spec_factory("single_learner_coarse")
     if compile_mode != "off":
         spec = dataclasses.replace(spec, policy=spec.policy.with_overrides(compile={"learner": compile_mode}))
-    job = RayJob.compile(spec)
+    job = ray_job(spec)
     try:
         rows = job.replica_table()
     finally:

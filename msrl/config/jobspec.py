@@ -102,7 +102,8 @@ def build_job_spec(cfg: RunConfig) -> Any:
 
     from msrl.envs import UnknownEnvError, check_env_id, is_native
     from msrl.envs.engines import engine as engine_kind
-    from msrl.run.job import JobSpec, UnknownAlgorithmError, load_algorithm
+    from msrl.registry import UnknownAlgorithmError, load_algorithm
+    from msrl.run.job import JobSpec
     from msrl.runtime.programs.backends import UnknownBackendError, load_backend
 
     engine = engine_kind(cfg.env.engine)

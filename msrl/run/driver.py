@@ -23,8 +23,7 @@ def make_job(spec: JobSpec, cfg: RunConfig, restarted: bool = False) -> Any:
     if resolve_runtime(cfg.runtime, spec.policy) == "local":
         return Job(spec)
     from msrl.cluster.options import RayOptions
-    from msrl.cluster.ray_runtime import RayJob
-    from msrl.run.job import available_algorithms, compile_job
+    from msrl.registry import available_algorithms
 
     name = cfg.algorithm.name
     ref = None if name in available_algorithms() else (
@@ -38,8 +37,34 @@ def make_job(spec: JobSpec, cfg: RunConfig, restarted: bool = False) -> Any:
                          boundary_transport=c.boundary_transport, sync_transport=c.sync_transport,
                          learner_priority=c.learner_priority, connect_timeout_s=c.connect_timeout_s,
                          on_replica_loss=c.on_replica_loss, replacement_timeout_s=c.capacity_timeout_s,
-                         capacity_timeout_s=c.capacity_timeout_s if restarted else None)
-    return RayJob(compile_job(spec, True, options.max_message), options, algorithm_ref=ref)
+                         capacity_timeout_s=c.capacity_timeout_s if restarted else None,
+                         on_ray_started=_report_ray)
+    return ray_job(spec, options, algorithm_ref=ref)
+
+
+def ray_job(spec: JobSpec, options: Any = None, algorithm_ref: str | None = None, probe: bool = True) -> Any:
+    """Compiles ``spec`` (:func:`msrl.run.job.compile_job`, boundary values checked against
+    ``options.max_message``) and starts it on Ray as a :class:`~msrl.cluster.ray_runtime.RayJob`
+    (``options``: a :class:`~msrl.cluster.options.RayOptions`; ``None``: the defaults): what
+    :func:`make_job`, the tests and the benchmarks call.
+
+    Raises:
+        as :func:`msrl.run.job.compile_job` and :class:`~msrl.cluster.ray_runtime.RayJob` do.
+    """
+    from msrl.cluster.options import RayOptions
+    from msrl.cluster.ray_runtime import RayJob
+    from msrl.run.job import compile_job
+    from msrl.runtime.transports.codec import MAX_MESSAGE
+
+    options = options or RayOptions()
+    return RayJob(compile_job(spec, probe, options.max_message or MAX_MESSAGE), options, algorithm_ref)
+
+
+def _report_ray(facts: dict[str, Any]) -> None:
+    """Tells a supervising ``msrl train`` (:mod:`msrl.run.supervisor`) the Ray this driver started."""
+    from msrl.run.supervisor import report
+
+    report(ray=facts)
 
 
 def tls_config(cfg: RunConfig) -> Any:
