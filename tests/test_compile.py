@@ -69,7 +69,7 @@ def test_a_compiled_fragment_equals_its_eager_program_to_float_tolerance(config,
         for role in ("actor", "learner"):
             _weights_close(jobs, role)
         rep = jobs[0].replica("main", 0)
-        status = compiled_program_of(rep.programs["train_step"].fn).status(rep.trainer)
+        status = rep.compile_status()
         assert status and all(line.endswith(": inductor") for line in status), status
         names = {line.split(":")[0] for line in status}
         assert {"learner.ppo_loss", "learner.net.evaluate"} <= names, names
@@ -103,7 +103,7 @@ def test_a_target_with_a_graph_break_runs_eagerly_with_one_line(monkeypatch, cap
         a, b = (j.replica("main", 0).weights("learner") for j in jobs)
         assert all(torch.equal(a[k], b[k]) for k in a)
         rep = jobs[0].replica("main", 0)
-        [line] = compiled_program_of(rep.programs["train_step"].fn).status(rep.trainer)
+        [line] = rep.compile_status()
         assert re.fullmatch(r"actor\.act: eager: Unsupported: .*at .*msrl/rl/distributions\.py:\d+ \(.*generator.*\)",
                             line), line
         err = capfd.readouterr().err

@@ -349,7 +349,7 @@ def test_ppo_builds_the_nature_cnn_for_atari_frames_and_stores_them_as_bytes():
 def test_gymnasium_mujoco_envs_share_one_model_and_step_as_before():
     import gymnasium
 
-    from msrl.envs.make_env import make_single_env, share_mujoco_models
+    from msrl.envs.single_env import make_single_env, share_mujoco_models
 
     own = [make_single_env("HalfCheetah-v5") for _ in range(3)]
     shared = [make_single_env("HalfCheetah-v5") for _ in range(3)]

@@ -9,7 +9,7 @@ import torch
 pytest.importorskip("mpe2")
 
 from msrl.envs import env_spec, make_env  # noqa: E402
-from msrl.envs.make_env import UnknownEnvError  # noqa: E402
+from msrl.envs.single_env import UnknownEnvError  # noqa: E402
 
 SPREAD = "pettingzoo/mpe2.simple_spread_v3"
 KW = {"N": 3, "max_cycles": 25, "continuous_actions": False}

@@ -508,7 +508,7 @@ def test_the_latest_checkpoint_is_never_missing_while_the_next_one_is_saved(tmp_
 
     import torch
 
-    from msrl.run.training import checkpoints
+    from msrl.run import checkpoints
 
     path = tmp_path / "latest.pt"
     checkpoints.atomic_save({"v": 1}, path, keep_previous=True)

@@ -284,7 +284,7 @@ def test_tuple_actions_are_refused_with_the_wrapper_that_takes_them(tmp_path):
     """A Tuple of Discrete actions is one line naming ``multi_discrete_action``; the wrapper
     hands the env each sub-space's ``start + index``; a Tuple holding a Box is refused by position."""
     from msrl.config import ConfigError, build_job_spec, load_config
-    from msrl.envs.make_env import TupleAsMultiDiscrete, make_single_env
+    from msrl.envs.single_env import TupleAsMultiDiscrete, make_single_env
 
     with pytest.raises(ConfigError) as info:
         build_job_spec(load_config("configs/ppo_cartpole.yaml",

@@ -224,7 +224,7 @@ UNTOUCHED = """
                       "finders": [type(f).__module__ for f in sys.meta_path
                                   if f not in finders and type(f).__module__.startswith("msrl")],
                       "marked": getattr(tensordict.utils._lock_warn, "_dynamo_marked_constant", False),
-                      "owned": __import__("msrl.runtime.startup").startup.owned_changes()}))
+                      "owned": __import__("msrl.runtime.startup").runtime.startup.owned_changes()}))
 """
 
 

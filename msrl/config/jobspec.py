@@ -116,7 +116,7 @@ def build_job_spec(cfg: RunConfig) -> Any:
     except (UnknownAlgorithmError, UnknownEnvError, UnknownPolicyError) as e:
         raise ConfigError(str(e)) from None
     from msrl.envs import env_spec as make_env_spec
-    from msrl.envs.make_env import EnvKwargsError, check_wrappers
+    from msrl.envs.single_env import EnvKwargsError, check_wrappers
 
     try:
         check_wrappers(cfg.env.wrappers)

@@ -2,7 +2,7 @@
 envs, and the PettingZoo adapter, behind one factory (:mod:`msrl.envs.factory`).
 
 Importing this package is light (no torch, no simulator): the env engine's worker processes
-import :mod:`msrl.envs.make_env` and :mod:`msrl.envs.state` only. The factory's names load on
+import :mod:`msrl.envs.single_env` and :mod:`msrl.envs.state` only. The factory's names load on
 first use.
 """
 

@@ -73,7 +73,7 @@ def serve(env_indices: Sequence[int], env_id: str, env_kwargs: dict[str, Any], w
     commands until CLOSE or the socket closes (the parent is gone)."""
     import numpy as np
 
-    from msrl.envs.make_env import make_single_env, share_mujoco_models
+    from msrl.envs.single_env import make_single_env, share_mujoco_models
     from msrl.envs.state import dump_env, load_env
 
     try:

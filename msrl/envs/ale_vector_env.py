@@ -32,7 +32,7 @@ import torch
 
 from msrl.api import EnvSpec
 from msrl.envs.gymnasium_env import EpisodeTracker, TrackedEnvironment
-from msrl.envs.make_env import EnvKwargsError, UnknownEnvError
+from msrl.envs.single_env import EnvKwargsError, UnknownEnvError
 
 __all__ = ["AleVectorEnv", "ale_vector_spec", "ale_game", "ALE_VECTOR_KWARGS"]
 

@@ -222,7 +222,7 @@ def storage_space(space: gymnasium.Space) -> gymnasium.Space:
 class PackDictObservation(gymnasium.ObservationWrapper):
     """A gymnasium env whose ``Dict`` observations come packed (:class:`DictLayout`): its
     ``observation_space`` is the ``(R,)`` Box, ``dict_space`` the env's own. Every engine's env
-    with a Dict observation space is wrapped in it last (:func:`msrl.envs.make_env.make_single_env`).
+    with a Dict observation space is wrapped in it last (:func:`msrl.envs.single_env.make_single_env`).
     A class (not a lambda): env snapshots pickle it.
 
     Raises (from :meth:`observation`): as :meth:`DictLayout.pack`.

@@ -44,7 +44,7 @@ import torch
 
 from msrl.envs import _worker as W
 from msrl.envs.gymnasium_env import EpisodeTracker, TrackedEnvironment, env_spec_of, obs_dtype
-from msrl.envs.make_env import make_single_env
+from msrl.envs.single_env import make_single_env
 from msrl.errors import MsrlError
 
 __all__ = ["ProcessEnv", "EnvWorkerError", "default_num_workers"]
@@ -120,7 +120,7 @@ class ProcessEnv(TrackedEnvironment):
         num_workers: ``W``, 1..N worker processes (default :func:`default_num_workers`).
         device: where returned tensors live.
         env_kwargs: ``gymnasium.make`` kwargs of every env.
-        wrappers: msrl's named wrappers (:data:`msrl.envs.make_env.WRAPPERS`), e.g. ``["atari"]``.
+        wrappers: msrl's named wrappers (:data:`msrl.envs.single_env.WRAPPERS`), e.g. ``["atari"]``.
         batch_size: envs :meth:`recv` returns (default ``N``).
 
     Raises:

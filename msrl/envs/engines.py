@@ -31,9 +31,9 @@ def check_env_id(env_id: str) -> None:
     Raises:
         UnknownEnvError: naming close gymnasium ids, the native ids and every gymnasium id.
     """
-    from msrl.envs.make_env import UnknownEnvError
-    from msrl.envs.make_env import check_env_id as check_gymnasium_id
     from msrl.envs.native import NATIVE_ENVS, is_native
+    from msrl.envs.single_env import UnknownEnvError
+    from msrl.envs.single_env import check_env_id as check_gymnasium_id
 
     if is_native(env_id):
         return
@@ -82,7 +82,7 @@ def _as_trained(env_id: str, kwargs: Mapping[str, Any], wrappers: Sequence[str])
 
 def _envpool_twin(env_id: str, kwargs: Mapping[str, Any], wrappers: Sequence[str]) -> tuple[str | None, dict, list]:
     """EnvPool's kwargs are not gymnasium's, and its ids may not be gymnasium ids."""
-    from msrl.envs.make_env import UnknownEnvError, check_env_id
+    from msrl.envs.single_env import UnknownEnvError, check_env_id
 
     try:
         check_env_id(env_id)
@@ -137,7 +137,7 @@ class EngineKind:
 
     Attributes:
         name: the value of ``env.engine``.
-        check_id: raises :class:`~msrl.envs.make_env.UnknownEnvError` for an id the engine cannot
+        check_id: raises :class:`~msrl.envs.single_env.UnknownEnvError` for an id the engine cannot
             step (naming what it can).
         wrappers_problem: what is wrong with ``env.wrappers`` on this engine (``None``: nothing).
         make: ``make(env_id, num_envs, num_workers, device, env_kwargs, wrappers)`` -> the

@@ -23,7 +23,7 @@ import torch
 
 from msrl.api import EnvSpec
 from msrl.envs.gymnasium_env import EpisodeTracker, TrackedEnvironment, obs_dtype
-from msrl.envs.make_env import UnknownEnvError
+from msrl.envs.single_env import UnknownEnvError
 
 __all__ = ["EnvPoolEnv", "check_envpool_id", "envpool_spec"]
 

@@ -15,8 +15,8 @@ import torch
 from msrl.api import Environment, EnvSpec
 from msrl.envs.engines import ENGINES, check_env_id
 from msrl.envs.engines import engine as engine_kind
-from msrl.envs.make_env import UnknownEnvError, make_single_env
 from msrl.envs.native import NATIVE_ENVS, is_native, make_native
+from msrl.envs.single_env import UnknownEnvError, make_single_env
 
 __all__ = ["check_env_id", "make_env", "env_spec", "eval_env_id", "UnknownEnvError", "is_native", "ENGINES"]
 

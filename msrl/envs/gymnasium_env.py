@@ -1,7 +1,7 @@
 """Gymnasium adapter: any registered gymnasium env id as a batched :class:`~msrl.api.Environment`
 stepped in the caller's process (``env.engine: sync``).
 
-The batch is a list of :func:`~msrl.envs.make_env.make_single_env` envs stepped in order with
+The batch is a list of :func:`~msrl.envs.single_env.make_single_env` envs stepped in order with
 gymnasium's same-step autoreset (the ``SAME_STEP`` mode of its vector envs): the observation
 returned for a finished env is the first of its next episode and the finished episode's last
 observation is ``info["final_obs"]``. The step itself is the env engine's worker's
@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from msrl.api import Environment, EnvSpec, EpisodeStats
-from msrl.envs.make_env import UnknownEnvError, check_env_id, make_single_env
+from msrl.envs.single_env import UnknownEnvError, check_env_id, make_single_env
 from msrl.envs.state import dump_env, load_env
 
 __all__ = ["GymnasiumEnv", "TrackedEnvironment", "UnknownEnvError", "check_env_id", "EpisodeTracker", "obs_dtype",
@@ -121,7 +121,7 @@ class GymnasiumEnv(TrackedEnvironment):
         num_envs: ``N``, the batch size; >= 1.
         device: where returned tensors live.
         env_kwargs: passed to ``gymnasium.make`` (or ``parallel_env``) for each env.
-        wrappers: msrl's named wrappers (:data:`msrl.envs.make_env.WRAPPERS`), e.g. ``["atari"]``.
+        wrappers: msrl's named wrappers (:data:`msrl.envs.single_env.WRAPPERS`), e.g. ``["atari"]``.
 
     Raises:
         UnknownEnvError: ``env_id`` is not registered.
