@@ -15,10 +15,16 @@ import hashlib
 import json
 import sys
 
-from msrl.cluster.ray_runtime import RayJob
 from msrl.config import build_job_spec, load_config
-from msrl.run.driver import ray_job
-from msrl.run.job import Job
+
+try:  # this checkout's layout
+    from msrl.run.driver import ray_job
+    from msrl.run.job import Job
+except ImportError:  # an older checkout's (msrl/job.py; RayJob.compile, or RayJob(spec) before it)
+    from msrl.cluster.ray_runtime import RayJob
+    from msrl.job import Job
+
+    ray_job = getattr(RayJob, "compile", RayJob)
 
 CASES = {
     "ppo": ("configs/ppo_cartpole.yaml", ["env.num_envs=4", "algorithm.hparams.num_steps=16"]),
@@ -54,7 +60,7 @@ for name in which:
     try:
         spec = build_job_spec(load_config(cfg_path, [*over, "train.eval_every=0", "distribution_policy.name=single_learner_coarse",
                                                      "distribution_policy.replicas.actor=2", "runtime=ray"]))
-        job = ray_job(spec) if hasattr(RayJob, "compile") else RayJob(spec)
+        job = ray_job(spec)
         try:
             job.reset()
             job.run(3)

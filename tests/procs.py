@@ -61,10 +61,12 @@ def kill_tree(root: int) -> None:
             pass
 
 
-def _die_with_parent(sig: int) -> Callable[[], None]:
+def _die_with_parent(sig: int, sigint_ignored: bool = False) -> Callable[[], None]:
     def tie() -> None:  # runs in the child before exec
         import ctypes
 
+        if sigint_ignored:  # as a background job of a non-interactive shell starts (`cmd &`, nohup)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
             ctypes.CDLL(None, use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG (Linux)
         except (OSError, AttributeError):
@@ -72,11 +74,13 @@ def _die_with_parent(sig: int) -> Callable[[], None]:
     return tie
 
 
-def popen(cmd: list[str], death_signal: int = signal.SIGINT, **kw: Any) -> subprocess.Popen:
+def popen(cmd: list[str], death_signal: int = signal.SIGINT, sigint_ignored: bool = False,
+          **kw: Any) -> subprocess.Popen:
     """``subprocess.Popen(cmd, **kw)`` for a process a test starts: it gets ``death_signal`` when
     the test process dies (even SIGKILLed: ``PR_SET_PDEATHSIG``; SIGINT lets ``msrl train`` stop
-    its replicas as after Ctrl-C); the test stops it and everything below it with :func:`stop_tree`."""
-    return subprocess.Popen(cmd, preexec_fn=_die_with_parent(death_signal), **kw)
+    its replicas as after Ctrl-C); the test stops it and everything below it with :func:`stop_tree`.
+    ``sigint_ignored``: it starts with SIGINT ignored, as a background job of a script does."""
+    return subprocess.Popen(cmd, preexec_fn=_die_with_parent(death_signal, sigint_ignored), **kw)
 
 
 def stop_tree(proc: subprocess.Popen, timeout: float = 60.0) -> None:

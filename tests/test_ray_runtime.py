@@ -365,11 +365,13 @@ def test_a_stopped_replica_is_reported_hung_and_restarted(ray_local, tmp_path, c
     assert float(last["faults/replica_hangs"]) == 1
 
 
-def test_ctrl_c_leaves_no_process_behind(tmp_path):
+@pytest.mark.parametrize("sigint_ignored", [False, True], ids=["foreground", "background-job"])
+def test_ctrl_c_leaves_no_process_behind(tmp_path, sigint_ignored):
     """SIGINT to ``msrl train`` of a distributed run: it exits, and no process of the run --
     its replicas (``replicas.json``) and every process below it in the process tree, Ray's own
-    daemons included -- outlives it. Only the run's own processes are looked at: other jobs may
-    run Ray on the same machine."""
+    daemons included -- outlives it; also when it started with SIGINT ignored (a background job
+    of a script). Only the run's own processes are looked at: other jobs may run Ray on the same
+    machine."""
     import signal
     import subprocess
     import sys
@@ -380,7 +382,7 @@ def test_ctrl_c_leaves_no_process_behind(tmp_path):
         [sys.executable, "-m", "msrl.run.cli", "train", "configs/ppo_cartpole.yaml", f"runs_dir={tmp_path}", "name=c",
          "runtime=ray", "distribution_policy.name=single_learner_coarse", "distribution_policy.replicas.actor=2",
          "train.progress=false", "train.total_env_steps=10000000"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, sigint_ignored=sigint_ignored,
     )
     tree: set[int] = set()
     try:

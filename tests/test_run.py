@@ -170,7 +170,11 @@ def test_resume_alone_and_for_longer_continues_the_run(tmp_path, capsys):
     assert [int(r["iteration"]) for r in rows(run)] == list(range(1, 17))  # refused runs wrote nothing
 
 
-def test_ctrl_c_is_an_interruption_with_a_resume_hint(tmp_path):
+@pytest.mark.parametrize("sigint_ignored", [False, True], ids=["foreground", "background-job"])
+def test_ctrl_c_is_an_interruption_with_a_resume_hint(tmp_path, sigint_ignored):
+    """SIGINT stops a run with its checkpoint kept and a resume line, also when ``msrl train``
+    started with SIGINT ignored (a background job of a script, ``nohup``, a CI wrapper): msrl's
+    own process takes SIGINT back (issue 73, item 5)."""
     import signal
     import subprocess
     import sys
@@ -178,7 +182,7 @@ def test_ctrl_c_is_an_interruption_with_a_resume_hint(tmp_path):
 
     proc = popen([sys.executable, "-m", "msrl.run.cli", "train", str(MAIN), f"runs_dir={tmp_path}", "name=c",
                   "train.progress=false", "train.total_env_steps=10000000", "train.checkpoint_every=5"],
-                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, sigint_ignored=sigint_ignored)
     ckpt = tmp_path / "c" / "checkpoints" / "latest.pt"
     try:
         wait_for(ckpt.is_file, f"a checkpoint at {ckpt}", alive=proc)
@@ -551,3 +555,17 @@ def test_an_asynchronous_policy_runs_chunks_of_several_slow_iterations():
     assert chunk("async_learner", 0.001) == chunk("single_learner_coarse", 0.001) == 50  # the checkpoint first
     assert chunk("async_learner", 1.0, iteration=47) == 3  # a checkpoint due ends the chunk
     assert chunk("async_learner", None) == 1  # the first iteration alone: its time is unknown
+
+
+def test_the_printed_resume_command_pastes_into_a_shell(tmp_path):
+    """The resume line names the run directory shell-quoted: a runs directory with a space (or a
+    quote) pastes back as one argument (issue 73, item 8)."""
+    import shlex
+
+    from msrl.run.outcome import TrainingInterrupted, resume_command
+
+    run_dir = tmp_path / "my runs" / "it's c"
+    line = str(TrainingInterrupted(run_dir, 100, run_dir / "checkpoints" / "latest.pt", 80))
+    command = line.split("resume with: ", 1)[1]
+    assert command == resume_command(run_dir)
+    assert shlex.split(command) == ["msrl", "train", "--resume", str(run_dir)]

@@ -247,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
         from msrl.runtime.startup import defer_gc, freeze_before_exit
 
         defer_gc()
+        # SIGINT is msrl's own in its process: a background job of a script (`msrl train ... &`,
+        # nohup, a CI wrapper) starts with it ignored, and `kill -INT` would do nothing
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         for sig in (signal.SIGTERM, signal.SIGHUP):  # stop as Ctrl-C stops: checkpoint kept, resume line, status 130
             signal.signal(sig, _interrupt)
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import pathlib
+import shlex
 
 from msrl.errors import MsrlError
 from msrl.runtime.replica import ReplicaDied
@@ -47,6 +48,12 @@ class ClusterLost(TrainingStopped):
         self.run_dir = run_dir
 
 
+def resume_command(run_dir: str | pathlib.Path) -> str:
+    """The command that resumes the run in ``run_dir``, shell-quoted so that it can be pasted
+    (a runs directory with a space or a quote in its name)."""
+    return f"msrl train --resume {shlex.quote(str(run_dir))}"
+
+
 def lost_message(run_dir: pathlib.Path | None, what: str) -> tuple[str, int | None, pathlib.Path | None]:
     """``what`` happened to the run in ``run_dir``: the one line that says so, where its last
     checkpoint is and how to resume; with the checkpoint's env steps and path (``None`` when
@@ -60,7 +67,7 @@ def lost_message(run_dir: pathlib.Path | None, what: str) -> tuple[str, int | No
     except (FileNotFoundError, CheckpointError):
         return f"{what}; the run ({run_dir}) has no checkpoint yet: start it again", None, None
     steps = int(state["env_steps"])
-    return (f"{what}; the last checkpoint is at env step {steps}; resume with msrl train --resume {run_dir}",
+    return (f"{what}; the last checkpoint is at env step {steps}; resume with {resume_command(run_dir)}",
             steps, used)
 
 
@@ -77,7 +84,7 @@ class TrainingInterrupted(KeyboardInterrupt):
     def __init__(self, run_dir: pathlib.Path, env_steps: int, checkpoint: pathlib.Path | None,
                  checkpoint_env_steps: int | None) -> None:
         kept = (f"checkpoint kept: {checkpoint} (env step {checkpoint_env_steps}); resume with: "
-                f"msrl train --resume {run_dir}") if checkpoint is not None else "no checkpoint was written yet"
+                f"{resume_command(run_dir)}") if checkpoint is not None else "no checkpoint was written yet"
         super().__init__(f"interrupted at env step {env_steps}; {kept}")
         self.run_dir, self.env_steps = run_dir, env_steps
         self.checkpoint, self.checkpoint_env_steps = checkpoint, checkpoint_env_steps

@@ -23,8 +23,9 @@ parent, the process the user started, only waits for it:
   parent alone, which passes it on as one ``SIGINT`` (the driver stops as after any Ctrl-C,
   checkpoint kept, the resume hint printed); ``SIGTERM``/``SIGHUP`` to the parent are passed on
   as ``SIGINT`` too, and the driver acts on it even when ``msrl train`` started with SIGINT
-  ignored (a background job of a non-interactive shell), where a ``SIGINT`` to the parent stays
-  ignored. If the parent itself is killed, the driver gets ``SIGINT`` (``PR_SET_PDEATHSIG``).
+  ignored (a background job of a non-interactive shell): the command takes SIGINT back first
+  (:func:`msrl.run.cli.main`), so a ``SIGINT`` to the parent is passed on as well. If the
+  parent itself is killed, the driver gets ``SIGINT`` (``PR_SET_PDEATHSIG``).
 
 The driver tells the parent what it knows as it learns it (:func:`report`: the run directory,
 the pids of the Ray it started), one JSON object per line on a pipe, and its exit status last.

@@ -23,7 +23,7 @@ from msrl.run.checkpoints import CHECKPOINT, atomic_save, load_checkpoint, read_
 from msrl.run.driver import make_job
 from msrl.run.job import JobSpec
 from msrl.run.loop import TrainingLoop
-from msrl.run.outcome import ClusterLost, ReplicaLost, TrainingInterrupted, TrainingStopped, TrainResult
+from msrl.run.outcome import ClusterLost, ReplicaLost, TrainingInterrupted, TrainingStopped, TrainResult, resume_command
 from msrl.run.rundir import RunLock, check_resumable, check_runs_dir, flatten, load_run_config, write_config
 from msrl.runtime.replica import ReplicaDied, ReplicaHung
 
@@ -120,7 +120,7 @@ def _stopped(why: str, steps: int, run_dir: pathlib.Path | None) -> TrainingStop
     return TrainingStopped(
         f"training stopped after env step {steps}: {why}"
         + f"\nlast good checkpoint: {ckpt if have else 'none'}"
-        + (f"; continue with: msrl train --resume {run_dir}" if have else ""),
+        + (f"; continue with: {resume_command(run_dir)}" if have else ""),
         0, steps, ckpt if have else None,
     )
 
