@@ -569,3 +569,21 @@ def test_the_printed_resume_command_pastes_into_a_shell(tmp_path):
     command = line.split("resume with: ", 1)[1]
     assert command == resume_command(run_dir)
     assert shlex.split(command) == ["msrl", "train", "--resume", str(run_dir)]
+
+
+def test_a_resume_may_change_a_number_into_a_per_fragment_mapping(tmp_path, capsys):
+    """``--resume RUN 'cluster.cpus_per_replica={learner: 2}'`` (a key the refusal lists as one a
+    resume may change, given per fragment where the run had one number) resumes and says what it
+    changed, once, whole (issue 73, item 1: a KeyError traceback)."""
+    from msrl.run.cli import main
+
+    base = [f"runs_dir={tmp_path}", "name=a", "train.progress=false", "train.eval_every=0", "eval.episodes=1",
+            "distribution_policy.name=single_learner_coarse", "runtime=local", "env.num_envs=4",
+            "algorithm.hparams.num_steps=16"]
+    assert main(["train", str(MAIN), *base, "train.total_env_steps=256"]) == 0
+    capsys.readouterr()
+    assert main(["train", "--resume", str(tmp_path / "a"), "cluster.cpus_per_replica={learner: 2}",
+                 "train.total_env_steps=512"]) == 0
+    err = capsys.readouterr().err
+    assert f"msrl: resuming {tmp_path / 'a'} with cluster.cpus_per_replica={{'learner': 2.0}}, train.total_env_steps=512" in err
+    assert "Traceback" not in err

@@ -24,7 +24,7 @@ from msrl.run.driver import make_job
 from msrl.run.job import JobSpec
 from msrl.run.loop import TrainingLoop
 from msrl.run.outcome import ClusterLost, ReplicaLost, TrainingInterrupted, TrainingStopped, TrainResult, resume_command
-from msrl.run.rundir import RunLock, check_resumable, check_runs_dir, flatten, load_run_config, write_config
+from msrl.run.rundir import RunLock, check_resumable, check_runs_dir, load_run_config, write_config
 from msrl.runtime.replica import ReplicaDied, ReplicaHung
 
 __all__ = ["TrainResult", "TrainingStopped", "TrainingInterrupted", "train"]
@@ -183,6 +183,17 @@ def _train_once(cfg: RunConfig, resume: str | pathlib.Path | None, restarted: bo
             lock.release()
 
 
+def _value_at(config: dict[str, Any], key: str) -> Any:
+    """The value of dotted ``key`` in a nested config dict (``None`` where the new config has no
+    such key: a per-fragment value that became one number)."""
+    value: Any = config
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
 def _open_resumed(cfg: RunConfig, spec: JobSpec, run_dir: pathlib.Path, locks: list[RunLock]) -> dict[str, Any]:
     """Locks a run directory to resume, loads its last good checkpoint and records the config
     changes (budget-like keys only); returns the checkpoint's state.
@@ -202,8 +213,9 @@ def _open_resumed(cfg: RunConfig, spec: JobSpec, run_dir: pathlib.Path, locks: l
                           f"env step {done}; a resumed run can only train for longer")
     set_aside_damaged(run_dir, used)
     if changed:
-        values = flatten(cfg.model_dump())
-        print(f"msrl: resuming {run_dir} with " + ", ".join(f"{k}={values[k]!r}" for k in changed)
+        # a key that changed shape (a number to a per-fragment mapping) is shown once, whole
+        shown = [k for k in changed if not any(k.startswith(other + ".") for other in changed)]
+        print(f"msrl: resuming {run_dir} with " + ", ".join(f"{k}={_value_at(cfg.model_dump(), k)!r}" for k in shown)
               + (" (budget-dependent schedules such as anneal_lr follow the new budget from here)"
                  if "train.total_env_steps" in changed else ""), file=sys.stderr)
         write_config(run_dir, cfg)
