@@ -36,6 +36,10 @@ def test_the_config_names_what_a_population_cannot_explore(tmp_path):
         _cfg(tmp_path, "population.explore={learning_rate: {min: 0.01, max: 0.001}}")
     with pytest.raises(ConfigError, match=r"population.size"):
         _cfg(tmp_path, "population.size=1")
+    # a range past the hyperparameter's own bound, named by its key before any work (issue 73, item 4)
+    with pytest.raises(ConfigError, match=r"population.explore.gamma.max=1.5: not a value algorithm.hparams.gamma "
+                                          r"accepts \(Input should be less than or equal to 1\)"):
+        _cfg(tmp_path, "population.explore={gamma: {min: 0.9, max: 1.5}}")
     with pytest.raises(ConfigError, match=r"the members run in this process \(runtime: local\).*set runtime: local"):
         _cfg(tmp_path, "runtime=ray")
 

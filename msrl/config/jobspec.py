@@ -260,6 +260,7 @@ def check_population(cfg: RunConfig, algorithm: Any) -> None:
             raise ConfigError(f"population.explore.{name}: only float hyperparameters can be explored (an int or a "
                               f"bool may change a tensor's shape or the traced program); float ones of "
                               f"{cfg.algorithm.name}: {', '.join(_float_fields(algorithm.hparams))}")
+        _check_explored_values(cfg, algorithm, name)
     if pop.devices is not None:
         if not pop.devices:
             raise ConfigError("population.devices is empty: list one device or more (e.g. [cuda:0, cuda:1]), or leave it out")
@@ -277,6 +278,26 @@ def check_population(cfg: RunConfig, algorithm: Any) -> None:
     if resolve_runtime(cfg.runtime, spec.policy) != "local":
         raise ConfigError(f"population: the members run in this process (runtime: local); runtime={cfg.runtime} "
                           f"would run {spec.policy.name}'s replicas on Ray: set runtime: local")
+
+
+def _check_explored_values(cfg: RunConfig, algorithm: Any, name: str) -> None:
+    """Every value ``population.explore.<name>`` can give (its ``min``, its ``max`` -- explored
+    values are clipped into the range -- and its ``init`` values) is one the hyperparameter accepts,
+    checked by the algorithm's own bounds before any work.
+
+    Raises:
+        ConfigError: naming ``population.explore.<name>.<min|max|init>``, the value and the bound.
+    """
+    r = cfg.population.explore[name]
+    for where, value in (("min", r.min), ("max", r.max), *((f"init[{i}]", v) for i, v in enumerate(r.init or ()))):
+        try:
+            pydantic.TypeAdapter(algorithm.hparams).validate_python({**cfg.algorithm.hparams, name: value})
+        except pydantic.ValidationError as e:
+            why = "; ".join(x["msg"].removeprefix("Value error, ") for x in e.errors())
+            raise ConfigError(f"population.explore.{name}.{where}={value:g}: not a value algorithm.hparams.{name} "
+                              f"accepts ({why}); the explored range must lie within the hyperparameter's bounds") from None
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"population.explore.{name}.{where}={value:g}: {e}") from None
 
 
 def on_device(cfg: RunConfig, device: str, fragments: Sequence[str]) -> RunConfig:
