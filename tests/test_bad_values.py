@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import socket
 import threading
 
@@ -303,3 +304,24 @@ def test_the_watchdog_is_turned_off_explicitly_not_by_an_endless_timeout(over, m
     with pytest.raises(ConfigError, match=match):
         load_config(CONFIG, [over])
     assert load_config(CONFIG, ["cluster.watchdog=off"]).cluster.watchdog is False
+
+
+@pytest.mark.parametrize("key, value, valid", [
+    ("repeat_action_probability", "2", r"the sticky-action probability, in \[0, 1\]"),
+    ("repeat_action_probability", "-0.1", r"in \[0, 1\]"),
+    ("frameskip", "0", r"an integer >= 1"),
+    ("mode", "-1", r"an integer >= 0"),
+    ("full_action_space", "3", r"true or false"),
+])
+def test_ale_options_outside_their_range_are_refused_before_any_work(tmp_path, capsys, key, value, valid):
+    """ALE's options are checked against their ranges before anything is made (ale-py takes a
+    sticky-action probability of 2 and a whole run trains on a meaningless game): one line
+    naming the key, exit 2, no run directory (issue 73, item 6). Under every engine."""
+    for engine in ("sync", "ale_vector"):
+        status = main(["train", "configs/ppo_pong.yaml", f"runs_dir={tmp_path}", f"env.kwargs.{key}={value}",
+                       f"env.engine={engine}"])
+        err = capsys.readouterr().err
+        assert status == 2, err
+        assert err.startswith(f"msrl: error: env.kwargs.{key}={value}: not a value ALE/Pong-v5 accepts; {key} is "), err
+        assert re.search(valid, err), err
+        assert not any(tmp_path.iterdir())

@@ -16,7 +16,7 @@ from msrl.api import Environment, EnvSpec
 from msrl.envs.engines import ENGINES, check_env_id
 from msrl.envs.engines import engine as engine_kind
 from msrl.envs.native import NATIVE_ENVS, is_native, make_native
-from msrl.envs.single_env import UnknownEnvError, make_single_env
+from msrl.envs.single_env import UnknownEnvError, check_ale_options, make_single_env
 
 __all__ = ["check_env_id", "make_env", "env_spec", "eval_env_id", "UnknownEnvError", "is_native", "ENGINES"]
 
@@ -64,8 +64,10 @@ def env_spec(env_id: str, num_envs: int, env_kwargs: Mapping[str, Any] | None = 
     Raises:
         UnknownEnvError: unknown id (an EnvPool task id with ``engine="envpool"``, an ALE v5 id
             with ``"ale_vector"``).
-        EnvKwargsError: an ``env_kwargs`` key ``ale_vector`` does not take.
+        EnvKwargsError: an ``env_kwargs`` key ``ale_vector`` does not take, or an ALE option
+            outside its range (:func:`~msrl.envs.single_env.check_ale_options`).
     """
+    check_ale_options(env_id, env_kwargs)  # (every engine: ale-py itself takes any value)
     kind = engine_kind(engine)
     if kind.spec is not None:
         return kind.spec(env_id, num_envs, env_kwargs)

@@ -60,6 +60,50 @@ def _kwargs_error(env_id: str, kwargs: Mapping[str, Any], error: TypeError) -> E
                           f"{', '.join(valid)}")
 
 
+#: the options of an ALE ``-v5`` env (ale-py's ``AtariEnv``), each with what it accepts: name ->
+#: (what it is, a check of one value); Machado et al. 2018 give their meaning
+ALE_OPTIONS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "repeat_action_probability": ("the sticky-action probability, in [0, 1]",
+                                  lambda v: _number(v) and 0.0 <= v <= 1.0),
+    "frameskip": ("frames per action: an integer >= 1, or a pair (low, high) of integers, 1 <= low < high",
+                  lambda v: _integer(v) and v >= 1 or isinstance(v, (list, tuple)) and len(v) == 2
+                  and all(_integer(x) for x in v) and 1 <= v[0] < v[1]),
+    "mode": ("a game mode: an integer >= 0, or null for the default", lambda v: v is None or _integer(v) and v >= 0),
+    "difficulty": ("a difficulty: an integer >= 0, or null for the default", lambda v: v is None or _integer(v) and v >= 0),
+    "max_num_frames_per_episode": ("frames before truncation: an integer >= 1, or null",
+                                   lambda v: v is None or _integer(v) and v >= 1),
+    "continuous_action_threshold": ("in [0, 1]", lambda v: _number(v) and 0.0 <= v <= 1.0),
+    "full_action_space": ("true or false", lambda v: isinstance(v, bool)),
+    "continuous": ("true or false", lambda v: isinstance(v, bool)),
+    "obs_type": ("rgb, grayscale or ram", lambda v: v in ("rgb", "grayscale", "ram")),
+}
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v  # (not NaN)
+
+
+def _integer(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_ale_options(env_id: str, env_kwargs: Mapping[str, Any] | None) -> None:
+    """Checks an ALE id's ``env.kwargs`` against the ranges of :data:`ALE_OPTIONS` before any env
+    is made (ale-py takes ``repeat_action_probability=2`` without a word, and a whole run would
+    train on a meaningless game). Other ids and unknown keys pass (the env's constructor names
+    those).
+
+    Raises:
+        EnvKwargsError: a value outside its option's range, naming the key, the value and what is valid.
+    """
+    if not env_id.startswith("ALE/"):
+        return
+    for key, value in (env_kwargs or {}).items():
+        option = ALE_OPTIONS.get(key)
+        if option is not None and not option[1](value):
+            raise EnvKwargsError(f"env.kwargs.{key}={value!r}: not a value {env_id} accepts; {key} is {option[0]}")
+
+
 def _register_optional_namespaces(env_id: str) -> str:
     """Imports what registers ``env_id``, returns the id to look up: ``module:EnvId`` imports
     ``module`` (whose import registers ``EnvId``, gymnasium's convention, so worker processes
@@ -236,6 +280,7 @@ def make_single_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None,
 
     check_env_id(env_id)
     check_wrappers(wrappers)
+    check_ale_options(env_id, env_kwargs)
     kwargs = dict(env_kwargs or {})
     if is_pettingzoo(env_id):
         if wrappers:
