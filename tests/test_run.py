@@ -587,3 +587,41 @@ def test_a_resume_may_change_a_number_into_a_per_fragment_mapping(tmp_path, caps
     err = capsys.readouterr().err
     assert f"msrl: resuming {tmp_path / 'a'} with cluster.cpus_per_replica={{'learner': 2.0}}, train.total_env_steps=512" in err
     assert "Traceback" not in err
+
+
+def test_a_read_only_run_directory_is_one_line_for_resume_and_plot(tmp_path, capsys, monkeypatch):
+    """``--resume`` and ``msrl plot`` of a run directory msrl may not write (a read-only
+    filesystem, simulated in this process: every open for writing under it fails with EROFS) end
+    in one line naming the path, exit 2, not a traceback (issue 73, item 7)."""
+    import builtins
+    import errno
+    import os
+
+    from msrl.run.cli import main
+
+    base = [f"runs_dir={tmp_path}", "name=a", "train.progress=false", "train.eval_every=0", "eval.episodes=1",
+            "env.num_envs=4", "algorithm.hparams.num_steps=16", "train.total_env_steps=256"]
+    assert main(["train", str(MAIN), *base]) == 0
+    capsys.readouterr()
+    run, real_open, real_os_open = str(tmp_path / "a"), builtins.open, os.open
+
+    def read_only(path) -> bool:
+        return str(path).startswith(run)
+
+    def open_(file, mode="r", *a, **k):
+        if read_only(file) and any(c in mode for c in "wax+"):
+            raise OSError(errno.EROFS, "Read-only file system", str(file))
+        return real_open(file, mode, *a, **k)
+
+    def os_open(path, flags, *a, **k):
+        if read_only(path) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_os_open(path, flags, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", open_)
+    monkeypatch.setattr(os, "open", os_open)
+    for argv in (["train", "--resume", run, "train.total_env_steps=512"], ["plot", run]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith(f"msrl: error: cannot write {run}") and "Read-only file system" in err, err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err

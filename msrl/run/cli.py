@@ -19,6 +19,7 @@ with status 3, in one line naming the last checkpoint and the ``--resume`` comma
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import math
 import pathlib
@@ -265,9 +266,14 @@ def _interrupt(signum: int, frame: object) -> NoReturn:
     raise KeyboardInterrupt
 
 
+#: errors of a path msrl may not write: read-only filesystem, permission denied, operation not permitted
+_UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
 def _classified(fn: Callable[[], int]) -> int:
     """``fn()``'s exit status, with msrl's errors turned into their one line and status: input
-    errors 2, a stopped run 1, a lost cluster 3, Ctrl-C 130; anything else is raised."""
+    errors 2 (a path msrl may not write too), a stopped run 1, a lost cluster 3, Ctrl-C 130; anything
+    else is raised."""
     try:
         return fn()
     except KeyboardInterrupt as e:  # Ctrl-C: not a crash (msrl.run.outcome.TrainingInterrupted says where to resume)
@@ -275,6 +281,13 @@ def _classified(fn: Callable[[], int]) -> int:
         return 130
     except FileNotFoundError as e:
         print(f"msrl: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a place msrl must write to refuses it (a read-only filesystem, permissions)
+        if e.errno not in _UNWRITABLE:
+            raise
+        where = f" {e.filename}" if e.filename else ""
+        print(f"msrl: error: cannot write{where}: {e.strerror} (a run writes into its run directory: copy it where "
+              "msrl may write, or give runs_dir=...; msrl plot and msrl graph take --out)", file=sys.stderr)
         return 2
     except MsrlError as e:  # each says how the command line ends on it (msrl.errors)
         if e.exit_status is None:
