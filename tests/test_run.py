@@ -625,3 +625,48 @@ def test_a_read_only_run_directory_is_one_line_for_resume_and_plot(tmp_path, cap
         err = capsys.readouterr().err
         assert err.startswith(f"msrl: error: cannot write {run}") and "Read-only file system" in err, err
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+
+
+def test_a_signal_during_a_checkpoint_write_waits_for_its_end(tmp_path, monkeypatch):
+    """SIGTERM (or Ctrl-C) arriving while a checkpoint is written acts after the write: the new
+    checkpoint whole, the one before it as ``previous.pt``, no temporary file left; a write that
+    fails (a full disk) leaves the old checkpoint and no temporary file (issue 73, item 9)."""
+    import errno
+    import os
+    import signal
+
+    import torch
+
+    from msrl.run import checkpoints
+
+    path = tmp_path / "latest.pt"
+    checkpoints.atomic_save({"v": 1}, path, keep_previous=True)
+    real_save = torch.save
+
+    def save_then_signalled(obj, f):
+        real_save(obj, f)
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered mid-write: the handler would run here
+
+    def interrupt(signum, frame):  # what the msrl command installs for SIGTERM
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", save_then_signalled)
+    before = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            checkpoints.atomic_save({"v": 2}, path, keep_previous=True)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert torch.load(path)["v"] == 2 and torch.load(tmp_path / "previous.pt")["v"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest.pt", "previous.pt"]
+
+    def disk_full(obj, f):
+        with open(f, "wb") as out:
+            out.write(b"half a checkpoint")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        checkpoints.atomic_save({"v": 3}, path, keep_previous=True)
+    assert torch.load(path)["v"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest.pt", "previous.pt"]
