@@ -670,3 +670,20 @@ def test_a_signal_during_a_checkpoint_write_waits_for_its_end(tmp_path, monkeypa
         checkpoints.atomic_save({"v": 3}, path, keep_previous=True)
     assert torch.load(path)["v"] == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest.pt", "previous.pt"]
+
+
+def test_a_run_stopped_at_its_return_threshold_says_so_in_its_result_line(tmp_path, capsys):
+    """A run that stops early at ``train.stop_at_return`` says so in its result line, with the env
+    step it reached the threshold at and how much of its budget it used (issue 73, item 10)."""
+    from msrl.run.cli import main
+
+    assert main(["train", str(MAIN), f"runs_dir={tmp_path}", "name=a", "train.progress=false", "train.eval_every=1",
+                 "eval.episodes=3", "train.stop_at_return=15", "train.total_env_steps=100000", "env.num_envs=4",
+                 "algorithm.hparams.num_steps=16"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    result = json.loads((tmp_path / "a" / "eval.json").read_text())
+    steps = result["steps_to_threshold"]
+    assert steps is not None and steps < 100000
+    assert line.endswith(f"; stopped early: an evaluation reached train.stop_at_return=15.0 at env step {steps} "
+                         f"({result['time_to_threshold_s']:.1f} s), {result['env_steps']} of the budget's 100000 env "
+                         "steps used"), line

@@ -96,9 +96,14 @@ def _train_run(cfg: object, args: argparse.Namespace) -> int:
     result = train(cfg, resume=args.resume)
     evaluation = (f"evaluation: mean return {_format_return(result.eval_mean)} over {len(result.eval_returns)} episodes"
                   if result.eval_returns else "no evaluation (no gymnasium twin)")
+    early = ""
+    if result.steps_to_threshold is not None:  # the loop stopped at the threshold: said, with the budget it used
+        early = (f"; stopped early: an evaluation reached train.stop_at_return={_format_return(cfg.train.stop_at_return)} "
+                 f"at env step {result.steps_to_threshold} ({result.time_to_threshold_s:.1f} s), "
+                 f"{result.env_steps} of the budget's {cfg.train.total_env_steps} env steps used")
     print(
         f"run {result.run_dir}: {result.iterations} iterations, {result.env_steps} env steps, "
-        f"{result.time_s:.1f} s training ({result.env_steps / max(result.time_s, 1e-9):.0f} steps/s); {evaluation}"
+        f"{result.time_s:.1f} s training ({result.env_steps / max(result.time_s, 1e-9):.0f} steps/s); {evaluation}{early}"
     )
     return 0
 
