@@ -6,6 +6,7 @@ latest-self-play (``pool_size=1``), and a fixed near-random opponent (the untrai
 
     python bench/bench_selfplay.py --seeds 1 2 3 --json selfplay.json
     python bench/bench_selfplay.py --seeds 1 --variants pool --steps 100000   # a quick look
+    python bench/bench_selfplay.py --run runs/ppo_selfplay_tictactoe          # a trained run, as it is
 
 Each trained policy plays ``--games`` games against the random player, half in each seat, taking
 its most probable legal move; the table gives the mean win, draw and loss rates over seeds and
@@ -63,6 +64,16 @@ def untrained(seed: int, games: int) -> dict:
     return {"variant": "untrained", "seed": seed, "time_s": 0.0, "env_steps": 0, **rates}
 
 
+def evaluate_run(run_dir: pathlib.Path, games: int, seed: int) -> dict:
+    """A trained run's policy (``msrl.load``) against the random player, ``games`` games."""
+    import msrl
+    from msrl.algorithms import ppo_selfplay
+
+    policy = msrl.load(run_dir)
+    rates = ppo_selfplay.play_against_random(policy.actor.net, GAME, games=games, seed=10_000 + seed)
+    return {"variant": f"run {run_dir}", "seed": seed, **rates}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
@@ -70,7 +81,14 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=None, help="train.total_env_steps (default: the config's)")
     ap.add_argument("--games", type=int, default=1000)
     ap.add_argument("--json", type=pathlib.Path, default=None)
+    ap.add_argument("--run", type=pathlib.Path, default=None,
+                    help="a trained run directory of configs/ppo_selfplay_tictactoe.yaml: play its policy only")
     args = ap.parse_args()
+    if args.run is not None:
+        rates = evaluate_run(args.run, args.games, args.seeds[0])
+        print(f"{args.run}: against a random player over {args.games} games: win {rates['win']:.3f}, "
+              f"draw {rates['draw']:.3f}, loss {rates['loss']:.3f}")
+        return 0
     rows = [untrained(s, args.games) for s in args.seeds]
     with tempfile.TemporaryDirectory() as tmp:
         for variant in args.variants:
