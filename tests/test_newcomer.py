@@ -216,6 +216,27 @@ def test_msrl_graph_prints_the_bytes_each_boundary_moves_per_iteration():
         job.close()
 
 
+
+def test_msrl_graph_says_when_a_boundary_sits_in_a_branch_the_measured_iteration_did_not_take():
+    """DQN before ``learning_starts``: its replay sample crosses inside a branch the measured
+    iteration does not take; ``msrl graph`` says so rather than "0 B" (issue 73, item 12)."""
+    from msrl.config import build_job_spec, load_config
+    from msrl.run.job import Job
+    from msrl.run.printer import format_boundary_bytes
+
+    job = Job(build_job_spec(load_config("configs/dqn_cartpole.yaml", [
+        "distribution_policy.name=single_learner_coarse", "runtime=local", "env.num_envs=4",
+        "algorithm.hparams.learning_starts=1000"])))
+    try:
+        lines = format_boundary_bytes(job, job.measure_boundary_bytes()).splitlines()
+        branch = [line for line in lines if "in a branch" in line]
+        assert any(line.startswith("- train_step/b0:batch: not taken in the measured iteration (actor -> learner, in a "
+                                   "branch)") for line in branch), lines
+        assert not any(line.split(": ", 1)[1].startswith("0 B") for line in branch), lines
+    finally:
+        job.close()
+
+
 MODULE_STATE = '''
 import dataclasses
 from msrl.algorithms.dqn import ALGORITHM as DQN, DQNTrainer, DQNActor

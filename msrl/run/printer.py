@@ -156,9 +156,10 @@ def format_boundary_bytes(job: Job, measured: Mapping[str, int]) -> str:
     if not rows and not collectives:
         out.append("(no boundaries)")
     for b in rows:
-        out.append(f"- {b.name}: {_human(measured.get(b.name, 0))} ({b.src} -> {b.dst}{', in a loop' if b.in_loop else ''})")
+        out.append(f"- {b.name}: {_moved(measured, b.name, b.in_branch)} ({b.src} -> {b.dst}"
+                   f"{', in a loop' if b.in_loop else ''}{', in a branch' if b.in_branch else ''})")
     for c in collectives:
-        out.append(f"- {c.name}: {_human(measured.get(c.name, 0))} (all-reduce over {c.fragment}'s replicas, "
+        out.append(f"- {c.name}: {_moved(measured, c.name, c.in_branch)} (all-reduce over {c.fragment}'s replicas, "
                    f"every replica's contribution{', in a loop' if c.in_loop else ''})")
     plan = job.fragment_graph.inference
     if plan is not None:  # what the serve region's requests and answers move, over its boundaries
@@ -166,6 +167,14 @@ def format_boundary_bytes(job: Job, measured: Mapping[str, int]) -> str:
         out.append(f"- serve region ({plan.server} serving {plan.role} to {plan.clients} x{plan.clients_count}): "
                    f"{_human(sum(measured.get(b.name, 0) for b in served))} over its {len(served)} boundaries")
     return "\n".join(out) + "\n"
+
+
+def _moved(measured: Mapping[str, int], name: str, in_branch: bool) -> str:
+    """What ``name`` moved in the measured iteration; a boundary inside a branch the iteration did
+    not take says so rather than "0 B" (it moves data when the branch is taken)."""
+    if name not in measured and in_branch:
+        return "not taken in the measured iteration"
+    return _human(measured.get(name, 0))
 
 
 def _human(n: int) -> str:
