@@ -75,6 +75,19 @@ class IfTrainer(Trainer):
             self.learner.learn(x)
 
 
+class IfExpressionTrainer(Trainer):
+    def train_step(self):
+        x = self.env.step(self.actor.act(self.obs))
+        if x.mean() > self.hparams.threshold:
+            self.learner.learn(x)
+
+
+class CallTripCountTrainer(Trainer):
+    def train_step(self):
+        for _ in range(self.buffer.size()):
+            self.env.reset()
+
+
 class WhileTrainer(Trainer):
     def train_step(self):
         while True:
@@ -147,6 +160,11 @@ class PrintTrainer(Trainer):
     "cls,message,advice",
     [
         (IfTrainer, "the condition depends on 'x', which is data (it comes from the result of env.step()", "torch.where"),
+        # an expression is named as written, with the data name it reads, never a temporary (issue 73, item 12)
+        (IfExpressionTrainer, "the condition `x.mean() > self.hparams.threshold` depends on 'x', which is data (it comes "
+                              "from the result of env.step()", "torch.where"),
+        (CallTripCountTrainer, "the loop's trip count `self.buffer.size()` is data (it comes from the result of "
+                               "buffer.size()", "self.hparams"),
         (WhileTrainer, "`while` loops are not traced", "range(n)"),
         (TryTrainer, "`try` is not traced", "inside a component method"),
         (WithTrainer, "`with` is not traced", "inside a component method"),

@@ -175,12 +175,24 @@ class _Tracer:
                            f"keep it in trainer state (self.{name.lower()} = ... in reset(), updated in train_step) or "
                            "make it an immutable constant")
 
-    def check_control(self, value: str | Const, at: ast.AST, what: str, advice: str) -> None:
-        """Raises TraceError when ``value`` is data (depends on a component's result)."""
+    def check_control(self, value: str | Const, at: ast.AST, what: str, advice: str, expr: ast.AST | None = None) -> None:
+        """Raises TraceError when ``value`` is data (depends on a component's result). ``expr``:
+        the source expression of ``value``; where ``value`` is one of the tracer's own temporaries
+        (``x.mean() > 0``), the message names that expression and the user's data name it reads,
+        never the temporary."""
         if isinstance(value, str) and value in self.tainted:
-            why = self.why.get(value)
+            name = value
+            if value.startswith("_") and expr is not None:  # a temporary: say what the user wrote
+                read = [f"self.{n.attr}" if isinstance(n, ast.Attribute) else n.id for n in ast.walk(expr)
+                        if isinstance(n, ast.Name) or isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                        and n.value.id == "self"]
+                data = next((r for r in read if r in self.tainted), None)
+                what = f"{what} `{ast.unparse(expr)}`"
+                name = data if data is not None else value
+            why = self.why.get(name)
             because = f" (it comes from {why})" if why else ""
-            raise self.err(at, f"{what} depends on {value!r}, which is data{because}; data-dependent control flow is not traced", advice)
+            subject = f"depends on {name!r}, which is data" if not name.startswith("_") else "is data"
+            raise self.err(at, f"{what} {subject}{because}; data-dependent control flow is not traced", advice)
 
     def read(self, name: str, at: ast.AST) -> None:
         """Rejects reading a name that an earlier branch may have left unassigned."""
@@ -391,8 +403,9 @@ class _Tracer:
         if not isinstance(s.target, ast.Name):
             raise self.err(s, "the loop variable must be a plain name")
         range_args = [self.value_of(a, scope) for a in it.args]
-        for a in range_args:
-            self.check_control(a, s, "the loop's trip count", "use a trip count from self.hparams, the job's sizes or a constant")
+        for a, expr in zip(range_args, it.args):
+            self.check_control(a, s, "the loop's trip count", "use a trip count from self.hparams, the job's sizes or a constant",
+                               expr)
         var = s.target.id
         body = Graph(f"loop@{s.lineno}")
         inner = _Scope(body, scope)
@@ -428,6 +441,7 @@ class _Tracer:
             "the condition",
             "branch on hyperparameters, step counters or the job's sizes only; compute both sides with "
             "torch.where, or move the decision inside a component method",
+            test,
         )
         line = getattr(at, "lineno", 0)
         before = dict(self.maybe_undefined)
