@@ -592,3 +592,40 @@ def test_every_command_a_shipped_config_points_to_exists():
                 missing += [f"{config.name}: {script} {opt}" for opt in re.findall(r"(--[\w-]+)", m.group(2))
                             if f'"{opt}"' not in text]
     assert missing == []
+
+
+NO_STATE = '''
+import dataclasses
+import torch
+from msrl.algorithms.dqn import ALGORITHM as DQN, DQNLearner
+from msrl.api import Component
+
+
+class ForgetfulLearner(DQNLearner):
+    """A user's learner with a second network and the base class's state (which returns {})."""
+
+    state_dict = Component.state_dict
+    load_state_dict = Component.load_state_dict
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.extra = torch.nn.Linear(4, 4)
+
+
+ALGORITHM = dataclasses.replace(DQN, name="forgetful", components={**DQN.components, "learner": ForgetfulLearner})
+'''
+
+
+def test_a_component_holding_state_without_state_dict_is_refused_before_training(tmp_path, capsys):
+    """A learner that holds networks but saves nothing would be silently restarted by ``--resume``
+    (a user's TD3 lost its critics that way); building the job refuses it in one line naming the
+    class, its file:line and what it holds, exit 2, before any run directory (issue 73, item 12)."""
+    path = tmp_path / "forgetful.py"
+    path.write_text(NO_STATE)
+    code = main(["train", str(ROOT / "configs/dqn_cartpole.yaml"), f"algorithm.name={path}",
+                 f"runs_dir={tmp_path / 'runs'}"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith(f"msrl: error: the learner ForgetfulLearner ({path}:8) holds self.") and err.count("\n") == 1, err
+    assert "does not define state_dict and load_state_dict" in err and "--resume would silently restart it" in err
+    assert not (tmp_path / "runs").exists()

@@ -40,6 +40,7 @@ from msrl.api.roles import (
                               Learner,
                               ModuleWeights,
                               Trainer,
+                              UndeclaredStateError,
                               collective_scope,
                               in_gradient_step,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "LayerSizes",
     "ROLES",
     "ComponentFactory",
+    "UndeclaredStateError",
     "ReplayContract",
     "Component",
     "Environment",

@@ -12,9 +12,11 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import torch
 
 from msrl.api.specs import BuildContext, EnvSpec, EpisodeStats, ReplayContract
+from msrl.errors import InputError
 
-__all__ = ["ROLES", "Component", "Environment", "ModuleWeights", "Actor", "Learner", "Buffer", "Trainer",
-           "ComponentFactory", "COLLECTIVE_POINTS", "collective_scope", "in_gradient_step"]
+__all__ = ["ROLES", "Component", "UndeclaredStateError", "check_declared_state", "Environment", "ModuleWeights",
+           "Actor", "Learner", "Buffer", "Trainer", "ComponentFactory", "COLLECTIVE_POINTS", "collective_scope",
+           "in_gradient_step"]
 
 #: The component roles a trainer may hold, in the order the partitioner reports them.
 ROLES: tuple[str, ...] = ("env", "actor", "buffer", "learner")
@@ -50,6 +52,57 @@ class Component:
             KeyError: when ``state`` lacks an entry this component saved.
         """
         del state
+
+
+class UndeclaredStateError(InputError, TypeError):
+    """A component holds training state (networks, optimisers, tensors, generators) but does not
+    define :meth:`Component.state_dict` and :meth:`Component.load_state_dict`: a checkpoint would
+    not hold it and ``--resume`` would silently restart it (found when the job is built)."""
+
+
+#: what a component's state is made of (a checkpoint must hold it for an exact resume)
+_STATE_TYPES = (torch.nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Generator)
+
+
+def _held_state(component: Any) -> str | None:
+    """The first attribute of ``component`` (or an item of a list, tuple or dict attribute) that is
+    training state, as ``self.<name>`` with its type; ``None`` when it holds none."""
+    for name, value in vars(component).items():
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+        for key, item in [(None, value), *items]:
+            if isinstance(item, _STATE_TYPES):
+                where = f"self.{name}" if key is None else f"self.{name}[{key!r}]"
+                return f"{where} (a {type(item).__module__.split('.')[0]}.{type(item).__qualname__})"
+    return None
+
+
+def check_declared_state(role: str, component: Any) -> None:
+    """Checks that a component holding training state saves it: it must define both
+    :meth:`~Component.state_dict` and :meth:`~Component.load_state_dict` (the base class's return
+    and take nothing). Components that hold no tensors, networks, optimisers or generators pass.
+
+    Raises:
+        UndeclaredStateError: names the role, the class with its ``file:line``, what it holds
+            and the two methods to define.
+    """
+    cls = type(component)
+    missing = [m for m in ("state_dict", "load_state_dict") if getattr(cls, m, None) is getattr(Component, m)]
+    if not missing or not isinstance(component, Component):
+        return
+    held = _held_state(component)
+    if held is None:
+        return
+    import inspect
+
+    try:
+        where = f"{inspect.getsourcefile(cls)}:{inspect.getsourcelines(cls)[1]}"
+    except (OSError, TypeError):
+        where = cls.__module__
+    raise UndeclaredStateError(
+        f"the {role} {cls.__qualname__} ({where}) holds {held} but does not define "
+        f"{' and '.join(missing)}: a checkpoint would not hold it and --resume would silently restart it; define "
+        "state_dict() returning everything needed to continue exactly (weights, optimiser state, RNG states) and "
+        "load_state_dict(state) restoring it")
 
 
 class Environment(Component):

@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from msrl.api import BuildContext, EpisodeStats, Trainer
+from msrl.api.roles import check_declared_state
 from msrl.device import start_read
 from msrl.envs import env_spec as make_env_spec
 from msrl.errors import MsrlError
@@ -233,6 +234,9 @@ def build_trainer(spec: Any, frag: FragmentSpec, replica: int, inference: Any = 
         else:
             with seeded(role, replica):
                 components[role] = spec.algorithm.components[role](ctx)
+    for role, component in components.items():
+        if role != "env":  # (msrl builds envs: their state is msrl's)
+            check_declared_state(role, component)
     with seeded(frag.name, replica):
         return spec.algorithm.trainer(components, spec.hparams, seed, num_envs=spec.num_envs,
                                       total_env_steps=spec.total_env_steps)
