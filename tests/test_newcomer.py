@@ -629,3 +629,35 @@ def test_a_component_holding_state_without_state_dict_is_refused_before_training
     assert err.startswith(f"msrl: error: the learner ForgetfulLearner ({path}:8) holds self.") and err.count("\n") == 1, err
     assert "does not define state_dict and load_state_dict" in err and "--resume would silently restart it" in err
     assert not (tmp_path / "runs").exists()
+
+
+BUGGY = '''
+import dataclasses
+from msrl.algorithms.dqn import ALGORITHM as DQN, DQNLearner
+
+
+class BuggyLearner(DQNLearner):
+    def learn(self, batch):
+        return self.apply_gradients(batch["obs"].sum(), self.paramters)
+
+
+ALGORITHM = dataclasses.replace(DQN, name="buggy", components={**DQN.components, "learner": BuggyLearner})
+'''
+
+
+def test_an_exception_in_user_code_during_the_probe_is_one_line(tmp_path, capsys):
+    """A bug the probe's first iterations meet (a misspelt attribute in ``learn``) is one line
+    naming the exception, the user's ``file:line`` that raised it and the ``train_step`` node it
+    was called from, exit 2, no run directory -- as the same error reads in training, not a
+    51-line traceback (issue 73, item 12)."""
+    path = tmp_path / "buggy.py"
+    path.write_text(BUGGY)
+    code = main(["train", str(ROOT / "configs/dqn_cartpole.yaml"), f"algorithm.name={path}",
+                 f"runs_dir={tmp_path / 'runs'}", "algorithm.hparams.learning_starts=0"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("msrl: error: the probe's first iterations (2 envs, before any run directory) stopped: "
+                          "AttributeError: 'BuggyLearner' object has no attribute 'paramters'; raised at "
+                          f"{path}:8 in learn, in %"), err
+    assert "call learner.learn(" in err and "algorithms/dqn.py:" in err
+    assert not (tmp_path / "runs").exists()

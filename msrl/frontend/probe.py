@@ -31,7 +31,7 @@ from typing import Any, Iterator
 import torch
 
 from msrl.api import COLLECTIVE_POINTS, collective_scope, declared_kinds, in_gradient_step
-from msrl.errors import ConfigError, PartitionError
+from msrl.errors import ConfigError, InputError, MsrlError, PartitionError
 from msrl.frontend.partition import boundary_values, partition
 from msrl.frontend.tracer import check_references
 from msrl.graph import Graph, Node, NodeKind
@@ -74,9 +74,9 @@ def _feeding_hparams(hparams: Any) -> str:
     return f"{text} ({'set in the config' if changed else 'the defaults'})"
 
 
-def _diverged(e: BaseException, programs: dict[str, Any], spec: Any, num_envs: int) -> ProbeDiverged:
-    """The :class:`ProbeDiverged` of ``e`` raised by one of ``programs`` (its node found from the
-    traceback, as :meth:`msrl.runtime.replica.Replica.run_method` finds it)."""
+def _node_of(e: BaseException, programs: dict[str, Any]) -> Any:
+    """The graph node of ``programs`` that ``e`` was raised in (from its traceback, as
+    :meth:`msrl.runtime.replica.Replica.run_method` finds it), or ``None``."""
     import traceback
 
     node = None
@@ -85,12 +85,39 @@ def _diverged(e: BaseException, programs: dict[str, Any], spec: Any, num_envs: i
         program = files.get(frame.f_code.co_filename)
         if program is not None:
             node = program.node_at(lineno) or node
+    return node
+
+
+def _diverged(e: BaseException, programs: dict[str, Any], spec: Any, num_envs: int) -> ProbeDiverged:
+    """The :class:`ProbeDiverged` of ``e`` raised by one of ``programs``."""
+    node = _node_of(e, programs)
     where = f" (in {node.describe()} at {node.where()})" if node is not None else ""
     return ProbeDiverged(
         f"the probe's first iterations ({num_envs} envs, before any run directory) met a non-finite value: {e}{where}; "
         f"the hyperparameters that feed it: {_feeding_hparams(spec.hparams)} -- a learning rate or scale this large "
         "diverges; use finite values of the usual size"
     )
+
+
+class ProbeFailed(InputError):
+    """A component raised in the probe's first iterations (a bug in the algorithm, found before
+    any run directory): one line with the exception, the ``file:line`` that raised it and the
+    node of ``train_step`` (or ``reset``) it was called from, as a failure in training reads."""
+
+
+def _failed(e: Exception, programs: dict[str, Any], num_envs: int) -> ProbeFailed:
+    """The :class:`ProbeFailed` of ``e`` raised by one of ``programs``."""
+    import traceback
+
+    node = _node_of(e, programs)
+    generated = {p.filename for p in programs.values()}
+    frames = [(f.f_code.co_filename, n, f.f_code.co_name) for f, n in traceback.walk_tb(e.__traceback__)]
+    own = [f for f in frames if f[0] not in generated and "/torch/" not in f[0] and "/site-packages/" not in f[0]]
+    raised = f"; raised at {own[-1][0]}:{own[-1][1]} in {own[-1][2]}" if own else ""
+    where = f", in {node.describe()} at {node.where()}" if node is not None else ""
+    text = " ".join(str(e).split()) or "(no message)"
+    return ProbeFailed(f"the probe's first iterations ({num_envs} envs, before any run directory) stopped: "
+                       f"{type(e).__name__}: {text}{raised}{where}")
 
 
 def message_nbytes(info: dict[str, Any], envs: int) -> int | None:
@@ -378,6 +405,10 @@ def _run(
                 programs["reset"].fn(trainer, None)
             except FloatingPointError as e:
                 raise _diverged(e, programs, spec, num_envs) from e
+            except MsrlError:
+                raise
+            except Exception as e:  # a bug in the algorithm: one line, as in training
+                raise _failed(e, programs, num_envs) from e
             iteration = 0
             fixed = _fixed_branches(graphs)
             while True:
@@ -386,6 +417,10 @@ def _run(
                     check_losses(as_floats(programs["train_step"].fn(trainer, None)), iteration)
                 except FloatingPointError as e:
                     raise _diverged(e, programs, spec, num_envs) from e
+                except MsrlError:
+                    raise
+                except Exception as e:  # a bug in the algorithm: one line, as in training
+                    raise _failed(e, programs, num_envs) from e
                 called = points.called if points is not None else set()
                 never_values, never_calls = _unreachable(fixed, seen, called)
                 if ((needed - never_values <= set(seen) and (points is None or needed_calls - never_calls <= points.called))
