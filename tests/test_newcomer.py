@@ -661,3 +661,34 @@ def test_an_exception_in_user_code_during_the_probe_is_one_line(tmp_path, capsys
                           f"{path}:8 in learn, in %"), err
     assert "call learner.learn(" in err and "algorithms/dqn.py:" in err
     assert not (tmp_path / "runs").exists()
+
+
+NO_DETERMINISTIC = '''
+import dataclasses
+from msrl.algorithms.dqn import ALGORITHM as DQN, DQNActor
+
+
+class GreedyActor(DQNActor):
+    def act(self, obs, epsilon):
+        return super().act(obs, epsilon)
+
+
+ALGORITHM = dataclasses.replace(DQN, name="greedy", components={**DQN.components, "actor": GreedyActor})
+'''
+
+
+def test_an_actor_that_does_not_fit_evaluation_is_refused_before_training(tmp_path, capsys):
+    """Evaluation calls ``act(obs, deterministic=True)``; an actor without that keyword failed
+    only at the first evaluation (after the whole budget with ``eval_every: 0``) in a 48-line
+    traceback. It is one line before training, naming the class, its file:line and the call,
+    exit 2, no run directory (issue 73, item 12)."""
+    path = tmp_path / "greedy.py"
+    path.write_text(NO_DETERMINISTIC)
+    code = main(["train", str(ROOT / "configs/dqn_cartpole.yaml"), f"algorithm.name={path}",
+                 f"runs_dir={tmp_path / 'runs'}", "train.eval_every=0"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err == (f"msrl: error: the actor GreedyActor ({path}:6) defines act(obs, epsilon), but evaluation calls "
+                   "act(obs, deterministic=True): add a keyword argument deterministic (act greedily when True), as "
+                   "the docs' actor contract says\n"), err
+    assert not (tmp_path / "runs").exists()

@@ -9,8 +9,54 @@ import torch
 
 from msrl.api import Actor
 from msrl.envs.gymnasium_env import GymnasiumEnv
+from msrl.errors import InputError
 
-__all__ = ["evaluate", "evaluate_job", "evaluation_env", "actor_device"]
+__all__ = ["evaluate", "evaluate_job", "evaluation_env", "actor_device", "ActorContractError", "check_evaluable"]
+
+
+class ActorContractError(InputError, TypeError):
+    """An actor that does not fit what evaluation calls (:func:`evaluate`), found before training."""
+
+
+def check_evaluable(actor: Any) -> None:
+    """Checks that ``actor`` (an actor class, or an instance) fits what :func:`evaluate` calls:
+    ``act(obs, deterministic=True)``, or, for a recurrent one (``recurrent = True``),
+    ``initial_state(obs)``, ``act(obs, state, deterministic=True)`` and
+    ``end_episodes(state, terminated, truncated)``. An actor built by a factory function is
+    checked once built.
+
+    Raises:
+        ActorContractError: names the actor class, its ``file:line`` and the call that would fail.
+    """
+    import inspect
+
+    cls = actor if isinstance(actor, type) else type(actor)
+    try:
+        where = f"{inspect.getsourcefile(cls)}:{inspect.getsourcelines(cls)[1]}"
+    except (OSError, TypeError):
+        where = cls.__module__
+    recurrent = bool(getattr(actor, "recurrent", False))
+    needs = ["initial_state", "act", "end_episodes"] if recurrent else ["act"]
+    missing = [m for m in needs if not callable(getattr(actor, m, None))]
+    call = "act(obs, state, deterministic=True)" if recurrent else "act(obs, deterministic=True)"
+    if not missing:
+        try:
+            params = list(inspect.signature(cls.act).parameters.values())[1:]  # (self)
+        except (TypeError, ValueError):  # a builtin or C callable: nothing to read
+            return
+        keywords = any(p.kind is p.VAR_KEYWORD for p in params) or any(
+            p.name == "deterministic" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params)
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "deterministic"]
+        enough = any(p.kind is p.VAR_POSITIONAL for p in params) or len(positional) >= (2 if recurrent else 1)
+        if keywords and enough:
+            return
+        missing = [f"act{inspect.signature(cls.act)}".replace("(self, ", "(").replace("(self)", "()")]
+        raise ActorContractError(
+            f"the actor {cls.__qualname__} ({where}) defines {missing[0]}, but evaluation calls {call}: "
+            "add a keyword argument deterministic (act greedily when True), as the docs' actor contract says")
+    raise ActorContractError(
+        f"the {'recurrent ' if recurrent else ''}actor {cls.__qualname__} ({where}) has no {', '.join(missing)}, which "
+        f"evaluation calls ({call}{', initial_state(obs), end_episodes(state, terminated, truncated)' if recurrent else ''})")
 
 
 @torch.no_grad()

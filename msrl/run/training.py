@@ -21,6 +21,7 @@ from msrl.config import ConfigError, RunConfig, build_job_spec
 from msrl.errors import PlacementError
 from msrl.run.checkpoints import CHECKPOINT, atomic_save, load_checkpoint, read_checkpoint, set_aside_damaged
 from msrl.run.driver import make_job
+from msrl.run.evaluation import check_evaluable, evaluation_env
 from msrl.run.job import JobSpec
 from msrl.run.loop import TrainingLoop
 from msrl.run.outcome import ClusterLost, ReplicaLost, TrainingInterrupted, TrainingStopped, TrainResult, resume_command
@@ -156,6 +157,10 @@ def _train_once(cfg: RunConfig, resume: str | pathlib.Path | None, restarted: bo
             state = _open_resumed(cfg, spec, pathlib.Path(resume), locks)
         torch.set_num_threads(cfg.train.torch_threads)
         torch.set_float32_matmul_precision(spec.float32_matmul_precision)  # this process's fragments (a Ray replica sets its own)
+        if evaluation_env(cfg)[0] is not None:  # what evaluation will call, checked before training
+            actor = spec.algorithm.components.get("actor")
+            if isinstance(actor, type):
+                check_evaluable(actor)
         job = make_job(spec, cfg, restarted)
         per, total = spec.env_steps_per_iteration, cfg.train.total_env_steps
         if total % per and not restarted:  # (said once the job is built: an input error comes alone)
