@@ -692,3 +692,46 @@ def test_an_actor_that_does_not_fit_evaluation_is_refused_before_training(tmp_pa
                    "act(obs, deterministic=True): add a keyword argument deterministic (act greedily when True), as "
                    "the docs' actor contract says\n"), err
     assert not (tmp_path / "runs").exists()
+
+
+def test_thread_and_bundle_settings_that_crowd_the_machine_say_so():
+    """One line at start when the job's threads exceed the cores (issue 73, item 3): replicas of
+    several threads on Ray started here (``cluster.cpus_per_replica={learner: 2}`` on 2 cores), or
+    ``train.torch_threads`` above 1 in this process on a small or busy machine; not for msrl's
+    plan of one-thread replicas sharing a small machine's cores, nor for a cluster's nodes."""
+    from msrl.config import build_job_spec, load_config
+    from msrl.run.driver import oversubscription
+
+    def line(over, cores=2, load=0.0):
+        cfg = load_config(CONFIG, over)
+        return oversubscription(cfg, build_job_spec(cfg), cores, load)
+
+    coarse = ["distribution_policy.name=single_learner_coarse", "runtime=ray"]
+    assert line(coarse) is None  # 3 one-thread replicas on 2 cores: the plan
+    said = line([*coarse, "cluster.cpus_per_replica={learner: 2}"])
+    assert said.startswith("msrl: cluster.cpus_per_replica gives learner replicas 2 threads: 4 threads in all on this "
+                           "2-core machine"), said
+    assert line([*coarse, "cluster.cpus_per_replica={learner: 2}"], cores=8) is None
+    assert line([*coarse, "cluster.cpus_per_replica={learner: 2}", "cluster.address=10.0.0.1:6379"]) is None
+    assert line(["train.torch_threads=2"]) is None  # one replica thread, 2 threads, 2 idle cores
+    assert "whose load is 3.2" in line(["train.torch_threads=2"], load=3.2)
+    assert line(["train.torch_threads=4"]).startswith("msrl: train.torch_threads=4 for 1 replica thread(s) on this 2-core")
+
+
+def test_a_long_evaluation_says_how_far_it_is(capsys):
+    """An evaluation running longer than ``progress_every_s`` says how many episodes are done
+    (a 154 s evaluation printed nothing: issue 73, item 3)."""
+    import torch
+
+    from msrl.run.evaluation import evaluate
+
+    class Left:
+        def act(self, obs, deterministic=True):
+            return torch.zeros(obs.shape[0], dtype=torch.int64)
+
+    returns = evaluate(Left(), "CartPole-v1", 3, seed=0, progress_every_s=0.0)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(returns) == 3 and lines, lines
+    assert all(line.startswith("msrl: evaluating on CartPole-v1: ") and " of 3 episodes done, " in line for line in lines)
+    assert evaluate(Left(), "CartPole-v1", 3, seed=0, progress_every_s=None) == returns
+    assert capsys.readouterr().err == ""

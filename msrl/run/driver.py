@@ -9,7 +9,7 @@ from typing import Any
 from msrl.config import ConfigError, RunConfig
 from msrl.run.job import Job, JobSpec
 
-__all__ = ["make_job", "tls_config"]
+__all__ = ["make_job", "ray_job", "tls_config", "oversubscription"]
 
 
 def make_job(spec: JobSpec, cfg: RunConfig, restarted: bool = False) -> Any:
@@ -40,6 +40,46 @@ def make_job(spec: JobSpec, cfg: RunConfig, restarted: bool = False) -> Any:
                          capacity_timeout_s=c.capacity_timeout_s if restarted else None,
                          on_ray_started=_report_ray)
     return ray_job(spec, options, algorithm_ref=ref)
+
+
+def oversubscription(cfg: RunConfig, spec: JobSpec, cores: int, load: float) -> str | None:
+    """The one line a run prints at its start when its threads exceed this machine's cores, or
+    ``None``. On Ray started here (no ``cluster.address``): a replica runs
+    ``floor(cluster.cpus_per_replica)`` torch threads, and replicas of several threads whose
+    threads outnumber the cores compete for them (one-thread replicas sharing cores is msrl's
+    plan for a small machine, and is not said). In this process (``runtime: local``):
+    ``train.torch_threads`` above 1 for each replica thread, with the machine's 1-minute load
+    (other jobs) counted, above the cores.
+
+    Args:
+        cores: this machine's cores (``os.cpu_count()``); load: its 1-minute load average.
+    """
+    import math
+
+    from msrl.config import resolve_runtime
+
+    if resolve_runtime(cfg.runtime, spec.policy) == "ray":
+        if cfg.cluster.address is not None:
+            return None  # a cluster's nodes are its operator's to size
+        from msrl.cluster.options import per_fragment
+
+        names = [f.name for f in spec.policy.fragments]
+        cpus = per_fragment(cfg.cluster.cpus_per_replica, names, "cluster.cpus_per_replica", 1.0)
+        threads = {f.name: max(1, math.floor(cpus[f.name])) for f in spec.policy.fragments}
+        total = sum(threads[f.name] * f.replicas for f in spec.policy.fragments)
+        wide = {name: n for name, n in threads.items() if n > 1}
+        if wide and total > cores:
+            return (f"msrl: cluster.cpus_per_replica gives {', '.join(f'{k} replicas {n} threads' for k, n in wide.items())}: "
+                    f"{total} threads in all on this {cores}-core machine, so they compete for cores (slower than one "
+                    f"thread each); lower cluster.cpus_per_replica to fit {cores} cores")
+        return None
+    threads = cfg.train.torch_threads
+    replicas = sum(f.replicas for f in spec.policy.fragments)
+    if threads > 1 and threads * replicas + math.floor(load) > cores:
+        busy = f" whose load is {load:.1f}" if math.floor(load) else ""
+        return (f"msrl: train.torch_threads={threads} for {replicas} replica thread(s) on this {cores}-core machine{busy}: "
+                "the threads compete for cores (on a busy or small machine train.torch_threads=1 is often faster)")
+    return None
 
 
 def ray_job(spec: JobSpec, options: Any = None, algorithm_ref: str | None = None, probe: bool = True) -> Any:

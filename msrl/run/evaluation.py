@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import time
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -12,6 +14,10 @@ from msrl.envs.gymnasium_env import GymnasiumEnv
 from msrl.errors import InputError
 
 __all__ = ["evaluate", "evaluate_job", "evaluation_env", "actor_device", "ActorContractError", "check_evaluable"]
+
+
+#: seconds after which a running evaluation says how far it is, and then again each time
+PROGRESS_EVERY_S = 15.0
 
 
 class ActorContractError(InputError, TypeError):
@@ -68,6 +74,7 @@ def evaluate(
     env_kwargs: Mapping[str, Any] | None = None,
     device: str | torch.device = "cpu",
     wrappers: Sequence[str] = (),
+    progress_every_s: float | None = None,
 ) -> list[float]:
     """Runs ``episodes`` episodes, one per env of a batch, with ``actor.act(obs, deterministic=True)``.
 
@@ -80,6 +87,8 @@ def evaluate(
             named wrappers, as in training.
         episodes: number of episodes (= envs in the batch), >= 1.
         seed: env ``i`` is seeded with ``seed + i``.
+        progress_every_s: an evaluation running longer than this says how far it is on stderr,
+            one line each time this many seconds pass (``None``: never).
 
     Returns:
         the undiscounted return of each episode, in env order.
@@ -95,7 +104,12 @@ def evaluate(
         recurrent = getattr(actor, "recurrent", False)  # it carries a state from step to step
         if recurrent:
             state = actor.initial_state(obs)
+        start = said = time.monotonic()
         while not finished.all():
+            if progress_every_s is not None and time.monotonic() - said >= progress_every_s:
+                said = time.monotonic()
+                print(f"msrl: evaluating on {env_id}: {int(finished.sum())} of {episodes} episodes done, "
+                      f"{said - start:.0f} s", file=sys.stderr, flush=True)
             if recurrent:
                 out = actor.act(obs, state, deterministic=True)
             else:
@@ -115,7 +129,9 @@ def evaluate_job(job: Any, cfg: Any) -> list[float]:
     """The final (or a periodic) evaluation of a running job's current policy: ``cfg.eval``'s
     episodes and seed on :func:`evaluation_env`'s env; ``[]`` when there is no gymnasium env to
     evaluate on (e.g. native Tag: the training curves tell). The global generators hold the
-    states seeded for ``(eval.seed, "evaluation")`` meanwhile (:mod:`msrl.runtime.generators`)."""
+    states seeded for ``(eval.seed, "evaluation")`` meanwhile (:mod:`msrl.runtime.generators`).
+    With ``train.progress`` on, an evaluation longer than :data:`PROGRESS_EVERY_S` says how far
+    it is."""
     from msrl.runtime.generators import BATON, GlobalGenerators
 
     env_id, kwargs, wrappers = evaluation_env(cfg)
@@ -126,7 +142,7 @@ def evaluate_job(job: Any, cfg: Any) -> list[float]:
     with BATON.hold(GlobalGenerators.seeded(cfg.eval.seed, "evaluation")):
         actor = job.eval_actor()
         return evaluate(actor, env_id, cfg.eval.episodes, cfg.eval.seed, kwargs, device=actor_device(actor),
-                        wrappers=wrappers)
+                        wrappers=wrappers, progress_every_s=PROGRESS_EVERY_S if cfg.train.progress else None)
 
 
 def evaluation_env(cfg: Any) -> tuple[str | None, dict[str, Any], list[str]]:

@@ -11,6 +11,7 @@ Under Ray, a replica whose process dies restarts the job from its last checkpoin
 
 from __future__ import annotations
 
+import os
 import pathlib
 import sys
 from typing import Any
@@ -20,7 +21,7 @@ import torch
 from msrl.config import ConfigError, RunConfig, build_job_spec
 from msrl.errors import PlacementError
 from msrl.run.checkpoints import CHECKPOINT, atomic_save, load_checkpoint, read_checkpoint, set_aside_damaged
-from msrl.run.driver import make_job
+from msrl.run.driver import make_job, oversubscription
 from msrl.run.evaluation import check_evaluable, evaluation_env
 from msrl.run.job import JobSpec
 from msrl.run.loop import TrainingLoop
@@ -161,6 +162,10 @@ def _train_once(cfg: RunConfig, resume: str | pathlib.Path | None, restarted: bo
             actor = spec.algorithm.components.get("actor")
             if isinstance(actor, type):
                 check_evaluable(actor)
+        if not restarted:
+            crowded = oversubscription(cfg, spec, os.cpu_count() or 1, os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0)
+            if crowded is not None:
+                print(crowded, file=sys.stderr)
         job = make_job(spec, cfg, restarted)
         per, total = spec.env_steps_per_iteration, cfg.train.total_env_steps
         if total % per and not restarted:  # (said once the job is built: an input error comes alone)
