@@ -460,10 +460,12 @@ def test_a_producer_reconnects_after_its_consumer_restarts():
         server.stop(grace_s=0)
         second = Mailbox({TRAJ: 2}, timeout_s=120)
         server = BoundaryServer(bs, "learner", 0, second, token, host=host, port=int(port))
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 120  # (generous: a busy machine schedules the retries late)
         while transport.reconnects == 0 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert transport.reconnects == 1 and transport.dropped == 1
+        # at least one reconnect: under load a reopened stream may meet the old server's last
+        # moments and reopen once more; the in-flight item is dropped once either way
+        assert transport.reconnects >= 1 and transport.dropped == 1
         actor.put(TRAJ, torch.tensor([3]))
         assert int(second.take(TRAJ, 0).value) == 3
     finally:
