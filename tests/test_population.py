@@ -291,3 +291,24 @@ def test_pbt_beats_its_worst_fixed_member_on_a_sensitive_learning_rate(tmp_path)
         fixed = [m["mean_return"] for m in report["members"]]
         worse += pbt > min(fixed)
     assert worse == 5
+
+
+def test_a_population_run_says_how_each_member_does_each_turn(tmp_path, capsys):
+    """With ``train.progress`` on, each turn prints one line per member: its values, iteration,
+    env steps, mean return and whom it copies (a population run printed nothing until its end:
+    issue 73, item 10); off, nothing."""
+    import re
+
+    from msrl.run.training import train
+
+    over = ["train.total_env_steps=3072", "population.interval=4", "population.size=2", "eval.episodes=1",
+            "population.explore.learning_rate.init=[0.00001, 0.01]"]
+    train(_cfg(tmp_path / "on", *over, "train.progress=true"))
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("msrl: turn ")]
+    assert len(lines) == 2 * 3, lines  # 12 iterations of 256 env steps, 4 a turn: 3 turns, 2 members
+    pattern = (r"msrl: turn (\d), member (\d) \(learning_rate=[0-9.e-]+\): iteration (\d+)/12, env step \d+, "
+               r"(mean return [0-9.]+|no episode finished)(; copies member \d)?")
+    assert all(re.fullmatch(pattern, line) for line in lines), lines
+    assert [line.split(",")[0] for line in lines[:2]] == ["msrl: turn 1", "msrl: turn 1"]
+    train(_cfg(tmp_path / "off", *over, "train.progress=false"))
+    assert "msrl: turn " not in capsys.readouterr().err

@@ -358,6 +358,13 @@ def _turns(members: list[Member], turn: int, total_iterations: int, cfg: RunConf
         for m in members:
             rows.append([turn, m.job.iteration, m.job.env_steps, m.index, m.score, *(m.values[k] for k in names),
                          plan.get(m.index, "")])
+        if cfg.train.progress:  # one line per member and turn: where it is, how it does, what it takes
+            for m in members:
+                score = "no episode finished" if m.score == -math.inf else f"mean return {m.score:.1f}"
+                took = f"; copies member {plan[m.index]}" if m.index in plan else ""
+                print(f"msrl: turn {turn}, member {m.index} ({_values_text(m.values)}): iteration "
+                      f"{m.job.iteration}/{total_iterations}, env step {m.job.env_steps}, {score}{took}",
+                      file=sys.stderr, flush=True)
         for i, d in sorted(plan.items()):
             _replace(members[i], members[d], explore(members[d].values, pop.explore, pop.perturbation_factors,
                                                       pop.resample_probability, rng))
