@@ -244,9 +244,9 @@ from msrl.algorithms.dqn import ALGORITHM as DQN, DQNTrainer, DQNActor
 {decl}
 
 class CountingActor(DQNActor):
-    def act(self, obs, epsilon):
+    def act(self, obs, epsilon=0.0, deterministic=False):
 {bump}
-        return super().act(obs, epsilon)
+        return super().act(obs, epsilon, deterministic)
 
 class StateTrainer(DQNTrainer):
     def train_step(self):
