@@ -392,10 +392,13 @@ SIGINT_IGNORED = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.S
                   "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
 
 
-@pytest.mark.parametrize("sig, start", [("SIGTERM", "foreground"), ("SIGHUP", "foreground"), ("SIGTERM", "sigint_ignored")])
+@pytest.mark.parametrize("sig, start", [("SIGTERM", "foreground"), ("SIGHUP", "foreground"), ("SIGTERM", "sigint_ignored"),
+                                        ("SIGHUP", "ray")])
 def test_sigterm_or_sighup_stops_a_local_run_as_ctrl_c_does(tmp_path, sig, start):
     """Also a Ray run started with SIGINT ignored (a background job): its supervising parent hands
-    a SIGTERM on to the driver as SIGINT, which the driver acts on whatever it inherited."""
+    a SIGTERM on to the driver as SIGINT, which the driver acts on whatever it inherited; and a Ray
+    run of two actor replicas given SIGHUP (a closed terminal) stops with msrl's line alone: no
+    traceback of a Ray worker or of the driver on its stderr."""
     import signal
     import subprocess
     import sys
@@ -404,7 +407,8 @@ def test_sigterm_or_sighup_stops_a_local_run_as_ctrl_c_does(tmp_path, sig, start
 
     metrics = tmp_path / "ppo_cartpole" / "metrics.csv"
     launch = [sys.executable, "-c", SIGINT_IGNORED] if start == "sigint_ignored" else [sys.executable]
-    ray = ["distribution_policy.name=single_learner_coarse"] if start == "sigint_ignored" else []  # supervised
+    ray = {"sigint_ignored": ["distribution_policy.name=single_learner_coarse"],  # supervised
+           "ray": ["distribution_policy.name=single_learner_coarse", "distribution_policy.replicas.actor=2"]}.get(start, [])
     proc = popen([*launch, "-m", "msrl.run.cli", "train", CONFIG, f"runs_dir={tmp_path}", "train.progress=false",
                   "train.checkpoint_every=1", *ray], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -417,6 +421,7 @@ def test_sigterm_or_sighup_stops_a_local_run_as_ctrl_c_does(tmp_path, sig, start
         stop_tree(proc)
     last = err.strip().splitlines()[-1]
     assert last.startswith("msrl: interrupted at env step ") and "resume with: msrl train --resume" in last, err
+    assert "Traceback" not in err and "(pid=" not in err, err  # neither a driver's nor a Ray worker's
 
 
 def test_a_negative_seed_is_one_line_and_a_msrl_error(tmp_path, capsys):
