@@ -11,7 +11,7 @@ share done by the others of its fragment until Ray places it (:meth:`Replacement
 
 Every Ray actor call goes through the job's :class:`~msrl.cluster.actor_manager.ReplicaGroup`;
 consumers are told what changed through their heartbeat's order (:meth:`Replacements._send_orders`)
-while they are busy in a chunk. See ``docs/architecture.md`` ("Elastic replicas").
+while they are busy in a chunk. See ``docs/architecture/runtime.md`` ("Elastic replicas").
 """
 
 from __future__ import annotations

@@ -69,11 +69,15 @@ def test_a_run_directory_that_cannot_be_made_is_refused_before_any_work(tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
 
 
+#: the pages a user reads: the README and the documentation site's sources
+DOC_PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
 def _readme_train_commands() -> list[list[str]]:
     import re
     import shlex
 
-    text = (ROOT / "README.md").read_text()
+    text = "\n".join(p.read_text() for p in DOC_PAGES)
     out = []
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         for line in block.replace("\\\n", " ").splitlines():
@@ -85,7 +89,7 @@ def _readme_train_commands() -> list[list[str]]:
 
 @pytest.mark.parametrize("args", _readme_train_commands(), ids=lambda a: " ".join(a))
 def test_every_readme_train_command_is_a_valid_job(args, monkeypatch):
-    """Each ``msrl train CONFIG ...`` command of the README validates and builds its job spec as
+    """Each ``msrl train CONFIG ...`` command of the README and the docs validates and builds its job spec as
     written (running them all is the slow suite's and the benchmarks' job)."""
     from msrl.config import build_job_spec, load_config
 
@@ -96,6 +100,23 @@ def test_every_readme_train_command_is_a_valid_job(args, monkeypatch):
     if "gpu_only" in args[0] and not torch.cuda.is_available():
         pytest.skip("a config for a GPU machine")
     build_job_spec(cfg)
+
+
+def test_the_readme_is_short_and_every_link_in_it_resolves():
+    """The README is the front door (at most ~150 lines); the manual is the documentation site.
+    Every relative link and image of it names a file of the repository (links checked by
+    ``mkdocs build --strict`` cover the site's own pages)."""
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 150, len(text.splitlines())
+    targets = re.findall(r"\]\(([^)\s]+)\)", text)
+    assert targets, "the README links into the docs"
+    for target in targets:
+        if "://" in target:
+            continue
+        path = target.split("#")[0]
+        assert (ROOT / path).exists(), f"README links to {target}, which does not exist"
 
 
 def test_ctrl_c_during_start_up_says_so(monkeypatch, capsys):
@@ -110,15 +131,16 @@ def test_ctrl_c_during_start_up_says_so(monkeypatch, capsys):
 
 
 def test_the_readme_python_example_runs_as_written(tmp_path, monkeypatch, capsys):
-    """The README's "From Python" block, executed as written (in a scratch directory holding
+    """Getting started's "From Python" block, executed as written (in a scratch directory holding
     the configs): it trains, loads, acts, evaluates, resumes and catches msrl.ConfigError."""
     import re
 
-    block = re.search(r"### From Python\n\n```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    page = ROOT / "docs" / "getting-started.md"
+    block = re.search(r"## From Python\n\n```python\n(.*?)```", page.read_text(), re.S).group(1)
     (tmp_path / "configs").symlink_to(ROOT / "configs")
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
-    exec(compile(block, "README.md (From Python)", "exec"), scope)  # noqa: S102 - the README's own example
+    exec(compile(block, "docs/getting-started.md (From Python)", "exec"), scope)  # noqa: S102 - the README's own example
     out = capsys.readouterr().out
     assert "env.num_envs: Input should be greater than 0 (got 0)" in out
     assert scope["result"].env_steps <= 100_000 and len(scope["returns"]) == 20

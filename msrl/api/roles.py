@@ -378,7 +378,8 @@ class Learner(Component):
         Args:
             gradients: one tensor per parameter of the optimiser, in its ``param_groups``
                 order, each of its parameter's shape.
-            max_grad_norm, optimizer: as :meth:`apply_gradients`.
+            max_grad_norm: as :meth:`apply_gradients`.
+            optimizer: as :meth:`apply_gradients`.
 
         Returns:
             the global gradient norm before clipping (as :meth:`apply_gradients`).

@@ -303,7 +303,7 @@ class PopulationConfig(_Strict):
 class RunConfig(_Strict):
     """A whole job (see the module docstring)."""
 
-    name: str = Field(description="run name; the run directory is <runs_dir>/<name>")
+    name: str = Field(description="run name; the run directory is runs_dir/name")
     seed: int = Field(1, ge=0, description="base seed (>= 0: seeds of every replica's generators and envs derive from it)")
     runs_dir: str = Field("runs", description="where run directories are made")
     algorithm: AlgorithmConfig

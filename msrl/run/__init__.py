@@ -1,4 +1,4 @@
-"""Running a job, from a config to a run directory (layer 5 of ``docs/layout.md``): the ``msrl``
+"""Running a job, from a config to a run directory (layer 5 of ``docs/architecture/layout.md``): the ``msrl``
 command (:mod:`~msrl.run.cli`), ``msrl.train``/``load``/``evaluate`` (:mod:`~msrl.run.python_api`),
 a run's attempts and restarts (:mod:`~msrl.run.training`), the training loop
 (:mod:`~msrl.run.loop`), the job a run compiles (:mod:`~msrl.run.job`) and the runtime that runs it

@@ -95,10 +95,15 @@ class TrainResult:
     """What a finished run reports.
 
     Attributes:
-        run_dir: the run directory; ``iterations``, ``env_steps``: work done;
-        time_s: training wall time (s, evaluations excluded); ``eval_returns``: the final
-        evaluation's episode returns; ``time_to_threshold_s``/``steps_to_threshold``: when an
-        evaluation first reached ``train.stop_at_return`` (``None`` if never).
+        run_dir: the run directory.
+        iterations: training iterations done (``train_step`` calls).
+        env_steps: env steps done (over all envs).
+        time_s: training wall time (s, evaluations excluded).
+        eval_returns: the final evaluation's episode returns (undiscounted, one per episode).
+        time_to_threshold_s: training time (s) when an evaluation first reached
+            ``train.stop_at_return`` (``None`` if never).
+        steps_to_threshold: env steps when an evaluation first reached ``train.stop_at_return``
+            (``None`` if never).
     """
 
     run_dir: pathlib.Path

@@ -69,8 +69,11 @@ class FragmentError(MsrlError, RuntimeError):
     """An exception raised inside a fragment program.
 
     Attributes:
-        fragment, replica: where; ``node``: the FDG node (``None`` if not mapped); ``cause``:
-        the original exception (also ``__cause__``).
+        fragment: the fragment whose program raised.
+        replica: the replica's index within the fragment (0-based).
+        method: the fragment method that raised (``train_step``, ``reset``).
+        node: the FDG node that raised (``None`` if not mapped).
+        cause: the original exception (also ``__cause__``).
     """
 
     def __init__(self, fragment: str, replica: int, method: str, node: Any, cause: BaseException) -> None:

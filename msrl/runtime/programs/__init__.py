@@ -1,4 +1,4 @@
-"""A fragment's programs in a replica (layer 4 of ``docs/layout.md``): code generation from its
+"""A fragment's programs in a replica (layer 4 of ``docs/architecture/layout.md``): code generation from its
 region graph (:mod:`~msrl.runtime.programs.codegen`) by its backend's lowering rules (registry:
 :mod:`~msrl.runtime.programs.backends`), and the wrappers around a generated program: CUDA-graph
 capture and replay (:mod:`~msrl.runtime.programs.capture`), compiled fragments

@@ -1,4 +1,4 @@
-"""What moves values between replica processes (layer 4 of ``docs/layout.md``): the one registry
+"""What moves values between replica processes (layer 4 of ``docs/architecture/layout.md``): the one registry
 of transport kinds from which the config's choices are derived (:mod:`~msrl.runtime.transports.kinds`),
 synchronous boundaries over ``torch.distributed`` (:mod:`~msrl.runtime.transports.dist`) and
 per-pair links (:mod:`~msrl.runtime.transports.links`, :mod:`~msrl.runtime.transports.unix_link`),
