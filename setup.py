@@ -50,6 +50,8 @@ setup(
         "psutil>=5.9",  # a replica's network interface by its address (msrl/runtime/wiring.py)
     ],
     extras_require={
+        # the documentation site (mkdocs.yml): `pip install -e ".[docs]" && mkdocs serve`
+        "docs": ["mkdocs>=1.6,<2", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26", "griffe-pydantic>=1.1"],
         # cupy-cuda12x: the GPU build's set-up errors are tested where CuPy imports without a GPU
         # (the simulators too: the env engine and native MuJoCo tasks are tested against them)
         # stable-baselines3: tests/test_a2c_vs_sb3.py checks msrl's A2C update against SB3's

@@ -60,12 +60,20 @@ class JobView(Protocol):
     rejoin_args: tuple
 
     @property
-    def watchdog(self) -> Any: ...
+    def watchdog(self) -> Any:
+        """The replicas' heartbeat :class:`~msrl.cluster.watchdog.Watchdog` (``None`` before they start)."""
+        ...
 
     def lower_replacement(self, key: tuple[str, int], peers: Mapping[tuple[str, int], Mapping[str, Any]],
-                          mode: str) -> None: ...
+                          mode: str) -> None:
+        """Lowers the OS priority of replacement ``key`` (fragment, index) where the job's
+        priority ``mode`` lowers producers' (``peers``: each replica's rejoin details)."""
+        ...
 
-    def bundle_unplaced(self, key: tuple[str, int]) -> bool: ...
+    def bundle_unplaced(self, key: tuple[str, int]) -> bool:
+        """Whether replica ``key``'s placement-group bundle has no live node now (its node lost,
+        not yet placed again)."""
+        ...
 
 
 class Replacements:

@@ -4,7 +4,7 @@ read and written by the replicas' own threads (DESIGN.md §5, "Boundary kinds").
 Why not gRPC here: over gRPC's Python streams every message passes four to five threads and
 their GIL hand-offs; over a Unix socket written by the producer's thread and read by the
 consumer's while it waits, an item and its credit take a fraction of the time and CPU, close to
-a bare socket's (``python bench/bench_hop.py``; figures: bench/RESULTS.md, "Figures behind the
+a bare socket's (``python bench/bench_hop.py``; figures: bench/results/startup.md, "Figures behind the
 code"). Between machines the gRPC transport stays.
 
 Frames are the gRPC transport's (:mod:`msrl.cluster.grpc_transport`: request frames ``ITEM`` and

@@ -209,7 +209,7 @@ def test_self_play_learns_tictactoe_against_a_random_player(tmp_path):
     """The shipped config trained by self-play alone (it never meets a random player) beats one:
     over 400 games, both seats, it wins >= 70% and loses <= 25% (an untrained policy: 42% / 45%;
     the config over seeds 1-3: 80% / 17%, its losses mostly forks a random player stumbles into;
-    bench/RESULTS.md "Self-play on tic-tac-toe")."""
+    bench/results/learning.md "Self-play on tic-tac-toe")."""
     import msrl
     from msrl.config import load_config
     from msrl.run.training import train

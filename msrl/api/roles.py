@@ -168,7 +168,7 @@ class ModuleWeights:
     """A module's state-dict tensors, listed once, for weight sync between a learner and an
     actor (``get_weights`` / ``set_weights``) at the cost of a dict copy and one ``copy_`` per
     tensor: ``state_dict()`` and ``load_state_dict()`` walk the module tree at every call,
-    several times an iteration of small jobs (``bench/RESULTS.md``, "Figures behind the code").
+    several times an iteration of small jobs (``bench/results/startup.md``, "Figures behind the code").
 
     The module's parameters and buffers must be updated in place from construction on (as
     optimisers, ``load_state_dict`` and :class:`~msrl.normalization.RunningMeanStd` do):
@@ -234,7 +234,7 @@ class Actor(Component):
 def _clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
     """``torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)`` for gradients of one
     device and dtype, bitwise equal to it (the same foreach ops in the same order) without its
-    grouping and checks (a third of the call on a small MLP: ``bench/RESULTS.md``, "Figures
+    grouping and checks (a third of the call on a small MLP: ``bench/results/startup.md``, "Figures
     behind the code"); other cases go to it.
     Returns the total norm before clipping, a 0-d tensor."""
     grads = [p.grad for p in params if p.grad is not None]

@@ -343,6 +343,16 @@ def _model_at(model: type[BaseModel], loc: Sequence[Any]) -> type[BaseModel] | N
 
 
 def format_errors(e: pydantic.ValidationError, root: type[BaseModel] | None, prefix: str = "") -> str:
+    """pydantic's validation errors as msrl's one line per error: ``key.path: message (got value)``.
+
+    Args:
+        e: the errors of validating a config section.
+        root: the model validated (its field names give close-match suggestions), or ``None``.
+        prefix: the dotted path of the section in the whole config (``"algorithm.hparams."``).
+
+    Returns:
+        the errors joined by ``"; "``, each naming its full dotted key.
+    """
     lines = []
     errors = e.errors()
     item_errors = {tuple(str(x) for x in err["loc"][:-1]) for err in errors if err["loc"] and isinstance(err["loc"][-1], int)}

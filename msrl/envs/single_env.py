@@ -312,7 +312,7 @@ def share_mujoco_models(envs: Sequence[gymnasium.Env]) -> int:
 
     Each ``gymnasium.make`` loads its own model, so many envs in one process step through many
     copies of it and miss the CPU's caches; stepped in turn on one shared model they run faster
-    (``bench/RESULTS.md``, "Figures behind the code"). Only
+    (``bench/results/startup.md``, "Figures behind the code"). Only
     gymnasium's own classes are shared: they never write their model after construction
     (``mj_step`` reads it), so nothing an env computes changes. A user's env, which may
     randomise its model per env, keeps its own. Each env keeps its own ``MjData``.

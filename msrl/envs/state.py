@@ -13,7 +13,7 @@ Pendulum, HalfCheetah, Hopper, Ant, Pong and MPE's simple_spread). pygame's rend
 Large objects that are the same in every env of a batch (a MuJoCo ``MjModel``, ~1.2 MB) are
 stored once: :func:`dump_env` returns them apart, keyed by content hash, and :func:`load_env`
 takes them back. Snapshots are zlib-compressed (level 1): a MuJoCo ``MjData`` arena is mostly
-zeros and compresses by an order of magnitude in milliseconds (``bench/RESULTS.md``, "Figures
+zeros and compresses by an order of magnitude in milliseconds (``bench/results/startup.md``, "Figures
 behind the code").
 """
 

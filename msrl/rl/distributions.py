@@ -15,7 +15,7 @@ def categorical_log_prob_entropy(logits: torch.Tensor, action: torch.Tensor) -> 
     What ``torch.distributions.Categorical(logits=...)``'s ``log_prob``/``entropy`` compute (the
     entropy with log-probabilities clamped to the dtype's smallest finite value, so a zero
     probability adds 0, not NaN), without its argument validation and bookkeeping (less than
-    half the time forward and backward: ``bench/RESULTS.md``, "Figures behind the code").
+    half the time forward and backward: ``bench/results/startup.md``, "Figures behind the code").
     Log-probabilities come from ``log_softmax``, as :meth:`msrl.rl.actors.ActorCriticActor.act`
     computes them, so a rollout's and an update's agree bitwise.
 
@@ -80,7 +80,7 @@ def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None = 
     That is ATen's own single-sample path (``multinomial`` in ``aten/src/ATen/native/
     Distributions.cpp``: the exponential race ``argmax(p / q)``, ``q ~ Exp(1)``, equivalent to
     the Gumbel-max trick), without its argument checks -- two host syncs per call on a GPU and a
-    tenth of an inference call on a CPU (``bench/RESULTS.md``, "Figures behind the code").
+    tenth of an inference call on a CPU (``bench/results/startup.md``, "Figures behind the code").
     ``probs`` come from a softmax here, so
     the checks (no NaN, no negative entries, rows summing to more than 0) hold by construction;
     a NaN loss is caught where the weights are updated (:meth:`msrl.api.Learner.apply_gradients`).

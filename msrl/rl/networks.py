@@ -37,7 +37,7 @@ def scale_frames(obs: torch.Tensor) -> torch.Tensor:
 
     The layout changes no value a convolution sees, only the order oneDNN reads them in: its
     channels-last kernels run the Nature CNN's PPO update (256 frames, forward and backward) in
-    about 0.75x the time of the default layout on a 2-core CPU (bench/RESULTS.md, "Pong against
+    about 0.75x the time of the default layout on a 2-core CPU (bench/results/pong.md, "Pong against
     CleanRL+EnvPool"). The results are those of another summation order (not bitwise the
     default layout's), the same on every execution path of a run. On a GPU the layout stays as
     it is (cuDNN's fp32 kernels gain nothing measured from it).

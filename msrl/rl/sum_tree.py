@@ -107,6 +107,7 @@ class SumTree:
         return self.find(mass[perm], size).view(shape)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
+        """The tree's array (``(2 * capacity,)`` float priorities, shared, not copied)."""
         return {"tree": self.tree}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:

@@ -43,7 +43,7 @@ class TrainingLoop:
     #: and under an asynchronous policy for at least this many iterations: a chunk's end drains
     #: the pipeline (the actors wait while the learner takes their last rollouts), so a chunk of
     #: one slow iteration (IMPALA on Pong, ~1 s) ran actors and learner one after the other
-    #: (bench/RESULTS.md, "Pong against CleanRL+EnvPool")
+    #: (bench/results/pong.md, "Pong against CleanRL+EnvPool")
     ASYNC_MIN_ITERATIONS = 8
 
     def __init__(self, cfg: RunConfig, spec: JobSpec, job: JobRuntime, resume: Any, state: Any, locks: list[RunLock],

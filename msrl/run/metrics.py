@@ -37,7 +37,7 @@ def use_native_crc32c() -> bool:
     """Makes TensorBoard's event writer checksum its records with ``google-crc32c``'s C
     implementation instead of TensorBoard's pure-Python one (without TensorFlow installed,
     ``tensorboard.summary.writer.record_writer`` uses a byte-at-a-time Python loop, a large part
-    of writing a long run's events; figures: ``bench/RESULTS.md``, "Figures behind the code").
+    of writing a long run's events; figures: ``bench/results/startup.md``, "Figures behind the code").
     The bytes written are the same (checked against TensorBoard's own function on first use).
 
     Returns:
@@ -102,7 +102,7 @@ class MetricsWriter:
     :meth:`flush` calls and at :meth:`close`, each batch drained before training goes on.
     Handed over one row per iteration, TensorBoard's writer thread (event serialisation and a
     pure-Python CRC per record) competed with the training thread for the GIL and slowed small
-    jobs measurably (``bench/RESULTS.md``, "Figures behind the code")."""
+    jobs measurably (``bench/results/startup.md``, "Figures behind the code")."""
 
     TB_EVERY_S = 5.0
     #: events TensorBoard's writer thread may hold queued: a batch is handed over without the

@@ -25,7 +25,7 @@ replicas and however their threads interleave.
   its process's threads never wait for one another because of it; :meth:`Baton.watch` checks
   that no global state changed meanwhile and, if one did, makes every replica hold the baton
   from then on. A hand-over swaps torch's state (cheap) and NumPy's and Python's (tens of
-  microseconds: ``bench/RESULTS.md``, "Figures behind the code") only when the probe saw them
+  microseconds: ``bench/results/startup.md``, "Figures behind the code") only when the probe saw them
   drawn: central inference hands the baton over ~150 times an iteration. A holder taking over from the process
   itself loads every state, so a process with one replica draws seeded values even from a
   generator the probe did not see used; a holder that drew from NumPy's generator although the

@@ -12,7 +12,7 @@ replica process (before it imports anything heavy) -- and in a user's process on
 steer it), and they are thread-safe (:class:`~msrl.runtime.local.LocalRuntime` runs replicas on
 threads). The env engine's worker processes import no torch and change nothing.
 
-What :func:`own_process` changes, and why (figures: ``bench/RESULTS.md``, "Figures behind the
+What :func:`own_process` changes, and why (figures: ``bench/results/startup.md``, "Figures behind the
 code" and the start-up sections; ``python bench/bench_startup.py``):
 
 * **tensordict without its compile marks.** tensordict marks a few of its functions for

@@ -27,7 +27,7 @@ one up to float rounding.
   torch's cache folder, ``TORCHINDUCTOR_CACHE_DIR``); a second run traces again but compiles
   less.
 
-Measured on the 2-core CPU machine (``bench/RESULTS.md``, "torch.compile in torch_graph"),
+Measured on the 2-core CPU machine (``bench/results/gpu.md``, "torch.compile in torch_graph"),
 compiled tiny MLPs were slower than eager there; the default stays ``off``.
 """
 

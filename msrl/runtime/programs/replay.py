@@ -135,10 +135,13 @@ class CudaGraph:
             register(g)
 
     def capture(self, fn: Callable[[], Any]) -> Any:
+        """Runs ``fn`` once under CUDA-graph capture (this thread's unsafe calls end it) and
+        returns its result: tensors in the graph's memory pool, refreshed by each :meth:`replay`."""
         with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
             out = fn()
         self.graph.replay()  # capture records without running: this runs the captured iteration
         return out
 
     def replay(self) -> None:
+        """Launches the captured graph once on the current stream (asynchronous to the host)."""
         self.graph.replay()

@@ -48,9 +48,15 @@ class Link(Protocol):
 
     name: str
 
-    def isend(self, buffer: torch.Tensor, tag: int) -> Work: ...
+    def isend(self, buffer: torch.Tensor, tag: int) -> Work:
+        """Posts ``buffer`` (``uint8``, kept alive by the caller until the work completes) to the
+        peer under ``tag``; returns the work to wait on."""
+        ...
 
-    def irecv(self, buffer: torch.Tensor, tag: int) -> Work: ...
+    def irecv(self, buffer: torch.Tensor, tag: int) -> Work:
+        """Posts a receive into ``buffer`` (``uint8``, the sender's byte size) under ``tag``;
+        returns the work to wait on."""
+        ...
 
 
 class GlooLink:

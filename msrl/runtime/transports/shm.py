@@ -4,7 +4,7 @@ Gloo moves a fragment's gradients between processes over TCP, through a worker t
 I/O thread in each process. On a machine whose cores the replicas keep busy, every all-reduce
 then waits for those threads to be scheduled: on a busy 2-core machine a Gloo all-reduce of
 the main job's gradients takes many times a Unix socket's round trip, and multi_learner with two
-replicas spent a large share of its iteration in all-reduces (figures: ``bench/RESULTS.md``,
+replicas spent a large share of its iteration in all-reduces (figures: ``bench/results/startup.md``,
 "Figures behind the code"). :class:`ShmGroup` does the same collective the way NCCL's
 and oneCCL's intra-node transports do: every replica writes its buffer into a slot of one
 shared-memory segment, tells its peers with one datagram each, waits for theirs, and sums the
