@@ -10,7 +10,6 @@ import inspect
 import pathlib
 import pkgutil
 import re
-
 import unicodedata
 
 import pytest
