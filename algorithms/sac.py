@@ -39,6 +39,7 @@ from msrl.api import (
     UnitInterval,
 )
 from msrl.rl.buffers import ReplayBuffer
+from msrl.rl.continuous import QNetwork, box_space, polyak_update_, relu_mlp
 
 __all__ = ["SACConfig", "SquashedGaussianPolicy", "SoftQNetwork", "SACActor", "SACLearner", "SACTrainer", "ALGORITHM"]
 
@@ -82,21 +83,6 @@ class SACConfig:
         self.hidden_sizes = tuple(self.hidden_sizes)
 
 
-def _mlp(n_in: int, hidden: tuple[int, ...], n_out: int) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for h in hidden:
-        layers += [nn.Linear(n_in, h), nn.ReLU()]
-        n_in = h
-    layers.append(nn.Linear(n_in, n_out))
-    return nn.Sequential(*layers)
-
-
-def _box(space: gymnasium.Space, what: str) -> gymnasium.spaces.Box:
-    if not isinstance(space, gymnasium.spaces.Box):
-        raise ValueError(f"SAC needs a Box {what} space, got {space}")
-    return space
-
-
 class SquashedGaussianPolicy(nn.Module):
     """``a = tanh(u) * scale + bias`` with ``u ~ N(mu(s), sigma(s))`` (Haarnoja et al. 2018,
     Appendix C); log-std squashed into ``[LOG_STD_MIN, LOG_STD_MAX]`` as CleanRL does.
@@ -107,10 +93,10 @@ class SquashedGaussianPolicy(nn.Module):
 
     def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space, hidden: tuple[int, ...]) -> None:
         super().__init__()
-        obs, act = _box(observation_space, "observation"), _box(action_space, "action")
+        obs, act = box_space(observation_space, "observation", "SAC"), box_space(action_space, "action", "SAC")
         n_act = int(np.prod(act.shape))
         self.action_shape = tuple(act.shape)
-        self.trunk = _mlp(int(np.prod(obs.shape)), hidden[:-1], hidden[-1])
+        self.trunk = relu_mlp(int(np.prod(obs.shape)), hidden[:-1], hidden[-1])
         self.mean = nn.Linear(hidden[-1], n_act)
         self.log_std = nn.Linear(hidden[-1], n_act)
         low, high = torch.as_tensor(act.low, dtype=torch.float32).flatten(), torch.as_tensor(act.high, dtype=torch.float32).flatten()
@@ -147,17 +133,16 @@ class SquashedGaussianPolicy(nn.Module):
         return action, log_prob
 
 
-class SoftQNetwork(nn.Module):
-    """``Q(s, a)``: ``(B, *obs_shape)``, ``(B, n_act)`` -> ``(B,)``."""
+class SoftQNetwork(QNetwork):
+    """The soft ``Q(s, a)``: ``(B, *obs_shape)``, ``(B, n_act)`` -> ``(B,)``
+    (:class:`msrl.rl.continuous.QNetwork`).
+
+    Raises:
+        ValueError: a non-Box observation or action space.
+    """
 
     def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space, hidden: tuple[int, ...]) -> None:
-        super().__init__()
-        n_in = int(np.prod(_box(observation_space, "observation").shape)) + int(np.prod(_box(action_space, "action").shape))
-        self.net = _mlp(n_in, hidden, 1)
-
-    def forward(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-        """The soft action value of each ``(s, a)`` row, ``(B,)``."""
-        return self.net(torch.cat([obs.flatten(1), action.flatten(1)], dim=1)).squeeze(-1)
+        super().__init__(observation_space, action_space, hidden, algorithm="SAC")
 
 
 def _build_policy(ctx: BuildContext) -> SquashedGaussianPolicy:
@@ -296,9 +281,8 @@ class SACLearner(Learner):
     @torch.no_grad()
     def update_targets(self) -> None:
         """``Q'_i <- tau Q_i + (1 - tau) Q'_i``."""
-        for net, target in ((self.qf1, self.qf1_target), (self.qf2, self.qf2_target)):
-            for t, p in zip(target.parameters(), net.parameters()):
-                t.lerp_(p, self.hp.tau)
+        polyak_update_(self.qf1_target, self.qf1, self.hp.tau)
+        polyak_update_(self.qf2_target, self.qf2, self.hp.tau)
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         """The policy's state dict (what the actor needs; detached tensors)."""

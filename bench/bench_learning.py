@@ -1,4 +1,4 @@
-"""Learning quality over many seeds: msrl's five shipped algorithms against their peers, whole budget.
+"""Learning quality over many seeds: msrl's shipped algorithms against their peers, whole budget.
 
 For each algorithm and seed, msrl (the shipped config, as ``msrl train`` runs it) and its peer
 with the same hyperparameters each train their **whole** env-step budget, evaluating greedily
@@ -22,6 +22,8 @@ ppo      CartPole-v1  475        300,000    10,000       SB3 PPO (msrl's config)
 a2c      CartPole-v1  475        200,000    10,000       SB3 A2C (rl-zoo's, which msrl ships)
 dqn      CartPole-v1  475        100,000    5,120        SB3 DQN (rl-zoo's, which msrl ships)
 sac      Pendulum-v1  -200       20,000     2,000        SB3 SAC (rl-zoo's, which msrl ships)
+ddpg     Pendulum-v1  -200       20,000     2,000        SB3 DDPG (rl-zoo's, which msrl ships)
+td3      Pendulum-v1  -200       20,000     2,000        SB3 TD3 (rl-zoo's, which msrl ships)
 impala   CartPole-v1  475        300,000    10,000       RLlib IMPALA (msrl's config), 2 env runners
 =======  ===========  =========  =========  ===========  =========================================
 
@@ -144,7 +146,7 @@ def table(algo: str, task: Task, results: dict[str, list[dict]]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("algos", nargs="+", choices=["ppo", "a2c", "dqn", "sac", "impala"])
+    p.add_argument("algos", nargs="+", choices=["ppo", "a2c", "dqn", "sac", "ddpg", "td3", "impala"])
     p.add_argument("--seeds", type=int, nargs="+", default=list(range(1, 11)))
     p.add_argument("--budget", type=int, default=None, help="env-step budget of every algorithm (default: the config's)")
     p.add_argument("--json", default=None, help="also write the raw results (curves included) here")

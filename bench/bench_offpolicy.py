@@ -68,6 +68,8 @@ TASKS = {
     "a2c": Task("configs/a2c_cartpole.yaml", "CartPole-v1", 475.0, 200_000, 5_000, "A2C", 8),
     "dqn": Task("configs/dqn_cartpole.yaml", "CartPole-v1", 475.0, 100_000, 5_120, "DQN", 1),
     "sac": Task("configs/sac_pendulum.yaml", "Pendulum-v1", -200.0, 20_000, 1_000, "SAC", 1),
+    "ddpg": Task("configs/ddpg_pendulum.yaml", "Pendulum-v1", -200.0, 20_000, 1_000, "DDPG", 1),
+    "td3": Task("configs/td3_pendulum.yaml", "Pendulum-v1", -200.0, 20_000, 1_000, "TD3", 1),
 }
 
 
@@ -92,7 +94,16 @@ SB3_KWARGS: dict[str, dict[str, Any]] = {
         "exploration_final_eps": 0.04, "policy_kwargs": {"net_arch": [256, 256]},
     },
     "sac": {"learning_rate": 1e-3},
+    # rl-zoo's Pendulum-v1 DDPG and TD3 (hyperparams/{ddpg,td3}.yml), which msrl's configs ship;
+    # the acting noise (normal, 0.1 of the half-width) is added in run_sb3, which knows the env
+    "ddpg": {"learning_rate": 1e-3, "buffer_size": 200_000, "learning_starts": 10_000, "gamma": 0.98, "batch_size": 256,
+             "tau": 0.005, "policy_kwargs": {"net_arch": [400, 300]}},
+    "td3": {"learning_rate": 1e-3, "buffer_size": 200_000, "learning_starts": 10_000, "gamma": 0.98, "batch_size": 256,
+            "tau": 0.005, "policy_delay": 2, "policy_kwargs": {"net_arch": [400, 300]}},
 }
+
+#: the algorithms whose SB3 peer acts with Gaussian noise of this std (in SB3's [-1, 1] action scale)
+ACTION_NOISE = {"ddpg": 0.1, "td3": 0.1}
 
 
 def run_msrl(task: Task, seed: int, policy: str | None, runs_dir: str, extra: list[str] = (),
@@ -182,7 +193,13 @@ def run_sb3(name: str, task: Task, seed: int, whole_budget: bool = False) -> dic
 
     env = make_vec_env(task.env_id, n_envs=task.n_envs, seed=seed)
     algo: Callable = getattr(stable_baselines3, task.sb3_algo)
-    model = algo("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **SB3_KWARGS[name])
+    kwargs = dict(SB3_KWARGS[name])
+    if name in ACTION_NOISE:
+        from stable_baselines3.common.noise import NormalActionNoise
+
+        n = int(np.prod(env.action_space.shape))
+        kwargs["action_noise"] = NormalActionNoise(np.zeros(n), ACTION_NOISE[name] * np.ones(n))
+    model = algo("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **kwargs)
     cb = Timer()
     t0 = time.perf_counter()
     model.learn(task.budget, callback=cb)

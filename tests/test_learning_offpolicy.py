@@ -1,8 +1,8 @@
-"""Acceptance runs of A2C, DQN and SAC (slow: part of the benchmarks, ``pytest -m slow``).
+"""Acceptance runs of A2C, DQN, SAC, DDPG and TD3 (slow: part of the benchmarks, ``pytest -m slow``).
 
 Each reaches its threshold on a 20-episode deterministic evaluation within its env-step
 budget, for seeds 1-3, under ``single`` and under ``single_learner_coarse`` (replay beside
-the learner for DQN and SAC). The configs evaluate periodically and stop at the threshold."""
+the learner for the off-policy ones). The configs evaluate periodically and stop at the threshold."""
 
 import pathlib
 
@@ -19,6 +19,10 @@ ACCEPTANCE = {
     "dqn": ("dqn_cartpole.yaml", 475, 100_000, ["distribution_policy.replicas.actor=1",
                                                  "distribution_policy.placement.buffer=learner"]),
     "sac": ("sac_pendulum.yaml", -200, 20_000, ["distribution_policy.replicas.actor=1",
+                                                 "distribution_policy.placement.buffer=learner"]),
+    "ddpg": ("ddpg_pendulum.yaml", -200, 20_000, ["distribution_policy.replicas.actor=1",
+                                                   "distribution_policy.placement.buffer=learner"]),
+    "td3": ("td3_pendulum.yaml", -200, 20_000, ["distribution_policy.replicas.actor=1",
                                                  "distribution_policy.placement.buffer=learner"]),
 }
 

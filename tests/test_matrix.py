@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from msrl.algorithms import a2c, a3c, dqn, impala, impala_lstm, mappo, ppo, ppo_lstm, ppo_selfplay, sac
+from msrl.algorithms import a2c, a3c, ddpg, dqn, impala, impala_lstm, mappo, ppo, ppo_lstm, ppo_selfplay, sac, td3
 from msrl.graph import NodeKind
 from msrl.policy import load_policy
 from msrl.run.job import Job, JobSpec
@@ -23,6 +23,12 @@ TINY = {
     "dqn": (dqn.ALGORITHM, dict(learning_starts=16, train_frequency=4, gradient_steps=2, batch_size=8, buffer_size=256,
                                 target_network_frequency=8, hidden_sizes=(8,)), "CartPole-v1"),
     "sac": (sac.ALGORITHM, dict(learning_starts=8, batch_size=8, buffer_size=256, policy_frequency=2, hidden_sizes=(8, 8)),
+            "Pendulum-v1"),
+    # deterministic policies: DDPG (one critic) and TD3 (twin critics, target smoothing, delayed
+    # policy updates), the noisy actor's draws from its own generator
+    "ddpg": (ddpg.ALGORITHM, dict(learning_starts=8, batch_size=8, buffer_size=256, policy_frequency=2, hidden_sizes=(8, 8)),
+             "Pendulum-v1"),
+    "td3": (td3.ALGORITHM, dict(learning_starts=8, batch_size=8, buffer_size=256, policy_frequency=2, hidden_sizes=(8, 8)),
             "Pendulum-v1"),
     # Ape-X DQN: prioritized replay (TD errors flow back to the replay shard that drew each sample),
     # 3-step transitions, double Q, a dueling network, each env's own epsilon
@@ -51,7 +57,7 @@ ENV_KWARGS = {"mappo": {"N": 3, "max_cycles": 5, "continuous_actions": False}}
 ROLLOUT_VALUES = {"ppo_lstm": 2, "impala_lstm": 2, "a3c": 2}
 #: the on-policy algorithms: one push from each actor per iteration
 ON_POLICY = ("ppo", "a2c", "a3c", "impala", "mappo", "ppo_norm", "ppo_lstm", "impala_lstm", "ppo_selfplay")
-ITERATIONS = {"ppo_lstm": 3, "impala_lstm": 3, "ppo": 3, "a2c": 4, "a3c": 4, "impala": 3, "dqn": 8, "dqn_apex": 8, "sac": 16, "mappo": 3, "ppo_norm": 3,
+ITERATIONS = {"ppo_lstm": 3, "impala_lstm": 3, "ppo": 3, "a2c": 4, "a3c": 4, "impala": 3, "dqn": 8, "dqn_apex": 8, "sac": 16, "ddpg": 16, "td3": 16, "mappo": 3, "ppo_norm": 3,
               "ppo_selfplay": 3}
 
 #: (policy, replicas, placement) each algorithm runs under.
@@ -60,11 +66,13 @@ POLICIES = [
     ("single_learner_coarse", {"actor": 1}, None),
     ("single_learner_coarse", {"actor": 2}, None),
 ]
+#: the off-policy algorithms (a replay buffer): they also run with their replay beside the learner (Ape-X style)
+OFF_POLICY = ("dqn", "dqn_apex", "sac", "ddpg", "td3")
 #: Off-policy algorithms also run with their replay beside the learner (Ape-X style).
 REPLAY_AT_LEARNER = [("single_learner_coarse", {"actor": 1}, {"buffer": "learner"}),
                      ("single_learner_coarse", {"actor": 2}, {"buffer": "learner"})]
 
-CASES = [(a, *p) for a in TINY for p in POLICIES] + [(a, *p) for a in ("dqn", "dqn_apex", "sac") for p in REPLAY_AT_LEARNER]
+CASES = [(a, *p) for a in TINY for p in POLICIES] + [(a, *p) for a in OFF_POLICY for p in REPLAY_AT_LEARNER]
 
 
 def spec(algo, policy, replicas, placement, num_envs=2):
@@ -159,7 +167,7 @@ ASYNC = [("async_learner", {"actor": 1}, None, None), ("async_learner", {"actor"
          ("single_learner_coarse", {"actor": 2}, None, {"trajectories": "fifo", "weights": "latest"}),
          ("single_learner_coarse", {"actor": 2}, None, {"trajectories": "fifo"})]
 ASYNC_CASES = [(a, *p) for a in TINY for p in ASYNC] + [
-    (a, "async_learner", {"actor": 2}, {"buffer": "learner"}, None) for a in ("dqn", "dqn_apex", "sac")]
+    (a, "async_learner", {"actor": 2}, {"buffer": "learner"}, None) for a in OFF_POLICY]
 
 
 def _async_id(case):

@@ -348,6 +348,7 @@ def test_no_readable_checkpoint_is_a_one_line_error_and_changes_nothing(tmp_path
     assert main(["train", str(MAIN), f"runs_dir={tmp_path}", "name=d", *TINY, "train.checkpoint_every=2"]) == 0
     (run / "checkpoints" / "latest.pt").write_bytes(b"not a checkpoint at all")
     (run / "checkpoints" / "previous.pt").write_bytes(b"")
+    wait_for_background_plots(timeout_s=EVENT_TIMEOUT_S)  # the run's curve, drawn beside it, is the run's
     before = _snapshot(run)
     capsys.readouterr()
     for argv in (["train", "--resume", str(run), "train.total_env_steps=4096"], ["eval", str(run)]):
@@ -479,6 +480,9 @@ def test_a_multi_agent_plot_draws_the_per_type_returns():
     tag = ["iteration", "env_steps", "charts/episodic_return", "charts/tagger_return", "charts/runner_return"]
     assert return_series(tag) == [("tagger return", "charts/tagger_return"), ("runner return", "charts/runner_return")]
     assert return_series(["iteration", "charts/episodic_return"]) == [("episodic return", "charts/episodic_return")]
+    selfplay = ["iteration", "charts/episodic_return", "selfplay/games", "selfplay/win_rate", "selfplay/draw_rate",
+                "selfplay/loss_rate"]
+    assert [c for _, c in return_series(selfplay)] == ["selfplay/win_rate", "selfplay/draw_rate", "selfplay/loss_rate"]
 
 
 def test_ctrl_c_during_the_final_evaluation_says_where_to_resume(tmp_path, monkeypatch):

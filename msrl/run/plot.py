@@ -23,10 +23,17 @@ __all__ = ["plot_run", "return_series", "plot_in_background", "wait_for_backgrou
 _BACKGROUND: list[subprocess.Popen] = []
 
 
+#: a self-play run's outcomes of the learning policy against its opponents (``ppo_selfplay``)
+SELFPLAY_RATES = (("win rate", "selfplay/win_rate"), ("draw rate", "selfplay/draw_rate"), ("loss rate", "selfplay/loss_rate"))
+
+
 def return_series(columns: list[str]) -> list[tuple[str, str]]:
-    """The training-return curves a run's plot draws, as ``(label, metrics column)``: the
-    per-type returns ``charts/<type>_return`` when the run has them, else the summed
+    """The training curves a run's plot draws, as ``(label, metrics column)``: a self-play run's
+    win, draw and loss rates against its opponents (its summed return is 0 in a zero-sum game);
+    the per-type returns ``charts/<type>_return`` when the run has them; else the summed
     ``charts/episodic_return``."""
+    if all(c in columns for _, c in SELFPLAY_RATES):
+        return list(SELFPLAY_RATES)
     per_type = [c for c in columns if c.startswith("charts/") and c.endswith("_return") and c != "charts/episodic_return"]
     return [(c.removeprefix("charts/").removesuffix("_return") + " return", c) for c in per_type] or [
         ("episodic return", "charts/episodic_return")]
@@ -36,7 +43,8 @@ def plot_run(run_dir: str | pathlib.Path, out: str | pathlib.Path | None = None)
     """Plots episodic return (per iteration, and its 10-iteration moving mean) and evaluation
     returns against env steps. Multi-agent runs whose ``metrics.csv`` holds per-type returns
     (``charts/<type>_return``, e.g. Tag's taggers and runners) plot those instead of the summed
-    return, in which opposing types cancel out.
+    return, in which opposing types cancel out; self-play runs plot the learning policy's win,
+    draw and loss rates (:func:`return_series`).
 
     Args:
         run_dir: a run directory with ``metrics.csv``.
@@ -92,7 +100,7 @@ def plot_run(run_dir: str | pathlib.Path, out: str | pathlib.Path | None = None)
         xs, ys = zip(*ev)
         ax.plot(xs, ys, "o-", color="tab:orange", label="evaluation (deterministic)")
     ax.set_xlabel("env steps")
-    ax.set_ylabel("return")
+    ax.set_ylabel("share of games" if series == list(SELFPLAY_RATES) else "return")
     ax.set_title(run_dir.name)
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:  # no episode finished and no evaluation yet: nothing to label
