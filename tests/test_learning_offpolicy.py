@@ -40,3 +40,14 @@ def test_reaches_threshold_within_budget(tmp_path, algo, policy, seed):
     assert r.env_steps <= budget
     # a periodic evaluation reached the threshold, or the final one (at the end of the budget) did
     assert r.steps_to_threshold is not None or r.eval_mean >= threshold, (r.env_steps, r.eval_returns)
+
+
+@pytest.mark.slow
+def test_c51_reaches_475_on_cartpole_within_its_budget(tmp_path):
+    """``configs/c51_cartpole.yaml`` (CleanRL's c51.py settings) on seed 1 under ``single``
+    (deterministic): a greedy evaluation of 475+ within its 500k env steps (it first reached 500
+    at 270k env steps, ~3.5 min here)."""
+    cfg = load_config(CONFIGS / "c51_cartpole.yaml", [f"runs_dir={tmp_path}", "train.progress=false", "seed=1",
+                                                     "train.stop_at_return=475"])
+    r = train(cfg)
+    assert r.steps_to_threshold is not None or r.eval_mean >= 475, (r.env_steps, r.eval_returns)

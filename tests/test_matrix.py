@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from msrl.algorithms import a2c, a3c, ddpg, dqn, impala, impala_lstm, mappo, ppo, ppo_lstm, ppo_selfplay, sac, td3
+from msrl.algorithms import a2c, a3c, c51, ddpg, dqn, impala, impala_lstm, mappo, ppo, ppo_lstm, ppo_selfplay, sac, td3
 from msrl.graph import NodeKind
 from msrl.policy import load_policy
 from msrl.run.job import Job, JobSpec
@@ -24,6 +24,10 @@ TINY = {
                                 target_network_frequency=8, hidden_sizes=(8,)), "CartPole-v1"),
     "sac": (sac.ALGORITHM, dict(learning_starts=8, batch_size=8, buffer_size=256, policy_frequency=2, hidden_sizes=(8, 8)),
             "Pendulum-v1"),
+    # C51: a categorical return distribution per action, the projected target's cross-entropy
+    "c51": (c51.ALGORITHM, dict(learning_starts=16, train_frequency=4, batch_size=8, buffer_size=256,
+                                target_network_frequency=8, hidden_sizes=(8,), n_atoms=11, v_min=-10.0, v_max=10.0),
+            "CartPole-v1"),
     # deterministic policies: DDPG (one critic) and TD3 (twin critics, target smoothing, delayed
     # policy updates), the noisy actor's draws from its own generator
     "ddpg": (ddpg.ALGORITHM, dict(learning_starts=8, batch_size=8, buffer_size=256, policy_frequency=2, hidden_sizes=(8, 8)),
@@ -57,7 +61,7 @@ ENV_KWARGS = {"mappo": {"N": 3, "max_cycles": 5, "continuous_actions": False}}
 ROLLOUT_VALUES = {"ppo_lstm": 2, "impala_lstm": 2, "a3c": 2}
 #: the on-policy algorithms: one push from each actor per iteration
 ON_POLICY = ("ppo", "a2c", "a3c", "impala", "mappo", "ppo_norm", "ppo_lstm", "impala_lstm", "ppo_selfplay")
-ITERATIONS = {"ppo_lstm": 3, "impala_lstm": 3, "ppo": 3, "a2c": 4, "a3c": 4, "impala": 3, "dqn": 8, "dqn_apex": 8, "sac": 16, "ddpg": 16, "td3": 16, "mappo": 3, "ppo_norm": 3,
+ITERATIONS = {"ppo_lstm": 3, "impala_lstm": 3, "ppo": 3, "a2c": 4, "a3c": 4, "impala": 3, "dqn": 8, "dqn_apex": 8, "c51": 8, "sac": 16, "ddpg": 16, "td3": 16, "mappo": 3, "ppo_norm": 3,
               "ppo_selfplay": 3}
 
 #: (policy, replicas, placement) each algorithm runs under.
@@ -67,7 +71,7 @@ POLICIES = [
     ("single_learner_coarse", {"actor": 2}, None),
 ]
 #: the off-policy algorithms (a replay buffer): they also run with their replay beside the learner (Ape-X style)
-OFF_POLICY = ("dqn", "dqn_apex", "sac", "ddpg", "td3")
+OFF_POLICY = ("dqn", "dqn_apex", "c51", "sac", "ddpg", "td3")
 #: Off-policy algorithms also run with their replay beside the learner (Ape-X style).
 REPLAY_AT_LEARNER = [("single_learner_coarse", {"actor": 1}, {"buffer": "learner"}),
                      ("single_learner_coarse", {"actor": 2}, {"buffer": "learner"})]

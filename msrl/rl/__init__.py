@@ -11,6 +11,9 @@ its own, as CleanRL's files do, and calls these.
 - :mod:`msrl.rl.schedules` -- learning rates in tensors, annealed on the device;
 - :mod:`msrl.rl.losses` -- PPO's clipped surrogate and value losses, advantage normalisation,
   explained variance, shuffled minibatches.
+- :mod:`msrl.rl.continuous` -- ReLU MLPs, the state-action value network, the deterministic
+  policy and its noisy actor, Polyak averaging, TD3's target policy smoothing (SAC, DDPG, TD3);
+- :mod:`msrl.rl.distributional` -- the categorical support and C51's projection onto it.
 
 GAE and V-trace are :mod:`msrl.advantages`; running normalisation :mod:`msrl.normalization`.
 """

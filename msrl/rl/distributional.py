@@ -1,0 +1,60 @@
+"""Distributional RL's shared math: the fixed support of a categorical return distribution and
+the projection of a Bellman-updated distribution back onto it (Bellemare, Dabney and Munos 2017,
+"A Distributional Perspective on Reinforcement Learning", arXiv:1707.06887, Algorithm 1).
+
+Shared math only (:mod:`msrl.rl`): C51's network, actor, learner and trainer live in
+``algorithms/c51.py``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["categorical_support", "categorical_projection"]
+
+
+def categorical_support(v_min: float, v_max: float, n_atoms: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The atoms ``z_i = v_min + i (v_max - v_min) / (n_atoms - 1)``, ``(n_atoms,)`` float32.
+
+    Raises:
+        ValueError: ``n_atoms < 2`` or ``v_min >= v_max``.
+    """
+    if n_atoms < 2:
+        raise ValueError(f"a categorical support needs at least 2 atoms, got n_atoms={n_atoms}")
+    if not v_min < v_max:
+        raise ValueError(f"a categorical support needs v_min < v_max, got v_min={v_min}, v_max={v_max}")
+    return torch.linspace(v_min, v_max, n_atoms, dtype=torch.float32, device=device)
+
+
+def categorical_projection(next_pmfs: torch.Tensor, rewards: torch.Tensor, not_done: torch.Tensor,
+                           discount: torch.Tensor | float, support: torch.Tensor) -> torch.Tensor:
+    """The distribution of ``r + discount * (1 - done) * Z(s', a*)`` projected onto ``support``
+    (Bellemare et al. 2017, Algorithm 1): each atom's shifted value ``Tz_j``, clamped into
+    ``[v_min, v_max]``, splits its probability between its two neighbouring atoms in proportion
+    to its distance from each.
+
+    Args:
+        next_pmfs: ``(B, n_atoms)`` float32, the probabilities of ``Z(s', a*)`` (rows sum to 1).
+        rewards: ``(B,)`` float32 (an n-step transition's discounted reward sum).
+        not_done: ``(B,)`` float32, 0 where the episode terminated at ``s'`` (no bootstrap), else 1.
+        discount: ``gamma`` (or each transition's ``gamma^m``, ``(B,)``).
+        support: ``(n_atoms,)`` float32, evenly spaced (:func:`categorical_support`).
+
+    Returns:
+        ``(B, n_atoms)`` float32, rows summing to 1 (no gradient flows through it).
+    """
+    with torch.no_grad():
+        v_min, v_max = support[0], support[-1]
+        n_atoms = support.shape[0]
+        delta_z = (v_max - v_min) / (n_atoms - 1)
+        discount = torch.as_tensor(discount, dtype=torch.float32, device=support.device)
+        tz = (rewards.unsqueeze(-1) + (discount * not_done).reshape(-1, 1) * support.unsqueeze(0)).clamp(v_min, v_max)
+        b = (tz - v_min) / delta_z  # in [0, n_atoms - 1]
+        lower, upper = b.floor().long(), b.ceil().long()
+        # an atom landing exactly on a support point (lower == upper) gives it its whole mass
+        w_lower = (upper.float() + (lower == upper).float() - b) * next_pmfs
+        w_upper = (b - lower.float()) * next_pmfs
+        out = torch.zeros_like(next_pmfs)
+        out.scatter_add_(1, lower, w_lower)
+        out.scatter_add_(1, upper, w_upper)
+        return out
