@@ -342,3 +342,12 @@ def test_decoded_tensors_are_owned_resizable_torch_memory_unless_viewed():
     at = bytes(buf).find(value["w"].numpy().tobytes())
     buf[at:at + 24] = bytes(24)  # the message's bytes of w, changed after decoding: the view shows it
     assert viewed["w"].tolist() == [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
+
+
+def test_a_tensordict_holding_what_no_tensordict_holds_is_a_codec_error():
+    """A header whose TensorDict holds a tuple of TensorDicts (which no encoder writes: found by
+    the fuzz test) is a CodecError, not tensordict's TypeError."""
+    message = (b'MSRL\x01w\x00\x00\x00{"t" :"td" ,"items"  :{"":{"t" :"tuple" ,"items" :[{"t" :"td" ,"items"  :{},'
+               b'"batch" :[]} ], "abcht ":[]}},"batch"  :[]}')
+    with pytest.raises(CodecError, match="malformed message: TensorDict"):
+        decode(message)

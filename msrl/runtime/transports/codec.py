@@ -278,7 +278,7 @@ def _compile(node: Any, depth: int) -> Plan:
                 return _new_unsafe(built, batch_size=size, device=device)
             try:
                 return TensorDict(built, batch_size=batch, device=device)
-            except (RuntimeError, ValueError) as e:
+            except (RuntimeError, ValueError, TypeError) as e:  # TypeError: an item TensorDict cannot hold
                 raise _fail(f"TensorDict of batch size {batch}: {e}") from None
 
         return build_td
