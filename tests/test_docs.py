@@ -144,3 +144,14 @@ def test_the_benchmark_table_cites_no_superseded_section():
 def test_each_notebook_page_is_newest_first(page):
     dates = re.findall(r"^## .*?(20\d\d-\d\d-\d\d)", (ROOT / page).read_text(), re.M)
     assert dates and dates == sorted(dates, reverse=True), dates
+
+
+def test_the_algorithm_index_gives_each_algorithms_own_action_spaces():
+    """docs/algorithms/index.md's "action spaces" column is what each ``ALGORITHM`` declares."""
+    from msrl.registry import load_algorithm
+
+    rows = re.findall(r"^\| \[[^\]]+\]\((\w+)\.md\) \| [^|]+ \| ([^|]+) \|", (DOCS / "algorithms" / "index.md").read_text(), re.M)
+    assert len(rows) >= 14
+    for name, spaces in rows:
+        declared = {s.__name__ for s in load_algorithm(name).action_spaces}
+        assert {s.strip() for s in spaces.split(",")} == declared, (name, spaces, declared)
