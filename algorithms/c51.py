@@ -39,6 +39,7 @@ from msrl.api import (
 )
 from msrl.rl.buffers import ReplayBuffer
 from msrl.rl.distributional import categorical_projection, categorical_support
+from msrl.rl.distributions import epsilon_greedy
 
 __all__ = ["C51Config", "CategoricalQNetwork", "C51Actor", "C51Learner", "C51Trainer", "ALGORITHM"]
 
@@ -145,10 +146,7 @@ class C51Actor(Actor):
         greedy = self.net.q(obs).argmax(-1)
         if deterministic:
             return greedy
-        n = obs.shape[0]
-        explore = torch.rand(n, generator=self.generator, device=obs.device) < epsilon
-        random = torch.randint(self.net.n_actions, (n,), generator=self.generator, device=obs.device)
-        return torch.where(explore, random, greedy)
+        return epsilon_greedy(greedy, self.net.n_actions, epsilon, self.generator)
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         """The network's state dict (detached tensors)."""

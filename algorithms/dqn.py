@@ -43,6 +43,7 @@ from msrl.api import (
     returns,
 )
 from msrl.rl.buffers import PrioritizedReplayBuffer, ReplayBuffer
+from msrl.rl.distributions import epsilon_greedy
 
 __all__ = ["DQNConfig", "QNetwork", "DQNActor", "ReplayBuffer", "DQNLearner", "DQNTrainer", "ALGORITHM"]
 
@@ -214,9 +215,7 @@ class DQNActor(Actor):
                 raise ValueError(f"DQNActor.act: exploration 'apex' keeps one epsilon for each of this actor's "
                                  f"{self.env_epsilons.shape[0]} envs, got observations of {n}")
             epsilon = self.env_epsilons
-        explore = torch.rand(n, generator=self.generator, device=obs.device) < epsilon
-        random = torch.randint(self.n_actions, (n,), generator=self.generator, device=obs.device)
-        return torch.where(explore, random, greedy)
+        return epsilon_greedy(greedy, self.n_actions, epsilon, self.generator)
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         """The Q-network's state dict (detached tensors)."""

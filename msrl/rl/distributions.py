@@ -1,12 +1,13 @@
 """Categorical sampling and log-probabilities without host syncs (a GPU iteration stays on the
-device), bitwise equal to ``torch.distributions.Categorical``'s and ``torch.multinomial``'s."""
+device), bitwise equal to ``torch.distributions.Categorical``'s and ``torch.multinomial``'s; and
+epsilon-greedy action selection (DQN, C51)."""
 
 from __future__ import annotations
 
 import torch
 
 __all__ = ["categorical_log_prob_entropy", "multi_categorical_log_prob_entropy", "sample_categorical",
-           "sample_multi_categorical"]
+           "sample_multi_categorical", "epsilon_greedy"]
 
 
 def categorical_log_prob_entropy(logits: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -94,3 +95,23 @@ def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None = 
     """
     q = torch.empty_like(probs).exponential_(generator=generator)
     return (probs / q).argmax(-1)
+
+
+def epsilon_greedy(greedy: torch.Tensor, n_actions: int, epsilon: float | torch.Tensor,
+                   generator: torch.Generator) -> torch.Tensor:
+    """Epsilon-greedy exploration (Mnih et al. 2015): each env's greedy action, replaced by a
+    uniformly random one with probability ``epsilon``.
+
+    Args:
+        greedy: ``(N,)`` int64, the greedy actions.
+        n_actions: the Discrete action space's size.
+        epsilon: in ``[0, 1]``; a float for every env, or ``(N,)`` float32, one per env (Ape-X).
+        generator: the draws' RNG: ``N`` uniform draws, then ``N`` random actions, in that order.
+
+    Returns:
+        ``(N,)`` int64 actions, on ``greedy``'s device, without a host sync.
+    """
+    n = greedy.shape[0]
+    explore = torch.rand(n, generator=generator, device=greedy.device) < epsilon
+    random = torch.randint(n_actions, (n,), generator=generator, device=greedy.device)
+    return torch.where(explore, random, greedy)
