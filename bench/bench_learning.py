@@ -20,6 +20,7 @@ algo     env          threshold  budget     eval every   peer (same hyperparamet
 =======  ===========  =========  =========  ===========  =========================================
 ppo      CartPole-v1  475        300,000    10,000       SB3 PPO (msrl's config)
 a2c      CartPole-v1  475        200,000    10,000       SB3 A2C (rl-zoo's, which msrl ships)
+pg       CartPole-v1  475        500,000    20,000       Tianshou Reinforce (msrl's settings)
 dqn      CartPole-v1  475        100,000    5,120        SB3 DQN (rl-zoo's, which msrl ships)
 sac      Pendulum-v1  -200       20,000     2,000        SB3 SAC (rl-zoo's, which msrl ships)
 ddpg     Pendulum-v1  -200       20,000     2,000        SB3 DDPG (rl-zoo's, which msrl ships)
@@ -31,10 +32,13 @@ The budgets and evaluation intervals are the shipped configs' (``--budget`` over
 msrl's rows run under the config's policy (``single``; IMPALA: ``async_learner`` with 2 actor
 processes on Ray). One torch thread per process. The SB3 runs and the evaluation are
 ``bench/bench_offpolicy.py``'s; the RLlib run is ``bench/bench_rllib.py``'s. RLlib pins an older
-gymnasium, so run ``impala`` from an environment that has RLlib (``pip install -e ".[bench,rllib]"``)::
+gymnasium, so run ``impala`` from an environment that has RLlib (``pip install -e ".[bench,rllib]"``);
+Tianshou pins its own numpy/pandas range, so ``pg``'s peer runs in a Python of its own
+(``--tianshou-python``, see ``bench/peer_tianshou_pg.py``)::
 
     python bench/bench_learning.py ppo a2c dqn sac --seeds $(seq 1 10) --json learning.json
     python bench/bench_learning.py impala --seeds $(seq 1 10) --json impala.json
+    python bench/bench_learning.py pg --seeds $(seq 1 10) --tianshou-python /tmp/ts/bin/python
     python bench/bench_learning.py impala --msrl-only --override algorithm.hparams.gamma=0.99   # a variant
 """
 
@@ -45,6 +49,7 @@ import dataclasses
 import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 
@@ -68,7 +73,21 @@ def shipped(algo: str) -> Task:
 
 
 def _peer(algo: str) -> str:
-    return "RLlib IMPALA" if algo == "impala" else f"SB3 {algo.upper()}"
+    return {"impala": "RLlib IMPALA", "pg": "Tianshou Reinforce"}.get(algo, f"SB3 {algo.upper()}")
+
+
+#: the Python that has tianshou, for PG's peer (``--tianshou-python``)
+TIANSHOU_PYTHON = [sys.executable]
+
+
+def run_tianshou_pg(task: Task, seed: int) -> dict:
+    """One seed of Tianshou's Reinforce (``bench/peer_tianshou_pg.py``) on ``task``'s budget, in
+    the Python of :data:`TIANSHOU_PYTHON`; its JSON line parsed."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer_tianshou_pg.py")
+    out = subprocess.run([TIANSHOU_PYTHON[0], script, "--seed", str(seed), "--budget", str(task.budget),
+                          "--eval-every", str(task.eval_every), "--env-id", task.env_id, "--num-envs", str(task.n_envs)],
+                         check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def run_seed(algo: str, task: Task, seed: int, runs_dir: str, overrides: list[str] = (),
@@ -92,7 +111,7 @@ def run_seed(algo: str, task: Task, seed: int, runs_dir: str, overrides: list[st
         ours = run_msrl(task, seed, None, runs_dir, list(overrides), whole_budget=True)
         if not peer_too:
             return {"msrl": ours}
-        peer = run_sb3(algo, task, seed, whole_budget=True)
+        peer = run_tianshou_pg(task, seed) if algo == "pg" else run_sb3(algo, task, seed, whole_budget=True)
     return {"msrl": ours, _peer(algo): peer}
 
 
@@ -146,7 +165,9 @@ def table(algo: str, task: Task, results: dict[str, list[dict]]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("algos", nargs="+", choices=["ppo", "a2c", "dqn", "sac", "ddpg", "td3", "impala"])
+    p.add_argument("algos", nargs="+", choices=["ppo", "a2c", "pg", "dqn", "sac", "ddpg", "td3", "impala"])
+    p.add_argument("--tianshou-python", default=sys.executable,
+                   help="the Python that has tianshou, for pg's peer (default: this one)")
     p.add_argument("--seeds", type=int, nargs="+", default=list(range(1, 11)))
     p.add_argument("--budget", type=int, default=None, help="env-step budget of every algorithm (default: the config's)")
     p.add_argument("--json", default=None, help="also write the raw results (curves included) here")
@@ -170,6 +191,7 @@ def main() -> None:
             m = merged[algo]
             print(f"\n{algo}, seeds {sorted(m['seeds'])}: {m['task']}\n\n{table(algo, Task(**m['task']), m['results'])}\n")
         return
+    TIANSHOU_PYTHON[0] = args.tianshou_python
     torch.set_num_threads(1)
     everything: dict[str, dict] = {}
     for algo in args.algos:

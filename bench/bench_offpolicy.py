@@ -66,6 +66,8 @@ class Task:
 TASKS = {
     "ppo": Task("configs/ppo_cartpole.yaml", "CartPole-v1", 475.0, 300_000, 10_000, "PPO", 16),
     "a2c": Task("configs/a2c_cartpole.yaml", "CartPole-v1", 475.0, 200_000, 5_000, "A2C", 8),
+    # PG's peer is Tianshou's Reinforce (bench/peer_tianshou_pg.py), not SB3 (which has none)
+    "pg": Task("configs/pg_cartpole.yaml", "CartPole-v1", 475.0, 500_000, 20_000, "Reinforce", 8),
     "dqn": Task("configs/dqn_cartpole.yaml", "CartPole-v1", 475.0, 100_000, 5_120, "DQN", 1),
     "sac": Task("configs/sac_pendulum.yaml", "Pendulum-v1", -200.0, 20_000, 1_000, "SAC", 1),
     "ddpg": Task("configs/ddpg_pendulum.yaml", "Pendulum-v1", -200.0, 20_000, 1_000, "DDPG", 1),
@@ -264,7 +266,7 @@ def plot(path: str, name: str, task: Task, results: dict[str, list[dict]]) -> No
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("algo", choices=sorted(TASKS))
+    p.add_argument("algo", choices=sorted(k for k in TASKS if k in SB3_KWARGS))
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--policy", default="single", help="msrl's distribution policy")
     p.add_argument("--budget", type=int, default=None, help="env-step budget (default: the task's)")

@@ -1,4 +1,4 @@
-"""Acceptance runs of A2C, DQN, SAC, DDPG and TD3 (slow: part of the benchmarks, ``pytest -m slow``).
+"""Acceptance runs of A2C, PG, DQN, SAC, DDPG and TD3 (slow: part of the benchmarks, ``pytest -m slow``).
 
 Each reaches its threshold on a 20-episode deterministic evaluation within its env-step
 budget, for seeds 1-3, under ``single`` and under ``single_learner_coarse`` (replay beside
@@ -16,6 +16,7 @@ CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 #: algorithm -> (config, threshold, env-step budget, coarse overrides)
 ACCEPTANCE = {
     "a2c": ("a2c_cartpole.yaml", 475, 200_000, ["distribution_policy.replicas.actor=2"]),
+    "pg": ("pg_cartpole.yaml", 475, 500_000, ["distribution_policy.replicas.actor=2"]),
     "dqn": ("dqn_cartpole.yaml", 475, 100_000, ["distribution_policy.replicas.actor=1",
                                                  "distribution_policy.placement.buffer=learner"]),
     "sac": ("sac_pendulum.yaml", -200, 20_000, ["distribution_policy.replicas.actor=1",

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from msrl.algorithms import a2c, a3c, c51, ddpg, dqn, impala, impala_lstm, mappo, ppo, ppo_lstm, ppo_selfplay, sac, td3
+from msrl.algorithms import a2c, a3c, c51, ddpg, dqn, impala, impala_lstm, mappo, pg, ppo, ppo_lstm, ppo_selfplay, sac, td3
 from msrl.graph import NodeKind
 from msrl.policy import load_policy
 from msrl.run.job import Job, JobSpec
@@ -17,6 +17,9 @@ from msrl.run.job import Job, JobSpec
 TINY = {
     "ppo": (ppo.ALGORITHM, dict(num_steps=8, update_epochs=2, num_minibatches=2, hidden_sizes=(8,)), "CartPole-v1"),
     "a2c": (a2c.ALGORITHM, dict(num_steps=5, hidden_sizes=(8,)), "CartPole-v1"),
+    # PG: Monte Carlo returns of the episodes that end inside each rollout (a random policy's
+    # CartPole episodes last ~20 steps: some end in 24)
+    "pg": (pg.ALGORITHM, dict(num_steps=24, hidden_sizes=(8,)), "CartPole-v1"),
     # A3C: gradients computed by the actors, a partial value reduced on its way to the learner
     "a3c": (a3c.ALGORITHM, dict(num_steps=5, hidden_sizes=(8,)), "CartPole-v1"),
     "impala": (impala.ALGORITHM, dict(num_steps=6, hidden_sizes=(8,), num_minibatches=2), "CartPole-v1"),
@@ -60,8 +63,8 @@ ENV_KWARGS = {"mappo": {"N": 3, "max_cycles": 5, "continuous_actions": False}}
 #: state; A3C: its gradients and their losses)
 ROLLOUT_VALUES = {"ppo_lstm": 2, "impala_lstm": 2, "a3c": 2}
 #: the on-policy algorithms: one push from each actor per iteration
-ON_POLICY = ("ppo", "a2c", "a3c", "impala", "mappo", "ppo_norm", "ppo_lstm", "impala_lstm", "ppo_selfplay")
-ITERATIONS = {"ppo_lstm": 3, "impala_lstm": 3, "ppo": 3, "a2c": 4, "a3c": 4, "impala": 3, "dqn": 8, "dqn_apex": 8, "c51": 8, "sac": 16, "ddpg": 16, "td3": 16, "mappo": 3, "ppo_norm": 3,
+ON_POLICY = ("ppo", "a2c", "pg", "a3c", "impala", "mappo", "ppo_norm", "ppo_lstm", "impala_lstm", "ppo_selfplay")
+ITERATIONS = {"ppo_lstm": 3, "impala_lstm": 3, "ppo": 3, "a2c": 4, "pg": 3, "a3c": 4, "impala": 3, "dqn": 8, "dqn_apex": 8, "c51": 8, "sac": 16, "ddpg": 16, "td3": 16, "mappo": 3, "ppo_norm": 3,
               "ppo_selfplay": 3}
 
 #: (policy, replicas, placement) each algorithm runs under.
