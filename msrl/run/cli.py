@@ -129,6 +129,18 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _collect(args: argparse.Namespace) -> int:
+    from msrl.run.collect import collect
+
+    if args.owned:  # collecting compiles nothing
+        from msrl.runtime.startup import own_process
+
+        own_process()
+    path = collect(args.runs, args.out, args.episodes, noise=args.noise, seed=args.seed, root=args.root)
+    print(json.dumps({"dataset_id": args.out, "path": str(path), "episodes": args.episodes}))
+    return 0
+
+
 def _plot(args: argparse.Namespace) -> int:
     from msrl.run.plot import plot_run
 
@@ -225,6 +237,17 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--episodes", type=_positive_int, default=20, help="episodes to run (>= 1; default 20)")
     e.add_argument("--seed", type=int, default=None)
     e.set_defaults(fn=_eval)
+    c = sub.add_parser("collect", help="write episodes of trained runs as a Minari dataset (offline RL)")
+    c.add_argument("runs", nargs="+", type=pathlib.Path, metavar="RUN_DIR",
+                   help="run directories (several: their episodes mixed, split evenly)")
+    c.add_argument("-o", "--out", required=True, metavar="DATASET_ID",
+                   help="Minari dataset id, (namespace/)(env_name/)name(-vN), e.g. msrl/cartpole/expert-v0")
+    c.add_argument("--episodes", type=_positive_int, required=True, help="episodes to write (>= 1)")
+    c.add_argument("--noise", type=float, default=0.0,
+                   help="exploration noise in [0, 1]: epsilon (Discrete), Gaussian std over the half-range (Box); 0: greedy")
+    c.add_argument("--seed", type=int, default=0, help="episode i is seeded SEED + i (default 0)")
+    c.add_argument("--root", default=None, help="datasets root (default Minari's: $MINARI_DATASETS_PATH or ~/.minari/datasets)")
+    c.set_defaults(fn=_collect)
     pl = sub.add_parser("plot", help="plot a run's learning curve as PNG")
     pl.add_argument("run_dir", type=pathlib.Path)
     pl.add_argument("--out", default=None)
