@@ -1,0 +1,158 @@
+"""Offline datasets in Minari's format (Farama's standard; ``msrl collect`` writes them): opened
+by id or path, checked against the env an algorithm trains and evaluates on, and turned into
+transitions, the rows an offline learner samples.
+
+A dataset's episode ``e`` of ``T_e`` steps holds ``T_e + 1`` observations and ``T_e`` actions,
+rewards, terminations and truncations (Minari's layout); its transitions are the ``T_e`` rows
+``(s_t, a_t, r_t, s_{t+1}, terminated_t, truncated_t)``, the episodes concatenated in order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+from typing import Any
+
+import gymnasium
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from msrl.errors import InputError
+
+__all__ = ["DatasetError", "DatasetSource", "open_dataset", "check_spaces", "transitions", "shard"]
+
+
+class DatasetError(InputError, ValueError):
+    """A dataset that cannot be read as asked -- not found, damaged or truncated, or of other
+    spaces than the env's -- found before any training step."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetSource:
+    """Where a dataset is: a Minari ``id`` under Minari's datasets root (``root``, else
+    ``$MINARI_DATASETS_PATH``, else ``~/.minari/datasets``), or a ``path`` to the dataset's
+    directory (the one holding ``data/``) or its ``data`` folder. Exactly one of ``id`` and
+    ``path``; ``download``: fetch a remote id that is not local (Minari's remote)."""
+
+    id: str | None = None
+    path: str | None = None
+    root: str | None = None
+    download: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.id is None) == (self.path is None):
+            raise DatasetError(f"a dataset is given by id or by path, exactly one; got id={self.id!r}, path={self.path!r}")
+
+    def describe(self) -> str:
+        """``id X`` or ``path Y``, for messages."""
+        return f"id {self.id}" if self.id is not None else f"path {self.path}"
+
+
+def open_dataset(source: DatasetSource) -> Any:
+    """The :class:`minari.MinariDataset` at ``source``.
+
+    Raises:
+        DatasetError: minari is not installed; no dataset there (with, for an id, the root looked
+            in and how to download or write one); a remote id that cannot be downloaded here (one
+            line: the machine's network); a damaged or truncated file (the reader's error in one line).
+    """
+    try:
+        import minari
+    except ImportError:
+        raise DatasetError("offline datasets are Minari's, and minari is not installed: "
+                           "pip install 'minari[create,hdf5]' (or msrl's extra: pip install -e '.[offline]')") from None
+    if source.path is not None:
+        data = pathlib.Path(source.path)
+        if (data / "data").is_dir():
+            data = data / "data"
+        if not data.is_dir():
+            raise DatasetError(f"dataset path {source.path}: no such directory (a Minari dataset's directory, which "
+                               "holds data/, or that data folder)")
+    else:
+        from msrl.run.collect import dataset_root
+
+        with dataset_root(source.root) as root:
+            data = root / source.id / "data"
+            if not data.is_dir():
+                if not source.download:
+                    raise DatasetError(f"dataset {source.id} not found under {root} (Minari's datasets root; set "
+                                       "root, or MINARI_DATASETS_PATH); write one with msrl collect, or set download: "
+                                       "true to fetch a remote id")
+                try:
+                    minari.download_dataset(source.id)
+                except Exception as e:  # noqa: BLE001 - no network, unknown remote id: one line either way
+                    raise DatasetError(f"dataset {source.id}: cannot download it here ({type(e).__name__}: "
+                                       f"{str(e).splitlines()[0] if str(e) else 'no detail'})") from None
+    try:
+        return minari.MinariDataset(os.fspath(data))
+    except Exception as e:  # noqa: BLE001 - h5py/json/pyarrow errors all mean a damaged dataset
+        raise DatasetError(f"dataset {source.describe()}: damaged or not a Minari dataset ({type(e).__name__}: "
+                           f"{str(e).splitlines()[0] if str(e) else 'no detail'})") from None
+
+
+def check_spaces(dataset: Any, observation_space: gymnasium.Space, action_space: gymnasium.Space, what: str) -> None:
+    """Checks that ``dataset``'s observation and action spaces are the env's.
+
+    Raises:
+        DatasetError: names the space that differs, both values, and ``what`` (the dataset).
+    """
+    for name, mine, theirs in (("observation", observation_space, dataset.observation_space),
+                               ("action", action_space, dataset.action_space)):
+        if mine != theirs:
+            raise DatasetError(f"dataset {what}: its {name} space is {theirs}, the env's is {mine}; a dataset "
+                               "trains an algorithm for the env it was recorded on")
+
+
+def transitions(dataset: Any, what: str) -> TensorDict:
+    """Every transition of ``dataset`` (named ``what`` in errors), its episodes concatenated in order.
+
+    Returns:
+        a TensorDict of batch size ``(B,)``, ``B`` = the dataset's total steps: ``obs`` and
+        ``next_obs`` ``(B, *obs_shape)`` float32, ``action`` ``(B,)`` int64 (Discrete) or
+        ``(B, *action_shape)`` float32 (Box), ``reward`` ``(B,)`` float32, ``terminated`` and
+        ``truncated`` ``(B,)`` bool.
+
+    Raises:
+        DatasetError: an unreadable file, an episode whose arrays disagree in length (a
+            truncated or damaged file), or a dataset with no steps.
+    """
+    discrete = isinstance(dataset.action_space, gymnasium.spaces.Discrete)
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("obs", "next_obs", "action", "reward", "terminated", "truncated")}
+    try:
+        episodes = list(dataset.iterate_episodes())
+    except Exception as e:  # noqa: BLE001 - h5py/pyarrow read errors: the file is damaged
+        raise DatasetError(f"dataset {what}: damaged or not a Minari dataset ({type(e).__name__}: "
+                           f"{str(e).splitlines()[0] if str(e) else 'no detail'})") from None
+    for ep in episodes:
+        T = len(ep.actions)
+        if not (len(ep.observations) == T + 1 and len(ep.rewards) == len(ep.terminations) == len(ep.truncations) == T):
+            raise DatasetError(f"dataset {what}: episode {ep.id} has {len(ep.observations)} observations, {T} actions, "
+                               f"{len(ep.rewards)} rewards (a truncated or damaged file)")
+        obs = np.asarray(ep.observations, dtype=np.float32)
+        parts["obs"].append(obs[:-1])
+        parts["next_obs"].append(obs[1:])
+        parts["action"].append(np.asarray(ep.actions, dtype=np.int64 if discrete else np.float32))
+        parts["reward"].append(np.asarray(ep.rewards, dtype=np.float32))
+        parts["terminated"].append(np.asarray(ep.terminations, dtype=bool))
+        parts["truncated"].append(np.asarray(ep.truncations, dtype=bool))
+    if not parts["obs"] or sum(len(x) for x in parts["obs"]) == 0:
+        raise DatasetError(f"dataset {what}: no steps")
+    out = {k: torch.from_numpy(np.concatenate(v)) for k, v in parts.items()}
+    return TensorDict(out, batch_size=(out["reward"].shape[0],))
+
+
+def shard(rows: TensorDict, replica: int, num_replicas: int) -> TensorDict:
+    """Replica ``replica``'s rows of ``num_replicas`` data-parallel learners: every
+    ``num_replicas``-th row from ``replica`` (the shards differ in size by at most one row and
+    together hold every row once).
+
+    Raises:
+        ValueError: ``replica`` not in ``[0, num_replicas)``, or more replicas than rows.
+    """
+    if not 0 <= replica < num_replicas:
+        raise ValueError(f"replica {replica} of {num_replicas}")
+    if num_replicas > rows.batch_size[0]:
+        raise ValueError(f"{num_replicas} replicas share a dataset of {rows.batch_size[0]} transitions")
+    return rows[replica::num_replicas]
