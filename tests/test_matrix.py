@@ -168,6 +168,17 @@ def test_multi_learner_runs_every_algorithm_with_identical_replicas(algo):
         job.close()
 
 
+@pytest.mark.parametrize("algo", list(TINY))
+def test_multi_learner_with_one_replica_equals_single_bitwise(algo):
+    """multi_learner x1 (data parallel over one replica: no all-reduce) computes what single
+    computes, bit for bit: the same learner weights and metrics."""
+    a = run(spec(algo, "single", None, None), ITERATIONS[algo])
+    b = run(spec(algo, "multi_learner", {"main": 1}, None), ITERATIONS[algo])
+    assert b[2] == set()  # no boundary
+    assert a[1].keys() == b[1].keys() and all(torch.equal(a[1][k], b[1][k]) for k in a[1])
+    assert [{k: float(v) for k, v in m.items()} for m in a[0]] == [{k: float(v) for k, v in m.items()} for m in b[0]]
+
+
 #: the asynchronous boundary kinds each algorithm runs under: IMPALA's policy (written for it)
 #: and coarse made asynchronous in YAML
 ASYNC = [("async_learner", {"actor": 1}, None, None), ("async_learner", {"actor": 2}, None, None),
