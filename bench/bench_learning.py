@@ -21,6 +21,7 @@ algo     env          threshold  budget     eval every   peer (same hyperparamet
 ppo      CartPole-v1  475        300,000    10,000       SB3 PPO (msrl's config)
 a2c      CartPole-v1  475        200,000    10,000       SB3 A2C (rl-zoo's, which msrl ships)
 pg       CartPole-v1  475        500,000    20,000       Tianshou Reinforce (msrl's settings)
+c51      CartPole-v1  475        500,000    10,000       Tianshou C51 (CleanRL's c51.py settings, which msrl ships)
 dqn      CartPole-v1  475        100,000    5,120        SB3 DQN (rl-zoo's, which msrl ships)
 sac      Pendulum-v1  -200       20,000     2,000        SB3 SAC (rl-zoo's, which msrl ships)
 ddpg     Pendulum-v1  -200       20,000     2,000        SB3 DDPG (rl-zoo's, which msrl ships)
@@ -33,8 +34,8 @@ msrl's rows run under the config's policy (``single``; IMPALA: ``async_learner``
 processes on Ray). One torch thread per process. The SB3 runs and the evaluation are
 ``bench/bench_offpolicy.py``'s; the RLlib run is ``bench/bench_rllib.py``'s. RLlib pins an older
 gymnasium, so run ``impala`` from an environment that has RLlib (``pip install -e ".[bench,rllib]"``);
-Tianshou pins its own numpy/pandas range, so ``pg``'s peer runs in a Python of its own
-(``--tianshou-python``, see ``bench/peer_tianshou_pg.py``)::
+Tianshou pins its own numpy/pandas range, so ``pg``'s and ``c51``'s peers run in a Python of
+its own (``--tianshou-python``, see ``bench/peer_tianshou_pg.py``)::
 
     python bench/bench_learning.py ppo a2c dqn sac --seeds $(seq 1 10) --json learning.json
     python bench/bench_learning.py impala --seeds $(seq 1 10) --json impala.json
@@ -73,19 +74,22 @@ def shipped(algo: str) -> Task:
 
 
 def _peer(algo: str) -> str:
-    return {"impala": "RLlib IMPALA", "pg": "Tianshou Reinforce"}.get(algo, f"SB3 {algo.upper()}")
+    return {"impala": "RLlib IMPALA", "pg": "Tianshou Reinforce", "c51": "Tianshou C51"}.get(algo, f"SB3 {algo.upper()}")
 
 
-#: the Python that has tianshou, for PG's peer (``--tianshou-python``)
+#: the Python that has tianshou, for PG's and C51's peers (``--tianshou-python``)
 TIANSHOU_PYTHON = [sys.executable]
+#: the algorithms whose peer is Tianshou's, each run by ``bench/peer_tianshou_<algo>.py``
+TIANSHOU = ("pg", "c51")
 
 
-def run_tianshou_pg(task: Task, seed: int) -> dict:
-    """One seed of Tianshou's Reinforce (``bench/peer_tianshou_pg.py``) on ``task``'s budget, in
-    the Python of :data:`TIANSHOU_PYTHON`; its JSON line parsed."""
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer_tianshou_pg.py")
+def run_tianshou(algo: str, task: Task, seed: int) -> dict:
+    """One seed of Tianshou's ``algo`` (``bench/peer_tianshou_<algo>.py``) on ``task``'s budget,
+    in the Python of :data:`TIANSHOU_PYTHON`; its JSON line parsed."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"peer_tianshou_{algo}.py")
+    extra = ["--num-envs", str(task.n_envs)] if algo == "pg" else []
     out = subprocess.run([TIANSHOU_PYTHON[0], script, "--seed", str(seed), "--budget", str(task.budget),
-                          "--eval-every", str(task.eval_every), "--env-id", task.env_id, "--num-envs", str(task.n_envs)],
+                          "--eval-every", str(task.eval_every), "--env-id", task.env_id, *extra],
                          check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -111,7 +115,7 @@ def run_seed(algo: str, task: Task, seed: int, runs_dir: str, overrides: list[st
         ours = run_msrl(task, seed, None, runs_dir, list(overrides), whole_budget=True)
         if not peer_too:
             return {"msrl": ours}
-        peer = run_tianshou_pg(task, seed) if algo == "pg" else run_sb3(algo, task, seed, whole_budget=True)
+        peer = run_tianshou(algo, task, seed) if algo in TIANSHOU else run_sb3(algo, task, seed, whole_budget=True)
     return {"msrl": ours, _peer(algo): peer}
 
 
@@ -165,9 +169,9 @@ def table(algo: str, task: Task, results: dict[str, list[dict]]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("algos", nargs="+", choices=["ppo", "a2c", "pg", "dqn", "sac", "ddpg", "td3", "impala"])
+    p.add_argument("algos", nargs="+", choices=["ppo", "a2c", "pg", "dqn", "c51", "sac", "ddpg", "td3", "impala"])
     p.add_argument("--tianshou-python", default=sys.executable,
-                   help="the Python that has tianshou, for pg's peer (default: this one)")
+                   help="the Python that has tianshou, for pg's and c51's peers (default: this one)")
     p.add_argument("--seeds", type=int, nargs="+", default=list(range(1, 11)))
     p.add_argument("--budget", type=int, default=None, help="env-step budget of every algorithm (default: the config's)")
     p.add_argument("--json", default=None, help="also write the raw results (curves included) here")

@@ -66,8 +66,10 @@ class Task:
 TASKS = {
     "ppo": Task("configs/ppo_cartpole.yaml", "CartPole-v1", 475.0, 300_000, 10_000, "PPO", 16),
     "a2c": Task("configs/a2c_cartpole.yaml", "CartPole-v1", 475.0, 200_000, 5_000, "A2C", 8),
-    # PG's peer is Tianshou's Reinforce (bench/peer_tianshou_pg.py), not SB3 (which has none)
+    # PG's peer is Tianshou's Reinforce (bench/peer_tianshou_pg.py): SB3 has none
     "pg": Task("configs/pg_cartpole.yaml", "CartPole-v1", 475.0, 500_000, 20_000, "Reinforce", 8),
+    # C51's peer is Tianshou's C51 (bench/peer_tianshou_c51.py): SB3 has none
+    "c51": Task("configs/c51_cartpole.yaml", "CartPole-v1", 475.0, 500_000, 10_000, "C51", 1),
     "dqn": Task("configs/dqn_cartpole.yaml", "CartPole-v1", 475.0, 100_000, 5_120, "DQN", 1),
     "sac": Task("configs/sac_pendulum.yaml", "Pendulum-v1", -200.0, 20_000, 1_000, "SAC", 1),
     "ddpg": Task("configs/ddpg_pendulum.yaml", "Pendulum-v1", -200.0, 20_000, 1_000, "DDPG", 1),
