@@ -43,9 +43,12 @@ class BuildContext:
             num_replicas``.
         num_replicas: replicas of the fragment that holds the component.
         total_num_envs: envs summed over every replica of the env role.
-        total_env_steps: the training budget in env steps (for annealing schedules).
+        total_env_steps: the training budget in env steps (for annealing schedules; an offline
+            algorithm's: in gradient steps, ``train.total_gradient_steps``).
         seed: the seed of this replica (already offset by the replica index).
         device: torch device the component's tensors live on.
+        dataset: where an offline algorithm's dataset is (a
+            :class:`msrl.rl.datasets.DatasetSource`; ``None`` for an online algorithm).
     """
 
     hparams: Any
@@ -56,6 +59,7 @@ class BuildContext:
     total_env_steps: int
     seed: int
     device: torch.device
+    dataset: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +139,11 @@ class AlgorithmSpec:
             older weights computed as it is, by design: A3C's asynchronous gradient push, Mnih et
             al. 2016; the lag is logged), or ``None`` (not declared: a run under such a policy
             says once on stderr that its actors lag).
+        offline: it learns from a dataset (the config's ``dataset:``), never stepping an env in
+            its ``train_step``, which is one update; its budget is ``train.total_gradient_steps``
+            (one per iteration) and its env serves evaluation alone. Its ``buffer`` role reads
+            the dataset (:class:`msrl.rl.datasets.DatasetBuffer`); ``env_steps_per_iteration``
+            gives 0.
     """
 
     name: str
@@ -146,6 +155,7 @@ class AlgorithmSpec:
     action_spaces: tuple[type[gymnasium.Space], ...] = (gymnasium.spaces.Discrete, gymnasium.spaces.Box)
     num_agents: tuple[int, int | None] = (1, 1)
     policy_lag: str | None = None
+    offline: bool = False
 
     def __post_init__(self) -> None:
         if self.policy_lag not in (None, "corrected", "uncorrected", "tolerated"):

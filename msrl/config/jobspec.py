@@ -208,6 +208,7 @@ def build_job_spec(cfg: RunConfig) -> Any:
             f"train.eval_every={cfg.train.eval_every}: {cfg.env.id} has no gymnasium twin to evaluate on; "
             "set train.eval_every=0 (the training curves report returns) or eval.env_id"
         )
+    _check_offline(cfg, algorithm)
     hparams = _hparams(cfg, algorithm)
     cnn = getattr(hparams, "cnn", "nature")
     if cnn != "nature" and not _has_frames(es.observation_space):
@@ -220,7 +221,9 @@ def build_job_spec(cfg: RunConfig) -> Any:
         num_envs=cfg.env.num_envs,
         policy=policy,
         seed=cfg.seed,
-        total_env_steps=cfg.train.total_env_steps,
+        total_env_steps=cfg.train.total_env_steps or 0,
+        total_gradient_steps=cfg.train.total_gradient_steps or 0,
+        dataset=_dataset_source(cfg),
         env_engine=cfg.env.engine,
         env_kwargs=dict(cfg.env.kwargs),
         env_wrappers=tuple(cfg.env.wrappers),
@@ -232,13 +235,48 @@ def build_job_spec(cfg: RunConfig) -> Any:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     per = spec.env_steps_per_iteration
-    if cfg.train.total_env_steps < per:
+    if not algorithm.offline and cfg.train.total_env_steps < per:
         raise ConfigError(f"train.total_env_steps={cfg.train.total_env_steps}: less than one iteration, which is {per} "
                           f"env steps for this job (env.num_envs={cfg.env.num_envs}); a run trains whole iterations "
                           f"within its budget: set at least {per}")
     if cfg.population is not None:
         check_population(cfg, algorithm)
     return spec
+
+
+def _dataset_source(cfg: RunConfig) -> Any:
+    """The config's ``dataset:`` as a :class:`msrl.rl.datasets.DatasetSource` (``None``: none given)."""
+    if cfg.dataset is None:
+        return None
+    from msrl.rl.datasets import DatasetSource
+
+    return DatasetSource(id=cfg.dataset.id, path=cfg.dataset.path, root=cfg.dataset.root, download=cfg.dataset.download)
+
+
+def _check_offline(cfg: RunConfig, algorithm: Any) -> None:
+    """An offline algorithm has a ``dataset:`` and ``train.total_gradient_steps``; one that steps
+    its env has neither (``train.total_env_steps`` instead).
+
+    Raises:
+        ConfigError: naming the key and what the algorithm needs.
+    """
+    name = cfg.algorithm.name
+    if algorithm.offline:
+        if cfg.dataset is None:
+            raise ConfigError(f"dataset: missing; {name} is an offline algorithm, which learns from a dataset: "
+                              "dataset: {id: <a Minari id>} or {path: <its directory>} (msrl collect writes one)")
+        if cfg.train.total_gradient_steps is None:
+            raise ConfigError(f"train.total_env_steps={cfg.train.total_env_steps}: {name} is an offline algorithm, "
+                              "which takes no env steps; its budget is train.total_gradient_steps")
+        if cfg.population is not None:
+            raise ConfigError(f"population: PBT trains algorithms that step their env; {name} is an offline one")
+        return
+    if cfg.dataset is not None:
+        raise ConfigError(f"dataset: {name} learns from its env, not from a dataset; dataset is an offline "
+                          "algorithm's (e.g. algorithm.name=bc)")
+    if cfg.train.total_gradient_steps is not None:
+        raise ConfigError(f"train.total_gradient_steps={cfg.train.total_gradient_steps}: {name} steps its env; its "
+                          "budget is train.total_env_steps (total_gradient_steps is an offline algorithm's)")
 
 
 def check_population(cfg: RunConfig, algorithm: Any) -> None:

@@ -13,7 +13,7 @@ from msrl.envs.engines import ENGINES
 from msrl.runtime.transports.kinds import BOUNDARY_TRANSPORTS, INTRA_NODE, SYNC_TRANSPORTS
 
 __all__ = ["RunConfig", "AlgorithmConfig", "EnvConfig", "InferenceConfig", "PolicyConfig", "TrainConfig",
-           "EvalConfig", "ClusterConfig", "ExploreRange", "PopulationConfig", "format_errors"]
+           "EvalConfig", "ClusterConfig", "ExploreRange", "PopulationConfig", "DatasetConfig", "format_errors"]
 
 
 class _Strict(BaseModel):
@@ -125,9 +125,13 @@ class PolicyConfig(_Strict):
 class TrainConfig(_Strict):
     """``train``: budget, checkpoints, periodic evaluation."""
 
-    total_env_steps: int = Field(gt=0, description="training budget in env steps")
+    total_env_steps: int | None = Field(None, gt=0, description="training budget in env steps (an online algorithm's)")
+    total_gradient_steps: int | None = Field(
+        None, gt=0, description="training budget in gradient steps, one per iteration (an offline algorithm's, instead "
+                                "of total_env_steps)")
     checkpoint_every: int = Field(10, gt=0, description="iterations between checkpoints")
-    eval_every: int = Field(0, ge=0, description="env steps between evaluations during training (0: only at the end)")
+    eval_every: int = Field(0, ge=0, description="env steps (an offline algorithm: gradient steps) between evaluations "
+                                                 "during training (0: only at the end)")
     stop_at_return: float | None = Field(None, description="stop once an evaluation's mean return reaches this")
     torch_threads: int = Field(1, gt=0, description="torch intra-op threads")
     float32_matmul_precision: Literal["highest", "high", "medium"] = Field(
@@ -138,6 +142,36 @@ class TrainConfig(_Strict):
                     "where torch has it); applied in every process that runs a fragment; the CPU is unaffected",
     )
     progress: bool = Field(True, description="show a progress bar")
+
+    @pydantic.model_validator(mode="after")
+    def _one_budget(self) -> "TrainConfig":
+        if (self.total_env_steps is None) == (self.total_gradient_steps is None):
+            given = "both" if self.total_env_steps is not None else "neither"
+            raise ValueError(f"{given} given: set train.total_env_steps (the budget of an algorithm that steps an env) "
+                             "or train.total_gradient_steps (an offline algorithm's), one of them")
+        return self
+
+    @property
+    def budget(self) -> int:
+        """The budget given: ``total_env_steps`` or ``total_gradient_steps``."""
+        return self.total_env_steps if self.total_env_steps is not None else self.total_gradient_steps  # type: ignore[return-value]
+
+
+class DatasetConfig(_Strict):
+    """``dataset``: an offline algorithm's Minari dataset, by ``id`` (under ``root``, else Minari's
+    datasets root) or by ``path`` (see docs/guide/datasets.md)."""
+
+    id: str | None = Field(None, description="a Minari dataset id, e.g. msrl/cartpole/expert-v0")
+    path: str | None = Field(None, description="a Minari dataset's directory (holding data/), instead of id")
+    root: str | None = Field(None, description="the datasets root an id is looked up under (default Minari's: "
+                                               "$MINARI_DATASETS_PATH or ~/.minari/datasets)")
+    download: bool = Field(False, description="fetch an id that is not local from Minari's remote (needs the network)")
+
+    @pydantic.model_validator(mode="after")
+    def _id_or_path(self) -> "DatasetConfig":
+        if (self.id is None) == (self.path is None):
+            raise ValueError("give the dataset by id or by path, one of them")
+        return self
 
 
 class EvalConfig(_Strict):
@@ -319,6 +353,8 @@ class RunConfig(_Strict):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     population: PopulationConfig | None = Field(
         None, description="train a population of this job's members with PBT (msrl.run.population); none: one job")
+    dataset: DatasetConfig | None = Field(
+        None, description="the dataset an offline algorithm learns from (none: the algorithm steps its env)")
 
     @pydantic.field_validator("name")
     @classmethod
@@ -373,6 +409,9 @@ def format_errors(e: pydantic.ValidationError, root: type[BaseModel] | None, pre
             lines.append(f"unknown key {path!r}; valid keys at {level}: {valid}")
         elif err["type"] == "missing":
             lines.append(f"missing key {path!r}")
+        elif (err["type"] == "value_error" and isinstance(err.get("input"), dict) and root is not None
+              and _model_at(root, loc) is not None):  # a whole section's validator: its own words, not the section's dict
+            lines.append(f"{path}: {err['msg'].removeprefix('Value error, ')}")
         elif err["type"] == "value_error":  # a validator's own message names the value
             lines.append(f"{path}={err.get('input')}: {err['msg'].removeprefix('Value error, ')}")
         elif isinstance(err.get("input"), bool) and err["type"] in ("literal_error", "string_type", "enum"):

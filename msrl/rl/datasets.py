@@ -12,16 +12,17 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
-from typing import Any
+from typing import Any, Mapping
 
 import gymnasium
 import numpy as np
 import torch
 from tensordict import TensorDict
 
+from msrl.api import Buffer, BuildContext, returns
 from msrl.errors import InputError
 
-__all__ = ["DatasetError", "DatasetSource", "open_dataset", "check_spaces", "transitions", "shard"]
+__all__ = ["DatasetError", "DatasetSource", "DatasetBuffer", "open_dataset", "check_spaces", "transitions", "shard"]
 
 
 class DatasetError(InputError, ValueError):
@@ -156,3 +157,66 @@ def shard(rows: TensorDict, replica: int, num_replicas: int) -> TensorDict:
     if num_replicas > rows.batch_size[0]:
         raise ValueError(f"{num_replicas} replicas share a dataset of {rows.batch_size[0]} transitions")
     return rows[replica::num_replicas]
+
+
+class DatasetBuffer(Buffer):
+    """An offline algorithm's ``buffer`` role: the transitions of the config's dataset
+    (:attr:`~msrl.api.BuildContext.dataset`), checked against the env's spaces, this replica's
+    shard of them (:func:`shard`; one replica holds them all), on ``ctx.device``.
+
+    :meth:`sample` draws ``ctx.hparams.batch_size`` rows uniformly with replacement (as d3rlpy's
+    and CORL's offline learners sample) with the buffer's own generator, seeded ``ctx.seed + 2``
+    as :class:`~msrl.rl.buffers.ReplayBuffer`'s. Where replicas of it feed one learner (coarse,
+    the reader beside each actor replica) their samples concatenate; under ``multi_learner`` each
+    learner replica samples its own shard and the gradients are averaged: data parallel, with a
+    batch of ``batch_size`` per replica. Its checkpoint is its generator's state: the rows are the
+    dataset's, read again when the job is built.
+
+    Raises:
+        DatasetError: no dataset in the config, or one :func:`open_dataset`, :func:`check_spaces`
+            or :func:`transitions` refuses.
+    """
+
+    def __init__(self, ctx: BuildContext) -> None:
+        source = ctx.dataset
+        if source is None:
+            raise DatasetError("an offline algorithm's buffer reads the config's dataset: give dataset: {id: ...} "
+                               "or {path: ...}")
+        dataset = open_dataset(source)
+        check_spaces(dataset, ctx.env_spec.observation_space, ctx.env_spec.action_space, source.describe())
+        rows = transitions(dataset, source.describe())
+        self.total = rows.batch_size[0]
+        try:
+            self.rows = shard(rows, ctx.replica, ctx.num_replicas).to(ctx.device)
+        except ValueError as e:
+            raise DatasetError(f"dataset {source.describe()}: {e}") from None
+        self.size = self.rows.batch_size[0]
+        self.batch_size = int(ctx.hparams.batch_size)
+        self.device = ctx.device
+        self.generator = torch.Generator(device=ctx.device)
+        self.generator.manual_seed(ctx.seed + 2)
+
+    def insert(self, **step: torch.Tensor) -> None:
+        """A dataset is read, never written.
+
+        Raises:
+            TypeError: always (an offline algorithm's trainer does not insert).
+        """
+        raise TypeError("DatasetBuffer holds a dataset's transitions, read-only: an offline algorithm samples it and "
+                        "inserts nothing")
+
+    @returns("batch")
+    def sample(self) -> TensorDict:
+        """``batch_size`` transitions drawn uniformly with replacement from this replica's shard:
+        a TensorDict of batch size ``(batch_size,)`` with :func:`transitions`' keys."""
+        idx = torch.randint(self.size, (self.batch_size,), generator=self.generator, device=self.device)
+        return self.rows[idx]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"generator": self.generator.get_state(), "size": self.size}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if int(state["size"]) != self.size:
+            raise DatasetError(f"the checkpoint's dataset shard held {state['size']} transitions, this one {self.size}: "
+                               "the dataset changed since the run began")
+        self.generator.set_state(state["generator"])

@@ -97,13 +97,16 @@ def _train_run(cfg: object, args: argparse.Namespace) -> int:
     evaluation = (f"evaluation: mean return {_format_return(result.eval_mean)} over {len(result.eval_returns)} episodes"
                   if result.eval_returns else "no evaluation (no gymnasium twin)")
     early = ""
+    offline = cfg.train.total_gradient_steps is not None  # an offline algorithm's budget: gradient steps
+    unit, done = ("gradient step", result.iterations) if offline else ("env step", result.env_steps)
     if result.steps_to_threshold is not None:  # the loop stopped at the threshold: said, with the budget it used
         early = (f"; stopped early: an evaluation reached train.stop_at_return={_format_return(cfg.train.stop_at_return)} "
-                 f"at env step {result.steps_to_threshold} ({result.time_to_threshold_s:.1f} s), "
-                 f"{result.env_steps} of the budget's {cfg.train.total_env_steps} env steps used")
+                 f"at {unit} {result.steps_to_threshold} ({result.time_to_threshold_s:.1f} s), "
+                 f"{done} of the budget's {cfg.train.budget} {unit}s used")
+    steps = f"{result.iterations} gradient steps" if offline else f"{result.env_steps} env steps"
     print(
-        f"run {result.run_dir}: {result.iterations} iterations, {result.env_steps} env steps, "
-        f"{result.time_s:.1f} s training ({result.env_steps / max(result.time_s, 1e-9):.0f} steps/s); {evaluation}{early}"
+        f"run {result.run_dir}: {result.iterations} iterations, {steps}, "
+        f"{result.time_s:.1f} s training ({done / max(result.time_s, 1e-9):.0f} steps/s); {evaluation}{early}"
     )
     return 0
 

@@ -45,7 +45,9 @@ class JobSpec:
         device in every process that runs the job's fragments (``highest``, ``high``, ``medium``:
         ``torch.set_float32_matmul_precision``).
         policy: the distribution policy, overrides applied.
-        seed: base seed; ``total_env_steps``: training budget in env steps.
+        seed: base seed; ``total_env_steps``: training budget in env steps (0 for an offline
+        algorithm); ``total_gradient_steps``: an offline algorithm's budget (one per iteration).
+        dataset: an offline algorithm's :class:`~msrl.rl.datasets.DatasetSource` (``None`` otherwise).
     """
 
     algorithm: AlgorithmSpec
@@ -60,6 +62,8 @@ class JobSpec:
     env_wrappers: tuple[str, ...] = ()
     env_num_workers: int | None = None
     float32_matmul_precision: str = "highest"
+    total_gradient_steps: int = 0
+    dataset: Any = None
 
     @property
     def env_steps_per_iteration(self) -> int:
@@ -67,9 +71,25 @@ class JobSpec:
         return self.algorithm.env_steps_per_iteration(self.hparams, self.num_envs)
 
     @property
+    def offline(self) -> bool:
+        """Whether the algorithm learns from a dataset (:attr:`msrl.api.AlgorithmSpec.offline`)."""
+        return self.algorithm.offline
+
+    @property
+    def steps_per_iteration(self) -> int:
+        """What one ``train_step`` takes of the budget: env steps, or for an offline algorithm
+        one gradient step."""
+        return 1 if self.offline else self.env_steps_per_iteration
+
+    @property
+    def budget(self) -> int:
+        """The training budget in :attr:`steps_per_iteration`'s unit (env or gradient steps)."""
+        return self.total_gradient_steps if self.offline else self.total_env_steps
+
+    @property
     def num_iterations(self) -> int:
-        """``train_step`` calls within ``total_env_steps`` (at least 1)."""
-        return max(1, self.total_env_steps // self.env_steps_per_iteration)
+        """``train_step`` calls within the budget (at least 1)."""
+        return max(1, self.budget // self.steps_per_iteration)
 
     def envs_per_replica(self) -> int:
         """Envs of each replica of the fragment holding the env role.

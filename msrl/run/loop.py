@@ -51,7 +51,8 @@ class TrainingLoop:
         self.cfg, self.spec, self.job = cfg, spec, job
         self.metrics: MetricsWriter | None = None
         self._saving = False  # a checkpoint is being written
-        self.steps_per_iteration = spec.env_steps_per_iteration
+        # the budget's unit: env steps, or an offline algorithm's gradient steps (one per iteration)
+        self.steps_per_iteration = spec.steps_per_iteration
         if resume is None:
             if reuse is None:
                 self.run_dir = new_run_dir(cfg)
@@ -75,7 +76,8 @@ class TrainingLoop:
                 job.reset()
             else:
                 job.load_state_dict(state["job"])
-                print(f"msrl: resuming {self.run_dir} at env step {job.env_steps}", file=sys.stderr)
+                print(f"msrl: resuming {self.run_dir} at "
+                      + (f"gradient step {job.iteration}" if spec.offline else f"env step {job.env_steps}"), file=sys.stderr)
             self.metrics = MetricsWriter(self.run_dir, job.iteration if resume is not None else None)
             self._write_replica_table()
             if resume is None and job.restarts_replicas:
@@ -91,9 +93,14 @@ class TrainingLoop:
 
         # one speed: training env steps per second of training time (evaluations excluded), the
         # figure the final summary reports; tqdm's own rate only feeds the time-remaining estimate
-        return tqdm(total=self.spec.num_iterations * self.steps_per_iteration, initial=self.job.env_steps, unit="step", dynamic_ncols=True,
+        return tqdm(total=self.spec.num_iterations * self.steps_per_iteration, initial=self._steps(), unit="step", dynamic_ncols=True,
                     desc="training", bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} "
                                                 "[{elapsed}<{remaining}{postfix}]")
+
+    def _steps(self) -> int:
+        """The job's progress in the budget's unit: its env steps, or an offline algorithm's
+        gradient steps (its iterations)."""
+        return self.job.iteration if self.spec.offline else self.job.env_steps
 
     def checkpoint(self) -> None:
         """Saves the job and the progress as the run's latest checkpoint."""
@@ -144,7 +151,7 @@ class TrainingLoop:
         cfg, it, done_eval = self.cfg, self.job.iteration, self.progress.done_eval
         n = min(self.spec.num_iterations - it, cfg.train.checkpoint_every - it % cfg.train.checkpoint_every)
         if cfg.train.eval_every:
-            n = min(n, max(1, -(-((done_eval + 1) * cfg.train.eval_every - self.job.env_steps) // self.steps_per_iteration)))
+            n = min(n, max(1, -(-((done_eval + 1) * cfg.train.eval_every - self._steps()) // self.steps_per_iteration)))
         if iter_s is None:
             return 1
         free = int(self.CHUNK_S / max(iter_s, 1e-6))
@@ -169,7 +176,7 @@ class TrainingLoop:
         if self.bar is not None:
             # the speed and return so far set before the update draws: every frame after the
             # first shows them, whether or not this update redraws (tqdm's mininterval)
-            self._postfix(job.env_steps / max(p.time_s + chunk_dt, 1e-9))
+            self._postfix(self._steps() / max(p.time_s + chunk_dt, 1e-9))
             self.bar.update(self.steps_per_iteration * n)  # before an evaluation, so "evaluating" shows the steps it evaluates at
         eval_dt = 0.0
         for i, rec in enumerate(records):
@@ -179,6 +186,7 @@ class TrainingLoop:
             if rec.get("faults", {}).get("replaced_replicas"):
                 self._write_replica_table()  # the replacements' pids
             row = iteration_row(rec, it + i + 1, p.time_s + chunk_dt * (i + 1) / n, self.steps_per_iteration,
+                                self.spec.offline,
                                 p.faults if job.restarts_replicas else None,
                                 p.faults["lost_episodes"] if engine(self.cfg.env.engine).loses_episodes and not job.restarts_replicas
                                 else None)
@@ -188,7 +196,7 @@ class TrainingLoop:
         self.metrics.flush()
         p.time_s += time.perf_counter() - t0 - eval_dt  # training time: the whole chunk, evaluation excluded
         if self.bar is not None:
-            self._postfix(job.env_steps / max(p.time_s, 1e-9))  # the next update() draws it
+            self._postfix(self._steps() / max(p.time_s, 1e-9))  # the next update() draws it
         if (job.iteration % self.cfg.train.checkpoint_every == 0 or p.threshold[0] is not None
                 or job.iteration == self.spec.num_iterations):
             ckpt_t0 = time.perf_counter()
@@ -210,13 +218,13 @@ class TrainingLoop:
         self.bar.set_postfix({"steps/s": f"{steps_per_s:.0f}", "return": f"{ret:.1f}"}, refresh=False)
 
     def _evaluate_if_due(self, row: dict[str, Any], chunk_t0: float) -> float:
-        """Evaluates when the env steps passed the next ``train.eval_every`` mark, writing
+        """Evaluates when the steps (env or gradient) passed the next ``train.eval_every`` mark, writing
         ``eval/mean_return`` into ``row`` and the threshold when first reached; returns the
         evaluation's seconds."""
         cfg, p, job = self.cfg, self.progress, self.job
-        if not cfg.train.eval_every or job.env_steps // cfg.train.eval_every <= p.done_eval:
+        if not cfg.train.eval_every or self._steps() // cfg.train.eval_every <= p.done_eval:
             return 0.0
-        p.done_eval = job.env_steps // cfg.train.eval_every
+        p.done_eval = self._steps() // cfg.train.eval_every
         t0 = time.perf_counter()
         if self.bar is not None:
             self.bar.set_description_str("evaluating", refresh=True)
@@ -226,7 +234,7 @@ class TrainingLoop:
         mean = sum(returns) / len(returns)
         row["eval/mean_return"] = mean
         if cfg.train.stop_at_return is not None and mean >= cfg.train.stop_at_return and p.threshold[0] is None:
-            p.threshold = (p.time_s + (t0 - chunk_t0), job.env_steps)
+            p.threshold = (p.time_s + (t0 - chunk_t0), self._steps())
         return time.perf_counter() - t0
 
     def _stopped(self, e: BaseException, it: int, n: int, steps_before: int) -> TrainingStopped:
@@ -251,7 +259,8 @@ class TrainingLoop:
         result = TrainResult(self.run_dir, job.iteration, job.env_steps, p.time_s, returns, *p.threshold)
         (self.run_dir / "eval.json").write_text(json.dumps({
             "episodes": len(returns), "mean_return": result.eval_mean if returns else None, "returns": returns,
-            "env_steps": job.env_steps, "iterations": job.iteration, "time_s": p.time_s,
+            "env_steps": job.env_steps, **({"gradient_steps": job.iteration} if self.spec.offline else {}),
+            "iterations": job.iteration, "time_s": p.time_s,
             "time_to_threshold_s": p.threshold[0], "steps_to_threshold": p.threshold[1]}, indent=2))
         job.close()
         from msrl.run.plot import plot_in_background

@@ -61,7 +61,7 @@ def use_native_crc32c() -> bool:
     return True
 
 
-def iteration_row(rec: Mapping[str, Any], iteration: int, time_s: float, steps_per_iteration: int,
+def iteration_row(rec: Mapping[str, Any], iteration: int, time_s: float, steps_per_iteration: int, offline: bool,
                   faults: Mapping[str, int] | None, lost_episodes: int | None) -> dict[str, Any]:
     """The ``metrics.csv`` row of one iteration's runtime record (see
     :meth:`msrl.run.job.Job.run`).
@@ -69,6 +69,8 @@ def iteration_row(rec: Mapping[str, Any], iteration: int, time_s: float, steps_p
     Args:
         rec: the record; ``iteration``: its number (from 1); ``time_s``: training time at its end.
         steps_per_iteration: env steps of one iteration (for ``charts/SPS``).
+        offline: an offline algorithm's row: a ``gradient_steps`` column (one per iteration) and
+            ``charts/gradient_steps_per_s`` instead of ``charts/SPS``.
         faults: the run's fault counters (Ray runs), written as ``faults/...``; ``None``: none.
         lost_episodes: the run's ``faults/lost_episodes`` so far (a local run on env worker
             processes), or ``None``: not written.
@@ -79,8 +81,9 @@ def iteration_row(rec: Mapping[str, Any], iteration: int, time_s: float, steps_p
     return {
         "iteration": iteration,
         "env_steps": rec["env_steps"],
+        **({"gradient_steps": iteration} if offline else {}),
         "time_s": round(time_s, 6),  # to the microsecond: a captured GPU iteration is ~1.4 ms
-        "charts/SPS": round(steps_per_iteration / max(rec["time_s"], 1e-9), 1),
+        ("charts/gradient_steps_per_s" if offline else "charts/SPS"): round(steps_per_iteration / max(rec["time_s"], 1e-9), 1),
         "charts/episodic_return": mean(stats.returns),
         "charts/episodic_length": mean(stats.lengths),
         **{f"charts/{k}": sum(v) / len(v) for k, v in stats.extra.items() if v},
@@ -161,8 +164,9 @@ class MetricsWriter:
         writer = self.tb._get_file_writer()
         for row in self.rows[self._tb_next:]:
             values = [Summary.Value(tag=k, simple_value=float(v)) for k, v in row.items()
-                      if k not in ("iteration", "env_steps") and isinstance(v, (int, float)) and math.isfinite(v)]
-            writer.add_summary(Summary(value=values), int(row["env_steps"]))
+                      if k not in ("iteration", "env_steps", "gradient_steps") and isinstance(v, (int, float))
+                      and math.isfinite(v)]
+            writer.add_summary(Summary(value=values), int(row.get("gradient_steps", row["env_steps"])))
         self._tb_next = len(self.rows)
         self.tb.flush()
         self._tb_written_at = time.perf_counter()

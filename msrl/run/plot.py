@@ -67,6 +67,8 @@ def plot_run(run_dir: str | pathlib.Path, out: str | pathlib.Path | None = None)
         raise FileNotFoundError(f"{run_dir} has no metrics.csv")
     with open(path, newline="") as f:
         rows = [r for r in csv.DictReader(f) if r.get("env_steps") not in ("", None)]
+    # an offline algorithm's run: its progress in gradient steps (it takes no env step)
+    x_key = "gradient_steps" if rows and rows[0].get("gradient_steps") not in ("", None) else "env_steps"
     if not rows:
         raise InputError(f"{path} holds no iteration yet: nothing to plot (an earlier learning curve is kept)")
 
@@ -80,7 +82,7 @@ def plot_run(run_dir: str | pathlib.Path, out: str | pathlib.Path | None = None)
         for r in rows:
             v = r.get(name, "")
             if v not in ("", None) and math.isfinite(float(v)):
-                pts.append((float(r["env_steps"]), float(v)))
+                pts.append((float(r[x_key]), float(v)))
         return pts
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
@@ -99,7 +101,7 @@ def plot_run(run_dir: str | pathlib.Path, out: str | pathlib.Path | None = None)
     if ev:
         xs, ys = zip(*ev)
         ax.plot(xs, ys, "o-", color="tab:orange", label="evaluation (deterministic)")
-    ax.set_xlabel("env steps")
+    ax.set_xlabel(x_key.replace("_", " "))
     ax.set_ylabel("share of games" if series == list(SELFPLAY_RATES) else "return")
     ax.set_title(run_dir.name)
     ax.grid(alpha=0.3)

@@ -348,7 +348,7 @@ def _turns(members: list[Member], turn: int, total_iterations: int, cfg: RunConf
             if returns:
                 m.score = sum(returns) / len(returns)
             for j, rec in enumerate(records):
-                row = iteration_row(rec, m.job.iteration - n + j + 1, m.time_s + dt * (j + 1) / n, per, None, None)
+                row = iteration_row(rec, m.job.iteration - n + j + 1, m.time_s + dt * (j + 1) / n, per, False, None, None)
                 m.metrics.log({**row, **{f"pbt/{k}": v for k, v in m.values.items()}})
             m.metrics.flush()
             m.time_s += dt

@@ -167,7 +167,7 @@ def _train_once(cfg: RunConfig, resume: str | pathlib.Path | None, restarted: bo
             if crowded is not None:
                 print(crowded, file=sys.stderr)
         job = make_job(spec, cfg, restarted)
-        per, total = spec.env_steps_per_iteration, cfg.train.total_env_steps
+        per, total = spec.steps_per_iteration, spec.budget
         if total % per and not restarted:  # (said once the job is built: an input error comes alone)
             print(f"msrl: train.total_env_steps={total} is {total // per} whole iterations of {per} env steps: "
                   f"{total // per * per} env steps (a run trains whole iterations within its budget)", file=sys.stderr)
@@ -217,16 +217,19 @@ def _open_resumed(cfg: RunConfig, spec: JobSpec, run_dir: pathlib.Path, locks: l
         state, used = load_checkpoint(run_dir)
     except FileNotFoundError as e:
         raise ConfigError(str(e)) from None
-    done = int(state["env_steps"])
-    if spec.num_iterations * spec.env_steps_per_iteration < done:
-        raise ConfigError(f"train.total_env_steps={cfg.train.total_env_steps}: the run's checkpoint is already at "
-                          f"env step {done}; a resumed run can only train for longer")
+    if spec.offline:
+        done, key, unit = int(state["job"]["iteration"]), "train.total_gradient_steps", "gradient step"
+    else:
+        done, key, unit = int(state["env_steps"]), "train.total_env_steps", "env step"
+    if spec.num_iterations * spec.steps_per_iteration < done:
+        raise ConfigError(f"{key}={spec.budget}: the run's checkpoint is already at {unit} {done}; a resumed run can "
+                          "only train for longer")
     set_aside_damaged(run_dir, used)
     if changed:
         # a key that changed shape (a number to a per-fragment mapping) is shown once, whole
         shown = [k for k in changed if not any(k.startswith(other + ".") for other in changed)]
         print(f"msrl: resuming {run_dir} with " + ", ".join(f"{k}={_value_at(cfg.model_dump(), k)!r}" for k in shown)
               + (" (budget-dependent schedules such as anneal_lr follow the new budget from here)"
-                 if "train.total_env_steps" in changed else ""), file=sys.stderr)
+                 if "train.total_env_steps" in changed or "train.total_gradient_steps" in changed else ""), file=sys.stderr)
         write_config(run_dir, cfg)
     return state

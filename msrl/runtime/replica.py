@@ -205,9 +205,10 @@ def build_trainer(spec: Any, frag: FragmentSpec, replica: int, inference: Any = 
         replica=replica,
         num_replicas=frag.replicas,
         total_num_envs=spec.num_envs,
-        total_env_steps=spec.total_env_steps,
+        total_env_steps=spec.budget,
         seed=seed,
         device=device,
+        dataset=spec.dataset,
     )
 
     def seeded(*key: int | str) -> Any:
@@ -242,7 +243,7 @@ def build_trainer(spec: Any, frag: FragmentSpec, replica: int, inference: Any = 
             check_declared_state(role, component)
     with seeded(frag.name, replica):
         return spec.algorithm.trainer(components, spec.hparams, seed, num_envs=spec.num_envs,
-                                      total_env_steps=spec.total_env_steps)
+                                      total_env_steps=spec.budget)
 
 
 def build_trainers(spec: Any) -> dict[tuple[str, int], Trainer]:
@@ -262,7 +263,7 @@ def build_standalone_actor(spec: Any, device: torch.device | str = "cpu") -> Any
         ``(actor, env_spec)``: the actor and the :class:`~msrl.api.EnvSpec` it was built for.
     """
     es = make_env_spec(spec.env_id, 1, spec.env_kwargs, spec.env_wrappers, spec.env_engine)
-    ctx = BuildContext(spec.hparams, es, 0, 1, spec.num_envs, spec.total_env_steps, spec.seed, torch.device(device))
+    ctx = BuildContext(spec.hparams, es, 0, 1, spec.num_envs, spec.budget, spec.seed, torch.device(device), spec.dataset)
     if BATON.held() is not None:  # inside an evaluation: its stream
         return spec.algorithm.components["actor"](ctx), es
     with BATON.hold(GlobalGenerators.seeded(spec.seed, "build", "actor", 0, device=device)):

@@ -1,0 +1,169 @@
+"""Offline RL through the whole pipeline: BC (algorithms/bc.py) learns from a Minari dataset that
+msrl collect wrote, with no env in its loop. The same file under every policy: single, coarse
+(the dataset reader beside each actor replica, beside the learner, or a fragment of its own),
+async_learner (the reader a prefetching fragment), single_learner_fine and multi_learner (the
+dataset sharded over data-parallel learners) -- bitwise where a policy must compute what
+single computes; the budget in gradient steps; a run resumed goes on exactly; bad input is one
+line before any work."""
+
+import json
+import math
+import pathlib
+
+import pytest
+import torch
+
+import msrl
+from msrl.config import ConfigError, build_job_spec, load_config
+from msrl.graph import NodeKind
+from msrl.run.cli import main
+from msrl.run.collect import collect
+from msrl.run.job import Job
+
+pytest.importorskip("minari")
+
+CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
+BC = CONFIGS / "bc_cartpole.yaml"
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    """A Minari root holding msrl/cartpole/tiny-v0: 4 noisy episodes of a briefly trained PG policy."""
+    base = tmp_path_factory.mktemp("offline")
+    run = msrl.train(CONFIGS / "pg_cartpole.yaml", runs_dir=str(base / "runs"), train__total_env_steps=8000,
+                     env__num_envs=2, train__progress=False, train__eval_every=0, eval__episodes=1)
+    collect([run.run_dir], "msrl/cartpole/tiny-v0", 4, noise=0.3, seed=0, root=base / "root")
+    return base / "root"
+
+
+def _cfg(root, *overrides):
+    return load_config(BC, ["dataset.id=msrl/cartpole/tiny-v0", f"dataset.root={root}", "algorithm.hparams.batch_size=16",
+                            "algorithm.hparams.hidden_sizes=[16]", "train.total_gradient_steps=20", "train.progress=false",
+                            "train.eval_every=0", "eval.episodes=2", *overrides])
+
+
+def _run(cfg, iterations=6):
+    job = Job(build_job_spec(cfg))
+    try:
+        job.reset()
+        metrics = [{k: float(v) for k, v in job.train_step().items()} for _ in range(iterations)]
+        weights = {k: v.clone() for k, v in job.component("learner").get_weights().items()}
+        comm = {(b.method, b.comm_kind, b.src, b.dst) for b in job.fragment_graph.boundaries}
+        return metrics, weights, comm, job.env_steps
+    finally:
+        job.close()
+
+
+POLICIES = {
+    "coarse x1": ["distribution_policy.name=single_learner_coarse", "distribution_policy.replicas.actor=1"],
+    "coarse x1, reader at the learner": ["distribution_policy.name=single_learner_coarse",
+                                         "distribution_policy.replicas.actor=1", "distribution_policy.placement.buffer=learner"],
+    "coarse x1, reader a fragment": ["distribution_policy.name=single_learner_coarse", "distribution_policy.replicas.actor=1",
+                                     "distribution_policy.placement.buffer=replay"],
+    "fine": ["distribution_policy.name=single_learner_fine"],
+    "multi_learner x1": ["distribution_policy.name=multi_learner", "distribution_policy.replicas.main=1"],
+}
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_bc_computes_under_each_policy_what_it_computes_under_single_bitwise(root, policy):
+    a = _run(_cfg(root))
+    b = _run(_cfg(root, *POLICIES[policy]))
+    assert a[1].keys() == b[1].keys() and all(torch.equal(a[1][k], b[1][k]) for k in a[1])
+    assert a[0] == b[0] and all(math.isfinite(m["losses/bc_loss"]) for m in a[0])
+    assert a[3] == b[3] == 0  # no env step taken: the dataset is the experience
+    if policy.startswith("coarse"):
+        src = "replay" if "fragment" in policy else ("learner" if "learner" in policy else "actor")
+        if src != "learner":  # the sampled batch crosses to the learner
+            assert ("train_step", NodeKind.SEND, src, "learner") in b[2]
+
+
+def test_multi_learner_shards_the_dataset_and_keeps_the_replicas_identical(root):
+    job = Job(build_job_spec(_cfg(root, "distribution_policy.name=multi_learner", "distribution_policy.replicas.main=2")))
+    try:
+        job.reset()
+        for _ in range(5):
+            job.train_step()
+        buffers = [job.replica("main", r).trainer.components["buffer"] for r in range(2)]
+        assert buffers[0].size + buffers[1].size == buffers[0].total  # every transition in one shard
+        assert not torch.equal(buffers[0].rows["obs"][:8], buffers[1].rows["obs"][:8])
+        w0, w1 = (job.replica("main", r).trainer.components["learner"].get_weights() for r in range(2))
+        assert all(torch.equal(w0[k], w1[k]) for k in w0)  # gradients all-reduced
+        assert [c.comm_kind for c in job.fragment_graph.collectives] == [NodeKind.ALLREDUCE]
+    finally:
+        job.close()
+
+
+@pytest.mark.parametrize("policy", [["distribution_policy.name=single_learner_coarse", "distribution_policy.replicas.actor=2"],
+                                    ["distribution_policy.name=async_learner"]], ids=["coarse x2", "async_learner"])
+def test_readers_beside_two_actor_replicas_feed_the_learner_their_samples_together(root, policy):
+    job = Job(build_job_spec(_cfg(root, *policy)))
+    try:
+        job.reset()
+        records = job.run(4)
+        losses = [float(r["output"]["losses/bc_loss"]) for r in records if r["output"]]
+        assert losses and all(math.isfinite(x) for x in losses)
+        ops = {(b.comm_kind, b.src, b.dst) for b in job.fragment_graph.boundaries if b.method == "train_step"}
+        kinds = {NodeKind.GATHER, NodeKind.PUT}
+        assert any(k in kinds and src == "actor" and dst == "learner" for k, src, dst in ops)
+    finally:
+        job.close()
+
+
+def test_a_run_counts_gradient_steps_and_resumes_exactly(root, tmp_path, capsys):
+    straight = msrl.train(_cfg(root, f"runs_dir={tmp_path / 'a'}", "train.total_gradient_steps=30"))
+    first = msrl.train(_cfg(root, f"runs_dir={tmp_path / 'b'}", "train.total_gradient_steps=15",
+                            "train.checkpoint_every=5"))
+    resumed = msrl.train(resume=first.run_dir, train__total_gradient_steps=30)
+    assert straight.iterations == resumed.iterations == 30 and straight.env_steps == resumed.env_steps == 0
+    ours = json.loads((resumed.run_dir / "eval.json").read_text())
+    assert ours["gradient_steps"] == 30 and ours["env_steps"] == 0
+    a, b = (torch.load(r.run_dir / "checkpoints" / "latest.pt", weights_only=False)["actor_weights"]
+            for r in (straight, resumed))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    header = (resumed.run_dir / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert "gradient_steps" in header and "charts/gradient_steps_per_s" in header and "charts/SPS" not in header
+
+
+def test_the_command_line_says_gradient_steps(root, tmp_path, capsys):
+    assert main(["train", str(BC), "dataset.id=msrl/cartpole/tiny-v0", f"dataset.root={root}", f"runs_dir={tmp_path}",
+                 "train.total_gradient_steps=10", "train.progress=false", "eval.episodes=1",
+                 "algorithm.hparams.hidden_sizes=[16]"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert ": 10 iterations, 10 gradient steps, " in line and "env steps" not in line
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["dataset=null"], "dataset: missing; bc is an offline algorithm, which learns from a dataset"),
+    (["train.total_gradient_steps=null", "train.total_env_steps=1000"],
+     "train.total_env_steps=1000: bc is an offline algorithm, which takes no env steps; its budget is "
+     "train.total_gradient_steps"),
+    (["train.total_env_steps=1000"], "train: both given"),
+    (["dataset.path=/x"], "dataset: give the dataset by id or by path, one of them"),
+])
+def test_an_offline_config_missing_what_it_needs_is_one_line(root, overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        build_job_spec(_cfg(root, *overrides))
+
+
+def test_an_online_algorithm_with_a_dataset_is_refused(root):
+    with pytest.raises(ConfigError, match="dataset: ppo learns from its env, not from a dataset"):
+        build_job_spec(load_config(CONFIGS / "ppo_cartpole.yaml", ["dataset.id=msrl/cartpole/tiny-v0"]))
+    with pytest.raises(ConfigError, match="train.total_gradient_steps=5: ppo steps its env"):
+        build_job_spec(load_config(CONFIGS / "ppo_cartpole.yaml", ["train.total_env_steps=null",
+                                                                    "train.total_gradient_steps=5"]))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["env.id=Acrobot-v1"], "its observation space is Box.*the env's is Box"),
+    (["dataset.id=msrl/none-v0"], "dataset msrl/none-v0 not found under"),
+])
+def test_a_missing_or_mismatched_dataset_is_one_line_before_any_run_directory(root, tmp_path, capsys, overrides, message):
+    import re
+
+    args = ["train", str(BC), "dataset.id=msrl/cartpole/tiny-v0", f"dataset.root={root}", f"runs_dir={tmp_path / 'runs'}",
+            "train.progress=false", *overrides]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err) and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "runs").exists()
