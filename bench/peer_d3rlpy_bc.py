@@ -1,0 +1,87 @@
+"""The peer of msrl's BC: d3rlpy's ``DiscreteBC`` (d3rlpy 2.8) trained on the same Minari dataset
+with ``configs/bc_cartpole.yaml``'s settings.
+
+Runs in an environment that has d3rlpy and minari (d3rlpy pins gymnasium 1.0, so keep it out of
+msrl's)::
+
+    python -m venv /tmp/d3 && /tmp/d3/bin/pip install torch==2.13.0 d3rlpy==2.8.1 "minari[hdf5]==0.5.4"
+    /tmp/d3/bin/python bench/peer_d3rlpy_bc.py --dataset ROOT/msrl/cartpole/expert-v0 --seed 1 --steps 5000
+
+Settings: Adam 1e-3, batch 256, d3rlpy's default encoder (two 256-unit ReLU layers), and
+``beta=0`` (d3rlpy's default 0.5 adds an L2 penalty on the logits, which msrl's BC has not).
+The dataset's episodes go in as d3rlpy's ``MDPDataset`` (observations without the final one,
+``terminals`` = terminations, ``timeouts`` = truncations). The evaluation is
+``bench/bench_offpolicy.py``'s: greedy (``predict``), 20 episodes on envs seeded
+10000..10019, after every ``--eval-every`` gradient steps and at the end; its time is out of the
+clock. Prints one JSON object: ``grad_steps_per_s``, ``curve`` ``[(gradient_steps, train_s,
+mean_return)]``, ``final_eval``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import time
+
+import d3rlpy
+import gymnasium
+import minari
+import numpy as np
+import torch
+
+EVAL_EPISODES, EVAL_SEED = 20, 10_000
+
+
+def evaluate(algo, env_id: str) -> float:
+    """Greedy mean return over 20 episodes, env i seeded 10000 + i (one env at a time: gymnasium
+    1.0, which d3rlpy pins, has no same-step autoreset for a vector env; the episodes are the same)."""
+    returns = []
+    env = gymnasium.make(env_id)
+    for i in range(EVAL_EPISODES):
+        obs, _ = env.reset(seed=EVAL_SEED + i)
+        done, ret = False, 0.0
+        while not done:
+            obs, r, te, tr, _ = env.step(int(algo.predict(obs[None].astype(np.float32))[0]))
+            ret += float(r)
+            done = te or tr
+        returns.append(ret)
+    env.close()
+    return float(np.mean(returns))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", required=True, help="a Minari dataset's directory (holding data/)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--steps", type=int, default=5_000)
+    p.add_argument("--eval-every", type=int, default=1_000)
+    p.add_argument("--env-id", default="CartPole-v1")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    d3rlpy.seed(args.seed)
+    ds = minari.MinariDataset(str(pathlib.Path(args.dataset) / "data"))
+    obs, act, rew, term, trunc = [], [], [], [], []
+    for ep in ds.iterate_episodes():
+        obs.append(ep.observations[:-1])
+        act.append(ep.actions)
+        rew.append(ep.rewards)
+        term.append(ep.terminations)
+        trunc.append(ep.truncations)
+    dataset = d3rlpy.dataset.MDPDataset(
+        np.concatenate(obs).astype(np.float32), np.concatenate(act), np.concatenate(rew).astype(np.float32),
+        np.concatenate(term).astype(np.float32), timeouts=np.concatenate(trunc).astype(np.float32),
+        action_space=d3rlpy.constants.ActionSpace.DISCRETE)
+    algo = d3rlpy.algos.DiscreteBCConfig(batch_size=256, learning_rate=1e-3, beta=0.0).create(device="cpu:0")
+    train_s, curve = 0.0, []
+    t0 = time.perf_counter()
+    for epoch, _ in algo.fitter(dataset, n_steps=args.steps, n_steps_per_epoch=args.eval_every, show_progress=False,
+                                logger_adapter=d3rlpy.logging.NoopAdapterFactory(), save_interval=10**9):
+        train_s += time.perf_counter() - t0
+        curve.append((epoch * args.eval_every, train_s, evaluate(algo, args.env_id)))
+        t0 = time.perf_counter()
+    print(json.dumps({"grad_steps_per_s": args.steps / train_s, "curve": curve, "final_eval": curve[-1][2]}))
+
+
+if __name__ == "__main__":
+    main()
