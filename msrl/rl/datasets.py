@@ -9,10 +9,11 @@ rewards, terminations and truncations (Minari's layout); its transitions are the
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import pathlib
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import gymnasium
 import numpy as np
@@ -22,7 +23,7 @@ from tensordict import TensorDict
 from msrl.api import Buffer, BuildContext, returns
 from msrl.errors import InputError
 
-__all__ = ["DatasetError", "DatasetSource", "DatasetBuffer", "open_dataset", "check_spaces", "transitions", "shard"]
+__all__ = ["DatasetError", "DatasetSource", "DatasetBuffer", "dataset_root", "open_dataset", "check_spaces", "transitions", "shard"]
 
 
 class DatasetError(InputError, ValueError):
@@ -51,6 +52,30 @@ class DatasetSource:
         return f"id {self.id}" if self.id is not None else f"path {self.path}"
 
 
+@contextlib.contextmanager
+def dataset_root(root: str | os.PathLike | None) -> Iterator[pathlib.Path]:
+    """Minari's datasets root (``MINARI_DATASETS_PATH``, else ``~/.minari/datasets``), or
+    ``root`` for the duration of the block (Minari reads the root from that environment
+    variable only: it is set in this process and restored after).
+
+    Yields:
+        the root directory as a path.
+    """
+    old = os.environ.get("MINARI_DATASETS_PATH")
+    if root is not None:
+        os.environ["MINARI_DATASETS_PATH"] = str(pathlib.Path(root).resolve())
+    try:
+        from minari.storage.datasets_root_dir import get_dataset_path
+
+        yield pathlib.Path(get_dataset_path())
+    finally:
+        if root is not None:
+            if old is None:
+                os.environ.pop("MINARI_DATASETS_PATH", None)
+            else:
+                os.environ["MINARI_DATASETS_PATH"] = old
+
+
 def open_dataset(source: DatasetSource) -> Any:
     """The :class:`minari.MinariDataset` at ``source``.
 
@@ -72,8 +97,6 @@ def open_dataset(source: DatasetSource) -> Any:
             raise DatasetError(f"dataset path {source.path}: no such directory (a Minari dataset's directory, which "
                                "holds data/, or that data folder)")
     else:
-        from msrl.run.collect import dataset_root
-
         with dataset_root(source.root) as root:
             data = root / source.id / "data"
             if not data.is_dir():

@@ -11,47 +11,23 @@ bounds, clipped to them. Episode ``i`` is seeded ``seed + i``.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pathlib
 import warnings
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from msrl.errors import InputError
+from msrl.rl.datasets import dataset_root
 
-__all__ = ["collect", "CollectError", "dataset_root"]
+__all__ = ["collect", "CollectError"]
 
 
 class CollectError(InputError, ValueError):
     """A dataset that cannot be made as asked (an env Minari cannot record, a dataset id that
     exists or is malformed, runs of different envs, a noise out of range), found before any
     episode is run."""
-
-
-@contextlib.contextmanager
-def dataset_root(root: str | os.PathLike | None) -> Iterator[pathlib.Path]:
-    """Minari's datasets root (``MINARI_DATASETS_PATH``, else ``~/.minari/datasets``), or
-    ``root`` for the duration of the block (Minari reads the root from that environment
-    variable only: it is set in this process and restored after).
-
-    Yields:
-        the root directory as a path.
-    """
-    old = os.environ.get("MINARI_DATASETS_PATH")
-    if root is not None:
-        os.environ["MINARI_DATASETS_PATH"] = str(pathlib.Path(root).resolve())
-    try:
-        from minari.storage.datasets_root_dir import get_dataset_path
-
-        yield pathlib.Path(get_dataset_path())
-    finally:
-        if root is not None:
-            if old is None:
-                os.environ.pop("MINARI_DATASETS_PATH", None)
-            else:
-                os.environ["MINARI_DATASETS_PATH"] = old
 
 
 def _noisy(action: np.ndarray, space: Any, noise: float, rng: np.random.Generator) -> np.ndarray:
