@@ -86,6 +86,7 @@ class TrainingLoop:
             if self.metrics is not None:
                 self.metrics.close()
             raise ReplicaLost(self.run_dir, -1, e) from e
+        self._last_eval: float | None = None  # the last periodic evaluation's mean return (an offline run's bar shows it)
         self.bar = self._progress_bar() if cfg.train.progress else None
 
     def _progress_bar(self) -> Any:
@@ -211,8 +212,13 @@ class TrainingLoop:
             atomic_write_text(self.run_dir / "replicas.json", json.dumps(table, indent=1))
 
     def _postfix(self, steps_per_s: float) -> None:
-        """Sets the bar's one speed (training env steps per second of training time) and the
-        mean return of the recent episodes, without drawing."""
+        """Sets the bar's one speed (training steps, env or gradient, per second of training
+        time) and the mean return of the recent episodes -- an offline algorithm's, which has no
+        episodes of its own, the last evaluation's (``eval``) -- without drawing."""
+        if self.spec.offline:
+            shown = {"eval": f"{self._last_eval:.1f}"} if self._last_eval is not None else {}
+            self.bar.set_postfix({"steps/s": f"{steps_per_s:.0f}", **shown}, refresh=False)
+            return
         recent = self.progress.recent
         ret = sum(recent) / len(recent) if recent else float("nan")
         self.bar.set_postfix({"steps/s": f"{steps_per_s:.0f}", "return": f"{ret:.1f}"}, refresh=False)
@@ -232,6 +238,7 @@ class TrainingLoop:
         if self.bar is not None:
             self.bar.set_description_str("training", refresh=False)
         mean = sum(returns) / len(returns)
+        self._last_eval = mean
         row["eval/mean_return"] = mean
         if cfg.train.stop_at_return is not None and mean >= cfg.train.stop_at_return and p.threshold[0] is None:
             p.threshold = (p.time_s + (t0 - chunk_t0), self._steps())
