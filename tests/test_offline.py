@@ -1,5 +1,5 @@
-"""Offline RL through the whole pipeline: BC (algorithms/bc.py) learns from a Minari dataset that
-msrl collect wrote, with no env in its loop. The same file under every policy: single, coarse
+"""Offline RL through the whole pipeline: BC (algorithms/bc.py) and IQL (algorithms/iql.py) learn
+from Minari datasets that msrl collect wrote, with no env in their loops. The same file under every policy: single, coarse
 (the dataset reader beside each actor replica, beside the learner, or a fragment of its own),
 async_learner (the reader a prefetching fragment), single_learner_fine and multi_learner (the
 dataset sharded over data-parallel learners) -- bitwise where a policy must compute what
@@ -24,22 +24,30 @@ pytest.importorskip("minari")
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 BC = CONFIGS / "bc_cartpole.yaml"
+#: each offline algorithm's config and the tiny dataset of :func:`root` it trains on
+OFFLINE = {"bc": (BC, "msrl/cartpole/tiny-v0"), "iql": (CONFIGS / "iql_pendulum.yaml", "msrl/pendulum/tiny-v0")}
 
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
-    """A Minari root holding msrl/cartpole/tiny-v0: 4 noisy episodes of a briefly trained PG policy."""
+    """A Minari root holding msrl/cartpole/tiny-v0 (4 noisy episodes of a briefly trained PG
+    policy) and msrl/pendulum/tiny-v0 (3 noisy episodes of a briefly trained DDPG policy)."""
     base = tmp_path_factory.mktemp("offline")
     run = msrl.train(CONFIGS / "pg_cartpole.yaml", runs_dir=str(base / "runs"), train__total_env_steps=8000,
                      env__num_envs=2, train__progress=False, train__eval_every=0, eval__episodes=1)
     collect([run.run_dir], "msrl/cartpole/tiny-v0", 4, noise=0.3, seed=0, root=base / "root")
+    run = msrl.train(CONFIGS / "ddpg_pendulum.yaml", runs_dir=str(base / "runs"), train__total_env_steps=300,
+                     algorithm__hparams__learning_starts=100, train__progress=False, train__eval_every=0,
+                     eval__episodes=1)
+    collect([run.run_dir], "msrl/pendulum/tiny-v0", 3, noise=0.5, seed=0, root=base / "root")
     return base / "root"
 
 
-def _cfg(root, *overrides):
-    return load_config(BC, ["dataset.id=msrl/cartpole/tiny-v0", f"dataset.root={root}", "algorithm.hparams.batch_size=16",
-                            "algorithm.hparams.hidden_sizes=[16]", "train.total_gradient_steps=20", "train.progress=false",
-                            "train.eval_every=0", "eval.episodes=2", *overrides])
+def _cfg(root, *overrides, algo="bc"):
+    config, dataset = OFFLINE[algo]
+    return load_config(config, [f"dataset.id={dataset}", f"dataset.root={root}", "algorithm.hparams.batch_size=16",
+                                "algorithm.hparams.hidden_sizes=[16]", "train.total_gradient_steps=20",
+                                "train.progress=false", "train.eval_every=0", "eval.episodes=2", *overrides])
 
 
 def _run(cfg, iterations=6):
@@ -66,11 +74,12 @@ POLICIES = {
 
 
 @pytest.mark.parametrize("policy", list(POLICIES))
-def test_bc_computes_under_each_policy_what_it_computes_under_single_bitwise(root, policy):
-    a = _run(_cfg(root))
-    b = _run(_cfg(root, *POLICIES[policy]))
+@pytest.mark.parametrize("algo", list(OFFLINE))
+def test_each_offline_algorithm_computes_under_each_policy_what_it_computes_under_single_bitwise(root, algo, policy):
+    a = _run(_cfg(root, algo=algo))
+    b = _run(_cfg(root, *POLICIES[policy], algo=algo))
     assert a[1].keys() == b[1].keys() and all(torch.equal(a[1][k], b[1][k]) for k in a[1])
-    assert a[0] == b[0] and all(math.isfinite(m["losses/bc_loss"]) for m in a[0])
+    assert a[0] == b[0] and all(math.isfinite(v) for m in a[0] for k, v in m.items() if k.startswith("losses/"))
     assert a[3] == b[3] == 0  # no env step taken: the dataset is the experience
     if policy.startswith("coarse"):
         src = "replay" if "fragment" in policy else ("learner" if "learner" in policy else "actor")
@@ -78,8 +87,10 @@ def test_bc_computes_under_each_policy_what_it_computes_under_single_bitwise(roo
             assert ("train_step", NodeKind.SEND, src, "learner") in b[2]
 
 
-def test_multi_learner_shards_the_dataset_and_keeps_the_replicas_identical(root):
-    job = Job(build_job_spec(_cfg(root, "distribution_policy.name=multi_learner", "distribution_policy.replicas.main=2")))
+@pytest.mark.parametrize("algo", list(OFFLINE))
+def test_multi_learner_shards_the_dataset_and_keeps_the_replicas_identical(root, algo):
+    job = Job(build_job_spec(_cfg(root, "distribution_policy.name=multi_learner", "distribution_policy.replicas.main=2",
+                                  algo=algo)))
     try:
         job.reset()
         for _ in range(5):
@@ -89,19 +100,21 @@ def test_multi_learner_shards_the_dataset_and_keeps_the_replicas_identical(root)
         assert not torch.equal(buffers[0].rows["obs"][:8], buffers[1].rows["obs"][:8])
         w0, w1 = (job.replica("main", r).trainer.components["learner"].get_weights() for r in range(2))
         assert all(torch.equal(w0[k], w1[k]) for k in w0)  # gradients all-reduced
-        assert [c.comm_kind for c in job.fragment_graph.collectives] == [NodeKind.ALLREDUCE]
+        # one all-reduce per optimiser step: BC's one, IQL's three (value, critics, policy)
+        assert {c.comm_kind for c in job.fragment_graph.collectives} == {NodeKind.ALLREDUCE}
     finally:
         job.close()
 
 
 @pytest.mark.parametrize("policy", [["distribution_policy.name=single_learner_coarse", "distribution_policy.replicas.actor=2"],
                                     ["distribution_policy.name=async_learner"]], ids=["coarse x2", "async_learner"])
-def test_readers_beside_two_actor_replicas_feed_the_learner_their_samples_together(root, policy):
-    job = Job(build_job_spec(_cfg(root, *policy)))
+@pytest.mark.parametrize("algo", list(OFFLINE))
+def test_readers_beside_two_actor_replicas_feed_the_learner_their_samples_together(root, algo, policy):
+    job = Job(build_job_spec(_cfg(root, *policy, algo=algo)))
     try:
         job.reset()
         records = job.run(4)
-        losses = [float(r["output"]["losses/bc_loss"]) for r in records if r["output"]]
+        losses = [float(v) for r in records if r["output"] for k, v in r["output"].items() if k.startswith("losses/")]
         assert losses and all(math.isfinite(x) for x in losses)
         ops = {(b.comm_kind, b.src, b.dst) for b in job.fragment_graph.boundaries if b.method == "train_step"}
         kinds = {NodeKind.GATHER, NodeKind.PUT}
