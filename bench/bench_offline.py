@@ -1,19 +1,27 @@
-"""Offline RL against d3rlpy on the same Minari dataset and budget: BC on CartPole-v1 from an
-expert dataset msrl makes itself.
+"""Offline RL against d3rlpy on the same Minari dataset and budget, from datasets msrl makes
+itself: BC on CartPole-v1 from an expert's episodes, IQL on Pendulum-v1 from a noisy expert's.
 
-1. The expert: ``msrl train configs/ppo_cartpole.yaml seed=1`` (the README's main job), then
-   ``msrl collect RUN --episodes 100 [--noise N] -o msrl/cartpole/expert-v0`` under a datasets
-   root of the benchmark's own (``--dataset DIR`` reuses a dataset instead).
-2. Per seed, msrl's BC (``configs/bc_cartpole.yaml``, the dataset by path) and d3rlpy's
-   ``DiscreteBC`` (``bench/peer_d3rlpy_bc.py``, in a Python that has d3rlpy: ``--d3rlpy-python``)
-   train the same number of gradient steps, each evaluated greedily every 1,000 gradient steps
-   and at the end (20 episodes, envs seeded 10000..10019; evaluation time out of the clock).
+=====  ===========  ====================================================  =====  ==============  ====
+algo   env          dataset (msrl collect, 100 episodes)                  steps  eval every      gate
+=====  ===========  ====================================================  =====  ==============  ====
+bc     CartPole-v1  the README's PPO main job (seed 1), greedy            5,000  1,000           350
+iql    Pendulum-v1  configs/sac_pendulum.yaml (seed 1), noise 0.3         10,000 2,000           -200
+=====  ===========  ====================================================  =====  ==============  ====
+
+1. The expert trains (``msrl train``) and ``msrl collect`` writes 100 of its episodes under a
+   datasets root of the benchmark's own (``--dataset DIR`` reuses a dataset instead).
+2. Per seed, msrl's algorithm (its shipped config, the dataset by path) and d3rlpy's
+   (``bench/peer_d3rlpy.py``: ``DiscreteBC``, ``IQL``; in a Python that has d3rlpy:
+   ``--d3rlpy-python``) train the same number of gradient steps, each evaluated greedily every
+   ``eval every`` gradient steps and at the end (20 episodes, envs seeded 10000..10019;
+   evaluation time out of the clock).
 
 Reported per system: the final greedy evaluation (median and IQR over seeds, the seeds at or
-above RLlib's BC gate of 350) and gradient steps per second of training time; the ratio row
+above RLlib's gate for the task) and gradient steps per second of training time; the ratio row
 msrl / d3rlpy. One torch thread per process::
 
-    python bench/bench_offline.py --seeds 1 2 3 --d3rlpy-python /tmp/d3/bin/python
+    python bench/bench_offline.py bc --seeds 1 2 3 --d3rlpy-python /tmp/d3/bin/python
+    python bench/bench_offline.py iql --seeds 1 2 3 --d3rlpy-python /tmp/d3/bin/python
 """
 
 from __future__ import annotations
@@ -34,29 +42,37 @@ from bench_offpolicy import _quartiles  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-GATE = 350.0  # RLlib's BC-on-CartPole learning test
+#: algo -> the expert's config, the dataset's id and noise, msrl's config, gradient steps,
+#: evaluation interval, RLlib's gate, the env and d3rlpy's algorithm
+TASKS = {
+    "bc": dict(expert="ppo_cartpole.yaml", dataset="msrl/cartpole/expert-v0", noise=0.0, config="bc_cartpole.yaml",
+               steps=5_000, eval_every=1_000, gate=350.0, env="CartPole-v1", peer="d3rlpy DiscreteBC"),
+    "iql": dict(expert="sac_pendulum.yaml", dataset="msrl/pendulum/sac-noisy-v0", noise=0.3, config="iql_pendulum.yaml",
+                steps=10_000, eval_every=2_000, gate=-200.0, env="Pendulum-v1", peer="d3rlpy IQL"),
+}
 
 
-def expert_dataset(workdir: str, noise: float) -> str:
-    """Trains the README's main job (seed 1) and writes 100 of its episodes as a Minari dataset
-    under ``workdir``; returns the dataset's directory."""
+def expert_dataset(algo: str, workdir: str) -> str:
+    """Trains ``algo``'s expert (seed 1) and writes 100 of its episodes as a Minari dataset under
+    ``workdir``; returns the dataset's directory."""
     import msrl
     from msrl.run.collect import collect
 
-    run = msrl.train(os.path.join(ROOT, "configs", "ppo_cartpole.yaml"), runs_dir=os.path.join(workdir, "runs"),
+    task = TASKS[algo]
+    run = msrl.train(os.path.join(ROOT, "configs", task["expert"]), runs_dir=os.path.join(workdir, "runs"),
                      train__progress=False, seed=1)
     print(f"expert: {run.run_dir}, greedy evaluation {run.eval_mean:.1f}", flush=True)
-    return str(collect([run.run_dir], "msrl/cartpole/expert-v0", 100, noise=noise, seed=0,
+    return str(collect([run.run_dir], task["dataset"], 100, noise=task["noise"], seed=0,
                        root=os.path.join(workdir, "datasets")))
 
 
-def run_msrl(dataset: str, seed: int, steps: int, eval_every: int, workdir: str) -> dict:
-    """One seed of msrl's BC on ``dataset``; its final evaluation, gradient steps/s and curve."""
+def run_msrl(algo: str, dataset: str, seed: int, steps: int, eval_every: int, workdir: str) -> dict:
+    """One seed of msrl's ``algo`` on ``dataset``; its final evaluation, gradient steps/s and curve."""
     import csv
 
     import msrl
 
-    r = msrl.train(os.path.join(ROOT, "configs", "bc_cartpole.yaml"), runs_dir=os.path.join(workdir, "bc"), seed=seed,
+    r = msrl.train(os.path.join(ROOT, "configs", TASKS[algo]["config"]), runs_dir=os.path.join(workdir, algo), seed=seed,
                    dataset__id=None, dataset__path=dataset, train__total_gradient_steps=steps,
                    train__eval_every=eval_every, train__progress=False, train__checkpoint_every=10**9)
     with open(r.run_dir / "metrics.csv") as f:
@@ -65,17 +81,18 @@ def run_msrl(dataset: str, seed: int, steps: int, eval_every: int, workdir: str)
     return {"final_eval": r.eval_mean, "grad_steps_per_s": r.iterations / r.time_s, "curve": curve}
 
 
-def run_d3rlpy(python: str, dataset: str, seed: int, steps: int, eval_every: int) -> dict:
-    """One seed of d3rlpy's DiscreteBC (``bench/peer_d3rlpy_bc.py``) in ``python``."""
-    out = subprocess.run([python, os.path.join(HERE, "peer_d3rlpy_bc.py"), "--dataset", dataset, "--seed", str(seed),
-                          "--steps", str(steps), "--eval-every", str(eval_every)],
+def run_d3rlpy(algo: str, python: str, dataset: str, seed: int, steps: int, eval_every: int) -> dict:
+    """One seed of d3rlpy's ``algo`` (``bench/peer_d3rlpy.py``) in ``python``."""
+    out = subprocess.run([python, os.path.join(HERE, "peer_d3rlpy.py"), algo, "--dataset", dataset, "--seed", str(seed),
+                          "--steps", str(steps), "--eval-every", str(eval_every), "--env-id", TASKS[algo]["env"]],
                          check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def table(results: dict[str, list[dict]]) -> str:
+def table(algo: str, results: dict[str, list[dict]]) -> str:
     """The markdown table of the seeds' results (and the ratio row)."""
-    lines = ["| system | final greedy eval: median [IQR] (mean) | seeds >= 350 | gradient steps/s (median) |",
+    gate = TASKS[algo]["gate"]
+    lines = [f"| system | final greedy eval: median [IQR] (mean) | seeds >= {gate:g} | gradient steps/s (median) |",
              "| --- | --- | --- | --- |"]
     med = {}
     for system, runs in results.items():
@@ -84,9 +101,9 @@ def table(results: dict[str, list[dict]]) -> str:
         sps = _quartiles([r["grad_steps_per_s"] for r in runs])[1]
         med[system] = sps
         lines.append(f"| {system} | {m:.1f} [{q1:.1f}, {q3:.1f}] ({sum(finals) / len(finals):.1f}) | "
-                     f"{sum(f >= GATE for f in finals)}/{len(finals)} | {sps:.0f} |")
+                     f"{sum(f >= gate for f in finals)}/{len(finals)} | {sps:.0f} |")
     if len(med) == 2:
-        lines.append(f"| msrl / d3rlpy | | | {med['msrl'] / med['d3rlpy DiscreteBC']:.2f}x |")
+        lines.append(f"| msrl / d3rlpy | | | {med['msrl'] / med[TASKS[algo]['peer']]:.2f}x |")
     for system, runs in results.items():
         lines.append(f"\n{system}, final greedy eval per seed: " + ", ".join(f"{r['final_eval']:.1f}" for r in runs))
     return "\n".join(lines)
@@ -94,33 +111,33 @@ def table(results: dict[str, list[dict]]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("algo", choices=sorted(TASKS))
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    p.add_argument("--steps", type=int, default=5_000, help="gradient steps of each run (default: the config's 5,000)")
-    p.add_argument("--eval-every", type=int, default=1_000)
-    p.add_argument("--noise", type=float, default=0.0, help="the expert's exploration noise while collecting")
+    p.add_argument("--steps", type=int, default=None, help="gradient steps of each run (default: the task's)")
     p.add_argument("--dataset", default=None, help="a Minari dataset's directory to use instead of making one")
     p.add_argument("--d3rlpy-python", default=None, help="the Python that has d3rlpy (none: msrl alone)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     torch.set_num_threads(1)
+    task = TASKS[args.algo]
+    steps, eval_every, peer = args.steps or task["steps"], task["eval_every"], task["peer"]
     with tempfile.TemporaryDirectory() as workdir:
-        dataset = args.dataset or expert_dataset(workdir, args.noise)
+        dataset = args.dataset or expert_dataset(args.algo, workdir)
         results: dict[str, list[dict]] = {"msrl": []}
         if args.d3rlpy_python:
-            results["d3rlpy DiscreteBC"] = []
+            results[peer] = []
         for seed in args.seeds:
-            results["msrl"].append(run_msrl(dataset, seed, args.steps, args.eval_every, workdir))
+            results["msrl"].append(run_msrl(args.algo, dataset, seed, steps, eval_every, workdir))
             if args.d3rlpy_python:
-                results["d3rlpy DiscreteBC"].append(run_d3rlpy(args.d3rlpy_python, dataset, seed, args.steps,
-                                                               args.eval_every))
+                results[peer].append(run_d3rlpy(args.algo, args.d3rlpy_python, dataset, seed, steps, eval_every))
             print(f"seed {seed}: " + "  ".join(f"{k}: final {v[-1]['final_eval']:.1f}, {v[-1]['grad_steps_per_s']:.0f} "
                                                  "gradient steps/s" for k, v in results.items()), flush=True)
-        print(f"\nBC on CartPole-v1 from {dataset}, {args.steps} gradient steps; machine: "
+        print(f"\n{args.algo} on {task['env']} from {dataset}, {steps} gradient steps; machine: "
               f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, seeds "
-              f"{args.seeds}\n\n{table(results)}\n", flush=True)
+              f"{args.seeds}\n\n{table(args.algo, results)}\n", flush=True)
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"seeds": args.seeds, "steps": args.steps, "results": results}, f, indent=1)
+                json.dump({"algo": args.algo, "seeds": args.seeds, "steps": steps, "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,18 @@
-"""The peer of msrl's BC: d3rlpy's ``DiscreteBC`` (d3rlpy 2.8) trained on the same Minari dataset
-with ``configs/bc_cartpole.yaml``'s settings.
+"""The peers of msrl's offline algorithms: d3rlpy's (2.8) ``DiscreteBC`` for BC on CartPole
+(``configs/bc_cartpole.yaml``'s settings) and ``IQL`` for IQL on Pendulum
+(``configs/iql_pendulum.yaml``'s), trained on the same Minari dataset.
 
 Runs in an environment that has d3rlpy and minari (d3rlpy pins gymnasium 1.0, so keep it out of
 msrl's)::
 
     python -m venv /tmp/d3 && /tmp/d3/bin/pip install torch==2.13.0 d3rlpy==2.8.1 "minari[hdf5]==0.5.4"
-    /tmp/d3/bin/python bench/peer_d3rlpy_bc.py --dataset ROOT/msrl/cartpole/expert-v0 --seed 1 --steps 5000
+    /tmp/d3/bin/python bench/peer_d3rlpy.py bc --dataset ROOT/msrl/cartpole/expert-v0 --seed 1 --steps 5000
+    /tmp/d3/bin/python bench/peer_d3rlpy.py iql --dataset ROOT/msrl/pendulum/sac-noisy-v0 --env-id Pendulum-v1 --steps 10000
 
-Settings: Adam 1e-3, batch 256, d3rlpy's default encoder (two 256-unit ReLU layers), and
-``beta=0`` (d3rlpy's default 0.5 adds an L2 penalty on the logits, which msrl's BC has not).
+BC: Adam 1e-3, batch 256, d3rlpy's default encoder (two 256-unit ReLU layers), and ``beta=0``
+(d3rlpy's default 0.5 adds an L2 penalty on the logits, which msrl's BC has not). IQL: d3rlpy's
+defaults, which are msrl's (Adam 3e-4, batch 256, gamma 0.99, tau 0.005, expectile 0.7,
+temperature 3, weights clipped at 100, two critics, 256-256 ReLU encoders).
 The dataset's episodes go in as d3rlpy's ``MDPDataset`` (observations without the final one,
 ``terminals`` = terminations, ``timeouts`` = truncations). The evaluation is
 ``bench/bench_offpolicy.py``'s: greedy (``predict``), 20 episodes on envs seeded
@@ -42,7 +46,8 @@ def evaluate(algo, env_id: str) -> float:
         obs, _ = env.reset(seed=EVAL_SEED + i)
         done, ret = False, 0.0
         while not done:
-            obs, r, te, tr, _ = env.step(int(algo.predict(obs[None].astype(np.float32))[0]))
+            action = algo.predict(obs[None].astype(np.float32))[0]
+            obs, r, te, tr, _ = env.step(int(action) if np.ndim(action) == 0 else action)
             ret += float(r)
             done = te or tr
         returns.append(ret)
@@ -52,6 +57,7 @@ def evaluate(algo, env_id: str) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("algo", choices=["bc", "iql"])
     p.add_argument("--dataset", required=True, help="a Minari dataset's directory (holding data/)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--steps", type=int, default=5_000)
@@ -71,8 +77,11 @@ def main() -> None:
     dataset = d3rlpy.dataset.MDPDataset(
         np.concatenate(obs).astype(np.float32), np.concatenate(act), np.concatenate(rew).astype(np.float32),
         np.concatenate(term).astype(np.float32), timeouts=np.concatenate(trunc).astype(np.float32),
-        action_space=d3rlpy.constants.ActionSpace.DISCRETE)
-    algo = d3rlpy.algos.DiscreteBCConfig(batch_size=256, learning_rate=1e-3, beta=0.0).create(device="cpu:0")
+        action_space=(d3rlpy.constants.ActionSpace.DISCRETE if args.algo == "bc" else d3rlpy.constants.ActionSpace.CONTINUOUS))
+    if args.algo == "bc":
+        algo = d3rlpy.algos.DiscreteBCConfig(batch_size=256, learning_rate=1e-3, beta=0.0).create(device="cpu:0")
+    else:
+        algo = d3rlpy.algos.IQLConfig().create(device="cpu:0")
     train_s, curve = 0.0, []
     t0 = time.perf_counter()
     for epoch, _ in algo.fitter(dataset, n_steps=args.steps, n_steps_per_epoch=args.eval_every, show_progress=False,
