@@ -153,6 +153,8 @@ def test_the_command_line_says_gradient_steps(root, tmp_path, capsys):
      "train.total_gradient_steps"),
     (["train.total_env_steps=1000"], "train: both given"),
     (["dataset.path=/x"], "dataset: give the dataset by id or by path, one of them"),
+    (["population.size=2", "population.interval=5", "population.explore.learning_rate={min: 0.0001, max: 0.01}"],
+     "population: PBT trains algorithms that step their env; bc is an offline one"),
 ])
 def test_an_offline_config_missing_what_it_needs_is_one_line(root, overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
