@@ -21,7 +21,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from tensordict import TensorDict
-from torch import nn
 
 from msrl.api import (
     Actor,
@@ -39,11 +38,10 @@ from msrl.api import (
     UnitInterval,
 )
 from msrl.rl.buffers import ReplayBuffer
-from msrl.rl.continuous import QNetwork, box_space, polyak_update_, relu_mlp
+from msrl.rl.continuous import QNetwork, SquashedGaussianPolicy, polyak_update_
 
 __all__ = ["SACConfig", "SquashedGaussianPolicy", "SoftQNetwork", "SACActor", "SACLearner", "SACTrainer", "ALGORITHM"]
 
-LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
 
 @dataclasses.dataclass
@@ -81,56 +79,6 @@ class SACConfig:
 
     def __post_init__(self) -> None:
         self.hidden_sizes = tuple(self.hidden_sizes)
-
-
-class SquashedGaussianPolicy(nn.Module):
-    """``a = tanh(u) * scale + bias`` with ``u ~ N(mu(s), sigma(s))`` (Haarnoja et al. 2018,
-    Appendix C); log-std squashed into ``[LOG_STD_MIN, LOG_STD_MAX]`` as CleanRL does.
-
-    Raises:
-        ValueError: a non-Box observation or action space.
-    """
-
-    def __init__(self, observation_space: gymnasium.Space, action_space: gymnasium.Space, hidden: tuple[int, ...]) -> None:
-        super().__init__()
-        obs, act = box_space(observation_space, "observation", "SAC"), box_space(action_space, "action", "SAC")
-        n_act = int(np.prod(act.shape))
-        self.action_shape = tuple(act.shape)
-        self.trunk = relu_mlp(int(np.prod(obs.shape)), hidden[:-1], hidden[-1])
-        self.mean = nn.Linear(hidden[-1], n_act)
-        self.log_std = nn.Linear(hidden[-1], n_act)
-        low, high = torch.as_tensor(act.low, dtype=torch.float32).flatten(), torch.as_tensor(act.high, dtype=torch.float32).flatten()
-        self.register_buffer("scale", (high - low) / 2.0)
-        self.register_buffer("bias", (high + low) / 2.0)
-
-    def forward(
-        self, obs: torch.Tensor, generator: torch.Generator | None = None, deterministic: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Samples actions.
-
-        Args:
-            obs: ``(B, *obs_shape)`` float32.
-            generator: the RNG of the Gaussian noise.
-            deterministic: take ``tanh(mu)`` instead of sampling.
-
-        Returns:
-            ``(action, log_prob)``: action ``(B, n_act)`` float32 within the action bounds,
-            log_prob ``(B,)`` with the tanh change of variables (Eq. 26 of the 2018 paper).
-        """
-        h = F.relu(self.trunk(obs.flatten(1)))
-        mean = self.mean(h)
-        log_std = torch.tanh(self.log_std(h))
-        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1)
-        std = log_std.exp()
-        if deterministic:
-            u = mean
-        else:
-            u = mean + std * torch.randn(mean.shape, generator=generator, device=mean.device)
-        y = torch.tanh(u)
-        action = y * self.scale + self.bias
-        normal_log_prob = -0.5 * ((u - mean) / std) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
-        log_prob = (normal_log_prob - torch.log(self.scale * (1 - y.pow(2)) + 1e-6)).sum(-1)
-        return action, log_prob
 
 
 class SoftQNetwork(QNetwork):
