@@ -1,4 +1,4 @@
-"""Offline RL through the whole pipeline: BC (algorithms/bc.py) and IQL (algorithms/iql.py) learn
+"""Offline RL through the whole pipeline: BC, IQL and CQL (algorithms/{bc,iql,cql}.py) learn
 from Minari datasets that msrl collect wrote, with no env in their loops. The same file under every policy: single, coarse
 (the dataset reader beside each actor replica, beside the learner, or a fragment of its own),
 async_learner (the reader a prefetching fragment), single_learner_fine and multi_learner (the
@@ -25,7 +25,8 @@ pytest.importorskip("minari")
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 BC = CONFIGS / "bc_cartpole.yaml"
 #: each offline algorithm's config and the tiny dataset of :func:`root` it trains on
-OFFLINE = {"bc": (BC, "msrl/cartpole/tiny-v0"), "iql": (CONFIGS / "iql_pendulum.yaml", "msrl/pendulum/tiny-v0")}
+OFFLINE = {"bc": (BC, "msrl/cartpole/tiny-v0"), "iql": (CONFIGS / "iql_pendulum.yaml", "msrl/pendulum/tiny-v0"),
+           "cql": (CONFIGS / "cql_pendulum.yaml", "msrl/pendulum/tiny-v0")}
 
 
 @pytest.fixture(scope="module")
