@@ -6,12 +6,13 @@ algo   env          dataset (msrl collect, 100 episodes)                  steps 
 =====  ===========  ====================================================  =====  ==============  ====
 bc     CartPole-v1  the README's PPO main job (seed 1), greedy            5,000  1,000           350
 iql    Pendulum-v1  configs/sac_pendulum.yaml (seed 1), noise 0.3         10,000 2,000           -200
+cql    Pendulum-v1  configs/sac_pendulum.yaml (seed 1), noise 0.3         10,000 2,000           -700
 =====  ===========  ====================================================  =====  ==============  ====
 
 1. The expert trains (``msrl train``) and ``msrl collect`` writes 100 of its episodes under a
    datasets root of the benchmark's own (``--dataset DIR`` reuses a dataset instead).
 2. Per seed, msrl's algorithm (its shipped config, the dataset by path) and d3rlpy's
-   (``bench/peer_d3rlpy.py``: ``DiscreteBC``, ``IQL``; in a Python that has d3rlpy:
+   (``bench/peer_d3rlpy.py``: ``DiscreteBC``, ``IQL``, ``CQL``; in a Python that has d3rlpy:
    ``--d3rlpy-python``) train the same number of gradient steps, each evaluated greedily every
    ``eval every`` gradient steps and at the end (20 episodes, envs seeded 10000..10019;
    evaluation time out of the clock).
@@ -22,6 +23,7 @@ msrl / d3rlpy. One torch thread per process::
 
     python bench/bench_offline.py bc --seeds 1 2 3 --d3rlpy-python /tmp/d3/bin/python
     python bench/bench_offline.py iql --seeds 1 2 3 --d3rlpy-python /tmp/d3/bin/python
+    python bench/bench_offline.py cql --seeds 1 2 3 --d3rlpy-python /tmp/d3/bin/python
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ TASKS = {
                steps=5_000, eval_every=1_000, gate=350.0, env="CartPole-v1", peer="d3rlpy DiscreteBC"),
     "iql": dict(expert="sac_pendulum.yaml", dataset="msrl/pendulum/sac-noisy-v0", noise=0.3, config="iql_pendulum.yaml",
                 steps=10_000, eval_every=2_000, gate=-200.0, env="Pendulum-v1", peer="d3rlpy IQL"),
+    "cql": dict(expert="sac_pendulum.yaml", dataset="msrl/pendulum/sac-noisy-v0", noise=0.3, config="cql_pendulum.yaml",
+                steps=10_000, eval_every=2_000, gate=-700.0, env="Pendulum-v1", peer="d3rlpy CQL"),
 }
 
 

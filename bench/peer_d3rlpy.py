@@ -1,6 +1,7 @@
 """The peers of msrl's offline algorithms: d3rlpy's (2.8) ``DiscreteBC`` for BC on CartPole
-(``configs/bc_cartpole.yaml``'s settings) and ``IQL`` for IQL on Pendulum
-(``configs/iql_pendulum.yaml``'s), trained on the same Minari dataset.
+(``configs/bc_cartpole.yaml``'s settings), ``IQL`` and ``CQL`` for IQL and CQL on Pendulum
+(``configs/iql_pendulum.yaml``'s and ``configs/cql_pendulum.yaml``'s), trained on the same
+Minari dataset.
 
 Runs in an environment that has d3rlpy and minari (d3rlpy pins gymnasium 1.0, so keep it out of
 msrl's)::
@@ -12,7 +13,10 @@ msrl's)::
 BC: Adam 1e-3, batch 256, d3rlpy's default encoder (two 256-unit ReLU layers), and ``beta=0``
 (d3rlpy's default 0.5 adds an L2 penalty on the logits, which msrl's BC has not). IQL: d3rlpy's
 defaults, which are msrl's (Adam 3e-4, batch 256, gamma 0.99, tau 0.005, expectile 0.7,
-temperature 3, weights clipped at 100, two critics, 256-256 ReLU encoders).
+temperature 3, weights clipped at 100, two critics, 256-256 ReLU encoders). CQL: d3rlpy's
+defaults, which are msrl's (critic 3e-4, actor and temperature 1e-4, conservative weight 5, 10
+sampled actions of each kind), but ``alpha_learning_rate=0``: d3rlpy's default tunes a Lagrange
+multiplier on the penalty, which msrl's CQL (CQL(H) with a fixed weight) has not.
 The dataset's episodes go in as d3rlpy's ``MDPDataset`` (observations without the final one,
 ``terminals`` = terminations, ``timeouts`` = truncations). The evaluation is
 ``bench/bench_offpolicy.py``'s: greedy (``predict``), 20 episodes on envs seeded
@@ -57,7 +61,7 @@ def evaluate(algo, env_id: str) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("algo", choices=["bc", "iql"])
+    p.add_argument("algo", choices=["bc", "iql", "cql"])
     p.add_argument("--dataset", required=True, help="a Minari dataset's directory (holding data/)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--steps", type=int, default=5_000)
@@ -80,8 +84,10 @@ def main() -> None:
         action_space=(d3rlpy.constants.ActionSpace.DISCRETE if args.algo == "bc" else d3rlpy.constants.ActionSpace.CONTINUOUS))
     if args.algo == "bc":
         algo = d3rlpy.algos.DiscreteBCConfig(batch_size=256, learning_rate=1e-3, beta=0.0).create(device="cpu:0")
-    else:
+    elif args.algo == "iql":
         algo = d3rlpy.algos.IQLConfig().create(device="cpu:0")
+    else:
+        algo = d3rlpy.algos.CQLConfig(alpha_learning_rate=0.0).create(device="cpu:0")
     train_s, curve = 0.0, []
     t0 = time.perf_counter()
     for epoch, _ in algo.fitter(dataset, n_steps=args.steps, n_steps_per_epoch=args.eval_every, show_progress=False,
