@@ -16,7 +16,8 @@ defaults, which are msrl's (Adam 3e-4, batch 256, gamma 0.99, tau 0.005, expecti
 temperature 3, weights clipped at 100, two critics, 256-256 ReLU encoders). CQL: d3rlpy's
 defaults, which are msrl's (critic 3e-4, actor and temperature 1e-4, conservative weight 5, 10
 sampled actions of each kind), but ``alpha_learning_rate=0``: d3rlpy's default tunes a Lagrange
-multiplier on the penalty, which msrl's CQL (CQL(H) with a fixed weight) has not.
+multiplier on the penalty, which msrl's CQL (CQL(H) with a fixed weight) has not. Both with
+a ``MinMaxActionScaler`` of the env's action bounds (d3rlpy's policies act in [-1, 1]).
 The dataset's episodes go in as d3rlpy's ``MDPDataset`` (observations without the final one,
 ``terminals`` = terminations, ``timeouts`` = truncations). The evaluation is
 ``bench/bench_offpolicy.py``'s: greedy (``predict``), 20 episodes on envs seeded
@@ -84,10 +85,15 @@ def main() -> None:
         action_space=(d3rlpy.constants.ActionSpace.DISCRETE if args.algo == "bc" else d3rlpy.constants.ActionSpace.CONTINUOUS))
     if args.algo == "bc":
         algo = d3rlpy.algos.DiscreteBCConfig(batch_size=256, learning_rate=1e-3, beta=0.0).create(device="cpu:0")
-    elif args.algo == "iql":
-        algo = d3rlpy.algos.IQLConfig().create(device="cpu:0")
     else:
-        algo = d3rlpy.algos.CQLConfig(alpha_learning_rate=0.0).create(device="cpu:0")
+        # d3rlpy's continuous policies act in [-1, 1]: the action scaler maps the env's bounds
+        # there and back, as msrl's policies squash into the bounds themselves
+        space = gymnasium.make(args.env_id).action_space
+        scaler = d3rlpy.preprocessing.MinMaxActionScaler(minimum=space.low, maximum=space.high)
+        if args.algo == "iql":
+            algo = d3rlpy.algos.IQLConfig(action_scaler=scaler).create(device="cpu:0")
+        else:
+            algo = d3rlpy.algos.CQLConfig(alpha_learning_rate=0.0, action_scaler=scaler).create(device="cpu:0")
     train_s, curve = 0.0, []
     t0 = time.perf_counter()
     for epoch, _ in algo.fitter(dataset, n_steps=args.steps, n_steps_per_epoch=args.eval_every, show_progress=False,
