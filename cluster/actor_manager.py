@@ -90,6 +90,10 @@ class ReplicaGroup:
         import ray
 
         self._start = (ray.remote(actor_class), placement_group, options_of, args_of)
+        #: calls a :meth:`wait` left behind when it raised (a replica's failure, Ctrl-C): held
+        #: until :meth:`kill` reads their ends, so that Ray never reports one as an unhandled
+        #: error on the driver's stderr when its reference is dropped
+        self._abandoned: list[Any] = []
         self.actors = [self._start_one(i) for i in range(len(self.keys))]
 
     def _start_one(self, i: int) -> Any:
@@ -187,7 +191,6 @@ class ReplicaGroup:
         running; a :class:`StandIn`: the lost one's result is its ``result`` and its ``extras``
         run too, their results appended to their replicas'; ``None``: the failure stops every
         replica, as above."""
-        import ray
 
         pending = [f for f in futures if f is not None]
         order = {f: i for i, f in enumerate(futures) if f is not None}
@@ -196,8 +199,7 @@ class ReplicaGroup:
         extra: set[Any] = set()
 
         def stand_in(i: int, again: Any) -> None:
-            nonlocal pending
-            pending = [f for f in pending if order[f] != i]  # every call of the lost one (extras too)
+            pending[:] = [f for f in pending if order[f] != i]  # every call of the lost one (extras too)
             finished = results[i] is not None  # its own call ended before: what follows is a tail
             if isinstance(again, StandIn):
                 if not finished:
@@ -213,8 +215,25 @@ class ReplicaGroup:
                 if finished:
                     extra.add(again)
 
+        try:
+            self._wait_all(pending, order, results, tails, extra, stand_in, replace, futures)
+        except BaseException:
+            self._abandoned.extend(pending)
+            raise
+        for f, tail in tails.items():  # in submission order per replica: a replica runs its calls in order
+            i = order[f]
+            results[i] = list(results[i] or []) + list(tail)
+        return results
+
+    def _wait_all(self, pending: list[Any], order: dict[Any, int], results: list[Any], tails: dict[Any, Any],
+                  extra: set[Any], stand_in: Callable[[int, Any], None], replace: Callable[[ReplicaDied], Any] | None,
+                  futures: Sequence[Any]) -> None:
+        """:meth:`wait`'s loop: takes the ended calls off ``pending`` (in place) until none is left."""
+        import ray
+
         while pending:
-            done, pending = ray.wait(pending, num_returns=1, timeout=1.0 if self.watchdog is not None else None)
+            done, rest = ray.wait(pending, num_returns=1, timeout=1.0 if self.watchdog is not None else None)
+            pending[:] = rest
             if not done:
                 hung = self.watchdog.hung()
                 if hung is not None:
@@ -246,10 +265,6 @@ class ReplicaGroup:
                 if again is None:
                     raise self._lost(dead or ReplicaDied("the process of a replica died")) from None
                 stand_in(i, again)
-        for f, tail in tails.items():  # in submission order per replica: a replica runs its calls in order
-            i = order[f]
-            results[i] = list(results[i] or []) + list(tail)
-        return results
 
     # -- health -----------------------------------------------------------------------------
     def died(self, key: tuple[str, int]) -> ReplicaDied:
@@ -310,6 +325,14 @@ class ReplicaGroup:
             except Exception:  # noqa: BLE001 - already dead
                 pass
         self.actors = []
+        abandoned, self._abandoned = self._abandoned, []
+        if abandoned:  # their ends read (the actors are gone: within moments), so Ray reports none as unhandled
+            ended, _ = ray.wait(abandoned, num_returns=len(abandoned), timeout=self.KILL_WAIT_S)
+            for f in ended:
+                try:
+                    ray.get(f, timeout=0)
+                except Exception:  # noqa: BLE001 - an error is the expected end of an abandoned call
+                    pass
         deadline = time.monotonic() + self.KILL_WAIT_S
         pids = [p for p in self._local_pids if process_running(p)]
         while pids and time.monotonic() < deadline:
