@@ -81,6 +81,10 @@ class ReplicaGroup:
         #: replicas lost and not replaced for want of room, the job running on without them (their
         #: replacement actors wait for a bundle): not probed by :meth:`dead_replica`
         self.absent: Mapping[tuple[str, int], Any] = {}
+        #: calls a :meth:`wait` left behind when it raised (a replica's failure, Ctrl-C): held
+        #: until :meth:`kill` reads their ends, so that Ray never reports one as an unhandled
+        #: error on the driver's stderr when its reference is dropped
+        self._abandoned: list[Any] = []
 
     def start(self, actor_class: type, placement_group: Any, options_of: Callable[[tuple[str, int]], Mapping[str, Any]],
               args_of: Callable[[tuple[str, int]], Sequence[Any]]) -> None:
@@ -90,10 +94,6 @@ class ReplicaGroup:
         import ray
 
         self._start = (ray.remote(actor_class), placement_group, options_of, args_of)
-        #: calls a :meth:`wait` left behind when it raised (a replica's failure, Ctrl-C): held
-        #: until :meth:`kill` reads their ends, so that Ray never reports one as an unhandled
-        #: error on the driver's stderr when its reference is dropped
-        self._abandoned: list[Any] = []
         self.actors = [self._start_one(i) for i in range(len(self.keys))]
 
     def _start_one(self, i: int) -> Any:
