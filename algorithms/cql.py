@@ -70,6 +70,8 @@ class CQLConfig:
     """actions sampled per state, each of the three kinds, for the log-sum-exp"""
     hidden_sizes: LayerSizes = (256, 256)
     """hidden layer widths of the policy and of the critics (ReLU)"""
+    deterministic_backup: bool = False
+    """the target's next action: the policy's mean ``tanh(mu(s'))`` (d3rlpy) instead of a sample (CORL)"""
 
     def __post_init__(self) -> None:
         self.hidden_sizes = tuple(self.hidden_sizes)
@@ -200,7 +202,7 @@ class CQLLearner(Learner):
         obs, action, next_obs = batch["obs"], batch["action"].flatten(1), batch["next_obs"]
         B, K, n_act = obs.shape[0], hp.n_actions, action.shape[1]
         with torch.no_grad():
-            next_a, _ = self.policy(next_obs, self.generator)
+            next_a, _ = self.policy(next_obs, self.generator, deterministic=hp.deterministic_backup)
             next_q = torch.min(self.qf1_target(next_obs, next_a), self.qf2_target(next_obs, next_a))
             target = batch["reward"] + hp.gamma * (1.0 - batch["terminated"].float()) * next_q
         q1, q2 = self.qf1(obs, action), self.qf2(obs, action)

@@ -1,27 +1,31 @@
 """Offline RL against d3rlpy on the same Minari dataset and budget, from datasets msrl makes
-itself: BC on CartPole-v1 from an expert's episodes, IQL on Pendulum-v1 from a noisy expert's.
+itself: BC on CartPole-v1 from an expert's episodes, discrete CQL on CartPole-v1 and IQL and CQL on
+Pendulum-v1 from a noisy expert's.
 
-=====  ===========  ====================================================  =====  ==============  ====
-algo   env          dataset (msrl collect, 100 episodes)                  steps  eval every      gate
-=====  ===========  ====================================================  =====  ==============  ====
-bc     CartPole-v1  the README's PPO main job (seed 1), greedy            5,000  1,000           350
-iql    Pendulum-v1  configs/sac_pendulum.yaml (seed 1), noise 0.3         10,000 2,000           -200
-cql    Pendulum-v1  configs/sac_pendulum.yaml (seed 1), noise 0.3         10,000 2,000           -700
-=====  ===========  ====================================================  =====  ==============  ====
+============  ===========  ================================================  ======  ==========  ====
+algo          env          dataset (msrl collect, 100 episodes)              steps   eval every  gate
+============  ===========  ================================================  ======  ==========  ====
+bc            CartPole-v1  the README's PPO main job (seed 1), greedy        5,000   1,000       350
+discrete_cql  CartPole-v1  the README's PPO main job (seed 1), epsilon 0.3   5,000   1,000       475
+iql           Pendulum-v1  configs/sac_pendulum.yaml (seed 1), noise 0.3     10,000  2,000       -200
+cql           Pendulum-v1  configs/sac_pendulum.yaml (seed 1), noise 0.3     10,000  2,000       -700
+============  ===========  ================================================  ======  ==========  ====
 
 1. The expert trains (``msrl train``) and ``msrl collect`` writes 100 of its episodes under a
    datasets root of the benchmark's own (``--dataset DIR`` reuses a dataset instead).
 2. Per seed, msrl's algorithm (its shipped config, the dataset by path) and d3rlpy's
-   (``bench/peer_d3rlpy.py``: ``DiscreteBC``, ``IQL``, ``CQL``; in a Python that has d3rlpy:
+   (``bench/peer_d3rlpy.py``: ``DiscreteBC``, ``DiscreteCQL``, ``IQL``, ``CQL``; in a Python that has d3rlpy:
    ``--d3rlpy-python``) train the same number of gradient steps, each evaluated greedily every
    ``eval every`` gradient steps and at the end (20 episodes, envs seeded 10000..10019;
    evaluation time out of the clock).
 
 Reported per system: the final greedy evaluation (median and IQR over seeds, the seeds at or
-above RLlib's gate for the task) and gradient steps per second of training time; the ratio row
+above the task's gate: RLlib's for BC, IQL and CQL; CartPole's
+solved threshold, 475, for discrete CQL) and gradient steps per second of training time; the ratio row
 msrl / d3rlpy. One torch thread per process::
 
     python bench/bench_offline.py bc --seeds 1 2 3 --d3rlpy-python /tmp/d3/bin/python
+    python bench/bench_offline.py discrete_cql --seeds 1 2 3 --d3rlpy-python /tmp/d3/bin/python
     python bench/bench_offline.py iql --seeds 1 2 3 --d3rlpy-python /tmp/d3/bin/python
     python bench/bench_offline.py cql --seeds 1 2 3 --d3rlpy-python /tmp/d3/bin/python
 """
@@ -49,6 +53,9 @@ ROOT = os.path.dirname(HERE)
 TASKS = {
     "bc": dict(expert="ppo_cartpole.yaml", dataset="msrl/cartpole/expert-v0", noise=0.0, config="bc_cartpole.yaml",
                steps=5_000, eval_every=1_000, gate=350.0, env="CartPole-v1", peer="d3rlpy DiscreteBC"),
+    "discrete_cql": dict(expert="ppo_cartpole.yaml", dataset="msrl/cartpole/ppo-noisy-v0", noise=0.3,
+                         config="discrete_cql_cartpole.yaml", steps=5_000, eval_every=1_000, gate=475.0, env="CartPole-v1",
+                         peer="d3rlpy DiscreteCQL"),
     "iql": dict(expert="sac_pendulum.yaml", dataset="msrl/pendulum/sac-noisy-v0", noise=0.3, config="iql_pendulum.yaml",
                 steps=10_000, eval_every=2_000, gate=-200.0, env="Pendulum-v1", peer="d3rlpy IQL"),
     "cql": dict(expert="sac_pendulum.yaml", dataset="msrl/pendulum/sac-noisy-v0", noise=0.3, config="cql_pendulum.yaml",

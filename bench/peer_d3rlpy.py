@@ -1,5 +1,7 @@
 """The peers of msrl's offline algorithms: d3rlpy's (2.8) ``DiscreteBC`` for BC on CartPole
-(``configs/bc_cartpole.yaml``'s settings), ``IQL`` and ``CQL`` for IQL and CQL on Pendulum
+(``configs/bc_cartpole.yaml``'s settings), ``DiscreteCQL`` for discrete CQL on CartPole
+(``configs/discrete_cql_cartpole.yaml``'s: Adam 1e-3, batch 256, target copied every 500
+gradient steps, alpha 1, one critic, double DQN's target and Huber loss as d3rlpy's), ``IQL`` and ``CQL`` for IQL and CQL on Pendulum
 (``configs/iql_pendulum.yaml``'s and ``configs/cql_pendulum.yaml``'s), trained on the same
 Minari dataset.
 
@@ -62,7 +64,7 @@ def evaluate(algo, env_id: str) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("algo", choices=["bc", "iql", "cql"])
+    p.add_argument("algo", choices=["bc", "discrete_cql", "iql", "cql"])
     p.add_argument("--dataset", required=True, help="a Minari dataset's directory (holding data/)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--steps", type=int, default=5_000)
@@ -82,9 +84,13 @@ def main() -> None:
     dataset = d3rlpy.dataset.MDPDataset(
         np.concatenate(obs).astype(np.float32), np.concatenate(act), np.concatenate(rew).astype(np.float32),
         np.concatenate(term).astype(np.float32), timeouts=np.concatenate(trunc).astype(np.float32),
-        action_space=(d3rlpy.constants.ActionSpace.DISCRETE if args.algo == "bc" else d3rlpy.constants.ActionSpace.CONTINUOUS))
+        action_space=(d3rlpy.constants.ActionSpace.DISCRETE if args.algo in ("bc", "discrete_cql")
+                      else d3rlpy.constants.ActionSpace.CONTINUOUS))
     if args.algo == "bc":
         algo = d3rlpy.algos.DiscreteBCConfig(batch_size=256, learning_rate=1e-3, beta=0.0).create(device="cpu:0")
+    elif args.algo == "discrete_cql":
+        algo = d3rlpy.algos.DiscreteCQLConfig(learning_rate=1e-3, batch_size=256, gamma=0.99, target_update_interval=500,
+                                              alpha=1.0).create(device="cpu:0")
     else:
         # d3rlpy's continuous policies act in [-1, 1]: the action scaler maps the env's bounds
         # there and back, as msrl's policies squash into the bounds themselves

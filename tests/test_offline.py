@@ -1,4 +1,5 @@
-"""Offline RL through the whole pipeline: BC, IQL and CQL (algorithms/{bc,iql,cql}.py) learn
+"""Offline RL through the whole pipeline: BC, discrete CQL, IQL and CQL
+(algorithms/{bc,discrete_cql,iql,cql}.py) learn
 from Minari datasets that msrl collect wrote, with no env in their loops. The same file under every policy: single, coarse
 (the dataset reader beside each actor replica, beside the learner, or a fragment of its own),
 async_learner (the reader a prefetching fragment), single_learner_fine and multi_learner (the
@@ -24,9 +25,17 @@ pytest.importorskip("minari")
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 BC = CONFIGS / "bc_cartpole.yaml"
-#: each offline algorithm's config and the tiny dataset of :func:`root` it trains on
-OFFLINE = {"bc": (BC, "msrl/cartpole/tiny-v0"), "iql": (CONFIGS / "iql_pendulum.yaml", "msrl/pendulum/tiny-v0"),
-           "cql": (CONFIGS / "cql_pendulum.yaml", "msrl/pendulum/tiny-v0")}
+#: each offline algorithm's config, the tiny dataset of :func:`root` it trains on and its own
+#: overrides (discrete CQL copies its target network every 2 steps: the copy is in every run)
+OFFLINE = {"bc": (BC, "msrl/cartpole/tiny-v0", []),
+           "discrete_cql": (CONFIGS / "discrete_cql_cartpole.yaml", "msrl/cartpole/tiny-v0",
+                            ["algorithm.hparams.target_update_interval=2"]),
+           "iql": (CONFIGS / "iql_pendulum.yaml", "msrl/pendulum/tiny-v0", []),
+           "cql": (CONFIGS / "cql_pendulum.yaml", "msrl/pendulum/tiny-v0", []),
+           "awac": (CONFIGS / "awac_pendulum.yaml", "msrl/pendulum/tiny-v0",
+                    ["algorithm.hparams.offline_steps=3", "algorithm.hparams.buffer_size=64", "env.num_envs=2"])}
+#: env steps of :func:`_run`'s 6 iterations: AWAC's last 3 step its 2 envs (its online phase)
+ENV_STEPS = {"awac": 6}
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +54,10 @@ def root(tmp_path_factory):
 
 
 def _cfg(root, *overrides, algo="bc"):
-    config, dataset = OFFLINE[algo]
+    config, dataset, own = OFFLINE[algo]
     return load_config(config, [f"dataset.id={dataset}", f"dataset.root={root}", "algorithm.hparams.batch_size=16",
                                 "algorithm.hparams.hidden_sizes=[16]", "train.total_gradient_steps=20",
-                                "train.progress=false", "train.eval_every=0", "eval.episodes=2", *overrides])
+                                "train.progress=false", "train.eval_every=0", "eval.episodes=2", *own, *overrides])
 
 
 def _run(cfg, iterations=6):
@@ -81,7 +90,7 @@ def test_each_offline_algorithm_computes_under_each_policy_what_it_computes_unde
     b = _run(_cfg(root, *POLICIES[policy], algo=algo))
     assert a[1].keys() == b[1].keys() and all(torch.equal(a[1][k], b[1][k]) for k in a[1])
     assert a[0] == b[0] and all(math.isfinite(v) for m in a[0] for k, v in m.items() if k.startswith("losses/"))
-    assert a[3] == b[3] == 0  # no env step taken: the dataset is the experience
+    assert a[3] == b[3] == ENV_STEPS.get(algo, 0)  # the dataset is the experience (and AWAC's online steps)
     if policy.startswith("coarse"):
         src = "replay" if "fragment" in policy else ("learner" if "learner" in policy else "actor")
         if src != "learner":  # the sampled batch crosses to the learner
@@ -97,8 +106,10 @@ def test_multi_learner_shards_the_dataset_and_keeps_the_replicas_identical(root,
         for _ in range(5):
             job.train_step()
         buffers = [job.replica("main", r).trainer.components["buffer"] for r in range(2)]
-        assert buffers[0].size + buffers[1].size == buffers[0].total  # every transition in one shard
-        assert not torch.equal(buffers[0].rows["obs"][:8], buffers[1].rows["obs"][:8])
+        held = [getattr(b, "dataset_size", b.size) for b in buffers]  # (AWAC's buffer holds online rows too)
+        assert held[0] + held[1] == buffers[0].total  # every transition in one shard
+        first = [(b.rows if hasattr(b, "rows") else b.storage)["obs"][:8] for b in buffers]
+        assert not torch.equal(first[0], first[1])
         w0, w1 = (job.replica("main", r).trainer.components["learner"].get_weights() for r in range(2))
         assert all(torch.equal(w0[k], w1[k]) for k in w0)  # gradients all-reduced
         # one all-reduce per optimiser step: BC's one, IQL's three (value, critics, policy)

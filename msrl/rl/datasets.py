@@ -22,8 +22,10 @@ from tensordict import TensorDict
 
 from msrl.api import Buffer, BuildContext, returns
 from msrl.errors import InputError
+from msrl.rl.buffers import ReplayBuffer
 
-__all__ = ["DatasetError", "DatasetSource", "DatasetBuffer", "dataset_root", "open_dataset", "check_spaces", "transitions", "shard"]
+__all__ = ["DatasetError", "DatasetSource", "DatasetBuffer", "DatasetReplayBuffer", "read_shard", "dataset_root",
+           "open_dataset", "check_spaces", "transitions", "shard"]
 
 
 class DatasetError(InputError, ValueError):
@@ -182,6 +184,31 @@ def shard(rows: TensorDict, replica: int, num_replicas: int) -> TensorDict:
     return rows[replica::num_replicas]
 
 
+def read_shard(ctx: BuildContext) -> tuple[TensorDict, int]:
+    """The config's dataset (:attr:`~msrl.api.BuildContext.dataset`), checked against the env's
+    spaces, and this replica's :func:`shard` of its transitions on ``ctx.device``.
+
+    Returns:
+        the shard (:func:`transitions`' keys, batch size ``(B_replica,)``) and the dataset's
+        total transitions.
+
+    Raises:
+        DatasetError: no dataset in the config, one that :func:`open_dataset`,
+            :func:`check_spaces` or :func:`transitions` refuses, or more replicas than transitions.
+    """
+    source = ctx.dataset
+    if source is None:
+        raise DatasetError("an offline algorithm's buffer reads the config's dataset: give dataset: {id: ...} "
+                           "or {path: ...}")
+    dataset = open_dataset(source)
+    check_spaces(dataset, ctx.env_spec.observation_space, ctx.env_spec.action_space, source.describe())
+    rows = transitions(dataset, source.describe())
+    try:
+        return shard(rows, ctx.replica, ctx.num_replicas).to(ctx.device), rows.batch_size[0]
+    except ValueError as e:
+        raise DatasetError(f"dataset {source.describe()}: {e}") from None
+
+
 class DatasetBuffer(Buffer):
     """An offline algorithm's ``buffer`` role: the transitions of the config's dataset
     (:attr:`~msrl.api.BuildContext.dataset`), checked against the env's spaces, this replica's
@@ -201,18 +228,7 @@ class DatasetBuffer(Buffer):
     """
 
     def __init__(self, ctx: BuildContext) -> None:
-        source = ctx.dataset
-        if source is None:
-            raise DatasetError("an offline algorithm's buffer reads the config's dataset: give dataset: {id: ...} "
-                               "or {path: ...}")
-        dataset = open_dataset(source)
-        check_spaces(dataset, ctx.env_spec.observation_space, ctx.env_spec.action_space, source.describe())
-        rows = transitions(dataset, source.describe())
-        self.total = rows.batch_size[0]
-        try:
-            self.rows = shard(rows, ctx.replica, ctx.num_replicas).to(ctx.device)
-        except ValueError as e:
-            raise DatasetError(f"dataset {source.describe()}: {e}") from None
+        self.rows, self.total = read_shard(ctx)
         self.size = self.rows.batch_size[0]
         self.batch_size = int(ctx.hparams.batch_size)
         self.device = ctx.device
@@ -243,3 +259,27 @@ class DatasetBuffer(Buffer):
             raise DatasetError(f"the checkpoint's dataset shard held {state['size']} transitions, this one {self.size}: "
                                "the dataset changed since the run began")
         self.generator.set_state(state["generator"])
+
+
+class DatasetReplayBuffer(ReplayBuffer):
+    """The ``buffer`` role of an algorithm that learns from a dataset first and then from its
+    env as well (AWAC's offline-then-online training, Nair et al. 2020, Section 5.2): a
+    :class:`~msrl.rl.buffers.ReplayBuffer` whose first rows are this replica's :func:`shard` of the
+    config's dataset, with room for ``ctx.hparams.buffer_size`` more that the online phase
+    inserts (one actor replica's envs, or every replica's gathered, as a replay buffer takes
+    them). Once full, the oldest rows -- the dataset's first -- are overwritten first.
+
+    Samples are drawn uniformly over every row held (dataset and online), with the buffer's own
+    generator seeded ``ctx.seed + 2``. Its checkpoint is a replay buffer's: every row, online and
+    the dataset's, and the generator.
+
+    Raises:
+        DatasetError: as :func:`read_shard`.
+    """
+
+    def __init__(self, ctx: BuildContext) -> None:
+        rows, self.total = read_shard(ctx)
+        super().__init__(ctx)
+        self.dataset_size = rows.batch_size[0]
+        self.capacity = self.dataset_size + int(ctx.hparams.buffer_size)
+        self._write({k: rows[k] for k in self.KEYS})
