@@ -1,6 +1,6 @@
 """Offline RL against d3rlpy on the same Minari dataset and budget, from datasets msrl makes
-itself: BC on CartPole-v1 from an expert's episodes, discrete CQL on CartPole-v1 and IQL and CQL on
-Pendulum-v1 from a noisy expert's.
+itself: BC on CartPole-v1 from an expert's episodes, discrete CQL on CartPole-v1 and IQL, CQL and
+AWAC (offline then online) on Pendulum-v1 from a noisy expert's.
 
 ============  ===========  ================================================  ======  ==========  ====
 algo          env          dataset (msrl collect, 100 episodes)              steps   eval every  gate
@@ -9,25 +9,32 @@ bc            CartPole-v1  the README's PPO main job (seed 1), greedy        5,0
 discrete_cql  CartPole-v1  the README's PPO main job (seed 1), epsilon 0.3   5,000   1,000       475
 iql           Pendulum-v1  configs/sac_pendulum.yaml (seed 1), noise 0.3     10,000  2,000       -200
 cql           Pendulum-v1  configs/sac_pendulum.yaml (seed 1), noise 0.3     10,000  2,000       -700
+awac          Pendulum-v1  configs/sac_pendulum.yaml (seed 1), noise 0.3     10,000  1,000       -200
 ============  ===========  ================================================  ======  ==========  ====
+
+AWAC trains offline then online: the first half of its gradient steps on the dataset alone, then
+each iteration one env step (one env) and one gradient step, the env's transitions added to the
+replay buffer that starts with the dataset's (d3rlpy: ``fit`` then ``fit_online`` on a
+``ReplayBuffer`` holding the dataset's episodes).
 
 1. The expert trains (``msrl train``) and ``msrl collect`` writes 100 of its episodes under a
    datasets root of the benchmark's own (``--dataset DIR`` reuses a dataset instead).
 2. Per seed, msrl's algorithm (its shipped config, the dataset by path) and d3rlpy's
-   (``bench/peer_d3rlpy.py``: ``DiscreteBC``, ``DiscreteCQL``, ``IQL``, ``CQL``; in a Python that has d3rlpy:
-   ``--d3rlpy-python``) train the same number of gradient steps, each evaluated greedily every
+   (``bench/peer_d3rlpy.py``: ``DiscreteBC``, ``DiscreteCQL``, ``IQL``, ``CQL``, ``AWAC``; in a
+   Python that has d3rlpy: ``--d3rlpy-python``) train the same number of gradient steps, each evaluated greedily every
    ``eval every`` gradient steps and at the end (20 episodes, envs seeded 10000..10019;
    evaluation time out of the clock).
 
 Reported per system: the final greedy evaluation (median and IQR over seeds, the seeds at or
-above the task's gate: RLlib's for BC, IQL and CQL; CartPole's
-solved threshold, 475, for discrete CQL) and gradient steps per second of training time; the ratio row
-msrl / d3rlpy. One torch thread per process::
+above the task's gate: RLlib's for BC, IQL and CQL; CartPole's solved threshold, 475, for
+discrete CQL; the online learners' Pendulum gate, -200, for AWAC) and gradient steps per second
+of training time; the ratio row msrl / d3rlpy. One torch thread per process::
 
     python bench/bench_offline.py bc --seeds 1 2 3 --d3rlpy-python /tmp/d3/bin/python
     python bench/bench_offline.py discrete_cql --seeds 1 2 3 --d3rlpy-python /tmp/d3/bin/python
     python bench/bench_offline.py iql --seeds 1 2 3 --d3rlpy-python /tmp/d3/bin/python
     python bench/bench_offline.py cql --seeds 1 2 3 --d3rlpy-python /tmp/d3/bin/python
+    python bench/bench_offline.py awac --seeds 1 2 3 --d3rlpy-python /tmp/d3/bin/python
 """
 
 from __future__ import annotations
@@ -60,6 +67,9 @@ TASKS = {
                 steps=10_000, eval_every=2_000, gate=-200.0, env="Pendulum-v1", peer="d3rlpy IQL"),
     "cql": dict(expert="sac_pendulum.yaml", dataset="msrl/pendulum/sac-noisy-v0", noise=0.3, config="cql_pendulum.yaml",
                 steps=10_000, eval_every=2_000, gate=-700.0, env="Pendulum-v1", peer="d3rlpy CQL"),
+    # the first half of the gradient steps on the dataset alone, then one env step and one gradient step an iteration
+    "awac": dict(expert="sac_pendulum.yaml", dataset="msrl/pendulum/sac-noisy-v0", noise=0.3, config="awac_pendulum.yaml",
+                 steps=10_000, eval_every=1_000, gate=-200.0, env="Pendulum-v1", peer="d3rlpy AWAC", online_half=True),
 }
 
 
@@ -83,9 +93,10 @@ def run_msrl(algo: str, dataset: str, seed: int, steps: int, eval_every: int, wo
 
     import msrl
 
+    online = {"algorithm__hparams__offline_steps": steps // 2} if TASKS[algo].get("online_half") else {}
     r = msrl.train(os.path.join(ROOT, "configs", TASKS[algo]["config"]), runs_dir=os.path.join(workdir, algo), seed=seed,
                    dataset__id=None, dataset__path=dataset, train__total_gradient_steps=steps,
-                   train__eval_every=eval_every, train__progress=False, train__checkpoint_every=10**9)
+                   train__eval_every=eval_every, train__progress=False, train__checkpoint_every=10**9, **online)
     with open(r.run_dir / "metrics.csv") as f:
         curve = [(int(row["gradient_steps"]), float(row["time_s"]), float(row["eval/mean_return"]))
                  for row in csv.DictReader(f) if row.get("eval/mean_return")]
@@ -95,7 +106,8 @@ def run_msrl(algo: str, dataset: str, seed: int, steps: int, eval_every: int, wo
 def run_d3rlpy(algo: str, python: str, dataset: str, seed: int, steps: int, eval_every: int) -> dict:
     """One seed of d3rlpy's ``algo`` (``bench/peer_d3rlpy.py``) in ``python``."""
     out = subprocess.run([python, os.path.join(HERE, "peer_d3rlpy.py"), algo, "--dataset", dataset, "--seed", str(seed),
-                          "--steps", str(steps), "--eval-every", str(eval_every), "--env-id", TASKS[algo]["env"]],
+                          "--steps", str(steps), "--eval-every", str(eval_every), "--env-id", TASKS[algo]["env"],
+                          *(["--offline-steps", str(steps // 2)] if TASKS[algo].get("online_half") else [])],
                          check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 

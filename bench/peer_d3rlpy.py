@@ -64,12 +64,14 @@ def evaluate(algo, env_id: str) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("algo", choices=["bc", "discrete_cql", "iql", "cql"])
+    p.add_argument("algo", choices=["bc", "discrete_cql", "iql", "cql", "awac"])
     p.add_argument("--dataset", required=True, help="a Minari dataset's directory (holding data/)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--steps", type=int, default=5_000)
     p.add_argument("--eval-every", type=int, default=1_000)
     p.add_argument("--env-id", default="CartPole-v1")
+    p.add_argument("--offline-steps", type=int, default=None,
+                   help="AWAC: gradient steps on the dataset before the online phase (default: all of --steps)")
     args = p.parse_args()
     torch.set_num_threads(1)
     d3rlpy.seed(args.seed)
@@ -98,15 +100,35 @@ def main() -> None:
         scaler = d3rlpy.preprocessing.MinMaxActionScaler(minimum=space.low, maximum=space.high)
         if args.algo == "iql":
             algo = d3rlpy.algos.IQLConfig(action_scaler=scaler).create(device="cpu:0")
+        elif args.algo == "awac":
+            algo = d3rlpy.algos.AWACConfig(actor_learning_rate=3e-4, critic_learning_rate=3e-4, batch_size=256,
+                                           lam=1.0, action_scaler=scaler).create(device="cpu:0")
         else:
             algo = d3rlpy.algos.CQLConfig(alpha_learning_rate=0.0, action_scaler=scaler).create(device="cpu:0")
+    offline = args.steps if args.offline_steps is None else args.offline_steps
     train_s, curve = 0.0, []
     t0 = time.perf_counter()
-    for epoch, _ in algo.fitter(dataset, n_steps=args.steps, n_steps_per_epoch=args.eval_every, show_progress=False,
+    for epoch, _ in algo.fitter(dataset, n_steps=offline, n_steps_per_epoch=args.eval_every, show_progress=False,
                                 logger_adapter=d3rlpy.logging.NoopAdapterFactory(), save_interval=10**9):
         train_s += time.perf_counter() - t0
         curve.append((epoch * args.eval_every, train_s, evaluate(algo, args.env_id)))
         t0 = time.perf_counter()
+    if args.steps > offline:  # AWAC's online phase: the dataset's episodes are the replay buffer's first
+        env = gymnasium.make(args.env_id)
+        env.reset(seed=args.seed)
+        buffer = d3rlpy.dataset.ReplayBuffer(d3rlpy.dataset.InfiniteBuffer(), episodes=dataset.episodes)
+
+        def evaluate_due(algo_: object, epoch: int, total_step: int) -> None:
+            nonlocal train_s, t0
+            if total_step % args.eval_every == 0:
+                train_s += time.perf_counter() - t0
+                curve.append((offline + total_step, train_s, evaluate(algo, args.env_id)))
+                t0 = time.perf_counter()
+
+        t0 = time.perf_counter()
+        algo.fit_online(env, buffer, n_steps=args.steps - offline, n_steps_per_epoch=args.eval_every, update_start_step=0,
+                        show_progress=False, logger_adapter=d3rlpy.logging.NoopAdapterFactory(), save_interval=10**9,
+                        callback=evaluate_due)
     print(json.dumps({"grad_steps_per_s": args.steps / train_s, "curve": curve, "final_eval": curve[-1][2]}))
 
 

@@ -161,8 +161,8 @@ def test_the_command_line_says_gradient_steps(root, tmp_path, capsys):
 @pytest.mark.parametrize("overrides, message", [
     (["dataset=null"], "dataset: missing; bc is an offline algorithm, which learns from a dataset"),
     (["train.total_gradient_steps=null", "train.total_env_steps=1000"],
-     "train.total_env_steps=1000: bc is an offline algorithm, which takes no env steps; its budget is "
-     "train.total_gradient_steps"),
+     "train.total_env_steps=1000: bc is an offline algorithm, whose budget is train.total_gradient_steps "
+     "(one per iteration), not env steps"),
     (["train.total_env_steps=1000"], "train: both given"),
     (["dataset.path=/x"], "dataset: give the dataset by id or by path, one of them"),
     (["population.size=2", "population.interval=5", "population.explore.learning_rate={min: 0.0001, max: 0.01}"],

@@ -139,11 +139,13 @@ class AlgorithmSpec:
             older weights computed as it is, by design: A3C's asynchronous gradient push, Mnih et
             al. 2016; the lag is logged), or ``None`` (not declared: a run under such a policy
             says once on stderr that its actors lag).
-        offline: it learns from a dataset (the config's ``dataset:``), never stepping an env in
-            its ``train_step``, which is one update; its budget is ``train.total_gradient_steps``
-            (one per iteration) and its env serves evaluation alone. Its ``buffer`` role reads
-            the dataset (:class:`msrl.rl.datasets.DatasetBuffer`); ``env_steps_per_iteration``
-            gives 0.
+        offline: it learns from a dataset (the config's ``dataset:``); its ``train_step`` is one
+            update and its budget ``train.total_gradient_steps`` (one per iteration). Its
+            ``buffer`` role reads the dataset (:class:`msrl.rl.datasets.DatasetBuffer`), and its
+            env serves evaluation alone -- unless it trains offline then online (AWAC), stepping
+            its env past a number of iterations into a replay buffer that starts with the
+            dataset (:class:`msrl.rl.datasets.DatasetReplayBuffer`); the envs count those steps.
+            ``env_steps_per_iteration`` gives 0.
     """
 
     name: str

@@ -267,7 +267,7 @@ def _check_offline(cfg: RunConfig, algorithm: Any) -> None:
                               "dataset: {id: <a Minari id>} or {path: <its directory>} (msrl collect writes one)")
         if cfg.train.total_gradient_steps is None:
             raise ConfigError(f"train.total_env_steps={cfg.train.total_env_steps}: {name} is an offline algorithm, "
-                              "which takes no env steps; its budget is train.total_gradient_steps")
+                              "whose budget is train.total_gradient_steps (one per iteration), not env steps")
         if cfg.population is not None:
             raise ConfigError(f"population: PBT trains algorithms that step their env; {name} is an offline one")
         return

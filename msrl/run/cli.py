@@ -104,6 +104,8 @@ def _train_run(cfg: object, args: argparse.Namespace) -> int:
                  f"at {unit} {result.steps_to_threshold} ({result.time_to_threshold_s:.1f} s), "
                  f"{done} of the budget's {cfg.train.budget} {unit}s used")
     steps = f"{result.iterations} gradient steps" if offline else f"{result.env_steps} env steps"
+    if offline and result.env_steps:  # an offline-then-online algorithm's (AWAC's) online phase
+        steps += f" ({result.env_steps} env steps online)"
     print(
         f"run {result.run_dir}: {result.iterations} iterations, {steps}, "
         f"{result.time_s:.1f} s training ({done / max(result.time_s, 1e-9):.0f} steps/s); {evaluation}{early}"
