@@ -26,6 +26,8 @@ dqn      CartPole-v1  475        100,000    5,120        SB3 DQN (rl-zoo's, whic
 sac      Pendulum-v1  -200       20,000     2,000        SB3 SAC (rl-zoo's, which msrl ships)
 ddpg     Pendulum-v1  -200       20,000     2,000        SB3 DDPG (rl-zoo's, which msrl ships)
 td3      Pendulum-v1  -200       20,000     2,000        SB3 TD3 (rl-zoo's, which msrl ships)
+ddpg_hc  HalfCheetah  3000       1,000,000  50,000       SB3 TD3, one critic, no smoothing (CleanRL's DDPG settings)
+td3_hc   HalfCheetah  3000       1,000,000  50,000       SB3 TD3 (CleanRL's td3_continuous_action.py settings)
 impala   CartPole-v1  475        300,000    10,000       RLlib IMPALA (msrl's config), 2 env runners
 =======  ===========  =========  =========  ===========  =========================================
 
@@ -41,6 +43,11 @@ its own (``--tianshou-python``, see ``bench/peer_tianshou_pg.py``)::
     python bench/bench_learning.py impala --seeds $(seq 1 10) --json impala.json
     python bench/bench_learning.py pg --seeds $(seq 1 10) --tianshou-python /tmp/ts/bin/python
     python bench/bench_learning.py impala --msrl-only --override algorithm.hparams.gamma=0.99   # a variant
+    python bench/bench_learning.py td3_halfcheetah --seeds 1 --budget 100000 --eval-every 25000   # a part of CleanRL's 1M
+
+``ddpg_hc`` and ``td3_hc`` are ``ddpg_halfcheetah`` and ``td3_halfcheetah`` on HalfCheetah-v5.
+CleanRL's own scripts (``cleanrl==1.2.0``) run gym 0.23's mujoco-py HalfCheetah, which does not
+install beside gymnasium 1.x, so SB3 runs CleanRL's settings instead.
 """
 
 from __future__ import annotations
@@ -74,7 +81,8 @@ def shipped(algo: str) -> Task:
 
 
 def _peer(algo: str) -> str:
-    return {"impala": "RLlib IMPALA", "pg": "Tianshou Reinforce", "c51": "Tianshou C51"}.get(algo, f"SB3 {algo.upper()}")
+    return {"impala": "RLlib IMPALA", "pg": "Tianshou Reinforce", "c51": "Tianshou C51",
+            "ddpg_halfcheetah": "SB3 TD3 as CleanRL's DDPG", "td3_halfcheetah": "SB3 TD3"}.get(algo, f"SB3 {algo.upper()}")
 
 
 #: the Python that has tianshou, for PG's and C51's peers (``--tianshou-python``)
@@ -169,11 +177,13 @@ def table(algo: str, task: Task, results: dict[str, list[dict]]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("algos", nargs="+", choices=["ppo", "a2c", "pg", "dqn", "c51", "sac", "ddpg", "td3", "impala"])
+    p.add_argument("algos", nargs="+", choices=["ppo", "a2c", "pg", "dqn", "c51", "sac", "ddpg", "td3", "ddpg_halfcheetah",
+                                                 "td3_halfcheetah", "impala"])
     p.add_argument("--tianshou-python", default=sys.executable,
                    help="the Python that has tianshou, for pg's and c51's peers (default: this one)")
     p.add_argument("--seeds", type=int, nargs="+", default=list(range(1, 11)))
     p.add_argument("--budget", type=int, default=None, help="env-step budget of every algorithm (default: the config's)")
+    p.add_argument("--eval-every", type=int, default=None, help="env steps between evaluations (default: the config's)")
     p.add_argument("--json", default=None, help="also write the raw results (curves included) here")
     p.add_argument("--override", nargs="+", default=[], metavar="KEY=VALUE",
                    help="config overrides of msrl's runs (e.g. algorithm.hparams.gamma=0.99)")
@@ -202,6 +212,8 @@ def main() -> None:
         task = shipped(algo)
         if args.budget is not None:
             task = dataclasses.replace(task, budget=args.budget)
+        if args.eval_every is not None:
+            task = dataclasses.replace(task, eval_every=args.eval_every)
         results: dict[str, list[dict]] = {"msrl": []} if args.msrl_only else {"msrl": [], _peer(algo): []}
         with tempfile.TemporaryDirectory() as runs_dir:
             for seed in args.seeds:

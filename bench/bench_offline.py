@@ -34,7 +34,9 @@ of training time; the ratio row msrl / d3rlpy. One torch thread per process::
     python bench/bench_offline.py discrete_cql --seeds 1 2 3 --d3rlpy-python /tmp/d3/bin/python
     python bench/bench_offline.py iql --seeds 1 2 3 --d3rlpy-python /tmp/d3/bin/python
     python bench/bench_offline.py cql --seeds 1 2 3 --d3rlpy-python /tmp/d3/bin/python
-    python bench/bench_offline.py awac --seeds 1 2 3 --d3rlpy-python /tmp/d3/bin/python
+    python bench/bench_offline.py awac --seeds 1 2 3 --d3rlpy-python /tmp/d3/bin/python --plot bench/awac_learning.png
+
+``--json FILE`` keeps the results; ``--from-json FILE --plot PNG`` tabulates and plots them again.
 """
 
 from __future__ import annotations
@@ -132,6 +134,38 @@ def table(algo: str, results: dict[str, list[dict]]) -> str:
     return "\n".join(lines)
 
 
+def plot(path: str, algo: str, results: dict[str, list[dict]], steps: int) -> None:
+    """Greedy evaluation return vs gradient steps: one thin line per seed, the median bold, one
+    colour per system; the task's gate dashed (AWAC's online phase shaded)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    task = TASKS[algo]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for (system, runs), colour in zip(results.items(), ("tab:blue", "tab:orange")):
+        grid = sorted({int(c[0]) for run in runs for c in run["curve"]})
+        rows = []
+        for run in runs:
+            xs, ys = [c[0] for c in run["curve"]], [c[2] for c in run["curve"]]
+            ax.plot(xs, ys, color=colour, alpha=0.25, lw=0.8)
+            by_step = dict(zip(xs, ys))
+            rows.append([by_step.get(g, np.nan) for g in grid])
+        if rows:
+            ax.plot(grid, np.nanmedian(np.array(rows, dtype=float), axis=0), color=colour, lw=2,
+                    label=f"{system} (median of {len(runs)})")
+    ax.axhline(task["gate"], color="grey", ls="--", lw=0.8)
+    if task.get("online_half"):
+        ax.axvspan(steps // 2, steps, color="grey", alpha=0.08, label="online phase")
+    ax.set(xlabel="gradient steps", ylabel="greedy evaluation return (20 episodes)",
+           title=f"{algo} on {task['env']} from {task['dataset']}")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("algo", choices=sorted(TASKS))
@@ -140,7 +174,16 @@ def main() -> None:
     p.add_argument("--dataset", default=None, help="a Minari dataset's directory to use instead of making one")
     p.add_argument("--d3rlpy-python", default=None, help="the Python that has d3rlpy (none: msrl alone)")
     p.add_argument("--json", default=None)
+    p.add_argument("--plot", default=None, help="write the learning curves here (PNG)")
+    p.add_argument("--from-json", default=None, help="plot and tabulate a --json file of an earlier run instead of running")
     args = p.parse_args()
+    if args.from_json:
+        with open(args.from_json) as f:
+            saved = json.load(f)
+        print(table(args.algo, saved["results"]))
+        if args.plot:
+            plot(args.plot, args.algo, saved["results"], saved["steps"])
+        return
     torch.set_num_threads(1)
     task = TASKS[args.algo]
     steps, eval_every, peer = args.steps or task["steps"], task["eval_every"], task["peer"]
@@ -161,6 +204,8 @@ def main() -> None:
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"algo": args.algo, "seeds": args.seeds, "steps": steps, "results": results}, f, indent=1)
+        if args.plot:
+            plot(args.plot, args.algo, results, steps)
 
 
 if __name__ == "__main__":

@@ -74,6 +74,9 @@ TASKS = {
     "sac": Task("configs/sac_pendulum.yaml", "Pendulum-v1", -200.0, 20_000, 1_000, "SAC", 1),
     "ddpg": Task("configs/ddpg_pendulum.yaml", "Pendulum-v1", -200.0, 20_000, 1_000, "DDPG", 1),
     "td3": Task("configs/td3_pendulum.yaml", "Pendulum-v1", -200.0, 20_000, 1_000, "TD3", 1),
+    # CleanRL's {ddpg,td3}_continuous_action.py budget and settings on MuJoCo (threshold: a run gait)
+    "ddpg_halfcheetah": Task("configs/ddpg_halfcheetah.yaml", "HalfCheetah-v5", 3000.0, 1_000_000, 50_000, "TD3", 1),
+    "td3_halfcheetah": Task("configs/td3_halfcheetah.yaml", "HalfCheetah-v5", 3000.0, 1_000_000, 50_000, "TD3", 1),
 }
 
 
@@ -104,10 +107,19 @@ SB3_KWARGS: dict[str, dict[str, Any]] = {
              "tau": 0.005, "policy_kwargs": {"net_arch": [400, 300]}},
     "td3": {"learning_rate": 1e-3, "buffer_size": 200_000, "learning_starts": 10_000, "gamma": 0.98, "batch_size": 256,
             "tau": 0.005, "policy_delay": 2, "policy_kwargs": {"net_arch": [400, 300]}},
+    # CleanRL's HalfCheetah settings, which msrl's configs ship; CleanRL's DDPG (one critic, the
+    # policy every 2nd step, no target smoothing) is SB3's TD3 so configured (SB3's DDPG updates
+    # its policy every step)
+    "ddpg_halfcheetah": {"learning_rate": 3e-4, "buffer_size": 1_000_000, "learning_starts": 25_000, "gamma": 0.99,
+                         "batch_size": 256, "tau": 0.005, "policy_delay": 2, "target_policy_noise": 0.0,
+                         "target_noise_clip": 0.0, "policy_kwargs": {"net_arch": [256, 256], "n_critics": 1}},
+    "td3_halfcheetah": {"learning_rate": 3e-4, "buffer_size": 1_000_000, "learning_starts": 25_000, "gamma": 0.99,
+                        "batch_size": 256, "tau": 0.005, "policy_delay": 2, "target_policy_noise": 0.2,
+                        "target_noise_clip": 0.5, "policy_kwargs": {"net_arch": [256, 256]}},
 }
 
 #: the algorithms whose SB3 peer acts with Gaussian noise of this std (in SB3's [-1, 1] action scale)
-ACTION_NOISE = {"ddpg": 0.1, "td3": 0.1}
+ACTION_NOISE = {"ddpg": 0.1, "td3": 0.1, "ddpg_halfcheetah": 0.1, "td3_halfcheetah": 0.1}
 
 
 def run_msrl(task: Task, seed: int, policy: str | None, runs_dir: str, extra: list[str] = (),
