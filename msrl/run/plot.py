@@ -67,7 +67,7 @@ def plot_run(run_dir: str | pathlib.Path, out: str | pathlib.Path | None = None)
         raise FileNotFoundError(f"{run_dir} has no metrics.csv")
     with open(path, newline="") as f:
         rows = [r for r in csv.DictReader(f) if r.get("env_steps") not in ("", None)]
-    # an offline algorithm's run: its progress in gradient steps (it takes no env step)
+    # an offline algorithm's run: its progress in gradient steps (its budget's unit)
     x_key = "gradient_steps" if rows and rows[0].get("gradient_steps") not in ("", None) else "env_steps"
     if not rows:
         raise InputError(f"{path} holds no iteration yet: nothing to plot (an earlier learning curve is kept)")
