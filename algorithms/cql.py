@@ -6,8 +6,9 @@ SAC's updates on the dataset's transitions, with the critics pushed down on acti
 does not hold: each critic's loss adds ``cql_alpha * (logsumexp_a Q(s, a) - Q(s, a_data))``, the
 log-sum-exp estimated by importance sampling over ``n_actions`` uniformly random actions and
 ``n_actions`` of the current policy at ``s`` and at ``s'`` (Appendix F: each value less its
-sampling log-density). The target ``r + gamma (1 - d) min_i Q'_i(s', a')``, ``a' ~ pi(s')``,
-has no entropy term (CORL's ``backup_entropy: false``); the policy and the temperature are SAC's.
+sampling log-density). The target ``r + gamma (1 - d) min_i Q'_i(s', a')``, ``a' ~ pi(s')`` (or
+with ``deterministic_backup`` the policy's mean ``tanh(mu(s'))``, d3rlpy's), has no entropy term
+(CORL's ``backup_entropy: false``); the policy and the temperature are SAC's.
 
 Read top to bottom: hyperparameters, the actor (what evaluation acts with), the learner and the
 trainer (each iteration one minibatch of the dataset, the critic step, the policy and temperature
