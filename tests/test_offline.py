@@ -196,15 +196,17 @@ def test_a_missing_or_mismatched_dataset_is_one_line_before_any_run_directory(ro
     assert not (tmp_path / "runs").exists()
 
 
-def test_multi_learner_x2_on_ray_learns_what_it_learns_in_one_process_bitwise(root, tmp_path):
+@pytest.mark.parametrize("algo", ["bc", "awac"])
+def test_multi_learner_x2_on_ray_learns_what_it_learns_in_one_process_bitwise(root, tmp_path, algo):
     """The data-parallel learners as Ray processes (each reading its shard of the dataset, the
-    gradients all-reduced between processes) end with the weights two threads of one process end
-    with, bit for bit."""
+    gradients all-reduced between processes; AWAC's also stepping their envs from iteration 4 on)
+    end with the weights two threads of one process end with, bit for bit."""
     common = ["distribution_policy.name=multi_learner", "distribution_policy.replicas.main=2",
               "train.total_gradient_steps=12", "train.checkpoint_every=12"]
-    local = msrl.train(_cfg(root, *common, "runtime=local", f"runs_dir={tmp_path / 'local'}"))
-    ray = msrl.train(_cfg(root, *common, "runtime=ray", f"runs_dir={tmp_path / 'ray'}"))
+    local = msrl.train(_cfg(root, *common, "runtime=local", f"runs_dir={tmp_path / 'local'}", algo=algo))
+    ray = msrl.train(_cfg(root, *common, "runtime=ray", f"runs_dir={tmp_path / 'ray'}", algo=algo))
     assert local.iterations == ray.iterations == 12
+    assert local.env_steps == ray.env_steps == (18 if algo == "awac" else 0)  # AWAC: 9 online iterations of 2 envs
     a, b = (torch.load(r.run_dir / "checkpoints" / "latest.pt", weights_only=False)["actor_weights"] for r in (local, ray))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
