@@ -219,3 +219,19 @@ def test_cqls_target_action_is_the_policys_mean_or_a_sample_as_configured(root):
     sampled = _run(_cfg(root, "algorithm.hparams.deterministic_backup=false", algo="cql"))
     assert mean[0] == again[0]
     assert [m["losses/qf_loss"] for m in mean[0][1:]] != [m["losses/qf_loss"] for m in sampled[0][1:]]
+
+
+#: the native twin of each offline algorithm's env (gpu_only steps native envs only)
+NATIVE_ENV = {"msrl/cartpole/tiny-v0": "msrl/CartPole-v1", "msrl/pendulum/tiny-v0": "msrl/Pendulum-v1"}
+
+
+@pytest.mark.parametrize("algo", list(OFFLINE))
+def test_each_offline_algorithm_runs_under_gpu_only_as_under_single_on_the_native_env(root, algo):
+    """gpu_only (one cuda_kernel fragment, its host build here) with the env's native twin,
+    whose spaces are the dataset's: the same file computes what single computes on that env."""
+    env = f"env.id={NATIVE_ENV[OFFLINE[algo][1]]}"
+    a = _run(_cfg(root, env, algo=algo))
+    b = _run(_cfg(root, env, "distribution_policy.name=gpu_only", algo=algo))
+    assert a[2] == b[2] == set()  # one fragment: nothing crosses
+    assert a[1].keys() == b[1].keys() and all(torch.equal(a[1][k], b[1][k]) for k in a[1])
+    assert a[0] == b[0] and a[3] == b[3] == ENV_STEPS.get(algo, 0)
