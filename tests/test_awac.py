@@ -121,3 +121,15 @@ def test_the_summary_line_counts_gradient_steps_and_the_online_phases_env_steps(
                  "algorithm.hparams.hidden_sizes=[16]", "train.progress=false", "eval.episodes=1"]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert ": 10 iterations, 10 gradient steps (4 env steps online), " in line, line
+
+
+@pytest.mark.slow
+def test_learns_pendulum_offline_then_online_from_a_noisy_experts_dataset(tmp_path):
+    """``configs/sac_pendulum.yaml`` (seed 1) as the expert, 100 of its episodes with Gaussian noise
+    0.3, then ``configs/awac_pendulum.yaml`` under ``single`` (deterministic): 5,000 gradient steps
+    offline, 5,000 iterations online, a final greedy evaluation of -200 or more."""
+    expert = msrl.train(CONFIGS / "sac_pendulum.yaml", runs_dir=str(tmp_path / "runs"), train__progress=False, seed=1)
+    collect([expert.run_dir], "msrl/pendulum/sac-noisy-v0", 100, noise=0.3, seed=0, root=tmp_path / "root")
+    r = msrl.train(CONFIGS / "awac_pendulum.yaml", runs_dir=str(tmp_path / "runs"), dataset__root=str(tmp_path / "root"),
+                   train__progress=False)
+    assert r.env_steps == 5000 and r.eval_mean >= -200, r.eval_returns
