@@ -135,14 +135,19 @@ def test_readers_beside_two_actor_replicas_feed_the_learner_their_samples_togeth
         job.close()
 
 
-def test_a_run_counts_gradient_steps_and_resumes_exactly(root, tmp_path, capsys):
-    straight = msrl.train(_cfg(root, f"runs_dir={tmp_path / 'a'}", "train.total_gradient_steps=30"))
+@pytest.mark.parametrize("algo", ["bc", "awac"])
+def test_a_run_counts_gradient_steps_and_resumes_exactly(root, tmp_path, capsys, algo):
+    """AWAC's resumed run crosses into its online phase (at 20 of 30): its envs, buffer and
+    counters come back from the checkpoint as they were."""
+    own = ["algorithm.hparams.offline_steps=20"] if algo == "awac" else []
+    online = 10 * 2 if algo == "awac" else 0  # 10 online iterations of 2 envs
+    straight = msrl.train(_cfg(root, f"runs_dir={tmp_path / 'a'}", "train.total_gradient_steps=30", *own, algo=algo))
     first = msrl.train(_cfg(root, f"runs_dir={tmp_path / 'b'}", "train.total_gradient_steps=15",
-                            "train.checkpoint_every=5"))
+                            "train.checkpoint_every=5", *own, algo=algo))
     resumed = msrl.train(resume=first.run_dir, train__total_gradient_steps=30)
-    assert straight.iterations == resumed.iterations == 30 and straight.env_steps == resumed.env_steps == 0
+    assert straight.iterations == resumed.iterations == 30 and straight.env_steps == resumed.env_steps == online
     ours = json.loads((resumed.run_dir / "eval.json").read_text())
-    assert ours["gradient_steps"] == 30 and ours["env_steps"] == 0
+    assert ours["gradient_steps"] == 30 and ours["env_steps"] == online
     a, b = (torch.load(r.run_dir / "checkpoints" / "latest.pt", weights_only=False)["actor_weights"]
             for r in (straight, resumed))
     assert all(torch.equal(a[k], b[k]) for k in a)
