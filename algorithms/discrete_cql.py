@@ -8,10 +8,9 @@ experiments, Section 6.2). The penalty pushes down the values of every action an
 the one the dataset took: the learned Q-values are low where the dataset has no evidence, so
 the greedy policy keeps to what the dataset did where it cannot tell better.
 
-Read top to bottom: hyperparameters, the actor (greedy, or epsilon-greedy when not
-deterministic), the learner (the double-DQN target, Huber TD loss, the conservative penalty,
-one Adam step, the target network copied every ``target_update_interval`` gradient steps) and
-the trainer (each iteration one minibatch of the dataset, one step, the weights to the actor).
+Read top to bottom: hyperparameters, the actor (greedy: it acts in evaluation only), the
+learner (the double-DQN target, Huber TD loss, the conservative penalty, one Adam step, the
+target network copied every ``target_update_interval`` gradient steps) and the trainer (each iteration one minibatch of the dataset, one step, the weights to the actor).
 The dataset is the config's ``dataset:``; the budget ``train.total_gradient_steps``.
 """
 
@@ -64,8 +63,6 @@ class DiscreteCQLConfig:
     """weight of the conservative penalty (0: double DQN on the dataset)"""
     hidden_sizes: LayerSizes = (256, 256)
     """hidden layer widths of the Q-network (ReLU)"""
-    epsilon: UnitInterval = 0.0
-    """the actor's random-action probability when not deterministic (evaluation is greedy)"""
 
     def __post_init__(self) -> None:
         self.hidden_sizes = tuple(self.hidden_sizes)
@@ -98,27 +95,17 @@ def discrete_conservative_penalty(q_all: torch.Tensor, action: torch.Tensor) -> 
 
 
 class DiscreteCQLActor(Actor):
-    """Acts greedily on the Q-network (``deterministic``, and evaluation), else epsilon-greedily
-    with ``epsilon`` from the actor's own generator (seeded ``ctx.seed``)."""
+    """Acts greedily on the Q-network, ``deterministic`` or not: an offline algorithm's actor acts
+    in evaluation only (``msrl collect`` adds its own exploration noise)."""
 
     def __init__(self, ctx: BuildContext) -> None:
         self.q_network = build_q_network(ctx)
         self.weights = ModuleWeights(self.q_network)
-        self.n_actions = int(ctx.env_spec.action_space.n)
-        self.epsilon = float(ctx.hparams.epsilon)
-        self.generator = torch.Generator(device=ctx.device)
-        self.generator.manual_seed(ctx.seed)
 
     @torch.no_grad()
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
         """Actions ``(N,)`` int64 for observations ``(N, *obs_shape)`` float32."""
-        greedy = self.q_network(obs.flatten(1)).argmax(-1)
-        if deterministic or self.epsilon == 0.0:
-            return greedy
-        n = obs.shape[0]
-        explore = torch.rand(n, generator=self.generator, device=obs.device) < self.epsilon
-        random = torch.randint(self.n_actions, (n,), generator=self.generator, device=obs.device)
-        return torch.where(explore, random, greedy)
+        return self.q_network(obs.flatten(1)).argmax(-1)
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         """The Q-network's state dict (detached tensors)."""
@@ -129,11 +116,10 @@ class DiscreteCQLActor(Actor):
         self.weights.load_(weights)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"q_network": self.q_network.state_dict(), "generator": self.generator.get_state()}
+        return {"q_network": self.q_network.state_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.q_network.load_state_dict(state["q_network"])
-        self.generator.set_state(state["generator"])
 
 
 class DiscreteCQLLearner(Learner):
