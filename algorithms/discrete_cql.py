@@ -11,7 +11,8 @@ the greedy policy keeps to what the dataset did where it cannot tell better.
 Read top to bottom: hyperparameters, the actor (greedy: it acts in evaluation only), the
 learner (the double-DQN target, Huber TD loss, the conservative penalty, one Adam step, the
 target network copied every ``target_update_interval`` gradient steps) and the trainer (each
-iteration one minibatch of the dataset, one step, the weights to the actor). The dataset is the config's ``dataset:``; the budget ``train.total_gradient_steps``.
+iteration one minibatch of the dataset, one step, the weights to the actor). The dataset is the
+config's ``dataset:``; the budget ``train.total_gradient_steps``.
 """
 
 from __future__ import annotations
