@@ -61,7 +61,8 @@ setup(
         "test": ["pytest>=7", "pytest-xdist>=3.5", "ruff==0.17.6", "stable-baselines3>=2.3", "cupy-cuda12x>=13",
                  "gymnasium[mujoco]>=1.1", "mjbatch>=0.1.4", "mujoco-warp==3.14.0", "ale-py>=0.10",
                  "opencv-python-headless>=4.8", "pettingzoo>=1.24", "mpe2>=0.0.1",
-                 "envpool>=1.0", "hypothesis>=6.100", "minari[create,hdf5]>=0.5.4"],
+                 "envpool>=1.0", "hypothesis>=6.100", "minari[create,hdf5]>=0.5.4",
+                 "open_spiel>=1.5"],
         # envpool: the env engine's peer in bench/bench_mujoco_envs.py
         "bench": ["stable-baselines3>=2.3", "envpool>=1.0", "scipy>=1.10"],
         # MuJoCo tasks (HalfCheetah-v5, ...) through the env engine, and the native batched ones
@@ -70,6 +71,8 @@ setup(
         "mujoco": ["gymnasium[mujoco]>=1.1", "mjbatch>=0.1.4", "mujoco-warp==3.14.0"],
         # offline RL: msrl collect writes Minari datasets, offline algorithms read them
         "offline": ["minari[create,hdf5]>=0.5.4"],
+        # OpenSpiel's board games (openspiel/<game>: AlphaZero's self-play, MCTS and solver opponents)
+        "games": ["open_spiel>=1.5"],
         # PettingZoo parallel envs (pettingzoo/<module>), MPE's among them
         "pettingzoo": ["pettingzoo>=1.24", "mpe2>=0.0.1"],
         # ALE games (ALE/Pong-v5, ...) with the atari preprocessing wrapper

@@ -11,7 +11,8 @@ policy places on fragments. The loop of a trainer in one process reads::
 
 Roles:
 
-* :class:`Environment` -- batched env on tensors with a leading env dimension ``(N, ...)``.
+* :class:`Environment` -- batched env on tensors with a leading env dimension ``(N, ...)``;
+  :class:`EnvWrapper` -- an algorithm's own env-side code around it (AlphaZero's search).
 * :class:`Actor` -- policy inference; holds networks; ``get_weights``/``set_weights``.
 * :class:`Learner` -- ``learn(batch) -> metrics``; owns networks and optimiser. Its gradient
   step goes through :meth:`Learner.apply_gradients` and its running statistics through
@@ -37,6 +38,7 @@ from msrl.api.roles import (
                               Component,
                               ComponentFactory,
                               Environment,
+                              EnvWrapper,
                               Learner,
                               ModuleWeights,
                               Trainer,
@@ -61,6 +63,7 @@ __all__ = [
     "ReplayContract",
     "Component",
     "Environment",
+    "EnvWrapper",
     "Actor",
     "Learner",
     "Buffer",

@@ -14,7 +14,8 @@ import torch
 from msrl.api.specs import BuildContext, EnvSpec, EpisodeStats, ReplayContract
 from msrl.errors import InputError
 
-__all__ = ["ROLES", "Component", "UndeclaredStateError", "check_declared_state", "Environment", "ModuleWeights",
+__all__ = ["ROLES", "Component", "UndeclaredStateError", "check_declared_state", "Environment", "EnvWrapper",
+           "ModuleWeights",
            "Actor", "Learner", "Buffer", "Trainer", "ComponentFactory", "COLLECTIVE_POINTS", "collective_scope",
            "in_gradient_step"]
 
@@ -162,6 +163,63 @@ class Environment(Component):
 
     def close(self) -> None:
         """Releases the envs' resources."""
+
+
+class EnvWrapper(Environment):
+    """An algorithm's own env-side code around the env msrl builds (its
+    :attr:`~msrl.api.AlgorithmSpec.env_wrapper`): what must run where the envs' states are, such
+    as AlphaZero's tree search, which clones the games it searches. Its methods are calls of the
+    ``env`` role, so every policy places them with the envs (beside the actor under coarse; in
+    the env replicas under ``single_learner_fine``, whose central actor then serves the search's
+    network evaluations batched).
+
+    Everything the :class:`Environment` contract names is the wrapped env's (:attr:`env`); a
+    subclass adds its own methods and saves its own state by extending :meth:`state_dict` and
+    :meth:`load_state_dict`. Attributes it does not define are the wrapped env's.
+    """
+
+    def __init__(self, env: Environment) -> None:
+        self.env = env
+        self.spec = env.spec
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "env":  # (not yet set: during unpickling)
+            raise AttributeError(name)
+        return getattr(self.env, name)
+
+    def replay_contract(self) -> ReplayContract:
+        """The wrapped env's (a host wrapper keeps a host env uncapturable)."""
+        return self.env.replay_contract()
+
+    def reset(self, seed: int | None = None) -> torch.Tensor:
+        """The wrapped env's :meth:`Environment.reset`."""
+        return self.env.reset(seed)
+
+    def step(self, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                                  dict[str, torch.Tensor]]:
+        """The wrapped env's :meth:`Environment.step`."""
+        return self.env.step(action)
+
+    def pop_episode_stats(self) -> EpisodeStats:
+        """The wrapped env's."""
+        return self.env.pop_episode_stats()
+
+    @property
+    def env_steps(self) -> int:
+        """The wrapped env's."""
+        return self.env.env_steps
+
+    def close(self) -> None:
+        """Closes the wrapped env."""
+        self.env.close()
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"env": the wrapped env's state}`` (a subclass adds its own keys)."""
+        return {"env": self.env.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores the wrapped env's state (a subclass restores its own keys too)."""
+        self.env.load_state_dict(state["env"])
 
 
 class ModuleWeights:

@@ -146,6 +146,10 @@ class AlgorithmSpec:
             its env past a number of iterations into a replay buffer that starts with the
             dataset (:class:`msrl.rl.datasets.DatasetReplayBuffer`); the envs count those steps.
             ``env_steps_per_iteration`` gives 0.
+        env_wrapper: ``(env, ctx) -> env``: the algorithm's own env-side code, an
+            :class:`~msrl.api.EnvWrapper` around every env batch msrl builds for training
+            (AlphaZero's tree search, which must run where the games' states are), or ``None``.
+            Its methods are ``env`` calls: every policy places them with the envs.
     """
 
     name: str
@@ -158,6 +162,7 @@ class AlgorithmSpec:
     num_agents: tuple[int, int | None] = (1, 1)
     policy_lag: str | None = None
     offline: bool = False
+    env_wrapper: Callable[[Any, BuildContext], Any] | None = None
 
     def __post_init__(self) -> None:
         if self.policy_lag not in (None, "corrected", "uncorrected", "tolerated"):

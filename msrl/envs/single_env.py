@@ -107,10 +107,12 @@ def check_ale_options(env_id: str, env_kwargs: Mapping[str, Any] | None) -> None
 def _register_optional_namespaces(env_id: str) -> str:
     """Imports what registers ``env_id``, returns the id to look up: ``module:EnvId`` imports
     ``module`` (whose import registers ``EnvId``, gymnasium's convention, so worker processes
-    find a user's env too); ALE ids (``ALE/Pong-v5``) register on ``gymnasium.register_envs(ale_py)``.
+    find a user's env too); ALE ids (``ALE/Pong-v5``) register on ``gymnasium.register_envs(ale_py)``;
+    OpenSpiel's games (``openspiel/tic_tac_toe``) on first use (:mod:`msrl.envs.openspiel_env`).
 
     Raises:
-        UnknownEnvError: the module does not import, or ale-py is missing for an ALE id."""
+        UnknownEnvError: the module does not import, ale-py is missing for an ALE id, or an
+            ``openspiel/<game>`` id OpenSpiel lacks or these envs cannot play."""
     if ":" in env_id:
         module, env_id = env_id.split(":", 1)
         try:
@@ -132,6 +134,13 @@ def _register_optional_namespaces(env_id: str) -> str:
                 f"env id {env_id!r} is an Atari game, which needs ale-py: pip install -e '.[atari]'"
             ) from None
         gymnasium.register_envs(ale_py)
+    if env_id.startswith("openspiel/"):
+        from msrl.envs.openspiel_env import OpenSpielGameError, register
+
+        try:
+            register(env_id)
+        except OpenSpielGameError as e:
+            raise UnknownEnvError(str(e)) from None
     return env_id
 
 

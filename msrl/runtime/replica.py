@@ -220,6 +220,8 @@ def build_trainer(spec: Any, frag: FragmentSpec, replica: int, inference: Any = 
             with seeded(role, replica):
                 components[role] = load_backend(frag.backend).build_env(
                     spec.env_id, n, device, spec.env_engine, spec.env_kwargs, spec.env_wrappers, spec.env_num_workers)
+                if spec.algorithm.env_wrapper is not None:  # the algorithm's env-side code (a search)
+                    components[role] = spec.algorithm.env_wrapper(components[role], ctx)
         elif role == "learner":
             # every learner replica from the job's base seed: identical initial weights, which
             # gradient all-reduce keeps identical (one learner: the same seed as before)

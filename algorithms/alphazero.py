@@ -1,0 +1,583 @@
+"""AlphaZero: self-play with a PUCT tree search guided by a policy-value network, trained on the
+search's visit counts and the games' outcomes (Silver et al. 2018, "A general reinforcement
+learning algorithm that masters chess, shogi, and Go through self-play", Science 362;
+the search as in its supplementary pseudocode), on OpenSpiel's two-player board games
+(``openspiel/tic_tac_toe``, ``openspiel/connect_four``: :mod:`msrl.envs.openspiel_env`).
+
+Read top to bottom: hyperparameters; the network ``f(s) = (p, v)``; the actor, whose
+:meth:`AlphaZeroActor.evaluate` is the search's leaf evaluation; the search
+(:class:`PUCTSearch`, batched over games) and :class:`MCTS`, the env-side wrapper that runs it
+beside the games it clones; the replay of ``(s, pi, z)``, ``z`` filled in when the game ends; the
+learner (Eq. 1 of the paper: ``(z - v)^2 - pi^T log p`` plus L2); the evaluation against fixed
+opponents; and the trainer, whose loop over simulations is a plain ``for``:
+
+    leaves = self.env.search_begin()                     # every game's root
+    for _sim in range(num_simulations):
+        logits, value = self.actor.evaluate(leaves)      # the network call
+        leaves = self.env.search_step(logits, value)     # expand, back up, select the next leaves
+
+Where the search's network calls run is the policy's decision, not this file's: under
+``single`` and coarse each actor evaluates its own games' leaves; under ``single_learner_fine``
+the env replicas search and the central replica evaluates every replica's leaves in one batch
+(``distribution_policy.inference`` batches them dynamically, SEED RL's central inference).
+
+    msrl train configs/alphazero_tictactoe.yaml
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping, Sequence
+
+import gymnasium
+import numpy as np
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+from msrl.api import (
+    Actor,
+    AlgorithmSpec,
+    BuildContext,
+    EnvWrapper,
+    Fraction,
+    LayerSizes,
+    Learner,
+    ModuleWeights,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Trainer,
+    returns,
+)
+from msrl.rl.buffers import ReplayBuffer
+
+__all__ = ["AlphaZeroConfig", "PolicyValueNet", "AlphaZeroActor", "PUCTSearch", "MCTS", "AlphaZeroBuffer",
+           "AlphaZeroLearner", "AlphaZeroTrainer", "play_match", "ALGORITHM"]
+
+#: the logit of an illegal move (its probability underflows to exactly 0)
+ILLEGAL_LOGIT = -1e9
+
+
+@dataclasses.dataclass
+class AlphaZeroConfig:
+    """AlphaZero's hyperparameters (the paper's names; defaults sized for tic-tac-toe on a CPU,
+    OpenSpiel's ``alpha_zero`` example's where the paper's are for Go)."""
+
+    num_simulations: PositiveInt = 50
+    """network evaluations per move: the root's, then one per simulation (the paper: 800)"""
+    c_base: PositiveFloat = 19652.0
+    """PUCT's exploration schedule ``c(s) = log((1 + N(s) + c_base) / c_base) + c_init`` (pseudocode)"""
+    c_init: PositiveFloat = 1.25
+    """PUCT's exploration constant at small visit counts (pseudocode)"""
+    dirichlet_alpha: PositiveFloat = 1.0
+    """concentration of the Dirichlet noise mixed into the root's priors (the paper: 0.3 for chess)"""
+    root_exploration_fraction: Fraction = 0.25
+    """weight of that noise at the root (the paper: 0.25)"""
+    temperature_moves: NonNegativeInt = 4
+    """plies of each game, from its start, whose move is drawn in proportion to the root's visit
+    counts; later moves are the most visited (the paper: 30 for chess)"""
+    plies_per_iteration: PositiveInt = 8
+    """self-play moves per game per iteration, between two rounds of learner updates"""
+    buffer_size: PositiveInt = 20_000
+    """positions the replay keeps (the newest)"""
+    batch_size: PositiveInt = 256
+    """positions per gradient step"""
+    updates_per_iteration: PositiveInt = 4
+    """gradient steps per iteration"""
+    learning_starts: NonNegativeInt = 512
+    """self-play positions (over every env) before the first update"""
+    learning_rate: PositiveFloat = 1e-3
+    """Adam's learning rate"""
+    weight_decay: NonNegativeFloat = 1e-4
+    """Adam's ``weight_decay``: ``weight_decay * theta`` added to the gradient, the L2 term
+    ``c ||theta||^2`` of Eq. 1 with ``c = weight_decay / 2``"""
+    hidden_sizes: LayerSizes = (128, 128)
+    """widths of the ReLU torso shared by the two heads"""
+    eval_interval: NonNegativeInt = 0
+    """iterations between evaluations against ``eval_opponents`` (0: none during training)"""
+    eval_games: PositiveInt = 20
+    """games per opponent per evaluation, half with each colour"""
+    eval_opponents: tuple[str, ...] = ("random",)
+    """the fixed opponents: ``random``, ``mcts`` (OpenSpiel's MCTSBot, ``eval_mcts_simulations``
+    random-rollout simulations), ``solver`` (alpha-beta: small games only)"""
+    eval_mcts_simulations: PositiveInt = 1000
+    """the MCTS opponent's simulations per move"""
+
+    def __post_init__(self) -> None:
+        self.hidden_sizes = tuple(self.hidden_sizes)
+        self.eval_opponents = tuple(self.eval_opponents)
+        from msrl.envs.openspiel_env import OPPONENTS
+
+        bad = [o for o in self.eval_opponents if o not in OPPONENTS]
+        if bad:
+            raise ValueError(f"eval_opponents: {bad[0]!r} is not one of {', '.join(OPPONENTS)}")
+
+
+class PolicyValueNet(nn.Module):
+    """``f(s) = (p, v)``: a ReLU MLP torso over the observation ``(B, D + A)`` (the game's
+    observation tensor and its legal-move mask, :mod:`msrl.envs.openspiel_env`), a policy head of
+    ``A`` logits (illegal moves' set to :data:`ILLEGAL_LOGIT`) and a ``tanh`` value head: the
+    expected outcome in ``[-1, 1]`` for the player to move.
+
+    Args:
+        obs_size: ``D + A``; num_actions: ``A``; hidden_sizes: the torso's widths.
+    """
+
+    def __init__(self, obs_size: int, num_actions: int, hidden_sizes: Sequence[int]) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        n = obs_size
+        for h in hidden_sizes:
+            layers += [nn.Linear(n, h), nn.ReLU()]
+            n = h
+        self.torso = nn.Sequential(*layers)
+        self.policy = nn.Linear(n, num_actions)
+        self.value = nn.Linear(n, 1)
+        self.num_actions = num_actions
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(logits (B, A), value (B,))`` of observations ``(B, D + A)`` float32."""
+        h = self.torso(obs)
+        legal = obs[:, -self.num_actions:] > 0.5
+        logits = torch.where(legal, self.policy(h), ILLEGAL_LOGIT)
+        return logits, torch.tanh(self.value(h).squeeze(-1))
+
+
+def _build_net(ctx: BuildContext) -> PolicyValueNet:
+    spec = ctx.env_spec
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(ctx.seed)
+        net = PolicyValueNet(int(np.prod(spec.observation_space.shape)), int(spec.action_space.n),
+                             ctx.hparams.hidden_sizes)
+    return net.to(ctx.device)
+
+
+class AlphaZeroActor(Actor):
+    """The network on the acting side: :meth:`evaluate` is the search's leaf evaluation;
+    :meth:`act` plays the raw policy (the most probable legal move: msrl's own evaluation and
+    ``msrl collect``, which have no search)."""
+
+    def __init__(self, ctx: BuildContext) -> None:
+        self.net = _build_net(ctx)
+        self.weights = ModuleWeights(self.net)
+
+    @torch.no_grad()
+    def evaluate(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The network at search leaves: observations ``(B, D + A)`` float32 ->
+        ``(logits (B, A), value (B,))`` float32."""
+        return self.net(obs)
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
+        """The most probable legal move ``(B,)`` int64 of observations ``(B, D + A)`` (no search;
+        ``deterministic`` is accepted for msrl's evaluation and changes nothing)."""
+        del deterministic
+        return self.net(obs)[0].argmax(-1)
+
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        """The network's state dict (detached tensors)."""
+        return self.weights.get()
+
+    def set_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Copies ``weights`` into the network (in place)."""
+        self.weights.load_(weights)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"net": self.net.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.net.load_state_dict(state["net"])
+
+
+class _Node:
+    """One search-tree node: the game state reached, who moves there, the move priors once
+    expanded, children by move, visits, and the sum of backed-up values for the player who
+    chose the move into this node (``chooser``)."""
+
+    __slots__ = ("state", "player", "chooser", "prior", "legal", "children", "visits", "value_sum")
+
+    def __init__(self, state: Any, chooser: int) -> None:
+        self.state, self.chooser = state, chooser
+        self.player = state.current_player()  # < 0: terminal
+        self.prior: np.ndarray | None = None
+        self.legal: list[int] = []
+        self.children: dict[int, _Node] = {}
+        self.visits, self.value_sum = 0, 0.0
+
+
+class PUCTSearch:
+    """AlphaZero's tree search over a batch of games, one tree per game, driven from outside:
+    :meth:`begin` returns the roots' observations, each :meth:`step` takes the network's
+    evaluation of the last observations it returned and returns the next leaves', and
+    :meth:`result` gives the root's visit distribution and the move to play.
+
+    One simulation (the pseudocode's ``run_mcts``): from the root, repeatedly take the child
+    maximising ``Q(s, a) + U(s, a)``, ``U = c(s) P(s, a) sqrt(N(s)) / (1 + N(s, a))``,
+    ``c(s) = log((1 + N(s) + c_base) / c_base) + c_init``, ``Q`` the child's mean value for the
+    player choosing (0 while unvisited), until a node not yet expanded; the network evaluates it
+    (a finished game's exact outcome replaces the network's value), it is expanded with the
+    legal moves' softmax priors, and its value is added along the path, signed for each node's
+    chooser. The root's first expansion mixes ``Dirichlet(alpha)`` noise into its priors with
+    weight ``root_exploration_fraction`` when ``noise`` is on.
+
+    Args:
+        num_actions: ``A``; hp: :class:`AlphaZeroConfig`.
+        noise: root noise and temperature moves (self-play); off: evaluation play (the most
+            visited move).
+    """
+
+    def __init__(self, num_actions: int, hp: AlphaZeroConfig, noise: bool = True) -> None:
+        from msrl.envs.openspiel_env import observe
+
+        self._observe = observe
+        self.num_actions, self.hp, self.noise = num_actions, hp, noise
+        self.roots: list[_Node] = []
+        self.paths: list[list[_Node]] = []
+        self.rngs: Sequence[np.random.Generator] = ()
+
+    def begin(self, states: Sequence[Any], rngs: Sequence[np.random.Generator]) -> np.ndarray:
+        """New trees at ``states`` (OpenSpiel states, not finished; cloned), each game's draws
+        (root noise, temperature moves) from its own generator in ``rngs`` -- so that how games
+        are split over replicas changes no draw: the roots' observations ``(G, D + A)`` float32,
+        for the network's first evaluation."""
+        self.roots = [_Node(s.clone(), chooser=-1) for s in states]
+        self.paths = [[r] for r in self.roots]
+        self.rngs = rngs
+        return self._observations()
+
+    def _observations(self) -> np.ndarray:
+        return np.stack([self._observe(p[-1].state, self.num_actions) for p in self.paths])
+
+    def step(self, logits: np.ndarray, value: np.ndarray) -> np.ndarray:
+        """Expands and backs up the pending leaves with the network's ``logits (G, A)`` and
+        ``value (G,)`` (for each leaf's player to move), then selects the next leaves:
+        returns their observations ``(G, D + A)`` float32."""
+        for g, path in enumerate(self.paths):
+            self._expand_and_backup(path, logits[g], float(value[g]), self.rngs[g])
+            self.paths[g] = self._select(self.roots[g])
+        return self._observations()
+
+    def _expand_and_backup(self, path: list[_Node], logits: np.ndarray, value: float, rng: np.random.Generator) -> None:
+        leaf = path[-1]
+        if leaf.player < 0:  # a finished game: its exact outcome
+            outcome = np.asarray(leaf.state.returns(), np.float64)
+        else:
+            if leaf.prior is None:
+                legal = leaf.state.legal_actions()
+                z = logits[legal].astype(np.float64)
+                p = np.exp(z - z.max())
+                prior = np.zeros(self.num_actions)
+                prior[legal] = p / p.sum()
+                if leaf is path[0] and self.noise and self.hp.root_exploration_fraction > 0:
+                    eps = self.hp.root_exploration_fraction
+                    prior[legal] = (1 - eps) * prior[legal] + eps * rng.dirichlet([self.hp.dirichlet_alpha] * len(legal))
+                leaf.prior, leaf.legal = prior, legal
+            outcome = np.zeros(2)
+            outcome[leaf.player], outcome[1 - leaf.player] = value, -value
+        for node in path:
+            node.visits += 1
+            if node.chooser >= 0:
+                node.value_sum += outcome[node.chooser]
+
+    def _select(self, root: _Node) -> list[_Node]:
+        hp, node, path = self.hp, root, [root]
+        while node.prior is not None and node.player >= 0:
+            c = math.log((1 + node.visits + hp.c_base) / hp.c_base) + hp.c_init
+            best, best_score = -1, -math.inf
+            sqrt_n = math.sqrt(node.visits)
+            for a in node.legal:
+                child = node.children.get(a)
+                n = child.visits if child is not None else 0
+                q = child.value_sum / n if n else 0.0
+                score = q + c * node.prior[a] * sqrt_n / (1 + n)
+                if score > best_score:
+                    best, best_score = a, score
+            child = node.children.get(best)
+            if child is None:
+                state = node.state.clone()
+                state.apply_action(best)
+                child = node.children[best] = _Node(state, chooser=node.player)
+                path.append(child)
+                return path
+            node = child
+            path.append(node)
+        return path
+
+    def visit_counts(self) -> np.ndarray:
+        """The roots' visit count per move ``(G, A)`` float64."""
+        out = np.zeros((len(self.roots), self.num_actions))
+        for g, root in enumerate(self.roots):
+            for a, child in root.children.items():
+                out[g, a] = child.visits
+        return out
+
+    def result(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(pi (G, A) float32, move (G,) int64, player (G,) int64)``: the roots' visit
+        distributions (the policy target), the moves to play -- drawn in proportion to the visits
+        in a game's first ``temperature_moves`` plies with ``noise`` on, else the most visited
+        (the lowest move on a tie) -- and the players to move."""
+        counts = self.visit_counts()
+        pi = counts / np.maximum(counts.sum(1, keepdims=True), 1)
+        move = counts.argmax(1)
+        for g, root in enumerate(self.roots):
+            if self.noise and len(root.state.history()) < self.hp.temperature_moves:
+                move[g] = self.rngs[g].choice(self.num_actions, p=pi[g])
+        player = np.array([r.player for r in self.roots], np.int64)
+        return pi.astype(np.float32), move.astype(np.int64), player
+
+
+class MCTS(EnvWrapper):
+    """The self-play search beside the games (:class:`~msrl.api.EnvWrapper`): the search's
+    three calls are ``env`` calls, so the search runs where the games are. Game ``i``'s draws come
+    from its own generator (seeded from the env's seed ``ctx.seed + i``), saved in checkpoints.
+
+    Raises:
+        ConfigError: the env is not OpenSpiel games stepped in this process
+            (``env.id: openspiel/<game>``, ``env.engine: sync``).
+    """
+
+    def __init__(self, env: Any, ctx: BuildContext) -> None:
+        super().__init__(env)
+        from msrl.errors import ConfigError
+
+        inner = getattr(env, "envs", None)
+        if not (ctx.env_spec.env_id.startswith("openspiel/") and inner is not None):
+            raise ConfigError(f"alphazero searches OpenSpiel games in the process that steps them: env.id must be "
+                              f"openspiel/<game> and env.engine sync (got {ctx.env_spec.env_id!r} on "
+                              f"{type(env).__name__})")
+        self.device = ctx.device
+        self.rngs = [np.random.default_rng([ctx.seed + i, 3]) for i in range(len(inner))]
+        self.search = PUCTSearch(int(ctx.env_spec.action_space.n), ctx.hparams, noise=True)
+
+    def _states(self) -> list[Any]:
+        return [e.unwrapped.state for e in self.env.envs]
+
+    def search_begin(self) -> torch.Tensor:
+        """New trees at every game's current position: the roots' observations ``(N, D + A)`` float32."""
+        return torch.from_numpy(self.search.begin(self._states(), self.rngs)).to(self.device)
+
+    def search_step(self, logits: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        """One simulation per game (:meth:`PUCTSearch.step`) with the network's evaluation of the
+        last leaves, ``logits (N, A)`` and ``value (N,)``: the next leaves' observations ``(N, D + A)``."""
+        obs = self.search.step(logits.detach().cpu().numpy(), value.detach().cpu().numpy())
+        return torch.from_numpy(obs).to(self.device)
+
+    def search_result(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(pi (N, A) float32, move (N,) int64, player (N,) int64)`` (:meth:`PUCTSearch.result`)."""
+        pi, move, player = self.search.result()
+        return tuple(torch.from_numpy(x).to(self.device) for x in (pi, move, player))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The games' state and the search generators'."""
+        return {**super().state_dict(), "rngs": [r.bit_generator.state for r in self.rngs]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        for r, saved in zip(self.rngs, state["rngs"], strict=True):
+            r.bit_generator.state = saved
+
+
+class AlphaZeroBuffer(ReplayBuffer):
+    """The replay of self-play positions ``(obs, pi, z)``: ``obs`` ``(D + A,)`` float32, ``pi``
+    ``(A,)`` float32 the search's visit distribution, ``z`` float32 the game's final outcome for
+    the player to move there. A game's positions wait per env row (saved in checkpoints) until it
+    ends; then ``z`` is the last mover's reward for positions of the last mover and its negation
+    for the other player's (two-player zero-sum), and they join the circular store of
+    ``buffer_size`` positions. Every insert must bring the same env rows in the same order."""
+
+    KEYS = ("obs", "policy", "outcome")
+
+    def __init__(self, ctx: BuildContext) -> None:
+        super().__init__(ctx)
+        self.games: list[list[tuple[torch.Tensor, torch.Tensor, int]]] = []
+
+    def insert(self, **step: torch.Tensor) -> None:
+        """One move of ``N`` games: ``obs (N, D + A)``, ``policy (N, A)``, ``player (N,)`` int64,
+        ``reward (N,)`` (the mover's), ``terminated``/``truncated (N,)`` bool; stores the
+        positions of the games this move ended.
+
+        Raises:
+            KeyError: other keys.
+        """
+        need = {"obs", "policy", "player", "reward", "terminated", "truncated"}
+        if set(step) != need:
+            raise KeyError(f"AlphaZeroBuffer.insert takes exactly {sorted(need)}, got {sorted(step)}")
+        n = step["obs"].shape[0]
+        if not self.games:
+            self.games = [[] for _ in range(n)]
+        done = (step["terminated"] | step["truncated"]).tolist()
+        player, reward = step["player"].tolist(), step["reward"].tolist()
+        rows: list[tuple[torch.Tensor, torch.Tensor, float]] = []
+        for i in range(n):
+            self.games[i].append((step["obs"][i], step["policy"][i], player[i]))
+            if done[i]:
+                rows += [(o, p, reward[i] if who == player[i] else -reward[i]) for o, p, who in self.games[i]]
+                self.games[i] = []
+        if rows:
+            self._write({"obs": torch.stack([r[0] for r in rows]), "policy": torch.stack([r[1] for r in rows]),
+                         "outcome": torch.tensor([r[2] for r in rows], dtype=torch.float32, device=self.device)})
+
+    @returns("batch", axis=1)
+    def sample_many(self, num_batches: int) -> TensorDict:
+        """As :meth:`msrl.rl.buffers.ReplayBuffer.sample_many`: ``(num_batches, batch_size)``
+        positions drawn uniformly."""
+        return super().sample_many(num_batches)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "games": self.games}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.games = [list(g) for g in state["games"]]
+
+
+def alphazero_loss(logits: torch.Tensor, value: torch.Tensor, pi: torch.Tensor, z: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 1 of Silver et al. 2018 without its L2 term: the value loss ``mean (z - v)^2`` and the
+    policy loss ``mean -pi^T log p``, each a 0-d tensor; logits ``(B, A)``, value ``(B,)``, pi
+    ``(B, A)``, z ``(B,)``."""
+    log_p = torch.log_softmax(logits, -1)
+    policy_loss = -(pi * torch.where(pi > 0, log_p, 0.0)).sum(-1).mean()
+    return ((z - value) ** 2).mean(), policy_loss
+
+
+class AlphaZeroLearner(Learner):
+    """Minimises Eq. 1 (:func:`alphazero_loss`, L2 as Adam's ``weight_decay``) on replayed
+    positions; every ``eval_interval``-th :meth:`learn` (learner replica 0) also plays the fixed
+    opponents (:func:`play_match`)."""
+
+    def __init__(self, ctx: BuildContext) -> None:
+        self.hp = ctx.hparams
+        self.net = _build_net(ctx)
+        self.weights = ModuleWeights(self.net)
+        self.parameters = list(self.net.parameters())
+        self.optimizer = torch.optim.Adam(self.parameters, lr=self.hp.learning_rate,
+                                          weight_decay=self.hp.weight_decay)
+        self.game = ctx.env_spec.env_id[len("openspiel/"):] if ctx.env_spec.env_id.startswith("openspiel/") else None
+        self.replica, self.learns, self.seed = ctx.replica, 0, ctx.seed
+
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        """The network's state dict (detached tensors)."""
+        return self.weights.get()
+
+    def learn(self, batch: TensorDict) -> dict[str, Any]:
+        """One gradient step per minibatch of ``batch`` (batch size ``(K, B)``, keys
+        :attr:`AlphaZeroBuffer.KEYS`).
+
+        Returns:
+            ``losses/value_loss``, ``losses/policy_loss`` (the last minibatch's, 0-d tensors), and
+            on an evaluation's turn ``eval/<opponent>_{win,draw,loss}_rate`` floats.
+
+        Raises:
+            FloatingPointError: a loss became NaN or infinite (no step is taken).
+        """
+        for k in range(batch.batch_size[0]):
+            mb = batch[k]
+            logits, value = self.net(mb["obs"])
+            value_loss, policy_loss = alphazero_loss(logits, value, mb["policy"], mb["outcome"])
+            loss = value_loss + policy_loss
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"alphazero: the loss is {float(loss)} (value {float(value_loss)}, "
+                                         f"policy {float(policy_loss)})")
+            self.apply_gradients(loss)
+        metrics: dict[str, Any] = {"losses/value_loss": value_loss.detach(), "losses/policy_loss": policy_loss.detach()}
+        self.learns += 1
+        hp = self.hp
+        if hp.eval_interval and self.learns % hp.eval_interval == 0 and self.replica == 0 and self.game is not None:
+            for opponent in hp.eval_opponents:
+                rates = play_match(self.net, self.game, opponent, hp, hp.eval_games, seed=self.seed + self.learns)
+                metrics.update({f"eval/{opponent}_{k}_rate": v for k, v in rates.items()})
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"net": self.net.state_dict(), "optimizer": self.optimizer.state_dict(), "learns": self.learns}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.net.load_state_dict(state["net"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.learns = int(state["learns"])
+
+
+@torch.no_grad()
+def play_match(net: PolicyValueNet, game: str, opponent: str, hp: AlphaZeroConfig, games: int, seed: int,
+               num_simulations: int | None = None) -> dict[str, float]:
+    """Plays ``net`` with its search (no noise, the most visited move; ``num_simulations``,
+    default ``hp``'s) against a fixed ``opponent`` of :class:`~msrl.envs.openspiel_env.OpenSpielGameEnv`
+    (``random``, ``mcts`` with ``hp.eval_mcts_simulations``, ``solver``) in ``games`` games, the
+    first half with ``net`` moving first; all games searched as one batch.
+
+    Returns:
+        ``{"win": w, "draw": d, "loss": l}``, fractions of ``games``.
+    """
+    from msrl.envs.openspiel_env import OpenSpielGameEnv
+
+    device = next(net.parameters()).device
+    envs = [OpenSpielGameEnv(game, opponent=opponent, opponent_simulations=hp.eval_mcts_simulations,
+                             agent_seat=int(g >= games / 2)) for g in range(games)]
+    for g, e in enumerate(envs):
+        e.reset(seed=seed + g)
+    result: list[float | None] = [None] * games
+    search = PUCTSearch(envs[0].num_actions, hp, noise=False)
+    sims = num_simulations or hp.num_simulations
+    while True:
+        live = [g for g in range(games) if result[g] is None]
+        if not live:
+            break
+        leaves = search.begin([envs[g].state for g in live], ())
+        for _ in range(sims):
+            logits, value = net(torch.from_numpy(leaves).to(device))
+            leaves = search.step(logits.cpu().numpy(), value.cpu().numpy())
+        _, move, _ = search.result()
+        for g, a in zip(live, move):
+            _, reward, done, _, _ = envs[g].step(int(a))
+            if done:
+                result[g] = reward
+    return {"win": sum(r > 0 for r in result) / games, "draw": sum(r == 0 for r in result) / games,
+            "loss": sum(r < 0 for r in result) / games}
+
+
+class AlphaZeroTrainer(Trainer):
+    """The loop body: ``plies_per_iteration`` self-play moves of every game, each after a
+    search of ``num_simulations`` network evaluations; then, once ``learning_starts`` positions
+    were played, ``updates_per_iteration`` gradient steps and the new weights to the actor."""
+
+    def reset(self) -> None:
+        """First positions, the move counter, the learner's weights to the actor."""
+        self.obs = self.env.reset(seed=self.seed)
+        self.global_step = 0
+        self.actor.set_weights(self.learner.get_weights())
+
+    def train_step(self) -> dict[str, Any]:
+        """One iteration; returns the updates' metrics (empty before learning starts)."""
+        hp = self.hparams
+        for _ply in range(hp.plies_per_iteration):
+            leaves = self.env.search_begin()
+            for _sim in range(hp.num_simulations):
+                logits, value = self.actor.evaluate(leaves)
+                leaves = self.env.search_step(logits, value)
+            policy, action, player = self.env.search_result()
+            next_obs, reward, terminated, truncated, info = self.env.step(action)
+            self.buffer.insert(obs=self.obs, policy=policy, player=player, reward=reward, terminated=terminated,
+                               truncated=truncated)
+            self.obs = next_obs
+            self.global_step += self.num_envs
+        metrics = {}
+        if self.global_step >= hp.learning_starts:
+            metrics = self.learner.learn(self.buffer.sample_many(hp.updates_per_iteration))
+            self.actor.set_weights(self.learner.get_weights())
+        return metrics
+
+
+ALGORITHM = AlgorithmSpec(
+    name="alphazero",
+    hparams=AlphaZeroConfig,
+    trainer=AlphaZeroTrainer,
+    components={"actor": AlphaZeroActor, "buffer": AlphaZeroBuffer, "learner": AlphaZeroLearner},
+    env_steps_per_iteration=lambda hp, total_num_envs: hp.plies_per_iteration * total_num_envs,
+    action_spaces=(gymnasium.spaces.Discrete,),
+    policy_lag="corrected",  # learns from a replay of search targets, as the paper's
+    env_wrapper=MCTS,
+)
