@@ -240,8 +240,8 @@ class PUCTSearch:
 
     def begin(self, states: Sequence[Any], rngs: Sequence[np.random.Generator]) -> np.ndarray:
         """New trees at ``states`` (OpenSpiel states, not finished; cloned), each game's draws
-        (root noise, temperature moves) from its own generator in ``rngs`` -- so that how games
-        are split over replicas changes no draw: the roots' observations ``(G, D + A)`` float32,
+        (root noise, temperature moves) from its own generator in ``rngs`` (empty without
+        ``noise``) -- so that how games are split over replicas changes no draw: the roots' observations ``(G, D + A)`` float32,
         for the network's first evaluation."""
         self.roots = [_Node(s.clone(), chooser=-1) for s in states]
         self.paths = [[r] for r in self.roots]
@@ -256,11 +256,12 @@ class PUCTSearch:
         ``value (G,)`` (for each leaf's player to move), then selects the next leaves:
         returns their observations ``(G, D + A)`` float32."""
         for g, path in enumerate(self.paths):
-            self._expand_and_backup(path, logits[g], float(value[g]), self.rngs[g])
+            self._expand_and_backup(path, logits[g], float(value[g]), self.rngs[g] if self.noise else None)
             self.paths[g] = self._select(self.roots[g])
         return self._observations()
 
-    def _expand_and_backup(self, path: list[_Node], logits: np.ndarray, value: float, rng: np.random.Generator) -> None:
+    def _expand_and_backup(self, path: list[_Node], logits: np.ndarray, value: float,
+                           rng: np.random.Generator | None) -> None:
         leaf = path[-1]
         if leaf.player < 0:  # a finished game: its exact outcome
             outcome = np.asarray(leaf.state.returns(), np.float64)
@@ -271,7 +272,7 @@ class PUCTSearch:
                 p = np.exp(z - z.max())
                 prior = np.zeros(self.num_actions)
                 prior[legal] = p / p.sum()
-                if leaf is path[0] and self.noise and self.hp.root_exploration_fraction > 0:
+                if leaf is path[0] and rng is not None and self.hp.root_exploration_fraction > 0:
                     eps = self.hp.root_exploration_fraction
                     prior[legal] = (1 - eps) * prior[legal] + eps * rng.dirichlet([self.hp.dirichlet_alpha] * len(legal))
                 leaf.prior, leaf.legal = prior, legal
@@ -423,7 +424,15 @@ class AlphaZeroBuffer(ReplayBuffer):
     @returns("batch", axis=1)
     def sample_many(self, num_batches: int) -> TensorDict:
         """As :meth:`msrl.rl.buffers.ReplayBuffer.sample_many`: ``(num_batches, batch_size)``
-        positions drawn uniformly."""
+        positions drawn uniformly.
+
+        Raises:
+            RuntimeError: no game has ended yet (the replay is empty).
+        """
+        if self.size == 0:
+            raise RuntimeError("AlphaZeroBuffer: no self-play game has ended yet, so the replay holds no position; "
+                               "raise algorithm.hparams.learning_starts to at least env.num_envs times the game's "
+                               "longest length in plies (tic-tac-toe: 9)")
         return super().sample_many(num_batches)
 
     def state_dict(self) -> dict[str, Any]:

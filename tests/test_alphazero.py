@@ -1,0 +1,233 @@
+"""AlphaZero (``algorithms/alphazero.py``): the PUCT search against the pseudocode of Silver et al.
+2018, the replay's outcomes, the loss (Eq. 1), where the search's evaluations run under each
+policy, exact resume, bad input; and (slow) tic-tac-toe learned to never lose to the solver."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+pyspiel = pytest.importorskip("pyspiel")
+
+import msrl  # noqa: E402
+from msrl.algorithms import alphazero  # noqa: E402
+from msrl.algorithms.alphazero import AlphaZeroConfig, PUCTSearch, alphazero_loss  # noqa: E402
+from msrl.api import BuildContext  # noqa: E402
+from msrl.config import load_config  # noqa: E402
+from msrl.envs import env_spec  # noqa: E402
+from msrl.errors import ConfigError  # noqa: E402
+from msrl.graph import NodeKind  # noqa: E402
+from msrl.policy import load_policy  # noqa: E402
+from msrl.run.job import Job, JobSpec  # noqa: E402
+
+GAME = pyspiel.load_game("tic_tac_toe")
+CONFIG = "configs/alphazero_tictactoe.yaml"
+
+
+def _state(moves):
+    state = GAME.new_initial_state()
+    for a in moves:
+        state.apply_action(a)
+    return state
+
+
+def _uniform_search(state, simulations, hp=None):
+    """The search at ``state`` with a network that knows nothing (equal logits, value 0)."""
+    search = PUCTSearch(9, hp or AlphaZeroConfig(), noise=False)
+    search.begin([state], ())
+    for _ in range(simulations):
+        search.step(np.zeros((1, 9), np.float32), np.zeros(1, np.float32))
+    return search
+
+
+def test_puct_selects_by_the_pseudocodes_score():
+    """The first simulation follows the largest prior (every count 0); the second, after the
+    first leaf's value came back signed for the player who chose it, the largest
+    ``Q + c(s) P sqrt(N(s)) / (1 + N(s, a))``."""
+    hp = AlphaZeroConfig()
+    logits = np.log(np.array([[1, 2, 3, 4, 9, 4, 3, 2, 1]], np.float32))
+    prior = np.exp(logits[0]) / np.exp(logits[0]).sum()
+    search = PUCTSearch(9, hp, noise=False)
+    search.begin([_state([])], ())
+    search.step(logits, np.array([0.3], np.float32))  # expands the root; selects
+    assert [n.state.history() for n in search.paths[0]] == [[], [4]]
+    # the leaf (o to move) is worth +0.5 to o: -0.5 to x, who chose the centre
+    search.step(np.zeros((1, 9), np.float32), np.array([0.5], np.float32))
+    root = search.roots[0]
+    assert root.visits == 2 and root.children[4].value_sum == -0.5
+    c = math.log((1 + 2 + hp.c_base) / hp.c_base) + hp.c_init
+    score = [c * prior[a] * math.sqrt(2) / (1 + (a == 4)) + (-0.5 if a == 4 else 0.0) for a in range(9)]
+    assert search.paths[0][1].state.history() == [int(np.argmax(score))]
+
+
+def test_the_search_takes_a_win_in_one_and_blocks_a_loss_in_one():
+    """With a network that knows nothing, the finished games' exact outcomes steer the visits."""
+    win = _uniform_search(_state([0, 3, 1, 4]), 200)  # x to move: 2 completes the top row
+    assert win.visit_counts()[0].argmax() == 2
+    block = _uniform_search(_state([0, 3, 1]), 300)  # o to move: only 2 stops x's top row
+    assert block.visit_counts()[0].argmax() == 2
+
+
+def test_the_root_counts_one_visit_per_evaluation_after_its_own():
+    search = _uniform_search(_state([]), 25)
+    assert search.visit_counts().sum() == 24 and search.roots[0].visits == 25
+    pi, move, player = search.result()
+    assert pi.dtype == np.float32 and math.isclose(pi.sum(), 1.0, rel_tol=1e-6)
+    assert move[0] == search.visit_counts()[0].argmax() and player[0] == 0
+
+
+def test_root_noise_and_temperature_moves_come_from_each_games_generator():
+    hp = AlphaZeroConfig(temperature_moves=2)
+    states = [_state([]), _state([0, 4])]  # ply 0 (drawn by the visits) and ply 2 (the most visited)
+    runs = []
+    for seed in range(8):
+        search = PUCTSearch(9, hp, noise=True)
+        search.begin(states, [np.random.default_rng([seed, 0]), np.random.default_rng([seed, 1])])
+        for _ in range(30):
+            search.step(np.zeros((2, 9), np.float32), np.zeros(2, np.float32))
+        prior = search.roots[0].prior
+        assert math.isclose(prior.sum(), 1.0) and not np.allclose(prior, 1 / 9)  # Dirichlet noise mixed in
+        pi, move, _ = search.result()
+        assert move[1] == search.visit_counts()[1].argmax()
+        runs.append((move[0], tuple(pi[0])))
+    assert len({m for m, _ in runs}) > 1  # the first ply's moves vary with the generator
+    again = PUCTSearch(9, hp, noise=True)
+    again.begin(states, [np.random.default_rng([0, 0]), np.random.default_rng([0, 1])])
+    for _ in range(30):
+        again.step(np.zeros((2, 9), np.float32), np.zeros(2, np.float32))
+    assert (again.result()[1][0], tuple(again.result()[0][0])) == runs[0]
+
+
+def _buffer(n_envs=2, **hp):
+    ctx = BuildContext(AlphaZeroConfig(buffer_size=16, batch_size=4, **hp), env_spec("openspiel/tic_tac_toe", n_envs),
+                       0, 1, n_envs, 100, 0, torch.device("cpu"))
+    return alphazero.AlphaZeroBuffer(ctx)
+
+
+def _step(buf, i, player, reward, done):
+    obs = torch.full((2, 36), float(i))
+    buf.insert(obs=obs, policy=torch.full((2, 9), 1 / 9), player=torch.tensor(player), reward=torch.tensor(reward),
+               terminated=torch.tensor(done), truncated=torch.tensor([False, False]))
+
+
+def test_the_replay_fills_in_each_positions_outcome_when_its_game_ends():
+    buf = _buffer()
+    _step(buf, 0, [0, 0], [0.0, 0.0], [False, False])
+    _step(buf, 1, [1, 1], [0.0, 0.0], [False, False])
+    _step(buf, 2, [0, 0], [1.0, 0.0], [True, False])  # game 0: player 0's third move wins it
+    assert buf.size == 3 and len(buf.games[1]) == 3 and buf.games[0] == []
+    stored = buf.storage[:3]
+    assert stored["obs"][:, 0].tolist() == [0.0, 1.0, 2.0] and stored["outcome"].tolist() == [1.0, -1.0, 1.0]
+    saved = buf.state_dict()
+    twin = _buffer()
+    twin.load_state_dict(saved)
+    _step(twin, 3, [1, 1], [0.0, -1.0], [False, True])  # game 1: a losing last move (a game that pays its mover -1)
+    assert twin.size == 7 and twin.storage["outcome"][3:7].tolist() == [1.0, -1.0, 1.0, -1.0]
+
+
+def test_an_empty_replay_says_what_to_raise():
+    with pytest.raises(RuntimeError, match="learning_starts"):
+        _buffer().sample_many(2)
+
+
+def test_the_loss_is_eq_1_without_its_l2_term():
+    torch.manual_seed(0)
+    logits, value = torch.randn(5, 9), torch.tanh(torch.randn(5))
+    pi = torch.softmax(torch.randn(5, 9), -1)
+    pi[0] = torch.zeros(9)
+    pi[0, 3] = 1.0  # a one-hot target: its zeros contribute nothing
+    z = torch.tensor([1.0, -1.0, 0.0, 1.0, -1.0])
+    value_loss, policy_loss = alphazero_loss(logits, value, pi, z)
+    assert torch.allclose(value_loss, ((z - value) ** 2).mean())
+    assert torch.allclose(policy_loss, -(pi * torch.log_softmax(logits, -1)).sum(-1).mean())
+
+
+def _spec(policy="single", replicas=None, placement=None, inference=None, num_envs=4, **hp):
+    pol = load_policy(policy).with_overrides(replicas=replicas, placement=placement, inference=inference)
+    hparams = AlphaZeroConfig(**{**dict(num_simulations=4, plies_per_iteration=5, buffer_size=256, batch_size=8,
+                                        updates_per_iteration=2, learning_starts=40, hidden_sizes=(8,)), **hp})
+    return JobSpec(alphazero.ALGORITHM, hparams, "openspiel/tic_tac_toe", num_envs, pol, seed=5, total_env_steps=5_000)
+
+
+def _run(spec, iterations=4):
+    job = Job(spec)
+    try:
+        job.reset()
+        metrics = [{k: float(v) for k, v in job.train_step().items()} for _ in range(iterations)]
+        weights = {k: v.clone() for k, v in job.component("learner").get_weights().items()}
+        return metrics, weights, job.fragment_graph
+    finally:
+        job.close()
+
+
+def test_under_fine_the_env_replicas_search_and_the_central_actor_evaluates_their_leaves():
+    """The search's calls stay with the games; each simulation's leaves go to the central
+    replica and their evaluations come back (a gather and a scatter inside the simulation loop)."""
+    a = _run(_spec())
+    metrics, weights, fg = _run(_spec("single_learner_fine", {"env": 2}))
+    assert all(torch.equal(a[1][k], weights[k]) for k in weights) and a[0] == metrics
+    edges = {(b.value, b.comm_kind) for b in fg.boundaries if b.method == "train_step"}
+    assert {("leaves", NodeKind.GATHER), ("logits", NodeKind.SCATTER), ("value", NodeKind.SCATTER)} <= edges
+    roles = {f.name: f.spec.roles for f in fg.fragments}
+    assert roles["env"] == ("env",) and "actor" in roles["learner"]
+
+
+def test_dynamic_batching_serves_the_searches_with_the_replay_in_its_own_fragment():
+    """Central inference with dynamic batching: each env replica's search runs free and its
+    leaves are evaluated in whatever batch forms; the replay, which the learner samples, sits
+    in a fragment of its own (sharded per client, its samples could not combine)."""
+    with pytest.raises(Exception, match="run it lockstep by dropping distribution_policy.inference"):
+        Job(_spec("single_learner_fine", {"env": 2}, inference={"max_batch": 2, "timeout_ms": 5}))
+    metrics, _, fg = _run(_spec("single_learner_fine", {"env": 2}, {"buffer": "replay"},
+                                inference={"max_batch": 2, "timeout_ms": 5}), iterations=4)
+    losses = [v for m in metrics for k, v in m.items() if k.startswith("losses/")]
+    assert losses and all(math.isfinite(v) for v in losses)
+    assert "replay" in {f.name for f in fg.fragments}
+
+
+def test_a_run_resumes_exactly(tmp_path):
+    """The games, the search generators and the replay's unfinished games come back from the
+    checkpoint: a run stopped and resumed ends where one straight run ends."""
+    common = ["algorithm.hparams.num_simulations=4", "algorithm.hparams.plies_per_iteration=5",
+              "algorithm.hparams.learning_starts=40", "algorithm.hparams.batch_size=8", "algorithm.hparams.hidden_sizes=[8]",
+              "algorithm.hparams.eval_interval=0", "env.num_envs=4", "train.progress=false", "eval.episodes=1"]
+    straight = msrl.train(load_config(CONFIG, [*common, f"runs_dir={tmp_path / 'a'}", "train.total_env_steps=160"]))
+    first = msrl.train(load_config(CONFIG, [*common, f"runs_dir={tmp_path / 'b'}", "train.total_env_steps=60",
+                                            "train.checkpoint_every=1"]))
+    resumed = msrl.train(resume=first.run_dir, train__total_env_steps=160)
+    assert straight.env_steps == resumed.env_steps == 160
+    a, b = (torch.load(r.run_dir / "checkpoints" / "latest.pt", weights_only=False)["actor_weights"]
+            for r in (straight, resumed))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_game_it_cannot_search_is_one_clear_error():
+    with pytest.raises(ConfigError, match="alphazero searches OpenSpiel games in the process that steps them: "
+                                          "env.id must be openspiel/<game> and env.engine sync"):
+        Job(JobSpec(alphazero.ALGORITHM, AlphaZeroConfig(), "openspiel/tic_tac_toe", 2, load_policy("single"), seed=0,
+                    total_env_steps=100, env_engine="process"))
+    with pytest.raises(ValueError, match="eval_opponents: 'minimax' is not one of random, mcts, solver"):
+        AlphaZeroConfig(eval_opponents=("minimax",))
+
+
+def test_evaluation_play_uses_the_search():
+    """play_match: a network that knows nothing, searching 60 simulations a move, beats a random
+    player in most games (the finished games' exact outcomes steer its search)."""
+    net = alphazero.PolicyValueNet(36, 9, (8,))
+    rates = alphazero.play_match(net, "tic_tac_toe", "random", AlphaZeroConfig(num_simulations=60), games=10, seed=0)
+    assert math.isclose(sum(rates.values()), 1.0) and rates["win"] >= 0.6
+
+
+@pytest.mark.slow
+def test_alphazero_learns_tic_tac_toe_and_never_loses_to_the_solver(tmp_path):
+    """The shipped config (single, seed 1): after training, the learner's network with its search
+    draws every game against the solver (both colours) and beats a random player."""
+    result = msrl.train(load_config(CONFIG, [f"runs_dir={tmp_path}", "train.progress=false", "eval.episodes=2"]))
+    ckpt = torch.load(result.run_dir / "checkpoints" / "latest.pt", weights_only=False)
+    net = alphazero.PolicyValueNet(36, 9, (128, 128))
+    net.load_state_dict(ckpt["actor_weights"])
+    hp = AlphaZeroConfig()
+    solver = alphazero.play_match(net, "tic_tac_toe", "solver", hp, games=20, seed=0)
+    assert solver["loss"] == 0.0, solver
+    assert alphazero.play_match(net, "tic_tac_toe", "random", hp, games=20, seed=0)["win"] >= 0.8
