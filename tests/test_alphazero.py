@@ -211,6 +211,26 @@ def test_a_game_it_cannot_search_is_one_clear_error():
         AlphaZeroConfig(eval_opponents=("minimax",))
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    ("{opponent: minimax}", "eval.env_kwargs: opponent: 'minimax' is not one of random, mcts, solver"),
+    ("{oponent: random}", "eval.env_kwargs: oponent: an unexpected keyword argument 'oponent' for "
+                          "openspiel/tic_tac_toe. Did you mean 'opponent'?"),
+])
+def test_a_bad_evaluation_kwarg_is_one_line_before_any_work(kwargs, message):
+    from msrl.config import build_job_spec
+
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        build_job_spec(load_config(CONFIG, [f"eval.env_kwargs={kwargs}"]))
+
+
+def test_msrls_evaluation_plays_the_network_against_the_configs_opponent(tmp_path):
+    """``eval.env_kwargs: {opponent: random}``: the final evaluation's returns are the network's
+    results (+1, 0, -1) against a random player, seats alternating."""
+    result = msrl.train(load_config(CONFIG, [f"runs_dir={tmp_path}", "train.total_env_steps=128", "eval.episodes=6",
+                                             "train.progress=false", "algorithm.hparams.eval_interval=0"]))
+    assert len(result.eval_returns) == 6 and set(result.eval_returns) <= {-1.0, 0.0, 1.0}
+
+
 def test_evaluation_play_uses_the_search():
     """play_match: a network that knows nothing, searching 60 simulations a move, beats a random
     player in most games (the finished games' exact outcomes steer its search)."""

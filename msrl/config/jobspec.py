@@ -195,6 +195,17 @@ def build_job_spec(cfg: RunConfig) -> Any:
             check_env_id(cfg.eval.env_id)
         except UnknownEnvError as e:
             raise ConfigError(f"eval.env_id: {e}") from None
+    if cfg.eval.env_kwargs:  # the evaluation env built once, so that a bad key fails before any work
+        from msrl.envs.single_env import make_single_env
+        from msrl.run.evaluation import evaluation_env
+
+        eval_id, eval_kwargs, eval_wrappers = evaluation_env(cfg)
+        if eval_id is None:
+            raise ConfigError(f"eval.env_kwargs: {cfg.env.id} has no gymnasium env to evaluate on; set eval.env_id too")
+        try:
+            make_single_env(eval_id, eval_kwargs, eval_wrappers).close()
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"eval.env_kwargs: {str(e).replace('env.kwargs.', '', 1)}") from None
     from msrl.envs import eval_env_id
 
     if not engine.gymnasium_ids and cfg.eval.env_id is None and cfg.train.eval_every:

@@ -182,6 +182,9 @@ class EvalConfig(_Strict):
         None, description="gymnasium env to evaluate on (default: the training env, or a native env's gymnasium twin)"
     )
     seed: int = Field(10_000, ge=0, description="seed of the evaluation envs (>= 0)")
+    env_kwargs: dict[str, Any] | None = Field(
+        None, description="gymnasium.make kwargs of the evaluation env, over the training env's (e.g. "
+        "{opponent: random}: an openspiel/<game> env whose other seat a fixed player takes)")
 
 
 class ClusterConfig(_Strict):

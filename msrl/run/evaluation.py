@@ -148,18 +148,21 @@ def evaluate_job(job: Any, cfg: Any) -> list[float]:
 def evaluation_env(cfg: Any) -> tuple[str | None, dict[str, Any], list[str]]:
     """The gymnasium env id, ``gymnasium.make`` kwargs and msrl wrappers evaluations run on:
     ``eval.env_id`` (with the training env's wrappers) if set, else the training env, or a
-    native env's gymnasium counterpart (``None`` when a native env has none)."""
+    native env's gymnasium counterpart (``None`` when a native env has none); ``eval.env_kwargs``
+    over the kwargs."""
     from msrl.envs import eval_env_id, is_native
 
+    own = dict(cfg.eval.env_kwargs or {})
     if cfg.eval.env_id:
-        return cfg.eval.env_id, {}, list(cfg.env.wrappers)
+        return cfg.eval.env_id, own, list(cfg.env.wrappers)
     if is_native(cfg.env.id):
-        return eval_env_id(cfg.env.id), {}, []
+        return eval_env_id(cfg.env.id), own, []
     if eval_env_id(cfg.env.id) is None:
         return None, {}, []
     from msrl.envs.engines import engine
 
-    return engine(cfg.env.engine).evaluation(cfg.env.id, cfg.env.kwargs, cfg.env.wrappers)
+    env_id, kwargs, wrappers = engine(cfg.env.engine).evaluation(cfg.env.id, cfg.env.kwargs, cfg.env.wrappers)
+    return env_id, {**kwargs, **own}, wrappers
 
 
 def actor_device(actor: Any) -> torch.device:

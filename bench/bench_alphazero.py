@@ -1,0 +1,154 @@
+"""AlphaZero (``algorithms/alphazero.py``): how well it plays, and how fast it self-plays.
+
+``play`` -- train the shipped config per seed, then play its network with its search against
+fixed opponents, half the games with each colour:
+
+* tic-tac-toe (``configs/alphazero_tictactoe.yaml``) against OpenSpiel's exact solver
+  (alpha-beta) and a random player: the gate is no loss to the solver in 100 games;
+* Connect Four (``configs/alphazero_connect_four.yaml``) against OpenSpiel's ``MCTSBot`` with
+  1,000 random-rollout simulations (UCT constant 2, solving subtrees), msrl's search at an equal
+  or smaller simulation budget: the gate is >= 90% wins.
+
+``selfplay`` -- the self-play rate (positions/s and leaf evaluations/s, learning off) at 1, 4
+and 16 actors on Ray, under ``single_learner_fine`` (each env replica searches its games, the
+central replica evaluates every replica's leaves in the batches its server forms: SEED RL's
+dynamic batching, the replay in a fragment of its own) against ``single_learner_coarse`` (each
+actor replica evaluates its own leaves), same run; with the requests per batch the server formed.
+
+    python bench/bench_alphazero.py play tic_tac_toe --seeds 1 2 3 --games 100
+    python bench/bench_alphazero.py play connect_four --seeds 1 --games 100 --budget 400000
+    python bench/bench_alphazero.py selfplay --actors 1 4 16 --iterations 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+CONFIGS = {"tic_tac_toe": "configs/alphazero_tictactoe.yaml", "connect_four": "configs/alphazero_connect_four.yaml"}
+#: the opponents each game is measured against
+OPPONENTS = {"tic_tac_toe": ("solver", "random"), "connect_four": ("mcts", "random")}
+
+
+def play(game: str, seed: int, games: int, budget: int | None, simulations: int | None) -> dict:
+    """Trains ``game``'s shipped config with ``seed`` (``budget`` env steps, default the config's),
+    then plays ``games`` games against each opponent; returns the rates and the training time."""
+    import msrl
+    from msrl.algorithms import alphazero
+    from msrl.config import load_config
+
+    over = [f"seed={seed}", "train.progress=false", "eval.episodes=2", f"runs_dir={tempfile.mkdtemp()}"]
+    if budget:
+        over.append(f"train.total_env_steps={budget}")
+    cfg = load_config(CONFIGS[game], over)
+    t0 = time.perf_counter()
+    result = msrl.train(cfg)
+    train_s = time.perf_counter() - t0
+    hp = cfg.algorithm.hparams
+    ckpt = torch.load(result.run_dir / "checkpoints" / "latest.pt", weights_only=False)
+    from msrl.envs import env_spec
+
+    spec = env_spec(cfg.env.id, 1)
+    import numpy as np
+
+    net = alphazero.PolicyValueNet(int(np.prod(spec.observation_space.shape)), int(spec.action_space.n), hp.hidden_sizes)
+    net.load_state_dict(ckpt["actor_weights"])
+    out = {"game": game, "seed": seed, "train_s": train_s, "env_steps": result.env_steps,
+           "simulations": simulations or hp.num_simulations}
+    for opponent in OPPONENTS[game]:
+        t1 = time.perf_counter()
+        out[opponent] = alphazero.play_match(net, game, opponent, hp, games, seed=10_000 + seed,
+                                             num_simulations=simulations)
+        out[f"{opponent}_play_s"] = time.perf_counter() - t1
+    return out
+
+
+def selfplay_rate(policy: str, actors: int, games_per_actor: int, iterations: int, simulations: int) -> dict:
+    """Positions/s of ``iterations`` self-play iterations (after one of warm-up), learning off,
+    on Ray: ``policy`` with ``actors`` searching replicas of ``games_per_actor`` games each."""
+    from msrl.cluster.options import RayOptions
+    from msrl.config import build_job_spec, load_config
+    from msrl.run.driver import ray_job
+
+    replicas = "env" if policy == "single_learner_fine" else "actor"
+    over = [f"distribution_policy.name={policy}", f"distribution_policy.replicas.{replicas}={actors}",
+            f"env.num_envs={actors * games_per_actor}", "algorithm.hparams.learning_starts=1000000000",
+            f"algorithm.hparams.num_simulations={simulations}", "algorithm.hparams.eval_interval=0", "runtime=ray"]
+    if policy == "single_learner_fine":
+        over += ["distribution_policy.placement.buffer=replay",
+                 f"distribution_policy.inference={{max_batch: {actors}, timeout_ms: 2}}"]
+    spec = build_job_spec(load_config(CONFIGS["tic_tac_toe"], over))
+    job = ray_job(spec, RayOptions())
+    try:
+        job.reset()
+        job.run(1)
+        t0 = time.perf_counter()
+        records = job.run(iterations)
+        dt = time.perf_counter() - t0
+    finally:
+        job.close()
+    sizes = [s for r in records if r.get("inference") for s in r["inference"]["batch_sizes"]]
+    positions = iterations * spec.env_steps_per_iteration
+    return {"policy": policy, "actors": actors, "positions_per_s": positions / dt,
+            "evaluations_per_s": positions * simulations / dt,
+            "requests_per_batch": statistics.mean(sizes) if sizes else None,
+            "rows_per_batch": statistics.mean(sizes) * games_per_actor if sizes else None}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="what", required=True)
+    a = sub.add_parser("play")
+    a.add_argument("game", choices=sorted(CONFIGS))
+    a.add_argument("--seeds", type=int, nargs="+", default=[1])
+    a.add_argument("--games", type=int, default=100)
+    a.add_argument("--budget", type=int, default=None, help="env steps (self-play positions) of training")
+    a.add_argument("--simulations", type=int, default=None, help="msrl's simulations per move in the matches")
+    b = sub.add_parser("selfplay")
+    b.add_argument("--actors", type=int, nargs="+", default=[1, 4, 16])
+    b.add_argument("--games-per-actor", type=int, default=4)
+    b.add_argument("--iterations", type=int, default=6)
+    b.add_argument("--simulations", type=int, default=50)
+    p.add_argument("--json", default=None, help="also write the raw results here")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    print(f"machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
+          f"command: {' '.join(sys.argv)}")
+    rows = []
+    if args.what == "play":
+        for seed in args.seeds:
+            r = play(args.game, seed, args.games, args.budget, args.simulations)
+            rows.append(r)
+            rates = "; ".join(f"{o}: {r[o]['win']:.0%} won, {r[o]['draw']:.0%} drawn, {r[o]['loss']:.0%} lost"
+                              for o in OPPONENTS[args.game])
+            print(f"seed {seed}: {r['env_steps']} positions in {r['train_s']:.0f} s of training; {args.games} games "
+                  f"at {r['simulations']} simulations a move -- {rates}", flush=True)
+    else:
+        import ray
+
+        print("| actors | policy | positions/s | leaf evaluations/s | requests (rows) per batch |")
+        print("| --- | --- | --- | --- | --- |")
+        for actors in args.actors:
+            for policy in ("single_learner_coarse", "single_learner_fine"):
+                r = selfplay_rate(policy, actors, args.games_per_actor, args.iterations, args.simulations)
+                if ray.is_initialized():
+                    ray.shutdown()
+                rows.append(r)
+                batch = "-" if r["requests_per_batch"] is None else \
+                    f"{r['requests_per_batch']:.2f} ({r['rows_per_batch']:.1f})"
+                print(f"| {actors} | {policy} | {r['positions_per_s']:.1f} | {r['evaluations_per_s']:.0f} | {batch} |",
+                      flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
