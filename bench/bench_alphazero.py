@@ -51,7 +51,7 @@ def play(game: str, seed: int, games: int, budget: int | None, simulations: int 
     t0 = time.perf_counter()
     result = msrl.train(cfg)
     train_s = time.perf_counter() - t0
-    hp = cfg.algorithm.hparams
+    hp = alphazero.AlphaZeroConfig(**cfg.algorithm.hparams)
     ckpt = torch.load(result.run_dir / "checkpoints" / "latest.pt", weights_only=False)
     from msrl.envs import env_spec
 

@@ -251,3 +251,26 @@ def test_alphazero_learns_tic_tac_toe_and_never_loses_to_the_solver(tmp_path):
     solver = alphazero.play_match(net, "tic_tac_toe", "solver", hp, games=20, seed=0)
     assert solver["loss"] == 0.0, solver
     assert alphazero.play_match(net, "tic_tac_toe", "random", hp, games=20, seed=0)["win"] >= 0.8
+
+
+@pytest.mark.parametrize("policy, replicas, twin", [
+    ("single_learner_fine", "env=2", ["distribution_policy.name=single"]),
+    ("single_learner_coarse", "actor=2", ["distribution_policy.name=single_learner_coarse",
+                                          "distribution_policy.replicas.actor=2"]),
+])
+def test_on_ray_processes_it_learns_what_it_learns_in_one_process_bitwise(tmp_path, policy, replicas, twin):
+    """The searching replicas as Ray processes (the games, their trees and generators in each;
+    under fine the leaves cross to the central process every simulation) end with the weights one
+    process ends with: under fine, ``single``'s; under coarse x2, coarse x2 as threads."""
+    common = ["algorithm.hparams.num_simulations=4", "algorithm.hparams.plies_per_iteration=5",
+              "algorithm.hparams.learning_starts=40", "algorithm.hparams.batch_size=8", "algorithm.hparams.hidden_sizes=[8]",
+              "algorithm.hparams.eval_interval=0", "env.num_envs=4", "train.progress=false", "eval.episodes=1",
+              "train.total_env_steps=120", "train.checkpoint_every=6"]
+    kind, n = replicas.split("=")
+    ray = msrl.train(load_config(CONFIG, [*common, f"distribution_policy.name={policy}",
+                                          f"distribution_policy.replicas.{kind}={n}", "runtime=ray",
+                                          f"runs_dir={tmp_path / 'ray'}"]))
+    local = msrl.train(load_config(CONFIG, [*common, *twin, "runtime=local", f"runs_dir={tmp_path / 'local'}"]))
+    assert ray.env_steps == local.env_steps == 120
+    a, b = (torch.load(r.run_dir / "checkpoints" / "latest.pt", weights_only=False)["actor_weights"] for r in (local, ray))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

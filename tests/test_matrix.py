@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from msrl.algorithms import a2c, a3c, alphazero, c51, ddpg, dqn, impala, impala_lstm, mappo, pg, ppo, ppo_lstm, ppo_selfplay, sac, td3
+from msrl.algorithms import a2c, a3c, alphazero, c51, ddpg, dqn, dreamerv3, impala, impala_lstm, mappo, pg, ppo, ppo_lstm, ppo_selfplay, sac, td3
 from msrl.graph import NodeKind
 from msrl.policy import load_policy
 from msrl.run.job import Job, JobSpec
@@ -61,6 +61,10 @@ TINY = {
     "alphazero": (alphazero.ALGORITHM, dict(num_simulations=4, plies_per_iteration=5, buffer_size=256, batch_size=8,
                                             updates_per_iteration=2, learning_starts=40, hidden_sizes=(8,)),
                   "openspiel/tic_tac_toe"),
+    # DreamerV3: a world model on replayed sequences, the actor-critic on rollouts imagined in the
+    # learner; the acting side carries its recurrent model state from step to step
+    "dreamerv3": (dreamerv3.ALGORITHM, dict(model_size="nano", batch_size=2, batch_length=4, horizon=3, train_ratio=2,
+                                            steps_per_iteration=4, learning_starts=16, buffer_size=256), "CartPole-v1"),
 }
 #: gymnasium.make / parallel_env kwargs per algorithm's env
 ENV_KWARGS = {"mappo": {"N": 3, "max_cycles": 5, "continuous_actions": False}}
@@ -70,7 +74,7 @@ ROLLOUT_VALUES = {"ppo_lstm": 2, "impala_lstm": 2, "a3c": 2}
 #: the on-policy algorithms: one push from each actor per iteration
 ON_POLICY = ("ppo", "a2c", "pg", "a3c", "impala", "mappo", "ppo_norm", "ppo_lstm", "impala_lstm", "ppo_selfplay")
 ITERATIONS = {"ppo_lstm": 3, "impala_lstm": 3, "ppo": 3, "a2c": 4, "pg": 3, "a3c": 4, "impala": 3, "dqn": 8, "dqn_apex": 8, "c51": 8, "sac": 16, "ddpg": 16, "td3": 16, "mappo": 3, "ppo_norm": 3,
-              "ppo_selfplay": 3, "alphazero": 4}
+              "ppo_selfplay": 3, "alphazero": 4, "dreamerv3": 4}
 
 #: (policy, replicas, placement) each algorithm runs under.
 POLICIES = [
@@ -79,7 +83,7 @@ POLICIES = [
     ("single_learner_coarse", {"actor": 2}, None),
 ]
 #: the off-policy algorithms (a replay buffer): they also run with their replay beside the learner (Ape-X style)
-OFF_POLICY = ("dqn", "dqn_apex", "c51", "sac", "ddpg", "td3", "alphazero")
+OFF_POLICY = ("dqn", "dqn_apex", "c51", "sac", "ddpg", "td3", "alphazero", "dreamerv3")
 #: Off-policy algorithms also run with their replay beside the learner (Ape-X style).
 REPLAY_AT_LEARNER = [("single_learner_coarse", {"actor": 1}, {"buffer": "learner"}),
                      ("single_learner_coarse", {"actor": 2}, {"buffer": "learner"})]
@@ -135,7 +139,7 @@ def test_algorithm_runs_under_policy(case):
     if algo in ON_POLICY:
         assert len(values) == ROLLOUT_VALUES.get(algo, 1)  # the gathered rollout, once per iteration
     elif placement:
-        assert {"reward", "terminated", "self.obs"} <= values  # transitions, every step
+        assert {"reward", "terminated"} <= values and ({"self.obs", "next_obs"} & values)  # transitions, every step
         assert "action" in values or algo == "alphazero"  # (whose replay keeps the search's policy instead)
     elif algo in ("dqn", "dqn_apex"):  # the prioritized sample and the uniform one (each in a branch)
         assert "batch" in values and len(values) == 2

@@ -81,8 +81,8 @@ def evaluate(
     Args:
         actor: an actor whose ``act`` returns an action ``(N, ...)`` or a tuple whose first
             item is the action; a recurrent one (``actor.recurrent``: :class:`~msrl.rl.recurrent.RecurrentActor`)
-            is called ``act(obs, state, deterministic=True)`` with the state it returned, ended
-            episodes' rows zeroed (``end_episodes``).
+            is called ``act(obs, state, deterministic=True)`` with the state it returned (the
+            last item of its tuple), ended episodes' rows zeroed (``end_episodes``).
         env_id: gymnasium id; ``env_kwargs``: for ``gymnasium.make``; ``wrappers``: msrl's
             named wrappers, as in training.
         episodes: number of episodes (= envs in the batch), >= 1.
@@ -117,7 +117,7 @@ def evaluate(
             action = out[0] if isinstance(out, tuple) else out
             obs, reward, terminated, truncated, _ = env.step(action)
             if recurrent:
-                state = actor.end_episodes(out[3], terminated, truncated)
+                state = actor.end_episodes(out[-1], terminated, truncated)  # (the new state comes last)
             returns += np.where(finished, 0.0, reward.cpu().numpy())
             finished |= (terminated | truncated).cpu().numpy()
         return returns.tolist()

@@ -203,7 +203,7 @@ class TrainedPolicy:
             start = torch.as_tensor(episode_start, dtype=torch.bool, device=x.device).reshape(n)
             self._state = self.actor.end_episodes(self._state, start, torch.zeros_like(start))
         out = self.actor.act(x, self._state, deterministic=deterministic)
-        self._state = out[3]
+        self._state = out[-1]  # (a recurrent actor's new state comes last)
         return out
 
     def reset_state(self) -> None:

@@ -1,0 +1,631 @@
+"""DreamerV3: a world model learned from replayed sequences, and an actor-critic trained on
+rollouts imagined inside it (Hafner, Pasukonis, Ba and Lillicrap 2023, "Mastering Diverse
+Domains through World Models", arXiv:2301.04104v1; equation numbers are that version's).
+
+Read top to bottom: hyperparameters and the model sizes (RLlib's, whose ``XS`` is the CPU size);
+symlog and two-hot (Eq. 9-10); the networks -- encoder, RSSM with discrete latents (Eq. 1),
+decoder, reward, continue, actor, critic; the acting side, which carries each env's recurrent
+state ``(h, z, previous action)`` from step to step as PPO-LSTM's actor carries its LSTM state;
+the replay of sequences; the learner: the world model's loss (Eq. 2-5, free bits and KL
+balancing), imagination of ``horizon`` steps from every replayed state, lambda-returns (Eq. 7),
+the critic's two-hot loss with its slow-critic regulariser, the actor's REINFORCE loss with
+percentile return normalisation and entropy (Eq. 11-12); and the trainer: ``steps_per_iteration``
+env steps into the replay, then ``train_ratio`` replayed steps per env step of updates.
+
+Where imagination runs is the learner, wherever a policy puts it: under ``async_learner`` the
+actors keep collecting while the learner trains (RLlib's layout), under coarse they wait.
+
+    msrl train configs/dreamerv3_cartpole.yaml
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any, Mapping
+
+import gymnasium
+import numpy as np
+import torch
+from tensordict import TensorDict
+from torch import nn
+from torch.nn import functional as F
+
+from msrl.api import (
+    Actor,
+    AlgorithmSpec,
+    Buffer,
+    BuildContext,
+    Fraction,
+    Learner,
+    ModuleWeights,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Trainer,
+    UnitInterval,
+    returns,
+)
+
+__all__ = ["DreamerV3Config", "SIZES", "symlog", "symexp", "two_hot", "two_hot_mean", "lambda_returns",
+           "sample_categorical", "WorldModel", "DreamerV3Actor",
+           "SequenceReplay", "DreamerV3Learner", "DreamerV3Trainer", "ALGORITHM"]
+
+#: model sizes (RLlib's ``dreamerv3/utils``, the paper's S-XL and smaller ones for small tasks):
+#: name -> (GRU units, dense units, dense layers, latents, classes per latent)
+SIZES = {
+    "nano": (16, 16, 1, 4, 4), "micro": (32, 32, 1, 8, 8), "mini": (64, 64, 1, 16, 16),
+    "XXS": (128, 128, 1, 32, 32), "XS": (256, 256, 1, 32, 32), "S": (512, 512, 2, 32, 32),
+    "M": (1024, 640, 3, 32, 32), "L": (2048, 768, 4, 32, 32), "XL": (4096, 1024, 5, 32, 32),
+}
+
+
+@dataclasses.dataclass
+class DreamerV3Config:
+    """DreamerV3's hyperparameters (the paper's Table W.1 and RLlib's ``DreamerV3Config`` names
+    and defaults)."""
+
+    model_size: str = "XS"
+    """the networks' size: one of nano, micro, mini, XXS, XS, S, M, L, XL (:data:`SIZES`)"""
+    batch_size: PositiveInt = 16
+    """replayed sequences per update (B)"""
+    batch_length: PositiveInt = 64
+    """steps per replayed sequence (T)"""
+    horizon: PositiveInt = 15
+    """imagined steps from each replayed state (H)"""
+    train_ratio: PositiveInt = 1024
+    """replayed steps (B x T per update) per env step"""
+    steps_per_iteration: PositiveInt = 4
+    """env steps per env per iteration, before that iteration's updates"""
+    learning_starts: NonNegativeInt = 1024
+    """env steps (over every env) before the first update"""
+    buffer_size: PositiveInt = 1_000_000
+    """replay rows kept (split evenly over the envs, the oldest overwritten)"""
+    world_model_lr: PositiveFloat = 1e-4
+    """Adam's learning rate for the world model"""
+    actor_lr: PositiveFloat = 3e-5
+    """Adam's learning rate for the actor"""
+    critic_lr: PositiveFloat = 3e-5
+    """Adam's learning rate for the critic"""
+    adam_eps: PositiveFloat = 1e-8
+    """Adam's epsilon"""
+    world_model_grad_clip: PositiveFloat = 1000.0
+    """global gradient-norm clip of the world model"""
+    actor_grad_clip: PositiveFloat = 100.0
+    """global gradient-norm clip of the actor"""
+    critic_grad_clip: PositiveFloat = 100.0
+    """global gradient-norm clip of the critic"""
+    gamma: UnitInterval = 0.997
+    """discount (the paper: 1 - 1/333)"""
+    return_lambda: UnitInterval = 0.95
+    """lambda of the lambda-returns (Eq. 7)"""
+    entropy_scale: PositiveFloat = 3e-4
+    """the actor's entropy coefficient eta (Eq. 11)"""
+    return_norm_decay: UnitInterval = 0.99
+    """EMA decay of the returns' 5th-95th percentile range (Eq. 12)"""
+    slow_critic_decay: UnitInterval = 0.98
+    """EMA decay of the slow critic, whose outputs regularise the critic"""
+    unimix: Fraction = 0.01
+    """the uniform share mixed into every categorical (latents and actor)"""
+    free_nats: PositiveFloat = 1.0
+    """free bits: each KL term is clipped below this many nats (Eq. 5)"""
+    dyn_scale: PositiveFloat = 0.5
+    """weight of the dynamics loss KL[sg(q) || p] (Eq. 5)"""
+    rep_scale: PositiveFloat = 0.1
+    """weight of the representation loss KL[q || sg(p)] (Eq. 5)"""
+    num_bins: PositiveInt = 255
+    """two-hot bins of the reward and critic heads, even in symlog space over [-20, 20]"""
+
+    def __post_init__(self) -> None:
+        if self.model_size not in SIZES:
+            raise ValueError(f"model_size: {self.model_size!r} is not one of {', '.join(SIZES)}")
+        if self.num_bins < 2:
+            raise ValueError(f"num_bins: {self.num_bins} bins cannot encode a value; use 2 or more (the paper: 255)")
+
+
+def symlog(x: torch.Tensor) -> torch.Tensor:
+    """``sign(x) ln(1 + |x|)`` (Eq. 9), elementwise."""
+    return torch.sign(x) * torch.log1p(x.abs())
+
+
+def symexp(x: torch.Tensor) -> torch.Tensor:
+    """``sign(x) (exp(|x|) - 1)``, the inverse of :func:`symlog` (Eq. 9), elementwise."""
+    return torch.sign(x) * torch.expm1(x.abs())
+
+
+def two_hot(y: torch.Tensor, bins: torch.Tensor) -> torch.Tensor:
+    """The two-hot encoding of ``y`` ``(...)`` over the sorted ``bins`` ``(K,)`` (Eq. 10): weight
+    on the two bins around each value, in proportion to its nearness, ``(..., K)``; values outside
+    the bins clip to the end bins."""
+    y = y.clamp(bins[0], bins[-1])
+    k = (torch.searchsorted(bins, y.contiguous(), right=True) - 1).clamp(0, bins.numel() - 2)
+    lo, hi = bins[k], bins[k + 1]
+    w_hi = ((y - lo) / (hi - lo)).clamp(0.0, 1.0)
+    out = torch.zeros(*y.shape, bins.numel(), dtype=y.dtype, device=y.device)
+    out.scatter_(-1, k[..., None], (1 - w_hi)[..., None])
+    out.scatter_add_(-1, (k + 1)[..., None], w_hi[..., None])
+    return out
+
+
+def two_hot_mean(logits: torch.Tensor, bins: torch.Tensor) -> torch.Tensor:
+    """The value a two-hot head predicts: ``symexp(sum softmax(logits) * bins)``, ``(..., K) -> (...)``."""
+    return symexp((torch.softmax(logits, -1) * bins).sum(-1))
+
+
+def lambda_returns(reward: torch.Tensor, value: torch.Tensor, cont: torch.Tensor, gamma: float, lam: float
+                   ) -> torch.Tensor:
+    """The lambda-returns of an imagined rollout (Eq. 7): ``R_H = v_H``,
+    ``R_i = r_{i+1} + gamma c_{i+1} ((1 - lambda) v_{i+1} + lambda R_{i+1})``.
+
+    Args:
+        reward, cont: ``(H, ...)``: the reward and continue flag on arriving at step ``i + 1``.
+        value: ``(H + 1, ...)``: the critic at steps ``0..H``.
+
+    Returns:
+        ``(H, ...)``: ``R_0 .. R_{H-1}``.
+    """
+    out = []
+    last = value[-1]
+    for i in reversed(range(reward.shape[0])):
+        last = reward[i] + gamma * cont[i] * ((1 - lam) * value[i + 1] + lam * last)
+        out.append(last)
+    return torch.stack(out[::-1])
+
+
+def _mlp(n_in: int, units: int, layers: int) -> nn.Sequential:
+    """DreamerV3's dense block: ``layers`` x (Linear without bias, LayerNorm, SiLU)."""
+    out: list[nn.Module] = []
+    for _ in range(layers):
+        out += [nn.Linear(n_in, units, bias=False), nn.LayerNorm(units), nn.SiLU()]
+        n_in = units
+    return nn.Sequential(*out)
+
+
+def _head(n_in: int, units: int, layers: int, n_out: int, zero: bool = False) -> nn.Sequential:
+    """A dense block and a linear output (zero-initialised for the two-hot reward and critic
+    heads, the paper's choice: they predict 0 at first)."""
+    net = _mlp(n_in, units, layers)
+    out = nn.Linear(units, n_out)
+    if zero:
+        nn.init.zeros_(out.weight)
+        nn.init.zeros_(out.bias)
+    return nn.Sequential(*net, out)
+
+
+def _unimix_probs(logits: torch.Tensor, unimix: float) -> torch.Tensor:
+    return (1 - unimix) * torch.softmax(logits, -1) + unimix / logits.shape[-1]
+
+
+def sample_categorical(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One draw per row of ``probs`` ``(..., K)`` by the inverse CDF of one uniform per row:
+    ``(...)`` int64 (one uniform a row, where ``torch.multinomial`` draws ``K`` exponentials)."""
+    u = torch.rand(*probs.shape[:-1], 1, generator=generator, device=probs.device, dtype=probs.dtype)
+    return (probs.cumsum(-1) < u).sum(-1).clamp(max=probs.shape[-1] - 1)
+
+
+class WorldModel(nn.Module):
+    """Encoder, RSSM (Eq. 1), decoder, reward and continue heads, and the actor and critic on
+    the model state ``s = (h, z)``: ``h`` ``(B, G)`` the GRU's deterministic state, ``z`` ``(B, L*C)``
+    ``L`` one-hot latents of ``C`` classes.
+
+    Args:
+        obs_dim: the flattened observation's size ``D``; num_actions: ``A``.
+        hp: :class:`DreamerV3Config`.
+    """
+
+    def __init__(self, obs_dim: int, num_actions: int, hp: DreamerV3Config) -> None:
+        super().__init__()
+        g, units, layers, latents, classes = SIZES[hp.model_size]
+        self.gru_units, self.latents, self.classes, self.num_actions = g, latents, classes, num_actions
+        self.unimix = hp.unimix
+        z, feat = latents * classes, g + latents * classes
+        self.encoder = _mlp(obs_dim, units, layers)
+        self.img_in = _mlp(z + num_actions, units, 1)
+        self.gru = nn.GRUCell(units, g)
+        self.prior = _head(g, units, layers, z)
+        self.posterior = _head(g + units, units, layers, z)
+        self.decoder = _head(feat, units, layers, obs_dim)
+        self.reward = _head(feat, units, layers, hp.num_bins, zero=True)
+        self.cont = _head(feat, units, layers, 1)
+        self.actor = _head(feat, units, layers, num_actions)
+        self.critic = _head(feat, units, layers, hp.num_bins, zero=True)
+        self.register_buffer("bins", torch.linspace(-20.0, 20.0, hp.num_bins))
+
+    @property
+    def state_size(self) -> int:
+        """``G + L*C``: the model state's width."""
+        return self.gru_units + self.latents * self.classes
+
+    def sample_latent(self, logits: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """One-hot latents ``(B, L*C)`` drawn from ``logits`` ``(B, L*C)`` (unimix), with
+        straight-through gradients (the probabilities' gradient passes the one-hot sample)."""
+        probs = _unimix_probs(logits.view(-1, self.latents, self.classes), self.unimix)
+        onehot = F.one_hot(sample_categorical(probs, generator), self.classes).to(probs.dtype)
+        return (onehot + probs - probs.detach()).flatten(1)
+
+    def observe(self, h: torch.Tensor, z: torch.Tensor, prev_action: torch.Tensor, embed: torch.Tensor,
+                is_first: torch.Tensor, generator: torch.Generator
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One posterior step: the carried ``(h, z, previous action one-hot (B, A))`` zeroed where
+        ``is_first`` ``(B,)``, then ``h_t = GRU(h, [z, a])``, the prior's and the posterior's logits
+        (from ``embed`` ``(B, units)``) and ``z_t`` drawn from the posterior.
+
+        Returns:
+            ``(h_t, z_t, prior_logits, posterior_logits)``.
+        """
+        keep = (~is_first).to(h.dtype)[:, None]
+        h, z, prev_action = h * keep, z * keep, prev_action * keep
+        h = self.gru(self.img_in(torch.cat([z, prev_action], -1)), h)
+        prior_logits = self.prior(h)
+        post_logits = self.posterior(torch.cat([h, embed], -1))
+        return h, self.sample_latent(post_logits, generator), prior_logits, post_logits
+
+    def imagine(self, h: torch.Tensor, z: torch.Tensor, action: torch.Tensor, generator: torch.Generator
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One prior step: ``h' = GRU(h, [z, a])``, ``z'`` drawn from the prior; action one-hot ``(B, A)``."""
+        h = self.gru(self.img_in(torch.cat([z, action], -1)), h)
+        return h, self.sample_latent(self.prior(h), generator)
+
+    def policy(self, feat: torch.Tensor) -> torch.Tensor:
+        """The actor's action probabilities ``(..., A)`` (unimix) at model states ``(..., G + L*C)``."""
+        return _unimix_probs(self.actor(feat), self.unimix)
+
+
+def _build_model(ctx: BuildContext) -> WorldModel:
+    spec = ctx.env_spec
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(ctx.seed)
+        model = WorldModel(int(np.prod(spec.observation_space.shape)), int(spec.action_space.n), ctx.hparams)
+    return model.to(ctx.device)
+
+
+class DreamerV3Actor(Actor):
+    """The acting side: encodes each observation, advances the env's model state with the
+    posterior, and samples the actor's action; the recurrent state ``(N, G + L*C + A)`` (``h``,
+    ``z``, the previous action one-hot) is a value of the trainer, carried as PPO-LSTM's
+    actor carries its LSTM state. Draws from its own generator (seeded ``ctx.seed``)."""
+
+    #: evaluation and :class:`msrl.run.python_api.TrainedPolicy` carry the state between steps
+    recurrent = True
+
+    def __init__(self, ctx: BuildContext) -> None:
+        self.model = _build_model(ctx)
+        self.weights = ModuleWeights(self.model)
+        self.generator = torch.Generator(device=ctx.device)
+        self.generator.manual_seed(ctx.seed)
+
+    @torch.no_grad()
+    def initial_state(self, obs: torch.Tensor) -> torch.Tensor:
+        """Zeros ``(N, G + L*C + A)`` float32 for the envs whose first observations are ``obs``."""
+        m = self.model
+        return torch.zeros(obs.shape[0], m.state_size + m.num_actions, device=obs.device)
+
+    @torch.no_grad()
+    def end_episodes(self, state: torch.Tensor, terminated: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
+        """``state`` with the rows of envs whose episode ended zeroed (their next observation
+        starts one)."""
+        return state * (~(terminated | truncated)).to(state.dtype)[:, None]
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor, state: torch.Tensor, deterministic: bool = False
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Actions ``(N,)`` int64 at observations ``(N, *obs_shape)`` and the next state
+        ``(N, G + L*C + A)``; ``deterministic``: the most probable action."""
+        m = self.model
+        g, zs = m.gru_units, m.latents * m.classes
+        h, z, prev = state[:, :g], state[:, g:g + zs], state[:, g + zs:]
+        embed = m.encoder(symlog(obs.flatten(1).float()))
+        # (an episode's first step arrives with a zero state: what the replayed is_first resets to)
+        no_reset = torch.zeros(obs.shape[0], dtype=torch.bool, device=obs.device)
+        h, z, _, _ = m.observe(h, z, prev, embed, no_reset, self.generator)
+        probs = m.policy(torch.cat([h, z], -1))
+        if deterministic:
+            action = probs.argmax(-1)
+        else:
+            action = sample_categorical(probs, self.generator)
+        return action, torch.cat([h, z, F.one_hot(action, m.num_actions).to(h.dtype)], -1)
+
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        """The model's state dict (detached tensors)."""
+        return self.weights.get()
+
+    def set_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Copies ``weights`` into the model (in place)."""
+        self.weights.load_(weights)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.generator.set_state(state["generator"])
+
+
+class SequenceReplay(Buffer):
+    """Each env's stream of steps, oldest overwritten, sampled as ``(B, T)`` windows.
+
+    A row is what the world model reads at one step: ``obs`` ``(D,)`` float32, ``action`` int64
+    the action taken *before* it (0 at an episode's first), ``reward`` float32 received on
+    arriving at it, ``is_first`` and ``is_terminal`` bool. A finished episode's final observation
+    and the next episode's first are two rows. Windows may cross episodes (``is_first`` resets
+    the model state there, as in the paper). Draws come from its own generator (``ctx.seed + 2``).
+    """
+
+    KEYS = ("obs", "action", "reward", "is_first", "is_terminal")
+
+    def __init__(self, ctx: BuildContext) -> None:
+        hp = ctx.hparams
+        self.num_envs = ctx.env_spec.num_envs
+        self.capacity = max(hp.buffer_size // self.num_envs, hp.batch_length)
+        self.batch_size, self.length, self.device = hp.batch_size, hp.batch_length, ctx.device
+        self.obs_dim = int(np.prod(ctx.env_spec.observation_space.shape))
+        self.storage: TensorDict | None = None
+        self.pos = torch.zeros(self.num_envs, dtype=torch.int64)
+        self.count = torch.zeros(self.num_envs, dtype=torch.int64)
+        self.generator = torch.Generator(device=ctx.device)
+        self.generator.manual_seed(ctx.seed + 2)
+
+    def _write(self, rows: torch.Tensor, **row: torch.Tensor) -> None:
+        if self.storage is None:
+            n, c = self.num_envs, self.capacity
+            self.storage = TensorDict({"obs": torch.zeros(n, c, self.obs_dim), "action": torch.zeros(n, c, dtype=torch.int64),
+                                       "reward": torch.zeros(n, c), "is_first": torch.zeros(n, c, dtype=torch.bool),
+                                       "is_terminal": torch.zeros(n, c, dtype=torch.bool)}, batch_size=[n, c])
+        at = self.pos[rows]
+        for k, v in row.items():
+            self.storage[k][rows, at] = v.to(self.storage[k].dtype).cpu()
+        self.pos[rows] = (at + 1) % self.capacity
+        self.count[rows] = (self.count[rows] + 1).clamp(max=self.capacity)
+
+    def start(self, obs: torch.Tensor) -> None:
+        """Every env's first observation ``(N, *obs_shape)``: its first row."""
+        n = obs.shape[0]
+        rows = torch.arange(n)
+        zero = torch.zeros(n)
+        self._write(rows, obs=obs.flatten(1), action=zero.long(), reward=zero, is_first=torch.ones(n, dtype=torch.bool),
+                    is_terminal=torch.zeros(n, dtype=torch.bool))
+
+    def insert(self, **step: torch.Tensor) -> None:
+        """One env step of ``N`` envs: ``action``, ``reward``, ``terminated``, ``truncated`` ``(N,)``,
+        ``final_obs`` and ``next_obs`` ``(N, *obs_shape)`` (the env's ``info["final_obs"]`` and its
+        next observation): a row at the observation arrived at, and where an episode ended a
+        second, the next episode's first.
+
+        Raises:
+            KeyError: other keys.
+        """
+        need = {"action", "reward", "terminated", "truncated", "final_obs", "next_obs"}
+        if set(step) != need:
+            raise KeyError(f"SequenceReplay.insert takes exactly {sorted(need)}, got {sorted(step)}")
+        n = step["action"].shape[0]
+        rows = torch.arange(n)
+        self._write(rows, obs=step["final_obs"].flatten(1), action=step["action"], reward=step["reward"],
+                    is_first=torch.zeros(n, dtype=torch.bool), is_terminal=step["terminated"].bool())
+        done = (step["terminated"] | step["truncated"]).cpu()
+        if bool(done.any()):
+            d = rows[done]
+            zero = torch.zeros(d.numel())
+            self._write(d, obs=step["next_obs"].flatten(1)[done.to(step["next_obs"].device)], action=zero.long(),
+                        reward=zero, is_first=torch.ones(d.numel(), dtype=torch.bool),
+                        is_terminal=torch.zeros(d.numel(), dtype=torch.bool))
+
+    @returns("batch")
+    def sample(self) -> TensorDict:
+        """``batch_size`` windows of ``batch_length`` consecutive rows of one env each, the env
+        drawn in proportion to its windows and the start uniformly: a TensorDict ``(B, T)``.
+
+        Raises:
+            RuntimeError: no env holds ``batch_length`` rows yet.
+        """
+        windows = (self.count - self.length + 1).clamp(min=0)
+        if int(windows.sum()) == 0:
+            raise RuntimeError(f"SequenceReplay: no env holds {self.length} steps yet; raise "
+                               "algorithm.hparams.learning_starts to at least batch_length x env.num_envs")
+        env = torch.multinomial(windows.double(), self.batch_size, replacement=True, generator=self.generator)
+        start = (torch.rand(self.batch_size, generator=self.generator, dtype=torch.float64) * windows[env]).long()
+        oldest = (self.pos[env] - self.count[env]) % self.capacity
+        index = (oldest[:, None] + start[:, None] + torch.arange(self.length)) % self.capacity
+        return self.storage[env[:, None], index].to(self.device)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"storage": self.storage, "pos": self.pos.clone(), "count": self.count.clone(),
+                "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.storage, self.pos, self.count = state["storage"], state["pos"].clone(), state["count"].clone()
+        self.generator.set_state(state["generator"])
+
+
+def _kl(p_logits: torch.Tensor, q_logits: torch.Tensor, latents: int, classes: int, unimix: float) -> torch.Tensor:
+    """``KL[p || q]`` of the unimix categoricals, summed over the latents: ``(..., L*C) -> (...)``."""
+    p = _unimix_probs(p_logits.unflatten(-1, (latents, classes)), unimix)
+    q = _unimix_probs(q_logits.unflatten(-1, (latents, classes)), unimix)
+    return (p * (p.log() - q.log())).sum((-2, -1))
+
+
+class DreamerV3Learner(Learner):
+    """The world model's update on replayed sequences, then the actor's and the critic's on
+    rollouts imagined from every replayed state; three Adam optimisers, each clipped."""
+
+    def __init__(self, ctx: BuildContext) -> None:
+        from msrl.errors import ConfigError
+
+        hp = self.hp = ctx.hparams
+        replayed = hp.steps_per_iteration * ctx.total_num_envs * hp.train_ratio
+        if replayed < hp.batch_size * hp.batch_length:
+            raise ConfigError(
+                f"algorithm.hparams: steps_per_iteration x env.num_envs x train_ratio = {replayed} replayed steps an "
+                f"iteration is less than one update's batch_size x batch_length = {hp.batch_size * hp.batch_length}; "
+                "raise steps_per_iteration or train_ratio")
+        self.model = _build_model(ctx)
+        self.weights = ModuleWeights(self.model)
+        m = self.model
+        world = [p for name, p in m.named_parameters() if not name.startswith(("actor.", "critic."))]
+        kw = dict(eps=hp.adam_eps)
+        self.world_optimizer = torch.optim.Adam(world, lr=hp.world_model_lr, **kw)
+        self.actor_optimizer = torch.optim.Adam(m.actor.parameters(), lr=hp.actor_lr, **kw)
+        self.critic_optimizer = torch.optim.Adam(m.critic.parameters(), lr=hp.critic_lr, **kw)
+        self.optimizer = self.world_optimizer
+        self.parameters = world
+        self.slow_critic = copy.deepcopy(m.critic).requires_grad_(False)
+        self.return_scale = torch.zeros((), device=ctx.device)
+        self.updates = torch.zeros((), dtype=torch.int64, device=ctx.device)
+        self.generator = torch.Generator(device=ctx.device)
+        self.generator.manual_seed(ctx.seed + 1)
+
+    def get_weights(self) -> dict[str, torch.Tensor]:
+        """The model's state dict (detached tensors)."""
+        return self.weights.get()
+
+    def world_model_loss(self, batch: TensorDict) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+        """Eq. 2-5 over a ``(B, T)`` batch: the decoder's symlog squared error, the reward's
+        two-hot cross-entropy, the continue flag's binary cross-entropy, and ``dyn_scale *
+        max(free, KL[sg(q) || p]) + rep_scale * max(free, KL[q || sg(p)])``.
+
+        Returns:
+            ``(loss, its terms, the posterior model states (B, T, G + L*C))``.
+        """
+        hp, m = self.hp, self.model
+        obs, action, first = batch["obs"], batch["action"], batch["is_first"]
+        B, T = action.shape
+        embed = m.encoder(symlog(obs))
+        h = torch.zeros(B, m.gru_units, device=obs.device)
+        z = torch.zeros(B, m.latents * m.classes, device=obs.device)
+        hs, zs, priors, posts = [], [], [], []
+        for t in range(T):
+            prev = F.one_hot(action[:, t], m.num_actions).to(h.dtype)
+            h, z, prior, post = m.observe(h, z, prev, embed[:, t], first[:, t], self.generator)
+            hs.append(h)
+            zs.append(z)
+            priors.append(prior)
+            posts.append(post)
+        feat = torch.cat([torch.stack(hs, 1), torch.stack(zs, 1)], -1)
+        prior, post = torch.stack(priors, 1), torch.stack(posts, 1)
+        decoder = ((m.decoder(feat) - symlog(obs)) ** 2).sum(-1).mean()
+        reward = -(two_hot(symlog(batch["reward"]), m.bins) * torch.log_softmax(m.reward(feat), -1)).sum(-1).mean()
+        cont = F.binary_cross_entropy_with_logits(m.cont(feat).squeeze(-1), (~batch["is_terminal"]).float())
+        L, C = m.latents, m.classes
+        dyn = _kl(post.detach(), prior, L, C, hp.unimix).clamp(min=hp.free_nats).mean()
+        rep = _kl(post, prior.detach(), L, C, hp.unimix).clamp(min=hp.free_nats).mean()
+        loss = decoder + reward + cont + hp.dyn_scale * dyn + hp.rep_scale * rep
+        terms = {"losses/decoder": decoder, "losses/reward": reward, "losses/continue": cont, "losses/dyn_kl": dyn,
+                 "losses/rep_kl": rep}
+        return loss, terms, feat
+
+    def learn(self, batch: TensorDict) -> dict[str, Any]:
+        """One update of the world model, then of the critic and the actor on imagined rollouts.
+
+        Args:
+            batch: TensorDict ``(B, T)`` with :attr:`SequenceReplay.KEYS`.
+
+        Returns:
+            ``losses/{world_model,decoder,reward,continue,dyn_kl,rep_kl,actor,critic}``,
+            ``charts/{entropy,return_scale,imagined_return}``: 0-d tensors.
+
+        Raises:
+            FloatingPointError: a loss became NaN or infinite (no step is taken).
+        """
+        hp, m = self.hp, self.model
+        loss, metrics, feat = self.world_model_loss(batch)
+        self.apply_gradients(loss, hp.world_model_grad_clip, optimizer=self.world_optimizer)
+        metrics["losses/world_model"] = loss
+        # imagination from every replayed state, the world model fixed
+        with torch.no_grad():
+            g = m.gru_units
+            start = feat.detach().flatten(0, 1)
+            h, z = start[:, :g], start[:, g:]
+            states, actions = [start], []
+            for _ in range(hp.horizon):
+                action = sample_categorical(m.policy(states[-1]), self.generator)
+                h, z = m.imagine(h, z, F.one_hot(action, m.num_actions).to(h.dtype), self.generator)
+                states.append(torch.cat([h, z], -1))
+                actions.append(action)
+            states_t, actions_t = torch.stack(states), torch.stack(actions)  # (H + 1, BT, F), (H, BT)
+            reward = two_hot_mean(m.reward(states_t[1:]), m.bins)
+            cont = (m.cont(states_t[1:]).squeeze(-1) > 0).to(reward.dtype)
+            first_cont = (~batch["is_terminal"]).flatten().to(reward.dtype)
+            value = two_hot_mean(m.critic(states_t), m.bins)
+            ret = lambda_returns(reward, value, cont, hp.gamma, hp.return_lambda)
+            weight = torch.cumprod(hp.gamma * torch.cat([first_cont[None], cont[:-1]]), 0) / hp.gamma
+            lo, hi = torch.quantile(ret.flatten(), torch.tensor([0.05, 0.95], device=ret.device))
+            self.return_scale.mul_(hp.return_norm_decay).add_((1 - hp.return_norm_decay) * (hi - lo))
+            advantage = (ret - value[:-1]) / self.return_scale.clamp(min=1.0)
+            slow = two_hot_mean(self.slow_critic(states_t[:-1]), m.bins)
+        # the critic: two-hot on the lambda-returns, regularised toward the slow critic's outputs
+        log_v = torch.log_softmax(m.critic(states_t[:-1]), -1)
+        critic_loss = -(weight[..., None] * (two_hot(symlog(ret), m.bins) + two_hot(symlog(slow), m.bins)) * log_v
+                        ).sum(-1).mean()
+        self.apply_gradients(critic_loss, hp.critic_grad_clip, optimizer=self.critic_optimizer)
+        # the actor: REINFORCE on the normalised advantages, with entropy (Eq. 11)
+        probs = m.policy(states_t[:-1])
+        log_prob = probs.log().gather(-1, actions_t[..., None]).squeeze(-1)
+        entropy = -(probs * probs.log()).sum(-1)
+        actor_loss = -(weight * (log_prob * advantage + hp.entropy_scale * entropy)).mean()
+        self.apply_gradients(actor_loss, hp.actor_grad_clip, optimizer=self.actor_optimizer)
+        with torch.no_grad():
+            for slow_p, p in zip(self.slow_critic.parameters(), m.critic.parameters()):
+                slow_p.lerp_(p, 1 - hp.slow_critic_decay)
+        self.updates += 1
+        metrics.update({"losses/actor": actor_loss.detach(), "losses/critic": critic_loss.detach(),
+                        "charts/entropy": entropy.mean().detach(), "charts/return_scale": self.return_scale.clone(),
+                        "charts/imagined_return": ret.mean()})
+        return {k: v.detach() for k, v in metrics.items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "slow_critic": self.slow_critic.state_dict(),
+                "world_optimizer": self.world_optimizer.state_dict(), "actor_optimizer": self.actor_optimizer.state_dict(),
+                "critic_optimizer": self.critic_optimizer.state_dict(), "return_scale": self.return_scale.clone(),
+                "updates": self.updates.clone(), "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.slow_critic.load_state_dict(state["slow_critic"])
+        for name in ("world_optimizer", "actor_optimizer", "critic_optimizer"):
+            getattr(self, name).load_state_dict(state[name])
+        self.return_scale.copy_(state["return_scale"])
+        self.updates.copy_(state["updates"])
+        self.generator.set_state(state["generator"])
+
+
+class DreamerV3Trainer(Trainer):
+    """The loop body: ``steps_per_iteration`` env steps of every env into the replay (the
+    actor's recurrent state carried across them), then, once ``learning_starts`` env steps were
+    taken, ``train_ratio`` replayed steps per env step of updates and the new weights to the actor."""
+
+    def reset(self) -> None:
+        """First observations (the replay's first rows), zero states, step counter, weights to the actor."""
+        self.obs = self.env.reset(seed=self.seed)
+        self.state = self.actor.initial_state(self.obs)
+        self.buffer.start(self.obs)
+        self.global_step = 0
+        self.actor.set_weights(self.learner.get_weights())
+
+    def train_step(self) -> dict[str, Any]:
+        """One iteration; returns the last update's metrics (empty before learning starts)."""
+        hp = self.hparams
+        for _step in range(hp.steps_per_iteration):
+            action, self.state = self.actor.act(self.obs, self.state)
+            next_obs, reward, terminated, truncated, info = self.env.step(action)
+            self.buffer.insert(action=action, reward=reward, terminated=terminated, truncated=truncated,
+                               final_obs=info["final_obs"], next_obs=next_obs)
+            self.state = self.actor.end_episodes(self.state, terminated, truncated)
+            self.obs = next_obs
+            self.global_step += self.num_envs
+        metrics = {}
+        if self.global_step >= hp.learning_starts:
+            updates = hp.steps_per_iteration * self.num_envs * hp.train_ratio // (hp.batch_size * hp.batch_length)
+            for _update in range(updates):
+                metrics = self.learner.learn(self.buffer.sample())
+            self.actor.set_weights(self.learner.get_weights())
+        return metrics
+
+
+ALGORITHM = AlgorithmSpec(
+    name="dreamerv3",
+    hparams=DreamerV3Config,
+    trainer=DreamerV3Trainer,
+    components={"actor": DreamerV3Actor, "buffer": SequenceReplay, "learner": DreamerV3Learner},
+    env_steps_per_iteration=lambda hp, total_num_envs: hp.steps_per_iteration * total_num_envs,
+    action_spaces=(gymnasium.spaces.Discrete,),
+    policy_lag="corrected",  # learns from a replay; the actor-critic from its own imagination
+)
