@@ -9,7 +9,24 @@ import math
 import pytest
 import torch
 
-from msrl.algorithms import a2c, a3c, alphazero, c51, ddpg, dqn, dreamerv3, impala, impala_lstm, mappo, pg, ppo, ppo_lstm, ppo_selfplay, sac, td3
+from msrl.algorithms import (
+    a2c,
+    a3c,
+    alphazero,
+    c51,
+    ddpg,
+    dqn,
+    dreamerv3,
+    impala,
+    impala_lstm,
+    mappo,
+    pg,
+    ppo,
+    ppo_lstm,
+    ppo_selfplay,
+    sac,
+    td3,
+)
 from msrl.graph import NodeKind
 from msrl.policy import load_policy
 from msrl.run.job import Job, JobSpec
