@@ -1,5 +1,5 @@
 """The shipped algorithms, one file each (``msrl.algorithms.<name>``): PPO, A2C, A3C, PG
 (REINFORCE), BC, IQL, CQL and discrete CQL (offline), AWAC (offline then online), DQN (and
 Ape-X), C51, SAC, DDPG, TD3, IMPALA, PPO-LSTM, IMPALA-LSTM, multi-agent PPO, MAPPO, self-play
-PPO and AlphaZero (self-play with a tree search). Each is written against ``msrl.api`` only;
-their pages are ``docs/algorithms/<name>.md``."""
+PPO, AlphaZero (self-play with a tree search) and DreamerV3 (a world model). Each is written
+against ``msrl.api`` only; their pages are ``docs/algorithms/<name>.md``."""
