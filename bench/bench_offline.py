@@ -122,7 +122,8 @@ def run_msrl(algo: str, dataset: str, seed: int, steps: int, eval_every: int, wo
 
 def run_d3rlpy(algo: str, python: str, dataset: str, seed: int, steps: int, eval_every: int) -> dict:
     """One seed of d3rlpy's ``algo`` (``bench/peer_d3rlpy.py``) in ``python``."""
-    out = subprocess.run([python, os.path.join(HERE, "peer_d3rlpy.py"), TASKS[algo].get("d3rlpy", algo), "--dataset", dataset, "--seed", str(seed),
+    peer = TASKS[algo].get("d3rlpy", algo)
+    out = subprocess.run([python, os.path.join(HERE, "peer_d3rlpy.py"), peer, "--dataset", dataset, "--seed", str(seed),
                           "--steps", str(steps), "--eval-every", str(eval_every), "--env-id", TASKS[algo]["env"],
                           *(["--offline-steps", str(steps // 2)] if TASKS[algo].get("online_half") else [])],
                          check=True, capture_output=True, text=True)
