@@ -191,3 +191,15 @@ def test_under_async_learner_the_actors_collect_while_the_learner_imagines():
         assert job.env_steps == len(records) * 16
     finally:
         job.close()
+
+
+def test_coarse_on_ray_processes_learns_what_threads_learn_bitwise(tmp_path):
+    """Two actor replicas as Ray processes (each its envs, its recurrent states and its replay
+    shard), the learner imagining in a third: the weights two threads of one process end with."""
+    common = [*TINY, "distribution_policy.name=single_learner_coarse", "distribution_policy.replicas.actor=2",
+              "env.num_envs=4", "train.total_env_steps=96", "train.checkpoint_every=6"]
+    ray = msrl.train(load_config(CONFIG, [*common, "runtime=ray", f"runs_dir={tmp_path / 'ray'}"]))
+    local = msrl.train(load_config(CONFIG, [*common, "runtime=local", f"runs_dir={tmp_path / 'local'}"]))
+    assert ray.env_steps == local.env_steps == 96
+    a, b = (torch.load(r.run_dir / "checkpoints" / "latest.pt", weights_only=False)["actor_weights"] for r in (local, ray))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
