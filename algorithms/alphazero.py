@@ -349,9 +349,17 @@ class MCTS(EnvWrapper):
             raise ConfigError(f"alphazero searches OpenSpiel games in the process that steps them: env.id must be "
                               f"openspiel/<game> and env.engine sync (got {ctx.env_spec.env_id!r} on "
                               f"{type(env).__name__})")
-        self.device = ctx.device
+        self.device, self.hp = ctx.device, ctx.hparams
         self.rngs = [np.random.default_rng([ctx.seed + i, 3]) for i in range(len(inner))]
         self.search = PUCTSearch(int(ctx.env_spec.action_space.n), ctx.hparams, noise=True)
+
+    def describe(self) -> str:
+        """``msrl graph``'s note: where the search runs and what it asks of the actor."""
+        hp = self.hp
+        return (f"PUCT tree search beside this replica's {len(self.rngs)} games: {hp.num_simulations} network "
+                f"evaluations a move (actor.evaluate, wherever the policy puts the actor), Dirichlet({hp.dirichlet_alpha:g}) "
+                f"root noise at {hp.root_exploration_fraction:g}, moves drawn by visit count for the first "
+                f"{hp.temperature_moves} plies of a game")
 
     def _states(self) -> list[Any]:
         return [e.unwrapped.state for e in self.env.envs]

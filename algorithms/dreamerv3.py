@@ -477,6 +477,15 @@ class DreamerV3Learner(Learner):
         """The model's state dict (detached tensors)."""
         return self.weights.get()
 
+    def describe(self) -> str:
+        """``msrl graph``'s note: the world model and the imagination in this fragment."""
+        hp, m = self.hp, self.model
+        params = sum(p.numel() for p in m.parameters())
+        return (f"world model ({hp.model_size}: GRU {m.gru_units}, {m.latents}x{m.classes} latents; {params:,} parameters "
+                f"with the actor and critic) trained on {hp.batch_size}x{hp.batch_length} replayed steps an update, then "
+                f"{hp.horizon} steps imagined here from each of those {hp.batch_size * hp.batch_length} states for the "
+                "actor and the critic")
+
     def world_model_loss(self, batch: TensorDict) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
         """Eq. 2-5 over a ``(B, T)`` batch: the decoder's symlog squared error, the reward's
         two-hot cross-entropy, the continue flag's binary cross-entropy, and ``dyn_scale *
