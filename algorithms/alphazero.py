@@ -476,6 +476,7 @@ class AlphaZeroLearner(Learner):
         self.game = ctx.env_spec.env_id[len("openspiel/"):] if ctx.env_spec.env_id.startswith("openspiel/") else None
         self.replica, self.learns, self.seed = ctx.replica, 0, ctx.seed
 
+    @returns("replicated")  # (declared: a run whose learning branch the probe never reaches still partitions)
     def get_weights(self) -> dict[str, torch.Tensor]:
         """The network's state dict (detached tensors)."""
         return self.weights.get()

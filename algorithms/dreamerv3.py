@@ -473,6 +473,7 @@ class DreamerV3Learner(Learner):
         self.generator = torch.Generator(device=ctx.device)
         self.generator.manual_seed(ctx.seed + 1)
 
+    @returns("replicated")  # (declared: a run whose learning branch the probe never reaches still partitions)
     def get_weights(self) -> dict[str, torch.Tensor]:
         """The model's state dict (detached tensors)."""
         return self.weights.get()
