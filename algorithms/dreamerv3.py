@@ -48,15 +48,15 @@ from msrl.api import (
 )
 
 __all__ = ["DreamerV3Config", "SIZES", "symlog", "symexp", "two_hot", "two_hot_mean", "lambda_returns",
-           "sample_categorical", "WorldModel", "DreamerV3Actor",
+           "sample_categorical", "is_image", "WorldModel", "DreamerV3Actor",
            "SequenceReplay", "DreamerV3Learner", "DreamerV3Trainer", "ALGORITHM"]
 
 #: model sizes (RLlib's ``dreamerv3/utils``, the paper's S-XL and smaller ones for small tasks):
-#: name -> (GRU units, dense units, dense layers, latents, classes per latent)
+#: name -> (GRU units, dense units, dense layers, latents, classes per latent, CNN channel multiplier)
 SIZES = {
-    "nano": (16, 16, 1, 4, 4), "micro": (32, 32, 1, 8, 8), "mini": (64, 64, 1, 16, 16),
-    "XXS": (128, 128, 1, 32, 32), "XS": (256, 256, 1, 32, 32), "S": (512, 512, 2, 32, 32),
-    "M": (1024, 640, 3, 32, 32), "L": (2048, 768, 4, 32, 32), "XL": (4096, 1024, 5, 32, 32),
+    "nano": (16, 16, 1, 4, 4, 2), "micro": (32, 32, 1, 8, 8, 4), "mini": (64, 64, 1, 16, 16, 8),
+    "XXS": (128, 128, 1, 32, 32, 16), "XS": (256, 256, 1, 32, 32, 24), "S": (512, 512, 2, 32, 32, 32),
+    "M": (1024, 640, 3, 32, 32, 48), "L": (2048, 768, 4, 32, 32, 64), "XL": (4096, 1024, 5, 32, 32, 96),
 }
 
 
@@ -203,33 +203,86 @@ def sample_categorical(probs: torch.Tensor, generator: torch.Generator) -> torch
     return (probs.cumsum(-1) < u).sum(-1).clamp(max=probs.shape[-1] - 1)
 
 
+class _ChannelNorm(nn.Module):
+    """LayerNorm over the channels of ``(B, C, H, W)`` maps (DreamerV3's CNN normalisation)."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+def is_image(shape: tuple[int, ...]) -> bool:
+    """Whether observations of ``shape`` are frames ``(C, H, W)`` the CNN takes: square, a side
+    that 16 divides (four stride-2 stages)."""
+    return len(shape) == 3 and shape[1] == shape[2] and shape[1] % 16 == 0
+
+
 class WorldModel(nn.Module):
     """Encoder, RSSM (Eq. 1), decoder, reward and continue heads, and the actor and critic on
     the model state ``s = (h, z)``: ``h`` ``(B, G)`` the GRU's deterministic state, ``z`` ``(B, L*C)``
     ``L`` one-hot latents of ``C`` classes.
 
+    Vector observations go through an MLP on their symlog, and the decoder predicts that symlog;
+    frames ``(C, H, W)`` uint8 (:func:`is_image`) through DreamerV3's CNN -- four stride-2 4x4
+    convolutions of ``m, 2m, 4m, 8m`` channels (``m`` the size's multiplier), each normalised
+    over channels with SiLU -- on ``frame / 255 - 0.5``, which the transposed CNN decodes.
+
     Args:
-        obs_dim: the flattened observation's size ``D``; num_actions: ``A``.
-        hp: :class:`DreamerV3Config`.
+        obs_shape: one observation's shape; num_actions: ``A``; hp: :class:`DreamerV3Config`.
     """
 
-    def __init__(self, obs_dim: int, num_actions: int, hp: DreamerV3Config) -> None:
+    def __init__(self, obs_shape: tuple[int, ...], num_actions: int, hp: DreamerV3Config) -> None:
         super().__init__()
-        g, units, layers, latents, classes = SIZES[hp.model_size]
+        g, units, layers, latents, classes, mult = SIZES[hp.model_size]
         self.gru_units, self.latents, self.classes, self.num_actions = g, latents, classes, num_actions
-        self.unimix = hp.unimix
+        self.unimix, self.obs_shape, self.image = hp.unimix, tuple(obs_shape), is_image(tuple(obs_shape))
         z, feat = latents * classes, g + latents * classes
-        self.encoder = _mlp(obs_dim, units, layers)
+        if self.image:
+            c, side = obs_shape[0], obs_shape[1] // 16
+            convs: list[nn.Module] = []
+            chans = [c, mult, 2 * mult, 4 * mult, 8 * mult]
+            for a, b in zip(chans[:-1], chans[1:]):
+                convs += [nn.Conv2d(a, b, 4, 2, 1, bias=False), _ChannelNorm(b), nn.SiLU()]
+            self.encoder = nn.Sequential(*convs, nn.Flatten())
+            embed = 8 * mult * side * side
+            deconvs: list[nn.Module] = [nn.Linear(feat, embed), nn.Unflatten(1, (8 * mult, side, side))]
+            for a, b in zip(chans[:0:-1], chans[-2:0:-1]):
+                deconvs += [nn.ConvTranspose2d(a, b, 4, 2, 1, bias=False), _ChannelNorm(b), nn.SiLU()]
+            deconvs.append(nn.ConvTranspose2d(mult, c, 4, 2, 1))
+            self.decoder = nn.Sequential(*deconvs)
+        else:
+            obs_dim = int(np.prod(obs_shape))
+            self.encoder = _mlp(obs_dim, units, layers)
+            embed = units
+            self.decoder = _head(feat, units, layers, obs_dim)
         self.img_in = _mlp(z + num_actions, units, 1)
         self.gru = nn.GRUCell(units, g)
         self.prior = _head(g, units, layers, z)
-        self.posterior = _head(g + units, units, layers, z)
-        self.decoder = _head(feat, units, layers, obs_dim)
+        self.posterior = _head(g + embed, units, layers, z)
         self.reward = _head(feat, units, layers, hp.num_bins, zero=True)
         self.cont = _head(feat, units, layers, 1)
         self.actor = _head(feat, units, layers, num_actions)
         self.critic = _head(feat, units, layers, hp.num_bins, zero=True)
         self.register_buffer("bins", torch.linspace(-20.0, 20.0, hp.num_bins))
+
+    def _target(self, obs: torch.Tensor) -> torch.Tensor:
+        """What the encoder reads and the decoder predicts: ``frame / 255 - 0.5`` ``(B, C, H, W)``,
+        or the vector's symlog ``(B, D)``, of observations ``(B, *obs_shape)``."""
+        if self.image:
+            return obs.float() / 255.0 - 0.5
+        return symlog(obs.flatten(1).float())
+
+    def encode(self, obs: torch.Tensor) -> torch.Tensor:
+        """Embeddings ``(B, E)`` of observations ``(B, *obs_shape)``."""
+        return self.encoder(self._target(obs))
+
+    def decoder_loss(self, feat: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        """The decoder's squared error summed over an observation's entries (pixels), ``(B,)``:
+        model states ``(B, G + L*C)``, observations ``(B, *obs_shape)`` (Eq. 5's prediction term)."""
+        return ((self.decoder(feat) - self._target(obs)) ** 2).flatten(1).sum(-1)
 
     @property
     def state_size(self) -> int:
@@ -275,7 +328,7 @@ def _build_model(ctx: BuildContext) -> WorldModel:
     spec = ctx.env_spec
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(ctx.seed)
-        model = WorldModel(int(np.prod(spec.observation_space.shape)), int(spec.action_space.n), ctx.hparams)
+        model = WorldModel(tuple(spec.observation_space.shape), int(spec.action_space.n), ctx.hparams)
     return model.to(ctx.device)
 
 
@@ -314,7 +367,7 @@ class DreamerV3Actor(Actor):
         m = self.model
         g, zs = m.gru_units, m.latents * m.classes
         h, z, prev = state[:, :g], state[:, g:g + zs], state[:, g + zs:]
-        embed = m.encoder(symlog(obs.flatten(1).float()))
+        embed = m.encode(obs)
         # (an episode's first step arrives with a zero state: what the replayed is_first resets to)
         no_reset = torch.zeros(obs.shape[0], dtype=torch.bool, device=obs.device)
         h, z, _, _ = m.observe(h, z, prev, embed, no_reset, self.generator)
@@ -344,7 +397,8 @@ class DreamerV3Actor(Actor):
 class SequenceReplay(Buffer):
     """Each env's stream of steps, oldest overwritten, sampled as ``(B, T)`` windows.
 
-    A row is what the world model reads at one step: ``obs`` ``(D,)`` float32, ``action`` int64
+    A row is what the world model reads at one step: ``obs`` as the env gives it (``(D,)``
+    float32, or a frame ``(C, H, W)`` uint8, stored as uint8), ``action`` int64
     the action taken *before* it (0 at an episode's first), ``reward`` float32 received on
     arriving at it, ``is_first`` and ``is_terminal`` bool. A finished episode's final observation
     and the next episode's first are two rows. Windows may cross episodes (``is_first`` resets
@@ -358,7 +412,8 @@ class SequenceReplay(Buffer):
         self.num_envs = ctx.env_spec.num_envs
         self.capacity = max(hp.buffer_size // self.num_envs, hp.batch_length)
         self.batch_size, self.length, self.device = hp.batch_size, hp.batch_length, ctx.device
-        self.obs_dim = int(np.prod(ctx.env_spec.observation_space.shape))
+        space = ctx.env_spec.observation_space
+        self.obs_shape, self.obs_dtype = tuple(space.shape), torch.from_numpy(np.zeros(0, space.dtype)).dtype
         self.storage: TensorDict | None = None
         self.pos = torch.zeros(self.num_envs, dtype=torch.int64)
         self.count = torch.zeros(self.num_envs, dtype=torch.int64)
@@ -368,7 +423,8 @@ class SequenceReplay(Buffer):
     def _write(self, rows: torch.Tensor, **row: torch.Tensor) -> None:
         if self.storage is None:
             n, c = self.num_envs, self.capacity
-            self.storage = TensorDict({"obs": torch.zeros(n, c, self.obs_dim), "action": torch.zeros(n, c, dtype=torch.int64),
+            self.storage = TensorDict({"obs": torch.zeros(n, c, *self.obs_shape, dtype=self.obs_dtype),
+                                       "action": torch.zeros(n, c, dtype=torch.int64),
                                        "reward": torch.zeros(n, c), "is_first": torch.zeros(n, c, dtype=torch.bool),
                                        "is_terminal": torch.zeros(n, c, dtype=torch.bool)}, batch_size=[n, c])
         at = self.pos[rows]
@@ -382,7 +438,7 @@ class SequenceReplay(Buffer):
         n = obs.shape[0]
         rows = torch.arange(n)
         zero = torch.zeros(n)
-        self._write(rows, obs=obs.flatten(1), action=zero.long(), reward=zero, is_first=torch.ones(n, dtype=torch.bool),
+        self._write(rows, obs=obs, action=zero.long(), reward=zero, is_first=torch.ones(n, dtype=torch.bool),
                     is_terminal=torch.zeros(n, dtype=torch.bool))
 
     def insert(self, **step: torch.Tensor) -> None:
@@ -399,13 +455,13 @@ class SequenceReplay(Buffer):
             raise KeyError(f"SequenceReplay.insert takes exactly {sorted(need)}, got {sorted(step)}")
         n = step["action"].shape[0]
         rows = torch.arange(n)
-        self._write(rows, obs=step["final_obs"].flatten(1), action=step["action"], reward=step["reward"],
+        self._write(rows, obs=step["final_obs"], action=step["action"], reward=step["reward"],
                     is_first=torch.zeros(n, dtype=torch.bool), is_terminal=step["terminated"].bool())
         done = (step["terminated"] | step["truncated"]).cpu()
         if bool(done.any()):
             d = rows[done]
             zero = torch.zeros(d.numel())
-            self._write(d, obs=step["next_obs"].flatten(1)[done.to(step["next_obs"].device)], action=zero.long(),
+            self._write(d, obs=step["next_obs"][done.to(step["next_obs"].device)], action=zero.long(),
                         reward=zero, is_first=torch.ones(d.numel(), dtype=torch.bool),
                         is_terminal=torch.zeros(d.numel(), dtype=torch.bool))
 
@@ -498,7 +554,7 @@ class DreamerV3Learner(Learner):
         hp, m = self.hp, self.model
         obs, action, first = batch["obs"], batch["action"], batch["is_first"]
         B, T = action.shape
-        embed = m.encoder(symlog(obs))
+        embed = m.encode(obs.flatten(0, 1)).unflatten(0, (B, T))
         h = torch.zeros(B, m.gru_units, device=obs.device)
         z = torch.zeros(B, m.latents * m.classes, device=obs.device)
         hs, zs, priors, posts = [], [], [], []
@@ -511,7 +567,7 @@ class DreamerV3Learner(Learner):
             posts.append(post)
         feat = torch.cat([torch.stack(hs, 1), torch.stack(zs, 1)], -1)
         prior, post = torch.stack(priors, 1), torch.stack(posts, 1)
-        decoder = ((m.decoder(feat) - symlog(obs)) ** 2).sum(-1).mean()
+        decoder = m.decoder_loss(feat.flatten(0, 1), obs.flatten(0, 1)).mean()
         reward = -(two_hot(symlog(batch["reward"]), m.bins) * torch.log_softmax(m.reward(feat), -1)).sum(-1).mean()
         cont = F.binary_cross_entropy_with_logits(m.cont(feat).squeeze(-1), (~batch["is_terminal"]).float())
         L, C = m.latents, m.classes

@@ -203,3 +203,26 @@ def test_coarse_on_ray_processes_learns_what_threads_learn_bitwise(tmp_path):
     assert ray.env_steps == local.env_steps == 96
     a, b = (torch.load(r.run_dir / "checkpoints" / "latest.pt", weights_only=False)["actor_weights"] for r in (local, ray))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_frames_go_through_the_cnn_and_the_replay_keeps_them_as_uint8():
+    """Pong from pixels (``atari64``: one 64x64 grayscale frame a step): the replay stores the
+    frames as the env gives them, the CNN encodes them, the transposed CNN learns to draw them."""
+    pytest.importorskip("ale_py")
+    hp = d.DreamerV3Config(model_size="nano", batch_size=2, batch_length=4, horizon=2, train_ratio=2,
+                           steps_per_iteration=4, learning_starts=8, buffer_size=64, world_model_lr=3e-3)
+    job = Job(JobSpec(d.ALGORITHM, hp, "ALE/Pong-v5", 1, load_policy("single"), seed=2, total_env_steps=1000,
+                      env_wrappers=("atari64",)))
+    try:
+        job.reset()
+        metrics = [job.train_step() for _ in range(4)]
+        buffer, learner = job.component("buffer"), job.component("learner")
+        assert buffer.storage["obs"].dtype == torch.uint8 and buffer.storage["obs"].shape[2:] == (1, 64, 64)
+        assert learner.model.image and all(math.isfinite(float(v)) for m in metrics for v in m.values())
+        batch = buffer.sample()
+        first = float(learner.world_model_loss(batch)[1]["losses/decoder"].detach())
+        for _ in range(40):
+            learner.learn(batch)
+        assert float(learner.world_model_loss(batch)[1]["losses/decoder"].detach()) < 0.5 * first
+    finally:
+        job.close()

@@ -189,6 +189,22 @@ def _atari(env_id: str, kwargs: dict[str, Any]) -> tuple[dict[str, Any], Callabl
     return {**kwargs, "frameskip": 1}, wrap
 
 
+def _atari64(env_id: str, kwargs: dict[str, Any]) -> tuple[dict[str, Any], Callable[[gymnasium.Env], gymnasium.Env]]:
+    """Atari for world models (DreamerV3's, Hafner et al. 2023, at RLlib's grayscale): up to 30
+    no-ops at reset, 4 frames per action with the max of the last two, one 64x64 grayscale frame
+    a step and no frame stack (the model's recurrent state remembers): observations ``(1, 64,
+    64)`` uint8. The base env is made with ``frameskip=1``; sticky actions stay at the id's default."""
+    if not env_id.startswith("ALE/"):
+        raise ValueError(f"env.wrappers: 'atari64' preprocesses ALE games (ids ALE/<Game>-v5), not {env_id!r}")
+
+    def wrap(env: gymnasium.Env) -> gymnasium.Env:
+        env = gymnasium.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=64,
+                                                    terminal_on_life_loss=False, grayscale_obs=True)
+        return gymnasium.wrappers.ReshapeObservation(env, (1, 64, 64))
+
+    return {**kwargs, "frameskip": 1}, wrap
+
+
 def _flatten_observation(env_id: str, kwargs: dict[str, Any]) -> tuple[dict[str, Any], Callable[[gymnasium.Env], gymnasium.Env]]:
     """gymnasium's ``FlattenObservation``: a ``Dict``, ``Tuple``, ``MultiDiscrete`` (one-hot) or
     multi-axis ``Box`` observation flattened into one float vector (``gymnasium.spaces.flatten``),
@@ -260,6 +276,7 @@ def _mask_velocity(env_id: str, kwargs: dict[str, Any]) -> tuple[dict[str, Any],
 #: kwargs) -> (kwargs to make the base env with, wrapping function).
 WRAPPERS: dict[str, Callable[[str, dict[str, Any]], tuple[dict[str, Any], Callable[[gymnasium.Env], gymnasium.Env]]]] = {
     "atari": _atari,
+    "atari64": _atari64,
     "flatten_observation": _flatten_observation,
     "mask_velocity": _mask_velocity,
     "multi_discrete_action": _multi_discrete_action,
