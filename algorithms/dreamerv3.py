@@ -614,7 +614,9 @@ class DreamerV3Learner(Learner):
             ret = lambda_returns(reward, value, cont, hp.gamma, hp.return_lambda)
             weight = torch.cumprod(hp.gamma * torch.cat([first_cont[None], cont[:-1]]), 0) / hp.gamma
             lo, hi = torch.quantile(ret.flatten(), torch.tensor([0.05, 0.95], device=ret.device))
-            self.return_scale.mul_(hp.return_norm_decay).add_((1 - hp.return_norm_decay) * (hi - lo))
+            spread = (hi - lo).reshape(1)
+            self.reduce_statistics([spread])  # (a replicated learner's replicas keep one scale)
+            self.return_scale.mul_(hp.return_norm_decay).add_((1 - hp.return_norm_decay) * spread[0])
             advantage = (ret - value[:-1]) / self.return_scale.clamp(min=1.0)
             slow = two_hot_mean(self.slow_critic(states_t[:-1]), m.bins)
         # the critic: two-hot on the lambda-returns, regularised toward the slow critic's outputs
