@@ -31,10 +31,10 @@ from tensordict import TensorDict
 from torch import nn
 from torch.nn import functional as F
 
+from msrl.advantages import lambda_returns
 from msrl.api import (
     Actor,
     AlgorithmSpec,
-    Buffer,
     BuildContext,
     Fraction,
     Learner,
@@ -46,10 +46,11 @@ from msrl.api import (
     UnitInterval,
     returns,
 )
+from msrl.rl.buffers import SequenceReplay
+from msrl.rl.distributional import symlog, two_hot, two_hot_mean
 
-__all__ = ["DreamerV3Config", "SIZES", "symlog", "symexp", "two_hot", "two_hot_mean", "lambda_returns",
-           "sample_categorical", "is_image", "WorldModel", "DreamerV3Actor",
-           "SequenceReplay", "DreamerV3Learner", "DreamerV3Trainer", "ALGORITHM"]
+__all__ = ["DreamerV3Config", "SIZES", "sample_categorical", "is_image", "WorldModel", "DreamerV3Actor",
+           "DreamerV3Learner", "DreamerV3Trainer", "ALGORITHM"]
 
 #: model sizes (RLlib's ``dreamerv3/utils``, the paper's S-XL and smaller ones for small tasks):
 #: name -> (GRU units, dense units, dense layers, latents, classes per latent, CNN channel multiplier)
@@ -121,55 +122,6 @@ class DreamerV3Config:
             raise ValueError(f"model_size: {self.model_size!r} is not one of {', '.join(SIZES)}")
         if self.num_bins < 2:
             raise ValueError(f"num_bins: {self.num_bins} bins cannot encode a value; use 2 or more (the paper: 255)")
-
-
-def symlog(x: torch.Tensor) -> torch.Tensor:
-    """``sign(x) ln(1 + |x|)`` (Eq. 9), elementwise."""
-    return torch.sign(x) * torch.log1p(x.abs())
-
-
-def symexp(x: torch.Tensor) -> torch.Tensor:
-    """``sign(x) (exp(|x|) - 1)``, the inverse of :func:`symlog` (Eq. 9), elementwise."""
-    return torch.sign(x) * torch.expm1(x.abs())
-
-
-def two_hot(y: torch.Tensor, bins: torch.Tensor) -> torch.Tensor:
-    """The two-hot encoding of ``y`` ``(...)`` over the sorted ``bins`` ``(K,)`` (Eq. 10): weight
-    on the two bins around each value, in proportion to its nearness, ``(..., K)``; values outside
-    the bins clip to the end bins."""
-    y = y.clamp(bins[0], bins[-1])
-    k = (torch.searchsorted(bins, y.contiguous(), right=True) - 1).clamp(0, bins.numel() - 2)
-    lo, hi = bins[k], bins[k + 1]
-    w_hi = ((y - lo) / (hi - lo)).clamp(0.0, 1.0)
-    out = torch.zeros(*y.shape, bins.numel(), dtype=y.dtype, device=y.device)
-    out.scatter_(-1, k[..., None], (1 - w_hi)[..., None])
-    out.scatter_add_(-1, (k + 1)[..., None], w_hi[..., None])
-    return out
-
-
-def two_hot_mean(logits: torch.Tensor, bins: torch.Tensor) -> torch.Tensor:
-    """The value a two-hot head predicts: ``symexp(sum softmax(logits) * bins)``, ``(..., K) -> (...)``."""
-    return symexp((torch.softmax(logits, -1) * bins).sum(-1))
-
-
-def lambda_returns(reward: torch.Tensor, value: torch.Tensor, cont: torch.Tensor, gamma: float, lam: float
-                   ) -> torch.Tensor:
-    """The lambda-returns of an imagined rollout (Eq. 7): ``R_H = v_H``,
-    ``R_i = r_{i+1} + gamma c_{i+1} ((1 - lambda) v_{i+1} + lambda R_{i+1})``.
-
-    Args:
-        reward, cont: ``(H, ...)``: the reward and continue flag on arriving at step ``i + 1``.
-        value: ``(H + 1, ...)``: the critic at steps ``0..H``.
-
-    Returns:
-        ``(H, ...)``: ``R_0 .. R_{H-1}``.
-    """
-    out = []
-    last = value[-1]
-    for i in reversed(range(reward.shape[0])):
-        last = reward[i] + gamma * cont[i] * ((1 - lam) * value[i + 1] + lam * last)
-        out.append(last)
-    return torch.stack(out[::-1])
 
 
 def _mlp(n_in: int, units: int, layers: int) -> nn.Sequential:
@@ -391,104 +343,6 @@ class DreamerV3Actor(Actor):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
-        self.generator.set_state(state["generator"])
-
-
-class SequenceReplay(Buffer):
-    """Each env's stream of steps, oldest overwritten, sampled as ``(B, T)`` windows.
-
-    A row is what the world model reads at one step: ``obs`` as the env gives it (``(D,)``
-    float32, or a frame ``(C, H, W)`` uint8, stored as uint8), ``action`` int64
-    the action taken *before* it (0 at an episode's first), ``reward`` float32 received on
-    arriving at it, ``is_first`` and ``is_terminal`` bool. A finished episode's final observation
-    and the next episode's first are two rows. Windows may cross episodes (``is_first`` resets
-    the model state there, as in the paper). Draws come from its own generator (``ctx.seed + 2``).
-    """
-
-    KEYS = ("obs", "action", "reward", "is_first", "is_terminal")
-
-    def __init__(self, ctx: BuildContext) -> None:
-        hp = ctx.hparams
-        self.num_envs = ctx.env_spec.num_envs
-        self.capacity = max(hp.buffer_size // self.num_envs, hp.batch_length)
-        self.batch_size, self.length, self.device = hp.batch_size, hp.batch_length, ctx.device
-        space = ctx.env_spec.observation_space
-        self.obs_shape, self.obs_dtype = tuple(space.shape), torch.from_numpy(np.zeros(0, space.dtype)).dtype
-        self.storage: TensorDict | None = None
-        self.pos = torch.zeros(self.num_envs, dtype=torch.int64)
-        self.count = torch.zeros(self.num_envs, dtype=torch.int64)
-        self.generator = torch.Generator(device=ctx.device)
-        self.generator.manual_seed(ctx.seed + 2)
-
-    def _write(self, rows: torch.Tensor, **row: torch.Tensor) -> None:
-        if self.storage is None:
-            n, c = self.num_envs, self.capacity
-            self.storage = TensorDict({"obs": torch.zeros(n, c, *self.obs_shape, dtype=self.obs_dtype),
-                                       "action": torch.zeros(n, c, dtype=torch.int64),
-                                       "reward": torch.zeros(n, c), "is_first": torch.zeros(n, c, dtype=torch.bool),
-                                       "is_terminal": torch.zeros(n, c, dtype=torch.bool)}, batch_size=[n, c])
-        at = self.pos[rows]
-        for k, v in row.items():
-            self.storage[k][rows, at] = v.to(self.storage[k].dtype).cpu()
-        self.pos[rows] = (at + 1) % self.capacity
-        self.count[rows] = (self.count[rows] + 1).clamp(max=self.capacity)
-
-    def start(self, obs: torch.Tensor) -> None:
-        """Every env's first observation ``(N, *obs_shape)``: its first row."""
-        n = obs.shape[0]
-        rows = torch.arange(n)
-        zero = torch.zeros(n)
-        self._write(rows, obs=obs, action=zero.long(), reward=zero, is_first=torch.ones(n, dtype=torch.bool),
-                    is_terminal=torch.zeros(n, dtype=torch.bool))
-
-    def insert(self, **step: torch.Tensor) -> None:
-        """One env step of ``N`` envs: ``action``, ``reward``, ``terminated``, ``truncated`` ``(N,)``,
-        ``final_obs`` and ``next_obs`` ``(N, *obs_shape)`` (the env's ``info["final_obs"]`` and its
-        next observation): a row at the observation arrived at, and where an episode ended a
-        second, the next episode's first.
-
-        Raises:
-            KeyError: other keys.
-        """
-        need = {"action", "reward", "terminated", "truncated", "final_obs", "next_obs"}
-        if set(step) != need:
-            raise KeyError(f"SequenceReplay.insert takes exactly {sorted(need)}, got {sorted(step)}")
-        n = step["action"].shape[0]
-        rows = torch.arange(n)
-        self._write(rows, obs=step["final_obs"], action=step["action"], reward=step["reward"],
-                    is_first=torch.zeros(n, dtype=torch.bool), is_terminal=step["terminated"].bool())
-        done = (step["terminated"] | step["truncated"]).cpu()
-        if bool(done.any()):
-            d = rows[done]
-            zero = torch.zeros(d.numel())
-            self._write(d, obs=step["next_obs"][done.to(step["next_obs"].device)], action=zero.long(),
-                        reward=zero, is_first=torch.ones(d.numel(), dtype=torch.bool),
-                        is_terminal=torch.zeros(d.numel(), dtype=torch.bool))
-
-    @returns("batch")
-    def sample(self) -> TensorDict:
-        """``batch_size`` windows of ``batch_length`` consecutive rows of one env each, the env
-        drawn in proportion to its windows and the start uniformly: a TensorDict ``(B, T)``.
-
-        Raises:
-            RuntimeError: no env holds ``batch_length`` rows yet.
-        """
-        windows = (self.count - self.length + 1).clamp(min=0)
-        if int(windows.sum()) == 0:
-            raise RuntimeError(f"SequenceReplay: no env holds {self.length} steps yet; raise "
-                               "algorithm.hparams.learning_starts to at least batch_length x env.num_envs")
-        env = torch.multinomial(windows.double(), self.batch_size, replacement=True, generator=self.generator)
-        start = (torch.rand(self.batch_size, generator=self.generator, dtype=torch.float64) * windows[env]).long()
-        oldest = (self.pos[env] - self.count[env]) % self.capacity
-        index = (oldest[:, None] + start[:, None] + torch.arange(self.length)) % self.capacity
-        return self.storage[env[:, None], index].to(self.device)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"storage": self.storage, "pos": self.pos.clone(), "count": self.count.clone(),
-                "generator": self.generator.get_state()}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.storage, self.pos, self.count = state["storage"], state["pos"].clone(), state["count"].clone()
         self.generator.set_state(state["generator"])
 
 

@@ -1,10 +1,10 @@
-"""Advantage estimators on ``(T, N)`` trajectories."""
+"""Advantage estimators and returns on ``(T, N)`` trajectories."""
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["gae", "vtrace"]
+__all__ = ["gae", "vtrace", "lambda_returns"]
 
 
 @torch.no_grad()
@@ -145,3 +145,23 @@ def vtrace(
         next_vs[:-1] = torch.where(go_on[:-1] > 0, vs[1:], next_values[:-1])
     pg_advantages = rho * (rewards + g * next_vs - values)
     return vs, pg_advantages
+
+
+def lambda_returns(reward: torch.Tensor, value: torch.Tensor, cont: torch.Tensor, gamma: float, lam: float
+                   ) -> torch.Tensor:
+    """The lambda-returns of an imagined rollout (Eq. 7): ``R_H = v_H``,
+    ``R_i = r_{i+1} + gamma c_{i+1} ((1 - lambda) v_{i+1} + lambda R_{i+1})``.
+
+    Args:
+        reward, cont: ``(H, ...)``: the reward and continue flag on arriving at step ``i + 1``.
+        value: ``(H + 1, ...)``: the critic at steps ``0..H``.
+
+    Returns:
+        ``(H, ...)``: ``R_0 .. R_{H-1}``.
+    """
+    out = []
+    last = value[-1]
+    for i in reversed(range(reward.shape[0])):
+        last = reward[i] + gamma * cont[i] * ((1 - lam) * value[i + 1] + lam * last)
+        out.append(last)
+    return torch.stack(out[::-1])

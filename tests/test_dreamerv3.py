@@ -8,12 +8,15 @@ import pytest
 import torch
 
 import msrl
+from msrl.advantages import lambda_returns
 from msrl.algorithms import dreamerv3 as d
 from msrl.api import BuildContext
 from msrl.config import load_config
 from msrl.envs import env_spec
 from msrl.errors import ConfigError
 from msrl.policy import load_policy
+from msrl.rl.buffers import SequenceReplay
+from msrl.rl.distributional import symexp, symlog, two_hot, two_hot_mean
 from msrl.run.job import Job, JobSpec
 
 CONFIG = "configs/dreamerv3_cartpole.yaml"
@@ -25,19 +28,19 @@ TINY = ["algorithm.hparams.model_size=nano", "algorithm.hparams.batch_size=2", "
 
 def test_symlog_and_symexp_are_inverse_and_compress_large_values():
     x = torch.tensor([-1e4, -3.0, -0.5, 0.0, 0.5, 3.0, 1e4])
-    assert torch.allclose(d.symexp(d.symlog(x)), x, rtol=1e-5)
-    assert torch.allclose(d.symlog(x), torch.sign(x) * torch.log(1 + x.abs()))
+    assert torch.allclose(symexp(symlog(x)), x, rtol=1e-5)
+    assert torch.allclose(symlog(x), torch.sign(x) * torch.log(1 + x.abs()))
 
 
 def test_two_hot_puts_its_weight_on_the_two_nearest_bins_and_decodes_back():
     bins = torch.linspace(-20.0, 20.0, 255)
     y = torch.tensor([-25.0, -3.3, 0.0, 0.07, 12.345, 25.0])
-    enc = d.two_hot(y, bins)
+    enc = two_hot(y, bins)
     assert torch.allclose(enc.sum(-1), torch.ones(6)) and ((enc > 0).sum(-1) <= 2).all()
     assert torch.allclose((enc * bins).sum(-1), y.clamp(-20, 20), atol=1e-5)
     assert enc[0, 0] == 1 and enc[-1, -1] == 1  # outside the bins: the end bins
     logits = torch.log(enc.clamp(min=1e-30))
-    assert torch.allclose(d.two_hot_mean(logits, bins), d.symexp(y.clamp(-20, 20)), rtol=1e-4)
+    assert torch.allclose(two_hot_mean(logits, bins), symexp(y.clamp(-20, 20)), rtol=1e-4)
 
 
 def test_lambda_returns_are_eq_7():
@@ -45,7 +48,7 @@ def test_lambda_returns_are_eq_7():
     H, N, gamma = 5, 3, 0.9
     reward, cont, value = torch.randn(H, N), (torch.rand(H, N) > 0.2).float(), torch.randn(H + 1, N)
     for lam in (0.0, 0.95, 1.0):
-        got = d.lambda_returns(reward, value, cont, gamma, lam)
+        got = lambda_returns(reward, value, cont, gamma, lam)
         want = torch.zeros(H, N)
         for i in range(H):  # the n-step returns mixed by lambda, written forward
             total, weight = torch.zeros(N), 0.0
@@ -85,7 +88,7 @@ def _step(buf, i, done=(False, False), truncated=(False, False)):
 
 
 def test_the_replay_keeps_each_envs_stream_with_episode_boundaries():
-    buf = d.SequenceReplay(_ctx())
+    buf = SequenceReplay(_ctx())
     buf.start(torch.zeros(2, 4))
     _step(buf, 1)
     _step(buf, 2, done=(True, False))  # env 0 ends: its final observation, then the next episode's first
@@ -101,7 +104,7 @@ def test_the_replay_keeps_each_envs_stream_with_episode_boundaries():
 
 
 def test_windows_are_consecutive_rows_of_one_env_in_order_after_wrapping():
-    buf = d.SequenceReplay(_ctx())
+    buf = SequenceReplay(_ctx())
     buf.start(torch.zeros(2, 4))
     for i in range(1, 25):  # 25 rows per env in 10 slots: the oldest overwritten
         _step(buf, i)
@@ -110,13 +113,13 @@ def test_windows_are_consecutive_rows_of_one_env_in_order_after_wrapping():
     first = batch["obs"][:, :, 0]
     assert ((first[:, 1:] - first[:, :-1]) == 1).all()  # consecutive steps
     assert (first >= 15).all()  # only the newest 10 rows of each env remain
-    twin = d.SequenceReplay(_ctx())
+    twin = SequenceReplay(_ctx())
     twin.load_state_dict(buf.state_dict())
-    assert all(torch.equal(buf.sample()[k], twin.sample()[k]) for k in d.SequenceReplay.KEYS)
+    assert all(torch.equal(buf.sample()[k], twin.sample()[k]) for k in SequenceReplay.KEYS)
 
 
 def test_sampling_before_any_env_holds_a_window_says_what_to_raise():
-    buf = d.SequenceReplay(_ctx())
+    buf = SequenceReplay(_ctx())
     buf.start(torch.zeros(2, 4))
     with pytest.raises(RuntimeError, match="learning_starts to at least batch_length x env.num_envs"):
         buf.sample()
@@ -127,7 +130,7 @@ def test_the_world_model_learns_a_fixed_batch():
     stream lower the decoder's, the reward's and the continue head's losses."""
     torch.manual_seed(0)
     ctx = _ctx(batch_size=4, batch_length=8, model_size="micro", world_model_lr=1e-3)
-    learner, buf = d.DreamerV3Learner(ctx), d.SequenceReplay(ctx)
+    learner, buf = d.DreamerV3Learner(ctx), SequenceReplay(ctx)
     buf.start(torch.zeros(2, 4))
     for i in range(1, 9):
         _step(buf, i % 5, done=(i % 5 == 4, False))

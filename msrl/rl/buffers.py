@@ -1,6 +1,7 @@
 """Rollout and replay storage: the on-policy ``(T, N, ...)`` :class:`RolloutBuffer` (PPO, A2C,
-IMPALA; the multi-agent ones extend its storage) and the uniform :class:`ReplayBuffer` (DQN,
-SAC)."""
+IMPALA; the multi-agent ones extend its storage), the uniform :class:`ReplayBuffer` (DQN,
+SAC) and :class:`PrioritizedReplayBuffer` (Ape-X), and :class:`SequenceReplay`, each env's stream
+of steps sampled as windows (DreamerV3's world model)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from msrl.api import Buffer, BuildContext, returns
 from msrl.envs.dict_obs import storage_space
 from msrl.rl.sum_tree import SumTree
 
-__all__ = ["RolloutBuffer", "ReplayBuffer", "PrioritizedReplayBuffer"]
+__all__ = ["RolloutBuffer", "ReplayBuffer", "PrioritizedReplayBuffer", "SequenceReplay"]
 
 
 class RolloutBuffer(Buffer):
@@ -327,3 +328,104 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         super().load_state_dict(state)
         self.tree.load_state_dict(state["tree"])
         self.max_priority = state["max_priority"].to(self.device)
+
+
+class SequenceReplay(Buffer):
+    """Each env's stream of steps, oldest overwritten, sampled as ``(B, T)`` windows.
+
+    A row is what the world model reads at one step: ``obs`` as the env gives it (``(D,)``
+    float32, or a frame ``(C, H, W)`` uint8, stored as uint8), ``action`` int64
+    the action taken *before* it (0 at an episode's first), ``reward`` float32 received on
+    arriving at it, ``is_first`` and ``is_terminal`` bool. A finished episode's final observation
+    and the next episode's first are two rows. Windows may cross episodes (``is_first`` resets
+    the model state there, as in DreamerV3). Draws come from its own generator (``ctx.seed + 2``).
+
+    Hyperparameters read from ``ctx.hparams``: ``buffer_size`` (rows over every env),
+    ``batch_size`` (B), ``batch_length`` (T).
+    """
+
+    KEYS = ("obs", "action", "reward", "is_first", "is_terminal")
+
+    def __init__(self, ctx: BuildContext) -> None:
+        hp = ctx.hparams
+        self.num_envs = ctx.env_spec.num_envs
+        self.capacity = max(hp.buffer_size // self.num_envs, hp.batch_length)
+        self.batch_size, self.length, self.device = hp.batch_size, hp.batch_length, ctx.device
+        space = ctx.env_spec.observation_space
+        self.obs_shape, self.obs_dtype = tuple(space.shape), torch.from_numpy(np.zeros(0, space.dtype)).dtype
+        self.storage: TensorDict | None = None
+        self.pos = torch.zeros(self.num_envs, dtype=torch.int64)
+        self.count = torch.zeros(self.num_envs, dtype=torch.int64)
+        self.generator = torch.Generator(device=ctx.device)
+        self.generator.manual_seed(ctx.seed + 2)
+
+    def _write(self, rows: torch.Tensor, **row: torch.Tensor) -> None:
+        if self.storage is None:
+            n, c = self.num_envs, self.capacity
+            self.storage = TensorDict({"obs": torch.zeros(n, c, *self.obs_shape, dtype=self.obs_dtype),
+                                       "action": torch.zeros(n, c, dtype=torch.int64),
+                                       "reward": torch.zeros(n, c), "is_first": torch.zeros(n, c, dtype=torch.bool),
+                                       "is_terminal": torch.zeros(n, c, dtype=torch.bool)}, batch_size=[n, c])
+        at = self.pos[rows]
+        for k, v in row.items():
+            self.storage[k][rows, at] = v.to(self.storage[k].dtype).cpu()
+        self.pos[rows] = (at + 1) % self.capacity
+        self.count[rows] = (self.count[rows] + 1).clamp(max=self.capacity)
+
+    def start(self, obs: torch.Tensor) -> None:
+        """Every env's first observation ``(N, *obs_shape)``: its first row."""
+        n = obs.shape[0]
+        rows = torch.arange(n)
+        zero = torch.zeros(n)
+        self._write(rows, obs=obs, action=zero.long(), reward=zero, is_first=torch.ones(n, dtype=torch.bool),
+                    is_terminal=torch.zeros(n, dtype=torch.bool))
+
+    def insert(self, **step: torch.Tensor) -> None:
+        """One env step of ``N`` envs: ``action``, ``reward``, ``terminated``, ``truncated`` ``(N,)``,
+        ``final_obs`` and ``next_obs`` ``(N, *obs_shape)`` (the env's ``info["final_obs"]`` and its
+        next observation): a row at the observation arrived at, and where an episode ended a
+        second, the next episode's first.
+
+        Raises:
+            KeyError: other keys.
+        """
+        need = {"action", "reward", "terminated", "truncated", "final_obs", "next_obs"}
+        if set(step) != need:
+            raise KeyError(f"SequenceReplay.insert takes exactly {sorted(need)}, got {sorted(step)}")
+        n = step["action"].shape[0]
+        rows = torch.arange(n)
+        self._write(rows, obs=step["final_obs"], action=step["action"], reward=step["reward"],
+                    is_first=torch.zeros(n, dtype=torch.bool), is_terminal=step["terminated"].bool())
+        done = (step["terminated"] | step["truncated"]).cpu()
+        if bool(done.any()):
+            d = rows[done]
+            zero = torch.zeros(d.numel())
+            self._write(d, obs=step["next_obs"][done.to(step["next_obs"].device)], action=zero.long(),
+                        reward=zero, is_first=torch.ones(d.numel(), dtype=torch.bool),
+                        is_terminal=torch.zeros(d.numel(), dtype=torch.bool))
+
+    @returns("batch")
+    def sample(self) -> TensorDict:
+        """``batch_size`` windows of ``batch_length`` consecutive rows of one env each, the env
+        drawn in proportion to its windows and the start uniformly: a TensorDict ``(B, T)``.
+
+        Raises:
+            RuntimeError: no env holds ``batch_length`` rows yet.
+        """
+        windows = (self.count - self.length + 1).clamp(min=0)
+        if int(windows.sum()) == 0:
+            raise RuntimeError(f"SequenceReplay: no env holds {self.length} steps yet; raise "
+                               "algorithm.hparams.learning_starts to at least batch_length x env.num_envs")
+        env = torch.multinomial(windows.double(), self.batch_size, replacement=True, generator=self.generator)
+        start = (torch.rand(self.batch_size, generator=self.generator, dtype=torch.float64) * windows[env]).long()
+        oldest = (self.pos[env] - self.count[env]) % self.capacity
+        index = (oldest[:, None] + start[:, None] + torch.arange(self.length)) % self.capacity
+        return self.storage[env[:, None], index].to(self.device)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"storage": self.storage, "pos": self.pos.clone(), "count": self.count.clone(),
+                "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.storage, self.pos, self.count = state["storage"], state["pos"].clone(), state["count"].clone()
+        self.generator.set_state(state["generator"])

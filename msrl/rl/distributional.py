@@ -1,16 +1,18 @@
 """Distributional RL's shared math: the fixed support of a categorical return distribution and
 the projection of a Bellman-updated distribution back onto it (Bellemare, Dabney and Munos 2017,
-"A Distributional Perspective on Reinforcement Learning", arXiv:1707.06887, Algorithm 1).
+"A Distributional Perspective on Reinforcement Learning", arXiv:1707.06887, Algorithm 1); and
+DreamerV3's symlog transform and two-hot regression onto fixed bins (Hafner et al. 2023,
+"Mastering Diverse Domains through World Models", arXiv:2301.04104v1, Eq. 9-10).
 
-Shared math only (:mod:`msrl.rl`): C51's network, actor, learner and trainer live in
-``algorithms/c51.py``.
+Shared math only (:mod:`msrl.rl`): C51's and DreamerV3's networks, actors, learners and trainers
+live in ``algorithms/c51.py`` and ``algorithms/dreamerv3.py``.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["categorical_support", "categorical_projection"]
+__all__ = ["categorical_support", "categorical_projection", "symlog", "symexp", "two_hot", "two_hot_mean"]
 
 
 def categorical_support(v_min: float, v_max: float, n_atoms: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -58,3 +60,32 @@ def categorical_projection(next_pmfs: torch.Tensor, rewards: torch.Tensor, not_d
         out.scatter_add_(1, lower, w_lower)
         out.scatter_add_(1, upper, w_upper)
         return out
+
+
+def symlog(x: torch.Tensor) -> torch.Tensor:
+    """``sign(x) ln(1 + |x|)`` (Eq. 9), elementwise."""
+    return torch.sign(x) * torch.log1p(x.abs())
+
+
+def symexp(x: torch.Tensor) -> torch.Tensor:
+    """``sign(x) (exp(|x|) - 1)``, the inverse of :func:`symlog` (Eq. 9), elementwise."""
+    return torch.sign(x) * torch.expm1(x.abs())
+
+
+def two_hot(y: torch.Tensor, bins: torch.Tensor) -> torch.Tensor:
+    """The two-hot encoding of ``y`` ``(...)`` over the sorted ``bins`` ``(K,)`` (Eq. 10): weight
+    on the two bins around each value, in proportion to its nearness, ``(..., K)``; values outside
+    the bins clip to the end bins."""
+    y = y.clamp(bins[0], bins[-1])
+    k = (torch.searchsorted(bins, y.contiguous(), right=True) - 1).clamp(0, bins.numel() - 2)
+    lo, hi = bins[k], bins[k + 1]
+    w_hi = ((y - lo) / (hi - lo)).clamp(0.0, 1.0)
+    out = torch.zeros(*y.shape, bins.numel(), dtype=y.dtype, device=y.device)
+    out.scatter_(-1, k[..., None], (1 - w_hi)[..., None])
+    out.scatter_add_(-1, (k + 1)[..., None], w_hi[..., None])
+    return out
+
+
+def two_hot_mean(logits: torch.Tensor, bins: torch.Tensor) -> torch.Tensor:
+    """The value a two-hot head predicts: ``symexp(sum softmax(logits) * bins)``, ``(..., K) -> (...)``."""
+    return symexp((torch.softmax(logits, -1) * bins).sum(-1))
