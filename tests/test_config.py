@@ -59,7 +59,7 @@ def test_overrides_are_applied_and_typed():
         (["env.num_workers=2"], "env.num_workers=2 sets the process engine's workers (or EnvPool's threads), but env.engine='sync'"),
         (["env.num_workers=0", "env.engine=process"], "env.num_workers: Input should be greater than 0"),
         (["env.wrappers=[atari]"], "env.wrappers: 'atari' preprocesses ALE games (ids ALE/<Game>-v5), not 'CartPole-v1'"),
-        (["env.wrappers=[frames]"], "env.wrappers: unknown env wrapper 'frames'; valid: atari, flatten_observation, mask_velocity, multi_discrete_action"),
+        (["env.wrappers=[frames]"], "env.wrappers: unknown env wrapper 'frames'; valid: atari, atari64, flatten_observation, mask_velocity, multi_discrete_action"),
         (["env.id=msrl/CartPole-v1", "env.engine=process"], "env.engine=process steps gymnasium envs"),
         (["env.id=Pong-v5"], "unknown env id 'Pong-v5'"),
         (["env.id=Pongg-v5", "env.engine=envpool"], "envpool has no task 'Pongg-v5'. Did you mean 'Pong-v5'"),
