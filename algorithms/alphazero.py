@@ -345,7 +345,9 @@ class MCTS(EnvWrapper):
         from msrl.errors import ConfigError
 
         inner = getattr(env, "envs", None)
-        if not (ctx.env_spec.env_id.startswith("openspiel/") and inner is not None):
+        from msrl.envs.openspiel_env import is_openspiel
+
+        if not (is_openspiel(ctx.env_spec.env_id) and inner is not None):
             raise ConfigError(f"alphazero searches OpenSpiel games in the process that steps them: env.id must be "
                               f"openspiel/<game> and env.engine sync (got {ctx.env_spec.env_id!r} on "
                               f"{type(env).__name__})")
@@ -473,7 +475,10 @@ class AlphaZeroLearner(Learner):
         self.parameters = list(self.net.parameters())
         self.optimizer = torch.optim.Adam(self.parameters, lr=self.hp.learning_rate,
                                           weight_decay=self.hp.weight_decay)
-        self.game = ctx.env_spec.env_id[len("openspiel/"):] if ctx.env_spec.env_id.startswith("openspiel/") else None
+        from msrl.envs.openspiel_env import NAMESPACE, is_openspiel
+
+        env_id = ctx.env_spec.env_id
+        self.game = env_id[len(NAMESPACE):] if is_openspiel(env_id) else None
         self.replica, self.learns, self.seed = ctx.replica, 0, ctx.seed
 
     @returns("replicated")  # (declared: a run whose learning branch the probe never reaches still partitions)

@@ -26,8 +26,8 @@ import numpy as np
 
 from msrl.errors import InputError
 
-__all__ = ["OpenSpielGameEnv", "NAMESPACE", "is_openspiel", "register", "game_of", "observation_size", "OPPONENTS",
-           "OpenSpielGameError"]
+__all__ = ["OpenSpielGameEnv", "NAMESPACE", "is_openspiel", "register", "game_of", "observation_size", "observe",
+           "OPPONENTS", "OpenSpielGameError"]
 
 #: the id namespace of OpenSpiel's games
 NAMESPACE = "openspiel/"

@@ -134,7 +134,9 @@ def _register_optional_namespaces(env_id: str) -> str:
                 f"env id {env_id!r} is an Atari game, which needs ale-py: pip install -e '.[atari]'"
             ) from None
         gymnasium.register_envs(ale_py)
-    if env_id.startswith("openspiel/"):
+    from msrl.envs.openspiel_env import is_openspiel
+
+    if is_openspiel(env_id):
         from msrl.envs.openspiel_env import OpenSpielGameError, register
 
         try:
