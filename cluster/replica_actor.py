@@ -52,18 +52,27 @@ class ReplicaActor:
             from msrl.registry import load_algorithm
 
             load_algorithm(algorithm_ref)  # registers a file's module before unpickling refers to it
+        from msrl.errors import InputError
         from msrl.runtime.replica import Replica
 
         self.spec = cloudpickle.loads(spec_bytes)
         torch.set_float32_matmul_precision(self.spec.float32_matmul_precision)  # train.float32_matmul_precision
         self.fragment_graph = cloudpickle.loads(fragment_graph_bytes)
         self.fragment, self.index = fragment, replica
-        self.replica = Replica(self.spec, self.fragment_graph, fragment, replica)
         self.comm: Any = None
         #: this replica's boundary servers by transport kind (:data:`msrl.runtime.transports.kinds.STREAM_KINDS`), and
         #: the kinds its streams may use (``cluster.boundary_transport``)
         self.servers: dict[str, Any] = {}
         self.transport_choice = "auto"
+        #: bad input found while building this replica's components (a ``ConfigError`` of an
+        #: algorithm's factory): raised by the driver's first call, :meth:`info`, as itself --
+        #: not the death of a process whose constructor raised, which restarts would repeat
+        self.build_error: Exception | None = None
+        try:
+            self.replica = Replica(self.spec, self.fragment_graph, fragment, replica)
+        except InputError as e:
+            self.build_error = e
+            return
         output = next((fr.name for fr in self.fragment_graph.fragments
                        if any(n.kind.value == "output" and n.inputs for n in fr.programs["train_step"])), None)
         #: the replica as every runtime runs it (its records, its env-step count)
@@ -255,7 +264,13 @@ class ReplicaActor:
         """This replica's process id, node address, GPUs, its node's cores and its own torch
         (intra-op) threads; ``startup``: what msrl's start-up changed in this process
         (:func:`msrl.runtime.startup.owned_changes`), ``config_schema``: whether the process imported the
-        config schema (:mod:`msrl.config`, pydantic's models: never, in a replica)."""
+        config schema (:mod:`msrl.config`, pydantic's models: never, in a replica).
+
+        Raises:
+            InputError: the replica's components could not be built from the job's input.
+        """
+        if self.build_error is not None:
+            raise self.build_error
         import sys
 
         import ray

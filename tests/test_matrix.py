@@ -24,6 +24,7 @@ from msrl.algorithms import (
     ppo,
     ppo_lstm,
     ppo_selfplay,
+    qmix,
     sac,
     td3,
 )
@@ -82,16 +83,22 @@ TINY = {
     # learner; the acting side carries its recurrent model state from step to step
     "dreamerv3": (dreamerv3.ALGORITHM, dict(model_size="nano", batch_size=2, batch_length=4, horizon=3, train_ratio=2,
                                             steps_per_iteration=4, learning_starts=16, buffer_size=256), "CartPole-v1"),
+    # QMIX: recurrent agents epsilon-greedy with their GRU states carried by the trainer, whole
+    # episodes replayed, the agents' chosen values mixed by a hypernetwork of the global state
+    "qmix": (qmix.ALGORITHM, dict(episode_limit=5, steps_per_iteration=5, batch_size=2, buffer_size=64, learning_starts=20,
+                                  hidden_dim=8, mixing_embed_dim=4, hypernet_embed=8, target_network_frequency=20),
+             "pettingzoo/mpe2.simple_spread_v3"),
 }
 #: gymnasium.make / parallel_env kwargs per algorithm's env
-ENV_KWARGS = {"mappo": {"N": 3, "max_cycles": 5, "continuous_actions": False}}
+ENV_KWARGS = {"mappo": {"N": 3, "max_cycles": 5, "continuous_actions": False},
+              "qmix": {"N": 3, "max_cycles": 5, "continuous_actions": False}}
 #: values an actor sends the learner per rollout (the recurrent ones: the rollout and its initial LSTM
 #: state; A3C: its gradients and their losses)
 ROLLOUT_VALUES = {"ppo_lstm": 2, "impala_lstm": 2, "a3c": 2}
 #: the on-policy algorithms: one push from each actor per iteration
 ON_POLICY = ("ppo", "a2c", "pg", "a3c", "impala", "mappo", "ppo_norm", "ppo_lstm", "impala_lstm", "ppo_selfplay")
 ITERATIONS = {"ppo_lstm": 3, "impala_lstm": 3, "ppo": 3, "a2c": 4, "pg": 3, "a3c": 4, "impala": 3, "dqn": 8, "dqn_apex": 8, "c51": 8, "sac": 16, "ddpg": 16, "td3": 16, "mappo": 3, "ppo_norm": 3,
-              "ppo_selfplay": 3, "alphazero": 4, "dreamerv3": 4}
+              "ppo_selfplay": 3, "alphazero": 4, "dreamerv3": 4, "qmix": 4}
 
 #: (policy, replicas, placement) each algorithm runs under.
 POLICIES = [
@@ -100,7 +107,7 @@ POLICIES = [
     ("single_learner_coarse", {"actor": 2}, None),
 ]
 #: the off-policy algorithms (a replay buffer): they also run with their replay beside the learner (Ape-X style)
-OFF_POLICY = ("dqn", "dqn_apex", "c51", "sac", "ddpg", "td3", "alphazero", "dreamerv3")
+OFF_POLICY = ("dqn", "dqn_apex", "c51", "sac", "ddpg", "td3", "alphazero", "dreamerv3", "qmix")
 #: Off-policy algorithms also run with their replay beside the learner (Ape-X style).
 REPLAY_AT_LEARNER = [("single_learner_coarse", {"actor": 1}, {"buffer": "learner"}),
                      ("single_learner_coarse", {"actor": 2}, {"buffer": "learner"})]

@@ -87,11 +87,13 @@ def env_spec(env_id: str, num_envs: int, env_kwargs: Mapping[str, Any] | None = 
 def eval_env_id(env_id: str) -> str | None:
     """The gymnasium env a policy trained on ``env_id`` is evaluated on: a native env's
     gymnasium counterpart (``msrl/CartPole-v1`` -> ``CartPole-v1``; ``None`` if it has none,
-    like Tag), else ``env_id``."""
-    from msrl.envs.pettingzoo_env import is_pettingzoo
+    like Tag), a PettingZoo turn-based game ``None`` (the policy plays every seat: the training
+    curves tell), else ``env_id`` (a PettingZoo parallel env is evaluated with every agent acting
+    and its team return, the agents' rewards summed)."""
+    from msrl.envs.pettingzoo_env import check_pettingzoo_id, is_pettingzoo
 
     if is_native(env_id):
         return NATIVE_ENVS[env_id].GYMNASIUM_ID
-    if is_pettingzoo(env_id):
-        return None  # multi-agent: the training curves report the returns
+    if is_pettingzoo(env_id) and not callable(getattr(check_pettingzoo_id(env_id), "parallel_env", None)):
+        return None
     return env_id

@@ -71,14 +71,23 @@ def _freetype_font(path: Any, size: Any) -> Any:
 
 def _pygame_reduce(obj: Any) -> Any:
     """Render objects of pygame (a ``Surface``, restored blank at its size; a freetype ``Font``,
-    reopened from its file): rendering state, not simulation state. None for other objects."""
+    reopened from its file, or pygame's default font where freetype was quit since the font was
+    made -- another env's ``close`` -- and its file cannot be read back): rendering state, not
+    simulation state. None for other objects."""
     cls = type(obj)
     if not cls.__module__.startswith("pygame"):
         return None
     if cls.__name__ == "Surface":
         return (_blank_surface, (obj.get_size(),))
-    if cls.__name__ == "Font" and hasattr(obj, "path"):
-        return (_freetype_font, (obj.path, obj.size))
+    if cls.__name__ == "Font":
+        import pygame
+
+        try:
+            return (_freetype_font, (obj.path, obj.size))
+        except AttributeError:
+            return None
+        except pygame.error:  # freetype was quit since (another env's close): pygame's default font
+            return (_freetype_font, (None, 24))
     return None
 
 

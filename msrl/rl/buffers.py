@@ -1,7 +1,8 @@
 """Rollout and replay storage: the on-policy ``(T, N, ...)`` :class:`RolloutBuffer` (PPO, A2C,
 IMPALA; the multi-agent ones extend its storage), the uniform :class:`ReplayBuffer` (DQN,
-SAC) and :class:`PrioritizedReplayBuffer` (Ape-X), and :class:`SequenceReplay`, each env's stream
-of steps sampled as windows (DreamerV3's world model)."""
+SAC) and :class:`PrioritizedReplayBuffer` (Ape-X), :class:`SequenceReplay`, each env's stream
+of steps sampled as windows (DreamerV3's world model), and :class:`EpisodeReplay`, whole episodes
+sampled whole (QMIX's recurrent agents)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from msrl.api import Buffer, BuildContext, returns
+from msrl.api import Buffer, BuildContext, ReplayContract, returns
 from msrl.envs.dict_obs import storage_space
 from msrl.rl.sum_tree import SumTree
 
-__all__ = ["RolloutBuffer", "ReplayBuffer", "PrioritizedReplayBuffer", "SequenceReplay"]
+__all__ = ["RolloutBuffer", "ReplayBuffer", "PrioritizedReplayBuffer", "SequenceReplay", "EpisodeReplay"]
 
 
 class RolloutBuffer(Buffer):
@@ -428,4 +429,129 @@ class SequenceReplay(Buffer):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.storage, self.pos, self.count = state["storage"], state["pos"].clone(), state["count"].clone()
+        self.generator.set_state(state["generator"])
+
+
+class EpisodeReplay(Buffer):
+    """Whole episodes, each padded to ``episode_limit`` steps, sampled whole and uniformly:
+    the episode replay of PyMARL / EPyMARL (Rashid et al. 2018, Section 5; Samvelyan et al.
+    2019), on which recurrent agents are unrolled from an episode's first step.
+
+    An episode of ``n <= L`` steps (``L = episode_limit``) is stored as ``obs`` ``(L + 1,
+    *obs_shape)`` (the ``n`` observations acted on, then the episode's final observation at
+    index ``n``), ``action`` ``(L, *action_shape)``, ``reward`` ``(L, *reward_shape)`` float32,
+    ``terminated`` ``(L,)`` bool and ``filled`` ``(L,)`` bool (true for the first ``n`` steps);
+    what lies past the end is zeros. Shapes and dtypes come from the first insert (a
+    multi-agent env's ``(A, D)`` observations, ``(A,)`` actions and rewards). Each env's running
+    episode waits in the buffer (and in its checkpoint) until it ends; a finished episode
+    overwrites the oldest when ``buffer_size`` episodes are stored. Every insert must bring the
+    same env rows in the same order (one actor replica's envs, or every replica's gathered in
+    replica order). Draws come from its own generator (``ctx.seed + 2``).
+
+    Hyperparameters read from ``ctx.hparams``: ``buffer_size`` (episodes), ``batch_size``
+    (episodes a sample), ``episode_limit`` (``L``).
+    """
+
+    KEYS = ("obs", "action", "reward", "terminated", "truncated", "final_obs")
+
+    def __init__(self, ctx: BuildContext) -> None:
+        hp = ctx.hparams
+        self.capacity, self.batch_size, self.limit = hp.buffer_size, hp.batch_size, hp.episode_limit
+        self.device = ctx.device
+        self.storage: TensorDict | None = None
+        #: each env's running episode, ``(N, L (+1), ...)``, and the steps it holds ``(N,)``
+        self.running: TensorDict | None = None
+        self.t: torch.Tensor | None = None
+        self.pos, self.size = 0, 0
+        self.generator = torch.Generator(device=ctx.device)
+        self.generator.manual_seed(ctx.seed + 2)
+
+    def replay_contract(self) -> ReplayContract:
+        """Episodes end when the envs say so: host bookkeeping a replayed iteration cannot repeat."""
+        return ReplayContract(capturable=False)
+
+    def _allocate(self, step: dict[str, torch.Tensor]) -> None:
+        n, L, dev = step["obs"].shape[0], self.limit, self.device
+        def zeros(lead: tuple[int, ...], v: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+            return torch.zeros(*lead, *v.shape[1:], dtype=dtype or v.dtype, device=dev)
+        episode = lambda lead: {"obs": zeros((*lead, L + 1), step["obs"], torch.float32),  # noqa: E731
+                                "action": zeros((*lead, L), step["action"]),
+                                "reward": zeros((*lead, L), step["reward"], torch.float32),
+                                "terminated": torch.zeros(*lead, L, dtype=torch.bool, device=dev)}
+        self.running = TensorDict(episode((n,)), batch_size=[n], device=dev)
+        self.storage = TensorDict({**episode((self.capacity,)),
+                                   "filled": torch.zeros(self.capacity, L, dtype=torch.bool, device=dev)},
+                                  batch_size=[self.capacity], device=dev)
+        self.t = torch.zeros(n, dtype=torch.int64, device=dev)
+
+    def insert(self, **step: torch.Tensor) -> None:
+        """One env step of ``N`` envs: ``obs`` (acted on) and ``final_obs`` (the env's
+        ``info["final_obs"]``: the observation arrived at, before any reset) ``(N, *obs_shape)``,
+        ``action`` ``(N, *action_shape)``, ``reward`` ``(N, *reward_shape)``, ``terminated`` and
+        ``truncated`` ``(N,)``. The envs whose episode ended store it.
+
+        Raises:
+            KeyError: other keys.
+            ValueError: an episode reached ``episode_limit`` steps without ending (nothing of
+                this step is written).
+        """
+        if set(step) != set(self.KEYS):
+            raise KeyError(f"EpisodeReplay.insert takes exactly {self.KEYS}, got {sorted(step)}")
+        if self.running is None:
+            self._allocate(step)
+        assert self.running is not None and self.t is not None and self.storage is not None
+        step = {k: v.to(self.device) for k, v in step.items()}
+        done = step["terminated"].bool() | step["truncated"].bool()
+        t, n = self.t, step["obs"].shape[0]
+        if bool(((t == self.limit - 1) & ~done).any()):
+            raise ValueError(f"EpisodeReplay: an episode reached episode_limit={self.limit} steps without ending; set "
+                             "algorithm.hparams.episode_limit to the env's longest episode (MPE: its max_cycles)")
+        rows = torch.arange(n, device=self.device)
+        run = self.running
+        run["obs"][rows, t] = step["obs"].float()
+        run["action"][rows, t] = step["action"].to(run["action"].dtype)
+        run["reward"][rows, t] = step["reward"].float()
+        run["terminated"][rows, t] = step["terminated"].bool()
+        self.t = t + 1
+        if not bool(done.any()):
+            return
+        d = rows[done]
+        run["obs"][d, self.t[d]] = step["final_obs"][d].float()
+        k = d.numel()
+        at = (self.pos + torch.arange(k, device=self.device)) % self.capacity
+        ended = run[d]
+        self.storage[at] = TensorDict({**ended.to_dict(),
+                                       "filled": torch.arange(self.limit, device=self.device) < self.t[d, None]},
+                                      batch_size=[k], device=self.device)
+        run[d] = torch.zeros_like(ended)
+        self.t[d] = 0
+        self.pos = (self.pos + k) % self.capacity
+        self.size = min(self.size + k, self.capacity)
+
+    @returns("batch")
+    def sample(self) -> TensorDict:
+        """``batch_size`` distinct stored episodes drawn uniformly (EPyMARL draws without
+        replacement): a TensorDict of batch size ``(batch_size,)`` with ``obs`` ``(B, L + 1,
+        ...)`` and ``action``, ``reward``, ``terminated``, ``filled`` ``(B, L, ...)``. Gathered
+        from several replicas, the samples concatenate.
+
+        Raises:
+            RuntimeError: fewer than ``batch_size`` finished episodes are stored.
+        """
+        if self.size < self.batch_size:
+            raise RuntimeError(f"EpisodeReplay holds {self.size} finished episodes, fewer than batch_size="
+                               f"{self.batch_size}; raise algorithm.hparams.learning_starts (env steps before the first "
+                               "update) or lower batch_size")
+        assert self.storage is not None
+        idx = torch.randperm(self.size, generator=self.generator, device=self.device)[:self.batch_size]
+        return self.storage[idx]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"storage": self.storage, "running": self.running, "t": self.t, "pos": self.pos, "size": self.size,
+                "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        # (copies: a live buffer's state_dict holds its own tensors, which it goes on writing)
+        self.storage, self.running, self.t = (None if state[k] is None else state[k].clone() for k in ("storage", "running", "t"))
+        self.pos, self.size = int(state["pos"]), int(state["size"])
         self.generator.set_state(state["generator"])

@@ -91,7 +91,8 @@ def evaluate(
             one line each time this many seconds pass (``None``: never).
 
     Returns:
-        the undiscounted return of each episode, in env order.
+        the undiscounted return of each episode, in env order (a multi-agent env's: the sum of
+        its agents' rewards).
 
     Raises:
         UnknownEnvError: unknown ``env_id``.
@@ -118,7 +119,8 @@ def evaluate(
             obs, reward, terminated, truncated, _ = env.step(action)
             if recurrent:
                 state = actor.end_episodes(out[-1], terminated, truncated)  # (the new state comes last)
-            returns += np.where(finished, 0.0, reward.cpu().numpy())
+            # (a multi-agent env's (N, A) rewards: the team's return, summed over the agents)
+            returns += np.where(finished, 0.0, reward.reshape(episodes, -1).sum(1).cpu().numpy())
             finished |= (terminated | truncated).cpu().numpy()
         return returns.tolist()
     finally:
