@@ -13,7 +13,8 @@ of every agent's observation (MPE's ``state()`` is exactly that). The team rewar
 the agents' rewards (EPyMARL's ``reward_scalarisation: sum``). Training unrolls the agents over
 whole replayed episodes from zero GRU states (:class:`msrl.rl.buffers.EpisodeReplay`) and
 minimises the masked squared TD error of ``Q_tot`` against ``r + gamma Q_tot^-(s', argmax Q)``
-(double Q) with target networks copied every ``target_network_frequency`` env steps.
+(double Q) with target networks copied every ``target_network_frequency`` env steps; the team
+rewards standardised by their running statistics (EPyMARL's ``standardise_rewards``).
 
 Read top to bottom: hyperparameters, the agent network, the mixers, the actor, the learner, the
 trainer -- ``steps_per_iteration`` epsilon-greedy steps of every env into the episode replay,
@@ -49,6 +50,7 @@ from msrl.api import (
     Trainer,
     UnitInterval,
 )
+from msrl.normalization import RunningMeanStd
 from msrl.rl.buffers import EpisodeReplay
 from msrl.rl.distributions import epsilon_greedy
 
@@ -82,6 +84,8 @@ class QMIXConfig:
     """width of the hypernetworks' hidden layer"""
     double_q: bool = True
     """the target's action chosen by the online network (van Hasselt et al. 2016)"""
+    standardise_rewards: bool = True
+    """train on team rewards standardised by their running mean and std (EPyMARL's qmix.yaml)"""
     target_network_frequency: PositiveInt = 5000
     """env steps (over every env of the job) between target-network copies (EPyMARL: 200 episodes)"""
     max_grad_norm: PositiveFloat = 10.0
@@ -96,8 +100,9 @@ class QMIXConfig:
     """env steps collected before the first gradient step (the replay must hold batch_size episodes)"""
     steps_per_iteration: PositiveInt = 25
     """vector-env steps an iteration collects before its gradient steps"""
-    gradient_steps: NonNegativeInt = 1
-    """gradient steps an iteration, once learning has started"""
+    gradient_steps: NonNegativeInt = 8
+    """gradient steps an iteration, once learning has started (with 8 envs and 25-step episodes: one
+    per episode collected, as EPyMARL's episode runner)"""
 
 
 class RNNAgent(nn.Module):
@@ -295,6 +300,9 @@ class QMIXLearner(Learner):
         self.weights = ModuleWeights(self.agent)
         self.parameters = list(self.agent.parameters()) + (list(self.mixer.parameters()) if self.mixer else [])
         self.optimizer = torch.optim.Adam(self.parameters, lr=self.hp.learning_rate)
+        #: the team rewards' running statistics (``standardise_rewards``), one over a replicated learner
+        self.reward_rms = RunningMeanStd().to(ctx.device)
+        self.replicas = ctx.num_replicas
 
     def describe(self) -> str:
         """``msrl graph``'s note: where the mixing happens."""
@@ -321,6 +329,9 @@ class QMIXLearner(Learner):
         hp = self.hp
         obs, action = batch["obs"], batch["action"].long()
         reward = batch["reward"].sum(-1)  # the team reward (B, L)
+        if hp.standardise_rewards:  # (EPyMARL's: every step of the batch, padding included)
+            self.reward_rms.update(reward.flatten(), self.reduce_statistics, self.replicas)
+            reward = self.reward_rms.normalize(reward)
         not_done, mask = 1.0 - batch["terminated"].float(), batch["filled"].float()
         q = self.agent.unroll(obs)  # (B, L + 1, A, n)
         chosen = q[:, :-1].gather(-1, action.unsqueeze(-1)).squeeze(-1)  # (B, L, A)
@@ -360,7 +371,7 @@ class QMIXLearner(Learner):
     def state_dict(self) -> dict[str, Any]:
         mixers = {"mixer": self.mixer.state_dict(), "target_mixer": self.target_mixer.state_dict()} if self.mixer else {}
         return {"agent": self.agent.state_dict(), "target_agent": self.target_agent.state_dict(), **mixers,
-                "optimizer": self.optimizer.state_dict()}
+                "optimizer": self.optimizer.state_dict(), "reward_rms": self.reward_rms.state_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.agent.load_state_dict(state["agent"])
@@ -369,6 +380,7 @@ class QMIXLearner(Learner):
             self.mixer.load_state_dict(state["mixer"])
             self.target_mixer.load_state_dict(state["target_mixer"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self.reward_rms.load_state_dict(state["reward_rms"])
 
 
 class QMIXTrainer(Trainer):

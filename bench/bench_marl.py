@@ -8,6 +8,12 @@ payoffs; an additive one settles for 2A's 7)::
 
     python bench/bench_marl.py two_step --seeds 1 2 3
 
+``matching``: MADDPG on a one-step cooperative game (``tests/matching_game.py``): with Box actions
+each agent must find its own target (team return 0 at best), with Discrete ones both must
+coordinate on the better of two equilibria (2.0; the other pays 1.0)::
+
+    python bench/bench_marl.py matching --seeds 1 2 3
+
 ``spread``: MPE's simple_spread (3 agents, 25 steps), each algorithm as ``msrl train`` runs its
 shipped config, and a uniform random policy measured in the same run.
 
@@ -16,7 +22,7 @@ over the episode; the mean of the last 20 iterations' finished episodes), the fi
 evaluation (20 episodes; MAPPO's greedy actions, QMIX's argmax ``Q_i``), env steps/s and the
 training time. One torch thread per process::
 
-    python bench/bench_marl.py spread --algos qmix vdn iql mappo --seeds 1 2 3 --budget 1000000 --json marl.json
+    python bench/bench_marl.py spread --algos qmix vdn iql maddpg mappo --seeds 1 2 3 --budget 1000000 --json marl.json
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ ALGOS = {
     "vdn": ("qmix_simple_spread.yaml", {"algorithm__hparams__mixer": "vdn"}),
     "iql": ("qmix_simple_spread.yaml", {"algorithm__hparams__mixer": "none"}),
     "mappo": ("mappo_simple_spread.yaml", {}),
+    "maddpg": ("maddpg_simple_spread.yaml", {}),
 }
 
 
@@ -104,9 +111,32 @@ def two_step(seeds: list[int]) -> dict:
     return out
 
 
+#: the matching game's settings: one-step episodes of 8 envs, an update per iteration
+MATCHING = {"env__id": "pettingzoo/matching_game", "algorithm__hparams__steps_per_iteration": 1,
+            "algorithm__hparams__learning_starts": 64, "algorithm__hparams__batch_size": 64,
+            "algorithm__hparams__hidden_sizes": [16, 16], "algorithm__hparams__gradient_steps": 1, "env__num_envs": 8,
+            "train__total_env_steps": 4000, "train__eval_every": 0, "eval__episodes": 2, "train__progress": False}
+
+
+def matching(seeds: list[int]) -> dict:
+    """MADDPG's greedy team return on the matching game, Box and Discrete actions, per seed."""
+    import msrl
+
+    sys.path.insert(0, os.path.join(ROOT, "tests"))  # the game's PettingZoo module
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind, continuous in (("box", True), ("discrete", False)):
+            out[kind] = [msrl.train(os.path.join(ROOT, "configs", "maddpg_simple_spread.yaml"), runs_dir=tmp, seed=seed,
+                                    env__kwargs={"continuous": continuous}, **MATCHING).eval_mean for seed in seeds]
+            best = "0" if continuous else "2.0"
+            print(f"matching game, {kind} actions: greedy team return {[round(x, 4) for x in out[kind]]} (seeds {seeds}; "
+                  f"best {best})", flush=True)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("task", choices=["two_step", "spread"])
+    p.add_argument("task", choices=["two_step", "matching", "spread"])
     p.add_argument("--algos", nargs="+", default=["qmix", "vdn", "iql"], choices=list(ALGOS))
     p.add_argument("--seeds", type=int, nargs="+", default=[1])
     p.add_argument("--budget", type=int, default=1_000_000)
@@ -116,8 +146,8 @@ def main() -> None:
     torch.set_num_threads(1)
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}; "
           f"command: {' '.join(sys.argv)}", flush=True)
-    if args.task == "two_step":
-        results = two_step(args.seeds)
+    if args.task in ("two_step", "matching"):
+        results = two_step(args.seeds) if args.task == "two_step" else matching(args.seeds)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(results, f)

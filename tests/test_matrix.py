@@ -19,6 +19,7 @@ from msrl.algorithms import (
     dreamerv3,
     impala,
     impala_lstm,
+    maddpg,
     mappo,
     pg,
     ppo,
@@ -88,17 +89,26 @@ TINY = {
     "qmix": (qmix.ALGORITHM, dict(episode_limit=5, steps_per_iteration=5, batch_size=2, buffer_size=64, learning_starts=20,
                                   hidden_dim=8, mixing_embed_dim=4, hypernet_embed=8, target_network_frequency=20),
              "pettingzoo/mpe2.simple_spread_v3"),
+    # MADDPG: an actor and a centralised critic per agent; Box actions with Gaussian noise, and
+    # Discrete ones through the Gumbel-softmax
+    "maddpg": (maddpg.ALGORITHM, dict(learning_starts=20, batch_size=8, buffer_size=256, hidden_sizes=(8, 8),
+                                      steps_per_iteration=5, gradient_steps=1), "pettingzoo/mpe2.simple_spread_v3"),
+    "maddpg_discrete": (maddpg.ALGORITHM, dict(learning_starts=20, batch_size=8, buffer_size=256, hidden_sizes=(8, 8),
+                                               steps_per_iteration=5, gradient_steps=1), "pettingzoo/mpe2.simple_spread_v3"),
 }
 #: gymnasium.make / parallel_env kwargs per algorithm's env
 ENV_KWARGS = {"mappo": {"N": 3, "max_cycles": 5, "continuous_actions": False},
-              "qmix": {"N": 3, "max_cycles": 5, "continuous_actions": False}}
+              "qmix": {"N": 3, "max_cycles": 5, "continuous_actions": False},
+              "maddpg": {"N": 3, "max_cycles": 5, "continuous_actions": True},
+              "maddpg_discrete": {"N": 3, "max_cycles": 5, "continuous_actions": False}}
 #: values an actor sends the learner per rollout (the recurrent ones: the rollout and its initial LSTM
 #: state; A3C: its gradients and their losses)
 ROLLOUT_VALUES = {"ppo_lstm": 2, "impala_lstm": 2, "a3c": 2}
 #: the on-policy algorithms: one push from each actor per iteration
 ON_POLICY = ("ppo", "a2c", "pg", "a3c", "impala", "mappo", "ppo_norm", "ppo_lstm", "impala_lstm", "ppo_selfplay")
 ITERATIONS = {"ppo_lstm": 3, "impala_lstm": 3, "ppo": 3, "a2c": 4, "pg": 3, "a3c": 4, "impala": 3, "dqn": 8, "dqn_apex": 8, "c51": 8, "sac": 16, "ddpg": 16, "td3": 16, "mappo": 3, "ppo_norm": 3,
-              "ppo_selfplay": 3, "alphazero": 4, "dreamerv3": 4, "qmix": 4}
+              "ppo_selfplay": 3, "alphazero": 4, "dreamerv3": 4, "qmix": 4, "maddpg": 6,
+              "maddpg_discrete": 6}
 
 #: (policy, replicas, placement) each algorithm runs under.
 POLICIES = [
@@ -107,7 +117,8 @@ POLICIES = [
     ("single_learner_coarse", {"actor": 2}, None),
 ]
 #: the off-policy algorithms (a replay buffer): they also run with their replay beside the learner (Ape-X style)
-OFF_POLICY = ("dqn", "dqn_apex", "c51", "sac", "ddpg", "td3", "alphazero", "dreamerv3", "qmix")
+OFF_POLICY = ("dqn", "dqn_apex", "c51", "sac", "ddpg", "td3", "alphazero", "dreamerv3", "qmix", "maddpg",
+              "maddpg_discrete")
 #: Off-policy algorithms also run with their replay beside the learner (Ape-X style).
 REPLAY_AT_LEARNER = [("single_learner_coarse", {"actor": 1}, {"buffer": "learner"}),
                      ("single_learner_coarse", {"actor": 2}, {"buffer": "learner"})]

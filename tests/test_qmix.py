@@ -107,7 +107,7 @@ def _reference_loss(learner, batch, gamma):
 
 
 def test_the_td_loss_is_pymarls_written_out():
-    ctx = _ctx(batch_size=3, episode_limit=4)
+    ctx = _ctx(batch_size=3, episode_limit=4, standardise_rewards=False)
     learner = q.QMIXLearner(ctx)
     torch.manual_seed(1)
     with torch.no_grad():

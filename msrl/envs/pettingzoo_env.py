@@ -23,7 +23,7 @@ naming the agents, not a best effort. This module imports no torch (engine worke
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, Sequence
 
 import gymnasium
 import numpy as np
@@ -63,12 +63,20 @@ def check_pettingzoo_id(env_id: str) -> Any:
     return module
 
 
-def make_parallel(env_id: str, kwargs: dict[str, Any]) -> "AgentStackedEnv":
-    """``AgentStackedEnv(<module>.parallel_env(**kwargs))``, or for a module with only an AEC
-    ``env`` (a turn-based game) ``TurnBasedStackedEnv(<module>.env(**kwargs))``."""
+def make_parallel(env_id: str, kwargs: dict[str, Any], wrappers: Sequence[str] = ()) -> "AgentStackedEnv":
+    """``AgentStackedEnv(<module>.parallel_env(**kwargs))`` (``wrappers``: ``pad_observations``
+    pads the agents' observations to one space), or for a module with only an AEC ``env`` (a
+    turn-based game) ``TurnBasedStackedEnv(<module>.env(**kwargs))``.
+
+    Raises:
+        ValueError: a wrapper for a turn-based game.
+    """
     module = check_pettingzoo_id(env_id)
     if callable(getattr(module, "parallel_env", None)):
-        return AgentStackedEnv(module.parallel_env(**kwargs), env_id)
+        return AgentStackedEnv(module.parallel_env(**kwargs), env_id, pad_observations="pad_observations" in wrappers)
+    if wrappers:
+        raise ValueError(f"env.wrappers {list(wrappers)}: {env_id} is a turn-based game, whose observations msrl builds "
+                         "itself; leave env.wrappers empty")
     return TurnBasedStackedEnv(module.env(**kwargs), env_id)
 
 
@@ -81,8 +89,25 @@ def _stacked(space: gymnasium.Space, n: int) -> gymnasium.Space:
     raise ValueError(f"PettingZoo agents with {space} spaces are not supported (Box and Discrete are)")
 
 
-def _shared_spaces(env: Any, agents: list[str], env_id: str) -> tuple[gymnasium.Space, gymnasium.Space]:
-    """The one observation space and the one action space every agent of ``env`` has.
+def _padded_space(spaces: list[gymnasium.Space], env_id: str) -> gymnasium.spaces.Box:
+    """One Box ``(D,)`` holding every agent's 1-D Box observation, ``D`` the longest, zeros
+    appended to the shorter (their padded entries bounded by 0).
+
+    Raises:
+        ValueError: an observation space that is not a 1-D Box.
+    """
+    if not all(isinstance(s, gymnasium.spaces.Box) and len(s.shape) == 1 for s in spaces):
+        raise ValueError(f"{env_id}: pad_observations pads 1-D Box observations, got {sorted({str(s) for s in spaces})}")
+    d = max(s.shape[0] for s in spaces)
+    low = np.min([np.pad(s.low.astype(np.float32), (0, d - s.shape[0])) for s in spaces], axis=0)
+    high = np.max([np.pad(s.high.astype(np.float32), (0, d - s.shape[0])) for s in spaces], axis=0)
+    return gymnasium.spaces.Box(low, high, (d,), np.float32)
+
+
+def _shared_spaces(env: Any, agents: list[str], env_id: str, pad_observations: bool = False
+                   ) -> tuple[gymnasium.Space, gymnasium.Space]:
+    """The one observation space and the one action space every agent of ``env`` has
+    (``pad_observations``: the observations' :func:`_padded_space`).
 
     Raises:
         ValueError: agents with different spaces, naming them and the spaces.
@@ -90,10 +115,13 @@ def _shared_spaces(env: Any, agents: list[str], env_id: str) -> tuple[gymnasium.
     obs_spaces = [env.observation_space(a) for a in agents]
     act_spaces = [env.action_space(a) for a in agents]
     for kind, spaces in (("observation", obs_spaces), ("action", act_spaces)):
+        if kind == "observation" and pad_observations:
+            continue
         if any(s != spaces[0] for s in spaces):
+            hint = " (env.wrappers: [pad_observations] appends zeros to the shorter)" if kind == "observation" else ""
             raise ValueError(f"{env_id}: agents {agents} have different {kind} spaces "
-                             f"({sorted({str(s) for s in spaces})}); msrl needs one space shared by every agent")
-    return obs_spaces[0], act_spaces[0]
+                             f"({sorted({str(s) for s in spaces})}); msrl needs one space shared by every agent{hint}")
+    return (_padded_space(obs_spaces, env_id) if pad_observations else obs_spaces[0]), act_spaces[0]
 
 
 class AgentStackedEnv(gymnasium.Env):
@@ -102,6 +130,8 @@ class AgentStackedEnv(gymnasium.Env):
     Args:
         env: a PettingZoo ``ParallelEnv``.
         env_id: its msrl id, for messages.
+        pad_observations: agents of unequal 1-D Box observations share one, zeros appended to
+            the shorter (``env.wrappers: [pad_observations]``; SuperSuit's ``pad_observations_v0``).
 
     Attributes:
         agents: the agent names, in axis order (``possible_agents``).
@@ -113,16 +143,23 @@ class AgentStackedEnv(gymnasium.Env):
         ValueError: agents with different spaces, or spaces other than Box/Discrete.
     """
 
-    def __init__(self, env: Any, env_id: str = "") -> None:
+    def __init__(self, env: Any, env_id: str = "", pad_observations: bool = False) -> None:
         self.env, self.env_id = env, env_id
         self.agents = list(env.possible_agents)
-        obs_space, act_space = _shared_spaces(env, self.agents, env_id)
+        obs_space, act_space = _shared_spaces(env, self.agents, env_id, pad_observations)
+        self.pad_observations = pad_observations
         self.agent_observation_space, self.agent_action_space = obs_space, act_space
         self.observation_space = _stacked(obs_space, len(self.agents))
         self.action_space = _stacked(act_space, len(self.agents))
         self._discrete = isinstance(act_space, gymnasium.spaces.Discrete)
 
     def _stack(self, obs: dict[str, Any]) -> np.ndarray:
+        if getattr(self, "pad_observations", False):
+            out = np.zeros(self.observation_space.shape, np.float32)
+            for k, a in enumerate(self.agents):
+                o = np.asarray(obs[a], np.float32)
+                out[k, :o.shape[0]] = o
+            return out
         return np.stack([np.asarray(obs[a]) for a in self.agents])
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:

@@ -20,7 +20,8 @@ import numpy as np
 
 from msrl.errors import InputError
 
-__all__ = ["make_single_env", "share_mujoco_models", "check_env_id", "check_wrappers", "WRAPPERS", "UnknownEnvError",
+__all__ = ["make_single_env", "share_mujoco_models", "check_env_id", "check_wrappers", "WRAPPERS",
+           "PETTINGZOO_WRAPPERS", "pettingzoo_wrappers", "UnknownEnvError",
            "EnvKwargsError"]
 
 
@@ -285,18 +286,40 @@ WRAPPERS: dict[str, Callable[[str, dict[str, Any]], tuple[dict[str, Any], Callab
 }
 
 
+#: the wrappers of PettingZoo parallel envs, which :class:`~msrl.envs.pettingzoo_env.AgentStackedEnv`
+#: applies as it stacks the agents: ``pad_observations`` gives agents of unequal observation
+#: spaces (MPE's simple_adversary: 8 and 10 entries) one space, zeros appended to the shorter
+#: observations, as SuperSuit's ``pad_observations_v0`` does (whose lambdas an exact checkpoint
+#: cannot snapshot).
+PETTINGZOO_WRAPPERS = ("pad_observations",)
+
+
 def check_wrappers(wrappers: Sequence[str]) -> None:
     """Raises ValueError naming an unknown wrapper and the valid ones."""
     for w in wrappers:
-        if w not in WRAPPERS:
-            raise ValueError(f"unknown env wrapper {w!r}; valid: {', '.join(WRAPPERS)}")
+        if w not in WRAPPERS and w not in PETTINGZOO_WRAPPERS:
+            raise ValueError(f"unknown env wrapper {w!r}; valid: {', '.join([*WRAPPERS, *PETTINGZOO_WRAPPERS])}")
+
+
+def pettingzoo_wrappers(env_id: str, wrappers: Sequence[str]) -> list[str]:
+    """``wrappers`` (:data:`PETTINGZOO_WRAPPERS`) for the PettingZoo env ``env_id``.
+
+    Raises:
+        ValueError: a wrapper of gymnasium envs (naming the PettingZoo ones).
+    """
+    other = [w for w in wrappers if w not in PETTINGZOO_WRAPPERS]
+    if other:
+        raise ValueError(f"env.wrappers {other} apply to gymnasium envs, not the PettingZoo env {env_id!r}; its wrappers: "
+                         f"{', '.join(PETTINGZOO_WRAPPERS)}")
+    return list(wrappers)
 
 
 def make_single_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None,
                     wrappers: Sequence[str] = ()) -> gymnasium.Env:
     """``gymnasium.make(env_id, **env_kwargs)`` with msrl's named ``wrappers`` applied in order; for
     a ``pettingzoo/<module>`` id, the module's ``parallel_env(**env_kwargs)`` with a leading agent
-    axis (:class:`~msrl.envs.pettingzoo_env.AgentStackedEnv`). A ``Dict`` observation comes
+    axis (:class:`~msrl.envs.pettingzoo_env.AgentStackedEnv`), :data:`PETTINGZOO_WRAPPERS` applied
+    to the parallel env first. A ``Dict`` observation comes
     packed into one row (:class:`~msrl.envs.dict_obs.PackDictObservation`, outermost).
 
     Raises:
@@ -311,9 +334,10 @@ def make_single_env(env_id: str, env_kwargs: Mapping[str, Any] | None = None,
     check_ale_options(env_id, env_kwargs)
     kwargs = dict(env_kwargs or {})
     if is_pettingzoo(env_id):
-        if wrappers:
-            raise ValueError(f"env.wrappers apply to gymnasium envs, not the PettingZoo env {env_id!r}")
-        return make_parallel(env_id, kwargs)
+        return make_parallel(env_id, kwargs, pettingzoo_wrappers(env_id, wrappers))
+    gym_only = [w for w in wrappers if w not in WRAPPERS]
+    if gym_only:
+        raise ValueError(f"env.wrappers {gym_only} apply to PettingZoo envs, not {env_id!r}")
     wraps = []
     for w in wrappers:
         kwargs, wrap = WRAPPERS[w](env_id, kwargs)
