@@ -6,8 +6,6 @@ a_1 = 0.7). Discrete: actions in {0, 1, 2}, each paid 1 when both choose 2, 0.5 
 
 from __future__ import annotations
 
-import functools
-
 import gymnasium
 import numpy as np
 from pettingzoo import ParallelEnv
@@ -23,11 +21,9 @@ class MatchingGame(ParallelEnv):
         self.possible_agents = ["agent_0", "agent_1"]
         self.agents = list(self.possible_agents)
 
-    @functools.lru_cache(maxsize=None)
     def observation_space(self, agent: str) -> gymnasium.Space:
         return gymnasium.spaces.Box(0.0, 1.0, (1,), np.float32)
 
-    @functools.lru_cache(maxsize=None)
     def action_space(self, agent: str) -> gymnasium.Space:
         return gymnasium.spaces.Box(0.0, 1.0, (1,), np.float32) if self.continuous else gymnasium.spaces.Discrete(3)
 

@@ -39,7 +39,7 @@ def test_overrides_are_applied_and_typed():
         (["bogus=1"], "unknown key 'bogus'; valid keys at top level: name, seed, runs_dir, algorithm, env, distribution_policy, train, eval"),
         (["algorithm.hparams.lr=0.1"], "unknown key 'algorithm.hparams.lr'; valid keys at algorithm.hparams (ppo): num_steps, learning_rate"),
         (["env.id=CartPole-v9"], "unknown env id 'CartPole-v9'. Did you mean 'CartPole-v1', 'CartPole-v0'"),
-        (["algorithm.name=ppp"], "unknown algorithm 'ppp'; available: a2c, a3c, alphazero, awac, bc, c51, cql, ddpg, discrete_cql, dqn, dreamerv3, impala, impala_lstm, iql, ma_ppo, maddpg, mappo, pg, ppo, ppo_lstm, ppo_selfplay, qmix, sac, td3 (or a module on sys.path, or a .py file)"),
+        (["algorithm.name=ppp"], "unknown algorithm 'ppp'; available: a2c, a3c, alphazero, awac, bc, c51, cql, ddpg, discrete_cql, dqn, dreamerv3, gail, impala, impala_lstm, iql, ma_ppo, maddpg, mappo, pg, ppo, ppo_lstm, ppo_selfplay, qmix, sac, td3 (or a module on sys.path, or a .py file)"),
         (["distribution_policy.name=multi"], "unknown distribution policy 'multi'; available: async_learner, gpu_only, multi_learner, single, single_learner_coarse"),
         (["distribution_policy.backends.main=jax"], "fragment main: unknown fragment backend 'jax'; available: cpu_process_group, cuda_kernel, torch_graph"),
         (["distribution_policy.replicas.learner=2"], "distribution_policy.replicas.learner: policy single has no fragment 'learner'; fragments: main"),

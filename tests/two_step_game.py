@@ -7,8 +7,6 @@ see the one-hot state (first step, 2A, 2B); the team reward is split evenly betw
 
 from __future__ import annotations
 
-import functools
-
 import gymnasium
 import numpy as np
 from pettingzoo import ParallelEnv
@@ -26,11 +24,9 @@ class TwoStepGame(ParallelEnv):
         self.agents = list(self.possible_agents)
         self.state_index = 0
 
-    @functools.lru_cache(maxsize=None)
     def observation_space(self, agent: str) -> gymnasium.Space:
         return gymnasium.spaces.Box(0.0, 1.0, (3,), np.float32)
 
-    @functools.lru_cache(maxsize=None)
     def action_space(self, agent: str) -> gymnasium.Space:
         return gymnasium.spaces.Discrete(2)
 

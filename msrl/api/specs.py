@@ -146,6 +146,9 @@ class AlgorithmSpec:
             its env past a number of iterations into a replay buffer that starts with the
             dataset (:class:`msrl.rl.datasets.DatasetReplayBuffer`); the envs count those steps.
             ``env_steps_per_iteration`` gives 0.
+        demonstrations: it steps its env and also reads a dataset of an expert's demonstrations
+            (the config's ``dataset:``, required; GAIL's discriminator learns from it), its
+            budget env steps; an ``offline`` algorithm's dataset is its only experience.
         env_wrapper: ``(env, ctx) -> env``: the algorithm's own env-side code, an
             :class:`~msrl.api.EnvWrapper` around every env batch msrl builds for training
             (AlphaZero's tree search, which must run where the games' states are), or ``None``.
@@ -162,6 +165,7 @@ class AlgorithmSpec:
     num_agents: tuple[int, int | None] = (1, 1)
     policy_lag: str | None = None
     offline: bool = False
+    demonstrations: bool = False
     env_wrapper: Callable[[Any, BuildContext], Any] | None = None
 
     def __post_init__(self) -> None:

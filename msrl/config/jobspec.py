@@ -266,7 +266,8 @@ def _dataset_source(cfg: RunConfig) -> Any:
 
 def _check_offline(cfg: RunConfig, algorithm: Any) -> None:
     """An offline algorithm has a ``dataset:`` and ``train.total_gradient_steps``; one that steps
-    its env has neither (``train.total_env_steps`` instead).
+    its env has neither (``train.total_env_steps`` instead), unless it imitates demonstrations
+    (:attr:`~msrl.api.AlgorithmSpec.demonstrations`), which need a ``dataset:``.
 
     Raises:
         ConfigError: naming the key and what the algorithm needs.
@@ -282,9 +283,12 @@ def _check_offline(cfg: RunConfig, algorithm: Any) -> None:
         if cfg.population is not None:
             raise ConfigError(f"population: PBT trains algorithms that step their env; {name} is an offline one")
         return
-    if cfg.dataset is not None:
+    if algorithm.demonstrations and cfg.dataset is None:
+        raise ConfigError(f"dataset: missing; {name} imitates an expert's demonstrations, read from a dataset: "
+                          "dataset: {id: <a Minari id>} or {path: <its directory>} (msrl collect writes one)")
+    if cfg.dataset is not None and not algorithm.demonstrations:
         raise ConfigError(f"dataset: {name} learns from its env, not from a dataset; dataset is an offline "
-                          "algorithm's (e.g. algorithm.name=bc)")
+                          "algorithm's (e.g. algorithm.name=bc) or an imitation one's (gail)")
     if cfg.train.total_gradient_steps is not None:
         raise ConfigError(f"train.total_gradient_steps={cfg.train.total_gradient_steps}: {name} steps its env; its "
                           "budget is train.total_env_steps (total_gradient_steps is an offline algorithm's)")

@@ -47,7 +47,7 @@ class JobSpec:
         policy: the distribution policy, overrides applied.
         seed: base seed; ``total_env_steps``: training budget in env steps (0 for an offline
         algorithm); ``total_gradient_steps``: an offline algorithm's budget (one per iteration).
-        dataset: an offline algorithm's :class:`~msrl.rl.datasets.DatasetSource` (``None`` otherwise).
+        dataset: an offline algorithm's or an imitation one's :class:`~msrl.rl.datasets.DatasetSource` (``None`` otherwise).
     """
 
     algorithm: AlgorithmSpec
