@@ -13,7 +13,8 @@ of every agent's observation (MPE's ``state()`` is exactly that). The team rewar
 the agents' rewards (EPyMARL's ``reward_scalarisation: sum``). Training unrolls the agents over
 whole replayed episodes from zero GRU states (:class:`msrl.rl.buffers.EpisodeReplay`) and
 minimises the masked squared TD error of ``Q_tot`` against ``r + gamma Q_tot^-(s', argmax Q)``
-(double Q) with target networks copied every ``target_network_frequency`` env steps; the team
+(double Q) with target networks copied every ``target_network_frequency`` env steps (or
+Polyak-averaged after every step, ``target_update_tau``); the team
 rewards standardised by their running statistics (EPyMARL's ``standardise_rewards``).
 
 Read top to bottom: hyperparameters, the agent network, the mixers, the actor, the learner, the
@@ -42,6 +43,7 @@ from msrl.api import (
     Actor,
     AlgorithmSpec,
     BuildContext,
+    Fraction,
     Learner,
     ModuleWeights,
     NonNegativeInt,
@@ -87,7 +89,11 @@ class QMIXConfig:
     standardise_rewards: bool = True
     """train on team rewards standardised by their running mean and std (EPyMARL's qmix.yaml)"""
     target_network_frequency: PositiveInt = 5000
-    """env steps (over every env of the job) between target-network copies (EPyMARL: 200 episodes)"""
+    """env steps (over every env of the job) between target-network copies (EPyMARL: 200 episodes);
+    unused with target_update_tau"""
+    target_update_tau: Fraction | None = None
+    """Polyak rate of a soft target update after every gradient step instead of the copies
+    (EPyMARL's target_update_interval_or_tau <= 1)"""
     max_grad_norm: PositiveFloat = 10.0
     """global gradient-norm clip"""
     start_e: UnitInterval = 1.0
@@ -296,7 +302,7 @@ class QMIXLearner(Learner):
         self.hp: QMIXConfig = ctx.hparams
         self.agent, self.mixer = _build_agent(ctx), _build_mixer(ctx)
         self.target_agent, self.target_mixer = _build_agent(ctx), _build_mixer(ctx)
-        self.update_target()
+        self._polyak(1.0)  # the targets start as copies
         self.weights = ModuleWeights(self.agent)
         self.parameters = list(self.agent.parameters()) + (list(self.mixer.parameters()) if self.mixer else [])
         self.optimizer = torch.optim.Adam(self.parameters, lr=self.hp.learning_rate)
@@ -353,16 +359,26 @@ class QMIXLearner(Learner):
         td = (taken - targets) * mask
         loss = td.pow(2).sum() / mask.sum()
         grad_norm = self.apply_gradients(loss, hp.max_grad_norm)
+        if hp.target_update_tau is not None:
+            self._polyak(hp.target_update_tau)
         count = mask.sum()
         return {"losses/td_loss": loss.detach(), "losses/q_taken": (taken.detach() * mask).sum() / count,
                 "losses/target_mean": (targets * mask).sum() / count, "losses/grad_norm": grad_norm}
 
     @torch.no_grad()
     def update_target(self) -> None:
-        """Copies the agent network and the mixer into their targets."""
-        self.target_agent.load_state_dict(self.agent.state_dict())
-        if self.mixer is not None:
-            self.target_mixer.load_state_dict(self.mixer.state_dict())
+        """Copies the agent network and the mixer into their targets (with ``target_update_tau``:
+        nothing; the targets follow every gradient step)."""
+        if self.hp.target_update_tau is None:
+            self._polyak(1.0)
+
+    @torch.no_grad()
+    def _polyak(self, tau: float) -> None:
+        """``theta' <- tau theta + (1 - tau) theta'`` for the agent network and the mixer (1: a copy)."""
+        pairs = [(self.target_agent, self.agent)] + ([(self.target_mixer, self.mixer)] if self.mixer is not None else [])
+        for target, source in pairs:
+            for t, p in zip(target.parameters(), source.parameters()):
+                t.copy_(p) if tau == 1.0 else t.lerp_(p, tau)
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         """The agent network's state dict (detached tensors): all that acting needs."""

@@ -189,3 +189,26 @@ def test_bad_input_is_one_line():
                                           r"finished episodes in a replay shard of 2 envs .* at least 40"):
         msrl.train(load_config(CONFIG, [*TINY, "distribution_policy.name=single_learner_coarse",
                                         "distribution_policy.replicas.actor=2", "env.num_envs=4"]))
+
+
+def test_soft_target_updates_follow_every_step_and_hard_copies_wait_for_their_turn():
+    """``target_update_tau``: after each gradient step ``theta' <- tau theta + (1 - tau) theta'``
+    (EPyMARL's target_update_interval_or_tau <= 1); without it the targets change only when copied."""
+    from tensordict import TensorDict
+
+    B, L, A, D = 2, 3, 3, 18
+    batch = TensorDict({"obs": torch.randn(B, L + 1, A, D), "action": torch.randint(5, (B, L, A)),
+                        "reward": torch.randn(B, L, A), "terminated": torch.zeros(B, L, dtype=torch.bool),
+                        "filled": torch.ones(B, L, dtype=torch.bool)}, batch_size=[B])
+    soft = q.QMIXLearner(_ctx(episode_limit=3, target_update_tau=0.25))
+    before = {k: v.clone() for k, v in soft.target_mixer.state_dict().items()}
+    soft.learn(batch)
+    soft.update_target()  # (a no-op with soft updates)
+    for k, v in soft.target_mixer.state_dict().items():
+        assert torch.allclose(v, 0.75 * before[k] + 0.25 * soft.mixer.state_dict()[k], atol=1e-6)
+    hard = q.QMIXLearner(_ctx(episode_limit=3))
+    before = {k: v.clone() for k, v in hard.target_agent.state_dict().items()}
+    hard.learn(batch)
+    assert all(torch.equal(before[k], v) for k, v in hard.target_agent.state_dict().items())
+    hard.update_target()
+    assert all(torch.equal(hard.agent.state_dict()[k], v) for k, v in hard.target_agent.state_dict().items())
