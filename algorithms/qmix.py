@@ -86,6 +86,10 @@ class QMIXConfig:
     """width of the hypernetworks' hidden layer"""
     double_q: bool = True
     """the target's action chosen by the online network (van Hasselt et al. 2016)"""
+    bootstrap_at_time_limit: bool = True
+    """bootstrap the TD target where an episode was cut short (truncated); false: an episode's
+    last step is terminal however it ended, a finite horizon (EPyMARL's runner on MPE, whose
+    envs report no time limit)"""
     standardise_rewards: bool = True
     """train on team rewards standardised by their running mean and std (EPyMARL's qmix.yaml)"""
     target_network_frequency: PositiveInt = 5000
@@ -338,7 +342,11 @@ class QMIXLearner(Learner):
         if hp.standardise_rewards:  # (EPyMARL's: every step of the batch, padding included)
             self.reward_rms.update(reward.flatten(), self.reduce_statistics, self.replicas)
             reward = self.reward_rms.normalize(reward)
-        not_done, mask = 1.0 - batch["terminated"].float(), batch["filled"].float()
+        filled = batch["filled"]
+        ends = batch["terminated"]
+        if not hp.bootstrap_at_time_limit:  # every episode's last step ends it
+            ends = ends | (filled & ~torch.cat([filled[:, 1:], torch.zeros_like(filled[:, :1])], 1))
+        not_done, mask = 1.0 - ends.float(), filled.float()
         q = self.agent.unroll(obs)  # (B, L + 1, A, n)
         chosen = q[:, :-1].gather(-1, action.unsqueeze(-1)).squeeze(-1)  # (B, L, A)
         with torch.no_grad():

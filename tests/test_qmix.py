@@ -212,3 +212,20 @@ def test_soft_target_updates_follow_every_step_and_hard_copies_wait_for_their_tu
     assert all(torch.equal(before[k], v) for k, v in hard.target_agent.state_dict().items())
     hard.update_target()
     assert all(torch.equal(hard.agent.state_dict()[k], v) for k, v in hard.target_agent.state_dict().items())
+
+
+def test_without_bootstrapping_at_the_time_limit_an_episodes_last_step_is_terminal():
+    """``bootstrap_at_time_limit: false`` (EPyMARL's runner on MPE): the TD target of every
+    episode's last filled step is its reward alone, as if the episode had terminated there."""
+    from tensordict import TensorDict
+
+    B, L, A, D = 2, 3, 3, 18
+    torch.manual_seed(4)
+    base = {"obs": torch.randn(B, L + 1, A, D), "action": torch.randint(5, (B, L, A)), "reward": torch.randn(B, L, A),
+            "filled": torch.tensor([[True, True, True], [True, True, False]])}
+    cut = TensorDict({**base, "terminated": torch.zeros(B, L, dtype=torch.bool)}, batch_size=[B])
+    ended = TensorDict({**base, "terminated": torch.tensor([[False, False, True], [False, True, False]])}, batch_size=[B])
+    finite = q.QMIXLearner(_ctx(episode_limit=3, bootstrap_at_time_limit=False)).learn(cut)["losses/td_loss"]
+    terminal = q.QMIXLearner(_ctx(episode_limit=3)).learn(ended)["losses/td_loss"]
+    bootstrapped = q.QMIXLearner(_ctx(episode_limit=3)).learn(cut)["losses/td_loss"]
+    assert torch.equal(finite, terminal) and not torch.equal(finite, bootstrapped)
