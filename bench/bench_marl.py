@@ -14,6 +14,14 @@ coordinate on the better of two equilibria (2.0; the other pays 1.0)::
 
     python bench/bench_marl.py matching --seeds 1 2 3
 
+``adversary``: MADDPG on MPE's simple_adversary (2 good agents, one adversary; continuous
+actions; ``configs/maddpg_simple_adversary.yaml``), then 100 episodes of each matchup of trained
+and uniformly random sides: the adversary's and a good agent's mean return (the good agents share
+theirs). Trained good agents should earn more than random ones against either adversary, and a
+trained adversary more than a random one against either team::
+
+    python bench/bench_marl.py adversary --seeds 1 --budget 300000
+
 ``spread``: MPE's simple_spread (3 agents, 25 steps), each algorithm as ``msrl train`` runs its
 shipped config, and a uniform random policy measured in the same run.
 
@@ -134,9 +142,51 @@ def matching(seeds: list[int]) -> dict:
     return out
 
 
+def adversary(seeds: list[int], budget: int) -> dict:
+    """MADDPG on simple_adversary, then each matchup's per-side returns (see the module docstring)."""
+    import msrl
+    from msrl.envs.single_env import make_single_env
+
+    out = {}
+    kwargs = {"N": 2, "max_cycles": 25, "continuous_actions": True}
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in seeds:
+            r = msrl.train(os.path.join(ROOT, "configs", "maddpg_simple_adversary.yaml"), runs_dir=tmp, seed=seed,
+                           train__total_env_steps=budget, train__eval_every=0, train__progress=False,
+                           train__checkpoint_every=10**9)
+            policy = msrl.load(r.run_dir)
+            env = make_single_env("pettingzoo/mpe2.simple_adversary_v3", kwargs, ["pad_observations"])
+            adv = env.agents.index("adversary_0")
+            rng = np.random.default_rng(1000 + seed)
+            table = {}
+            for trained_team in (True, False):
+                for trained_adversary in (True, False):
+                    totals = np.zeros(len(env.agents))
+                    for k in range(100):
+                        obs, _ = env.reset(seed=10_000 + k)
+                        done = False
+                        while not done:
+                            action = policy.act(obs)
+                            random = rng.uniform(0.0, 1.0, action.shape).astype(np.float32)
+                            for i in range(len(env.agents)):
+                                if (i == adv and not trained_adversary) or (i != adv and not trained_team):
+                                    action[i] = random[i]
+                            obs, reward, terminated, truncated, _ = env.step(action)
+                            totals += reward
+                            done = terminated or truncated
+                    key = f"team {'trained' if trained_team else 'random'} vs adversary " \
+                          f"{'trained' if trained_adversary else 'random'}"
+                    good = [i for i in range(len(env.agents)) if i != adv][0]
+                    table[key] = {"adversary": totals[adv] / 100, "good_agent": totals[good] / 100}
+                    print(f"simple_adversary seed {seed}, {key}: adversary {totals[adv] / 100:.2f}, good agent "
+                          f"{totals[good] / 100:.2f} (mean return, 100 episodes)", flush=True)
+            out[seed] = table
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("task", choices=["two_step", "matching", "spread"])
+    p.add_argument("task", choices=["two_step", "matching", "adversary", "spread"])
     p.add_argument("--algos", nargs="+", default=["qmix", "vdn", "iql"], choices=list(ALGOS))
     p.add_argument("--seeds", type=int, nargs="+", default=[1])
     p.add_argument("--budget", type=int, default=1_000_000)
@@ -146,8 +196,9 @@ def main() -> None:
     torch.set_num_threads(1)
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}; "
           f"command: {' '.join(sys.argv)}", flush=True)
-    if args.task in ("two_step", "matching"):
-        results = two_step(args.seeds) if args.task == "two_step" else matching(args.seeds)
+    if args.task in ("two_step", "matching", "adversary"):
+        results = {"two_step": lambda: two_step(args.seeds), "matching": lambda: matching(args.seeds),
+                   "adversary": lambda: adversary(args.seeds, args.budget)}[args.task]()
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(results, f)
