@@ -109,12 +109,17 @@ class AgentNetworks(nn.Module):
         return self.nets[i](x)
 
 
+def _gumbel(logits: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Standard Gumbel noise ``-log(-log(u))`` of ``logits``' shape, ``u`` uniform from ``generator``."""
+    u = torch.rand(logits.shape, generator=generator, device=logits.device).clamp(1e-10, 1.0 - 1e-7)
+    return -torch.log(-torch.log(u))
+
+
 def gumbel_softmax(logits: torch.Tensor, temperature: float, generator: torch.Generator) -> torch.Tensor:
     """A relaxed one-hot sample ``softmax((logits + g) / temperature)``, ``g`` standard Gumbel
-    noise from ``generator`` (Jang et al. 2017, Eq. 1): ``(..., n) -> (..., n)``, differentiable
-    in ``logits``."""
-    u = torch.rand(logits.shape, generator=generator, device=logits.device).clamp(1e-10, 1.0 - 1e-7)
-    return torch.softmax((logits - torch.log(-torch.log(u))) / temperature, dim=-1)
+    noise from ``generator`` (Jang et al. 2017, Eq. 1): ``(..., n) -> (..., n)`` float32,
+    differentiable in ``logits``; ``temperature`` > 0."""
+    return torch.softmax((logits + _gumbel(logits, generator)) / temperature, dim=-1)
 
 
 def _spaces(ctx: BuildContext) -> tuple[int, int, int, gymnasium.Space]:
@@ -186,8 +191,7 @@ class MADDPGActor(Actor):
         if acts.discrete:
             if deterministic:
                 return out.argmax(-1)
-            u = torch.rand(out.shape, generator=self.generator, device=out.device).clamp(1e-10, 1.0 - 1e-7)
-            return (out - torch.log(-torch.log(u))).argmax(-1)  # the Gumbel-max trick: a softmax sample
+            return (out + _gumbel(out, self.generator)).argmax(-1)  # the Gumbel-max trick: a softmax sample
         action = acts.squash(out)
         if not deterministic:
             noise = torch.randn(action.shape, generator=self.generator, device=action.device)

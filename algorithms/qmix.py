@@ -54,6 +54,7 @@ from msrl.api import (
 )
 from msrl.normalization import RunningMeanStd
 from msrl.rl.buffers import EpisodeReplay
+from msrl.rl.continuous import polyak_update_
 from msrl.rl.distributions import epsilon_greedy
 
 __all__ = ["QMIXConfig", "RNNAgent", "QMixer", "QMIXActor", "QMIXLearner", "QMIXTrainer", "ALGORITHM"]
@@ -380,13 +381,12 @@ class QMIXLearner(Learner):
         if self.hp.target_update_tau is None:
             self._polyak(1.0)
 
-    @torch.no_grad()
     def _polyak(self, tau: float) -> None:
-        """``theta' <- tau theta + (1 - tau) theta'`` for the agent network and the mixer (1: a copy)."""
-        pairs = [(self.target_agent, self.agent)] + ([(self.target_mixer, self.mixer)] if self.mixer is not None else [])
-        for target, source in pairs:
-            for t, p in zip(target.parameters(), source.parameters()):
-                t.copy_(p) if tau == 1.0 else t.lerp_(p, tau)
+        """:func:`msrl.rl.continuous.polyak_update_` of the agent network and the mixer into their
+        targets (``tau`` 1: a copy)."""
+        polyak_update_(self.target_agent, self.agent, tau)
+        if self.mixer is not None:
+            polyak_update_(self.target_mixer, self.mixer, tau)
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         """The agent network's state dict (detached tensors): all that acting needs."""

@@ -153,8 +153,11 @@ class AgentStackedEnv(gymnasium.Env):
         self.action_space = _stacked(act_space, len(self.agents))
         self._discrete = isinstance(act_space, gymnasium.spaces.Discrete)
 
+    #: agents' observations padded to one space (set by the constructor; never for turn-based games)
+    pad_observations = False
+
     def _stack(self, obs: dict[str, Any]) -> np.ndarray:
-        if getattr(self, "pad_observations", False):
+        if self.pad_observations:
             out = np.zeros(self.observation_space.shape, np.float32)
             for k, a in enumerate(self.agents):
                 o = np.asarray(obs[a], np.float32)
