@@ -383,10 +383,13 @@ class QMIXLearner(Learner):
 
     def _polyak(self, tau: float) -> None:
         """:func:`msrl.rl.continuous.polyak_update_` of the agent network and the mixer into their
-        targets (``tau`` 1: a copy)."""
-        polyak_update_(self.target_agent, self.agent, tau)
-        if self.mixer is not None:
-            polyak_update_(self.target_mixer, self.mixer, tau)
+        targets; ``tau`` 1 is an exact copy (``lerp_`` at weight 1 is not bitwise the source on
+        every kernel path, which single = coarse x1 would see)."""
+        for target, source in [(self.target_agent, self.agent)] + ([(self.target_mixer, self.mixer)] if self.mixer else []):
+            if tau == 1.0:
+                target.load_state_dict(source.state_dict())
+            else:
+                polyak_update_(target, source, tau)
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         """The agent network's state dict (detached tensors): all that acting needs."""
