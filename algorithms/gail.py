@@ -88,12 +88,22 @@ class GAILConfig:
     """stop PPO's epochs of an iteration early when the approximate KL exceeds this"""
     hidden_sizes: LayerSizes = (64, 64)
     """hidden layer widths of the actor and of the critic MLPs"""
+    normalize_obs: bool = False
+    """feed the policy's networks observations normalized by their running mean and std (as
+    PPO's ``normalize_obs``: statistics in the network, updated after each update from the
+    rollout; the discriminator reads raw observations)"""
+    obs_clip: PositiveFloat = 10.0
+    """clip normalized observations to [-obs_clip, obs_clip]"""
     discriminator_lr: PositiveFloat = 3e-4
     """Adam learning rate of the discriminator"""
     discriminator_updates: PositiveInt = 4
     """discriminator steps an iteration, each on the whole rollout against as many expert pairs"""
     discriminator_hidden_sizes: LayerSizes = (64, 64)
     """hidden layer widths of the discriminator (tanh)"""
+    gradient_penalty: NonNegativeFloat = 0.0
+    """weight of the discriminator's gradient penalty ``(||grad f(x)|| - 1)^2`` at points
+    interpolated between expert and policy pairs (Gulrajani et al. 2017, Eq. 3, as Kostrikov et al.
+    2019, "Discriminator-Actor-Critic", Section 4.3, use it for GAIL); 0: none"""
 
     def __post_init__(self) -> None:
         self.hidden_sizes = tuple(self.hidden_sizes)
@@ -118,10 +128,23 @@ class Discriminator(nn.Module):
             raise ValueError(f"GAIL's discriminator reads Discrete or Box actions, got {action_space}")
         self.net = mlp(int(np.prod(observation_space.shape)) + width, hidden, 1, out_std=1.0)
 
+    def inputs(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """The network's input ``(B, obs_dim + action_dim)`` float32: the flattened observation
+        ``(B, *obs_shape)`` and the action (``(B,)`` int64 one-hot, or ``(B, *shape)`` flattened)."""
+        a = F.one_hot(action.long(), self.n_actions).float() if self.n_actions else action.flatten(1).float()
+        return torch.cat([obs.flatten(1).float(), a], -1)
+
     def forward(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         """Logits ``(B,)`` of ``D`` at observations ``(B, *obs_shape)`` and actions ``(B,)`` int64 or ``(B, *shape)``."""
-        a = F.one_hot(action.long(), self.n_actions).float() if self.n_actions else action.flatten(1).float()
-        return self.net(torch.cat([obs.flatten(1).float(), a], -1)).squeeze(-1)
+        return self.net(self.inputs(obs, action)).squeeze(-1)
+
+    def gradient_penalty(self, expert: torch.Tensor, policy: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """``mean((||grad_x f(x)||_2 - 1)^2)`` (0-d) at ``x = u expert + (1 - u) policy``, ``u ~ U(0, 1)``
+        per row (Gulrajani et al. 2017, Eq. 3), for :meth:`inputs` rows ``(B, D)`` of each kind."""
+        u = torch.rand(expert.shape[0], 1, generator=generator, device=expert.device)
+        x = (u * expert + (1 - u) * policy).requires_grad_(True)
+        (grad,) = torch.autograd.grad(self.net(x).sum(), x, create_graph=True)
+        return ((grad.norm(dim=-1) - 1) ** 2).mean()
 
 
 class GAILLearner(Learner):
@@ -146,6 +169,7 @@ class GAILLearner(Learner):
         self.iteration = torch.zeros((), dtype=torch.int64, device=ctx.device)
         self.generator = torch.Generator(device=ctx.device)
         self.generator.manual_seed(ctx.seed + 1)
+        self.replicas = ctx.num_replicas  # learners whose statistics reduce_statistics averages
         self.expert, self.expert_total = read_shard(ctx)
         spec = ctx.env_spec
         with torch.random.fork_rng(devices=[]):
@@ -186,10 +210,14 @@ class GAILLearner(Learner):
         n = obs.shape[0]
         for _update in range(self.hp.discriminator_updates):
             idx = torch.randint(self.expert.batch_size[0], (n,), generator=self.expert_generator, device=obs.device)
-            expert_logits = self.discriminator(self.expert["obs"][idx], self.expert["action"][idx])
+            expert_x = self.discriminator.inputs(self.expert["obs"][idx], self.expert["action"][idx])
+            expert_logits = self.discriminator.net(expert_x).squeeze(-1)
             policy_logits = self.discriminator(obs, action)
             loss = (F.binary_cross_entropy_with_logits(expert_logits, torch.ones_like(expert_logits))
                     + F.binary_cross_entropy_with_logits(policy_logits, torch.zeros_like(policy_logits)))
+            if self.hp.gradient_penalty > 0:
+                loss = loss + self.hp.gradient_penalty * self.discriminator.gradient_penalty(
+                    expert_x, self.discriminator.inputs(obs, action), self.expert_generator)
             self.apply_gradients(loss, optimizer=self.discriminator_optimizer)
         with torch.no_grad():
             reward = -F.logsigmoid(-self.discriminator(obs, action)).view(T, N)  # -log(1 - D)
@@ -219,6 +247,8 @@ class GAILLearner(Learner):
                            clip_vloss=hp.clip_vloss, ent_coef=hp.ent_coef, vf_coef=hp.vf_coef, target_kl=hp.target_kl,
                            loss=ppo_loss)
         stats["charts/learning_rate"] = self.lr.clone()
+        if hp.normalize_obs:  # after the update: the next rollout normalizes with these statistics
+            net.obs_rms.update(net.observation_vector(b_obs), self.reduce_statistics, self.replicas)
         return stats
 
     def state_dict(self) -> dict[str, Any]:

@@ -52,8 +52,8 @@ POLICIES = {"single": [], "coarse1": ["distribution_policy.name=single_learner_c
             "async2": ["distribution_policy.name=async_learner", "distribution_policy.replicas.actor=2"]}
 
 
-def _run(root, policy, iterations=4):
-    job = Job(build_job_spec(_cfg(root, *TINY, "env.num_envs=4", "runtime=local", *POLICIES[policy])))
+def _run(root, policy, iterations=4, extra=()):
+    job = Job(build_job_spec(_cfg(root, *TINY, "env.num_envs=4", "runtime=local", *POLICIES[policy], *extra)))
     try:
         job.reset()
         if policy.startswith("async"):
@@ -78,6 +78,41 @@ def test_the_same_file_runs_under_every_policy_bitwise_where_it_must(root):
         metrics = _run(root, policy)[0]
         losses = [v for m in metrics for k, v in m.items() if k.startswith("losses/")]
         assert losses and all(math.isfinite(v) for v in losses), policy
+
+
+def test_observation_normalisation_and_the_gradient_penalty_keep_the_partitions_bitwise(root):
+    """``normalize_obs`` (statistics in the network, all-reduced over learner replicas) and the
+    discriminator's gradient penalty: single = coarse x1 = multi_learner x1 bitwise, and the
+    running statistics counted every rollout observation and reached the actor."""
+    extra = ("algorithm.hparams.normalize_obs=true", "algorithm.hparams.gradient_penalty=10")
+    single = _run(root, "single", extra=extra)
+    count = next(v for k, v in single[1].items() if k.endswith("obs_rms.count"))
+    assert float(count) >= 4 * 8 * 4  # 4 iterations of 8 steps x 4 envs
+    assert single[0] != _run(root, "single")[0]  # the options change what is computed
+    for policy in ("coarse1", "multi1"):
+        other = _run(root, policy, extra=extra)
+        assert other[0] == single[0], policy
+        assert all(torch.equal(single[1][k], other[1][k]) for k in single[1]), policy
+
+
+def test_the_gradient_penalty_is_gulrajani_et_al_eq3():
+    """For a linear discriminator ``f(x) = w.x + b`` the gradient is ``w`` everywhere: the
+    penalty is ``(||w|| - 1)^2`` whichever points are interpolated, and its gradient reaches ``w``."""
+    import gymnasium
+    from torch import nn
+
+    from algorithms.gail import Discriminator
+
+    d = Discriminator(gymnasium.spaces.Box(-1, 1, (3,)), gymnasium.spaces.Discrete(2), (4,))
+    d.net = nn.Linear(5, 1)
+    with torch.no_grad():
+        d.net.weight.copy_(torch.tensor([[3.0, 0.0, 4.0, 0.0, 0.0]]))  # ||w|| = 5
+    expert = d.inputs(torch.randn(6, 3), torch.randint(2, (6,)))
+    policy = d.inputs(torch.randn(6, 3), torch.randint(2, (6,)))
+    penalty = d.gradient_penalty(expert, policy, torch.Generator().manual_seed(0))
+    assert penalty.item() == pytest.approx(16.0)
+    penalty.backward()
+    assert torch.allclose(d.net.weight.grad, 2 * (5 - 1) * d.net.weight.detach() / 5)
 
 
 def test_the_discriminator_learns_to_tell_the_expert_from_a_random_policy(root):
