@@ -212,12 +212,13 @@ class GAILLearner(Learner):
             idx = torch.randint(self.expert.batch_size[0], (n,), generator=self.expert_generator, device=obs.device)
             expert_x = self.discriminator.inputs(self.expert["obs"][idx], self.expert["action"][idx])
             expert_logits = self.discriminator.net(expert_x).squeeze(-1)
-            policy_logits = self.discriminator(obs, action)
+            policy_x = self.discriminator.inputs(obs, action)
+            policy_logits = self.discriminator.net(policy_x).squeeze(-1)
             loss = (F.binary_cross_entropy_with_logits(expert_logits, torch.ones_like(expert_logits))
                     + F.binary_cross_entropy_with_logits(policy_logits, torch.zeros_like(policy_logits)))
             if self.hp.gradient_penalty > 0:
                 loss = loss + self.hp.gradient_penalty * self.discriminator.gradient_penalty(
-                    expert_x, self.discriminator.inputs(obs, action), self.expert_generator)
+                    expert_x, policy_x, self.expert_generator)
             self.apply_gradients(loss, optimizer=self.discriminator_optimizer)
         with torch.no_grad():
             reward = -F.logsigmoid(-self.discriminator(obs, action)).view(T, N)  # -log(1 - D)
