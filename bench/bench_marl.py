@@ -31,6 +31,9 @@ evaluation (20 episodes; MAPPO's greedy actions, QMIX's argmax ``Q_i``), env ste
 training time. One torch thread per process::
 
     python bench/bench_marl.py spread --algos qmix vdn iql maddpg mappo --seeds 1 2 3 --budget 1000000 --json marl.json
+
+The peer on the same task and budget is ``bench/peer_torchrl_marl.py`` (TorchRL's QMIX, VDN and
+MADDPG), run in its own venv beside this one.
 """
 
 from __future__ import annotations
