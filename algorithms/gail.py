@@ -42,6 +42,7 @@ from msrl.api import (
     Trainer,
     UnitInterval,
 )
+from msrl.normalization import RewardScaler
 from msrl.rl.actors import ActorCriticActor
 from msrl.rl.buffers import RolloutBuffer
 from msrl.rl.datasets import read_shard
@@ -94,6 +95,12 @@ class GAILConfig:
     rollout; the discriminator reads raw observations)"""
     obs_clip: PositiveFloat = 10.0
     """clip normalized observations to [-obs_clip, obs_clip]"""
+    normalize_reward: bool = False
+    """scale the discriminator's rewards by the running std of their discounted return before GAE
+    (PPO's ``normalize_reward``, gymnasium's NormalizeReward, statistics all-reduced over learner
+    replicas)"""
+    reward_clip: PositiveFloat = 10.0
+    """clip scaled rewards to [-reward_clip, reward_clip]"""
     discriminator_lr: PositiveFloat = 3e-4
     """Adam learning rate of the discriminator"""
     discriminator_updates: PositiveInt = 4
@@ -179,6 +186,8 @@ class GAILLearner(Learner):
         self.discriminator_optimizer = torch.optim.Adam(self.discriminator.parameters(), lr=self.hp.discriminator_lr)
         self.expert_generator = torch.Generator(device=ctx.device)
         self.expert_generator.manual_seed(ctx.seed + 6)
+        if self.hp.normalize_reward:
+            self.reward_scaler = RewardScaler(self.hp.gamma, self.hp.reward_clip).to(ctx.device)
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         """The actor-critic's state dict (detached tensors): all that acting needs."""
@@ -236,6 +245,8 @@ class GAILLearner(Learner):
         frac = anneal_learning_rate(self.lr, self.iteration, hp.learning_rate, self.num_iterations, hp.anneal_lr)
         clip = frac * hp.clip_coef if hp.anneal_clip else hp.clip_coef
         T, N = batch.batch_size
+        if hp.normalize_reward:
+            reward = self.reward_scaler(reward, batch["terminated"], self.reduce_statistics, self.replicas)
         with torch.no_grad():
             next_values = net.value(batch["next_obs"].flatten(0, 1)).view(T, N)
         advantages, returns = gae(reward, batch["value"], next_values, batch["terminated"], batch["truncated"],
@@ -253,10 +264,14 @@ class GAILLearner(Learner):
         return stats
 
     def state_dict(self) -> dict[str, Any]:
-        return {"net": self.net.state_dict(), "optimizer": self.optimizer.state_dict(), "iteration": int(self.iteration),
-                "generator": self.generator.get_state(), "discriminator": self.discriminator.state_dict(),
-                "discriminator_optimizer": self.discriminator_optimizer.state_dict(),
-                "expert_generator": self.expert_generator.get_state()}
+        state = {"net": self.net.state_dict(), "optimizer": self.optimizer.state_dict(), "iteration": int(self.iteration),
+                 "generator": self.generator.get_state(), "discriminator": self.discriminator.state_dict(),
+                 "discriminator_optimizer": self.discriminator_optimizer.state_dict(),
+                 "expert_generator": self.expert_generator.get_state()}
+        if self.hp.normalize_reward:
+            state["reward_scaler"] = {"return_rms": self.reward_scaler.return_rms.state_dict(),
+                                      "discounted_return": self.reward_scaler.discounted_return}
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.net.load_state_dict(state["net"])
@@ -267,6 +282,9 @@ class GAILLearner(Learner):
         self.discriminator.load_state_dict(state["discriminator"])
         self.discriminator_optimizer.load_state_dict(state["discriminator_optimizer"])
         self.expert_generator.set_state(state["expert_generator"])
+        if self.hp.normalize_reward:
+            self.reward_scaler.return_rms.load_state_dict(state["reward_scaler"]["return_rms"])
+            self.reward_scaler.discounted_return = state["reward_scaler"]["discounted_return"]
 
 
 class GAILTrainer(Trainer):

@@ -32,7 +32,7 @@ from msrl.api import (
     Trainer,
     UnitInterval,
 )
-from msrl.normalization import RunningMeanStd
+from msrl.normalization import RewardScaler
 from msrl.rl.actors import ActorCriticActor
 from msrl.rl.buffers import RolloutBuffer
 from msrl.rl.losses import ppo_epochs, ppo_loss
@@ -136,8 +136,7 @@ class PPOLearner(Learner):
         self.generator.manual_seed(ctx.seed + 1)
         self.replicas = ctx.num_replicas  # learners whose statistics reduce_statistics averages
         if self.hp.normalize_reward:
-            self.return_rms = RunningMeanStd(()).to(ctx.device)
-            self.discounted_return: torch.Tensor | None = None  # (N,), per env, across iterations
+            self.reward_scaler = RewardScaler(self.hp.gamma, self.hp.reward_clip).to(ctx.device)
 
     def learn(self, batch: TensorDict) -> dict[str, float]:
         """Runs ``update_epochs`` epochs of shuffled minibatches on one rollout.
@@ -180,22 +179,11 @@ class PPOLearner(Learner):
             net.obs_rms.update(net.observation_vector(b_obs), self.reduce_statistics, self.replicas)
         return metrics
 
-    @torch.no_grad()
     def scale_rewards(self, reward: torch.Tensor, terminated: torch.Tensor) -> torch.Tensor:
         """Rewards ``(T, N)`` divided by the running std of the discounted return and clipped to
-        ``reward_clip`` (gymnasium's ``NormalizeReward``: ``G <- gamma (1 - terminated) G + r``
-        per env, carried across iterations), the statistics updated with this rollout's ``T N``
-        returns first."""
-        T, N = reward.shape
-        if self.discounted_return is None or self.discounted_return.shape[0] != N:
-            self.discounted_return = torch.zeros(N, dtype=torch.float64, device=reward.device)
-        g, returns = self.discounted_return, torch.empty(T, N, dtype=torch.float64, device=reward.device)
-        for t in range(T):
-            g = g * self.hp.gamma * (~terminated[t]).to(torch.float64) + reward[t].to(torch.float64)
-            returns[t] = g
-        self.discounted_return.copy_(g)  # in place: a captured iteration replays the update
-        self.return_rms.update(returns.flatten(), self.reduce_statistics, self.replicas)
-        return self.return_rms.normalize(reward, self.hp.reward_clip, center=False)
+        ``reward_clip`` (:class:`~msrl.normalization.RewardScaler`, gymnasium's ``NormalizeReward``),
+        the statistics updated with this rollout's returns over every learner replica first."""
+        return self.reward_scaler(reward, terminated, self.reduce_statistics, self.replicas)
 
     def schedule(self) -> tuple[torch.Tensor, torch.Tensor | float]:
         """Sets this iteration's learning rate (:func:`anneal_learning_rate`) and returns it
@@ -250,8 +238,8 @@ class PPOLearner(Learner):
             "generator": self.generator.get_state(),
         }
         if self.hp.normalize_reward:
-            state["return_rms"] = self.return_rms.state_dict()
-            state["discounted_return"] = self.discounted_return
+            state["return_rms"] = self.reward_scaler.return_rms.state_dict()
+            state["discounted_return"] = self.reward_scaler.discounted_return
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -261,8 +249,8 @@ class PPOLearner(Learner):
         self.iteration.fill_(int(state["iteration"]))
         self.generator.set_state(state["generator"])
         if self.hp.normalize_reward:
-            self.return_rms.load_state_dict(state["return_rms"])
-            self.discounted_return = state["discounted_return"]
+            self.reward_scaler.return_rms.load_state_dict(state["return_rms"])
+            self.reward_scaler.discounted_return = state["discounted_return"]
 
 
 class PPOTrainer(Trainer):

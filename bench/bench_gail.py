@@ -1,5 +1,6 @@
 """GAIL against its expert: an expert trained by msrl (CartPole: the main PPO job; Pendulum: the SAC
-config run to its budget), ``msrl collect`` writing ``--episodes`` of its greedy play as a Minari
+config run to its budget; HalfCheetah: the SAC config's first 100k env steps, about 40 minutes here,
+or a run already trained, ``--expert-run``), ``msrl collect`` writing ``--episodes`` of its greedy play as a Minari
 dataset, then GAIL (``configs/gail_<task>.yaml``) over seeds, evaluated greedily (20 episodes)
 every ``--eval-every`` env steps; a uniformly random policy measured in the same run.
 
@@ -11,6 +12,10 @@ thread::
 
     python bench/bench_gail.py cartpole --seeds 1 2 3 --episodes 10
     python bench/bench_gail.py pendulum --seeds 1 2 3 --episodes 10
+    python bench/bench_gail.py halfcheetah --seeds 1 2 3 --episodes 10 [--expert-run runs/sac_halfcheetah]
+
+``--plot PNG`` draws each seed's evaluations, the expert's own evaluations during its training (its
+curve, where its run kept them) and the expert's and random policy's returns.
 """
 
 from __future__ import annotations
@@ -34,6 +39,9 @@ TASKS = {
                  "dataset": "msrl/cartpole/expert10-v0", "env": "CartPole-v1", "budget": 300_000, "eval_every": 20_000},
     "pendulum": {"expert": ("sac_pendulum.yaml", {"train__stop_at_return": None}), "gail": "gail_pendulum.yaml",
                  "dataset": "msrl/pendulum/expert10-v0", "env": "Pendulum-v1", "budget": 500_000, "eval_every": 50_000},
+    "halfcheetah": {"expert": ("sac_halfcheetah.yaml", {"train__total_env_steps": 100_000}),
+                    "gail": "gail_halfcheetah.yaml", "dataset": "msrl/halfcheetah/expert10-v0",
+                    "env": "HalfCheetah-v5", "budget": 1_000_000, "eval_every": 100_000},
 }
 
 
@@ -53,6 +61,41 @@ def random_return(env_id: str, episodes: int = 100, seed: int = 0) -> float:
     return sum(total) / len(total)
 
 
+def evaluations(run_dir: str | os.PathLike) -> list[tuple[int, float]]:
+    """``(env steps, greedy mean return)`` of each evaluation in a run's ``metrics.csv``."""
+    evals = []
+    with open(os.path.join(run_dir, "metrics.csv")) as f:
+        for row in csv.DictReader(f):
+            ev = row.get("eval/mean_return")
+            if ev and ev != "nan":
+                evals.append((int(row["env_steps"]), float(ev)))
+    return evals
+
+
+def plot(path: str, out: dict) -> None:
+    """GAIL's evaluations per seed, the expert's curve, and the expert's and random returns, to ``path`` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for run in out["runs"]:
+        ax.plot(*zip(*run["evals"]), marker="o", ms=3, lw=1.5, label=f"GAIL, seed {run['seed']}")
+    if out.get("expert_curve"):
+        ax.plot(*zip(*out["expert_curve"]), color="black", marker="s", ms=3, lw=1.5,
+                label=f"the expert ({out['expert_made']}) during its training")
+    ax.axhline(out["expert"], color="gray", ls="--", lw=1, label=f"the expert: {out['expert']:.1f}")
+    ax.axhline(out["random"], color="gray", ls=":", lw=1, label=f"random: {out['random']:.1f}")
+    ax.set_xlabel("env steps")
+    ax.set_ylabel("greedy evaluation return")
+    ax.set_title(f"GAIL on {TASKS[out['task']]['env']} from {out['episodes']} expert episodes")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("task", choices=sorted(TASKS))
@@ -60,7 +103,11 @@ def main() -> None:
     p.add_argument("--episodes", type=int, default=10, help="expert episodes in the dataset")
     p.add_argument("--budget", type=int, default=None, help="GAIL's env steps (default: the task's)")
     p.add_argument("--eval-every", type=int, default=None)
+    p.add_argument("--expert-run", default=None,
+                   help="a run directory of the task's expert config already trained: used (evaluated greedily "
+                        "over 20 episodes) instead of training one")
     p.add_argument("--json", default=None)
+    p.add_argument("--plot", default=None, help="write the curves here (PNG)")
     args = p.parse_args()
     torch.set_num_threads(1)
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}; "
@@ -70,29 +117,31 @@ def main() -> None:
 
     task = TASKS[args.task]
     budget, eval_every = args.budget or task["budget"], args.eval_every or task["eval_every"]
-    out = {"task": args.task, "runs": [], "random": random_return(task["env"])}
+    out = {"task": args.task, "episodes": args.episodes, "runs": [], "random": random_return(task["env"])}
     with tempfile.TemporaryDirectory() as tmp:
         config, over = task["expert"]
-        expert = msrl.train(os.path.join(ROOT, "configs", config), runs_dir=os.path.join(tmp, "runs"),
-                            train__progress=False, train__eval_every=0, **over)
-        out["expert"] = expert.eval_mean
-        collect([expert.run_dir], task["dataset"], args.episodes, seed=0, root=os.path.join(tmp, "root"))
-        print(f"expert (configs/{config}, seed 1): greedy return {expert.eval_mean:.1f}; random policy "
+        if args.expert_run:
+            returns = msrl.evaluate(args.expert_run, episodes=20)
+            expert_dir, expert_return, made = args.expert_run, sum(returns) / len(returns), args.expert_run
+        else:
+            expert = msrl.train(os.path.join(ROOT, "configs", config), runs_dir=os.path.join(tmp, "runs"),
+                                train__progress=False, train__eval_every=0, **over)
+            expert_dir, expert_return, made = expert.run_dir, expert.eval_mean, f"configs/{config}, seed 1"
+        out["expert"], out["expert_made"] = expert_return, made
+        if os.path.exists(os.path.join(expert_dir, "metrics.csv")):
+            out["expert_curve"] = evaluations(expert_dir)
+        collect([expert_dir], task["dataset"], args.episodes, seed=0, root=os.path.join(tmp, "root"))
+        print(f"expert ({made}): greedy return {expert_return:.1f}; random policy "
               f"{out['random']:.1f}; {args.episodes} episodes collected", flush=True)
 
         def score(ret: float) -> float:
-            return (ret - out["random"]) / (expert.eval_mean - out["random"])
+            return (ret - out["random"]) / (expert_return - out["random"])
 
         for seed in args.seeds:
             r = msrl.train(os.path.join(ROOT, "configs", task["gail"]), runs_dir=os.path.join(tmp, "runs"),
                            seed=seed, dataset__root=os.path.join(tmp, "root"), train__total_env_steps=budget,
                            train__eval_every=eval_every, train__progress=False)
-            evals = []
-            with open(r.run_dir / "metrics.csv") as f:
-                for row in csv.DictReader(f):
-                    ev = row.get("eval/mean_return")
-                    if ev and ev != "nan":
-                        evals.append((int(row["env_steps"]), float(ev)))
+            evals = evaluations(r.run_dir)
             reached = next((s for s, v in evals if score(v) >= 0.9), None)
             res = {"seed": seed, "evals": evals, "steps_to_90pct": reached, "final": r.eval_mean,
                    "final_score": score(r.eval_mean), "sps": r.env_steps / r.time_s}
@@ -103,6 +152,8 @@ def main() -> None:
             if args.json:
                 with open(args.json, "w") as f:
                     json.dump(out, f)
+            if args.plot:
+                plot(args.plot, out)
 
 
 if __name__ == "__main__":

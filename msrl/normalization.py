@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-__all__ = ["RunningMeanStd"]
+__all__ = ["RunningMeanStd", "RewardScaler"]
 
 
 class RunningMeanStd(nn.Module):
@@ -67,3 +67,44 @@ class RunningMeanStd(nn.Module):
         std = torch.sqrt(self.var + 1e-8).to(x.dtype)
         y = (x - self.mean.to(x.dtype)) / std if center else x / std
         return y if clip is None else y.clamp(-clip, clip)
+
+
+class RewardScaler(nn.Module):
+    """Rewards divided by the running std of the discounted return (gymnasium's
+    ``NormalizeReward``, CleanRL's reward normalization): per env ``G <- gamma (1 - terminated) G + r``,
+    carried across rollouts, its std from a :class:`RunningMeanStd` of every ``G``.
+
+    Args:
+        gamma: the discount of ``G`` (the learner's).
+        clip: scaled rewards are clipped to ``[-clip, clip]``.
+    """
+
+    def __init__(self, gamma: float, clip: float) -> None:
+        super().__init__()
+        self.gamma, self.clip = gamma, clip
+        self.return_rms = RunningMeanStd(())
+        #: ``(N,)`` float64 per env across rollouts; ``None`` before the first rollout
+        self.discounted_return: torch.Tensor | None = None
+
+    @torch.no_grad()
+    def forward(self, reward: torch.Tensor, terminated: torch.Tensor,
+                reduce: Callable[[list[torch.Tensor]], object] | None = None, replicas: int = 1) -> torch.Tensor:
+        """Rewards ``(T, N)`` (float) scaled and clipped, in their dtype, the statistics updated
+        with this rollout's ``T N`` discounted returns first.
+
+        Args:
+            reward: ``(T, N)`` float.
+            terminated: ``(T, N)`` bool: ``G`` restarts after a terminal step (not after a
+                truncation, as gymnasium's wrapper).
+            reduce, replicas: as :meth:`RunningMeanStd.update` (``multi_learner``'s mean).
+        """
+        T, N = reward.shape
+        if self.discounted_return is None or self.discounted_return.shape[0] != N:
+            self.discounted_return = torch.zeros(N, dtype=torch.float64, device=reward.device)
+        g, returns = self.discounted_return, torch.empty(T, N, dtype=torch.float64, device=reward.device)
+        for t in range(T):
+            g = g * self.gamma * (~terminated[t]).to(torch.float64) + reward[t].to(torch.float64)
+            returns[t] = g
+        self.discounted_return.copy_(g)  # in place: a captured iteration replays the update
+        self.return_rms.update(returns.flatten(), reduce, replicas)
+        return self.return_rms.normalize(reward, self.clip, center=False)

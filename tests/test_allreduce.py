@@ -152,7 +152,7 @@ def test_running_statistics_get_an_allreduce_of_their_own_beside_the_gradients()
         a, b = (t.components["learner"] for t in job.replicas_with("learner"))
         for k in ("mean", "var", "count"):
             assert torch.equal(getattr(a.net.obs_rms, k), getattr(b.net.obs_rms, k))
-            assert torch.equal(getattr(a.return_rms, k), getattr(b.return_rms, k))
+            assert torch.equal(getattr(a.reward_scaler.return_rms, k), getattr(b.reward_scaler.return_rms, k))
     finally:
         job.close()
 

@@ -80,14 +80,21 @@ def test_the_same_file_runs_under_every_policy_bitwise_where_it_must(root):
         assert losses and all(math.isfinite(v) for v in losses), policy
 
 
-def test_observation_normalisation_and_the_gradient_penalty_keep_the_partitions_bitwise(root):
-    """``normalize_obs`` (statistics in the network, all-reduced over learner replicas) and the
+def test_observation_and_reward_normalisation_and_the_gradient_penalty_keep_the_partitions_bitwise(root):
+    """``normalize_obs`` (statistics in the network, all-reduced over learner replicas),
+    ``normalize_reward`` (the discriminator's rewards scaled in the learner) and the
     discriminator's gradient penalty: single = coarse x1 = multi_learner x1 bitwise, and the
-    running statistics counted every rollout observation and reached the actor."""
-    extra = ("algorithm.hparams.normalize_obs=true", "algorithm.hparams.gradient_penalty=10")
+    running statistics counted every rollout observation and return and reached the actor."""
+    extra = ("algorithm.hparams.normalize_obs=true", "algorithm.hparams.gradient_penalty=10",
+             "algorithm.hparams.normalize_reward=true")
     single = _run(root, "single", extra=extra)
     count = next(v for k, v in single[1].items() if k.endswith("obs_rms.count"))
     assert float(count) >= 4 * 8 * 4  # 4 iterations of 8 steps x 4 envs
+    learner = single[2].component("learner")
+    assert float(learner.reward_scaler.return_rms.count) == pytest.approx(4 * 8 * 4 + 1e-4)
+    state = learner.state_dict()
+    assert state["reward_scaler"]["discounted_return"].shape == (4,)
+    learner.load_state_dict(state)  # a checkpoint carries the scaler
     assert single[0] != _run(root, "single")[0]  # the options change what is computed
     for policy in ("coarse1", "multi1"):
         other = _run(root, policy, extra=extra)
@@ -144,5 +151,5 @@ def test_bad_input_is_one_line(root):
         build_job_spec(load_config(GAIL, ["dataset=null"]))
     with pytest.raises(ConfigError, match="dataset: ppo learns from its env, not from a dataset"):
         build_job_spec(load_config(CONFIGS / "ppo_cartpole.yaml", ["dataset.id=msrl/cartpole/expert10-v0"]))
-    with pytest.raises(ConfigError, match="unknown key 'algorithm.hparams.normalize_reward'"):
-        msrl.train(_cfg(root, *TINY, "algorithm.hparams.normalize_reward=true"))
+    with pytest.raises(ConfigError, match="unknown key 'algorithm.hparams.absorbing_states'"):
+        msrl.train(_cfg(root, *TINY, "algorithm.hparams.absorbing_states=true"))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from msrl.algorithms import ppo
-from msrl.normalization import RunningMeanStd
+from msrl.normalization import RewardScaler, RunningMeanStd
 from msrl.policy import load_policy
 from msrl.run.job import Job, JobSpec
 
@@ -48,6 +48,28 @@ def test_reduced_update_over_two_replicas_equals_one_update_of_both_batches():
         assert torch.allclose(r.mean, whole.mean) and torch.allclose(r.var, whole.var) and r.count == whole.count
 
 
+def test_reward_scaler_divides_by_the_std_of_every_discounted_return_so_far():
+    gamma, gen = 0.9, torch.Generator().manual_seed(1)
+    rollouts = [torch.randn(5, 3, generator=gen) * 4 for _ in range(2)]
+    terminated = [torch.zeros(5, 3, dtype=torch.bool) for _ in range(2)]
+    terminated[0][2, 1] = True  # env 1's return restarts after step 2
+    scaler = RewardScaler(gamma, clip=1.5)
+    g, returns = torch.zeros(3, dtype=torch.float64), []
+    for reward, term in zip(rollouts, terminated):
+        for t in range(5):  # the closed form: G_t = gamma (1 - d_{t-1}) G_{t-1} + r_t, carried across rollouts
+            g = gamma * (~term[t]).double() * g + reward[t].double()
+            returns.append(g.clone())
+        scaled = scaler(reward, term)
+        seen = torch.stack(returns).flatten()
+        n = seen.numel()
+        var = (1.0 * 1e-4 + seen.var(unbiased=False) * n + seen.mean() ** 2 * 1e-4 * n / (n + 1e-4)) / (n + 1e-4)
+        expected = (reward / torch.sqrt(var + 1e-8).float()).clamp(-1.5, 1.5)
+        assert scaled.dtype == torch.float32
+        assert torch.allclose(scaled, expected, rtol=1e-5, atol=1e-6)
+    assert (scaled.abs() == 1.5).any()  # the clip binds
+    assert torch.equal(scaler.discounted_return, g)
+
+
 def test_ppo_normalizes_with_the_learners_statistics_and_ships_them_to_the_actor():
     hp = ppo.PPOConfig(num_steps=16, num_minibatches=2, update_epochs=1, hidden_sizes=(8,), normalize_obs=True,
                        normalize_reward=True)
@@ -61,7 +83,7 @@ def test_ppo_normalizes_with_the_learners_statistics_and_ships_them_to_the_actor
         assert float(stats.count) == pytest.approx(64 + 1e-4)  # one rollout of 16 steps x 4 envs
         assert torch.equal(actor.net.obs_rms.mean, stats.mean) and torch.equal(actor.net.obs_rms.var, stats.var)
         assert not torch.allclose(stats.mean, torch.zeros(3, dtype=torch.float64))
-        assert float(learner.return_rms.count) == pytest.approx(64 + 1e-4)
+        assert float(learner.reward_scaler.return_rms.count) == pytest.approx(64 + 1e-4)
         state = learner.state_dict()
         assert "return_rms" in state and state["discounted_return"].shape == (4,)
     finally:
