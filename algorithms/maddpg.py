@@ -26,7 +26,7 @@ spaces through ``env.wrappers: [pad_observations]``, SuperSuit's) and ``(E, A)``
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 import gymnasium
 import numpy as np
@@ -87,6 +87,11 @@ class MADDPGConfig:
     """weight of the actors' squared pre-activation outputs in their loss (the paper's code)"""
     max_grad_norm: PositiveFloat = 0.5
     """global gradient-norm clip of the critics' and of the actors' step (the paper's code)"""
+    actor_actions: Literal["replayed", "current"] = "replayed"
+    """the other agents' actions in an actor's loss: ``replayed`` (the paper's Eq. 6: each actor
+    climbs its own critic, the others' actions from the minibatch) or ``current`` (every agent's
+    action from its current actor, the gradient through all of them: each actor climbs every
+    agent's critic, as TorchRL's ``DDPGLoss`` over a centralised critic does)"""
 
     def __post_init__(self) -> None:
         self.hidden_sizes = tuple(self.hidden_sizes)
@@ -271,13 +276,18 @@ class MADDPGLearner(Learner):
         for p in self.critic_parameters:  # the critics pass gradients to the actions only
             p.requires_grad_(False)
         try:
-            losses = []
-            for i in range(A):
-                own = torch.zeros(1, A, 1, device=obs.device)
-                own[0, i] = 1.0
-                actions = replayed * (1.0 - own) + mine * own
-                losses.append(-self.critic.one(i, torch.cat([obs.flatten(1), actions.flatten(1)], -1)).mean())
-            actor_loss = torch.stack(losses).sum() + hp.policy_regularization * (out ** 2).mean()
+            if hp.actor_actions == "current":  # every critic on every actor's current actions
+                x = torch.cat([joint, mine.flatten(1)[:, None].expand(B, A, -1)], -1)
+                losses = -self.critic(x).squeeze(-1).mean(0)
+            else:
+                losses = []
+                for i in range(A):
+                    own = torch.zeros(1, A, 1, device=obs.device)
+                    own[0, i] = 1.0
+                    actions = replayed * (1.0 - own) + mine * own
+                    losses.append(-self.critic.one(i, torch.cat([obs.flatten(1), actions.flatten(1)], -1)).mean())
+                losses = torch.stack(losses)
+            actor_loss = losses.sum() + hp.policy_regularization * (out ** 2).mean()
         finally:
             for p in self.critic_parameters:
                 p.requires_grad_(True)

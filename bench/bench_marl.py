@@ -59,6 +59,8 @@ ALGOS = {
     "iql": ("qmix_simple_spread.yaml", {"algorithm__hparams__mixer": "none"}),
     "mappo": ("mappo_simple_spread.yaml", {}),
     "maddpg": ("maddpg_simple_spread.yaml", {}),
+    # the paper's actor loss (the other agents' replayed actions); the config moves them with current ones
+    "maddpg_replayed": ("maddpg_simple_spread.yaml", {"algorithm__hparams__actor_actions": "replayed"}),
 }
 
 

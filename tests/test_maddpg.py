@@ -59,6 +59,29 @@ def test_each_critic_regresses_on_its_own_agents_target_written_out():
     assert torch.allclose(got, torch.as_tensor(expected), rtol=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["replayed", "current"])
+def test_the_actor_loss_written_out(mode):
+    """``replayed``: each actor up its own critic with the others' replayed actions (Eq. 6);
+    ``current``: every critic on every actor's current actions (TorchRL's loss)."""
+    import copy
+
+    learner = m.MADDPGLearner(_ctx(actor_actions=mode, policy_regularization=0.0))
+    torch.manual_seed(4)
+    B, A, D = 4, 3, 18
+    batch = TensorDict({"obs": torch.randn(B, A, D), "next_obs": torch.randn(B, A, D), "action": torch.rand(B, A, 5),
+                        "reward": torch.randn(B, A), "terminated": torch.zeros(B, dtype=torch.bool)}, [B])
+    policy = copy.deepcopy(learner.policy)  # the actors the loss sees (the critics step first)
+    got = learner.learn(batch)["losses/actor_loss"]
+    x, expected = batch["obs"].flatten(1), 0.0
+    with torch.no_grad():
+        mu = torch.tanh(policy(batch["obs"])) * 0.5 + 0.5  # (B, A, 5) in [0, 1]
+        for i in range(A):
+            actions = mu if mode == "current" else torch.cat([batch["action"][:, :i], mu[:, i:i + 1],
+                                                             batch["action"][:, i + 1:]], 1)
+            expected -= learner.critic.one(i, torch.cat([x, actions.flatten(1)], -1)).mean()
+    assert torch.allclose(got, torch.as_tensor(expected), rtol=1e-5)
+
+
 MATCH = ["env.id=pettingzoo/matching_game", "algorithm.hparams.steps_per_iteration=1", "algorithm.hparams.learning_starts=64",
          "algorithm.hparams.batch_size=64", "algorithm.hparams.hidden_sizes=[16, 16]", "algorithm.hparams.gradient_steps=1",
          "env.num_envs=8", "train.total_env_steps=4000", "train.eval_every=0", "eval.episodes=2", "train.progress=false"]
