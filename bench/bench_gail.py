@@ -108,7 +108,13 @@ def main() -> None:
                         "over 20 episodes) instead of training one")
     p.add_argument("--json", default=None)
     p.add_argument("--plot", default=None, help="write the curves here (PNG)")
+    p.add_argument("--from-json", default=None, help="plot a --json file of an earlier run (with --plot) and stop")
     args = p.parse_args()
+    if args.from_json:
+        with open(args.from_json) as f:
+            out = json.load(f)
+        plot(args.plot, out)
+        return
     torch.set_num_threads(1)
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}; "
           f"command: {' '.join(sys.argv)}", flush=True)
@@ -142,6 +148,8 @@ def main() -> None:
                            seed=seed, dataset__root=os.path.join(tmp, "root"), train__total_env_steps=budget,
                            train__eval_every=eval_every, train__progress=False)
             evals = evaluations(r.run_dir)
+            if not evals or evals[-1][0] != r.env_steps:  # the final evaluation, at the budget's end
+                evals.append((r.env_steps, r.eval_mean))
             reached = next((s for s, v in evals if score(v) >= 0.9), None)
             res = {"seed": seed, "evals": evals, "steps_to_90pct": reached, "final": r.eval_mean,
                    "final_score": score(r.eval_mean), "sps": r.env_steps / r.time_s}
