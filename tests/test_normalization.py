@@ -52,11 +52,11 @@ def test_reward_scaler_divides_by_the_std_of_every_discounted_return_so_far():
     gamma, gen = 0.9, torch.Generator().manual_seed(1)
     rollouts = [torch.randn(5, 3, generator=gen) * 4 for _ in range(2)]
     terminated = [torch.zeros(5, 3, dtype=torch.bool) for _ in range(2)]
-    terminated[0][2, 1] = True  # env 1's return restarts after step 2
+    terminated[0][2, 1] = True  # env 1's step 2 ends an episode: G restarts there (G_2 = r_2)
     scaler = RewardScaler(gamma, clip=1.5)
     g, returns = torch.zeros(3, dtype=torch.float64), []
     for reward, term in zip(rollouts, terminated):
-        for t in range(5):  # the closed form: G_t = gamma (1 - d_{t-1}) G_{t-1} + r_t, carried across rollouts
+        for t in range(5):  # the closed form: G_t = gamma (1 - d_t) G_{t-1} + r_t, carried across rollouts
             g = gamma * (~term[t]).double() * g + reward[t].double()
             returns.append(g.clone())
         scaled = scaler(reward, term)
