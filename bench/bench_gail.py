@@ -111,6 +111,8 @@ def main() -> None:
     p.add_argument("--from-json", default=None, help="plot a --json file of an earlier run (with --plot) and stop")
     args = p.parse_args()
     if args.from_json:
+        if not args.plot:
+            p.error("--from-json only plots: give --plot PNG")
         with open(args.from_json) as f:
             out = json.load(f)
         plot(args.plot, out)
