@@ -1,8 +1,8 @@
 """RLlib's DreamerV3 (torch, new API stack) on a gymnasium env, for ``bench/bench_dreamerv3.py``:
 started the way RLlib's docs start it (``DreamerV3Config().environment(...).training(...)``,
 ``build_algo()``, then ``train()`` in a loop) until ``--budget`` env steps; prints one JSON line:
-the curve of (env steps, training seconds, mean return of the episodes finished since the last
-point), the env steps and seconds at which that mean first reached ``--threshold``, env steps/s.
+the curve of (env steps, training seconds, mean return of the last 10 finished episodes), the env
+steps and seconds at which that mean first reached ``--threshold``, env steps/s.
 
 RLlib pins its own gymnasium; run it from a venv with ``ray[rllib]``::
 
@@ -26,7 +26,10 @@ def main() -> None:
     p.add_argument("--budget", type=int, default=20_000)
     p.add_argument("--threshold", type=float, default=450.0)
     p.add_argument("--seed", type=int, default=1)
+    for k in ("world-model-lr", "actor-lr", "critic-lr"):
+        p.add_argument(f"--{k}", type=float, default=None, help="replaces RLlib's default")
     args = p.parse_args()
+    lrs = {k: getattr(args, k) for k in ("world_model_lr", "actor_lr", "critic_lr") if getattr(args, k) is not None}
     import torch
 
     torch.set_num_threads(1)
@@ -35,7 +38,8 @@ def main() -> None:
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     config = (DreamerV3Config().environment(args.env_id).framework("torch")
-              .training(model_size=args.model_size, training_ratio=args.training_ratio)
+              .training(model_size=args.model_size, training_ratio=args.training_ratio, **lrs)
+              .reporting(metrics_num_episodes_for_smoothing=10)  # msrl's bench: the mean of the last 10 episodes
               .debugging(seed=args.seed))
     algo = config.build_algo()
     curve, reached, train_s, steps = [], None, 0.0, 0

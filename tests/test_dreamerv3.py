@@ -229,3 +229,14 @@ def test_frames_go_through_the_cnn_and_the_replay_keeps_them_as_uint8():
         assert float(learner.world_model_loss(batch)[1]["losses/decoder"].detach()) < 0.5 * first
     finally:
         job.close()
+
+
+@pytest.mark.slow
+def test_the_cartpole_config_reaches_450(tmp_path):
+    """The acceptance run (about half an hour of one core): the config as shipped, under
+    ``single`` (deterministic), stops early on a greedy evaluation of 10 episodes >= 450 within
+    12k env steps (RLlib's gate for CartPole)."""
+    cfg = load_config(CONFIG, [f"runs_dir={tmp_path}", "train.progress=false", "train.total_env_steps=12000"])
+    assert cfg.train.stop_at_return == 450 and cfg.distribution_policy.name == "single"
+    r = msrl.train(cfg)
+    assert r.steps_to_threshold is not None, r.eval_returns
