@@ -72,7 +72,11 @@ def start_rllib(python: str, model_size: str, ratio: int, budget: int, seed: int
            str(ratio), "--budget", str(budget), "--seed", str(seed), "--threshold", str(threshold)]
     for k, v in lrs.items():
         cmd += [f"--{k.replace('_', '-')}", str(v)]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # (stderr to a file: RLlib's warnings would fill a pipe nobody reads while msrl's seed runs)
+    err = tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+    proc.err_file = err  # read by rllib_result
+    return proc
 
 
 def rllib_result(proc: subprocess.Popen) -> dict:
@@ -81,9 +85,10 @@ def rllib_result(proc: subprocess.Popen) -> dict:
     Raises:
         RuntimeError: the run failed (its last lines of stderr in the message).
     """
-    out, err = proc.communicate()
+    out, _ = proc.communicate()
     if proc.returncode != 0:
-        raise RuntimeError(f"RLlib's DreamerV3 exited {proc.returncode}: {err[-2000:]}")
+        proc.err_file.seek(0)
+        raise RuntimeError(f"RLlib's DreamerV3 exited {proc.returncode}: {proc.err_file.read()[-2000:]}")
     return json.loads(out.strip().splitlines()[-1])
 
 
