@@ -1,7 +1,9 @@
 """DreamerV3 on CartPole-v1 against RLlib's DreamerV3 in the same run, same model size, training
 ratio, learning rates and env-step budget, the two systems side by side (each on a core of its
-own): the training return (the mean of the last 10 finished episodes in both; RLlib's own gate
-is 450) against env steps and training time, env steps/s, and msrl's final greedy evaluation.
+own): the training return (msrl's: the mean of the last 10 finished episodes; RLlib's: its
+``episode_return_mean``, asked for the same window, though it moves as the episodes of one
+report; RLlib's own gate is 450) against env steps and training time, env steps/s, and msrl's
+final greedy evaluation.
 
 msrl runs ``configs/dreamerv3_cartpole.yaml`` with ``model_size``, ``train_ratio``, the learning
 rates and the budget overridden where given; RLlib runs ``bench/peer_rllib_dreamerv3.py`` with the
