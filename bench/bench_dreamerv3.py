@@ -25,6 +25,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+from typing import Any
 
 import torch
 
@@ -66,31 +67,29 @@ def run_msrl(model_size: str, ratio: int, budget: int, seed: int, threshold: flo
 
 
 def start_rllib(python: str, model_size: str, ratio: int, budget: int, seed: int, threshold: float,
-                lrs: dict[str, float]) -> subprocess.Popen:
+                lrs: dict[str, float]) -> tuple[subprocess.Popen, Any]:
     """One seed of RLlib's DreamerV3 (``bench/peer_rllib_dreamerv3.py``) in ``python``, started in
-    the background (it runs beside msrl's seed, each on a core of its own); :func:`rllib_result`
-    waits for it."""
+    the background (it runs beside msrl's seed, each on a core of its own): the process and the
+    file its stderr goes to, for :func:`rllib_result`."""
     cmd = [python, os.path.join(HERE, "peer_rllib_dreamerv3.py"), "--model-size", model_size, "--training-ratio",
            str(ratio), "--budget", str(budget), "--seed", str(seed), "--threshold", str(threshold)]
     for k, v in lrs.items():
         cmd += [f"--{k.replace('_', '-')}", str(v)]
     # (stderr to a file: RLlib's warnings would fill a pipe nobody reads while msrl's seed runs)
     err = tempfile.TemporaryFile("w+")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
-    proc.err_file = err  # read by rllib_result
-    return proc
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True), err
 
 
-def rllib_result(proc: subprocess.Popen) -> dict:
-    """The JSON line the RLlib run printed last.
+def rllib_result(proc: subprocess.Popen, err: Any) -> dict:
+    """The JSON line the RLlib run ``proc`` printed last (``err``: its stderr file).
 
     Raises:
         RuntimeError: the run failed (its last lines of stderr in the message).
     """
     out, _ = proc.communicate()
     if proc.returncode != 0:
-        proc.err_file.seek(0)
-        raise RuntimeError(f"RLlib's DreamerV3 exited {proc.returncode}: {proc.err_file.read()[-2000:]}")
+        err.seek(0)
+        raise RuntimeError(f"RLlib's DreamerV3 exited {proc.returncode}: {err.read()[-2000:]}")
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -125,12 +124,13 @@ def main() -> None:
             results["msrl"].append(run_msrl(args.model_size, args.train_ratio, args.budget, seed, args.threshold,
                                             workdir, lrs))
             if peer:
-                results["RLlib DreamerV3"].append(rllib_result(peer))
+                results["RLlib DreamerV3"].append(rllib_result(*peer))
             for system, runs in results.items():
                 if runs:
                     r = runs[-1]
                     last = r["curve"][-1][2] if r["curve"] else float("nan")
-                    print(f"seed {seed} {system}: training return (last {WINDOW} episodes) {last:.1f}; "
+                    stat = f"last {WINDOW} episodes" if system == "msrl" else "its episode_return_mean"
+                    print(f"seed {seed} {system}: training return ({stat}) {last:.1f}; "
                           f"{args.threshold:g} at {r['steps_to_threshold']} env steps / {r['time_to_threshold']} s; "
                           f"{r['sps']:.1f} env steps/s" + (f"; final greedy evaluation {r['final_eval']:.1f}"
                                                           if "final_eval" in r else ""), flush=True)
