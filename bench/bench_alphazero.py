@@ -17,6 +17,7 @@ actor replica evaluates its own leaves), same run; with the requests per batch t
 
     python bench/bench_alphazero.py play tic_tac_toe --seeds 1 2 3 --games 100
     python bench/bench_alphazero.py play connect_four --seeds 1 --games 100 --budget 400000
+    python bench/bench_alphazero.py play connect_four --runs runs/alphazero_connect_four --games 100
     python bench/bench_alphazero.py selfplay --actors 1 4 16 --iterations 6
 """
 
@@ -37,22 +38,34 @@ CONFIGS = {"tic_tac_toe": "configs/alphazero_tictactoe.yaml", "connect_four": "c
 OPPONENTS = {"tic_tac_toe": ("solver", "random"), "connect_four": ("mcts", "random")}
 
 
-def play(game: str, seed: int, games: int, budget: int | None, simulations: int | None) -> dict:
-    """Trains ``game``'s shipped config with ``seed`` (``budget`` env steps, default the config's),
-    then plays ``games`` games against each opponent; returns the rates and the training time."""
+def trained_run(game: str, seed: int, budget: int | None) -> tuple[str, float]:
+    """Trains ``game``'s shipped config with ``seed`` (``budget`` env steps, default the
+    config's); returns its run directory and the training time in seconds."""
     import msrl
-    from msrl.algorithms import alphazero
     from msrl.config import load_config
 
     over = [f"seed={seed}", "train.progress=false", "eval.episodes=2", f"runs_dir={tempfile.mkdtemp()}"]
     if budget:
         over.append(f"train.total_env_steps={budget}")
-    cfg = load_config(CONFIGS[game], over)
     t0 = time.perf_counter()
-    result = msrl.train(cfg)
-    train_s = time.perf_counter() - t0
+    result = msrl.train(load_config(CONFIGS[game], over))
+    return str(result.run_dir), time.perf_counter() - t0
+
+
+def play(game: str, run_dir: str, train_s: float | None, games: int, simulations: int | None) -> dict:
+    """Plays the latest checkpoint of the AlphaZero run in ``run_dir`` (its config's search)
+    ``games`` games against each opponent of ``game``; returns the rates, the run's positions
+    and seed, and ``train_s`` (``None``: the run was trained elsewhere, e.g. by ``msrl train``)."""
+    import os
+
+    from msrl.algorithms import alphazero
+    from msrl.config import load_config
+
+    cfg = load_config(os.path.join(run_dir, "config.yaml"), [])
+    if cfg.algorithm.name != "alphazero":
+        raise SystemExit(f"{run_dir}: a run of {cfg.algorithm.name!r}, not of alphazero")
     hp = alphazero.AlphaZeroConfig(**cfg.algorithm.hparams)
-    ckpt = torch.load(result.run_dir / "checkpoints" / "latest.pt", weights_only=False)
+    ckpt = torch.load(os.path.join(run_dir, "checkpoints", "latest.pt"), weights_only=False)
     from msrl.envs import env_spec
 
     spec = env_spec(cfg.env.id, 1)
@@ -60,11 +73,11 @@ def play(game: str, seed: int, games: int, budget: int | None, simulations: int 
 
     net = alphazero.PolicyValueNet(int(np.prod(spec.observation_space.shape)), int(spec.action_space.n), hp.hidden_sizes)
     net.load_state_dict(ckpt["actor_weights"])
-    out = {"game": game, "seed": seed, "train_s": train_s, "env_steps": result.env_steps,
+    out = {"game": game, "seed": cfg.seed, "run_dir": run_dir, "train_s": train_s, "env_steps": ckpt["env_steps"],
            "simulations": simulations or hp.num_simulations}
     for opponent in OPPONENTS[game]:
         t1 = time.perf_counter()
-        out[opponent] = alphazero.play_match(net, game, opponent, hp, games, seed=10_000 + seed,
+        out[opponent] = alphazero.play_match(net, game, opponent, hp, games, seed=10_000 + cfg.seed,
                                              num_simulations=simulations)
         out[f"{opponent}_play_s"] = time.perf_counter() - t1
     return out
@@ -111,6 +124,9 @@ def main() -> None:
     a.add_argument("--games", type=int, default=100)
     a.add_argument("--budget", type=int, default=None, help="env steps (self-play positions) of training")
     a.add_argument("--simulations", type=int, default=None, help="msrl's simulations per move in the matches")
+    a.add_argument("--runs", nargs="+", default=None,
+                   help="run directories of AlphaZero runs already trained (msrl train): play their latest "
+                        "checkpoints instead of training one per seed")
     b = sub.add_parser("selfplay")
     b.add_argument("--actors", type=int, nargs="+", default=[1, 4, 16])
     b.add_argument("--games-per-actor", type=int, default=4)
@@ -123,12 +139,15 @@ def main() -> None:
           f"command: {' '.join(sys.argv)}")
     rows = []
     if args.what == "play":
-        for seed in args.seeds:
-            r = play(args.game, seed, args.games, args.budget, args.simulations)
+        runs = [(d, None) for d in args.runs] if args.runs else \
+            [trained_run(args.game, seed, args.budget) for seed in args.seeds]
+        for run_dir, train_s in runs:
+            r = play(args.game, run_dir, train_s, args.games, args.simulations)
             rows.append(r)
-            rates = "; ".join(f"{o}: {r[o]['win']:.0%} won, {r[o]['draw']:.0%} drawn, {r[o]['loss']:.0%} lost"
-                              for o in OPPONENTS[args.game])
-            print(f"seed {seed}: {r['env_steps']} positions in {r['train_s']:.0f} s of training; {args.games} games "
+            rates = "; ".join(f"{o}: {r[o]['win']:.0%} won, {r[o]['draw']:.0%} drawn, {r[o]['loss']:.0%} lost "
+                              f"({r[o + '_play_s']:.0f} s)" for o in OPPONENTS[args.game])
+            trained = "" if train_s is None else f" in {train_s:.0f} s of training"
+            print(f"seed {r['seed']} ({run_dir}): {r['env_steps']} positions{trained}; {args.games} games "
                   f"at {r['simulations']} simulations a move -- {rates}", flush=True)
     else:
         import ray
