@@ -60,7 +60,7 @@ def run_msrl(model_size: str, ratio: int, budget: int, seed: int, threshold: flo
                 last = episodes[-WINDOW:]
                 point = (int(row["env_steps"]), float(row["time_s"]), sum(last) / len(last))
                 curve.append(point)
-                if reached is None and point[2] >= threshold:
+                if reached is None and len(last) == WINDOW and point[2] >= threshold:
                     reached = point[:2]
     return {"curve": curve, "steps_to_threshold": reached and reached[0], "time_to_threshold": reached and reached[1],
             "sps": r.env_steps / r.time_s, "final_eval": r.eval_mean}

@@ -4,6 +4,11 @@ started the way RLlib's docs start it (``DreamerV3Config().environment(...).trai
 the curve of (env steps, training seconds, mean return of the last 10 finished episodes), the env
 steps and seconds at which that mean first reached ``--threshold``, env steps/s.
 
+The returns are the env's own: a wrapper appends each finished episode's (env step, return) to a
+file this script reads after every ``train()``, and the mean of the last 10 is computed here as
+msrl's bench computes it (RLlib's ``episode_return_mean``, asked for a 10-episode window with
+``metrics_num_episodes_for_smoothing``, moved as the mean of one report's episodes here).
+
 RLlib pins its own gymnasium; run it from a venv with ``ray[rllib]``::
 
     python -m venv /tmp/rl && /tmp/rl/bin/pip install torch==2.13.0 "ray[rllib]==2.60.0"
@@ -15,7 +20,33 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import tempfile
 import time
+
+import gymnasium as gym
+
+
+class EpisodeLog(gym.Wrapper):
+    """Appends ``"<env steps of this env so far> <episode return>"`` to ``path`` as each
+    episode ends (terminated or truncated)."""
+
+    def __init__(self, env: gym.Env, path: str) -> None:
+        super().__init__(env)
+        self.path, self.steps, self.ret = path, 0, 0.0
+
+    def reset(self, **kwargs):
+        self.ret = 0.0
+        return self.env.reset(**kwargs)
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.steps += 1
+        self.ret += float(reward)
+        if terminated or truncated:
+            with open(self.path, "a") as f:
+                f.write(f"{self.steps} {self.ret}\n")
+        return obs, reward, terminated, truncated, info
 
 
 def main() -> None:
@@ -34,26 +65,32 @@ def main() -> None:
 
     torch.set_num_threads(1)
     import ray
+    from ray import tune
     from ray.rllib.algorithms.dreamerv3.dreamerv3 import DreamerV3Config
 
+    log = os.path.join(tempfile.mkdtemp(), "episodes.txt")
+    open(log, "w").close()
+    tune.register_env("logged", lambda _cfg: EpisodeLog(gym.make(args.env_id), log))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    config = (DreamerV3Config().environment(args.env_id).framework("torch")
+    config = (DreamerV3Config().environment("logged").framework("torch")
               .training(model_size=args.model_size, training_ratio=args.training_ratio, **lrs)
-              .reporting(metrics_num_episodes_for_smoothing=10)  # msrl's bench: the mean of the last 10 episodes
               .debugging(seed=args.seed))
     algo = config.build_algo()
-    curve, reached, train_s, steps = [], None, 0.0, 0
+    curve, reached, train_s, steps, seen = [], None, 0.0, 0, 0
     while steps < args.budget:
         t0 = time.perf_counter()
         result = algo.train()
         train_s += time.perf_counter() - t0
         steps = int(result.get("num_env_steps_sampled_lifetime", 0) or result["env_runners"].get(
             "num_env_steps_sampled_lifetime", 0))
-        ret = result.get("env_runners", {}).get("episode_return_mean")
-        if ret is not None and ret == ret:
-            curve.append((steps, train_s, float(ret)))
-            if reached is None and ret >= args.threshold:
-                reached = (steps, train_s)
+        with open(log) as f:
+            episodes = [(int(a), float(b)) for a, b in (line.split() for line in f if line.strip())]
+        for i in range(seen, len(episodes)):  # each episode's point: the mean of it and the 9 before
+            last = [r for _, r in episodes[max(0, i - 9):i + 1]]
+            curve.append((episodes[i][0], train_s, sum(last) / len(last)))
+            if reached is None and len(last) == 10 and curve[-1][2] >= args.threshold:
+                reached = (episodes[i][0], train_s)
+        seen = len(episodes)
     algo.stop()
     ray.shutdown()
     print(json.dumps({"curve": curve, "steps_to_threshold": reached and reached[0],
