@@ -1,18 +1,24 @@
-"""DreamerV3 on CartPole-v1 against RLlib's DreamerV3 in the same run, same model size, training
-ratio, learning rates and env-step budget, the two systems side by side (each on a core of its
-own): the training return (msrl's: the mean of the last 10 finished episodes; RLlib's: its
-``episode_return_mean``, asked for the same window, though it moves as the episodes of one
-report; RLlib's own gate is 450) against env steps and training time, env steps/s, and msrl's
-final greedy evaluation.
+"""DreamerV3 against RLlib's DreamerV3 in the same run, same model size, training ratio, learning
+rates and env-step budget, the two systems side by side (each on a core of its own): the training
+return (both systems: the mean of the last 10 finished episodes, RLlib's read from the env's own
+episodes) against env steps and training time, env steps/s, and msrl's final greedy evaluation.
 
-msrl runs ``configs/dreamerv3_cartpole.yaml`` with ``model_size``, ``train_ratio``, the learning
-rates and the budget overridden where given; RLlib runs ``bench/peer_rllib_dreamerv3.py`` with the
-same size, ratio and learning rates (the config's unless overridden; its defaults otherwise: batch
-16 x 64, horizon 15, gamma 0.997, one env) in a Python that has ``ray[rllib]``
-(``--rllib-python``). At RLlib's XS size and ratio 1024 an update takes seconds of one CPU core
+``--env cartpole``: CartPole-v1, msrl's ``configs/dreamerv3_cartpole.yaml`` (RLlib's own gate is
+450). ``--env pong``: Atari Pong from 64x64 grayscale frames, one a step (msrl's
+``configs/dreamerv3_pong.yaml``, its ``atari64`` wrapper; RLlib's
+``wrap_atari_for_new_api_stack(dim=64, framestack=None)`` on ``ALE/Pong-v5`` with
+``frameskip=1``), learning from the first 1,024 env steps in both (RLlib's start: one batch of
+16 x 64 stored).
+
+msrl runs the config with ``model_size``, ``train_ratio``, the learning rates and the budget
+overridden where given; RLlib runs ``bench/peer_rllib_dreamerv3.py`` with the same size, ratio and
+learning rates (the config's unless overridden; its defaults otherwise: batch 16 x 64, horizon
+15, gamma 0.997, one env) in a Python that has ``ray[rllib]`` (and ``ale-py`` for Pong;
+``--rllib-python``). At RLlib's XS size and ratio 1024 an update takes seconds of one CPU core
 here (both systems); the XS figure belongs to a GPU machine::
 
     python bench/bench_dreamerv3.py --budget 7000 --seeds 1 --rllib-python /tmp/rl/bin/python
+    python bench/bench_dreamerv3.py --env pong --budget 5000 --seeds 1 --rllib-python /tmp/rl/bin/python
 """
 
 from __future__ import annotations
@@ -34,19 +40,22 @@ ROOT = os.path.dirname(HERE)
 
 
 LRS = ("world_model_lr", "actor_lr", "critic_lr")
-#: the training return of both systems: the mean of the last WINDOW finished episodes (RLlib's
-#: ``metrics_num_episodes_for_smoothing``, set to the same in its script)
+#: the training return of both systems: the mean of the last WINDOW finished episodes
 WINDOW = 10
+#: --env -> (msrl's config, the env id RLlib's script makes, overrides of msrl's config)
+ENVS = {"cartpole": ("dreamerv3_cartpole.yaml", "CartPole-v1", {}),
+        "pong": ("dreamerv3_pong.yaml", "ALE/Pong-v5", {"algorithm__hparams__learning_starts": 1024})}
 
 
-def run_msrl(model_size: str, ratio: int, budget: int, seed: int, threshold: float, workdir: str,
+def run_msrl(env: str, model_size: str, ratio: int, budget: int, seed: int, threshold: float, workdir: str,
              lrs: dict[str, float]) -> dict:
     """One seed of msrl's DreamerV3: the training-return curve, env steps and seconds to
     ``threshold``, env steps/s and the final greedy evaluation; ``lrs``: learning rates that
     replace the config's (``world_model_lr``, ``actor_lr``, ``critic_lr``)."""
     import msrl
 
-    r = msrl.train(os.path.join(ROOT, "configs", "dreamerv3_cartpole.yaml"), runs_dir=workdir, seed=seed,
+    config, _, over = ENVS[env]
+    r = msrl.train(os.path.join(ROOT, "configs", config), runs_dir=workdir, seed=seed, **over,
                    algorithm__hparams__model_size=model_size, algorithm__hparams__train_ratio=ratio,
                    train__total_env_steps=budget, train__progress=False, train__stop_at_return=None,
                    train__eval_every=0, train__checkpoint_every=10**9,
@@ -66,12 +75,13 @@ def run_msrl(model_size: str, ratio: int, budget: int, seed: int, threshold: flo
             "sps": r.env_steps / r.time_s, "final_eval": r.eval_mean}
 
 
-def start_rllib(python: str, model_size: str, ratio: int, budget: int, seed: int, threshold: float,
+def start_rllib(python: str, env: str, model_size: str, ratio: int, budget: int, seed: int, threshold: float,
                 lrs: dict[str, float]) -> tuple[subprocess.Popen, Any]:
     """One seed of RLlib's DreamerV3 (``bench/peer_rllib_dreamerv3.py``) in ``python``, started in
     the background (it runs beside msrl's seed, each on a core of its own): the process and the
     file its stderr goes to, for :func:`rllib_result`."""
-    cmd = [python, os.path.join(HERE, "peer_rllib_dreamerv3.py"), "--model-size", model_size, "--training-ratio",
+    cmd = [python, os.path.join(HERE, "peer_rllib_dreamerv3.py"), "--env-id", ENVS[env][1], "--model-size", model_size,
+           "--training-ratio",
            str(ratio), "--budget", str(budget), "--seed", str(seed), "--threshold", str(threshold)]
     for k, v in lrs.items():
         cmd += [f"--{k.replace('_', '-')}", str(v)]
@@ -95,6 +105,7 @@ def rllib_result(proc: subprocess.Popen, err: Any) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--env", choices=sorted(ENVS), default="cartpole")
     p.add_argument("--model-size", default=None, help="the config's unless given")
     p.add_argument("--train-ratio", type=int, default=None, help="the config's unless given")
     p.add_argument("--budget", type=int, default=20_000)
@@ -109,7 +120,7 @@ def main() -> None:
     from msrl.algorithms.dreamerv3 import DreamerV3Config
     from msrl.config import load_config
 
-    hp = DreamerV3Config(**load_config(os.path.join(ROOT, "configs", "dreamerv3_cartpole.yaml")).algorithm.hparams)
+    hp = DreamerV3Config(**load_config(os.path.join(ROOT, "configs", ENVS[args.env][0])).algorithm.hparams)
     args.model_size = args.model_size or hp.model_size
     args.train_ratio = args.train_ratio or hp.train_ratio
     lrs = {k: getattr(args, k) if getattr(args, k) is not None else getattr(hp, k) for k in LRS}
@@ -119,18 +130,17 @@ def main() -> None:
     results: dict[str, list] = {"msrl": [], "RLlib DreamerV3": []}
     with tempfile.TemporaryDirectory() as workdir:
         for seed in args.seeds:
-            peer = args.rllib_python and start_rllib(args.rllib_python, args.model_size, args.train_ratio, args.budget,
-                                                     seed, args.threshold, lrs)
-            results["msrl"].append(run_msrl(args.model_size, args.train_ratio, args.budget, seed, args.threshold,
-                                            workdir, lrs))
+            peer = args.rllib_python and start_rllib(args.rllib_python, args.env, args.model_size, args.train_ratio,
+                                                     args.budget, seed, args.threshold, lrs)
+            results["msrl"].append(run_msrl(args.env, args.model_size, args.train_ratio, args.budget, seed,
+                                            args.threshold, workdir, lrs))
             if peer:
                 results["RLlib DreamerV3"].append(rllib_result(*peer))
             for system, runs in results.items():
                 if runs:
                     r = runs[-1]
                     last = r["curve"][-1][2] if r["curve"] else float("nan")
-                    stat = f"last {WINDOW} episodes" if system == "msrl" else "its episode_return_mean"
-                    print(f"seed {seed} {system}: training return ({stat}) {last:.1f}; "
+                    print(f"seed {seed} {system}: training return (last {WINDOW} episodes) {last:.1f}; "
                           f"{args.threshold:g} at {r['steps_to_threshold']} env steps / {r['time_to_threshold']} s; "
                           f"{r['sps']:.1f} env steps/s" + (f"; final greedy evaluation {r['final_eval']:.1f}"
                                                           if "final_eval" in r else ""), flush=True)

@@ -43,6 +43,7 @@ of training time; the ratio row msrl / d3rlpy. One torch thread per process::
     python bench/bench_offline.py cql --seeds 1 2 3 --d3rlpy-python /tmp/d3/bin/python
     python bench/bench_offline.py awac --seeds 1 2 3 --d3rlpy-python /tmp/d3/bin/python --plot bench/awac_learning.png
     python bench/bench_offline.py iql_halfcheetah --seeds 1 --d3rlpy-python /tmp/d3/bin/python
+    python bench/bench_offline.py cql_halfcheetah --seeds 1 --dataset DIR --d3rlpy-python /tmp/d3/bin/python --parallel
 
 ``--json FILE`` keeps the results; ``--from-json FILE --plot PNG`` tabulates and plots them again.
 """
@@ -120,14 +121,37 @@ def run_msrl(algo: str, dataset: str, seed: int, steps: int, eval_every: int, wo
     return {"final_eval": r.eval_mean, "grad_steps_per_s": r.iterations / r.time_s, "curve": curve}
 
 
-def run_d3rlpy(algo: str, python: str, dataset: str, seed: int, steps: int, eval_every: int) -> dict:
-    """One seed of d3rlpy's ``algo`` (``bench/peer_d3rlpy.py``) in ``python``."""
+def start_d3rlpy(algo: str, python: str, dataset: str, seed: int, steps: int, eval_every: int, workdir: str
+                 ) -> tuple[subprocess.Popen, str]:
+    """Starts one seed of d3rlpy's ``algo`` (``bench/peer_d3rlpy.py``) in ``python`` as a
+    background process; returns it and the file its stderr goes to (:func:`d3rlpy_result`)."""
     peer = TASKS[algo].get("d3rlpy", algo)
-    out = subprocess.run([python, os.path.join(HERE, "peer_d3rlpy.py"), peer, "--dataset", dataset, "--seed", str(seed),
-                          "--steps", str(steps), "--eval-every", str(eval_every), "--env-id", TASKS[algo]["env"],
-                          *(["--offline-steps", str(steps // 2)] if TASKS[algo].get("online_half") else [])],
-                         check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    err = os.path.join(workdir, f"d3rlpy_{algo}_{seed}.err")
+    with open(err, "w") as f:
+        proc = subprocess.Popen([python, os.path.join(HERE, "peer_d3rlpy.py"), peer, "--dataset", dataset, "--seed",
+                                 str(seed), "--steps", str(steps), "--eval-every", str(eval_every), "--env-id",
+                                 TASKS[algo]["env"],
+                                 *(["--offline-steps", str(steps // 2)] if TASKS[algo].get("online_half") else [])],
+                                stdout=subprocess.PIPE, stderr=f, text=True)
+    return proc, err
+
+
+def d3rlpy_result(proc: subprocess.Popen, err: str) -> dict:
+    """Waits for a :func:`start_d3rlpy` process; its JSON line.
+
+    Raises:
+        RuntimeError: the peer failed (the tail of its stderr in the message).
+    """
+    out, _ = proc.communicate()
+    if proc.returncode != 0:
+        with open(err) as f:
+            raise RuntimeError(f"d3rlpy's run failed (exit {proc.returncode}):\n{f.read()[-3000:]}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def run_d3rlpy(algo: str, python: str, dataset: str, seed: int, steps: int, eval_every: int, workdir: str) -> dict:
+    """One seed of d3rlpy's ``algo`` (``bench/peer_d3rlpy.py``) in ``python``, to its end."""
+    return d3rlpy_result(*start_d3rlpy(algo, python, dataset, seed, steps, eval_every, workdir))
 
 
 def table(algo: str, results: dict[str, list[dict]]) -> str:
@@ -191,6 +215,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=None, help="gradient steps of each run (default: the task's)")
     p.add_argument("--dataset", default=None, help="a Minari dataset's directory to use instead of making one")
     p.add_argument("--d3rlpy-python", default=None, help="the Python that has d3rlpy (none: msrl alone)")
+    p.add_argument("--parallel", action="store_true",
+                   help="run d3rlpy's seed beside msrl's (one core each; for the long HalfCheetah tasks)")
     p.add_argument("--json", default=None)
     p.add_argument("--plot", default=None, help="write the learning curves here (PNG)")
     p.add_argument("--from-json", default=None, help="plot and tabulate a --json file of an earlier run instead of running")
@@ -211,9 +237,15 @@ def main() -> None:
         if args.d3rlpy_python:
             results[peer] = []
         for seed in args.seeds:
-            results["msrl"].append(run_msrl(args.algo, dataset, seed, steps, eval_every, workdir))
-            if args.d3rlpy_python:
-                results[peer].append(run_d3rlpy(args.algo, args.d3rlpy_python, dataset, seed, steps, eval_every))
+            if args.d3rlpy_python and args.parallel:  # d3rlpy's seed on the other core while msrl's runs
+                proc = start_d3rlpy(args.algo, args.d3rlpy_python, dataset, seed, steps, eval_every, workdir)
+                results["msrl"].append(run_msrl(args.algo, dataset, seed, steps, eval_every, workdir))
+                results[peer].append(d3rlpy_result(*proc))
+            else:
+                results["msrl"].append(run_msrl(args.algo, dataset, seed, steps, eval_every, workdir))
+                if args.d3rlpy_python:
+                    results[peer].append(run_d3rlpy(args.algo, args.d3rlpy_python, dataset, seed, steps, eval_every,
+                                                    workdir))
             print(f"seed {seed}: " + "  ".join(f"{k}: final {v[-1]['final_eval']:.1f}, {v[-1]['grad_steps_per_s']:.0f} "
                                                  "gradient steps/s" for k, v in results.items()), flush=True)
         print(f"\n{args.algo} on {task['env']} from {dataset}, {steps} gradient steps; machine: "

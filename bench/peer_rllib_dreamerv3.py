@@ -9,9 +9,13 @@ file this script reads after every ``train()``, and the mean of the last 10 is c
 msrl's bench computes it (RLlib's ``episode_return_mean``, asked for a 10-episode window with
 ``metrics_num_episodes_for_smoothing``, moved as the mean of one report's episodes here).
 
-RLlib pins its own gymnasium; run it from a venv with ``ray[rllib]``::
+An ``ALE/...`` id is made with ``frameskip=1`` and wrapped as RLlib's Atari examples wrap it
+(``wrap_atari_for_new_api_stack``: 64x64 grayscale, 4 frames a step with the max of the last two,
+up to 30 no-ops, no frame stack); the logged episode is the game's (env steps: agent steps).
 
-    python -m venv /tmp/rl && /tmp/rl/bin/pip install torch==2.13.0 "ray[rllib]==2.60.0"
+RLlib pins its own gymnasium; run it from a venv with ``ray[rllib]`` (and ``ale-py`` for Atari)::
+
+    python -m venv /tmp/rl && /tmp/rl/bin/pip install torch==2.13.0 "ray[rllib]==2.60.0" pillow ale-py==0.12.1
     /tmp/rl/bin/python bench/peer_rllib_dreamerv3.py --env-id CartPole-v1 --model-size XS --training-ratio 1024 \\
         --budget 20000 --seed 1
 """
@@ -70,7 +74,17 @@ def main() -> None:
 
     log = os.path.join(tempfile.mkdtemp(), "episodes.txt")
     open(log, "w").close()
-    tune.register_env("logged", lambda _cfg: EpisodeLog(gym.make(args.env_id), log))
+    def make(_cfg):
+        if args.env_id.startswith("ALE/"):
+            import ale_py
+            from ray.rllib.env.wrappers.atari_wrappers import wrap_atari_for_new_api_stack
+
+            gym.register_envs(ale_py)
+            return EpisodeLog(wrap_atari_for_new_api_stack(gym.make(args.env_id, frameskip=1), dim=64, framestack=None),
+                              log)
+        return EpisodeLog(gym.make(args.env_id), log)
+
+    tune.register_env("logged", make)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     config = (DreamerV3Config().environment("logged").framework("torch")
               .training(model_size=args.model_size, training_ratio=args.training_ratio, **lrs)
