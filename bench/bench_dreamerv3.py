@@ -17,7 +17,7 @@ learning rates (the config's unless overridden; its defaults otherwise: batch 16
 ``--rllib-python``). At RLlib's XS size and ratio 1024 an update takes seconds of one CPU core
 here (both systems); the XS figure belongs to a GPU machine::
 
-    python bench/bench_dreamerv3.py --budget 7000 --seeds 1 --rllib-python /tmp/rl/bin/python
+    python bench/bench_dreamerv3.py --budget 7000 --seeds 1 --train-ratio 1024 --rllib-python /tmp/rl/bin/python
     python bench/bench_dreamerv3.py --env pong --budget 5000 --seeds 1 --rllib-python /tmp/rl/bin/python
 """
 
@@ -53,6 +53,7 @@ def run_msrl(env: str, model_size: str, ratio: int, budget: int, seed: int, thre
     ``threshold``, env steps/s and the final greedy evaluation; ``lrs``: learning rates that
     replace the config's (``world_model_lr``, ``actor_lr``, ``critic_lr``)."""
     import msrl
+    from msrl.config import load_config
 
     config, _, over = ENVS[env]
     r = msrl.train(os.path.join(ROOT, "configs", config), runs_dir=workdir, seed=seed, **over,
@@ -60,9 +61,10 @@ def run_msrl(env: str, model_size: str, ratio: int, budget: int, seed: int, thre
                    train__total_env_steps=budget, train__progress=False, train__stop_at_return=None,
                    train__eval_every=0, train__checkpoint_every=10**9,
                    **{f"algorithm__hparams__{k}": v for k, v in lrs.items()})
-    curve, reached, episodes = [], None, []
+    curve, reached, episodes, learned = [], None, [], 0
     with open(r.run_dir / "metrics.csv") as f:
         for row in csv.DictReader(f):
+            learned += bool(row.get("losses/world_model"))
             ret = row.get("charts/episodic_return")
             if ret and ret != "nan":
                 episodes.append(float(ret))
@@ -71,8 +73,11 @@ def run_msrl(env: str, model_size: str, ratio: int, budget: int, seed: int, thre
                 curve.append(point)
                 if reached is None and len(last) == WINDOW and point[2] >= threshold:
                     reached = point[:2]
+    hp = load_config(r.run_dir / "config.yaml", []).algorithm.hparams
+    updates = learned * (hp["steps_per_iteration"] * hp["train_ratio"] // (hp["batch_size"] * hp["batch_length"]))
     return {"curve": curve, "steps_to_threshold": reached and reached[0], "time_to_threshold": reached and reached[1],
-            "sps": r.env_steps / r.time_s, "final_eval": r.eval_mean}
+            "sps": r.env_steps / r.time_s, "final_eval": r.eval_mean, "env_steps": r.env_steps, "updates": updates,
+            "updates_per_s": updates / r.time_s}
 
 
 def start_rllib(python: str, env: str, model_size: str, ratio: int, budget: int, seed: int, threshold: float,
@@ -142,7 +147,9 @@ def main() -> None:
                     last = r["curve"][-1][2] if r["curve"] else float("nan")
                     print(f"seed {seed} {system}: training return (last {WINDOW} episodes) {last:.1f}; "
                           f"{args.threshold:g} at {r['steps_to_threshold']} env steps / {r['time_to_threshold']} s; "
-                          f"{r['sps']:.1f} env steps/s" + (f"; final greedy evaluation {r['final_eval']:.1f}"
+                          f"{r['sps']:.1f} env steps/s; {r['updates']} updates ({r['updates_per_s']:.2f}/s, "
+                          f"{1024 * r['updates'] / max(1, r['env_steps'] - 1024):.0f} replayed steps per env step after "
+                          "the first 1,024)" + (f"; final greedy evaluation {r['final_eval']:.1f}"
                                                           if "final_eval" in r else ""), flush=True)
     if args.json:
         with open(args.json, "w") as f:

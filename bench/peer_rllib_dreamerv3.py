@@ -2,7 +2,15 @@
 started the way RLlib's docs start it (``DreamerV3Config().environment(...).training(...)``,
 ``build_algo()``, then ``train()`` in a loop) until ``--budget`` env steps; prints one JSON line:
 the curve of (env steps, training seconds, mean return of the last 10 finished episodes), the env
-steps and seconds at which that mean first reached ``--threshold``, env steps/s.
+steps and seconds at which that mean first reached ``--threshold``, env steps/s, and the updates
+(``num_grad_updates_lifetime``) and updates/s.
+
+RLlib 2.60's DreamerV3 trains at least one batch of ``batch_size_B x batch_length_T`` (1,024)
+replayed steps per env step whatever ``training_ratio`` is below that: its sampling loop stops on
+a lifetime training ratio its metrics report as 0 (``actual_training_ratio``), so each
+``train()`` samples one env step and then updates until that one step's ratio is met. Its
+effective ratio is 1,024 (one update per env step); compare msrl at ``train_ratio: 1024`` or per
+update.
 
 The returns are the env's own: a wrapper appends each finished episode's (env step, return) to a
 file this script reads after every ``train()``, and the mean of the last 10 is computed here as
@@ -11,7 +19,8 @@ msrl's bench computes it (RLlib's ``episode_return_mean``, asked for a 10-episod
 
 An ``ALE/...`` id is made with ``frameskip=1`` and wrapped as RLlib's Atari examples wrap it
 (``wrap_atari_for_new_api_stack``: 64x64 grayscale, 4 frames a step with the max of the last two,
-up to 30 no-ops, no frame stack); the logged episode is the game's (env steps: agent steps).
+up to 30 no-ops, no frame stack) and the grayscale frame repeated into the three channels RLlib's
+DreamerV3 encodes; the logged episode is the game's (env steps: agent steps).
 
 RLlib pins its own gymnasium; run it from a venv with ``ray[rllib]`` (and ``ale-py`` for Atari)::
 
@@ -25,10 +34,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 
 import gymnasium as gym
+import numpy as np
 
 
 class EpisodeLog(gym.Wrapper):
@@ -80,8 +91,12 @@ def main() -> None:
             from ray.rllib.env.wrappers.atari_wrappers import wrap_atari_for_new_api_stack
 
             gym.register_envs(ale_py)
-            return EpisodeLog(wrap_atari_for_new_api_stack(gym.make(args.env_id, frameskip=1), dim=64, framestack=None),
-                              log)
+            env = wrap_atari_for_new_api_stack(gym.make(args.env_id, frameskip=1), dim=64, framestack=None)
+            # RLlib 2.60's DreamerV3 encodes only (64, 64, 3) frames (a (64, 64) one is refused, a (64, 64, 1)
+            # one read as three channels): msrl's grayscale frame, repeated into three channels
+            env = gym.wrappers.TransformObservation(env, lambda o: np.repeat(o, 3, -1),
+                                                    gym.spaces.Box(-1.0, 1.0, (64, 64, 3), np.float32))
+            return EpisodeLog(env, log)
         return EpisodeLog(gym.make(args.env_id), log)
 
     tune.register_env("logged", make)
@@ -90,13 +105,14 @@ def main() -> None:
               .training(model_size=args.model_size, training_ratio=args.training_ratio, **lrs)
               .debugging(seed=args.seed))
     algo = config.build_algo()
-    curve, reached, train_s, steps, seen = [], None, 0.0, 0, 0
+    curve, reached, train_s, steps, seen, updates = [], None, 0.0, 0, 0, 0
     while steps < args.budget:
         t0 = time.perf_counter()
         result = algo.train()
         train_s += time.perf_counter() - t0
         steps = int(result.get("num_env_steps_sampled_lifetime", 0) or result["env_runners"].get(
             "num_env_steps_sampled_lifetime", 0))
+        updates = int(result.get("num_grad_updates_lifetime", 0))
         with open(log) as f:
             episodes = [(int(a), float(b)) for a, b in (line.split() for line in f if line.strip())]
         for i in range(seen, len(episodes)):  # each episode's point: the mean of it and the 9 before
@@ -105,10 +121,13 @@ def main() -> None:
             if reached is None and len(last) == 10 and curve[-1][2] >= args.threshold:
                 reached = (episodes[i][0], train_s)
         seen = len(episodes)
+        print(f"peer: {steps} env steps, {updates} updates, {len(episodes)} episodes, {train_s:.0f} s", file=sys.stderr,
+              flush=True)
     algo.stop()
     ray.shutdown()
     print(json.dumps({"curve": curve, "steps_to_threshold": reached and reached[0],
-                      "time_to_threshold": reached and reached[1], "sps": steps / train_s}))
+                      "time_to_threshold": reached and reached[1], "sps": steps / train_s, "env_steps": steps,
+                      "updates": updates, "updates_per_s": updates / train_s}))
 
 
 if __name__ == "__main__":
