@@ -196,7 +196,8 @@ def _atari64(env_id: str, kwargs: dict[str, Any]) -> tuple[dict[str, Any], Calla
     """Atari for world models (DreamerV3's, Hafner et al. 2023, in DreamerV2's grayscale where the
     paper's frames are RGB): up to 30 no-ops at reset, 4 frames per action with the max of the
     last two, one 64x64 grayscale frame a step and no frame stack (the model's recurrent state
-    remembers): observations ``(1, 64, 64)`` uint8. The base env is made with ``frameskip=1``; sticky actions stay at the id's default."""
+    remembers): observations ``(1, 64, 64)`` uint8. The base env is made with ``frameskip=1``;
+    sticky actions stay at the id's default."""
     if not env_id.startswith("ALE/"):
         raise ValueError(f"env.wrappers: 'atari64' preprocesses ALE games (ids ALE/<Game>-v5), not {env_id!r}")
 
