@@ -90,8 +90,10 @@ def start_rllib(python: str, env: str, model_size: str, ratio: int, budget: int,
            str(ratio), "--budget", str(budget), "--seed", str(seed), "--threshold", str(threshold)]
     for k, v in lrs.items():
         cmd += [f"--{k.replace('_', '-')}", str(v)]
-    # (stderr to a file: RLlib's warnings would fill a pipe nobody reads while msrl's seed runs)
-    err = tempfile.TemporaryFile("w+")
+    # (stderr to a file: RLlib's warnings would fill a pipe nobody reads while msrl's seed runs; its
+    # progress lines, "peer: <env steps> env steps, <updates> updates, ...", can be followed there)
+    err = tempfile.NamedTemporaryFile("w+", prefix="peer_rllib_dreamerv3_", suffix=".err", delete=False)
+    print(f"RLlib's DreamerV3: its stderr and progress in {err.name}", flush=True)
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True), err
 
 
