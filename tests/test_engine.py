@@ -243,6 +243,37 @@ def test_atari_preprocessing_through_the_engine():
         proc.close()
 
 
+def test_world_model_frames_snapshot_exactly_for_a_checkpoint():
+    """``atari64`` (DreamerV3's Pong): its frames ``(1, 64, 64)`` uint8 through the process
+    engine equal the in-process env's, and an exact checkpoint of the envs resumes them bit for
+    bit (gymnasium's ``ReshapeObservation`` held a lambda no checkpoint could pickle)."""
+    pytest.importorskip("ale_py")
+    pytest.importorskip("cv2")
+    n, rng = 2, np.random.default_rng(5)
+    sync = GymnasiumEnv("ALE/Pong-v5", n, wrappers=["atari64"])
+    proc = ProcessEnv("ALE/Pong-v5", n, num_workers=2, wrappers=["atari64"])
+    try:
+        o = proc.reset(seed=3)
+        assert o.shape == (n, 1, 64, 64) and o.dtype == torch.uint8
+        assert torch.equal(sync.reset(seed=3), o)
+        for _ in range(20):
+            act = _actions(proc.spec.action_space, n, rng)
+            _assert_same(sync.step(act), proc.step(act))
+        state = proc.state_dict()
+        after = [proc.step(act) for _ in range(5)]
+        proc.load_state_dict(state)
+        for x in after:
+            _assert_same(x, proc.step(act))
+        sync_state = sync.state_dict()
+        sync_after = [sync.step(act) for _ in range(3)]
+        sync.load_state_dict(sync_state)
+        for x in sync_after:
+            _assert_same(x, sync.step(act))
+    finally:
+        sync.close()
+        proc.close()
+
+
 def test_script_without_main_guard_is_not_rerun_by_the_workers(tmp_path):
     import subprocess
     import sys

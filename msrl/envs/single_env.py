@@ -20,7 +20,7 @@ import numpy as np
 
 from msrl.errors import InputError
 
-__all__ = ["make_single_env", "share_mujoco_models", "check_env_id", "check_wrappers", "WRAPPERS",
+__all__ = ["ChannelFirstFrame", "make_single_env", "share_mujoco_models", "check_env_id", "check_wrappers", "WRAPPERS",
            "PETTINGZOO_WRAPPERS", "pettingzoo_wrappers", "UnknownEnvError",
            "EnvKwargsError"]
 
@@ -204,9 +204,28 @@ def _atari64(env_id: str, kwargs: dict[str, Any]) -> tuple[dict[str, Any], Calla
     def wrap(env: gymnasium.Env) -> gymnasium.Env:
         env = gymnasium.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=64,
                                                     terminal_on_life_loss=False, grayscale_obs=True)
-        return gymnasium.wrappers.ReshapeObservation(env, (1, 64, 64))
+        return ChannelFirstFrame(env)
 
     return {**kwargs, "frameskip": 1}, wrap
+
+
+class ChannelFirstFrame(gymnasium.ObservationWrapper):
+    """A grayscale frame ``(H, W)`` uint8 as ``(1, H, W)``: the channel axis a CNN takes.
+
+    A class of its own, not gymnasium's ``ReshapeObservation``, whose transform is a lambda that an
+    exact checkpoint of the env (:func:`msrl.envs.state.dump_env`) cannot pickle."""
+
+    def __init__(self, env: gymnasium.Env) -> None:
+        super().__init__(env)
+        space = env.observation_space
+        if not (isinstance(space, gymnasium.spaces.Box) and len(space.shape) == 2):
+            raise ValueError(f"ChannelFirstFrame takes (H, W) frames, not observations of space {space}")
+        self.observation_space = gymnasium.spaces.Box(space.low[None], space.high[None], (1, *space.shape),
+                                                      space.dtype)
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        """``(H, W)`` -> ``(1, H, W)`` (a view)."""
+        return observation[None]
 
 
 def _flatten_observation(env_id: str, kwargs: dict[str, Any]) -> tuple[dict[str, Any], Callable[[gymnasium.Env], gymnasium.Env]]:
