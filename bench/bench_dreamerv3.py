@@ -61,10 +61,14 @@ def run_msrl(env: str, model_size: str, ratio: int, budget: int, seed: int, thre
                    train__total_env_steps=budget, train__progress=False, train__stop_at_return=None,
                    train__eval_every=0, train__checkpoint_every=10**9,
                    **{f"algorithm__hparams__{k}": v for k, v in lrs.items()})
-    curve, reached, episodes, learned = [], None, [], 0
+    curve, reached, episodes, learned, before, last_s = [], None, [], 0, 0.0, 0.0
     with open(r.run_dir / "metrics.csv") as f:
         for row in csv.DictReader(f):
-            learned += bool(row.get("losses/world_model"))
+            if row.get("losses/world_model"):
+                learned += 1
+                last_s = float(row["time_s"])
+            elif not learned:  # (the clock at the end of the last iteration without updates)
+                before = float(row["time_s"])
             ret = row.get("charts/episodic_return")
             if ret and ret != "nan":
                 episodes.append(float(ret))
@@ -77,7 +81,7 @@ def run_msrl(env: str, model_size: str, ratio: int, budget: int, seed: int, thre
     updates = learned * (hp["steps_per_iteration"] * hp["train_ratio"] // (hp["batch_size"] * hp["batch_length"]))
     return {"curve": curve, "steps_to_threshold": reached and reached[0], "time_to_threshold": reached and reached[1],
             "sps": r.env_steps / r.time_s, "final_eval": r.eval_mean, "env_steps": r.env_steps, "updates": updates,
-            "updates_per_s": updates / r.time_s}
+            "updates_per_s": updates / r.time_s, "s_per_update": (last_s - before) / updates if updates else None}
 
 
 def start_rllib(python: str, env: str, model_size: str, ratio: int, budget: int, seed: int, threshold: float,
@@ -149,9 +153,9 @@ def main() -> None:
                     last = r["curve"][-1][2] if r["curve"] else float("nan")
                     print(f"seed {seed} {system}: training return (last {WINDOW} episodes) {last:.1f}; "
                           f"{args.threshold:g} at {r['steps_to_threshold']} env steps / {r['time_to_threshold']} s; "
-                          f"{r['sps']:.1f} env steps/s; {r['updates']} updates ({r['updates_per_s']:.2f}/s, "
-                          f"{1024 * r['updates'] / max(1, r['env_steps'] - 1024):.0f} replayed steps per env step after "
-                          "the first 1,024)" + (f"; final greedy evaluation {r['final_eval']:.1f}"
+                          f"{r['sps']:.1f} env steps/s; {r['updates']} updates in {r['env_steps']} env steps "
+                          f"({r['updates_per_s']:.2f}/s of training; {r['s_per_update'] or float('nan'):.2f} s an update "
+                          "while learning)" + (f"; final greedy evaluation {r['final_eval']:.1f}"
                                                           if "final_eval" in r else ""), flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -2,8 +2,8 @@
 started the way RLlib's docs start it (``DreamerV3Config().environment(...).training(...)``,
 ``build_algo()``, then ``train()`` in a loop) until ``--budget`` env steps; prints one JSON line:
 the curve of (env steps, training seconds, mean return of the last 10 finished episodes), the env
-steps and seconds at which that mean first reached ``--threshold``, env steps/s, and the updates
-(``num_grad_updates_lifetime``) and updates/s.
+steps and seconds at which that mean first reached ``--threshold``, env steps/s, the updates
+(``num_grad_updates_lifetime``), updates/s and seconds an update after the first.
 
 RLlib 2.60's DreamerV3 trains at least one batch of ``batch_size_B x batch_length_T`` (1,024)
 replayed steps per env step whatever ``training_ratio`` is below that: its sampling loop stops on
@@ -105,7 +105,7 @@ def main() -> None:
               .training(model_size=args.model_size, training_ratio=args.training_ratio, **lrs)
               .debugging(seed=args.seed))
     algo = config.build_algo()
-    curve, reached, train_s, steps, seen, updates = [], None, 0.0, 0, 0, 0
+    curve, reached, train_s, steps, seen, updates, first = [], None, 0.0, 0, 0, 0, None
     while steps < args.budget:
         t0 = time.perf_counter()
         result = algo.train()
@@ -113,6 +113,8 @@ def main() -> None:
         steps = int(result.get("num_env_steps_sampled_lifetime", 0) or result["env_runners"].get(
             "num_env_steps_sampled_lifetime", 0))
         updates = int(result.get("num_grad_updates_lifetime", 0))
+        if first is None and updates:
+            first = (updates, train_s)  # (the clock after the iteration of the first update)
         with open(log) as f:
             episodes = [(int(a), float(b)) for a, b in (line.split() for line in f if line.strip())]
         for i in range(seen, len(episodes)):  # each episode's point: the mean of it and the 9 before
@@ -127,7 +129,8 @@ def main() -> None:
     ray.shutdown()
     print(json.dumps({"curve": curve, "steps_to_threshold": reached and reached[0],
                       "time_to_threshold": reached and reached[1], "sps": steps / train_s, "env_steps": steps,
-                      "updates": updates, "updates_per_s": updates / train_s}))
+                      "updates": updates, "updates_per_s": updates / train_s,
+                      "s_per_update": (train_s - first[1]) / (updates - first[0]) if first and updates > first[0] else None}))
 
 
 if __name__ == "__main__":
