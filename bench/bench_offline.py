@@ -231,6 +231,9 @@ def main() -> None:
     torch.set_num_threads(1)
     task = TASKS[args.algo]
     steps, eval_every, peer = args.steps or task["steps"], task["eval_every"], task["peer"]
+    if steps % eval_every or (task.get("online_half") and (steps // 2) % eval_every):
+        p.error(f"--steps {steps}: {args.algo} is evaluated every {eval_every} gradient steps; give a multiple of it"
+                + (" in each half" if task.get("online_half") else ""))
     with tempfile.TemporaryDirectory() as workdir:
         dataset = args.dataset or expert_dataset(args.algo, workdir)
         results: dict[str, list[dict]] = {"msrl": []}

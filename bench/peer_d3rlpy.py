@@ -73,6 +73,10 @@ def main() -> None:
     p.add_argument("--offline-steps", type=int, default=None,
                    help="AWAC: gradient steps on the dataset before the online phase (default: all of --steps)")
     args = p.parse_args()
+    offline = args.steps if args.offline_steps is None else args.offline_steps
+    if offline % args.eval_every or (args.steps - offline) % args.eval_every:
+        p.error(f"--steps {args.steps} (offline {offline}) must be whole multiples of --eval-every {args.eval_every}: "
+                "d3rlpy trains whole epochs of that many steps")
     torch.set_num_threads(1)
     d3rlpy.seed(args.seed)
     ds = minari.MinariDataset(str(pathlib.Path(args.dataset) / "data"))
@@ -105,7 +109,6 @@ def main() -> None:
                                            lam=1.0, action_scaler=scaler).create(device="cpu:0")
         else:
             algo = d3rlpy.algos.CQLConfig(alpha_learning_rate=0.0, action_scaler=scaler).create(device="cpu:0")
-    offline = args.steps if args.offline_steps is None else args.offline_steps
     train_s, curve = 0.0, []
     t0 = time.perf_counter()
     for epoch, _ in algo.fitter(dataset, n_steps=offline, n_steps_per_epoch=args.eval_every, show_progress=False,
