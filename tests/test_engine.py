@@ -220,55 +220,31 @@ def test_close_leaves_no_worker_process():
             os.kill(pid, 0)
 
 
-def test_atari_preprocessing_through_the_engine():
+@pytest.mark.parametrize("wrapper,shape", [("atari", (4, 84, 84)), ("atari64", (1, 64, 64))])
+def test_atari_wrappers_through_the_engine_and_their_exact_snapshots(wrapper, shape):
+    """``atari`` (PPO's, 4 stacked 84x84 frames) and ``atari64`` (DreamerV3's, one 64x64 frame):
+    frames through the process engine equal the in-process env's, and an exact checkpoint of the
+    envs resumes them bit for bit in both engines (ALE games snapshot through cloneState;
+    gymnasium's ``ReshapeObservation``, once ``atari64``'s last wrapper, held a lambda no checkpoint
+    could pickle)."""
     pytest.importorskip("ale_py")
     pytest.importorskip("cv2")
     n, rng = 2, np.random.default_rng(4)
-    sync = GymnasiumEnv("ALE/Pong-v5", n, wrappers=["atari"])
-    proc = ProcessEnv("ALE/Pong-v5", n, num_workers=2, wrappers=["atari"])
+    sync = GymnasiumEnv("ALE/Pong-v5", n, wrappers=[wrapper])
+    proc = ProcessEnv("ALE/Pong-v5", n, num_workers=2, wrappers=[wrapper])
     try:
         o = proc.reset(seed=1)
-        assert o.shape == (n, 4, 84, 84) and o.dtype == torch.uint8
+        assert o.shape == (n, *shape) and o.dtype == torch.uint8
         assert torch.equal(sync.reset(seed=1), o)
         for _ in range(30):
             act = _actions(proc.spec.action_space, n, rng)
             _assert_same(sync.step(act), proc.step(act))
-        state = proc.state_dict()  # ALE games snapshot through cloneState
-        after = [proc.step(act) for _ in range(5)]
-        proc.load_state_dict(state)
-        for x in after:
-            _assert_same(x, proc.step(act))
-    finally:
-        sync.close()
-        proc.close()
-
-
-def test_world_model_frames_snapshot_exactly_for_a_checkpoint():
-    """``atari64`` (DreamerV3's Pong): its frames ``(1, 64, 64)`` uint8 through the process
-    engine equal the in-process env's, and an exact checkpoint of the envs resumes them bit for
-    bit (gymnasium's ``ReshapeObservation`` held a lambda no checkpoint could pickle)."""
-    pytest.importorskip("ale_py")
-    pytest.importorskip("cv2")
-    n, rng = 2, np.random.default_rng(5)
-    sync = GymnasiumEnv("ALE/Pong-v5", n, wrappers=["atari64"])
-    proc = ProcessEnv("ALE/Pong-v5", n, num_workers=2, wrappers=["atari64"])
-    try:
-        o = proc.reset(seed=3)
-        assert o.shape == (n, 1, 64, 64) and o.dtype == torch.uint8
-        assert torch.equal(sync.reset(seed=3), o)
-        for _ in range(20):
-            act = _actions(proc.spec.action_space, n, rng)
-            _assert_same(sync.step(act), proc.step(act))
-        state = proc.state_dict()
-        after = [proc.step(act) for _ in range(5)]
-        proc.load_state_dict(state)
-        for x in after:
-            _assert_same(x, proc.step(act))
-        sync_state = sync.state_dict()
-        sync_after = [sync.step(act) for _ in range(3)]
-        sync.load_state_dict(sync_state)
-        for x in sync_after:
-            _assert_same(x, sync.step(act))
+        for env in (proc, sync):
+            state = env.state_dict()
+            after = [env.step(act) for _ in range(5)]
+            env.load_state_dict(state)
+            for x in after:
+                _assert_same(x, env.step(act))
     finally:
         sync.close()
         proc.close()
