@@ -77,8 +77,10 @@ def run_msrl(env: str, model_size: str, ratio: int, budget: int, seed: int, thre
                 curve.append(point)
                 if reached is None and len(last) == WINDOW and point[2] >= threshold:
                     reached = point[:2]
-    hp = load_config(r.run_dir / "config.yaml", []).algorithm.hparams
-    updates = learned * (hp["steps_per_iteration"] * hp["train_ratio"] // (hp["batch_size"] * hp["batch_length"]))
+    cfg = load_config(r.run_dir / "config.yaml", [])
+    hp = cfg.algorithm.hparams  # (DreamerV3Trainer's updates an iteration)
+    updates = learned * (hp["steps_per_iteration"] * cfg.env.num_envs * hp["train_ratio"]
+                         // (hp["batch_size"] * hp["batch_length"]))
     return {"curve": curve, "steps_to_threshold": reached and reached[0], "time_to_threshold": reached and reached[1],
             "sps": r.env_steps / r.time_s, "final_eval": r.eval_mean, "env_steps": r.env_steps, "updates": updates,
             "updates_per_s": updates / r.time_s, "s_per_update": (last_s - before) / updates if updates else None}

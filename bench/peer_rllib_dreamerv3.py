@@ -24,7 +24,8 @@ DreamerV3 encodes; the logged episode is the game's (env steps: agent steps).
 
 RLlib pins its own gymnasium; run it from a venv with ``ray[rllib]`` (and ``ale-py`` for Atari)::
 
-    python -m venv /tmp/rl && /tmp/rl/bin/pip install torch==2.13.0 "ray[rllib]==2.60.0" pillow ale-py==0.12.1
+    python -m venv /tmp/rl && /tmp/rl/bin/pip install torch==2.13.0 "ray[rllib]==2.60.0" pillow \\
+        ale-py==0.12.1 opencv-python-headless
     /tmp/rl/bin/python bench/peer_rllib_dreamerv3.py --env-id CartPole-v1 --model-size XS --training-ratio 1024 \\
         --budget 20000 --seed 1
 """
@@ -105,7 +106,8 @@ def main() -> None:
               .training(model_size=args.model_size, training_ratio=args.training_ratio, **lrs)
               .debugging(seed=args.seed))
     algo = config.build_algo()
-    curve, reached, train_s, steps, seen, updates, first = [], None, 0.0, 0, 0, 0, None
+    curve, reached, train_s, steps, seen, updates, first, episodes, pending = [], None, 0.0, 0, 0, 0, None, [], ""
+    reader = open(log)  # noqa: SIM115 - read incrementally for the whole run, closed after it
     while steps < args.budget:
         t0 = time.perf_counter()
         result = algo.train()
@@ -115,8 +117,10 @@ def main() -> None:
         updates = int(result.get("num_grad_updates_lifetime", 0))
         if first is None and updates:
             first = (updates, train_s)  # (the clock after the iteration of the first update)
-        with open(log) as f:
-            episodes = [(int(a), float(b)) for a, b in (line.split() for line in f if line.strip())]
+        # (only what was written since the last read: the handle stays open at its position; a line
+        # not yet ended waits in `pending`)
+        *lines, pending = (pending + reader.read()).split("\n")
+        episodes += [(int(a), float(b)) for a, b in (line.split() for line in lines)]
         for i in range(seen, len(episodes)):  # each episode's point: the mean of it and the 9 before
             last = [r for _, r in episodes[max(0, i - 9):i + 1]]
             curve.append((episodes[i][0], train_s, sum(last) / len(last)))
@@ -125,6 +129,7 @@ def main() -> None:
         seen = len(episodes)
         print(f"peer: {steps} env steps, {updates} updates, {len(episodes)} episodes, {train_s:.0f} s", file=sys.stderr,
               flush=True)
+    reader.close()
     algo.stop()
     ray.shutdown()
     print(json.dumps({"curve": curve, "steps_to_threshold": reached and reached[0],
