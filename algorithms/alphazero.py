@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 import gymnasium
 import numpy as np
@@ -54,8 +54,8 @@ from msrl.api import (
 )
 from msrl.rl.buffers import ReplayBuffer
 
-__all__ = ["AlphaZeroConfig", "PolicyValueNet", "AlphaZeroActor", "PUCTSearch", "MCTS", "AlphaZeroBuffer",
-           "AlphaZeroLearner", "AlphaZeroTrainer", "play_match", "ALGORITHM"]
+__all__ = ["AlphaZeroConfig", "PolicyValueNet", "ResidualBlock", "policy_value_net", "AlphaZeroActor", "PUCTSearch",
+           "MCTS", "AlphaZeroBuffer", "AlphaZeroLearner", "AlphaZeroTrainer", "play_match", "ALGORITHM"]
 
 #: the logit of an illegal move (its probability underflows to exactly 0)
 ILLEGAL_LOGIT = -1e9
@@ -94,8 +94,16 @@ class AlphaZeroConfig:
     weight_decay: NonNegativeFloat = 1e-4
     """Adam's ``weight_decay``: ``weight_decay * theta`` added to the gradient, the L2 term
     ``c ||theta||^2`` of Eq. 1 with ``c = weight_decay / 2``"""
+    network: Literal["mlp", "resnet"] = "mlp"
+    """the torso shared by the two heads: ``mlp`` over the flat observation (``hidden_sizes``), or
+    ``resnet``, the paper's residual tower of 3x3 convolutions over the board's planes
+    (``channels``, ``residual_blocks``; games whose observation tensor is ``(C, H, W)``)"""
     hidden_sizes: LayerSizes = (128, 128)
-    """widths of the ReLU torso shared by the two heads"""
+    """widths of the ``mlp`` torso"""
+    channels: PositiveInt = 64
+    """filters of every convolution of the ``resnet`` torso (the paper: 256)"""
+    residual_blocks: PositiveInt = 3
+    """residual blocks of the ``resnet`` torso after its first convolution (the paper: 19 or 39)"""
     eval_interval: NonNegativeInt = 0
     """iterations between evaluations against ``eval_opponents`` (0: none during training)"""
     eval_games: PositiveInt = 20
@@ -116,42 +124,110 @@ class AlphaZeroConfig:
             raise ValueError(f"eval_opponents: {bad[0]!r} is not one of {', '.join(OPPONENTS)}")
 
 
+class ResidualBlock(nn.Module):
+    """``relu(x + conv(relu(conv(x))))``, two 3x3 convolutions of ``channels`` filters keeping the
+    board's size: ``(B, C, H, W) -> (B, C, H, W)`` (Silver et al. 2017, Methods, "Neural network
+    architecture", without batch normalisation: see :class:`PolicyValueNet`)."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x + self.conv2(torch.relu(self.conv1(x))))
+
+
 class PolicyValueNet(nn.Module):
-    """``f(s) = (p, v)``: a ReLU MLP torso over the observation ``(B, D + A)`` (the game's
-    observation tensor and its legal-move mask, :mod:`msrl.envs.openspiel_env`), a policy head of
-    ``A`` logits (illegal moves' set to :data:`ILLEGAL_LOGIT`) and a ``tanh`` value head: the
-    expected outcome in ``[-1, 1]`` for the player to move.
+    """``f(s) = (p, v)`` over the observation ``(B, D + A)`` (the game's observation tensor and
+    its legal-move mask, :mod:`msrl.envs.openspiel_env`): a torso, a policy head of ``A`` logits
+    (illegal moves' set to :data:`ILLEGAL_LOGIT`) and a ``tanh`` value head, the expected outcome
+    in ``[-1, 1]`` for the player to move.
+
+    The torso is a ReLU MLP over the whole observation, mask included (``board_shape=None``), or, given the
+    board's ``(C, H, W)`` planes (``D = C * H * W``), the paper's residual tower: a 3x3
+    convolution, ``residual_blocks`` :class:`ResidualBlock`, then the heads of Silver et al. 2017
+    (Methods): policy -- a 1x1 convolution to 2 planes, a linear layer to ``A`` logits; value -- a
+    1x1 convolution to 1 plane, a hidden layer of ``value_hidden`` units, ``tanh``. Without the
+    paper's batch normalisation: its batch statistics would make a leaf's evaluation depend on
+    which leaves share its batch (the central server's batches under ``single_learner_fine``).
 
     Args:
-        obs_size: ``D + A``; num_actions: ``A``; hidden_sizes: the torso's widths.
+        obs_size: ``D + A``; num_actions: ``A``; hidden_sizes: the MLP torso's widths;
+        board_shape: ``(C, H, W)`` for the residual torso; channels: its filters;
+        residual_blocks: its blocks; value_hidden: the residual value head's hidden units.
+
+    Raises:
+        ValueError: ``board_shape`` does not account for the observation's ``D``.
     """
 
-    def __init__(self, obs_size: int, num_actions: int, hidden_sizes: Sequence[int]) -> None:
+    def __init__(self, obs_size: int, num_actions: int, hidden_sizes: Sequence[int] = (),
+                 board_shape: Sequence[int] | None = None, channels: int = 64, residual_blocks: int = 3,
+                 value_hidden: int = 64) -> None:
         super().__init__()
-        layers: list[nn.Module] = []
-        n = obs_size
-        for h in hidden_sizes:
-            layers += [nn.Linear(n, h), nn.ReLU()]
-            n = h
-        self.torso = nn.Sequential(*layers)
-        self.policy = nn.Linear(n, num_actions)
-        self.value = nn.Linear(n, 1)
         self.num_actions = num_actions
+        self.board_shape = tuple(board_shape) if board_shape is not None else None
+        if self.board_shape is None:
+            layers: list[nn.Module] = []
+            n = obs_size
+            for h in hidden_sizes:
+                layers += [nn.Linear(n, h), nn.ReLU()]
+                n = h
+            self.torso = nn.Sequential(*layers)
+            self.policy = nn.Linear(n, num_actions)
+            self.value = nn.Linear(n, 1)
+            return
+        if len(self.board_shape) != 3 or math.prod(self.board_shape) != obs_size - num_actions:
+            raise ValueError(f"board_shape {self.board_shape}: a residual torso needs the (C, H, W) of the "
+                             f"observation's first {obs_size - num_actions} entries")
+        c, h, w = self.board_shape
+        self.torso = nn.Sequential(nn.Conv2d(c, channels, 3, padding=1), nn.ReLU(),
+                                   *[ResidualBlock(channels) for _ in range(residual_blocks)])
+        self.policy = nn.Sequential(nn.Conv2d(channels, 2, 1), nn.ReLU(), nn.Flatten(),
+                                    nn.Linear(2 * h * w, num_actions))
+        self.value = nn.Sequential(nn.Conv2d(channels, 1, 1), nn.ReLU(), nn.Flatten(), nn.Linear(h * w, value_hidden),
+                                   nn.ReLU(), nn.Linear(value_hidden, 1))
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(logits (B, A), value (B,))`` of observations ``(B, D + A)`` float32."""
-        h = self.torso(obs)
+        if self.board_shape is None:  # the MLP reads the mask too
+            h = self.torso(obs)
+        else:
+            h = self.torso(obs[:, :-self.num_actions].reshape(-1, *self.board_shape))
         legal = obs[:, -self.num_actions:] > 0.5
         logits = torch.where(legal, self.policy(h), ILLEGAL_LOGIT)
         return logits, torch.tanh(self.value(h).squeeze(-1))
 
 
+def policy_value_net(hp: AlphaZeroConfig, env_id: str) -> PolicyValueNet:
+    """The network ``hp`` describes for the game ``env_id`` (``openspiel/<game>``), with torch's
+    current random state.
+
+    Raises:
+        ConfigError: ``env_id`` is not ``openspiel/<game>``, or ``network: resnet`` for a game whose
+            observation tensor is not ``(C, H, W)``.
+        OpenSpielGameError: ``env_id`` is not a game these envs play.
+    """
+    from msrl.envs.openspiel_env import NAMESPACE, game_of, is_openspiel, observation_size
+    from msrl.errors import ConfigError
+
+    if not is_openspiel(env_id):
+        raise ConfigError(f"alphazero searches OpenSpiel games: env.id must be openspiel/<game> (got {env_id!r})")
+    game = game_of(env_id[len(NAMESPACE):])
+    num_actions, shape = game.num_distinct_actions(), tuple(game.observation_tensor_shape())
+    if hp.network == "mlp":
+        return PolicyValueNet(observation_size(game), num_actions, hp.hidden_sizes)
+    if len(shape) != 3:
+        raise ConfigError(f"algorithm.hparams.network: resnet convolves the board's (C, H, W) planes; {env_id}'s "
+                         f"observation tensor is {shape} (use network: mlp)")
+    return PolicyValueNet(observation_size(game), num_actions, board_shape=shape, channels=hp.channels,
+                          residual_blocks=hp.residual_blocks)
+
+
 def _build_net(ctx: BuildContext) -> PolicyValueNet:
-    spec = ctx.env_spec
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(ctx.seed)
-        net = PolicyValueNet(int(np.prod(spec.observation_space.shape)), int(spec.action_space.n),
-                             ctx.hparams.hidden_sizes)
+        net = policy_value_net(ctx.hparams, ctx.env_spec.env_id)
     return net.to(ctx.device)
 
 

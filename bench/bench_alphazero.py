@@ -66,12 +66,7 @@ def play(game: str, run_dir: str, train_s: float | None, games: int, simulations
         raise SystemExit(f"{run_dir}: a run of {cfg.algorithm.name!r}, not of alphazero")
     hp = alphazero.AlphaZeroConfig(**cfg.algorithm.hparams)
     ckpt = torch.load(os.path.join(run_dir, "checkpoints", "latest.pt"), weights_only=False)
-    from msrl.envs import env_spec
-
-    spec = env_spec(cfg.env.id, 1)
-    import numpy as np
-
-    net = alphazero.PolicyValueNet(int(np.prod(spec.observation_space.shape)), int(spec.action_space.n), hp.hidden_sizes)
+    net = alphazero.policy_value_net(hp, cfg.env.id)
     net.load_state_dict(ckpt["actor_weights"])
     out = {"game": game, "seed": cfg.seed, "run_dir": run_dir, "train_s": train_s, "env_steps": ckpt["env_steps"],
            "simulations": simulations or hp.num_simulations}

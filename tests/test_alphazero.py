@@ -161,11 +161,14 @@ def _run(spec, iterations=4):
         job.close()
 
 
-def test_under_fine_the_env_replicas_search_and_the_central_actor_evaluates_their_leaves():
+@pytest.mark.parametrize("net", [{}, dict(network="resnet", channels=4, residual_blocks=1)], ids=["mlp", "resnet"])
+def test_under_fine_the_env_replicas_search_and_the_central_actor_evaluates_their_leaves(net):
     """The search's calls stay with the games; each simulation's leaves go to the central
-    replica and their evaluations come back (a gather and a scatter inside the simulation loop)."""
-    a = _run(_spec())
-    metrics, weights, fg = _run(_spec("single_learner_fine", {"env": 2}))
+    replica and their evaluations come back (a gather and a scatter inside the simulation loop),
+    bitwise what one process computes -- with either torso."""
+    a = _run(_spec(**net))
+    metrics, weights, fg = _run(_spec("single_learner_fine", {"env": 2}, **net))
+    assert any(".conv1." in k for k in weights) == bool(net)
     assert all(torch.equal(a[1][k], weights[k]) for k in weights) and a[0] == metrics
     edges = {(b.value, b.comm_kind) for b in fg.boundaries if b.method == "train_step"}
     assert {("leaves", NodeKind.GATHER), ("logits", NodeKind.SCATTER), ("value", NodeKind.SCATTER)} <= edges
@@ -200,6 +203,29 @@ def test_a_run_resumes_exactly(tmp_path):
     a, b = (torch.load(r.run_dir / "checkpoints" / "latest.pt", weights_only=False)["actor_weights"]
             for r in (straight, resumed))
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_residual_torso_reads_the_board_planes_and_masks_illegal_moves():
+    """``network: resnet``: the board's (C, H, W) planes from the flat observation, logits of
+    illegal moves at ILLEGAL_LOGIT, values in (-1, 1); a game without planes is one clear error."""
+    from msrl.envs.openspiel_env import game_of, observe
+
+    hp = AlphaZeroConfig(network="resnet", channels=8, residual_blocks=2)
+    torch.manual_seed(0)
+    net = alphazero.policy_value_net(hp, "openspiel/connect_four")
+    assert net.board_shape == (3, 6, 7)
+    state = game_of("connect_four").new_initial_state()
+    for a in [3] * 6:  # column 3 full
+        state.apply_action(a)
+    obs = torch.from_numpy(np.stack([observe(state, 7), observe(game_of("connect_four").new_initial_state(), 7)]))
+    logits, value = net(obs)
+    assert logits.shape == (2, 7) and value.shape == (2,) and bool((value.abs() < 1).all())
+    assert logits[0, 3] == alphazero.ILLEGAL_LOGIT and bool((logits[1] > alphazero.ILLEGAL_LOGIT).all())
+    with pytest.raises(ConfigError, match=r"network: resnet convolves the board's \(C, H, W\) planes; "
+                                          r"openspiel/mancala's observation tensor is \(16,\) \(use network: mlp\)"):
+        alphazero.policy_value_net(hp, "openspiel/mancala")
+    with pytest.raises(ConfigError, match="env.id must be openspiel/<game> .got 'CartPole-v1'."):
+        alphazero.policy_value_net(hp, "CartPole-v1")
 
 
 def test_a_game_it_cannot_search_is_one_clear_error():
