@@ -4,7 +4,8 @@ learning algorithm that masters chess, shogi, and Go through self-play", Science
 the search as in its supplementary pseudocode), on OpenSpiel's two-player board games
 (``openspiel/tic_tac_toe``, ``openspiel/connect_four``: :mod:`msrl.envs.openspiel_env`).
 
-Read top to bottom: hyperparameters; the network ``f(s) = (p, v)``; the actor, whose
+Read top to bottom: hyperparameters; the network ``f(s) = (p, v)`` (an MLP or the paper's
+residual tower: :class:`~msrl.rl.networks.PolicyValueNet`) built for the game; the actor, whose
 :meth:`AlphaZeroActor.evaluate` is the search's leaf evaluation; the search
 (:class:`PUCTSearch`, batched over games) and :class:`MCTS`, the env-side wrapper that runs it
 beside the games it clones; the replay of ``(s, pi, z)``, ``z`` filled in when the game ends; the
@@ -34,7 +35,6 @@ import gymnasium
 import numpy as np
 import torch
 from tensordict import TensorDict
-from torch import nn
 
 from msrl.api import (
     Actor,
@@ -53,13 +53,10 @@ from msrl.api import (
     returns,
 )
 from msrl.rl.buffers import ReplayBuffer
+from msrl.rl.networks import ILLEGAL_LOGIT, PolicyValueNet
 
-__all__ = ["AlphaZeroConfig", "PolicyValueNet", "ResidualBlock", "policy_value_net", "AlphaZeroActor", "PUCTSearch",
-           "MCTS", "AlphaZeroBuffer", "AlphaZeroLearner", "AlphaZeroTrainer", "play_match", "ALGORITHM"]
-
-#: the logit of an illegal move (its probability underflows to exactly 0)
-ILLEGAL_LOGIT = -1e9
-
+__all__ = ["AlphaZeroConfig", "policy_value_net", "AlphaZeroActor", "PUCTSearch", "MCTS", "AlphaZeroBuffer",
+           "AlphaZeroLearner", "AlphaZeroTrainer", "play_match", "ALGORITHM", "ILLEGAL_LOGIT", "PolicyValueNet"]
 
 @dataclasses.dataclass
 class AlphaZeroConfig:
@@ -122,81 +119,6 @@ class AlphaZeroConfig:
         bad = [o for o in self.eval_opponents if o not in OPPONENTS]
         if bad:
             raise ValueError(f"eval_opponents: {bad[0]!r} is not one of {', '.join(OPPONENTS)}")
-
-
-class ResidualBlock(nn.Module):
-    """``relu(x + conv(relu(conv(x))))``, two 3x3 convolutions of ``channels`` filters keeping the
-    board's size: ``(B, C, H, W) -> (B, C, H, W)`` (Silver et al. 2017, Methods, "Neural network
-    architecture", without batch normalisation: see :class:`PolicyValueNet`)."""
-
-    def __init__(self, channels: int) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
-        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.relu(x + self.conv2(torch.relu(self.conv1(x))))
-
-
-class PolicyValueNet(nn.Module):
-    """``f(s) = (p, v)`` over the observation ``(B, D + A)`` (the game's observation tensor and
-    its legal-move mask, :mod:`msrl.envs.openspiel_env`): a torso, a policy head of ``A`` logits
-    (illegal moves' set to :data:`ILLEGAL_LOGIT`) and a ``tanh`` value head, the expected outcome
-    in ``[-1, 1]`` for the player to move.
-
-    The torso is a ReLU MLP over the whole observation, mask included (``board_shape=None``), or, given the
-    board's ``(C, H, W)`` planes (``D = C * H * W``), the paper's residual tower: a 3x3
-    convolution, ``residual_blocks`` :class:`ResidualBlock`, then the heads of Silver et al. 2017
-    (Methods): policy -- a 1x1 convolution to 2 planes, a linear layer to ``A`` logits; value -- a
-    1x1 convolution to 1 plane, a hidden layer of ``value_hidden`` units, ``tanh``. Without the
-    paper's batch normalisation: its batch statistics would make a leaf's evaluation depend on
-    which leaves share its batch (the central server's batches under ``single_learner_fine``).
-
-    Args:
-        obs_size: ``D + A``; num_actions: ``A``; hidden_sizes: the MLP torso's widths;
-        board_shape: ``(C, H, W)`` for the residual torso; channels: its filters;
-        residual_blocks: its blocks; value_hidden: the residual value head's hidden units.
-
-    Raises:
-        ValueError: ``board_shape`` does not account for the observation's ``D``.
-    """
-
-    def __init__(self, obs_size: int, num_actions: int, hidden_sizes: Sequence[int] = (),
-                 board_shape: Sequence[int] | None = None, channels: int = 64, residual_blocks: int = 3,
-                 value_hidden: int = 64) -> None:
-        super().__init__()
-        self.num_actions = num_actions
-        self.board_shape = tuple(board_shape) if board_shape is not None else None
-        if self.board_shape is None:
-            layers: list[nn.Module] = []
-            n = obs_size
-            for h in hidden_sizes:
-                layers += [nn.Linear(n, h), nn.ReLU()]
-                n = h
-            self.torso = nn.Sequential(*layers)
-            self.policy = nn.Linear(n, num_actions)
-            self.value = nn.Linear(n, 1)
-            return
-        if len(self.board_shape) != 3 or math.prod(self.board_shape) != obs_size - num_actions:
-            raise ValueError(f"board_shape {self.board_shape}: a residual torso needs the (C, H, W) of the "
-                             f"observation's first {obs_size - num_actions} entries")
-        c, h, w = self.board_shape
-        self.torso = nn.Sequential(nn.Conv2d(c, channels, 3, padding=1), nn.ReLU(),
-                                   *[ResidualBlock(channels) for _ in range(residual_blocks)])
-        self.policy = nn.Sequential(nn.Conv2d(channels, 2, 1), nn.ReLU(), nn.Flatten(),
-                                    nn.Linear(2 * h * w, num_actions))
-        self.value = nn.Sequential(nn.Conv2d(channels, 1, 1), nn.ReLU(), nn.Flatten(), nn.Linear(h * w, value_hidden),
-                                   nn.ReLU(), nn.Linear(value_hidden, 1))
-
-    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(logits (B, A), value (B,))`` of observations ``(B, D + A)`` float32."""
-        if self.board_shape is None:  # the MLP reads the mask too
-            h = self.torso(obs)
-        else:
-            h = self.torso(obs[:, :-self.num_actions].reshape(-1, *self.board_shape))
-        legal = obs[:, -self.num_actions:] > 0.5
-        logits = torch.where(legal, self.policy(h), ILLEGAL_LOGIT)
-        return logits, torch.tanh(self.value(h).squeeze(-1))
 
 
 def policy_value_net(hp: AlphaZeroConfig, env_id: str) -> PolicyValueNet:

@@ -1,6 +1,7 @@
 """Networks the algorithms build on: CleanRL's orthogonally initialised layers and tanh MLPs,
 the separate-MLP actor-critic (with the Nature CNN or the IMPALA ResNet trunk for frames), built
-from a seed.
+from a seed; the policy-value network of board games (AlphaZero's) over an MLP or a residual
+tower.
 
 Shared math and plumbing only (:mod:`msrl.rl`): no algorithm's learner lives here.
 """
@@ -8,6 +9,7 @@ Shared math and plumbing only (:mod:`msrl.rl`): no algorithm's learner lives her
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import gymnasium
 import numpy as np
@@ -20,7 +22,10 @@ from msrl.normalization import RunningMeanStd
 from msrl.rl.distributions import categorical_log_prob_entropy, multi_categorical_log_prob_entropy
 
 __all__ = ["layer", "mlp", "scale_frames", "nature_cnn", "impala_cnn", "CNNS", "ActorCritic", "build_actor_critic", "ACTION_SPACES",
-           "OBSERVATION_SPACES", "DictEncoder", "action_outputs"]
+           "OBSERVATION_SPACES", "DictEncoder", "action_outputs", "residual_tower", "PolicyValueNet", "ILLEGAL_LOGIT"]
+
+#: the logit of an illegal move (its probability underflows to exactly 0)
+ILLEGAL_LOGIT = -1e9
 
 #: the action spaces :class:`ActorCritic` takes (an algorithm acting with it declares them:
 #: ``AlgorithmSpec(action_spaces=ACTION_SPACES)``)
@@ -318,6 +323,15 @@ class _Residual(nn.Module):
         return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
 
 
+def residual_tower(c_in: int, channels: int, blocks: int) -> nn.Sequential:
+    """A 3x3 convolution to ``channels`` filters, ``blocks`` residual blocks (pre-activation,
+    He et al. 2016, "Identity Mappings in Deep Residual Networks": ReLU, 3x3 conv, ReLU, 3x3 conv,
+    plus the input), then ReLU; padding keeps the board's size: ``(B, c_in, H, W)`` float ->
+    ``(B, channels, H, W)``."""
+    return nn.Sequential(nn.Conv2d(c_in, channels, 3, padding=1), *[_Residual(channels) for _ in range(blocks)],
+                         nn.ReLU())
+
+
 class _ImpalaStack(nn.Module):
     """One stack of :func:`impala_cnn`: conv to ``c_out``, 3x3 max pool stride 2, two residual blocks."""
 
@@ -368,3 +382,64 @@ def build_actor_critic(ctx: BuildContext) -> ActorCritic:
         net = ActorCritic(ctx.env_spec.observation_space, ctx.env_spec.action_space, hp.hidden_sizes,
                           hp.obs_clip if getattr(hp, "normalize_obs", False) else None, getattr(hp, "cnn", "nature"))
     return net.to(ctx.device)
+
+
+class PolicyValueNet(nn.Module):
+    """``f(s) = (p, v)`` over the observation ``(B, D + A)`` (the game's observation tensor and
+    its legal-move mask, :mod:`msrl.envs.openspiel_env`): a torso, a policy head of ``A`` logits
+    (illegal moves' set to :data:`ILLEGAL_LOGIT`) and a ``tanh`` value head, the expected outcome
+    in ``[-1, 1]`` for the player to move.
+
+    AlphaZero's network (Silver et al. 2018). The torso is a ReLU MLP over the whole observation,
+    mask included (``board_shape=None``), or, given the board's ``(C, H, W)`` planes
+    (``D = C * H * W``), a residual tower (:func:`residual_tower`) with the heads of Silver et al.
+    2017 (Methods, "Neural network architecture"): policy -- a 1x1 convolution to 2 planes, a
+    linear layer to ``A`` logits; value -- a 1x1 convolution to 1 plane, a hidden layer of
+    ``value_hidden`` units, ``tanh``. Without the paper's batch normalisation: its batch statistics
+    would make a leaf's evaluation depend on which leaves share its batch (the central server's
+    batches under ``single_learner_fine``).
+
+    Args:
+        obs_size: ``D + A``; num_actions: ``A``; hidden_sizes: the MLP torso's widths;
+        board_shape: ``(C, H, W)`` for the residual torso; channels: its filters;
+        residual_blocks: its blocks; value_hidden: the residual value head's hidden units.
+
+    Raises:
+        ValueError: ``board_shape`` does not account for the observation's ``D``.
+    """
+
+    def __init__(self, obs_size: int, num_actions: int, hidden_sizes: Sequence[int] = (),
+                 board_shape: Sequence[int] | None = None, channels: int = 64, residual_blocks: int = 3,
+                 value_hidden: int = 64) -> None:
+        super().__init__()
+        self.num_actions = num_actions
+        self.board_shape = tuple(board_shape) if board_shape is not None else None
+        if self.board_shape is None:
+            layers: list[nn.Module] = []
+            n = obs_size
+            for h in hidden_sizes:
+                layers += [nn.Linear(n, h), nn.ReLU()]
+                n = h
+            self.torso = nn.Sequential(*layers)
+            self.policy = nn.Linear(n, num_actions)
+            self.value = nn.Linear(n, 1)
+            return
+        if len(self.board_shape) != 3 or math.prod(self.board_shape) != obs_size - num_actions:
+            raise ValueError(f"board_shape {self.board_shape}: a residual torso needs the (C, H, W) of the "
+                             f"observation's first {obs_size - num_actions} entries")
+        c, h, w = self.board_shape
+        self.torso = residual_tower(c, channels, residual_blocks)
+        self.policy = nn.Sequential(nn.Conv2d(channels, 2, 1), nn.ReLU(), nn.Flatten(),
+                                    nn.Linear(2 * h * w, num_actions))
+        self.value = nn.Sequential(nn.Conv2d(channels, 1, 1), nn.ReLU(), nn.Flatten(), nn.Linear(h * w, value_hidden),
+                                   nn.ReLU(), nn.Linear(value_hidden, 1))
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(logits (B, A), value (B,))`` of observations ``(B, D + A)`` float32."""
+        if self.board_shape is None:  # the MLP reads the mask too
+            h = self.torso(obs)
+        else:
+            h = self.torso(obs[:, :-self.num_actions].reshape(-1, *self.board_shape))
+        legal = obs[:, -self.num_actions:] > 0.5
+        logits = torch.where(legal, self.policy(h), ILLEGAL_LOGIT)
+        return logits, torch.tanh(self.value(h).squeeze(-1))
