@@ -226,6 +226,9 @@ def test_the_residual_torso_reads_the_board_planes_and_masks_illegal_moves():
         alphazero.policy_value_net(hp, "openspiel/mancala")
     with pytest.raises(ConfigError, match="env.id must be openspiel/<game> .got 'CartPole-v1'."):
         alphazero.policy_value_net(hp, "CartPole-v1")
+    with pytest.raises(ValueError, match=r"board_shape \(3, 6, 6\): a residual torso needs the \(C, H, W\) of the "
+                                         r"observation's first 126 entries"):
+        alphazero.PolicyValueNet(133, 7, board_shape=(3, 6, 6))
 
 
 def test_a_game_it_cannot_search_is_one_clear_error():
