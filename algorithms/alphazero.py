@@ -58,6 +58,7 @@ from msrl.rl.networks import ILLEGAL_LOGIT, PolicyValueNet
 __all__ = ["AlphaZeroConfig", "policy_value_net", "AlphaZeroActor", "PUCTSearch", "MCTS", "AlphaZeroBuffer",
            "AlphaZeroLearner", "AlphaZeroTrainer", "play_match", "ALGORITHM", "ILLEGAL_LOGIT", "PolicyValueNet"]
 
+
 @dataclasses.dataclass
 class AlphaZeroConfig:
     """AlphaZero's hyperparameters (the paper's names; defaults sized for tic-tac-toe on a CPU,
