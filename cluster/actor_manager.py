@@ -17,6 +17,7 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 from msrl.runtime.replica import ReplicaDied
+from msrl.runtime.signals import signals_deferred
 from msrl.runtime.transports.shm import pid_alive
 
 __all__ = ["ReplicaGroup", "StandIn", "process_running"]
@@ -154,7 +155,7 @@ class ReplicaGroup:
         """``method(*args)`` on every replica but those in ``skip`` (their results ``None``);
         the results in replica order (see :meth:`wait`, and its ``replace``: a lost replica's
         stand-in call)."""
-        return self.wait([None if k in skip else getattr(a, method).remote(*args) for k, a in zip(self.keys, self.actors)],
+        return self.wait(lambda: [None if k in skip else getattr(a, method).remote(*args) for k, a in zip(self.keys, self.actors)],
                          replace=replace)
 
     def submit(self, key: tuple[str, int], method: str, *args: Any) -> Any:
@@ -173,14 +174,20 @@ class ReplicaGroup:
         """``method(*args[i])`` on replica ``keys[i]`` (every replica when ``keys`` is ``None``)."""
         actor_of = dict(zip(self.keys, self.actors))
         keys = self.keys if keys is None else list(keys)
-        return self.wait([getattr(actor_of[k], method).remote(*a) for k, a in zip(keys, args)])
+        return self.wait(lambda: [getattr(actor_of[k], method).remote(*a) for k, a in zip(keys, args)])
 
     def call_one(self, key: tuple[str, int], method: str, *args: Any) -> Any:
         """``method(*args)`` on replica ``key``."""
         return self.call_each(method, [args], [key])[0]
 
-    def wait(self, futures: Sequence[Any], replace: Callable[[ReplicaDied], Any] | None = None) -> list[Any]:
-        """Every future's result (a ``None`` future: result ``None``). On the first failure
+    def wait(self, futures: Sequence[Any] | Callable[[], Sequence[Any]],
+             replace: Callable[[ReplicaDied], Any] | None = None) -> list[Any]:
+        """Every future's result (a ``None`` future: result ``None``). ``futures``: the calls'
+        futures, or a function that starts the calls and returns them: a Ctrl-C (``SIGINT``,
+        ``SIGTERM``, ``SIGHUP``) while it runs waits until each future it made is held
+        (:func:`~msrl.runtime.signals.signals_deferred`), so that a call started before the
+        Ctrl-C is never dropped unread. A call this wait leaves behind when it raises (a Ctrl-C,
+        a failure) is read by :meth:`kill`: Ray never prints its error as unhandled. On the first failure
         every replica is killed and the failure raised: a replica's own exception as it raised
         it, or :class:`ReplicaDied` naming the replica whose process died or hung
         (:attr:`watchdog`).
@@ -192,8 +199,16 @@ class ReplicaGroup:
         run too, their results appended to their replicas'; ``None``: the failure stops every
         replica, as above."""
 
-        pending = [f for f in futures if f is not None]
-        order = {f: i for i, f in enumerate(futures) if f is not None}
+        order: dict[Any, int] = {}  # every call of this wait (extras too) -> its replica's index
+        pending: list[Any] = []
+        try:
+            with signals_deferred():
+                futures = futures() if callable(futures) else futures
+                order.update((f, i) for i, f in enumerate(futures) if f is not None)
+                pending.extend(order)
+        except BaseException:  # a Ctrl-C while the calls started: raised once all are held
+            self._abandoned.extend(order)
+            raise
         results: list[Any] = [None] * len(futures)
         tails: dict[Any, Any] = {}  # an extra call's future -> its result, appended at the end
         extra: set[Any] = set()
@@ -217,8 +232,8 @@ class ReplicaGroup:
 
         try:
             self._wait_all(pending, order, results, tails, extra, stand_in, replace, futures)
-        except BaseException:
-            self._abandoned.extend(pending)
+        except BaseException:  # every call, ended or not: one taken off ``pending`` may be unread
+            self._abandoned.extend(order)
             raise
         for f, tail in tails.items():  # in submission order per replica: a replica runs its calls in order
             i = order[f]
@@ -325,7 +340,7 @@ class ReplicaGroup:
             except Exception:  # noqa: BLE001 - already dead
                 pass
         self.actors = []
-        abandoned, self._abandoned = self._abandoned, []
+        abandoned, self._abandoned = list(dict.fromkeys(self._abandoned)), []  # once each: ray.wait refuses repeats
         if abandoned:  # their ends read (the actors are gone: within moments), so Ray reports none as unhandled
             ended, _ = ray.wait(abandoned, num_returns=len(abandoned), timeout=self.KILL_WAIT_S)
             for f in ended:

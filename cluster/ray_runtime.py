@@ -356,8 +356,8 @@ class RayJob:
         replace = lambda cause: self.replacements.replace(cause, end, again, [] if counts is not None else None)  # noqa: E731
         if counts is None:
             return self.replicas.call(method, *args, replace=replace, skip=self.replacements.absent)
-        futures = [self.replicas.submit(k, *again(k, counts[k])) if counts[k] > 0 else None for k in self.keys]
-        return self.replicas.wait(futures, replace=replace)
+        return self.replicas.wait(lambda: [self.replicas.submit(k, *again(k, counts[k])) if counts[k] > 0 else None
+                                           for k in self.keys], replace=replace)
 
     def _to_lower(self, keys: Sequence[tuple[str, int]], peers: Mapping[tuple[str, int], Mapping[str, Any]],
                   priority: str) -> list[tuple[str, int]]:
@@ -422,11 +422,10 @@ class RayJob:
             if not live:
                 break
             r = min((r for r in live if r >= replica), default=live[0])
-            futures: list[Any] = [None] * len(self.keys)
             i = self.keys.index((frag.name, r))
-            futures[i] = self.replicas.submit((frag.name, r), "weights", role)
-            got = self.replicas.wait(futures, replace=lambda cause: self.replacements.replace(
-                cause, end, lambda key, owed: ("weights", role)))[i]
+            got = self.replicas.wait(
+                lambda i=i: [self.replicas.submit(k, "weights", role) if j == i else None for j, k in enumerate(self.keys)],
+                replace=lambda cause: self.replacements.replace(cause, end, lambda key, owed: ("weights", role)))[i]
             if got is not None:
                 return got
         raise ReplicaDied(f"no replica of fragment {frag.name} is left to give the {role}'s weights", frag.name, replica,

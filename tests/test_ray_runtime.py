@@ -154,6 +154,42 @@ ALGORITHM = dataclasses.replace(PPO, name="exploding", components={**PPO.compone
 """
 
 
+def test_a_ctrl_c_while_a_chunk_starts_leaves_no_started_call_unread():
+    """A Ctrl-C between the start of the actor replica's call and the learner's is raised once both
+    are started and held, so :meth:`~msrl.cluster.actor_manager.ReplicaGroup.kill` reads them: a call
+    dropped unread (the actor's, failing at its boundary to a learner that never ran) would have Ray
+    print its error as unhandled on the driver's stderr after msrl's interrupted line."""
+    from msrl.cluster.actor_manager import ReplicaGroup
+
+    started: list[tuple[str, int]] = []
+
+    class Call:
+        def __init__(self, key: tuple[str, int]) -> None:
+            self.key = key
+
+        def remote(self, *args: object) -> tuple[str, int]:
+            started.append(self.key)  # the key stands for the call's future
+            if len(started) == 1:
+                os.kill(os.getpid(), signal.SIGINT)  # delivered now: before, it was raised here
+            return self.key
+
+    class Actor:
+        def __init__(self, key: tuple[str, int]) -> None:
+            self.run = Call(key)
+
+    keys = [("actor", 0), ("learner", 0)]
+    group = ReplicaGroup(keys, {"actor": ("actor",), "learner": ("learner",)})
+    group.actors = [Actor(k) for k in keys]
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            group.call("run", "train_step", 1)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert started == keys and group._abandoned == keys
+    assert signal.getsignal(signal.SIGTERM) is not None and signal.getsignal(signal.SIGINT) is before
+
+
 def test_a_failing_replica_stops_the_job_with_its_node(ray_local, spec_factory, tmp_path):
     import dataclasses
 

@@ -10,19 +10,17 @@ and says so; with no readable one, the error names each file and its problem in 
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import os
 import pathlib
 import shutil
-import signal
 import sys
-import threading
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
 from msrl.config import ConfigError
+from msrl.runtime.signals import signals_deferred
 
 __all__ = ["CHECKPOINT", "PREVIOUS_CHECKPOINT", "CheckpointError", "Progress", "save_checkpoint", "read_checkpoint",
            "load_checkpoint", "atomic_save", "set_aside_damaged", "first_sentence"]
@@ -72,42 +70,13 @@ class Progress:
                    {**FAULTS, **state.get("faults", {})})
 
 
-@contextlib.contextmanager
-def signals_deferred() -> Iterator[None]:
-    """Holds ``SIGINT``, ``SIGTERM`` and ``SIGHUP`` until the block ends, then acts on the first
-    that came as its handler would have (a Ctrl-C during a checkpoint write stops the run after
-    the write, with that checkpoint kept). Outside the main thread (where Python runs signal
-    handlers) and for a signal that is ignored, nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    held: list[tuple[int, Any]] = []
-    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    for s, handler in before.items():
-        if handler is not signal.SIG_IGN and handler is not None:
-            signal.signal(s, lambda signum, frame: held.append((signum, frame)))
-    try:
-        yield
-    finally:
-        for s, handler in before.items():
-            if handler is not signal.SIG_IGN and handler is not None:
-                signal.signal(s, handler)
-        if held:
-            signum, frame = held[0]
-            handler = before[signum]
-            if callable(handler):
-                handler(signum, frame)
-            else:  # SIG_DFL: what the signal does by default, now
-                signal.raise_signal(signum)
-
-
 def atomic_save(obj: Any, path: pathlib.Path, keep_previous: bool = False) -> None:
     """Writes ``obj`` to ``path`` so that a crash leaves the old file or the new one, whole;
     with ``keep_previous``, the file it replaces becomes ``previous.pt`` beside it. ``path``
     exists at every moment once written (a Ctrl-C or a crash mid-save, or a reader looking,
     never finds it missing): the old file is linked to ``previous.pt`` before the new one
     replaces it, never moved away first. ``SIGINT``/``SIGTERM``/``SIGHUP`` during the write wait
-    for its end (:func:`signals_deferred`); a write that fails (a full disk) leaves no temporary
+    for its end (:func:`~msrl.runtime.signals.signals_deferred`); a write that fails (a full disk) leaves no temporary
     file and the old ``path`` as it was.
 
     Raises:
