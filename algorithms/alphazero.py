@@ -89,6 +89,9 @@ class AlphaZeroConfig:
     """self-play positions (over every env) before the first update"""
     learning_rate: PositiveFloat = 1e-3
     """Adam's learning rate"""
+    anneal_lr: bool = False
+    """anneal the learning rate linearly toward 0 over the run's updates (CleanRL's schedule; the
+    paper's dropped tenfold three times)"""
     weight_decay: NonNegativeFloat = 1e-4
     """Adam's ``weight_decay``: ``weight_decay * theta`` added to the gradient, the L2 term
     ``c ||theta||^2`` of Eq. 1 with ``c = weight_decay / 2``"""
@@ -479,6 +482,8 @@ class AlphaZeroLearner(Learner):
         env_id = ctx.env_spec.env_id
         self.game = env_id[len(NAMESPACE):] if is_openspiel(env_id) else None
         self.replica, self.learns, self.seed = ctx.replica, 0, ctx.seed
+        plies = self.hp.plies_per_iteration * ctx.total_num_envs  # env steps an iteration; learning from the first past learning_starts
+        self.num_learns = max(1, ctx.total_env_steps // plies - max(1, -(-self.hp.learning_starts // plies)) + 1)
 
     @returns("replicated")  # (declared: a run whose learning branch the probe never reaches still partitions)
     def get_weights(self) -> dict[str, torch.Tensor]:
@@ -496,6 +501,9 @@ class AlphaZeroLearner(Learner):
         Raises:
             FloatingPointError: a loss became NaN or infinite (no step is taken).
         """
+        if self.hp.anneal_lr:  # 1 - learns / num_learns of the base rate, as CleanRL's 1 - (iteration - 1) / iterations
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.hp.learning_rate * max(0.0, 1.0 - self.learns / self.num_learns)
         for k in range(batch.batch_size[0]):
             mb = batch[k]
             logits, value = self.net(mb["obs"])

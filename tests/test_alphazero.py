@@ -189,6 +189,27 @@ def test_dynamic_batching_serves_the_searches_with_the_replay_in_its_own_fragmen
     assert "replay" in {f.name for f in fg.fragments}
 
 
+def test_anneal_lr_lowers_the_learning_rate_linearly_over_the_runs_updates():
+    """5,000 env steps of 4 games x 5 plies: 250 iterations, learning from the 2nd (40 positions):
+    249 updates, the k-th (from 0) at ``(1 - k / 249)`` of the base rate; without ``anneal_lr``
+    the rate stays."""
+    for anneal in (True, False):
+        job = Job(_spec(anneal_lr=anneal))
+        try:
+            job.reset()
+            learner = job.component("learner")
+            assert learner.num_learns == 249
+            rates = []
+            for _ in range(5):
+                job.train_step()
+                rates.append(learner.optimizer.param_groups[0]["lr"])
+        finally:
+            job.close()
+        assert learner.learns == 4
+        expected = [1e-3 * (1 - k / 249) for k in (0, 0, 1, 2, 3)] if anneal else [1e-3] * 5
+        assert rates == expected
+
+
 def test_a_run_resumes_exactly(tmp_path):
     """The games, the search generators and the replay's unfinished games come back from the
     checkpoint: a run stopped and resumed ends where one straight run ends."""
