@@ -18,6 +18,7 @@ actor replica evaluates its own leaves), same run; with the requests per batch t
     python bench/bench_alphazero.py play tic_tac_toe --seeds 1 2 3 --games 100
     python bench/bench_alphazero.py play connect_four --seeds 1 --games 100 --budget 400000
     python bench/bench_alphazero.py play connect_four --runs runs/alphazero_connect_four --games 100
+    python bench/bench_alphazero.py play connect_four --runs runs/alphazero_connect_four --kept-from 737000
     python bench/bench_alphazero.py selfplay --actors 1 4 16 --iterations 6
 """
 
@@ -52,10 +53,26 @@ def trained_run(game: str, seed: int, budget: int | None) -> tuple[str, float]:
     return str(result.run_dir), time.perf_counter() - t0
 
 
-def play(game: str, run_dir: str, train_s: float | None, games: int, simulations: int | None) -> dict:
-    """Plays the latest checkpoint of the AlphaZero run in ``run_dir`` (its config's search)
-    ``games`` games against each opponent of ``game``; returns the rates, the run's positions
-    and seed, and ``train_s`` (``None``: the run was trained elsewhere, e.g. by ``msrl train``)."""
+def kept_weights(run_dir: str, from_steps: int) -> list[str]:
+    """The policy weights ``run_dir`` kept (``train.keep_weights``) from ``from_steps`` env steps
+    on, oldest first."""
+    import pathlib
+
+    from msrl.run.checkpoints import WEIGHTS_DIR
+
+    kept = sorted(pathlib.Path(run_dir, WEIGHTS_DIR).glob("*.pt"), key=lambda p: int(p.stem))
+    kept = [str(p) for p in kept if int(p.stem) >= from_steps]
+    if not kept:
+        raise SystemExit(f"{run_dir}: no weights kept from {from_steps} env steps on (train with train.keep_weights=true)")
+    return kept
+
+
+def play(game: str, run_dir: str, train_s: float | None, games: int, simulations: int | None,
+         weights: str | None = None) -> dict:
+    """Plays the latest checkpoint of the AlphaZero run in ``run_dir`` (or the policy weights
+    file ``weights`` it kept), with its config's search, ``games`` games against each opponent
+    of ``game``; returns the rates, the positions and the run's seed, and ``train_s`` (``None``:
+    the run was trained elsewhere, e.g. by ``msrl train``)."""
     import os
 
     from msrl.algorithms import alphazero
@@ -65,11 +82,11 @@ def play(game: str, run_dir: str, train_s: float | None, games: int, simulations
     if cfg.algorithm.name != "alphazero":
         raise SystemExit(f"{run_dir}: a run of {cfg.algorithm.name!r}, not of alphazero")
     hp = alphazero.AlphaZeroConfig(**cfg.algorithm.hparams)
-    ckpt = torch.load(os.path.join(run_dir, "checkpoints", "latest.pt"), weights_only=False)
+    ckpt = torch.load(weights or os.path.join(run_dir, "checkpoints", "latest.pt"), weights_only=False)
     net = alphazero.policy_value_net(hp, cfg.env.id)
     net.load_state_dict(ckpt["actor_weights"])
-    out = {"game": game, "seed": cfg.seed, "run_dir": run_dir, "train_s": train_s, "env_steps": ckpt["env_steps"],
-           "simulations": simulations or hp.num_simulations}
+    out = {"game": game, "seed": cfg.seed, "run_dir": run_dir, "weights": weights, "train_s": train_s,
+           "env_steps": ckpt["env_steps"], "simulations": simulations or hp.num_simulations}
     for opponent in OPPONENTS[game]:
         t1 = time.perf_counter()
         out[opponent] = alphazero.play_match(net, game, opponent, hp, games, seed=10_000 + cfg.seed,
@@ -122,6 +139,9 @@ def main() -> None:
     a.add_argument("--runs", nargs="+", default=None,
                    help="run directories of AlphaZero runs already trained (msrl train): play their latest "
                         "checkpoints instead of training one per seed")
+    a.add_argument("--kept-from", type=int, default=None, metavar="STEPS",
+                   help="with --runs: play every policy each run kept (train.keep_weights=true) from STEPS env "
+                        "steps on, and report the mean over them")
     b = sub.add_parser("selfplay")
     b.add_argument("--actors", type=int, nargs="+", default=[1, 4, 16])
     b.add_argument("--games-per-actor", type=int, default=4)
@@ -134,16 +154,25 @@ def main() -> None:
           f"command: {' '.join(sys.argv)}")
     rows = []
     if args.what == "play":
+        if args.kept_from is not None and not args.runs:
+            raise SystemExit("--kept-from plays the weights runs kept: give their directories with --runs")
         runs = [(d, None) for d in args.runs] if args.runs else \
             [trained_run(args.game, seed, args.budget) for seed in args.seeds]
-        for run_dir, train_s in runs:
-            r = play(args.game, run_dir, train_s, args.games, args.simulations)
+        plays = [(d, t, w) for d, t in runs for w in
+                 ([None] if args.kept_from is None else kept_weights(d, args.kept_from))]
+        for run_dir, train_s, weights in plays:
+            r = play(args.game, run_dir, train_s, args.games, args.simulations, weights)
             rows.append(r)
             rates = "; ".join(f"{o}: {r[o]['win']:.0%} won, {r[o]['draw']:.0%} drawn, {r[o]['loss']:.0%} lost "
                               f"({r[o + '_play_s']:.0f} s)" for o in OPPONENTS[args.game])
             trained = "" if train_s is None else f" in {train_s:.0f} s of training"
-            print(f"seed {r['seed']} ({run_dir}): {r['env_steps']} positions{trained}; {args.games} games "
+            print(f"seed {r['seed']} ({weights or run_dir}): {r['env_steps']} positions{trained}; {args.games} games "
                   f"at {r['simulations']} simulations a move -- {rates}", flush=True)
+        if len(rows) > 1:
+            means = "; ".join(f"{o}: {statistics.mean(r[o]['win'] for r in rows):.1%} won, "
+                              f"{statistics.mean(r[o]['draw'] for r in rows):.1%} drawn"
+                              for o in OPPONENTS[args.game])
+            print(f"mean over {len(rows)} policies x {args.games} games -- {means}", flush=True)
     else:
         import ray
 

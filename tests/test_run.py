@@ -322,6 +322,24 @@ def _snapshot(run_dir):
             if p.is_file() and p.name != ".lock"}
 
 
+def test_keep_weights_keeps_each_checkpoints_policy_named_by_its_env_steps(tmp_path):
+    """``train.keep_weights``: every checkpoint's actor weights also in ``checkpoints/weights/<env
+    steps>.pt``, the last one the latest checkpoint's; a resumed run goes on keeping them."""
+    import torch
+
+    run = tmp_path / "k"
+    assert main(["train", str(MAIN), f"runs_dir={tmp_path}", "name=k", *TINY, "train.checkpoint_every=2",
+                 "train.keep_weights=true"]) == 0
+    kept = sorted((run / "checkpoints" / "weights").iterdir(), key=lambda p: int(p.stem))
+    steps = [int(r["env_steps"]) for r in rows(run)]
+    assert [int(p.stem) for p in kept] == steps[1::2]
+    last, latest = torch.load(kept[-1]), torch.load(run / "checkpoints" / "latest.pt", weights_only=False)
+    assert last["env_steps"] == latest["env_steps"] == steps[-1]
+    assert all(torch.equal(last["actor_weights"][k], v) for k, v in latest["actor_weights"].items())
+    assert main(["train", "--resume", str(run), f"train.total_env_steps={steps[-1] + 2 * (steps[1] - steps[0])}"]) == 0
+    assert len(list((run / "checkpoints" / "weights").iterdir())) == len(kept) + 1
+
+
 @pytest.mark.parametrize("damage", ["truncate", "random", "empty"])
 def test_a_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys, damage):
     run = tmp_path / "d"

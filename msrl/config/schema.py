@@ -130,6 +130,10 @@ class TrainConfig(_Strict):
         None, gt=0, description="training budget in gradient steps, one per iteration (an offline algorithm's, instead "
                                 "of total_env_steps)")
     checkpoint_every: int = Field(10, gt=0, description="iterations between checkpoints")
+    keep_weights: bool = Field(
+        False, description="at every checkpoint also keep the policy's weights as checkpoints/weights/<env steps>.pt "
+                           "(a history to evaluate, as SB3's CheckpointCallback keeps models; the job's whole state "
+                           "stays in latest.pt and previous.pt only)")
     eval_every: int = Field(0, ge=0, description="env steps (an offline algorithm: gradient steps) between evaluations "
                                                  "during training (0: only at the end)")
     stop_at_return: float | None = Field(None, description="stop once an evaluation's mean return reaches this")

@@ -22,7 +22,7 @@ import torch
 from msrl.config import ConfigError
 from msrl.runtime.signals import signals_deferred
 
-__all__ = ["CHECKPOINT", "PREVIOUS_CHECKPOINT", "CheckpointError", "Progress", "save_checkpoint", "read_checkpoint",
+__all__ = ["CHECKPOINT", "PREVIOUS_CHECKPOINT", "WEIGHTS_DIR", "CheckpointError", "Progress", "save_checkpoint", "read_checkpoint",
            "load_checkpoint", "atomic_save", "set_aside_damaged", "first_sentence"]
 
 CHECKPOINT = "checkpoints/latest.pt"
@@ -104,12 +104,27 @@ def atomic_save(obj: Any, path: pathlib.Path, keep_previous: bool = False) -> No
             raise
 
 
-def save_checkpoint(run_dir: pathlib.Path, job: Any, progress: Progress) -> None:
+#: where ``train.keep_weights`` keeps each checkpoint's policy weights, ``<env steps>.pt``
+WEIGHTS_DIR = "checkpoints/weights"
+
+
+def save_checkpoint(run_dir: pathlib.Path, job: Any, progress: Progress, keep_weights_at: int | None = None) -> None:
     """Saves the job's state, the actor's weights (for ``msrl.load``) and ``progress`` as the
-    run's latest checkpoint, the one before it kept as ``previous.pt``."""
+    run's latest checkpoint, the one before it kept as ``previous.pt``. With ``keep_weights_at``
+    (the run's steps in its budget's unit: env steps, an offline algorithm's gradient steps),
+    the actor's weights and the env steps are first also written, atomically, to
+    ``WEIGHTS_DIR/<keep_weights_at>.pt`` (``{"actor_weights", "env_steps"}``; ``train.keep_weights``).
+
+    Raises:
+        OSError: a write failed (the files as they were).
+    """
+    weights = job.eval_actor().get_weights()
+    if keep_weights_at is not None:
+        (run_dir / WEIGHTS_DIR).mkdir(parents=True, exist_ok=True)
+        atomic_save({"actor_weights": weights, "env_steps": job.env_steps}, run_dir / WEIGHTS_DIR / f"{keep_weights_at}.pt")
     atomic_save({
         "job": job.state_dict(),
-        "actor_weights": job.eval_actor().get_weights(),
+        "actor_weights": weights,
         "time_s": progress.time_s,
         "done_eval": progress.done_eval,
         "threshold": list(progress.threshold),

@@ -106,7 +106,7 @@ class TrainingLoop:
     def checkpoint(self) -> None:
         """Saves the job and the progress as the run's latest checkpoint."""
         self._saving = True  # a Ctrl-C until ckpt_steps is set reads the steps from the file
-        save_checkpoint(self.run_dir, self.job, self.progress)
+        save_checkpoint(self.run_dir, self.job, self.progress, self._steps() if self.cfg.train.keep_weights else None)
         self.ckpt_steps = self.job.env_steps  # once the file is in place
         self._saving = False
 

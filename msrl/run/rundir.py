@@ -34,7 +34,8 @@ __all__ = ["RunLock", "check_runs_dir", "new_run_dir", "atomic_write_text", "wri
 #: it computes. A longer ``train.total_env_steps`` continues the run; schedules that depend on
 #: the budget (``anneal_lr``) follow the new budget from the resume point, as SB3's
 #: ``learn(..., reset_num_timesteps=False)`` does.
-RESUMABLE = ("train.total_env_steps", "train.total_gradient_steps", "train.eval_every", "train.checkpoint_every", "train.stop_at_return",
+RESUMABLE = ("train.total_env_steps", "train.total_gradient_steps", "train.eval_every", "train.checkpoint_every",
+             "train.keep_weights", "train.stop_at_return",
              "train.progress", "cluster.address", "cluster.connect_timeout_s", "cluster.max_restarts", "cluster.capacity_timeout_s",
              "cluster.watchdog", "cluster.cpus_per_replica", "cluster.gpus_per_replica",
              "cluster.replica_timeout_s", "cluster.intra_node",
