@@ -54,8 +54,12 @@ def trained_run(game: str, seed: int, budget: int | None) -> tuple[str, float]:
 
 
 def kept_weights(run_dir: str, from_steps: int) -> list[str]:
-    """The policy weights ``run_dir`` kept (``train.keep_weights``) from ``from_steps`` env steps
-    on, oldest first."""
+    """The paths of the policy weights ``run_dir`` kept (``train.keep_weights``) from
+    ``from_steps`` env steps on, oldest first.
+
+    Raises:
+        SystemExit: it kept none from there on.
+    """
     import pathlib
 
     from msrl.run.checkpoints import WEIGHTS_DIR
@@ -77,12 +81,13 @@ def play(game: str, run_dir: str, train_s: float | None, games: int, simulations
 
     from msrl.algorithms import alphazero
     from msrl.config import load_config
+    from msrl.run.checkpoints import CHECKPOINT
 
     cfg = load_config(os.path.join(run_dir, "config.yaml"), [])
     if cfg.algorithm.name != "alphazero":
         raise SystemExit(f"{run_dir}: a run of {cfg.algorithm.name!r}, not of alphazero")
     hp = alphazero.AlphaZeroConfig(**cfg.algorithm.hparams)
-    ckpt = torch.load(weights or os.path.join(run_dir, "checkpoints", "latest.pt"), weights_only=False)
+    ckpt = torch.load(weights or os.path.join(run_dir, CHECKPOINT), weights_only=False)
     net = alphazero.policy_value_net(hp, cfg.env.id)
     net.load_state_dict(ckpt["actor_weights"])
     out = {"game": game, "seed": cfg.seed, "run_dir": run_dir, "weights": weights, "train_s": train_s,

@@ -201,15 +201,7 @@ class ReplicaGroup:
 
         order: dict[Any, int] = {}  # every call of this wait (extras too) -> its replica's index
         pending: list[Any] = []
-        try:
-            with signals_deferred():
-                futures = futures() if callable(futures) else futures
-                order.update((f, i) for i, f in enumerate(futures) if f is not None)
-                pending.extend(order)
-        except BaseException:  # a Ctrl-C while the calls started: raised once all are held
-            self._abandoned.extend(order)
-            raise
-        results: list[Any] = [None] * len(futures)
+        results: list[Any] = []
         tails: dict[Any, Any] = {}  # an extra call's future -> its result, appended at the end
         extra: set[Any] = set()
 
@@ -231,6 +223,11 @@ class ReplicaGroup:
                     extra.add(again)
 
         try:
+            with signals_deferred():  # a Ctrl-C while the calls start: raised once every one is held
+                futures = futures() if callable(futures) else futures
+                order.update((f, i) for i, f in enumerate(futures) if f is not None)
+                pending.extend(order)
+            results.extend([None] * len(futures))
             self._wait_all(pending, order, results, tails, extra, stand_in, replace, futures)
         except BaseException:  # every call, ended or not: one taken off ``pending`` may be unread
             self._abandoned.extend(order)
