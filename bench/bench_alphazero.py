@@ -19,6 +19,7 @@ actor replica evaluates its own leaves), same run; with the requests per batch t
     python bench/bench_alphazero.py play connect_four --seeds 1 --games 100 --budget 400000
     python bench/bench_alphazero.py play connect_four --runs runs/alphazero_connect_four --games 100
     python bench/bench_alphazero.py play connect_four --runs runs/alphazero_connect_four --kept-from 737000
+    python bench/bench_alphazero.py play connect_four --runs RUN --kept-from 900000 --kept-to 950000 --opponents mcts
     python bench/bench_alphazero.py selfplay --actors 1 4 16 --iterations 6
 """
 
@@ -53,30 +54,32 @@ def trained_run(game: str, seed: int, budget: int | None) -> tuple[str, float]:
     return str(result.run_dir), time.perf_counter() - t0
 
 
-def kept_weights(run_dir: str, from_steps: int) -> list[str]:
+def kept_weights(run_dir: str, from_steps: int, to_steps: int | None = None) -> list[str]:
     """The paths of the policy weights ``run_dir`` kept (``train.keep_weights``) from
-    ``from_steps`` env steps on, oldest first.
+    ``from_steps`` env steps on (to ``to_steps``, inclusive, if given), oldest first.
 
     Raises:
-        SystemExit: it kept none from there on.
+        SystemExit: it kept none in that range.
     """
     import pathlib
 
     from msrl.run.checkpoints import WEIGHTS_DIR
 
     kept = sorted(pathlib.Path(run_dir, WEIGHTS_DIR).glob("*.pt"), key=lambda p: int(p.stem))
-    kept = [str(p) for p in kept if int(p.stem) >= from_steps]
+    kept = [str(p) for p in kept if from_steps <= int(p.stem) <= (to_steps if to_steps is not None else int(p.stem))]
     if not kept:
-        raise SystemExit(f"{run_dir}: no weights kept from {from_steps} env steps on (train with train.keep_weights=true)")
+        upto = "" if to_steps is None else f" to {to_steps}"
+        raise SystemExit(f"{run_dir}: no weights kept from {from_steps} env steps{upto} (train with train.keep_weights=true)")
     return kept
 
 
 def play(game: str, run_dir: str, train_s: float | None, games: int, simulations: int | None,
-         weights: str | None = None) -> dict:
+         weights: str | None = None, opponents: tuple[str, ...] | None = None) -> dict:
     """Plays the latest checkpoint of the AlphaZero run in ``run_dir`` (or the policy weights
-    file ``weights`` it kept), with its config's search, ``games`` games against each opponent
-    of ``game``; returns the rates, the positions and the run's seed, and ``train_s`` (``None``:
-    the run was trained elsewhere, e.g. by ``msrl train``)."""
+    file ``weights`` it kept), with its config's search, ``games`` games against each of
+    ``opponents`` (default: every opponent of ``game``, :data:`OPPONENTS`); returns the rates,
+    the positions and the run's seed, and ``train_s`` (``None``: the run was trained elsewhere,
+    e.g. by ``msrl train``)."""
     import os
 
     from msrl.algorithms import alphazero
@@ -92,7 +95,7 @@ def play(game: str, run_dir: str, train_s: float | None, games: int, simulations
     net.load_state_dict(ckpt["actor_weights"])
     out = {"game": game, "seed": cfg.seed, "run_dir": run_dir, "weights": weights, "train_s": train_s,
            "env_steps": ckpt["env_steps"], "simulations": simulations or hp.num_simulations}
-    for opponent in OPPONENTS[game]:
+    for opponent in opponents or OPPONENTS[game]:
         t1 = time.perf_counter()
         out[opponent] = alphazero.play_match(net, game, opponent, hp, games, seed=10_000 + cfg.seed,
                                              num_simulations=simulations)
@@ -147,6 +150,12 @@ def main() -> None:
     a.add_argument("--kept-from", type=int, default=None, metavar="STEPS",
                    help="with --runs: play every policy each run kept (train.keep_weights=true) from STEPS env "
                         "steps on, and report the mean over them")
+    a.add_argument("--kept-to", type=int, default=None, metavar="STEPS",
+                   help="with --kept-from: only the policies kept up to STEPS env steps (inclusive), e.g. to split "
+                        "a run's policies over processes")
+    a.add_argument("--opponents", nargs="+", default=None,
+                   help="play only these of the game's opponents (tic_tac_toe: solver, random; connect_four: "
+                        "mcts, random; default: both)")
     b = sub.add_parser("selfplay")
     b.add_argument("--actors", type=int, nargs="+", default=[1, 4, 16])
     b.add_argument("--games-per-actor", type=int, default=4)
@@ -161,22 +170,29 @@ def main() -> None:
     if args.what == "play":
         if args.kept_from is not None and not args.runs:
             raise SystemExit("--kept-from plays the weights runs kept: give their directories with --runs")
+        if args.kept_to is not None and args.kept_from is None:
+            raise SystemExit("--kept-to bounds --kept-from's range: give --kept-from too")
+        opponents = tuple(args.opponents or OPPONENTS[args.game])
+        unknown = [o for o in opponents if o not in OPPONENTS[args.game]]
+        if unknown:
+            raise SystemExit(f"--opponents: {', '.join(unknown)} not an opponent of {args.game} "
+                             f"(its opponents: {', '.join(OPPONENTS[args.game])})")
         runs = [(d, None) for d in args.runs] if args.runs else \
             [trained_run(args.game, seed, args.budget) for seed in args.seeds]
         plays = [(d, t, w) for d, t in runs for w in
-                 ([None] if args.kept_from is None else kept_weights(d, args.kept_from))]
+                 ([None] if args.kept_from is None else kept_weights(d, args.kept_from, args.kept_to))]
         for run_dir, train_s, weights in plays:
-            r = play(args.game, run_dir, train_s, args.games, args.simulations, weights)
+            r = play(args.game, run_dir, train_s, args.games, args.simulations, weights, opponents)
             rows.append(r)
             rates = "; ".join(f"{o}: {r[o]['win']:.0%} won, {r[o]['draw']:.0%} drawn, {r[o]['loss']:.0%} lost "
-                              f"({r[o + '_play_s']:.0f} s)" for o in OPPONENTS[args.game])
+                              f"({r[o + '_play_s']:.0f} s)" for o in opponents)
             trained = "" if train_s is None else f" in {train_s:.0f} s of training"
             print(f"seed {r['seed']} ({weights or run_dir}): {r['env_steps']} positions{trained}; {args.games} games "
                   f"at {r['simulations']} simulations a move -- {rates}", flush=True)
         if len(rows) > 1:
             means = "; ".join(f"{o}: {statistics.mean(r[o]['win'] for r in rows):.1%} won, "
                               f"{statistics.mean(r[o]['draw'] for r in rows):.1%} drawn"
-                              for o in OPPONENTS[args.game])
+                              for o in opponents)
             print(f"mean over {len(rows)} policies x {args.games} games -- {means}", flush=True)
     else:
         import ray
