@@ -66,7 +66,8 @@ def kept_weights(run_dir: str, from_steps: int, to_steps: int | None = None) -> 
     from msrl.run.checkpoints import WEIGHTS_DIR
 
     kept = sorted(pathlib.Path(run_dir, WEIGHTS_DIR).glob("*.pt"), key=lambda p: int(p.stem))
-    kept = [str(p) for p in kept if from_steps <= int(p.stem) <= (to_steps if to_steps is not None else int(p.stem))]
+    last = float("inf") if to_steps is None else to_steps
+    kept = [str(p) for p in kept if from_steps <= int(p.stem) <= last]
     if not kept:
         upto = "" if to_steps is None else f" to {to_steps}"
         raise SystemExit(f"{run_dir}: no weights kept from {from_steps} env steps{upto} (train with train.keep_weights=true)")
