@@ -185,7 +185,7 @@ def main() -> None:
         for run_dir, train_s, weights in plays:
             r = play(args.game, run_dir, train_s, args.games, args.simulations, weights, opponents)
             rows.append(r)
-            rates = "; ".join(f"{o}: {r[o]['win']:.0%} won, {r[o]['draw']:.0%} drawn, {r[o]['loss']:.0%} lost "
+            rates = "; ".join(f"{o}: {r[o]['win']:.1%} won, {r[o]['draw']:.1%} drawn, {r[o]['loss']:.1%} lost "
                               f"({r[o + '_play_s']:.0f} s)" for o in opponents)
             trained = "" if train_s is None else f" in {train_s:.0f} s of training"
             print(f"seed {r['seed']} ({weights or run_dir}): {r['env_steps']} positions{trained}; {args.games} games "
