@@ -20,6 +20,7 @@ actor replica evaluates its own leaves), same run; with the requests per batch t
     python bench/bench_alphazero.py play connect_four --runs runs/alphazero_connect_four --games 100
     python bench/bench_alphazero.py play connect_four --runs runs/alphazero_connect_four --kept-from 737000
     python bench/bench_alphazero.py play connect_four --runs RUN --kept-from 900000 --kept-to 950000 --opponents mcts
+    python bench/bench_alphazero.py play connect_four --runs RUN --games 200 --match-seed 20000 --opponents mcts
     python bench/bench_alphazero.py selfplay --actors 1 4 16 --iterations 6
 """
 
@@ -75,12 +76,14 @@ def kept_weights(run_dir: str, from_steps: int, to_steps: int | None = None) -> 
 
 
 def play(game: str, run_dir: str, train_s: float | None, games: int, simulations: int | None,
-         weights: str | None = None, opponents: tuple[str, ...] | None = None) -> dict:
+         weights: str | None = None, opponents: tuple[str, ...] | None = None,
+         match_seed: int | None = None) -> dict:
     """Plays the latest checkpoint of the AlphaZero run in ``run_dir`` (or the policy weights
     file ``weights`` it kept), with its config's search, ``games`` games against each of
-    ``opponents`` (default: every opponent of ``game``, :data:`OPPONENTS`); returns the rates,
-    the positions and the run's seed, and ``train_s`` (``None``: the run was trained elsewhere,
-    e.g. by ``msrl train``)."""
+    ``opponents`` (default: every opponent of ``game``, :data:`OPPONENTS`), game ``g`` seeded
+    ``match_seed + g`` (default ``10_000`` + the run's seed); returns the rates, the positions
+    and the run's seed, and ``train_s`` (``None``: the run was trained elsewhere, e.g. by
+    ``msrl train``)."""
     import os
 
     from msrl.algorithms import alphazero
@@ -94,11 +97,13 @@ def play(game: str, run_dir: str, train_s: float | None, games: int, simulations
     ckpt = torch.load(weights or os.path.join(run_dir, CHECKPOINT), weights_only=False)
     net = alphazero.policy_value_net(hp, cfg.env.id)
     net.load_state_dict(ckpt["actor_weights"])
+    match_seed = 10_000 + cfg.seed if match_seed is None else match_seed
     out = {"game": game, "seed": cfg.seed, "run_dir": run_dir, "weights": weights, "train_s": train_s,
-           "env_steps": ckpt["env_steps"], "simulations": simulations or hp.num_simulations}
+           "env_steps": ckpt["env_steps"], "simulations": simulations or hp.num_simulations,
+           "match_seed": match_seed}
     for opponent in opponents or OPPONENTS[game]:
         t1 = time.perf_counter()
-        out[opponent] = alphazero.play_match(net, game, opponent, hp, games, seed=10_000 + cfg.seed,
+        out[opponent] = alphazero.play_match(net, game, opponent, hp, games, seed=match_seed,
                                              num_simulations=simulations)
         out[f"{opponent}_play_s"] = time.perf_counter() - t1
     return out
@@ -157,6 +162,9 @@ def main() -> None:
     a.add_argument("--opponents", nargs="+", default=None,
                    help="play only these of the game's opponents (tic_tac_toe: solver, random; connect_four: "
                         "mcts, random; default: both)")
+    a.add_argument("--match-seed", type=int, default=None, metavar="SEED",
+                   help="seed of the matches' first game (game g: SEED + g; default 10000 + the run's seed), "
+                        "e.g. to split one policy's games over processes with disjoint seeds")
     b = sub.add_parser("selfplay")
     b.add_argument("--actors", type=int, nargs="+", default=[1, 4, 16])
     b.add_argument("--games-per-actor", type=int, default=4)
@@ -183,7 +191,7 @@ def main() -> None:
         plays = [(d, t, w) for d, t in runs for w in
                  ([None] if args.kept_from is None else kept_weights(d, args.kept_from, args.kept_to))]
         for run_dir, train_s, weights in plays:
-            r = play(args.game, run_dir, train_s, args.games, args.simulations, weights, opponents)
+            r = play(args.game, run_dir, train_s, args.games, args.simulations, weights, opponents, args.match_seed)
             rows.append(r)
             rates = "; ".join(f"{o}: {r[o]['win']:.1%} won, {r[o]['draw']:.1%} drawn, {r[o]['loss']:.1%} lost "
                               f"({r[o + '_play_s']:.0f} s)" for o in opponents)

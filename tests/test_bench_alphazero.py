@@ -35,3 +35,24 @@ def test_a_bad_choice_is_refused_before_any_game(monkeypatch, argv, message):
     monkeypatch.setattr(sys, "argv", ["bench_alphazero.py", *argv])
     with pytest.raises(SystemExit, match=message):
         bench_alphazero.main()
+
+
+def test_match_seed_seeds_the_first_game_and_defaults_to_the_runs(tmp_path, monkeypatch):
+    """``--match-seed``: the seed of game 0 of every match (10000 + the run's seed without it),
+    so one policy's games split over processes play disjoint games."""
+    import msrl
+    from msrl.algorithms import alphazero
+    from msrl.config import load_config
+
+    run = msrl.train(load_config("configs/alphazero_tictactoe.yaml", [
+        f"runs_dir={tmp_path}", "seed=3", "train.total_env_steps=20", "algorithm.hparams.num_simulations=2",
+        "algorithm.hparams.plies_per_iteration=5", "algorithm.hparams.hidden_sizes=[8]",
+        "algorithm.hparams.eval_interval=0", "env.num_envs=4", "train.progress=false", "eval.episodes=1"]))
+    seeds = []
+    monkeypatch.setattr(alphazero, "play_match",
+                        lambda net, game, opponent, hp, games, seed, num_simulations=None:
+                        seeds.append(seed) or {"win": 1.0, "draw": 0.0, "loss": 0.0})
+    default = bench_alphazero.play("tic_tac_toe", str(run.run_dir), None, 2, None, opponents=("random",))
+    given = bench_alphazero.play("tic_tac_toe", str(run.run_dir), None, 2, None, opponents=("random",),
+                                 match_seed=20_000)
+    assert seeds == [10_003, 20_000] and (default["match_seed"], given["match_seed"]) == (10_003, 20_000)
