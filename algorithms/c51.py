@@ -78,6 +78,10 @@ class C51Config:
     """vector-env steps collected per iteration, each followed by one gradient step once learning has started"""
     hidden_sizes: LayerSizes = (120, 84)
     """hidden layer widths of the network (ReLU)"""
+    double_q: bool = False
+    """the next state's action picked by the online network and scored by the target (Double DQN's
+    rule, van Hasselt et al. 2016, Eq. 4; Tianshou's C51 always does this); off: the target network
+    alone picks and scores (the paper's Algorithm 1, CleanRL's ``c51.py``)"""
 
     def __post_init__(self) -> None:
         self.hidden_sizes = tuple(self.hidden_sizes)
@@ -168,7 +172,8 @@ class C51Actor(Actor):
 
 class C51Learner(Learner):
     """The cross-entropy between ``Z(s, a)`` and the projected target distribution of
-    ``r + gamma Z_target(s', a*)``, ``a* = argmax_a Q_target(s', a)`` (Algorithm 1)."""
+    ``r + gamma Z_target(s', a*)``, ``a* = argmax_a Q_target(s', a)`` (Algorithm 1); with
+    ``double_q``, ``a* = argmax_a Q(s', a)`` of the online network (van Hasselt et al. 2016, Eq. 4)."""
 
     def __init__(self, ctx: BuildContext) -> None:
         self.hp: C51Config = ctx.hparams
@@ -190,7 +195,8 @@ class C51Learner(Learner):
         """
         with torch.no_grad():
             next_pmfs = self.target(batch["next_obs"])
-            next_a = (next_pmfs * self.target.support).sum(-1).argmax(-1)
+            picker = self.net(batch["next_obs"]) if self.hp.double_q else next_pmfs
+            next_a = (picker * self.target.support).sum(-1).argmax(-1)
             next_pmf = next_pmfs[torch.arange(next_pmfs.shape[0], device=next_pmfs.device), next_a]
             discount = batch["discount"] if "discount" in batch.keys() else self.hp.gamma
             target = categorical_projection(next_pmf, batch["reward"], 1.0 - batch["terminated"].float(), discount,

@@ -52,3 +52,43 @@ def test_the_support_refuses_what_is_not_one():
         categorical_support(0.0, 1.0, 1)
     with pytest.raises(ValueError, match="v_min < v_max"):
         categorical_support(1.0, 1.0, 11)
+
+
+@pytest.mark.parametrize("double_q", [False, True])
+def test_c51s_next_action_is_the_targets_or_with_double_q_the_online_networks(double_q):
+    """The learner's loss is the cross-entropy to the projection of ``Z_target(s', a*)`` with
+    ``a*`` the target network's argmax (Algorithm 1) or, with ``double_q``, the online network's
+    (Double DQN's rule, Tianshou's C51); the two networks disagree on some ``a*`` here, so the
+    test tells the rules apart."""
+    import gymnasium as gym
+
+    from msrl.algorithms.c51 import C51Config, C51Learner
+    from msrl.api import BuildContext, EnvSpec
+
+    env = gym.make("CartPole-v1")
+    spec = EnvSpec("CartPole-v1", env.observation_space, env.action_space, 1)
+    env.close()
+    ctx = BuildContext(C51Config(double_q=double_q, n_atoms=11, v_min=-10.0, v_max=10.0), spec, 0, 1, 1, 10_000, 3,
+                       torch.device("cpu"))
+    learner = C51Learner(ctx)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in learner.target.parameters():
+            p.add_(torch.randn(p.shape, generator=g))
+    from tensordict import TensorDict
+
+    n = 64
+    batch = TensorDict({"obs": torch.randn(n, 4, generator=g), "action": torch.randint(2, (n,), generator=g),
+                        "reward": torch.rand(n, generator=g), "next_obs": torch.randn(n, 4, generator=g),
+                        "terminated": torch.rand(n, generator=g) < 0.1}, batch_size=[n])
+    with torch.no_grad():
+        online_a = learner.net.q(batch["next_obs"]).argmax(-1)
+        target_a = learner.target.q(batch["next_obs"]).argmax(-1)
+        assert (online_a != target_a).any()
+        next_a = online_a if double_q else target_a
+        next_pmf = learner.target(batch["next_obs"])[torch.arange(n), next_a]
+        target = categorical_projection(next_pmf, batch["reward"], 1.0 - batch["terminated"].float(), 0.99,
+                                        learner.target.support)
+        pmf = learner.net(batch["obs"])[torch.arange(n), batch["action"]]
+        expected = -(target * pmf.clamp(1e-5, 1.0 - 1e-5).log()).sum(-1).mean()
+    assert torch.equal(learner.learn(batch)["losses/loss"], expected)
