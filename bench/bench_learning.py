@@ -45,6 +45,16 @@ its own (``--tianshou-python``, see ``bench/peer_tianshou_pg.py``)::
     python bench/bench_learning.py impala --msrl-only --override algorithm.hparams.gamma=0.99   # a variant
     python bench/bench_learning.py td3_halfcheetah --seeds 1 --budget 100000 --eval-every 25000   # a part of CleanRL's 1M
 
+CleanRL's whole 1M env steps on HalfCheetah take ~2.5 h a system on a CPU core: ``--state-dir
+DIR`` keeps each run's state there (msrl: its run directory, checkpointed at the config's
+``train.checkpoint_every``; SB3: its model and replay buffer after every evaluation) and the same
+command run again continues every unfinished run and reads back the finished ones; with
+``--msrl-only`` and ``--peer-only`` in two processes the systems run side by side::
+
+    python bench/bench_learning.py td3_halfcheetah --seeds 1 --msrl-only --state-dir hc --json m.json
+    python bench/bench_learning.py td3_halfcheetah --seeds 1 --peer-only --state-dir hc --json p.json
+    python bench/bench_learning.py td3_halfcheetah --tables-from m.json p.json
+
 ``ddpg_hc`` and ``td3_hc`` are ``ddpg_halfcheetah`` and ``td3_halfcheetah`` on HalfCheetah-v5.
 CleanRL's own scripts (``cleanrl==1.2.0``) run gym 0.23's mujoco-py HalfCheetah, which does not
 install beside gymnasium 1.x, so SB3 runs CleanRL's settings instead.
@@ -103,9 +113,18 @@ def run_tianshou(algo: str, task: Task, seed: int) -> dict:
 
 
 def run_seed(algo: str, task: Task, seed: int, runs_dir: str, overrides: list[str] = (),
-             peer_too: bool = True) -> dict[str, dict]:
+             peer_too: bool = True, msrl_too: bool = True, state_dir: str | None = None) -> dict[str, dict]:
     """One seed of ``algo``: msrl's run (with config ``overrides``) and, with ``peer_too``, its
-    peer's, each with the whole budget."""
+    peer's, each with the whole budget (``msrl_too=False``: the peer's alone). ``state_dir``
+    (SB3's peers only): each run keeps its state there and continues from it when run again
+    (msrl: the run directory ``<algo>_s<seed>``; SB3: ``sb3_<algo>_s<seed>/``)."""
+    if state_dir is not None and (algo == "impala" or algo in TIANSHOU):
+        raise SystemExit(f"--state-dir: {algo}'s peer cannot continue a run; it is for the SB3 peers' algorithms")
+    if not msrl_too:
+        peer = run_tianshou(algo, task, seed) if algo in TIANSHOU else run_sb3(
+            algo, task, seed, whole_budget=True,
+            state_dir=os.path.join(state_dir, f"sb3_{algo}_s{seed}") if state_dir else None)
+        return {_peer(algo): peer}
     if algo == "impala":
         import ray
 
@@ -120,10 +139,13 @@ def run_seed(algo: str, task: Task, seed: int, runs_dir: str, overrides: list[st
         peer = {"time_to_threshold": peer["time_to_475"], "steps_to_threshold": peer["steps_to_475"],
                 "sps": peer["sps"], "final_eval": peer["final_eval"], "curve": peer["curve"]}
     else:
-        ours = run_msrl(task, seed, None, runs_dir, list(overrides), whole_budget=True)
+        ours = run_msrl(task, seed, None, state_dir or runs_dir, list(overrides), whole_budget=True,
+                        resumable=f"{algo}_s{seed}" if state_dir else None)
         if not peer_too:
             return {"msrl": ours}
-        peer = run_tianshou(algo, task, seed) if algo in TIANSHOU else run_sb3(algo, task, seed, whole_budget=True)
+        peer = run_tianshou(algo, task, seed) if algo in TIANSHOU else run_sb3(
+            algo, task, seed, whole_budget=True,
+            state_dir=os.path.join(state_dir, f"sb3_{algo}_s{seed}") if state_dir else None)
     return {"msrl": ours, _peer(algo): peer}
 
 
@@ -160,9 +182,10 @@ def table(algo: str, task: Task, results: dict[str, list[dict]]) -> str:
             f"| {_fmt(_quartiles([r['time_to_threshold'] for r in runs]), 2)} "
             f"| {_quartiles([r['sps'] for r in runs])[1]:.0f} |")
     peer = _peer(algo)
-    if peer not in results:  # --msrl-only
-        return "\n".join(lines) + "\n\nmsrl, final greedy eval per seed: " + ", ".join(
-            f"{r['final_eval']:.1f}" for r in results["msrl"])
+    if len(results) == 1:  # --msrl-only, --peer-only
+        (system, runs), = results.items()
+        return "\n".join(lines) + f"\n\n{system}, final greedy eval per seed: " + ", ".join(
+            f"{r['final_eval']:.1f}" for r in runs)
     a, b = results["msrl"], results[peer]
     qa, qb = (_quartiles([r["time_to_threshold"] for r in x]) for x in (a, b))
     finite = qa and qb and float("inf") not in (qa[1], qb[1])
@@ -188,10 +211,17 @@ def main() -> None:
     p.add_argument("--override", nargs="+", default=[], metavar="KEY=VALUE",
                    help="config overrides of msrl's runs (e.g. algorithm.hparams.gamma=0.99)")
     p.add_argument("--msrl-only", action="store_true", help="run msrl's rows only (a config variant's seeds)")
+    p.add_argument("--peer-only", action="store_true",
+                   help="run the peer's rows only (with --msrl-only in another process: both systems at once)")
+    p.add_argument("--state-dir", default=None, metavar="DIR",
+                   help="keep every run's state in DIR and continue unfinished runs from it when the same command "
+                        "runs again (runs longer than a sitting: the HalfCheetah tasks' 1M env steps); SB3 peers only")
     p.add_argument("--tables-from", nargs="+", default=None, metavar="JSON",
                    help="train nothing: print the tables of these --json files, seeds of one algorithm merged "
                         "(runs of one algorithm split over processes)")
     args = p.parse_args()
+    if args.msrl_only and args.peer_only:
+        p.error("--msrl-only and --peer-only leave nothing to run; give one of them")
     if args.tables_from:
         merged: dict[str, dict] = {}
         for path in args.tables_from:
@@ -214,10 +244,12 @@ def main() -> None:
             task = dataclasses.replace(task, budget=args.budget)
         if args.eval_every is not None:
             task = dataclasses.replace(task, eval_every=args.eval_every)
-        results: dict[str, list[dict]] = {"msrl": []} if args.msrl_only else {"msrl": [], _peer(algo): []}
+        results: dict[str, list[dict]] = ({"msrl": []} if args.msrl_only else {_peer(algo): []} if args.peer_only
+                                          else {"msrl": [], _peer(algo): []})
         with tempfile.TemporaryDirectory() as runs_dir:
             for seed in args.seeds:
-                for system, r in run_seed(algo, task, seed, runs_dir, args.override, not args.msrl_only).items():
+                for system, r in run_seed(algo, task, seed, runs_dir, args.override, not args.msrl_only,
+                                          not args.peer_only, args.state_dir).items():
                     results[system].append(r)
                 print(f"{algo} seed {seed}: " + "  ".join(
                     f"{k}: final {v[-1]['final_eval']:.1f}, steps to threshold {v[-1]['steps_to_threshold']}, "

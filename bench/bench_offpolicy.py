@@ -36,10 +36,14 @@ import argparse
 import csv
 import dataclasses
 import json
+import os
+import pathlib
 import platform
+import shutil
 import statistics
 import tempfile
 import time
+import types
 from typing import Any, Callable
 
 import gymnasium
@@ -123,10 +127,15 @@ ACTION_NOISE = {"ddpg": 0.1, "td3": 0.1, "ddpg_halfcheetah": 0.1, "td3_halfcheet
 
 
 def run_msrl(task: Task, seed: int, policy: str | None, runs_dir: str, extra: list[str] = (),
-             whole_budget: bool = False) -> dict:
+             whole_budget: bool = False, resumable: str | None = None) -> dict:
     """One msrl run; returns time/steps to the threshold, env steps/s and the eval curve; with
     ``whole_budget`` it trains the whole budget (the threshold read off the curve: the first
-    evaluation at or above it) and adds ``final_eval``, the final greedy evaluation's mean return."""
+    evaluation at or above it) and adds ``final_eval``, the final greedy evaluation's mean return.
+
+    ``resumable``: the run's name under ``runs_dir``, which then keeps it: checkpoints at the
+    config's ``train.checkpoint_every`` (else none, as SB3 takes none), a run left unfinished
+    continues from its last checkpoint (``msrl train --resume``: training time and curve carry
+    over), and a finished one (its ``eval.json``) is read back without training."""
     from msrl.config import load_config
     from msrl.run.training import train
 
@@ -140,12 +149,22 @@ def run_msrl(task: Task, seed: int, policy: str | None, runs_dir: str, extra: li
             f"train.eval_every={task.eval_every}",
             f"train.stop_at_return={'null' if whole_budget else task.threshold}",
             f"train.total_env_steps={task.budget}",
-            f"train.checkpoint_every={10**9}",
             f"eval.episodes={EVAL_EPISODES}",
             f"eval.seed={EVAL_SEED}",
-        ],
+        ] + ([f"name={resumable}"] if resumable else [f"train.checkpoint_every={10**9}"]),
     )
-    r = train(cfg)
+    run_dir = pathlib.Path(runs_dir) / resumable if resumable else None
+    if run_dir is not None and (run_dir / "eval.json").exists():
+        done = json.loads((run_dir / "eval.json").read_text())
+        r = types.SimpleNamespace(run_dir=run_dir, env_steps=done["env_steps"], time_s=done["time_s"],
+                                  eval_mean=done["mean_return"], time_to_threshold_s=done["time_to_threshold_s"],
+                                  steps_to_threshold=done["steps_to_threshold"])
+    elif run_dir is not None and run_dir.exists():
+        if not (run_dir / "checkpoints" / "latest.pt").exists():
+            raise RuntimeError(f"{run_dir}: a run stopped before its first checkpoint; remove it to start over")
+        r = train(cfg, resume=run_dir)
+    else:
+        r = train(cfg)
     curve: list[tuple[int, float, float]] = []
     with open(r.run_dir / "metrics.csv") as f:
         for row in csv.DictReader(f):
@@ -174,38 +193,68 @@ def _sb3_evaluate(model, env_id: str) -> float:
     return float(ret.mean())
 
 
-def run_sb3(name: str, task: Task, seed: int, whole_budget: bool = False) -> dict:
+def run_sb3(name: str, task: Task, seed: int, whole_budget: bool = False, state_dir: str | None = None) -> dict:
     """One SB3 run with :data:`SB3_KWARGS`; evaluation time is excluded from its clock. With
     ``whole_budget`` it trains the whole budget (time/steps to the threshold: the first
-    evaluation at or above it) and adds ``final_eval`` (a greedy evaluation of the final model)."""
+    evaluation at or above it) and adds ``final_eval`` (a greedy evaluation of the final model).
+
+    ``state_dir``: where the run keeps its state after every evaluation (the model and the replay
+    buffer, and ``progress.json``: the curve, the training time so far), so that a run left unfinished
+    continues there (SB3's ``load`` and ``load_replay_buffer``, then ``learn`` with its step count
+    kept) and a finished one (``result.json``) is read back without training. A continued run
+    starts its env from a reset and its noise and random streams afresh: the same algorithm, not
+    the same random draws as one unbroken run. Keep the interval a multiple of the env's episode
+    length (HalfCheetah: 1,000 env steps) and no episode is cut."""
     import stable_baselines3
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
+
+    state = pathlib.Path(state_dir) if state_dir else None
+    if state is not None and (state / "result.json").exists():
+        return json.loads((state / "result.json").read_text())
+    before = json.loads((state / "progress.json").read_text()) if state and (state / "progress.json").exists() else None
 
     class Timer(BaseCallback):
         def __init__(self) -> None:
             super().__init__()
             self.eval_time = 0.0
-            self.done_eval = 0
-            self.hit: tuple[float, int] | None = None
-            self.curve: list[tuple[int, float, float]] = []
+            self.done_eval = before["done_eval"] if before else 0
+            self.hit: tuple[float, int] | None = tuple(before["hit"]) if before and before["hit"] else None
+            self.curve: list[tuple[int, float, float]] = [tuple(c) for c in before["curve"]] if before else []
+            self.train_before = before["train_s"] if before else 0.0
+            self.keep_due = False
             self.t0 = 0.0
 
         def _on_training_start(self) -> None:
             self.t0 = time.perf_counter()
 
+        def train_s(self, now: float) -> float:
+            return self.train_before + now - self.t0 - self.eval_time
+
         def _on_step(self) -> bool:
             if self.num_timesteps // task.eval_every > self.done_eval:
                 self.done_eval = self.num_timesteps // task.eval_every
                 s = time.perf_counter()
-                train_s = s - self.t0 - self.eval_time
+                train_s = self.train_s(s)
                 mean = _sb3_evaluate(self.model, task.env_id)
-                self.eval_time += time.perf_counter() - s
                 self.curve.append((self.num_timesteps, train_s, mean))
                 if mean >= task.threshold and self.hit is None:
                     self.hit = (train_s, self.num_timesteps)
-                    return whole_budget
+                self.eval_time += time.perf_counter() - s
+                self.keep_due = state is not None
+                if self.hit is not None and not whole_budget:
+                    return False
             return True
+
+        def _on_rollout_start(self) -> None:
+            # kept here, not at the evaluation: SB3 stores a step's transition and takes its
+            # gradient steps after the step's callback, and before the next rollout starts
+            if self.keep_due:
+                s = time.perf_counter()
+                _keep_sb3_state(state, self.model, {"done_eval": self.done_eval, "hit": self.hit, "curve": self.curve,
+                                                    "train_s": self.train_s(s)})
+                self.eval_time += time.perf_counter() - s
+                self.keep_due = False
 
     env = make_vec_env(task.env_id, n_envs=task.n_envs, seed=seed)
     algo: Callable = getattr(stable_baselines3, task.sb3_algo)
@@ -215,16 +264,39 @@ def run_sb3(name: str, task: Task, seed: int, whole_budget: bool = False) -> dic
 
         n = int(np.prod(env.action_space.shape))
         kwargs["action_noise"] = NormalActionNoise(np.zeros(n), ACTION_NOISE[name] * np.ones(n))
-    model = algo("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **kwargs)
+    if before:
+        model = algo.load(state / before["at"] / "model.zip", env=env, device="cpu", **{k: v for k, v in kwargs.items()
+                                                                           if k == "action_noise"})
+        if hasattr(model, "load_replay_buffer"):
+            model.load_replay_buffer(state / before["at"] / "replay.pkl")
+    else:
+        model = algo("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **kwargs)
     cb = Timer()
-    t0 = time.perf_counter()
-    model.learn(task.budget, callback=cb)
-    train_time = time.perf_counter() - t0 - cb.eval_time
+    model.learn(task.budget - (model.num_timesteps if before else 0), callback=cb, reset_num_timesteps=not before)
+    train_time = cb.train_s(time.perf_counter())
     out = {"time_to_threshold": cb.hit[0] if cb.hit else None, "steps_to_threshold": cb.hit[1] if cb.hit else None,
            "sps": model.num_timesteps / train_time, "curve": cb.curve}
     if whole_budget:
         out["final_eval"] = _sb3_evaluate(model, task.env_id)
+    if state is not None:
+        (state / "result.json").write_text(json.dumps(out))
     return out
+
+
+def _keep_sb3_state(state: pathlib.Path, model, progress: dict[str, Any]) -> None:
+    """Writes an SB3 run's model and replay buffer into ``state/<env step>/``, then
+    ``progress.json`` (through a temporary file and a rename) naming that directory, then removes
+    the older ones: a run killed while writing leaves the previous state whole and named."""
+    step = state / str(model.num_timesteps)
+    step.mkdir(parents=True, exist_ok=True)
+    model.save(step / "model.zip")
+    if hasattr(model, "save_replay_buffer"):
+        model.save_replay_buffer(step / "replay.pkl")
+    (state / "progress.tmp.json").write_text(json.dumps({**progress, "at": step.name}))
+    os.replace(state / "progress.tmp.json", state / "progress.json")
+    for old in state.iterdir():
+        if old.is_dir() and old != step:
+            shutil.rmtree(old)
 
 
 def _quartiles(xs: list) -> tuple[float, float, float] | None:
