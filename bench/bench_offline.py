@@ -45,6 +45,13 @@ of training time; the ratio row msrl / d3rlpy. One torch thread per process::
     python bench/bench_offline.py iql_halfcheetah --seeds 1 --d3rlpy-python /tmp/d3/bin/python
     python bench/bench_offline.py cql_halfcheetah --seeds 1 --dataset DIR --d3rlpy-python /tmp/d3/bin/python --parallel
 
+A run longer than a sitting (CQL on HalfCheetah: 2.5-3 h a system at 50,000 gradient steps on a
+CPU core) keeps its state with ``--state-dir DIR`` (msrl: its run directory, checkpointed at every
+evaluation, continued exactly by ``resume``; d3rlpy: its networks and optimisers by
+``save_model``, continued by ``load_model``) and the same command run again continues it::
+
+    python bench/bench_offline.py cql_halfcheetah --seeds 1 --dataset DIR --d3rlpy-python PY --parallel --state-dir hc
+
 ``--json FILE`` keeps the results; ``--from-json FILE --plot PNG`` tabulates and plots them again.
 """
 
@@ -53,6 +60,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import platform
 import subprocess
 import sys
@@ -105,33 +113,53 @@ def expert_dataset(algo: str, workdir: str) -> str:
                        root=os.path.join(workdir, "datasets")))
 
 
-def run_msrl(algo: str, dataset: str, seed: int, steps: int, eval_every: int, workdir: str) -> dict:
-    """One seed of msrl's ``algo`` on ``dataset``; its final evaluation, gradient steps/s and curve."""
+def run_msrl(algo: str, dataset: str, seed: int, steps: int, eval_every: int, workdir: str,
+             state_dir: str | None = None) -> dict:
+    """One seed of msrl's ``algo`` on ``dataset``; its final evaluation, gradient steps/s and curve.
+
+    ``state_dir``: the run is kept there as ``<algo>_s<seed>``, checkpointed at every evaluation;
+    a run left unfinished continues from its last checkpoint (``resume``: exactly, training
+    time and curve carried over), a finished one is read back without training."""
     import csv
 
     import msrl
 
     online = {"algorithm__hparams__offline_steps": steps // 2} if TASKS[algo].get("online_half") else {}
-    r = msrl.train(os.path.join(ROOT, "configs", TASKS[algo]["config"]), runs_dir=os.path.join(workdir, algo), seed=seed,
-                   dataset__id=None, dataset__path=dataset, train__total_gradient_steps=steps,
-                   train__eval_every=eval_every, train__progress=False, train__checkpoint_every=10**9, **online)
-    with open(r.run_dir / "metrics.csv") as f:
+    config = os.path.join(ROOT, "configs", TASKS[algo]["config"])
+    kw = dict(seed=seed, dataset__id=None, dataset__path=dataset, train__total_gradient_steps=steps,
+              train__eval_every=eval_every, train__progress=False, **online)
+    if state_dir is None:
+        r = msrl.train(config, runs_dir=os.path.join(workdir, algo), train__checkpoint_every=10**9, **kw)
+        run_dir, time_s, iterations, final = r.run_dir, r.time_s, r.iterations, r.eval_mean
+    else:
+        run_dir = pathlib.Path(state_dir) / f"{algo}_s{seed}"
+        if not (run_dir / "eval.json").exists():
+            if run_dir.exists() and not (run_dir / "checkpoints" / "latest.pt").exists():
+                raise RuntimeError(f"{run_dir}: a run stopped before its first checkpoint; remove it to start over")
+            msrl.train(config, resume=run_dir if run_dir.exists() else None, runs_dir=state_dir,
+                       name=run_dir.name, train__checkpoint_every=eval_every, **kw)
+        done = json.loads((run_dir / "eval.json").read_text())
+        time_s, iterations, final = done["time_s"], done["iterations"], done["mean_return"]
+    with open(run_dir / "metrics.csv") as f:
         curve = [(int(row["gradient_steps"]), float(row["time_s"]), float(row["eval/mean_return"]))
                  for row in csv.DictReader(f) if row.get("eval/mean_return")]
-    return {"final_eval": r.eval_mean, "grad_steps_per_s": r.iterations / r.time_s, "curve": curve}
+    return {"final_eval": final, "grad_steps_per_s": iterations / time_s, "curve": curve}
 
 
-def start_d3rlpy(algo: str, python: str, dataset: str, seed: int, steps: int, eval_every: int, workdir: str
-                 ) -> tuple[subprocess.Popen, str]:
+def start_d3rlpy(algo: str, python: str, dataset: str, seed: int, steps: int, eval_every: int, workdir: str,
+                 state_dir: str | None = None) -> tuple[subprocess.Popen, str]:
     """Starts one seed of d3rlpy's ``algo`` (``bench/peer_d3rlpy.py``) in ``python`` as a
-    background process; returns it and the file its stderr goes to (:func:`d3rlpy_result`)."""
+    background process; returns it and the file its stderr goes to (:func:`d3rlpy_result`).
+    ``state_dir``: the peer keeps its state in ``d3rlpy_<algo>_s<seed>/`` there and continues it."""
     peer = TASKS[algo].get("d3rlpy", algo)
+    keep = ["--state-dir", os.path.join(state_dir, f"d3rlpy_{algo}_s{seed}")] if state_dir else []
     err = os.path.join(workdir, f"d3rlpy_{algo}_{seed}.err")
     with open(err, "w") as f:
         proc = subprocess.Popen([python, os.path.join(HERE, "peer_d3rlpy.py"), peer, "--dataset", dataset, "--seed",
                                  str(seed), "--steps", str(steps), "--eval-every", str(eval_every), "--env-id",
                                  TASKS[algo]["env"],
-                                 *(["--offline-steps", str(steps // 2)] if TASKS[algo].get("online_half") else [])],
+                                 *(["--offline-steps", str(steps // 2)] if TASKS[algo].get("online_half") else []),
+                                 *keep],
                                 stdout=subprocess.PIPE, stderr=f, text=True)
     return proc, err
 
@@ -149,9 +177,10 @@ def d3rlpy_result(proc: subprocess.Popen, err: str) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def run_d3rlpy(algo: str, python: str, dataset: str, seed: int, steps: int, eval_every: int, workdir: str) -> dict:
+def run_d3rlpy(algo: str, python: str, dataset: str, seed: int, steps: int, eval_every: int, workdir: str,
+               state_dir: str | None = None) -> dict:
     """One seed of d3rlpy's ``algo`` (``bench/peer_d3rlpy.py``) in ``python``, to its end."""
-    return d3rlpy_result(*start_d3rlpy(algo, python, dataset, seed, steps, eval_every, workdir))
+    return d3rlpy_result(*start_d3rlpy(algo, python, dataset, seed, steps, eval_every, workdir, state_dir))
 
 
 def table(algo: str, results: dict[str, list[dict]]) -> str:
@@ -217,6 +246,9 @@ def main() -> None:
     p.add_argument("--d3rlpy-python", default=None, help="the Python that has d3rlpy (none: msrl alone)")
     p.add_argument("--parallel", action="store_true",
                    help="run d3rlpy's seed beside msrl's (one core each; for the long HalfCheetah tasks)")
+    p.add_argument("--state-dir", default=None, metavar="DIR",
+                   help="keep every run's state in DIR and continue unfinished runs from it when the same command runs "
+                        "again (runs longer than a sitting: CQL on HalfCheetah); not for awac's online phase")
     p.add_argument("--json", default=None)
     p.add_argument("--plot", default=None, help="write the learning curves here (PNG)")
     p.add_argument("--from-json", default=None, help="plot and tabulate a --json file of an earlier run instead of running")
@@ -234,6 +266,11 @@ def main() -> None:
     if steps % eval_every or (task.get("online_half") and (steps // 2) % eval_every):
         p.error(f"--steps {steps}: {args.algo} is evaluated every {eval_every} gradient steps; give a multiple of it"
                 + (" in each half" if task.get("online_half") else ""))
+    if args.state_dir and task.get("online_half"):
+        p.error(f"--state-dir: {args.algo}'s online phase cannot continue a run (d3rlpy's online buffer is not kept)")
+    if args.state_dir and not args.dataset:
+        p.error("--state-dir needs --dataset: a continued run must read the dataset it started on")
+    st = args.state_dir
     with tempfile.TemporaryDirectory() as workdir:
         dataset = args.dataset or expert_dataset(args.algo, workdir)
         results: dict[str, list[dict]] = {"msrl": []}
@@ -241,14 +278,14 @@ def main() -> None:
             results[peer] = []
         for seed in args.seeds:
             if args.d3rlpy_python and args.parallel:  # d3rlpy's seed on the other core while msrl's runs
-                proc = start_d3rlpy(args.algo, args.d3rlpy_python, dataset, seed, steps, eval_every, workdir)
-                results["msrl"].append(run_msrl(args.algo, dataset, seed, steps, eval_every, workdir))
+                proc = start_d3rlpy(args.algo, args.d3rlpy_python, dataset, seed, steps, eval_every, workdir, st)
+                results["msrl"].append(run_msrl(args.algo, dataset, seed, steps, eval_every, workdir, st))
                 results[peer].append(d3rlpy_result(*proc))
             else:
-                results["msrl"].append(run_msrl(args.algo, dataset, seed, steps, eval_every, workdir))
+                results["msrl"].append(run_msrl(args.algo, dataset, seed, steps, eval_every, workdir, st))
                 if args.d3rlpy_python:
                     results[peer].append(run_d3rlpy(args.algo, args.d3rlpy_python, dataset, seed, steps, eval_every,
-                                                    workdir))
+                                                    workdir, st))
             print(f"seed {seed}: " + "  ".join(f"{k}: final {v[-1]['final_eval']:.1f}, {v[-1]['grad_steps_per_s']:.0f} "
                                                  "gradient steps/s" for k, v in results.items()), flush=True)
         print(f"\n{args.algo} on {task['env']} from {dataset}, {steps} gradient steps; machine: "

@@ -72,6 +72,9 @@ def main() -> None:
     p.add_argument("--env-id", default="CartPole-v1")
     p.add_argument("--offline-steps", type=int, default=None,
                    help="AWAC: gradient steps on the dataset before the online phase (default: all of --steps)")
+    p.add_argument("--state-dir", default=None, metavar="DIR",
+                   help="keep the run's state here after every evaluation (d3rlpy's save_model: networks and "
+                        "optimisers; the curve and training time) and continue from it when run again; offline only")
     args = p.parse_args()
     offline = args.steps if args.offline_steps is None else args.offline_steps
     if offline % args.eval_every or (args.steps - offline) % args.eval_every:
@@ -109,13 +112,29 @@ def main() -> None:
                                            lam=1.0, action_scaler=scaler).create(device="cpu:0")
         else:
             algo = d3rlpy.algos.CQLConfig(alpha_learning_rate=0.0, action_scaler=scaler).create(device="cpu:0")
-    train_s, curve = 0.0, []
+    state = pathlib.Path(args.state_dir) if args.state_dir else None
+    if state is not None:
+        if args.steps > offline:
+            p.error("--state-dir: an online phase cannot be continued (d3rlpy's online buffer is not kept)")
+        if (state / "result.json").exists():  # finished: read back
+            print((state / "result.json").read_text().strip())
+            return
+    train_s, curve, done = 0.0, [], 0
+    if state is not None and (state / "progress.json").exists():  # continued: networks, optimisers, curve, clock
+        kept = json.loads((state / "progress.json").read_text())
+        train_s, curve, done = kept["train_s"], [tuple(c) for c in kept["curve"]], kept["steps"]
+        algo.build_with_dataset(dataset)
+        algo.load_model(str(state / f"{done}.pt"))
     t0 = time.perf_counter()
-    for epoch, _ in algo.fitter(dataset, n_steps=offline, n_steps_per_epoch=args.eval_every, show_progress=False,
-                                logger_adapter=d3rlpy.logging.NoopAdapterFactory(), save_interval=10**9):
-        train_s += time.perf_counter() - t0
-        curve.append((epoch * args.eval_every, train_s, evaluate(algo, args.env_id)))
-        t0 = time.perf_counter()
+    if offline > done:
+        for epoch, _ in algo.fitter(dataset, n_steps=offline - done, n_steps_per_epoch=args.eval_every,
+                                    show_progress=False, logger_adapter=d3rlpy.logging.NoopAdapterFactory(),
+                                    save_interval=10**9):
+            train_s += time.perf_counter() - t0
+            curve.append((done + epoch * args.eval_every, train_s, evaluate(algo, args.env_id)))
+            if state is not None:
+                keep_state(state, algo, curve, train_s)
+            t0 = time.perf_counter()
     if args.steps > offline:  # AWAC's online phase: the dataset's episodes are the replay buffer's first
         env = gymnasium.make(args.env_id)
         env.reset(seed=args.seed)
@@ -132,7 +151,24 @@ def main() -> None:
         algo.fit_online(env, buffer, n_steps=args.steps - offline, n_steps_per_epoch=args.eval_every, update_start_step=0,
                         show_progress=False, logger_adapter=d3rlpy.logging.NoopAdapterFactory(), save_interval=10**9,
                         callback=evaluate_due)
-    print(json.dumps({"grad_steps_per_s": args.steps / train_s, "curve": curve, "final_eval": curve[-1][2]}))
+    result = json.dumps({"grad_steps_per_s": args.steps / train_s, "curve": curve, "final_eval": curve[-1][2]})
+    if state is not None:
+        (state / "result.json").write_text(result)
+    print(result)
+
+
+def keep_state(state: pathlib.Path, algo, curve: list, train_s: float) -> None:
+    """Writes the networks and optimisers at the curve's last step (``<step>.pt``), then
+    ``progress.json`` naming it (through a rename), then removes the older ``.pt``: a run killed
+    while writing leaves its previous state whole."""
+    state.mkdir(parents=True, exist_ok=True)
+    step = int(curve[-1][0])
+    algo.save_model(str(state / f"{step}.pt"))
+    (state / "progress.tmp.json").write_text(json.dumps({"steps": step, "curve": curve, "train_s": train_s}))
+    (state / "progress.tmp.json").replace(state / "progress.json")
+    for old in state.glob("*.pt"):
+        if old.name != f"{step}.pt":
+            old.unlink()
 
 
 if __name__ == "__main__":

@@ -240,3 +240,24 @@ def test_each_offline_algorithm_runs_under_gpu_only_as_under_single_on_the_nativ
     assert a[2] == b[2] == set()  # one fragment: nothing crosses
     assert a[1].keys() == b[1].keys() and all(torch.equal(a[1][k], b[1][k]) for k in a[1])
     assert a[0] == b[0] and a[3] == b[3] == ENV_STEPS.get(algo, 0)
+
+
+def test_the_offline_benchmarks_state_dir_continues_a_run_exactly(root, tmp_path, monkeypatch):
+    """``bench/bench_offline.py --state-dir``: a run stopped after its first evaluation and run
+    again continues from its checkpoint to the curve and final evaluation of an unbroken run
+    (CQL on HalfCheetah at 50,000 gradient steps outlasts a sitting); a finished one is read back."""
+    bench = pathlib.Path(__file__).resolve().parents[1] / "bench"
+    monkeypatch.syspath_prepend(str(bench))
+    monkeypatch.chdir(tmp_path)
+    import bench_offline
+
+    dataset = str(root / "msrl/pendulum/tiny-v0")
+    whole = bench_offline.run_msrl("iql", dataset, 1, 4, 2, str(tmp_path / "w"))
+    state = tmp_path / "state"
+    first = bench_offline.run_msrl("iql", dataset, 1, 2, 2, str(tmp_path / "w"), str(state))
+    assert [c[0] for c in first["curve"]] == [2]
+    (state / "iql_s1" / "eval.json").unlink()  # as if it had stopped there
+    continued = bench_offline.run_msrl("iql", dataset, 1, 4, 2, str(tmp_path / "w"), str(state))
+    assert [(c[0], c[2]) for c in continued["curve"]] == [(c[0], c[2]) for c in whole["curve"]] and len(whole["curve"]) == 2
+    assert continued["final_eval"] == whole["final_eval"]
+    assert bench_offline.run_msrl("iql", dataset, 1, 4, 2, str(tmp_path / "w"), str(state)) == continued
