@@ -280,6 +280,9 @@ def run_sb3(name: str, task: Task, seed: int, whole_budget: bool = False, state_
         out["final_eval"] = _sb3_evaluate(model, task.env_id)
     if state is not None:
         (state / "result.json").write_text(json.dumps(out))
+        for kept in state.iterdir():  # finished: the model and replay buffer are no longer needed
+            if kept.is_dir():
+                shutil.rmtree(kept)
     return out
 
 
