@@ -265,8 +265,8 @@ def run_sb3(name: str, task: Task, seed: int, whole_budget: bool = False, state_
         n = int(np.prod(env.action_space.shape))
         kwargs["action_noise"] = NormalActionNoise(np.zeros(n), ACTION_NOISE[name] * np.ones(n))
     if before:
-        model = algo.load(state / before["at"] / "model.zip", env=env, device="cpu", **{k: v for k, v in kwargs.items()
-                                                                           if k == "action_noise"})
+        noise = {"action_noise": kwargs["action_noise"]} if "action_noise" in kwargs else {}
+        model = algo.load(state / before["at"] / "model.zip", env=env, device="cpu", **noise)
         if hasattr(model, "load_replay_buffer"):
             model.load_replay_buffer(state / before["at"] / "replay.pkl")
     else:
