@@ -112,12 +112,22 @@ def run_tianshou(algo: str, task: Task, seed: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _run_name(algo: str, seed: int, overrides: list[str]) -> str:
+    """msrl's run name in a ``--state-dir``: ``<algo>_s<seed>``, and for a config variant a digest
+    of its overrides after it, so a variant never continues (or collides with) the shipped run."""
+    import hashlib
+
+    tag = hashlib.sha1("\n".join(overrides).encode()).hexdigest()[:8] if overrides else ""
+    return f"{algo}_s{seed}" + (f"_{tag}" if tag else "")
+
+
 def run_seed(algo: str, task: Task, seed: int, runs_dir: str, overrides: list[str] = (),
              peer_too: bool = True, msrl_too: bool = True, state_dir: str | None = None) -> dict[str, dict]:
     """One seed of ``algo``: msrl's run (with config ``overrides``) and, with ``peer_too``, its
     peer's, each with the whole budget (``msrl_too=False``: the peer's alone). ``state_dir``
     (SB3's peers only): each run keeps its state there and continues from it when run again
-    (msrl: the run directory ``<algo>_s<seed>``; SB3: ``sb3_<algo>_s<seed>/``)."""
+    (msrl: the run directory ``<algo>_s<seed>``, a variant's with a digest of its ``overrides``;
+    SB3: ``sb3_<algo>_s<seed>/``)."""
     if state_dir is not None and (algo == "impala" or algo in TIANSHOU):
         raise SystemExit(f"--state-dir: {algo}'s peer cannot continue a run; it is for the SB3 peers' algorithms")
     if not msrl_too:
@@ -140,7 +150,7 @@ def run_seed(algo: str, task: Task, seed: int, runs_dir: str, overrides: list[st
                 "sps": peer["sps"], "final_eval": peer["final_eval"], "curve": peer["curve"]}
     else:
         ours = run_msrl(task, seed, None, state_dir or runs_dir, list(overrides), whole_budget=True,
-                        resumable=f"{algo}_s{seed}" if state_dir else None)
+                        resumable=_run_name(algo, seed, overrides) if state_dir else None)
         if not peer_too:
             return {"msrl": ours}
         peer = run_tianshou(algo, task, seed) if algo in TIANSHOU else run_sb3(

@@ -72,3 +72,15 @@ def test_an_sb3_run_stopped_after_an_evaluation_continues_from_its_state(tmp_pat
     monkeypatch.setattr(bench_offpolicy, "_sb3_evaluate", dies_at_the_second)  # a rerun trains nothing
     assert bench_offpolicy.run_sb3("td3", TASK, 1, whole_budget=True, state_dir=str(tmp_path)) == json.loads(
         json.dumps(out))
+
+
+def test_a_config_variant_keeps_its_own_run_in_a_state_dir():
+    """``--override`` variants get run names of their own: a variant never continues the
+    shipped config's run (whose resume would refuse the changed config)."""
+    import bench_learning
+
+    assert bench_learning._run_name("td3_halfcheetah", 1, []) == "td3_halfcheetah_s1"
+    a = bench_learning._run_name("td3_halfcheetah", 1, ["algorithm.hparams.tau=0.01"])
+    b = bench_learning._run_name("td3_halfcheetah", 1, ["algorithm.hparams.tau=0.02"])
+    assert a.startswith("td3_halfcheetah_s1_") and len({a, b, "td3_halfcheetah_s1"}) == 3
+    assert a == bench_learning._run_name("td3_halfcheetah", 1, ["algorithm.hparams.tau=0.01"])
