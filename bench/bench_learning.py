@@ -130,10 +130,10 @@ def run_seed(algo: str, task: Task, seed: int, runs_dir: str, overrides: list[st
     SB3: ``sb3_<algo>_s<seed>/``)."""
     if state_dir is not None and (algo == "impala" or algo in TIANSHOU):
         raise SystemExit(f"--state-dir: {algo}'s peer cannot continue a run; it is for the SB3 peers' algorithms")
+    sb3_state = os.path.join(state_dir, f"sb3_{algo}_s{seed}") if state_dir else None
     if not msrl_too:
         peer = run_tianshou(algo, task, seed) if algo in TIANSHOU else run_sb3(
-            algo, task, seed, whole_budget=True,
-            state_dir=os.path.join(state_dir, f"sb3_{algo}_s{seed}") if state_dir else None)
+            algo, task, seed, whole_budget=True, state_dir=sb3_state)
         return {_peer(algo): peer}
     if algo == "impala":
         import ray
@@ -154,8 +154,7 @@ def run_seed(algo: str, task: Task, seed: int, runs_dir: str, overrides: list[st
         if not peer_too:
             return {"msrl": ours}
         peer = run_tianshou(algo, task, seed) if algo in TIANSHOU else run_sb3(
-            algo, task, seed, whole_budget=True,
-            state_dir=os.path.join(state_dir, f"sb3_{algo}_s{seed}") if state_dir else None)
+            algo, task, seed, whole_budget=True, state_dir=sb3_state)
     return {"msrl": ours, _peer(algo): peer}
 
 

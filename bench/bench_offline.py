@@ -70,7 +70,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_offpolicy import _quartiles  # noqa: E402
+from bench_offpolicy import _quartiles, kept_run  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -133,12 +133,8 @@ def run_msrl(algo: str, dataset: str, seed: int, steps: int, eval_every: int, wo
         run_dir, time_s, iterations, final = r.run_dir, r.time_s, r.iterations, r.eval_mean
     else:
         run_dir = pathlib.Path(state_dir) / f"{algo}_s{seed}"
-        if not (run_dir / "eval.json").exists():
-            if run_dir.exists() and not (run_dir / "checkpoints" / "latest.pt").exists():
-                raise RuntimeError(f"{run_dir}: a run stopped before its first checkpoint; remove it to start over")
-            msrl.train(config, resume=run_dir if run_dir.exists() else None, runs_dir=state_dir,
-                       name=run_dir.name, train__checkpoint_every=eval_every, **kw)
-        done = json.loads((run_dir / "eval.json").read_text())
+        done = kept_run(run_dir, lambda resume: msrl.train(config, resume=resume, runs_dir=state_dir, name=run_dir.name,
+                                                           train__checkpoint_every=eval_every, **kw))
         time_s, iterations, final = done["time_s"], done["iterations"], done["mean_return"]
     with open(run_dir / "metrics.csv") as f:
         curve = [(int(row["gradient_steps"]), float(row["time_s"]), float(row["eval/mean_return"]))

@@ -43,7 +43,6 @@ import shutil
 import statistics
 import tempfile
 import time
-import types
 from typing import Any, Callable
 
 import gymnasium
@@ -153,29 +152,42 @@ def run_msrl(task: Task, seed: int, policy: str | None, runs_dir: str, extra: li
             f"eval.seed={EVAL_SEED}",
         ] + ([f"name={resumable}"] if resumable else [f"train.checkpoint_every={10**9}"]),
     )
-    run_dir = pathlib.Path(runs_dir) / resumable if resumable else None
-    if run_dir is not None and (run_dir / "eval.json").exists():
-        done = json.loads((run_dir / "eval.json").read_text())
-        r = types.SimpleNamespace(run_dir=run_dir, env_steps=done["env_steps"], time_s=done["time_s"],
-                                  eval_mean=done["mean_return"], time_to_threshold_s=done["time_to_threshold_s"],
-                                  steps_to_threshold=done["steps_to_threshold"])
-    elif run_dir is not None and run_dir.exists():
-        if not (run_dir / "checkpoints" / "latest.pt").exists():
-            raise RuntimeError(f"{run_dir}: a run stopped before its first checkpoint; remove it to start over")
-        r = train(cfg, resume=run_dir)
+    if resumable:
+        run_dir = pathlib.Path(runs_dir) / resumable
+        done = kept_run(run_dir, lambda resume: train(cfg, resume=resume))
     else:
         r = train(cfg)
+        run_dir = r.run_dir
+        done = {"env_steps": r.env_steps, "time_s": r.time_s, "mean_return": r.eval_mean,
+                "time_to_threshold_s": r.time_to_threshold_s, "steps_to_threshold": r.steps_to_threshold}
     curve: list[tuple[int, float, float]] = []
-    with open(r.run_dir / "metrics.csv") as f:
+    with open(run_dir / "metrics.csv") as f:
         for row in csv.DictReader(f):
             if row.get("eval/mean_return"):
                 curve.append((int(row["env_steps"]), float(row["time_s"]), float(row["eval/mean_return"])))
-    out = {"time_to_threshold": r.time_to_threshold_s, "steps_to_threshold": r.steps_to_threshold,
-           "sps": r.env_steps / r.time_s, "curve": curve}
+    out = {"time_to_threshold": done["time_to_threshold_s"], "steps_to_threshold": done["steps_to_threshold"],
+           "sps": done["env_steps"] / done["time_s"], "curve": curve}
     if whole_budget:
         hit = next(((t, s) for s, t, ret in curve if ret >= task.threshold), (None, None))
-        out.update(time_to_threshold=hit[0], steps_to_threshold=hit[1], final_eval=r.eval_mean)
+        out.update(time_to_threshold=hit[0], steps_to_threshold=hit[1], final_eval=done["mean_return"])
     return out
+
+
+def kept_run(run_dir: pathlib.Path, start: Callable[[pathlib.Path | None], Any]) -> dict[str, Any]:
+    """A msrl run kept in ``run_dir`` across sittings: ``start(None)`` trains it from the start
+    when there is none, ``start(run_dir)`` continues it from its last checkpoint (a resume), a
+    finished one is left as it is; returns its ``eval.json`` (final evaluation, ``time_s``,
+    ``env_steps``, ``iterations``, the threshold's time and steps).
+
+    Raises:
+        RuntimeError: ``run_dir`` holds a run stopped before its first checkpoint (nothing to
+            continue from; remove it to start over).
+    """
+    if not (run_dir / "eval.json").exists():
+        if run_dir.exists() and not (run_dir / "checkpoints" / "latest.pt").exists():
+            raise RuntimeError(f"{run_dir}: a run stopped before its first checkpoint; remove it to start over")
+        start(run_dir if run_dir.exists() else None)
+    return json.loads((run_dir / "eval.json").read_text())
 
 
 def _sb3_evaluate(model, env_id: str) -> float:
