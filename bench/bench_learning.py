@@ -53,7 +53,7 @@ command run again continues every unfinished run and reads back the finished one
 
     python bench/bench_learning.py td3_halfcheetah --seeds 1 --msrl-only --state-dir hc --json m.json
     python bench/bench_learning.py td3_halfcheetah --seeds 1 --peer-only --state-dir hc --json p.json
-    python bench/bench_learning.py td3_halfcheetah --tables-from m.json p.json
+    python bench/bench_learning.py td3_halfcheetah --tables-from m.json p.json --plot bench/td3_halfcheetah_learning.png
 
 ``ddpg_hc`` and ``td3_hc`` are ``ddpg_halfcheetah`` and ``td3_halfcheetah`` on HalfCheetah-v5.
 CleanRL's own scripts (``cleanrl==1.2.0``) run gym 0.23's mujoco-py HalfCheetah, which does not
@@ -75,7 +75,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_offpolicy import TASKS, Task, _quartiles, run_msrl, run_sb3  # noqa: E402
+from bench_offpolicy import TASKS, Task, _quartiles, plot, run_msrl, run_sb3  # noqa: E402
 
 IMPALA = Task("configs/impala_cartpole.yaml", "CartPole-v1", 475.0, 300_000, 10_000, "IMPALA", 16)
 
@@ -228,9 +228,13 @@ def main() -> None:
     p.add_argument("--tables-from", nargs="+", default=None, metavar="JSON",
                    help="train nothing: print the tables of these --json files, seeds of one algorithm merged "
                         "(runs of one algorithm split over processes)")
+    p.add_argument("--plot", default=None, metavar="PNG",
+                   help="also draw the evaluation curves and the time to the threshold of every system (one algo)")
     args = p.parse_args()
     if args.msrl_only and args.peer_only:
         p.error("--msrl-only and --peer-only leave nothing to run; give one of them")
+    if args.plot and len(args.algos) != 1:
+        p.error(f"--plot draws one algorithm's curves; give one algo (got {len(args.algos)})")
     if args.tables_from:
         merged: dict[str, dict] = {}
         for path in args.tables_from:
@@ -242,7 +246,9 @@ def main() -> None:
                         m["results"].setdefault(system, []).extend(runs)
         for algo in args.algos:
             m = merged[algo]
-            print(f"\n{algo}, seeds {sorted(m['seeds'])}: {m['task']}\n\n{table(algo, Task(**m['task']), m['results'])}\n")
+            print(f"\n{algo}, seeds {sorted(set(m['seeds']))}: {m['task']}\n\n{table(algo, Task(**m['task']), m['results'])}\n")
+            if args.plot:
+                plot(args.plot, algo, Task(**m["task"]), m["results"])
         return
     TIANSHOU_PYTHON[0] = args.tianshou_python
     torch.set_num_threads(1)
@@ -270,6 +276,8 @@ def main() -> None:
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(everything, f, indent=1)
+        if args.plot:
+            plot(args.plot, algo, task, results)
 
 
 if __name__ == "__main__":

@@ -84,3 +84,30 @@ def test_a_config_variant_keeps_its_own_run_in_a_state_dir():
     b = bench_learning._run_name("td3_halfcheetah", 1, ["algorithm.hparams.tau=0.02"])
     assert a.startswith("td3_halfcheetah_s1_") and len({a, b, "td3_halfcheetah_s1"}) == 3
     assert a == bench_learning._run_name("td3_halfcheetah", 1, ["algorithm.hparams.tau=0.01"])
+
+
+def _part(system: str, final: float) -> dict:
+    run = {"time_to_threshold": 10.0, "steps_to_threshold": 200, "sps": 50.0, "final_eval": final,
+           "curve": [[200, 10.0, final - 100.0], [400, 20.0, final]]}
+    return {"td3": {"task": dataclasses.asdict(TASK), "seeds": [1], "results": {system: [run]}}}
+
+
+def test_tables_from_two_processes_merge_into_one_table_and_plot(tmp_path):
+    """The two systems' JSON files (``--msrl-only`` and ``--peer-only`` run side by side) make one
+    table with the ratio row, and ``--plot`` draws their curves; ``--plot`` takes one algo."""
+    import subprocess
+
+    files = []
+    for system, final in (("msrl", -150.0), ("SB3 TD3", -300.0)):
+        files.append(tmp_path / f"{len(files)}.json")
+        files[-1].write_text(json.dumps(_part(system, final)))
+    png = tmp_path / "curves.png"
+    script = os.path.join(BENCH, "bench_learning.py")
+    out = subprocess.run([sys.executable, script, "td3", "--tables-from", *map(str, files), "--plot", str(png)],
+                         capture_output=True, text=True, check=True).stdout
+    assert "td3, seeds [1]:" in out and "| msrl / SB3 TD3 (Mann-Whitney U) |" in out
+    assert "| msrl | -150.0" in out and "| SB3 TD3 | -300.0" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    two = subprocess.run([sys.executable, script, "td3", "ddpg", "--tables-from", str(files[0]), "--plot", str(png)],
+                         capture_output=True, text=True)
+    assert two.returncode == 2 and "--plot draws one algorithm's curves" in two.stderr
