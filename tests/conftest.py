@@ -2,8 +2,14 @@
 
 import os
 
-import pytest
-import torch
+# one OpenMP thread in every test process, set before torch loads OpenMP: the bitwise tests compare
+# a run in this process with the same run in a replica (a thread or a Ray process that sets its own
+# count), and on some CPUs a kernel's result depends on its thread count (CQL's critic values
+# differed in the last bits between single and coarse x1 with the machine's default count)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from msrl.algorithms.ppo import ALGORITHM, PPOConfig
 from msrl.policy import load_policy

@@ -24,9 +24,14 @@ GAIL = CONFIGS / "gail_cartpole.yaml"
 def root(tmp_path_factory):
     """A Minari root holding msrl/cartpole/expert10-v0: 10 greedy episodes of the main job's PPO."""
     base = tmp_path_factory.mktemp("gail")
-    run = msrl.train(CONFIGS / "ppo_cartpole.yaml", runs_dir=str(base / "runs"),
-                     train__progress=False, train__eval_every=0, eval__episodes=5)
-    assert run.eval_mean == 500.0  # an expert
+    # an expert: the main job's first seed whose final policy holds 500 (a deterministic run, but
+    # its floats -- and so which seeds end at 500 -- differ between CPUs: seed 1 ends at 313 on one)
+    for seed in (1, 2, 3):
+        run = msrl.train(CONFIGS / "ppo_cartpole.yaml", runs_dir=str(base / f"runs{seed}"), seed=seed,
+                         train__progress=False, train__eval_every=0, eval__episodes=5)
+        if run.eval_mean == 500.0:
+            break
+    assert run.eval_mean == 500.0, run.eval_returns
     collect([run.run_dir], "msrl/cartpole/expert10-v0", 10, seed=0, root=base / "root")
     return base / "root"
 
@@ -130,7 +135,7 @@ def test_the_discriminator_learns_to_tell_the_expert_from_a_random_policy(root):
                                   "runtime=local")))
     try:
         job.reset()
-        metrics = [{k: float(v) for k, v in job.train_step().items()} for _ in range(20)]
+        metrics = [{k: float(v) for k, v in job.train_step().items()} for _ in range(40)]
     finally:
         job.close()
     assert metrics[-1]["charts/expert_accuracy"] > 0.9 and metrics[-1]["charts/policy_accuracy"] > 0.9
