@@ -52,7 +52,13 @@ evaluation, continued exactly by ``resume``; d3rlpy: its networks and optimisers
 
     python bench/bench_offline.py cql_halfcheetah --seeds 1 --dataset DIR --d3rlpy-python PY --parallel --state-dir hc
 
-``--json FILE`` keeps the results; ``--from-json FILE --plot PNG`` tabulates and plots them again.
+``--json FILE`` keeps the results, written again after every seed; ``--from-json FILE [FILE ...]
+--plot PNG`` tabulates and plots them again, joining the seeds of runs made in separate sittings on
+one dataset (ten seeds of a short task, a few at a time)::
+
+    python bench/bench_offline.py awac --seeds 1 2 3 4 5 --dataset DIR --d3rlpy-python PY --parallel --json a.json
+    python bench/bench_offline.py awac --seeds 6 7 8 9 10 --dataset DIR --d3rlpy-python PY --parallel --json b.json
+    python bench/bench_offline.py awac --from-json a.json b.json --plot bench/awac_learning.png
 """
 
 from __future__ import annotations
@@ -233,6 +239,45 @@ def plot(path: str, algo: str, results: dict[str, list[dict]], steps: int) -> No
     fig.savefig(path, dpi=110)
 
 
+def write_json(path: str, algo: str, seeds: list[int], steps: int, results: dict[str, list[dict]]) -> None:
+    """Writes the finished seeds' results to ``path`` whole: into a temporary file beside it, then renamed
+    over it, so that a run stopped while writing leaves the previous seeds' file, never half of one."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"algo": algo, "seeds": seeds, "steps": steps, "results": results}, f, indent=1)
+    os.replace(tmp, path)
+
+
+def merge_json(paths: list[str]) -> dict:
+    """The ``--json`` files of ``paths`` as one: their seeds and each system's runs joined in order.
+
+    Raises:
+        ValueError: the files hold different tasks or gradient-step budgets, different systems, or a
+            seed twice.
+    """
+    merged: dict = {}
+    for path in paths:
+        with open(path) as f:
+            saved = json.load(f)
+        if not merged:
+            merged = {"algo": saved["algo"], "seeds": list(saved["seeds"]), "steps": saved["steps"],
+                      "results": {k: list(v) for k, v in saved["results"].items()}}
+            continue
+        for key in ("algo", "steps"):
+            if saved[key] != merged[key]:
+                raise ValueError(f"{path} has {key} {saved[key]!r}, {paths[0]} has {merged[key]!r}")
+        if set(saved["results"]) != set(merged["results"]):
+            raise ValueError(f"{path} has the systems {sorted(saved['results'])}, {paths[0]} has "
+                             f"{sorted(merged['results'])}")
+        twice = set(saved["seeds"]) & set(merged["seeds"])
+        if twice:
+            raise ValueError(f"{path} repeats seeds {sorted(twice)}")
+        merged["seeds"] += saved["seeds"]
+        for k, v in saved["results"].items():
+            merged["results"][k] += v
+    return merged
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("algo", choices=sorted(TASKS))
@@ -245,13 +290,18 @@ def main() -> None:
     p.add_argument("--state-dir", default=None, metavar="DIR",
                    help="keep every run's state in DIR and continue unfinished runs from it when the same command runs "
                         "again (runs longer than a sitting: CQL on HalfCheetah); not for awac's online phase")
-    p.add_argument("--json", default=None)
+    p.add_argument("--json", default=None, help="write the results here, again after every seed (a stopped run "
+                                               "keeps the seeds it finished)")
     p.add_argument("--plot", default=None, help="write the learning curves here (PNG)")
-    p.add_argument("--from-json", default=None, help="plot and tabulate a --json file of an earlier run instead of running")
+    p.add_argument("--from-json", default=None, nargs="+", metavar="JSON",
+                   help="plot and tabulate --json files of earlier runs (one task, same steps; their seeds joined) "
+                        "instead of running")
     args = p.parse_args()
     if args.from_json:
-        with open(args.from_json) as f:
-            saved = json.load(f)
+        try:
+            saved = merge_json(args.from_json)
+        except ValueError as e:
+            p.error(f"--from-json: {e}")
         print(table(args.algo, saved["results"]))
         if args.plot:
             plot(args.plot, args.algo, saved["results"], saved["steps"])
@@ -284,12 +334,11 @@ def main() -> None:
                                                     workdir, st))
             print(f"seed {seed}: " + "  ".join(f"{k}: final {v[-1]['final_eval']:.1f}, {v[-1]['grad_steps_per_s']:.0f} "
                                                  "gradient steps/s" for k, v in results.items()), flush=True)
+            if args.json:
+                write_json(args.json, args.algo, args.seeds[:len(results["msrl"])], steps, results)
         print(f"\n{args.algo} on {task['env']} from {dataset}, {steps} gradient steps; machine: "
               f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, seeds "
               f"{args.seeds}\n\n{table(args.algo, results)}\n", flush=True)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"algo": args.algo, "seeds": args.seeds, "steps": steps, "results": results}, f, indent=1)
         if args.plot:
             plot(args.plot, args.algo, results, steps)
 

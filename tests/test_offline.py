@@ -261,3 +261,36 @@ def test_the_offline_benchmarks_state_dir_continues_a_run_exactly(root, tmp_path
     assert [(c[0], c[2]) for c in continued["curve"]] == [(c[0], c[2]) for c in whole["curve"]] and len(whole["curve"]) == 2
     assert continued["final_eval"] == whole["final_eval"]
     assert bench_offline.run_msrl("iql", dataset, 1, 4, 2, str(tmp_path / "w"), str(state)) == continued
+
+
+def test_the_offline_benchmarks_json_files_join_their_seeds_and_refuse_a_mismatch(tmp_path, monkeypatch):
+    """``bench/bench_offline.py --json`` rewrites its file whole after each seed, and ``--from-json A B``
+    joins the seeds of runs made apart (ten seeds over several sittings) -- but not of two tasks, two
+    budgets or the same seed twice."""
+    bench = pathlib.Path(__file__).resolve().parents[1] / "bench"
+    monkeypatch.syspath_prepend(str(bench))
+    import bench_offline
+
+    def run(final):
+        return {"final_eval": final, "grad_steps_per_s": 10.0, "curve": [[2, 1.0, final]]}
+
+    a, b = str(tmp_path / "a.json"), str(tmp_path / "b.json")
+    bench_offline.write_json(a, "awac", [1], 4, {"msrl": [run(-1.0)], "d3rlpy AWAC": [run(-2.0)]})
+    bench_offline.write_json(a, "awac", [1, 2], 4, {"msrl": [run(-1.0), run(-3.0)],
+                                                    "d3rlpy AWAC": [run(-2.0), run(-4.0)]})
+    assert not (tmp_path / "a.json.tmp").exists()
+    bench_offline.write_json(b, "awac", [3], 4, {"msrl": [run(-5.0)], "d3rlpy AWAC": [run(-6.0)]})
+    merged = bench_offline.merge_json([a, b])
+    assert merged["seeds"] == [1, 2, 3] and merged["steps"] == 4
+    assert [r["final_eval"] for r in merged["results"]["msrl"]] == [-1.0, -3.0, -5.0]
+    assert [r["final_eval"] for r in merged["results"]["d3rlpy AWAC"]] == [-2.0, -4.0, -6.0]
+    assert "| msrl | -3.0 [" in bench_offline.table("awac", merged["results"])
+    with pytest.raises(ValueError, match="repeats seeds \\[1, 2\\]"):
+        bench_offline.merge_json([a, a])
+    c = str(tmp_path / "c.json")
+    bench_offline.write_json(c, "awac", [4], 6, {"msrl": [run(-1.0)], "d3rlpy AWAC": [run(-2.0)]})
+    with pytest.raises(ValueError, match="steps 6"):
+        bench_offline.merge_json([a, c])
+    bench_offline.write_json(c, "awac", [4], 4, {"msrl": [run(-1.0)]})
+    with pytest.raises(ValueError, match="systems"):
+        bench_offline.merge_json([a, c])
