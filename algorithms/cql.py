@@ -179,10 +179,8 @@ class CQLLearner(Learner):
     def _policy_samples(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``n_actions`` actions of the current policy per state and their log-probabilities,
         ``(B, K, n_act)`` and ``(B, K)``, without gradient."""
-        B, K = obs.shape[0], self.hp.n_actions
-        with torch.no_grad():
-            actions, log_prob = self.policy(obs.flatten(1).repeat_interleave(K, dim=0), self.generator)
-        return actions.view(B, K, -1), log_prob.view(B, K)
+        with torch.no_grad():  # one pass over the B states, K samples each
+            return self.policy(obs, self.generator, n_samples=self.hp.n_actions)
 
     def learn(self, batch: TensorDict) -> dict[str, Any]:
         """One CQL step on a minibatch.

@@ -226,6 +226,31 @@ def test_cqls_target_action_is_the_policys_mean_or_a_sample_as_configured(root):
     assert [m["losses/qf_loss"] for m in mean[0][1:]] != [m["losses/qf_loss"] for m in sampled[0][1:]]
 
 
+def test_cqls_k_sampled_actions_per_state_are_one_pass_of_the_policy_drawing_the_repeated_states_noise():
+    """``SquashedGaussianPolicy(obs, g, n_samples=K)`` (CQL's penalty: one network pass over the
+    B states, as d3rlpy's ``sample_n_with_log_prob``) draws the very noise the ``B * K`` repeated
+    states drew, so its actions and log-probabilities are those of the repeated pass; a wrong
+    ``n_samples`` is an error."""
+    import gymnasium as gym
+    import numpy as np
+
+    from msrl.rl.continuous import SquashedGaussianPolicy
+
+    torch.manual_seed(0)
+    policy = SquashedGaussianPolicy(gym.spaces.Box(-np.inf, np.inf, (5,)), gym.spaces.Box(-2, 2, (3,)), (32, 32))
+    obs = torch.randn(16, 5)
+    g_rep, g_k = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    a_rep, logp_rep = policy(obs.repeat_interleave(4, dim=0), g_rep)
+    a_k, logp_k = policy(obs, g_k, n_samples=4)
+    assert a_k.shape == (16, 4, 3) and logp_k.shape == (16, 4)
+    assert torch.allclose(a_k, a_rep.view(16, 4, 3), atol=1e-6) and torch.allclose(logp_k, logp_rep.view(16, 4), atol=1e-5)
+    assert torch.equal(g_rep.get_state(), g_k.get_state())  # the same numbers drawn
+    assert a_k.abs().max() <= 2.0 and not torch.equal(a_k[:, 0], a_k[:, 1])
+    for bad in (dict(n_samples=0), dict(n_samples=4, deterministic=True)):
+        with pytest.raises(ValueError, match="n_samples"):
+            policy(obs, g_k, **bad)
+
+
 #: the native twin of each offline algorithm's env (gpu_only steps native envs only)
 NATIVE_ENV = {"msrl/cartpole/tiny-v0": "msrl/CartPole-v1", "msrl/pendulum/tiny-v0": "msrl/Pendulum-v1"}
 

@@ -94,7 +94,8 @@ class SquashedGaussianPolicy(nn.Module):
         self.register_buffer("bias", (high + low) / 2.0)
 
     def forward(
-        self, obs: torch.Tensor, generator: torch.Generator | None = None, deterministic: bool = False
+        self, obs: torch.Tensor, generator: torch.Generator | None = None, deterministic: bool = False,
+        n_samples: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Samples actions.
 
@@ -102,15 +103,29 @@ class SquashedGaussianPolicy(nn.Module):
             obs: ``(B, *obs_shape)`` float32.
             generator: the RNG of the Gaussian noise.
             deterministic: take ``tanh(mu)`` instead of sampling.
+            n_samples: ``K`` actions per state from one pass of the network over the ``B`` states
+                (CQL's sampled actions; d3rlpy's ``sample_n_with_log_prob``). The noise is drawn
+                as ``(B, K, n_act)``: the same numbers, in the same order, as for the ``B * K``
+                states of ``obs.repeat_interleave(K, 0)``, at a ``K``-th of the network's work.
 
         Returns:
             ``(action, log_prob)``: action ``(B, n_act)`` float32 within the action bounds,
-            log_prob ``(B,)`` with the tanh change of variables (Eq. 26 of the 2018 paper).
+            log_prob ``(B,)`` with the tanh change of variables (Eq. 26 of the 2018 paper);
+            with ``n_samples``, ``(B, K, n_act)`` and ``(B, K)``.
+
+        Raises:
+            ValueError: ``n_samples`` below 1, or given with ``deterministic`` (``K`` copies of
+                one action are the caller's to make).
         """
         h = F.relu(self.trunk(obs.flatten(1)))
         mean = self.mean(h)
         log_std = torch.tanh(self.log_std(h))
         log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1)
+        if n_samples is not None:
+            if n_samples < 1 or deterministic:
+                raise ValueError(f"n_samples={n_samples!r} with deterministic={deterministic}: give n_samples >= 1 "
+                                 "and sample (deterministic=False)")
+            mean, log_std = mean.unsqueeze(1).expand(-1, n_samples, -1), log_std.unsqueeze(1).expand(-1, n_samples, -1)
         std = log_std.exp()
         if deterministic:
             u = mean
