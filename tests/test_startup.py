@@ -341,3 +341,48 @@ def test_msrl_train_gives_a_users_process_the_start_up_shortcuts_only_when_asked
     applied before the config's validation imports the algorithm (and tensordict with it)."""
     out = json.loads(_python(ASKED.replace("RUNS", repr(str(tmp_path)))).splitlines()[-1])
     assert out == {"tensordict": True, "optimizers": True, "marked": False, "dynamo": False}
+
+
+KEPT = """
+    import ctypes, json, os
+    if os.environ.get("OWN") == "1":
+        from msrl.runtime.startup import own_process
+        owned = own_process()
+    else:
+        import msrl  # importing changes nothing
+        owned = []
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes, libc.memset.argtypes = [ctypes.c_void_p], [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                   "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+    libc.mallinfo2.restype = MallInfo2
+    for _ in range(3):  # what a gradient step does with its activations: 128 MB of 8 MB blocks made, written, freed
+        blocks = [libc.malloc(8 << 20) for _ in range(16)]
+        for b in blocks:
+            libc.memset(b, 1, 8 << 20)
+        for b in blocks:
+            libc.free(b)
+    print(json.dumps({"kept_mb": libc.mallinfo2().keepcost >> 20, "owned": owned}))
+"""
+
+
+_LIBC, _LIBC_VERSION = __import__("platform").libc_ver()
+
+
+@pytest.mark.skipif(_LIBC != "glibc" or tuple(int(x) for x in _LIBC_VERSION.split(".")[:2]) < (2, 33), reason="steady_malloc tunes glibc's malloc only (mallinfo2: glibc 2.33)")
+def test_a_process_msrl_owns_keeps_its_heap_across_steps_and_a_users_process_is_left_as_it_was():
+    """glibc gives a step's freed activations back to the kernel (mapped blocks unmapped, the
+    heap's top trimmed past twice the largest freed block), so the next step faults them in
+    again. In a process msrl owns (:func:`~msrl.runtime.startup.steady_malloc`) the 128 MB a
+    step freed stay on the heap (``mallinfo2().keepcost``) for the next; ``import msrl`` alone
+    changes nothing, and ``MSRL_STEADY_MALLOC=0`` turns it off."""
+    plain = json.loads(_python(KEPT).splitlines()[-1])
+    owned = json.loads(_python(KEPT, env={"OWN": "1"}).splitlines()[-1])
+    off = json.loads(_python(KEPT, env={"OWN": "1", "MSRL_STEADY_MALLOC": "0"}).splitlines()[-1])
+    assert "glibc malloc" in owned["owned"] and "glibc malloc" not in off["owned"] and plain["owned"] == []
+    assert owned["kept_mb"] >= 128
+    assert plain["kept_mb"] < 64 and off["kept_mb"] < 64
