@@ -138,9 +138,9 @@ def own_process(*, compiles: bool = False) -> list[str]:
     Returns:
         what this call changed: ``"tensordict"`` for the import finder, the qualified names
         of the ``torch.optim`` methods, ``"glibc malloc"`` for :func:`steady_malloc` (empty when
-        nothing was changed). Before ``import
-        torch`` the optimisers are changed once torch's import ends (the finder waits for it;
-        nothing else of torch is touched): :func:`owned_changes` lists them from then on.
+        nothing was changed). Before ``import torch`` the optimisers are changed once torch's
+        import ends (the finder waits for it; nothing else of torch is touched):
+        :func:`owned_changes` lists them from then on.
     """
     if compiles:
         _say_once("start-up: plain torch (the job compiles a fragment)")
