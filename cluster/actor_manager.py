@@ -339,7 +339,10 @@ class ReplicaGroup:
         self.actors = []
         abandoned, self._abandoned = list(dict.fromkeys(self._abandoned)), []  # once each: ray.wait refuses repeats
         if abandoned:  # their ends read (the actors are gone: within moments), so Ray reports none as unhandled
-            ended, _ = ray.wait(abandoned, num_returns=len(abandoned), timeout=self.KILL_WAIT_S)
+            try:
+                ended, _ = ray.wait(abandoned, num_returns=len(abandoned), timeout=self.KILL_WAIT_S)
+            except Exception:  # noqa: BLE001 - the raylet itself gone (its socket reset): no end left to read,
+                ended = []  # and the run's own error, not this one, is what its user must see
             for f in ended:
                 try:
                     ray.get(f, timeout=0)
