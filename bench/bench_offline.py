@@ -32,6 +32,10 @@ replay buffer that starts with the dataset's (d3rlpy: ``fit`` then ``fit_online`
    ``eval every`` gradient steps and at the end (20 episodes, envs seeded 10000..10019;
    evaluation time out of the clock).
 
+msrl trains in the benchmark's process, which is msrl's own as the ``msrl train`` command's is
+(:func:`msrl.runtime.startup.own_process`, from 2026-12-05: its heap kept between gradient steps);
+figures recorded before that date were measured without it.
+
 Reported per system: the final greedy evaluation (median and IQR over seeds, the seeds at or
 above the task's gate: RLlib's for BC, IQL and CQL; CartPole's solved threshold, 475, for
 discrete CQL; the online learners' Pendulum gate, -200, for AWAC) and gradient steps per second
@@ -307,6 +311,10 @@ def main() -> None:
             plot(args.plot, args.algo, saved["results"], saved["steps"])
         return
     torch.set_num_threads(1)
+    # the benchmark's process is msrl's own, as the ``msrl train`` command's is: its figures are the command's
+    from msrl.runtime.startup import own_process
+
+    own_process()
     task = TASKS[args.algo]
     steps, eval_every, peer = args.steps or task["steps"], task["eval_every"], task["peer"]
     if steps % eval_every or (task.get("online_half") and (steps // 2) % eval_every):
