@@ -72,6 +72,7 @@ import json
 import os
 import pathlib
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -176,7 +177,12 @@ def d3rlpy_result(proc: subprocess.Popen, err: str) -> dict:
     Raises:
         RuntimeError: the peer failed (the tail of its stderr in the message).
     """
-    out, _ = proc.communicate()
+    try:
+        out, _ = proc.communicate()
+    except BaseException:  # the benchmark stopped (Ctrl-C, SIGTERM): the peer stops with it
+        proc.kill()
+        proc.wait()
+        raise
     if proc.returncode != 0:
         with open(err) as f:
             raise RuntimeError(f"d3rlpy's run failed (exit {proc.returncode}):\n{f.read()[-3000:]}")
@@ -315,6 +321,8 @@ def main() -> None:
     from msrl.runtime.startup import own_process
 
     own_process()
+    # SIGTERM (kill, a session's end) stops the benchmark as Ctrl-C does: its d3rlpy process is stopped too
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     task = TASKS[args.algo]
     steps, eval_every, peer = args.steps or task["steps"], task["eval_every"], task["peer"]
     if steps % eval_every or (task.get("online_half") and (steps // 2) % eval_every):
@@ -333,7 +341,12 @@ def main() -> None:
         for seed in args.seeds:
             if args.d3rlpy_python and args.parallel:  # d3rlpy's seed on the other core while msrl's runs
                 proc = start_d3rlpy(args.algo, args.d3rlpy_python, dataset, seed, steps, eval_every, workdir, st)
-                results["msrl"].append(run_msrl(args.algo, dataset, seed, steps, eval_every, workdir, st))
+                try:
+                    results["msrl"].append(run_msrl(args.algo, dataset, seed, steps, eval_every, workdir, st))
+                except BaseException:  # msrl's run failed or the benchmark stopped: the peer stops with it
+                    proc[0].kill()
+                    proc[0].wait()
+                    raise
                 results[peer].append(d3rlpy_result(*proc))
             else:
                 results["msrl"].append(run_msrl(args.algo, dataset, seed, steps, eval_every, workdir, st))
