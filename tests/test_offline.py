@@ -310,6 +310,13 @@ def test_the_offline_benchmarks_json_files_join_their_seeds_and_refuse_a_mismatc
     assert [r["final_eval"] for r in merged["results"]["msrl"]] == [-1.0, -3.0, -5.0]
     assert [r["final_eval"] for r in merged["results"]["d3rlpy AWAC"]] == [-2.0, -4.0, -6.0]
     assert "| msrl | -3.0 [" in bench_offline.table("awac", merged["results"])
+    # RLlib's stop rule beside the final evaluation: a seed at the gate at 2 steps, below it at the end
+    fell = {"final_eval": -700.0, "grad_steps_per_s": 10.0, "curve": [[2, 1.0, -150.0], [4, 2.0, -700.0]]}
+    never = {"final_eval": -600.0, "grad_steps_per_s": 10.0, "curve": [[2, 1.0, -400.0], [4, 2.0, -600.0]]}
+    assert bench_offline.first_reach(fell["curve"], -200.0) == 2 and bench_offline.first_reach(never["curve"], -200.0) is None
+    rows = bench_offline.table("iql", {"msrl": [fell, fell, never]}).splitlines()
+    assert rows[2].startswith("| msrl | -700.0 [") and "| 0/3 | 2/3 (2) | 10 |" in rows[2]
+    assert "| 0/2 | 1/2 | 10 |" in bench_offline.table("iql", {"msrl": [fell, never]})
     with pytest.raises(ValueError, match="repeats seeds \\[1, 2\\]"):
         bench_offline.merge_json([a, a])
     c = str(tmp_path / "c.json")
