@@ -33,8 +33,8 @@ replay buffer that starts with the dataset's (d3rlpy: ``fit`` then ``fit_online`
    evaluation time out of the clock).
 
 msrl trains in the benchmark's process, which is msrl's own as the ``msrl train`` command's is
-(:func:`msrl.runtime.startup.own_process`, from 2026-12-05: its heap kept between gradient steps);
-figures recorded before that date were measured without it.
+(:func:`msrl.runtime.startup.own_process`, from be3f20f: its heap kept between gradient steps); the
+figures of earlier commits were measured without it.
 
 Reported per system: the final greedy evaluation (median and IQR over seeds, the seeds at or
 above the task's gate: RLlib's for BC, IQL and CQL; CartPole's solved threshold, 475, for

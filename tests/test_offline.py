@@ -288,6 +288,52 @@ def test_the_offline_benchmarks_state_dir_continues_a_run_exactly(root, tmp_path
     assert bench_offline.run_msrl("iql", dataset, 1, 4, 2, str(tmp_path / "w"), str(state)) == continued
 
 
+def test_a_stopped_offline_benchmark_leaves_no_peer_running(root, tmp_path):
+    """``bench/bench_offline.py --parallel`` stopped by SIGTERM while msrl's seed trains: its
+    d3rlpy process (here a stand-in that sleeps) is stopped with it, not left training beside the
+    next run. Waits on events (the peer's pid file, the peer's end), not on a clock."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pidfile = tmp_path / "peer.pid"
+    fake = tmp_path / "fake_python"
+    fake.write_text(f"#!/bin/sh\necho $$ > {pidfile}.tmp && mv {pidfile}.tmp {pidfile}\nexec sleep 600\n")
+    fake.chmod(0o755)
+    bench = pathlib.Path(__file__).resolve().parents[1] / "bench" / "bench_offline.py"
+    proc = subprocess.Popen([sys.executable, str(bench), "iql", "--seeds", "1", "--steps", "1000000", "--dataset",
+                             str(root / "msrl/pendulum/tiny-v0"), "--d3rlpy-python", str(fake), "--parallel"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not pidfile.exists():
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "the peer never started"
+            time.sleep(0.05)
+        peer = int(pidfile.read_text())
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=300) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    deadline = time.monotonic() + 60
+    while True:  # the peer was a child of the benchmark: gone, or a zombie nobody reaps
+        try:
+            with open(f"/proc/{peer}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            break
+        if state == "Z":
+            break
+        if time.monotonic() > deadline:
+            os.kill(peer, signal.SIGKILL)  # not left behind by the failing test either
+            pytest.fail(f"the peer {peer} was still running ({state}) a minute after the benchmark stopped")
+        time.sleep(0.05)
+
+
 def test_the_offline_benchmarks_json_files_join_their_seeds_and_refuse_a_mismatch(tmp_path, monkeypatch):
     """``bench/bench_offline.py --json`` rewrites its file whole after each seed, and ``--from-json A B``
     joins the seeds of runs made apart (ten seeds over several sittings) -- but not of two tasks, two
