@@ -173,6 +173,13 @@ def start_d3rlpy(algo: str, python: str, dataset: str, seed: int, steps: int, ev
     return proc, err
 
 
+def stop_peer(proc: subprocess.Popen) -> None:
+    """Kills a :func:`start_d3rlpy` process and reaps it (the benchmark stopping or msrl's seed
+    failing: no peer left training beside the next run)."""
+    proc.kill()
+    proc.wait()
+
+
 def d3rlpy_result(proc: subprocess.Popen, err: str) -> dict:
     """Waits for a :func:`start_d3rlpy` process; its JSON line.
 
@@ -182,8 +189,7 @@ def d3rlpy_result(proc: subprocess.Popen, err: str) -> dict:
     try:
         out, _ = proc.communicate()
     except BaseException:  # the benchmark stopped (Ctrl-C, SIGTERM): the peer stops with it
-        proc.kill()
-        proc.wait()
+        stop_peer(proc)
         raise
     if proc.returncode != 0:
         with open(err) as f:
@@ -362,8 +368,7 @@ def main() -> None:
                 try:
                     results["msrl"].append(run_msrl(args.algo, dataset, seed, steps, eval_every, workdir, st))
                 except BaseException:  # msrl's run failed or the benchmark stopped: the peer stops with it
-                    proc[0].kill()
-                    proc[0].wait()
+                    stop_peer(proc[0])
                     raise
                 results[peer].append(d3rlpy_result(*proc))
             else:

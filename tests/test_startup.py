@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import platform
 import subprocess
 import sys
 import textwrap
@@ -370,7 +371,7 @@ KEPT = """
 """
 
 
-_LIBC, _LIBC_VERSION = __import__("platform").libc_ver()
+_LIBC, _LIBC_VERSION = platform.libc_ver()
 
 
 @pytest.mark.skipif(_LIBC != "glibc" or tuple(int(x) for x in _LIBC_VERSION.split(".")[:2]) < (2, 33), reason="steady_malloc tunes glibc's malloc only (mallinfo2: glibc 2.33)")

@@ -189,8 +189,9 @@ def steady_malloc() -> list[str]:
     with _LOCK:
         if "glibc malloc" in _OWNED or os.environ.get("MSRL_STEADY_MALLOC") == "0":
             return []
-        if platform.libc_ver()[0] != "glibc":
-            _say_once(f"start-up: malloc left as it is (C library {platform.libc_ver()[0] or 'unknown'}, not glibc)")
+        libc = platform.libc_ver()[0]
+        if libc != "glibc":
+            _say_once(f"start-up: malloc left as it is (C library {libc or 'unknown'}, not glibc)")
             return []
         mallopt = ctypes.CDLL(None).mallopt  # the process's own C library
         mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
