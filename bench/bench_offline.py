@@ -80,6 +80,7 @@ import sys
 import tempfile
 
 import torch
+import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -155,6 +156,18 @@ def run_msrl(algo: str, dataset: str, seed: int, steps: int, eval_every: int, wo
     return {"final_eval": final, "grad_steps_per_s": iterations / time_s, "curve": curve}
 
 
+def peer_settings(algo: str) -> list[str]:
+    """The command-line flags that give ``bench/peer_d3rlpy.py`` the settings of msrl's config for
+    ``algo`` where d3rlpy's defaults differ by task: IQL's expectile and inverse temperature
+    (``--expectile``, ``--weight-temp``; Pendulum's are RLlib's, HalfCheetah's the paper's). Empty
+    for the other algorithms, whose peer settings are fixed in ``peer_d3rlpy.py``."""
+    if TASKS[algo].get("d3rlpy", algo) != "iql":
+        return []
+    with open(os.path.join(ROOT, "configs", TASKS[algo]["config"])) as f:
+        hparams = yaml.safe_load(f)["algorithm"]["hparams"]
+    return ["--expectile", str(hparams["expectile"]), "--weight-temp", str(hparams["beta"])]
+
+
 def start_d3rlpy(algo: str, python: str, dataset: str, seed: int, steps: int, eval_every: int, workdir: str,
                  state_dir: str | None = None) -> tuple[subprocess.Popen, str]:
     """Starts one seed of d3rlpy's ``algo`` (``bench/peer_d3rlpy.py``) in ``python`` as a
@@ -168,7 +181,7 @@ def start_d3rlpy(algo: str, python: str, dataset: str, seed: int, steps: int, ev
                                  str(seed), "--steps", str(steps), "--eval-every", str(eval_every), "--env-id",
                                  TASKS[algo]["env"],
                                  *(["--offline-steps", str(steps // 2)] if TASKS[algo].get("online_half") else []),
-                                 *keep],
+                                 *peer_settings(algo), *keep],
                                 stdout=subprocess.PIPE, stderr=f, text=True)
     return proc, err
 

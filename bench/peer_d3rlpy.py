@@ -14,8 +14,10 @@ msrl's)::
 
 BC: Adam 1e-3, batch 256, d3rlpy's default encoder (two 256-unit ReLU layers), and ``beta=0``
 (d3rlpy's default 0.5 adds an L2 penalty on the logits, which msrl's BC has not). IQL: d3rlpy's
-defaults, which are msrl's (Adam 3e-4, batch 256, gamma 0.99, tau 0.005, expectile 0.7,
-temperature 3, weights clipped at 100, two critics, 256-256 ReLU encoders). CQL: d3rlpy's
+defaults, which are msrl's (Adam 3e-4, batch 256, gamma 0.99, tau 0.005, weights clipped at 100,
+two critics, 256-256 ReLU encoders), with the expectile and the inverse temperature of msrl's config
+(``--expectile``, ``--weight-temp``: the paper's 0.7 and 3 by default; ``bench/bench_offline.py``
+passes its config's). CQL: d3rlpy's
 defaults, which are msrl's (critic 3e-4, actor and temperature 1e-4, conservative weight 5, 10
 sampled actions of each kind), but ``alpha_learning_rate=0``: d3rlpy's default tunes a Lagrange
 multiplier on the penalty, which msrl's CQL (CQL(H) with a fixed weight) has not. Both with
@@ -72,6 +74,8 @@ def main() -> None:
     p.add_argument("--env-id", default="CartPole-v1")
     p.add_argument("--offline-steps", type=int, default=None,
                    help="AWAC: gradient steps on the dataset before the online phase (default: all of --steps)")
+    p.add_argument("--expectile", type=float, default=0.7, help="IQL: the value network's expectile")
+    p.add_argument("--weight-temp", type=float, default=3.0, help="IQL: the advantage weights' inverse temperature")
     p.add_argument("--state-dir", default=None, metavar="DIR",
                    help="keep the run's state here after every evaluation (d3rlpy's save_model: networks and "
                         "optimisers; the curve and training time) and continue from it when run again; offline only")
@@ -106,7 +110,8 @@ def main() -> None:
         space = gymnasium.make(args.env_id).action_space
         scaler = d3rlpy.preprocessing.MinMaxActionScaler(minimum=space.low, maximum=space.high)
         if args.algo == "iql":
-            algo = d3rlpy.algos.IQLConfig(action_scaler=scaler).create(device="cpu:0")
+            algo = d3rlpy.algos.IQLConfig(expectile=args.expectile, weight_temp=args.weight_temp,
+                                          action_scaler=scaler).create(device="cpu:0")
         elif args.algo == "awac":
             algo = d3rlpy.algos.AWACConfig(actor_learning_rate=3e-4, critic_learning_rate=3e-4, batch_size=256,
                                            lam=1.0, action_scaler=scaler).create(device="cpu:0")

@@ -372,3 +372,17 @@ def test_the_offline_benchmarks_json_files_join_their_seeds_and_refuse_a_mismatc
     bench_offline.write_json(c, "awac", [4], 4, {"msrl": [run(-1.0)]})
     with pytest.raises(ValueError, match="systems"):
         bench_offline.merge_json([a, c])
+
+
+def test_the_offline_benchmarks_iql_peer_gets_the_expectile_and_temperature_of_msrls_config(monkeypatch):
+    """d3rlpy's IQL trains with the expectile and inverse temperature of the msrl config it is measured
+    beside (Pendulum's are RLlib's, HalfCheetah's the paper's), not with d3rlpy's defaults."""
+    bench = pathlib.Path(__file__).resolve().parents[1] / "bench"
+    monkeypatch.syspath_prepend(str(bench))
+    import bench_offline
+
+    for algo, (expectile, beta) in {"iql": (0.8, 0.1), "iql_halfcheetah": (0.7, 3.0)}.items():
+        hp = load_config(bench.parent / "configs" / bench_offline.TASKS[algo]["config"]).algorithm.hparams
+        assert (hp["expectile"], hp["beta"]) == (expectile, beta)
+        assert bench_offline.peer_settings(algo) == ["--expectile", str(expectile), "--weight-temp", str(beta)]
+    assert bench_offline.peer_settings("cql") == [] and bench_offline.peer_settings("awac") == []
