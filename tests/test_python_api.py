@@ -104,3 +104,29 @@ def test_a_replica_process_takes_the_jobs_matmul_precision():
         torch.set_float32_matmul_precision("highest")
         if actor is not None:
             actor.close()
+
+
+def test_an_error_from_ray_as_its_cluster_stops_is_the_cluster_lost_with_the_run_directory(tmp_path, monkeypatch):
+    """A call into Ray's core worker can fail as this machine's raylet dies (``OSError: Connection
+    reset by peer`` from ``ray.wait``) before Ray ends the driver itself: while the cluster is
+    gone, that is :class:`~msrl.run.outcome.ClusterLost` naming the run's directory (one line,
+    ``msrl train`` exits 3), not a traceback; while the cluster runs, the error is the error."""
+    from msrl.run import training
+    from msrl.run.loop import TrainingLoop
+    from msrl.run.outcome import EXIT_LOST, ClusterLost
+
+    def run(self):
+        raise OSError("Connection reset by peer")
+
+    monkeypatch.setattr(TrainingLoop, "run", run)
+    monkeypatch.setattr(training, "_cluster_stopped", lambda: "its raylet (pid 1) exited with status -9")
+    with pytest.raises(ClusterLost) as lost:
+        msrl.train(MAIN, runs_dir=str(tmp_path / "a"), train__progress=False)
+    run_dir = tmp_path / "a" / "ppo_cartpole"
+    assert str(lost.value) == (f"the Ray cluster of this run stopped (its raylet (pid 1) exited with status -9); "
+                               f"the run ({run_dir}) has no checkpoint yet: start it again")
+    assert lost.value.run_dir == run_dir and lost.value.exit_status == EXIT_LOST
+    assert isinstance(lost.value.__cause__, OSError)
+    monkeypatch.setattr(training, "_cluster_stopped", lambda: None)
+    with pytest.raises(OSError, match="Connection reset by peer"):
+        msrl.train(MAIN, runs_dir=str(tmp_path / "b"), train__progress=False)

@@ -135,6 +135,14 @@ def _count_faults(faults: dict[str, int], cause: BaseException, dropped: int) ->
         faults["replica_hangs"] = faults.get("replica_hangs", 0) + 1
 
 
+def _maybe_cluster_loss(e: BaseException) -> bool:
+    """Whether ``e`` may be the Ray cluster stopping under the run: a lost replica, or any error
+    that is not msrl's own (msrl's errors and a user's Ctrl-C say what happened themselves)."""
+    from msrl.errors import MsrlError
+
+    return isinstance(e, (ReplicaLost, ReplicaDied)) or (isinstance(e, Exception) and not isinstance(e, MsrlError))
+
+
 def _cluster_stopped() -> str | None:
     """Why the Ray cluster of this driver stopped, or ``None`` (running, or no Ray imported)."""
     if "ray" not in sys.modules:
@@ -177,14 +185,19 @@ def _train_once(cfg: RunConfig, resume: str | pathlib.Path | None, restarted: bo
                   f"({', '.join(lagging)}: latest; async/policy_lag_mean in metrics.csv); algorithm "
                   f"{cfg.algorithm.name} does not declare whether its update corrects for that "
                   "(AlgorithmSpec.policy_lag)", file=sys.stderr)
+        loop = None
         try:
-            return TrainingLoop(cfg, spec, job, resume, state, locks, faults=faults, reuse=reuse).run()
+            loop = TrainingLoop(cfg, spec, job, resume, state, locks, faults=faults, reuse=reuse)
+            return loop.run()
         except BaseException as e:
-            # a replica lost with the cluster under it: looked at before close() stops the Ray it started
-            why = _cluster_stopped() if isinstance(e, (ReplicaLost, ReplicaDied)) else None
+            # a replica lost with the cluster under it, or a call into Ray's core worker failing
+            # as its raylet goes (``OSError: Connection reset by peer`` from ray.wait, before Ray
+            # ends this process itself): looked at before close() stops the Ray it started
+            why = _cluster_stopped() if _maybe_cluster_loss(e) else None
             job.close()  # no replica process outlives a failed or interrupted run
             if why is not None:
-                where = e.run_dir if isinstance(e, ReplicaLost) else (pathlib.Path(resume) if resume else reuse)
+                where = (e.run_dir if isinstance(e, ReplicaLost) else loop.run_dir if loop is not None
+                         else pathlib.Path(resume) if resume else reuse)
                 raise ClusterLost(where, why) from e
             raise
     finally:
