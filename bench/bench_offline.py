@@ -80,7 +80,6 @@ import sys
 import tempfile
 
 import torch
-import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -163,8 +162,9 @@ def peer_settings(algo: str) -> list[str]:
     for the other algorithms, whose peer settings are fixed in ``peer_d3rlpy.py``."""
     if TASKS[algo].get("d3rlpy", algo) != "iql":
         return []
-    with open(os.path.join(ROOT, "configs", TASKS[algo]["config"])) as f:
-        hparams = yaml.safe_load(f)["algorithm"]["hparams"]
+    from msrl.config import load_config
+
+    hparams = load_config(os.path.join(ROOT, "configs", TASKS[algo]["config"])).algorithm.hparams
     return ["--expectile", str(hparams["expectile"]), "--weight-temp", str(hparams["beta"])]
 
 

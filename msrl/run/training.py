@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from msrl.config import ConfigError, RunConfig, build_job_spec
-from msrl.errors import PlacementError
+from msrl.errors import MsrlError, PlacementError
 from msrl.run.checkpoints import CHECKPOINT, atomic_save, load_checkpoint, read_checkpoint, set_aside_damaged
 from msrl.run.driver import make_job, oversubscription
 from msrl.run.evaluation import check_evaluable, evaluation_env
@@ -138,8 +138,6 @@ def _count_faults(faults: dict[str, int], cause: BaseException, dropped: int) ->
 def _maybe_cluster_loss(e: BaseException) -> bool:
     """Whether ``e`` may be the Ray cluster stopping under the run: a lost replica, or any error
     that is not msrl's own (msrl's errors and a user's Ctrl-C say what happened themselves)."""
-    from msrl.errors import MsrlError
-
     return isinstance(e, (ReplicaLost, ReplicaDied)) or (isinstance(e, Exception) and not isinstance(e, MsrlError))
 
 
