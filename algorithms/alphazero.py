@@ -70,6 +70,10 @@ class AlphaZeroConfig:
     """PUCT's exploration schedule ``c(s) = log((1 + N(s) + c_base) / c_base) + c_init`` (pseudocode)"""
     c_init: PositiveFloat = 1.25
     """PUCT's exploration constant at small visit counts (pseudocode)"""
+    puct_q: Literal["signed", "unit"] = "signed"
+    """PUCT's ``Q``: ``signed``, a child's mean value in ``[-1, 1]``, 0 (a draw) while unvisited
+    (OpenSpiel's); ``unit``, the pseudocode's ``[0, 1]`` (its backup adds ``1 - value``), for which
+    ``c_init`` was set: ``(mean + 1) / 2``, 0 (a loss) while unvisited"""
     dirichlet_alpha: PositiveFloat = 1.0
     """concentration of the Dirichlet noise mixed into the root's priors (the paper: 0.3 for chess)"""
     root_exploration_fraction: Fraction = 0.25
@@ -219,7 +223,8 @@ class PUCTSearch:
     One simulation (the pseudocode's ``run_mcts``): from the root, repeatedly take the child
     maximising ``Q(s, a) + U(s, a)``, ``U = c(s) P(s, a) sqrt(N(s)) / (1 + N(s, a))``,
     ``c(s) = log((1 + N(s) + c_base) / c_base) + c_init``, ``Q`` the child's mean value for the
-    player choosing (0 while unvisited), until a node not yet expanded; the network evaluates it
+    player choosing (``puct_q``: in ``[-1, 1]``, 0 while unvisited; or in ``[0, 1]``, 0 while
+    unvisited), until a node not yet expanded; the network evaluates it
     (a finished game's exact outcome replaces the network's value), it is expanded with the
     legal moves' softmax priors, and its value is added along the path, signed for each node's
     chooser. The root's first expansion mixes ``Dirichlet(alpha)`` noise into its priors with
@@ -287,6 +292,7 @@ class PUCTSearch:
 
     def _select(self, root: _Node) -> list[_Node]:
         hp, node, path = self.hp, root, [root]
+        unit = hp.puct_q == "unit"
         while node.prior is not None and node.player >= 0:
             c = math.log((1 + node.visits + hp.c_base) / hp.c_base) + hp.c_init
             best, best_score = -1, -math.inf
@@ -294,7 +300,7 @@ class PUCTSearch:
             for a in node.legal:
                 child = node.children.get(a)
                 n = child.visits if child is not None else 0
-                q = child.value_sum / n if n else 0.0
+                q = (0.5 * child.value_sum / n + 0.5 if unit else child.value_sum / n) if n else 0.0
                 score = q + c * node.prior[a] * sqrt_n / (1 + n)
                 if score > best_score:
                     best, best_score = a, score

@@ -77,11 +77,12 @@ def kept_weights(run_dir: str, from_steps: int, to_steps: int | None = None) -> 
 
 def play(game: str, run_dir: str, train_s: float | None, games: int, simulations: int | None,
          weights: str | None = None, opponents: tuple[str, ...] | None = None,
-         match_seed: int | None = None) -> dict:
+         match_seed: int | None = None, search: tuple[str, ...] = ()) -> dict:
     """Plays the latest checkpoint of the AlphaZero run in ``run_dir`` (or the policy weights
     file ``weights`` it kept), with its config's search, ``games`` games against each of
     ``opponents`` (default: every opponent of ``game``, :data:`OPPONENTS`), game ``g`` seeded
-    ``match_seed + g`` (default ``10_000`` + the run's seed); returns the rates, the positions
+    ``match_seed + g`` (default ``10_000`` + the run's seed), the search's hyperparameters
+    overridden by ``search`` (``KEY=VALUE`` of ``algorithm.hparams``, e.g. ``puct_q=unit``); returns the rates, the positions
     and the run's seed, and ``train_s`` (``None``: the run was trained elsewhere, e.g. by
     ``msrl train``)."""
     import os
@@ -90,7 +91,7 @@ def play(game: str, run_dir: str, train_s: float | None, games: int, simulations
     from msrl.config import load_config
     from msrl.run.checkpoints import CHECKPOINT
 
-    cfg = load_config(os.path.join(run_dir, "config.yaml"), [])
+    cfg = load_config(os.path.join(run_dir, "config.yaml"), [f"algorithm.hparams.{kv}" for kv in search])
     if cfg.algorithm.name != "alphazero":
         raise SystemExit(f"{run_dir}: a run of {cfg.algorithm.name!r}, not of alphazero")
     hp = alphazero.AlphaZeroConfig(**cfg.algorithm.hparams)
@@ -100,7 +101,7 @@ def play(game: str, run_dir: str, train_s: float | None, games: int, simulations
     match_seed = 10_000 + cfg.seed if match_seed is None else match_seed
     out = {"game": game, "seed": cfg.seed, "run_dir": run_dir, "weights": weights, "train_s": train_s,
            "env_steps": ckpt["env_steps"], "simulations": simulations or hp.num_simulations,
-           "match_seed": match_seed}
+           "match_seed": match_seed, "search": list(search)}
     for opponent in opponents or OPPONENTS[game]:
         t1 = time.perf_counter()
         out[opponent] = alphazero.play_match(net, game, opponent, hp, games, seed=match_seed,
@@ -165,6 +166,9 @@ def main() -> None:
     a.add_argument("--match-seed", type=int, default=None, metavar="SEED",
                    help="seed of the matches' first game (game g: SEED + g; default 10000 + the run's seed), "
                         "e.g. to split one policy's games over processes with disjoint seeds")
+    a.add_argument("--search", nargs="+", default=(), metavar="KEY=VALUE",
+                   help="override the run's search hyperparameters in the matches (algorithm.hparams.KEY), "
+                        "e.g. puct_q=unit c_init=2")
     b = sub.add_parser("selfplay")
     b.add_argument("--actors", type=int, nargs="+", default=[1, 4, 16])
     b.add_argument("--games-per-actor", type=int, default=4)
@@ -191,13 +195,15 @@ def main() -> None:
         plays = [(d, t, w) for d, t in runs for w in
                  ([None] if args.kept_from is None else kept_weights(d, args.kept_from, args.kept_to))]
         for run_dir, train_s, weights in plays:
-            r = play(args.game, run_dir, train_s, args.games, args.simulations, weights, opponents, args.match_seed)
+            r = play(args.game, run_dir, train_s, args.games, args.simulations, weights, opponents, args.match_seed,
+                     tuple(args.search))
             rows.append(r)
             rates = "; ".join(f"{o}: {r[o]['win']:.1%} won, {r[o]['draw']:.1%} drawn, {r[o]['loss']:.1%} lost "
                               f"({r[o + '_play_s']:.0f} s)" for o in opponents)
             trained = "" if train_s is None else f" in {train_s:.0f} s of training"
             print(f"seed {r['seed']} ({weights or run_dir}): {r['env_steps']} positions{trained}; {args.games} games "
-                  f"at {r['simulations']} simulations a move -- {rates}", flush=True)
+                  f"at {r['simulations']} simulations a move{' (' + ' '.join(args.search) + ')' if args.search else ''}"
+                  f" -- {rates}", flush=True)
         if len(rows) > 1:
             means = "; ".join(f"{o}: {statistics.mean(r[o]['win'] for r in rows):.1%} won, "
                               f"{statistics.mean(r[o]['draw'] for r in rows):.1%} drawn"

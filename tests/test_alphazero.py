@@ -41,11 +41,13 @@ def _uniform_search(state, simulations, hp=None):
     return search
 
 
-def test_puct_selects_by_the_pseudocodes_score():
+@pytest.mark.parametrize("puct_q", ["signed", "unit"])
+def test_puct_selects_by_the_pseudocodes_score(puct_q):
     """The first simulation follows the largest prior (every count 0); the second, after the
     first leaf's value came back signed for the player who chose it, the largest
-    ``Q + c(s) P sqrt(N(s)) / (1 + N(s, a))``."""
-    hp = AlphaZeroConfig()
+    ``Q + c(s) P sqrt(N(s)) / (1 + N(s, a))``, ``Q`` in ``[-1, 1]`` or mapped to ``[0, 1]``
+    (0 while unvisited either way)."""
+    hp = AlphaZeroConfig(puct_q=puct_q)
     logits = np.log(np.array([[1, 2, 3, 4, 9, 4, 3, 2, 1]], np.float32))
     prior = np.exp(logits[0]) / np.exp(logits[0]).sum()
     search = PUCTSearch(9, hp, noise=False)
@@ -57,7 +59,8 @@ def test_puct_selects_by_the_pseudocodes_score():
     root = search.roots[0]
     assert root.visits == 2 and root.children[4].value_sum == -0.5
     c = math.log((1 + 2 + hp.c_base) / hp.c_base) + hp.c_init
-    score = [c * prior[a] * math.sqrt(2) / (1 + (a == 4)) + (-0.5 if a == 4 else 0.0) for a in range(9)]
+    q4 = -0.5 if puct_q == "signed" else 0.25
+    score = [c * prior[a] * math.sqrt(2) / (1 + (a == 4)) + (q4 if a == 4 else 0.0) for a in range(9)]
     assert search.paths[0][1].state.history() == [int(np.argmax(score))]
 
 
