@@ -33,7 +33,7 @@ def test_overrides_are_applied_and_typed():
     "overrides,message",
     [
         (["train.total_env_step=5"], "unknown key 'train.total_env_step'; valid keys at train: total_env_steps, total_gradient_steps, checkpoint_every, keep_weights, eval_every, stop_at_return, torch_threads, "
-                                          "float32_matmul_precision, progress"),
+                                          "float32_matmul_precision, flush_denormal, progress"),
         (["train.float32_matmul_precision=tf32"],
          "train.float32_matmul_precision: Input should be 'highest', 'high' or 'medium'"),
         (["bogus=1"], "unknown key 'bogus'; valid keys at top level: name, seed, runs_dir, algorithm, env, distribution_policy, train, eval"),

@@ -83,6 +83,64 @@ def test_the_run_sets_its_matmul_precision_and_gives_the_callers_back(tmp_path, 
         msrl.train(MAIN, runs_dir=str(tmp_path), train__float32_matmul_precision="tf32")
 
 
+def test_fragments_run_with_denormals_flushed_and_the_callers_thread_keeps_its_mode(tmp_path, monkeypatch):
+    """``train.flush_denormal`` (default on) holds on every thread while it runs a fragment's
+    iterations -- the calling thread of a one-replica job, the replica threads of a job of many on
+    the thread runtime -- and is off where the config turns it off; the caller's thread has its own
+    mode after the run, also after a run that failed."""
+    from msrl.runtime.host import denormals_flushed, flushed_denormals
+    from msrl.runtime.replica import Replica
+
+    seen, fail = [], []
+    run_method = Replica.run_method
+
+    def spy(self, method, comm):
+        seen.append(denormals_flushed())
+        if fail:
+            raise RuntimeError("an iteration failed")
+        return run_method(self, method, comm)
+
+    monkeypatch.setattr(Replica, "run_method", spy)
+    assert not denormals_flushed()  # torch's default: IEEE denormals
+    for policy in ("single", "single_learner_coarse"):
+        seen.clear()
+        msrl.train(MAIN, runs_dir=str(tmp_path / policy), train__total_env_steps=1024, train__progress=False,
+                   distribution_policy__name=policy, runtime="local", **{"eval.episodes": 1})
+        assert seen and all(seen), policy
+        assert not denormals_flushed()
+    seen.clear()
+    msrl.train(MAIN, runs_dir=str(tmp_path / "off"), train__total_env_steps=512, train__progress=False,
+               train__flush_denormal=False, **{"eval.episodes": 1})
+    assert seen and not any(seen)
+    fail.append(True)
+    with pytest.raises(RuntimeError, match="an iteration failed"):
+        msrl.train(MAIN, runs_dir=str(tmp_path / "failed"), train__total_env_steps=512, train__progress=False)
+    assert seen[-1] and not denormals_flushed()
+    with flushed_denormals(True):  # a caller that flushes keeps flushing, whatever the run's key
+        fail.clear()
+        msrl.train(MAIN, runs_dir=str(tmp_path / "caller"), train__total_env_steps=512, train__progress=False,
+                   train__flush_denormal=False, **{"eval.episodes": 1})
+        assert not seen[-1] and denormals_flushed()
+    assert not denormals_flushed()
+
+
+def test_flushed_denormals_flushes_and_gives_the_mode_back():
+    """Inside the block a float32 of 1e-39 is 0 in arithmetic; after it (also after an error)
+    it is a denormal again."""
+    import torch
+
+    from msrl.runtime.host import denormals_flushed, flushed_denormals
+
+    tiny = torch.tensor([1e-39])
+    assert tiny.item() > 0 and not denormals_flushed()
+    with flushed_denormals(True):
+        assert denormals_flushed() and (tiny * 1.0).item() == 0.0
+    assert (tiny * 1.0).item() > 0
+    with pytest.raises(ValueError), flushed_denormals(True):
+        raise ValueError
+    assert not denormals_flushed()
+
+
 def test_a_replica_process_takes_the_jobs_matmul_precision():
     """A Ray replica (:class:`ReplicaActor`, built here in-process as Ray builds it in its own)
     sets the job's precision in its process."""

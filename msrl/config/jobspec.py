@@ -240,6 +240,7 @@ def build_job_spec(cfg: RunConfig) -> Any:
         env_wrappers=tuple(cfg.env.wrappers),
         env_num_workers=cfg.env.num_workers,
         float32_matmul_precision=cfg.train.float32_matmul_precision,
+        flush_denormal=cfg.train.flush_denormal,
     )
     try:
         spec.envs_per_replica()

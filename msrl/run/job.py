@@ -44,6 +44,8 @@ class JobSpec:
         float32_matmul_precision: the internal precision of float32 matrix products on a CUDA
         device in every process that runs the job's fragments (``highest``, ``high``, ``medium``:
         ``torch.set_float32_matmul_precision``).
+        flush_denormal: denormal floats read and written as 0 on the CPU by every thread while it
+        runs a fragment (:func:`msrl.runtime.host.flushed_denormals`).
         policy: the distribution policy, overrides applied.
         seed: base seed; ``total_env_steps``: training budget in env steps (0 for an offline
         algorithm); ``total_gradient_steps``: an offline algorithm's budget (one per iteration).
@@ -62,6 +64,7 @@ class JobSpec:
     env_wrappers: tuple[str, ...] = ()
     env_num_workers: int | None = None
     float32_matmul_precision: str = "highest"
+    flush_denormal: bool = True
     total_gradient_steps: int = 0
     dataset: Any = None
 

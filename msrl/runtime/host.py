@@ -26,14 +26,42 @@ field               what
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, Iterator
+
+import torch
 
 from msrl.runtime.replica import Replica, pipelined_records
 
-__all__ = ["ReplicaHost", "NO_REFUSALS"]
+__all__ = ["ReplicaHost", "NO_REFUSALS", "denormals_flushed", "flushed_denormals"]
 
 #: the ``refused`` field of a replica without servers
 NO_REFUSALS = {"connections": 0, "frames": 0, "datagrams": 0}
+
+
+def denormals_flushed() -> bool:
+    """Whether this thread's CPU arithmetic reads and writes denormal floats as 0 (x86's FTZ and
+    DAZ modes, which ``torch.set_flush_denormal`` sets per thread): a float32 of 1e-39 times one
+    comes back 0."""
+    return torch.tensor([1e-39]).mul(1.0).item() == 0.0
+
+
+@contextlib.contextmanager
+def flushed_denormals(on: bool) -> Iterator[None]:
+    """Runs the block with this thread's denormal flushing ``on`` (``torch.set_flush_denormal``)
+    and puts the thread's own mode back after it, also when the block raises. Arithmetic on
+    denormal floats (below 1.2e-38 in float32) takes a slow path on x86 CPUs: a 64-filter
+    AlphaZero tower whose weight decay had taken a few hundred weights below it ran its forward
+    in 69.5 ms instead of 14.2 (``train.flush_denormal``). A CPU without the modes (torch
+    returns False) runs the block unchanged; the GPU is unaffected."""
+    before = denormals_flushed()
+    if on == before or not torch.set_flush_denormal(on):
+        yield
+        return
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(before)
 
 
 class ReplicaHost:
@@ -65,8 +93,9 @@ class ReplicaHost:
     def run(self, method: str, n: int, comm: Any = None, output: bool | None = None) -> list[dict[str, Any]]:
         """Runs ``method`` ``n`` times through ``comm`` (default :attr:`comm`); one record per
         iteration (see the module docstring); ``output``: whether this replica returns the
-        method's output (default: :attr:`output`). Sends what the endpoint holds before it
-        returns (:meth:`~msrl.runtime.endpoint.Endpoint.flush`).
+        method's output (default: :attr:`output`). Runs them with the job's denormal mode on this
+        thread (``train.flush_denormal``: :func:`flushed_denormals`). Sends what the endpoint
+        holds before it returns (:meth:`~msrl.runtime.endpoint.Endpoint.flush`).
 
         Raises:
             FragmentError: the program raised (naming fragment, replica, node, ``file:line``).
@@ -92,7 +121,8 @@ class ReplicaHost:
                 "refused": self.refused(),
             }
 
-        records = pipelined_records(n, iteration, keep_output=output)
+        with flushed_denormals(replica.flush_denormal):  # this thread's mode, for the job's iterations
+            records = pipelined_records(n, iteration, keep_output=output)
         if comm is not None:
             comm.flush()
         return records
