@@ -90,6 +90,7 @@ def play(game: str, run_dir: str, train_s: float | None, games: int, simulations
     from msrl.algorithms import alphazero
     from msrl.config import load_config
     from msrl.run.checkpoints import CHECKPOINT
+    from msrl.runtime.host import flushed_denormals
 
     cfg = load_config(os.path.join(run_dir, "config.yaml"), [f"algorithm.hparams.{kv}" for kv in search])
     if cfg.algorithm.name != "alphazero":
@@ -104,8 +105,9 @@ def play(game: str, run_dir: str, train_s: float | None, games: int, simulations
            "match_seed": match_seed, "search": list(search)}
     for opponent in opponents or OPPONENTS[game]:
         t1 = time.perf_counter()
-        out[opponent] = alphazero.play_match(net, game, opponent, hp, games, seed=match_seed,
-                                             num_simulations=simulations)
+        with flushed_denormals(cfg.train.flush_denormal):  # as the run's fragments computed
+            out[opponent] = alphazero.play_match(net, game, opponent, hp, games, seed=match_seed,
+                                                 num_simulations=simulations)
         out[f"{opponent}_play_s"] = time.perf_counter() - t1
     return out
 

@@ -149,8 +149,8 @@ class TrainConfig(_Strict):
         True,
         description="on the CPU, read and write float values below the smallest normal one (1.2e-38 in float32) "
                     "as 0 (torch.set_flush_denormal: x86's flush-to-zero and denormals-are-zero modes, as "
-                    "TensorFlow's executor sets them) on every thread while it runs a fragment, and the thread's "
-                    "own mode back afterwards: arithmetic on such values takes a slow path (an AlphaZero tower "
+                    "TensorFlow's executor sets them) on every thread while it runs a fragment or the run's evaluation, "
+                    "and the thread's own mode back afterwards: arithmetic on such values takes a slow path (an AlphaZero tower "
                     "whose weight decay had taken weights below it: 5x slower convolutions); false: IEEE denormals",
     )
     progress: bool = Field(True, description="show a progress bar")

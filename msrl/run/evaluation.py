@@ -131,17 +131,20 @@ def evaluate_job(job: Any, cfg: Any) -> list[float]:
     """The final (or a periodic) evaluation of a running job's current policy: ``cfg.eval``'s
     episodes and seed on :func:`evaluation_env`'s env; ``[]`` when there is no gymnasium env to
     evaluate on (e.g. native Tag: the training curves tell). The global generators hold the
-    states seeded for ``(eval.seed, "evaluation")`` meanwhile (:mod:`msrl.runtime.generators`).
+    states seeded for ``(eval.seed, "evaluation")`` meanwhile (:mod:`msrl.runtime.generators`),
+    and the thread runs it in the job's denormal mode (``train.flush_denormal``).
     With ``train.progress`` on, an evaluation longer than :data:`PROGRESS_EVERY_S` says how far
     it is."""
     from msrl.runtime.generators import BATON, GlobalGenerators
+    from msrl.runtime.host import flushed_denormals
 
     env_id, kwargs, wrappers = evaluation_env(cfg)
     if env_id is None:
         return []
     # an actor drawing from the global generators draws from a stream of the evaluation's own
     # (seeded from eval.seed), never from a replica's: evaluating does not change training
-    with BATON.hold(GlobalGenerators.seeded(cfg.eval.seed, "evaluation")):
+    # the job's denormal mode on this thread, as its fragments run (train.flush_denormal)
+    with BATON.hold(GlobalGenerators.seeded(cfg.eval.seed, "evaluation")), flushed_denormals(cfg.train.flush_denormal):
         actor = job.eval_actor()
         return evaluate(actor, env_id, cfg.eval.episodes, cfg.eval.seed, kwargs, device=actor_device(actor),
                         wrappers=wrappers, progress_every_s=PROGRESS_EVERY_S if cfg.train.progress else None)

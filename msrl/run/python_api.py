@@ -243,7 +243,8 @@ def load(run_dir: str | pathlib.Path, device: str = "cpu") -> TrainedPolicy:
 def evaluate(policy: TrainedPolicy | str | pathlib.Path, episodes: int = 20, seed: int | None = None,
              env_id: str | None = None) -> list[float]:
     """Deterministic episodes of a trained policy on gymnasium envs (env ``i`` seeded ``seed + i``),
-    with torch's intra-op threads set to the run's ``train.torch_threads`` (as :func:`load`).
+    with torch's intra-op threads set to the run's ``train.torch_threads`` (as :func:`load`) and
+    the run's denormal mode on this thread while they run (``train.flush_denormal``).
 
     Args:
         policy: a :class:`TrainedPolicy` or a run directory.
@@ -263,6 +264,7 @@ def evaluate(policy: TrainedPolicy | str | pathlib.Path, episodes: int = 20, see
     from msrl.config import ConfigError
     from msrl.run.evaluation import evaluate as run_episodes
     from msrl.run.evaluation import evaluation_env
+    from msrl.runtime.host import flushed_denormals
 
     if not isinstance(policy, TrainedPolicy):
         policy = load(policy)
@@ -273,5 +275,6 @@ def evaluate(policy: TrainedPolicy | str | pathlib.Path, episodes: int = 20, see
     env_id = env_id or default_id
     if env_id is None:
         raise ConfigError(f"{policy.config.env.id} has no gymnasium twin to evaluate on; pass env_id=")
-    return run_episodes(policy.actor, env_id, episodes, policy.config.eval.seed if seed is None else seed,
-                        kwargs if env_id == default_id else {}, device=policy.device, wrappers=wrappers)
+    with flushed_denormals(policy.config.train.flush_denormal):  # as the run's fragments computed
+        return run_episodes(policy.actor, env_id, episodes, policy.config.eval.seed if seed is None else seed,
+                            kwargs if env_id == default_id else {}, device=policy.device, wrappers=wrappers)
