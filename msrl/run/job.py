@@ -45,7 +45,7 @@ class JobSpec:
         device in every process that runs the job's fragments (``highest``, ``high``, ``medium``:
         ``torch.set_float32_matmul_precision``).
         flush_denormal: denormal floats read and written as 0 on the CPU by every thread while it
-        runs a fragment (:func:`msrl.runtime.host.flushed_denormals`).
+        runs a fragment or the job's evaluation (:func:`msrl.runtime.host.flushed_denormals`).
         policy: the distribution policy, overrides applied.
         seed: base seed; ``total_env_steps``: training budget in env steps (0 for an offline
         algorithm); ``total_gradient_steps``: an offline algorithm's budget (one per iteration).

@@ -51,8 +51,8 @@ def flushed_denormals(on: bool) -> Iterator[None]:
     """Runs the block with this thread's denormal flushing ``on`` (``torch.set_flush_denormal``)
     and puts the thread's own mode back after it, also when the block raises. Arithmetic on
     denormal floats (below 1.2e-38 in float32) takes a slow path on x86 CPUs: a 64-filter
-    AlphaZero tower whose weight decay had taken a few hundred weights below it ran its forward
-    in 69.5 ms instead of 14.2 (``train.flush_denormal``). A CPU without the modes (torch
+    AlphaZero tower whose weight decay had taken 2,428 weights below it ran its forward 3.9x as
+    long (``train.flush_denormal``; ``bench/results/runtime.md``). A CPU without the modes (torch
     returns False) runs the block unchanged; the GPU is unaffected."""
     before = denormals_flushed()
     if on == before or not torch.set_flush_denormal(on):
