@@ -82,9 +82,9 @@ def play(game: str, run_dir: str, train_s: float | None, games: int, simulations
     file ``weights`` it kept), with its config's search, ``games`` games against each of
     ``opponents`` (default: every opponent of ``game``, :data:`OPPONENTS`), game ``g`` seeded
     ``match_seed + g`` (default ``10_000`` + the run's seed), the search's hyperparameters
-    overridden by ``search`` (``KEY=VALUE`` of ``algorithm.hparams``, e.g. ``puct_q=unit``); returns the rates, the positions
-    and the run's seed, and ``train_s`` (``None``: the run was trained elsewhere, e.g. by
-    ``msrl train``)."""
+    overridden by ``search`` (``KEY=VALUE`` of ``algorithm.hparams``, e.g. ``puct_q=unit``), in
+    the run's denormal mode; returns the rates, the positions and the run's seed, and
+    ``train_s`` (``None``: the run was trained elsewhere, e.g. by ``msrl train``)."""
     import os
 
     from msrl.algorithms import alphazero

@@ -86,8 +86,8 @@ def test_the_run_sets_its_matmul_precision_and_gives_the_callers_back(tmp_path, 
 def test_fragments_run_with_denormals_flushed_and_the_callers_thread_keeps_its_mode(tmp_path, monkeypatch):
     """``train.flush_denormal`` (default on) holds on every thread while it runs a fragment's
     iterations -- the calling thread of a one-replica job, the replica threads of a job of many on
-    the thread runtime -- or the run's evaluation, and is off where the config turns it off; the caller's thread has its own
-    mode after the run, also after a run that failed."""
+    the thread runtime -- or the run's evaluation, and is off where the config turns it off; the
+    caller's thread has its own mode after the run, also after a run that failed."""
     from msrl.run import evaluation
     from msrl.runtime.host import denormals_flushed, flushed_denormals
     from msrl.runtime.replica import Replica

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterator
 
+import numpy as np
 import torch
 
 from msrl.runtime.replica import Replica, pipelined_records
@@ -42,8 +43,9 @@ NO_REFUSALS = {"connections": 0, "frames": 0, "datagrams": 0}
 def denormals_flushed() -> bool:
     """Whether this thread's CPU arithmetic reads and writes denormal floats as 0 (x86's FTZ and
     DAZ modes, which ``torch.set_flush_denormal`` sets per thread): a float32 of 1e-39 times one
-    comes back 0."""
-    return torch.tensor([1e-39]).mul(1.0).item() == 0.0
+    comes back 0. NumPy's scalars, not a tensor: no torch op, so no host read in a
+    ``gpu_only`` iteration's count (:mod:`msrl.runtime.programs.host_syncs`)."""
+    return float(np.float32(1e-39) * np.float32(1.0)) == 0.0
 
 
 @contextlib.contextmanager
