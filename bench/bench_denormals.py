@@ -3,7 +3,7 @@
 Weight decay takes the weights of units that no longer get a gradient toward 0, and after tens
 of thousands of updates some land below float32's smallest normal value (1.2e-38): x86 CPUs
 compute on such denormals through a slow path. An AlphaZero Connect Four run with a 64-filter,
-3-block tower had 3,300 of its 110,000 weights there at 61k self-play positions, and its
+3-block tower had 2,428 of its 226,967 weights there at 61k self-play positions, and its
 self-play had fallen from 50 to 14 positions/s. This times the network's forward on a batch of
 64 positions with its weights as they are, then with a fraction of each convolution's weights
 set to denormals (or a run's own weights, ``--weights``), under IEEE arithmetic and inside

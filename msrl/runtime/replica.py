@@ -312,7 +312,7 @@ class Replica:
         self.fragment, self.replica = fragment, replica
         self.spec = fragment_graph.fragment(fragment).spec
         #: the job's ``train.flush_denormal``, which :class:`~msrl.runtime.host.ReplicaHost` runs it with
-        self.flush_denormal: bool = getattr(spec, "flush_denormal", True)
+        self.flush_denormal: bool = spec.flush_denormal
         self.programs = dict(programs) if programs is not None else compile_fragment(fragment_graph, fragment, spec.algorithm)
         plan = fragment_graph.inference
         self.trainer = trainer if trainer is not None else build_trainer(spec, self.spec, replica, plan)
