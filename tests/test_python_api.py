@@ -83,6 +83,42 @@ def test_the_run_sets_its_matmul_precision_and_gives_the_callers_back(tmp_path, 
         msrl.train(MAIN, runs_dir=str(tmp_path), train__float32_matmul_precision="tf32")
 
 
+@pytest.mark.skipif(not hasattr(__import__("torch").backends.mkldnn.matmul, "fp32_precision"),
+                    reason="torch before the per-backend precision API (2.9)")
+def test_a_caller_on_torchs_per_backend_precision_api_trains_and_keeps_its_settings(tmp_path, monkeypatch):
+    """A caller that set oneDNN's float32 matmul precision through torch's per-backend API (where
+    ``torch.get_float32_matmul_precision`` then raises) trains, and finds its settings as it left
+    them; ``medium`` reaches oneDNN, the CPU's backend, for the run (bfloat16 products there)."""
+    import torch
+
+    from msrl.run.loop import TrainingLoop
+
+    seen = []
+    chunk = TrainingLoop._chunk
+
+    def spy(self, n):
+        seen.append(torch.backends.mkldnn.matmul.fp32_precision)
+        return chunk(self, n)
+
+    monkeypatch.setattr(TrainingLoop, "_chunk", spy)
+    cuda, onednn = torch.backends.cuda.matmul, torch.backends.mkldnn.matmul
+    before = cuda.fp32_precision, onednn.fp32_precision
+    try:
+        onednn.fp32_precision, cuda.fp32_precision = "bf16", "ieee"
+        with pytest.raises(RuntimeError, match="mix of the legacy and new APIs"):
+            torch.get_float32_matmul_precision()  # (what msrl.train read before: the run failed at its start)
+        msrl.train(MAIN, runs_dir=str(tmp_path), train__total_env_steps=512, train__progress=False, **{"eval.episodes": 1})
+        assert set(seen) == {"ieee"}  # the config's highest, for the run
+        assert (cuda.fp32_precision, onednn.fp32_precision) == ("ieee", "bf16")
+        seen.clear()
+        msrl.train(MAIN, runs_dir=str(tmp_path), train__total_env_steps=512, train__progress=False,
+                   train__float32_matmul_precision="medium", **{"eval.episodes": 1})
+        assert set(seen) == {"bf16"}
+        assert (cuda.fp32_precision, onednn.fp32_precision) == ("ieee", "bf16")
+    finally:
+        cuda.fp32_precision, onednn.fp32_precision = before
+
+
 def test_fragments_run_with_denormals_flushed_and_the_callers_thread_keeps_its_mode(tmp_path, monkeypatch):
     """``train.flush_denormal`` (default on) holds on every thread while it runs a fragment's
     iterations -- the calling thread of a one-replica job, the replica threads of a job of many on

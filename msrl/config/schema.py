@@ -140,10 +140,12 @@ class TrainConfig(_Strict):
     torch_threads: int = Field(1, gt=0, description="torch intra-op threads")
     float32_matmul_precision: Literal["highest", "high", "medium"] = Field(
         "highest",
-        description="the internal precision of float32 matrix products on a CUDA device "
-                    "(torch.set_float32_matmul_precision): highest (float32, the default), high (TensorFloat32 "
-                    "tensor cores: several times faster, ~3 significant digits per product), medium (bfloat16 "
-                    "where torch has it); applied in every process that runs a fragment; the CPU is unaffected",
+        description="the internal precision of float32 matrix products (torch.set_float32_matmul_precision): "
+                    "highest (float32, the default), high (a CUDA device's TensorFloat32 tensor cores: several "
+                    "times faster, ~3 significant digits per product; the CPU keeps float32), medium (bfloat16 "
+                    "where torch has it: on a CUDA device, and on a CPU whose oneDNN has it (AMX, AVX512-BF16), "
+                    "the products of Linear layers and matmuls, not convolutions); applied in every process that "
+                    "runs a fragment",
     )
     flush_denormal: bool = Field(
         True,

@@ -41,9 +41,9 @@ class JobSpec:
         env_engine: how gymnasium envs step (``msrl.envs.ENGINES``); ``env_kwargs``: for
         ``gymnasium.make``; ``env_wrappers``: msrl's named wrappers; ``env_num_workers``: the
         process engine's workers per env replica (None: one per CPU).
-        float32_matmul_precision: the internal precision of float32 matrix products on a CUDA
-        device in every process that runs the job's fragments (``highest``, ``high``, ``medium``:
-        ``torch.set_float32_matmul_precision``).
+        float32_matmul_precision: the internal precision of float32 matrix products in every
+        process that runs the job's fragments (``highest``, ``high``, ``medium``:
+        ``torch.set_float32_matmul_precision``; ``medium`` reaches a CPU's oneDNN too).
         flush_denormal: denormal floats read and written as 0 on the CPU by every thread while it
         runs a fragment or the job's evaluation (:func:`msrl.runtime.host.flushed_denormals`).
         policy: the distribution policy, overrides applied.

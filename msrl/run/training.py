@@ -158,7 +158,7 @@ def _train_once(cfg: RunConfig, resume: str | pathlib.Path | None, restarted: bo
     state = None
     locks: list[RunLock] = []
     # the caller's own precision comes back after the run (msrl.train in a user's process)
-    precision = torch.get_float32_matmul_precision()
+    precision = _matmul_precisions()
     try:
         if resume is not None:
             state = _open_resumed(cfg, spec, pathlib.Path(resume), locks)
@@ -199,9 +199,36 @@ def _train_once(cfg: RunConfig, resume: str | pathlib.Path | None, restarted: bo
                 raise ClusterLost(where, why) from e
             raise
     finally:
-        torch.set_float32_matmul_precision(precision)
+        _restore_matmul_precisions(precision)
         for lock in locks:
             lock.release()
+
+
+#: torch's per-backend float32 matmul settings (torch 2.9 and later), which
+#: ``torch.set_float32_matmul_precision`` writes: the CUDA one and oneDNN's (the CPU's: ``medium``
+#: computes float32 products in bfloat16 where oneDNN has it, as on AMX)
+_MATMUL_BACKENDS = tuple(b.matmul for b in (torch.backends.cuda, torch.backends.mkldnn)
+                         if hasattr(b.matmul, "fp32_precision"))
+
+
+def _matmul_precisions() -> tuple[str | None, tuple[str, ...]]:
+    """This process's float32 matmul settings, as :func:`_restore_matmul_precisions` puts them
+    back: torch's legacy one (``None`` where ``torch.get_float32_matmul_precision`` raises, as it
+    does once a caller set the per-backend ones) and each backend's own where torch has them."""
+    try:
+        legacy: str | None = torch.get_float32_matmul_precision()
+    except RuntimeError:  # (a caller on the per-backend API)
+        legacy = None
+    return legacy, tuple(m.fp32_precision for m in _MATMUL_BACKENDS)
+
+
+def _restore_matmul_precisions(saved: tuple[str | None, tuple[str, ...]]) -> None:
+    """Puts back what :func:`_matmul_precisions` read."""
+    legacy, backends = saved
+    if legacy is not None:
+        torch.set_float32_matmul_precision(legacy)
+    for m, value in zip(_MATMUL_BACKENDS, backends):
+        m.fp32_precision = value
 
 
 def _value_at(config: dict[str, Any], key: str) -> Any:
