@@ -119,6 +119,42 @@ def test_a_caller_on_torchs_per_backend_precision_api_trains_and_keeps_its_setti
         cuda.fp32_precision, onednn.fp32_precision = before
 
 
+def test_train_and_evaluate_run_at_the_configs_threads_and_give_the_callers_back(tmp_path, monkeypatch):
+    """The run's fragments and its evaluation run at ``train.torch_threads``; ``msrl.train``
+    (also a failed run) and ``msrl.evaluate`` give the caller's own thread count back, where
+    ``msrl.load`` keeps the run's for the policy it returns."""
+    import torch
+
+    from msrl.run.loop import TrainingLoop
+
+    seen, fail = [], []
+    chunk = TrainingLoop._chunk
+
+    def spy(self, n):
+        seen.append(torch.get_num_threads())
+        if fail:
+            raise RuntimeError("a chunk failed")
+        return chunk(self, n)
+
+    monkeypatch.setattr(TrainingLoop, "_chunk", spy)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        result = msrl.train(MAIN, runs_dir=str(tmp_path), train__total_env_steps=512, train__progress=False,
+                            **{"eval.episodes": 1})
+        assert set(seen) == {1} and torch.get_num_threads() == 2
+        fail.append(True)
+        with pytest.raises(RuntimeError, match="a chunk failed"):
+            msrl.train(MAIN, runs_dir=str(tmp_path), train__total_env_steps=512, train__progress=False)
+        assert torch.get_num_threads() == 2
+        msrl.evaluate(result.run_dir, episodes=1)
+        assert torch.get_num_threads() == 2
+        msrl.load(result.run_dir)
+        assert torch.get_num_threads() == 1  # (the policy acts in this process as it trained)
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_fragments_run_with_denormals_flushed_and_the_callers_thread_keeps_its_mode(tmp_path, monkeypatch):
     """``train.flush_denormal`` (default on) holds on every thread while it runs a fragment's
     iterations -- the calling thread of a one-replica job, the replica threads of a job of many on

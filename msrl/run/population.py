@@ -253,6 +253,7 @@ def train_population(cfg: RunConfig, resume: str | pathlib.Path | None = None) -
         run_dir = new_run_dir(cfg)
         lock = RunLock(run_dir)
     log_path = run_dir / "population.csv"
+    threads = torch.get_num_threads()  # (the caller's, given back after the run)
     torch.set_num_threads(cfg.train.torch_threads)
     saved = [0]  # the iteration population.pt holds (updated by _turns)
     try:
@@ -320,6 +321,7 @@ def train_population(cfg: RunConfig, resume: str | pathlib.Path | None = None) -
         for m in members:
             m.job.close()
         lock.release()
+        torch.set_num_threads(threads)
 
 
 def _turns(members: list[Member], turn: int, total_iterations: int, cfg: RunConfig, rng: random.Random,

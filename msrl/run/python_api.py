@@ -213,10 +213,11 @@ class TrainedPolicy:
 
 def load(run_dir: str | pathlib.Path, device: str = "cpu") -> TrainedPolicy:
     """The trained actor of a run directory (its last good checkpoint; see
-    :func:`msrl.run.checkpoints.load_checkpoint`). As :func:`train` does, it sets torch's intra-op
-    threads to the run's ``train.torch_threads`` (``torch.set_num_threads``): the policy acts
-    as fast as it trained (on 2 cores, 2 evaluation episodes of the main job took 26.7 s with
-    torch's default threads against 7.9 s with the run's one).
+    :func:`msrl.run.checkpoints.load_checkpoint`). It sets this process's torch intra-op threads
+    to the run's ``train.torch_threads`` (``torch.set_num_threads``) and leaves them so, since the
+    policy acts in this process afterwards: as fast as it trained (on 2 cores, 2 evaluation
+    episodes of the main job took 26.7 s with torch's default threads against 7.9 s with the
+    run's one). :func:`train` and :func:`evaluate` give the caller's threads back.
 
     Raises:
         ConfigError: not a run directory, no checkpoint, or no readable one
@@ -243,8 +244,9 @@ def load(run_dir: str | pathlib.Path, device: str = "cpu") -> TrainedPolicy:
 def evaluate(policy: TrainedPolicy | str | pathlib.Path, episodes: int = 20, seed: int | None = None,
              env_id: str | None = None) -> list[float]:
     """Deterministic episodes of a trained policy on gymnasium envs (env ``i`` seeded ``seed + i``),
-    with torch's intra-op threads set to the run's ``train.torch_threads`` (as :func:`load`) and
-    the run's denormal mode on this thread while they run (``train.flush_denormal``).
+    with torch's intra-op threads at the run's ``train.torch_threads`` (as :func:`load` sets them)
+    and the run's denormal mode on this thread while they run (``train.flush_denormal``); the
+    caller's threads come back afterwards (a ``policy`` loaded here included).
 
     Args:
         policy: a :class:`TrainedPolicy` or a run directory.
@@ -266,15 +268,19 @@ def evaluate(policy: TrainedPolicy | str | pathlib.Path, episodes: int = 20, see
     from msrl.run.evaluation import evaluation_env
     from msrl.runtime.host import flushed_denormals
 
-    if not isinstance(policy, TrainedPolicy):
-        policy = load(policy)
-    torch.set_num_threads(policy.config.train.torch_threads)  # as the run trained (see load)
     if episodes < 1:
         raise ConfigError(f"episodes must be at least 1, got {episodes}")
-    default_id, kwargs, wrappers = evaluation_env(policy.config)
-    env_id = env_id or default_id
-    if env_id is None:
-        raise ConfigError(f"{policy.config.env.id} has no gymnasium twin to evaluate on; pass env_id=")
-    with flushed_denormals(policy.config.train.flush_denormal):  # as the run's fragments computed
-        return run_episodes(policy.actor, env_id, episodes, policy.config.eval.seed if seed is None else seed,
-                            kwargs if env_id == default_id else {}, device=policy.device, wrappers=wrappers)
+    threads = torch.get_num_threads()
+    try:
+        if not isinstance(policy, TrainedPolicy):
+            policy = load(policy)
+        torch.set_num_threads(policy.config.train.torch_threads)  # as the run trained (see load)
+        default_id, kwargs, wrappers = evaluation_env(policy.config)
+        env_id = env_id or default_id
+        if env_id is None:
+            raise ConfigError(f"{policy.config.env.id} has no gymnasium twin to evaluate on; pass env_id=")
+        with flushed_denormals(policy.config.train.flush_denormal):  # as the run's fragments computed
+            return run_episodes(policy.actor, env_id, episodes, policy.config.eval.seed if seed is None else seed,
+                                kwargs if env_id == default_id else {}, device=policy.device, wrappers=wrappers)
+    finally:
+        torch.set_num_threads(threads)

@@ -45,6 +45,10 @@ def train(cfg: RunConfig, resume: str | pathlib.Path | None = None) -> TrainResu
     dead env worker of ``env.engine: process`` (restarted in place, training goes on) are
     counted in ``faults/lost_episodes``.
 
+    The process runs the job with torch's intra-op threads at ``train.torch_threads`` and its
+    float32 matmul precision at ``train.float32_matmul_precision``, and has the caller's own
+    back afterwards, also when the run fails.
+
     Args:
         cfg: a validated config. With ``resume``, it must equal the run's saved config.
         resume: a run directory with a checkpoint; training continues exactly where the
@@ -157,8 +161,8 @@ def _train_once(cfg: RunConfig, resume: str | pathlib.Path | None, restarted: bo
     spec: JobSpec = build_job_spec(cfg)
     state = None
     locks: list[RunLock] = []
-    # the caller's own precision comes back after the run (msrl.train in a user's process)
-    precision = _matmul_precisions()
+    # the caller's own precision and threads come back after the run (msrl.train in a user's process)
+    precision, threads = _matmul_precisions(), torch.get_num_threads()
     try:
         if resume is not None:
             state = _open_resumed(cfg, spec, pathlib.Path(resume), locks)
@@ -200,6 +204,7 @@ def _train_once(cfg: RunConfig, resume: str | pathlib.Path | None, restarted: bo
             raise
     finally:
         _restore_matmul_precisions(precision)
+        torch.set_num_threads(threads)
         for lock in locks:
             lock.release()
 
