@@ -48,23 +48,31 @@ def test_bad_input_is_a_config_error(tmp_path):
     assert not any(tmp_path.iterdir())  # nothing written
 
 
-def test_the_run_sets_its_matmul_precision_and_gives_the_callers_back(tmp_path, monkeypatch):
-    """``train.float32_matmul_precision`` holds in the process running the fragments for the
-    whole run, and the caller's own setting comes back afterwards (also when the run fails)."""
-    import torch
-
+def spy_on_chunks(monkeypatch, probe):
+    """Records ``probe()`` at the start of every chunk of iterations a run trains (in the process
+    and thread running its fragments) into the returned list; a run fails at its next chunk once
+    the second returned list holds anything."""
     from msrl.run.loop import TrainingLoop
 
     seen, fail = [], []
     chunk = TrainingLoop._chunk
 
     def spy(self, n):
-        seen.append(torch.get_float32_matmul_precision())
+        seen.append(probe())
         if fail:
             raise RuntimeError("a chunk failed")
         return chunk(self, n)
 
     monkeypatch.setattr(TrainingLoop, "_chunk", spy)
+    return seen, fail
+
+
+def test_the_run_sets_its_matmul_precision_and_gives_the_callers_back(tmp_path, monkeypatch):
+    """``train.float32_matmul_precision`` holds in the process running the fragments for the
+    whole run, and the caller's own setting comes back afterwards (also when the run fails)."""
+    import torch
+
+    seen, fail = spy_on_chunks(monkeypatch, torch.get_float32_matmul_precision)
     before = torch.get_float32_matmul_precision()
     assert before == "highest"  # torch's default: the config's default keeps it
     msrl.train(MAIN, runs_dir=str(tmp_path), train__total_env_steps=1024, train__progress=False,
@@ -91,16 +99,7 @@ def test_a_caller_on_torchs_per_backend_precision_api_trains_and_keeps_its_setti
     them; ``medium`` reaches oneDNN, the CPU's backend, for the run (bfloat16 products there)."""
     import torch
 
-    from msrl.run.loop import TrainingLoop
-
-    seen = []
-    chunk = TrainingLoop._chunk
-
-    def spy(self, n):
-        seen.append(torch.backends.mkldnn.matmul.fp32_precision)
-        return chunk(self, n)
-
-    monkeypatch.setattr(TrainingLoop, "_chunk", spy)
+    seen, _ = spy_on_chunks(monkeypatch, lambda: torch.backends.mkldnn.matmul.fp32_precision)
     cuda, onednn = torch.backends.cuda.matmul, torch.backends.mkldnn.matmul
     before = cuda.fp32_precision, onednn.fp32_precision
     try:
@@ -125,18 +124,7 @@ def test_train_and_evaluate_run_at_the_configs_threads_and_give_the_callers_back
     ``msrl.load`` keeps the run's for the policy it returns."""
     import torch
 
-    from msrl.run.loop import TrainingLoop
-
-    seen, fail = [], []
-    chunk = TrainingLoop._chunk
-
-    def spy(self, n):
-        seen.append(torch.get_num_threads())
-        if fail:
-            raise RuntimeError("a chunk failed")
-        return chunk(self, n)
-
-    monkeypatch.setattr(TrainingLoop, "_chunk", spy)
+    seen, fail = spy_on_chunks(monkeypatch, torch.get_num_threads)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
