@@ -549,13 +549,25 @@ def test_eval_load_and_evaluate_use_the_runs_torch_threads(tmp_path, monkeypatch
     assert main(["train", CONFIG, f"runs_dir={tmp_path}", "train.total_env_steps=256", "eval.episodes=1",
                  "train.progress=false", "train.torch_threads=1"]) == 0
     run = tmp_path / "ppo_cartpole"
+    from msrl.run import evaluation
+
+    seen, episodes = [], evaluation.evaluate
+
+    def spy(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return episodes(*args, **kwargs)
+
+    monkeypatch.setattr(evaluation, "evaluate", spy)
     before = torch.get_num_threads()
     try:
-        for call in (lambda: msrl.load(run), lambda: msrl.evaluate(run, episodes=1),
-                     lambda: main(["eval", str(run), "--episodes", "1"])):
-            torch.set_num_threads(2)
-            call()
-            assert torch.get_num_threads() == 1
+        torch.set_num_threads(2)
+        msrl.load(run)
+        assert torch.get_num_threads() == 1  # (its policy acts in this process afterwards)
+        torch.set_num_threads(2)
+        msrl.evaluate(run, episodes=1)
+        assert seen.pop() == 1 and torch.get_num_threads() == 2  # the run's while it plays, the caller's after
+        assert main(["eval", str(run), "--episodes", "1"]) == 0  # (msrl's own process: load's setting stays)
+        assert seen.pop() == 1
     finally:
         torch.set_num_threads(before)
 
