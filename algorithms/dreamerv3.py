@@ -250,20 +250,20 @@ class WorldModel(nn.Module):
 
     def observe(self, h: torch.Tensor, z: torch.Tensor, prev_action: torch.Tensor, embed: torch.Tensor,
                 is_first: torch.Tensor, generator: torch.Generator
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One posterior step: the carried ``(h, z, previous action one-hot (B, A))`` zeroed where
-        ``is_first`` ``(B,)``, then ``h_t = GRU(h, [z, a])``, the prior's and the posterior's logits
-        (from ``embed`` ``(B, units)``) and ``z_t`` drawn from the posterior.
+        ``is_first`` ``(B,)``, then ``h_t = GRU(h, [z, a])``, the posterior's logits (from
+        ``embed`` ``(B, units)``) and ``z_t`` drawn from them. The prior's logits at ``h_t`` are
+        ``self.prior(h_t)``: the learner takes them for a whole sequence at once, the actor none.
 
         Returns:
-            ``(h_t, z_t, prior_logits, posterior_logits)``.
+            ``(h_t, z_t, posterior_logits)``.
         """
         keep = (~is_first).to(h.dtype)[:, None]
         h, z, prev_action = h * keep, z * keep, prev_action * keep
         h = self.gru(self.img_in(torch.cat([z, prev_action], -1)), h)
-        prior_logits = self.prior(h)
         post_logits = self.posterior(torch.cat([h, embed], -1))
-        return h, self.sample_latent(post_logits, generator), prior_logits, post_logits
+        return h, self.sample_latent(post_logits, generator), post_logits
 
     def imagine(self, h: torch.Tensor, z: torch.Tensor, action: torch.Tensor, generator: torch.Generator
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -322,7 +322,7 @@ class DreamerV3Actor(Actor):
         embed = m.encode(obs)
         # (an episode's first step arrives with a zero state: what the replayed is_first resets to)
         no_reset = torch.zeros(obs.shape[0], dtype=torch.bool, device=obs.device)
-        h, z, _, _ = m.observe(h, z, prev, embed, no_reset, self.generator)
+        h, z, _ = m.observe(h, z, prev, embed, no_reset, self.generator)
         probs = m.policy(torch.cat([h, z], -1))
         if deterministic:
             action = probs.argmax(-1)
@@ -411,16 +411,16 @@ class DreamerV3Learner(Learner):
         embed = m.encode(obs.flatten(0, 1)).unflatten(0, (B, T))
         h = torch.zeros(B, m.gru_units, device=obs.device)
         z = torch.zeros(B, m.latents * m.classes, device=obs.device)
-        hs, zs, priors, posts = [], [], [], []
+        hs, zs, posts = [], [], []
         for t in range(T):
             prev = F.one_hot(action[:, t], m.num_actions).to(h.dtype)
-            h, z, prior, post = m.observe(h, z, prev, embed[:, t], first[:, t], self.generator)
+            h, z, post = m.observe(h, z, prev, embed[:, t], first[:, t], self.generator)
             hs.append(h)
             zs.append(z)
-            priors.append(prior)
             posts.append(post)
-        feat = torch.cat([torch.stack(hs, 1), torch.stack(zs, 1)], -1)
-        prior, post = torch.stack(priors, 1), torch.stack(posts, 1)
+        h_seq = torch.stack(hs, 1)
+        feat = torch.cat([h_seq, torch.stack(zs, 1)], -1)
+        prior, post = m.prior(h_seq), torch.stack(posts, 1)  # (the prior of all T steps in one batch)
         decoder = m.decoder_loss(feat.flatten(0, 1), obs.flatten(0, 1)).mean()
         reward = -(two_hot(symlog(batch["reward"]), m.bins) * torch.log_softmax(m.reward(feat), -1)).sum(-1).mean()
         cont = F.binary_cross_entropy_with_logits(m.cont(feat).squeeze(-1), (~batch["is_terminal"]).float())
@@ -464,7 +464,10 @@ class DreamerV3Learner(Learner):
             reward = two_hot_mean(m.reward(states_t[1:]), m.bins)
             cont = (m.cont(states_t[1:]).squeeze(-1) > 0).to(reward.dtype)
             first_cont = (~batch["is_terminal"]).flatten().to(reward.dtype)
-            value = two_hot_mean(m.critic(states_t), m.bins)
+        # the critic's one forward: its values for the returns, its logits for its loss
+        critic_logits = m.critic(states_t)
+        with torch.no_grad():
+            value = two_hot_mean(critic_logits.detach(), m.bins)
             ret = lambda_returns(reward, value, cont, hp.gamma, hp.return_lambda)
             weight = torch.cumprod(hp.gamma * torch.cat([first_cont[None], cont[:-1]]), 0) / hp.gamma
             lo, hi = torch.quantile(ret.flatten(), torch.tensor([0.05, 0.95], device=ret.device))
@@ -474,7 +477,7 @@ class DreamerV3Learner(Learner):
             advantage = (ret - value[:-1]) / self.return_scale.clamp(min=1.0)
             slow = two_hot_mean(self.slow_critic(states_t[:-1]), m.bins)
         # the critic: two-hot on the lambda-returns, regularised toward the slow critic's outputs
-        log_v = torch.log_softmax(m.critic(states_t[:-1]), -1)
+        log_v = torch.log_softmax(critic_logits[:-1], -1)
         critic_loss = -(weight[..., None] * (two_hot(symlog(ret), m.bins) + two_hot(symlog(slow), m.bins)) * log_v
                         ).sum(-1).mean()
         self.apply_gradients(critic_loss, hp.critic_grad_clip, optimizer=self.critic_optimizer)
