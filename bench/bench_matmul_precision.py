@@ -1,5 +1,5 @@
 """What ``train.float32_matmul_precision: medium`` gives on the CPU: float32 matrix products
-computed in bfloat16 by oneDNN where the CPU has bfloat16 units (AMX, AVX512-BF16).
+computed in bfloat16 by oneDNN where the CPU has bfloat16 units (such as AMX).
 
 ``torch.set_float32_matmul_precision("medium")`` sets oneDNN's float32 matmul precision to
 ``bf16`` as well as CUDA's (torch 2.9 and later): Linear layers and matmuls, not convolutions,

@@ -143,7 +143,7 @@ class TrainConfig(_Strict):
         description="the internal precision of float32 matrix products (torch.set_float32_matmul_precision): "
                     "highest (float32, the default), high (a CUDA device's TensorFloat32 tensor cores: several "
                     "times faster, ~3 significant digits per product; the CPU keeps float32), medium (bfloat16 "
-                    "where torch has it: on a CUDA device, and on a CPU whose oneDNN has it (AMX, AVX512-BF16), "
+                    "where torch has it: on a CUDA device, and on a CPU whose oneDNN computes it (as on AMX), "
                     "the products of Linear layers and matmuls, not convolutions); applied in every process that "
                     "runs a fragment",
     )
