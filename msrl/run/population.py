@@ -57,6 +57,7 @@ import torch
 
 from msrl.config import RunConfig, build_job_spec, check_population, on_device
 from msrl.run.outcome import TrainResult
+from msrl.runtime.host import torch_threads
 
 __all__ = ["MEMBER_SEED_STRIDE", "Member", "member_configs", "member_device", "check_population", "plan_exploits", "explore",
            "exploit", "describe", "train_population"]
@@ -253,75 +254,73 @@ def train_population(cfg: RunConfig, resume: str | pathlib.Path | None = None) -
         run_dir = new_run_dir(cfg)
         lock = RunLock(run_dir)
     log_path = run_dir / "population.csv"
-    threads = torch.get_num_threads()  # (the caller's, given back after the run)
-    torch.set_num_threads(cfg.train.torch_threads)
     saved = [0]  # the iteration population.pt holds (updated by _turns)
     try:
-        if resume is not None:
-            state = _load_population(run_dir)
-            done = max((int(ms["job"]["iteration"]) for ms in state["members"]), default=0) * spec0.env_steps_per_iteration
-            if spec0.num_iterations * spec0.env_steps_per_iteration < done:
-                raise ConfigError(f"train.total_env_steps={cfg.train.total_env_steps}: the population's checkpoint is already "
-                                  f"at env step {done}; a resumed run can only train for longer")
-            write_config(run_dir, cfg)  # a longer budget
-            rng = random.Random()
-            rng.setstate(state["rng"])
-            turn = int(state["turn"])
-            for i, ms in enumerate(state["members"]):
-                mcfg = RunConfig.model_validate(ms["config"])
-                mcfg = mcfg.model_copy(update={"train": cfg.train})  # the resumed run's budget and schedule
-                job = Job(build_job_spec(mcfg))
-                job.load_state_dict(ms["job"])
-                mdir = run_dir / "members" / str(i)
-                m = Member(i, mcfg, job, dict(ms["values"]), mdir, MetricsWriter(mdir, job.iteration), float(ms["score"]),
-                           float(ms["time_s"]))
-                members.append(m)
-            saved[0] = members[0].job.iteration
-            _truncate_log(log_path, turn)
-        else:
-            rng = random.Random(cfg.seed)
-            write_config(run_dir, cfg)
-            for i, mcfg in enumerate(member_configs(cfg, rng)):
-                mdir = run_dir / "members" / str(i)
-                mdir.mkdir(parents=True)
-                write_config(mdir, mcfg)
-                job = Job(build_job_spec(mcfg))
-                job.reset()
-                members.append(Member(i, mcfg, job, {n: float(mcfg.algorithm.hparams[n]) for n in names}, mdir,
-                                      MetricsWriter(mdir, None)))
-            with open(log_path, "w", newline="") as f:
-                csv.writer(f).writerow(["turn", "iteration", "env_steps", "member", "score", *names, "copied_from"])
-            turn = 0
-        per = spec0.env_steps_per_iteration
-        total_iterations = spec0.num_iterations
-        try:
-            _turns(members, turn, total_iterations, cfg, rng, run_dir, log_path, names, per, saved)
-        except KeyboardInterrupt:
-            kept = run_dir / POPULATION_CHECKPOINT
-            have = kept.is_file()
-            raise TrainingInterrupted(run_dir, members[0].job.env_steps, kept if have else None,
-                                      saved[0] * per if have else None) from None
-        results = []
-        for m in members:
-            m.metrics.close()
-            returns = evaluate_job(m.job, m.cfg)
-            mean = sum(returns) / len(returns) if returns else float("nan")
-            results.append({"member": m.index, "hparams": m.values, "mean_return": mean, "returns": returns,
-                            "env_steps": m.job.env_steps, "training_time_s": round(m.time_s, 3)})
-            write_config(m.run_dir, m.cfg)
-            save_checkpoint(m.run_dir, m.job, Progress(time_s=m.time_s))
-        best = max(results, key=lambda r: -math.inf if math.isnan(r["mean_return"]) else r["mean_return"])
-        atomic_write_text(run_dir / "eval.json", json.dumps({"best_member": best["member"], "members": results}, indent=2))
-        print(f"msrl: population of {pop.size}: best member {best['member']} ({_values_text(best['hparams'])}) "
-              f"mean return {best['mean_return']:.1f}; {run_dir / 'eval.json'}", file=sys.stderr)
-        top = members[best["member"]]
-        return TrainResult(run_dir=top.run_dir, iterations=top.job.iteration, env_steps=top.job.env_steps,
-                           time_s=top.time_s, eval_returns=best["returns"])
+        with torch_threads(cfg.train.torch_threads):  # (the caller's count back after the run)
+            if resume is not None:
+                state = _load_population(run_dir)
+                done = max((int(ms["job"]["iteration"]) for ms in state["members"]), default=0) * spec0.env_steps_per_iteration
+                if spec0.num_iterations * spec0.env_steps_per_iteration < done:
+                    raise ConfigError(f"train.total_env_steps={cfg.train.total_env_steps}: the population's checkpoint is already "
+                                      f"at env step {done}; a resumed run can only train for longer")
+                write_config(run_dir, cfg)  # a longer budget
+                rng = random.Random()
+                rng.setstate(state["rng"])
+                turn = int(state["turn"])
+                for i, ms in enumerate(state["members"]):
+                    mcfg = RunConfig.model_validate(ms["config"])
+                    mcfg = mcfg.model_copy(update={"train": cfg.train})  # the resumed run's budget and schedule
+                    job = Job(build_job_spec(mcfg))
+                    job.load_state_dict(ms["job"])
+                    mdir = run_dir / "members" / str(i)
+                    m = Member(i, mcfg, job, dict(ms["values"]), mdir, MetricsWriter(mdir, job.iteration), float(ms["score"]),
+                               float(ms["time_s"]))
+                    members.append(m)
+                saved[0] = members[0].job.iteration
+                _truncate_log(log_path, turn)
+            else:
+                rng = random.Random(cfg.seed)
+                write_config(run_dir, cfg)
+                for i, mcfg in enumerate(member_configs(cfg, rng)):
+                    mdir = run_dir / "members" / str(i)
+                    mdir.mkdir(parents=True)
+                    write_config(mdir, mcfg)
+                    job = Job(build_job_spec(mcfg))
+                    job.reset()
+                    members.append(Member(i, mcfg, job, {n: float(mcfg.algorithm.hparams[n]) for n in names}, mdir,
+                                          MetricsWriter(mdir, None)))
+                with open(log_path, "w", newline="") as f:
+                    csv.writer(f).writerow(["turn", "iteration", "env_steps", "member", "score", *names, "copied_from"])
+                turn = 0
+            per = spec0.env_steps_per_iteration
+            total_iterations = spec0.num_iterations
+            try:
+                _turns(members, turn, total_iterations, cfg, rng, run_dir, log_path, names, per, saved)
+            except KeyboardInterrupt:
+                kept = run_dir / POPULATION_CHECKPOINT
+                have = kept.is_file()
+                raise TrainingInterrupted(run_dir, members[0].job.env_steps, kept if have else None,
+                                          saved[0] * per if have else None) from None
+            results = []
+            for m in members:
+                m.metrics.close()
+                returns = evaluate_job(m.job, m.cfg)
+                mean = sum(returns) / len(returns) if returns else float("nan")
+                results.append({"member": m.index, "hparams": m.values, "mean_return": mean, "returns": returns,
+                                "env_steps": m.job.env_steps, "training_time_s": round(m.time_s, 3)})
+                write_config(m.run_dir, m.cfg)
+                save_checkpoint(m.run_dir, m.job, Progress(time_s=m.time_s))
+            best = max(results, key=lambda r: -math.inf if math.isnan(r["mean_return"]) else r["mean_return"])
+            atomic_write_text(run_dir / "eval.json", json.dumps({"best_member": best["member"], "members": results}, indent=2))
+            print(f"msrl: population of {pop.size}: best member {best['member']} ({_values_text(best['hparams'])}) "
+                  f"mean return {best['mean_return']:.1f}; {run_dir / 'eval.json'}", file=sys.stderr)
+            top = members[best["member"]]
+            return TrainResult(run_dir=top.run_dir, iterations=top.job.iteration, env_steps=top.job.env_steps,
+                               time_s=top.time_s, eval_returns=best["returns"])
     finally:
         for m in members:
             m.job.close()
         lock.release()
-        torch.set_num_threads(threads)
 
 
 def _turns(members: list[Member], turn: int, total_iterations: int, cfg: RunConfig, rng: random.Random,

@@ -266,12 +266,11 @@ def evaluate(policy: TrainedPolicy | str | pathlib.Path, episodes: int = 20, see
     from msrl.config import ConfigError
     from msrl.run.evaluation import evaluate as run_episodes
     from msrl.run.evaluation import evaluation_env
-    from msrl.runtime.host import flushed_denormals
+    from msrl.runtime.host import flushed_denormals, torch_threads
 
     if episodes < 1:
         raise ConfigError(f"episodes must be at least 1, got {episodes}")
-    threads = torch.get_num_threads()
-    try:
+    with torch_threads(torch.get_num_threads()):  # (the caller's count back, whatever load sets)
         if not isinstance(policy, TrainedPolicy):
             policy = load(policy)
         torch.set_num_threads(policy.config.train.torch_threads)  # as the run trained (see load)
@@ -282,5 +281,3 @@ def evaluate(policy: TrainedPolicy | str | pathlib.Path, episodes: int = 20, see
         with flushed_denormals(policy.config.train.flush_denormal):  # as the run's fragments computed
             return run_episodes(policy.actor, env_id, episodes, policy.config.eval.seed if seed is None else seed,
                                 kwargs if env_id == default_id else {}, device=policy.device, wrappers=wrappers)
-    finally:
-        torch.set_num_threads(threads)

@@ -27,6 +27,7 @@ from msrl.run.job import JobSpec
 from msrl.run.loop import TrainingLoop
 from msrl.run.outcome import ClusterLost, ReplicaLost, TrainingInterrupted, TrainingStopped, TrainResult, resume_command
 from msrl.run.rundir import RunLock, check_resumable, check_runs_dir, load_run_config, write_config
+from msrl.runtime.host import torch_threads
 from msrl.runtime.replica import ReplicaDied, ReplicaHung
 
 __all__ = ["TrainResult", "TrainingStopped", "TrainingInterrupted", "train"]
@@ -162,49 +163,48 @@ def _train_once(cfg: RunConfig, resume: str | pathlib.Path | None, restarted: bo
     state = None
     locks: list[RunLock] = []
     # the caller's own precision and threads come back after the run (msrl.train in a user's process)
-    precision, threads = _matmul_precisions(), torch.get_num_threads()
+    precision = _matmul_precisions()
     try:
-        if resume is not None:
-            state = _open_resumed(cfg, spec, pathlib.Path(resume), locks)
-        torch.set_num_threads(cfg.train.torch_threads)
-        torch.set_float32_matmul_precision(spec.float32_matmul_precision)  # this process's fragments (a Ray replica sets its own)
-        if evaluation_env(cfg)[0] is not None:  # what evaluation will call, checked before training
-            actor = spec.algorithm.components.get("actor")
-            if isinstance(actor, type):
-                check_evaluable(actor)
-        if not restarted:
-            crowded = oversubscription(cfg, spec, os.cpu_count() or 1, os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0)
-            if crowded is not None:
-                print(crowded, file=sys.stderr)
-        job = make_job(spec, cfg, restarted)
-        per, total = spec.steps_per_iteration, spec.budget
-        if total % per and not restarted:  # (said once the job is built: an input error comes alone)
-            print(f"msrl: train.total_env_steps={total} is {total // per} whole iterations of {per} env steps: "
-                  f"{total // per * per} env steps (a run trains whole iterations within its budget)", file=sys.stderr)
-        lagging = [bc.name for bc in spec.policy.boundaries if bc.channel == "latest"]
-        if lagging and spec.algorithm.policy_lag is None and not restarted:
-            print(f"msrl: under {spec.policy.name} the actors act with weights up to a few learner updates old "
-                  f"({', '.join(lagging)}: latest; async/policy_lag_mean in metrics.csv); algorithm "
-                  f"{cfg.algorithm.name} does not declare whether its update corrects for that "
-                  "(AlgorithmSpec.policy_lag)", file=sys.stderr)
-        loop = None
-        try:
-            loop = TrainingLoop(cfg, spec, job, resume, state, locks, faults=faults, reuse=reuse)
-            return loop.run()
-        except BaseException as e:
-            # a replica lost with the cluster under it, or a call into Ray's core worker failing
-            # as its raylet goes (``OSError: Connection reset by peer`` from ray.wait, before Ray
-            # ends this process itself): looked at before close() stops the Ray it started
-            why = _cluster_stopped() if _maybe_cluster_loss(e) else None
-            job.close()  # no replica process outlives a failed or interrupted run
-            if why is not None:
-                where = (e.run_dir if isinstance(e, ReplicaLost) else loop.run_dir if loop is not None
-                         else pathlib.Path(resume) if resume else reuse)
-                raise ClusterLost(where, why) from e
-            raise
+        with torch_threads(cfg.train.torch_threads):
+            if resume is not None:
+                state = _open_resumed(cfg, spec, pathlib.Path(resume), locks)
+            torch.set_float32_matmul_precision(spec.float32_matmul_precision)  # this process's fragments (a Ray replica sets its own)
+            if evaluation_env(cfg)[0] is not None:  # what evaluation will call, checked before training
+                actor = spec.algorithm.components.get("actor")
+                if isinstance(actor, type):
+                    check_evaluable(actor)
+            if not restarted:
+                crowded = oversubscription(cfg, spec, os.cpu_count() or 1, os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0)
+                if crowded is not None:
+                    print(crowded, file=sys.stderr)
+            job = make_job(spec, cfg, restarted)
+            per, total = spec.steps_per_iteration, spec.budget
+            if total % per and not restarted:  # (said once the job is built: an input error comes alone)
+                print(f"msrl: train.total_env_steps={total} is {total // per} whole iterations of {per} env steps: "
+                      f"{total // per * per} env steps (a run trains whole iterations within its budget)", file=sys.stderr)
+            lagging = [bc.name for bc in spec.policy.boundaries if bc.channel == "latest"]
+            if lagging and spec.algorithm.policy_lag is None and not restarted:
+                print(f"msrl: under {spec.policy.name} the actors act with weights up to a few learner updates old "
+                      f"({', '.join(lagging)}: latest; async/policy_lag_mean in metrics.csv); algorithm "
+                      f"{cfg.algorithm.name} does not declare whether its update corrects for that "
+                      "(AlgorithmSpec.policy_lag)", file=sys.stderr)
+            loop = None
+            try:
+                loop = TrainingLoop(cfg, spec, job, resume, state, locks, faults=faults, reuse=reuse)
+                return loop.run()
+            except BaseException as e:
+                # a replica lost with the cluster under it, or a call into Ray's core worker failing
+                # as its raylet goes (``OSError: Connection reset by peer`` from ray.wait, before Ray
+                # ends this process itself): looked at before close() stops the Ray it started
+                why = _cluster_stopped() if _maybe_cluster_loss(e) else None
+                job.close()  # no replica process outlives a failed or interrupted run
+                if why is not None:
+                    where = (e.run_dir if isinstance(e, ReplicaLost) else loop.run_dir if loop is not None
+                             else pathlib.Path(resume) if resume else reuse)
+                    raise ClusterLost(where, why) from e
+                raise
     finally:
         _restore_matmul_precisions(precision)
-        torch.set_num_threads(threads)
         for lock in locks:
             lock.release()
 

@@ -34,7 +34,7 @@ import torch
 
 from msrl.runtime.replica import Replica, pipelined_records
 
-__all__ = ["ReplicaHost", "NO_REFUSALS", "denormals_flushed", "flushed_denormals"]
+__all__ = ["ReplicaHost", "NO_REFUSALS", "denormals_flushed", "flushed_denormals", "torch_threads"]
 
 #: the ``refused`` field of a replica without servers
 NO_REFUSALS = {"connections": 0, "frames": 0, "datagrams": 0}
@@ -64,6 +64,23 @@ def flushed_denormals(on: bool) -> Iterator[None]:
         yield
     finally:
         torch.set_flush_denormal(before)
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Runs the block with torch's intra-op threads at ``n`` (``torch.set_num_threads``, a
+    process-wide setting) and the process's own count back after it, also when the block raises:
+    a run's ``train.torch_threads`` holds for the run, and a caller's notebook keeps its threads.
+
+    Raises:
+        RuntimeError: ``n`` < 1 (torch's own check).
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 class ReplicaHost:
