@@ -142,6 +142,29 @@ def test_a_population_run_writes_each_member_and_replays_from_its_seed(tmp_path)
     assert load(a.run_dir).act(torch.zeros(4).numpy()) in (0, 1)
 
 
+def test_a_population_runs_its_members_at_the_configs_precision_and_gives_the_callers_back(tmp_path, monkeypatch):
+    """``train.float32_matmul_precision`` holds while the members train (as in a single run), and
+    the caller's own setting comes back after the population's run."""
+    from msrl.run.job import Job
+    from msrl.run.training import train
+
+    seen = []
+    run = Job.run
+
+    def spy(self, n):
+        seen.append(torch.get_float32_matmul_precision())
+        return run(self, n)
+
+    monkeypatch.setattr(Job, "run", spy)
+    before = torch.get_float32_matmul_precision()
+    cfg = _cfg(tmp_path, "train.total_env_steps=2048", "population.interval=4", "population.size=2",
+               "population.explore.learning_rate.init=[0.0001, 0.001]",
+               "train.progress=false", "eval.episodes=1", "train.float32_matmul_precision=medium")
+    train(cfg)
+    assert len(seen) == 4 and set(seen) == {"medium"}  # 2 members x 2 turns
+    assert torch.get_float32_matmul_precision() == before
+
+
 def test_an_interrupted_population_resumes_exactly(tmp_path, monkeypatch):
     """Ctrl-C in turn 3 of 6 (population.pt holds turn 2), then msrl train --resume: the same
     population.csv, members' losses, final weights and evaluations as the run never interrupted."""

@@ -57,7 +57,7 @@ import torch
 
 from msrl.config import RunConfig, build_job_spec, check_population, on_device
 from msrl.run.outcome import TrainResult
-from msrl.runtime.host import torch_threads
+from msrl.runtime.host import matmul_precision, torch_threads
 
 __all__ = ["MEMBER_SEED_STRIDE", "Member", "member_configs", "member_device", "check_population", "plan_exploits", "explore",
            "exploit", "describe", "train_population"]
@@ -256,7 +256,8 @@ def train_population(cfg: RunConfig, resume: str | pathlib.Path | None = None) -
     log_path = run_dir / "population.csv"
     saved = [0]  # the iteration population.pt holds (updated by _turns)
     try:
-        with torch_threads(cfg.train.torch_threads):  # (the caller's count back after the run)
+        # the run's threads and precision (every member's), the caller's back after the run
+        with torch_threads(cfg.train.torch_threads), matmul_precision(spec0.float32_matmul_precision):
             if resume is not None:
                 state = _load_population(run_dir)
                 done = max((int(ms["job"]["iteration"]) for ms in state["members"]), default=0) * spec0.env_steps_per_iteration

@@ -16,8 +16,6 @@ import pathlib
 import sys
 from typing import Any
 
-import torch
-
 from msrl.config import ConfigError, RunConfig, build_job_spec
 from msrl.errors import MsrlError, PlacementError
 from msrl.run.checkpoints import CHECKPOINT, atomic_save, load_checkpoint, read_checkpoint, set_aside_damaged
@@ -27,7 +25,7 @@ from msrl.run.job import JobSpec
 from msrl.run.loop import TrainingLoop
 from msrl.run.outcome import ClusterLost, ReplicaLost, TrainingInterrupted, TrainingStopped, TrainResult, resume_command
 from msrl.run.rundir import RunLock, check_resumable, check_runs_dir, load_run_config, write_config
-from msrl.runtime.host import torch_threads
+from msrl.runtime.host import matmul_precision, torch_threads
 from msrl.runtime.replica import ReplicaDied, ReplicaHung
 
 __all__ = ["TrainResult", "TrainingStopped", "TrainingInterrupted", "train"]
@@ -162,13 +160,12 @@ def _train_once(cfg: RunConfig, resume: str | pathlib.Path | None, restarted: bo
     spec: JobSpec = build_job_spec(cfg)
     state = None
     locks: list[RunLock] = []
-    # the caller's own precision and threads come back after the run (msrl.train in a user's process)
-    precision = _matmul_precisions()
     try:
-        with torch_threads(cfg.train.torch_threads):
+        # this process's fragments (a Ray replica sets its own); the caller's own precision and
+        # threads come back after the run (msrl.train in a user's process)
+        with torch_threads(cfg.train.torch_threads), matmul_precision(spec.float32_matmul_precision):
             if resume is not None:
                 state = _open_resumed(cfg, spec, pathlib.Path(resume), locks)
-            torch.set_float32_matmul_precision(spec.float32_matmul_precision)  # this process's fragments (a Ray replica sets its own)
             if evaluation_env(cfg)[0] is not None:  # what evaluation will call, checked before training
                 actor = spec.algorithm.components.get("actor")
                 if isinstance(actor, type):
@@ -204,36 +201,8 @@ def _train_once(cfg: RunConfig, resume: str | pathlib.Path | None, restarted: bo
                     raise ClusterLost(where, why) from e
                 raise
     finally:
-        _restore_matmul_precisions(precision)
         for lock in locks:
             lock.release()
-
-
-#: torch's per-backend float32 matmul settings (torch 2.9 and later), which
-#: ``torch.set_float32_matmul_precision`` writes: the CUDA one and oneDNN's (the CPU's: ``medium``
-#: computes float32 products in bfloat16 where oneDNN has it, as on AMX)
-_MATMUL_BACKENDS = tuple(b.matmul for b in (torch.backends.cuda, torch.backends.mkldnn)
-                         if hasattr(b.matmul, "fp32_precision"))
-
-
-def _matmul_precisions() -> tuple[str | None, tuple[str, ...]]:
-    """This process's float32 matmul settings, as :func:`_restore_matmul_precisions` puts them
-    back: torch's legacy one (``None`` where ``torch.get_float32_matmul_precision`` raises, as it
-    does once a caller set the per-backend ones) and each backend's own where torch has them."""
-    try:
-        legacy: str | None = torch.get_float32_matmul_precision()
-    except RuntimeError:  # (a caller on the per-backend API)
-        legacy = None
-    return legacy, tuple(m.fp32_precision for m in _MATMUL_BACKENDS)
-
-
-def _restore_matmul_precisions(saved: tuple[str | None, tuple[str, ...]]) -> None:
-    """Puts back what :func:`_matmul_precisions` read."""
-    legacy, backends = saved
-    if legacy is not None:
-        torch.set_float32_matmul_precision(legacy)
-    for m, value in zip(_MATMUL_BACKENDS, backends):
-        m.fp32_precision = value
 
 
 def _value_at(config: dict[str, Any], key: str) -> Any:

@@ -83,6 +83,39 @@ def torch_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+#: torch's per-backend float32 matmul settings (torch 2.9 and later), which
+#: ``torch.set_float32_matmul_precision`` writes: the CUDA one and oneDNN's (the CPU's: ``medium``
+#: computes float32 products in bfloat16 where oneDNN has it, as on AMX)
+_MATMUL_BACKENDS = tuple(b.matmul for b in (torch.backends.cuda, torch.backends.mkldnn)
+                         if hasattr(b.matmul, "fp32_precision"))
+
+
+@contextlib.contextmanager
+def matmul_precision(precision: str) -> Iterator[None]:
+    """Runs the block with float32 matrix products at ``precision`` (``highest``, ``high`` or
+    ``medium``: ``torch.set_float32_matmul_precision``, a process-wide setting) and the process's
+    own settings back after it, also when the block raises: torch's legacy one where it is
+    readable (``torch.get_float32_matmul_precision`` raises once a caller used the per-backend
+    API) and each backend's own (torch 2.9 and later).
+
+    Raises:
+        RuntimeError: ``precision`` is not one of the three (torch's own check).
+    """
+    try:
+        legacy: str | None = torch.get_float32_matmul_precision()
+    except RuntimeError:  # (a caller on the per-backend API)
+        legacy = None
+    backends = tuple(m.fp32_precision for m in _MATMUL_BACKENDS)
+    try:
+        torch.set_float32_matmul_precision(precision)
+        yield
+    finally:
+        if legacy is not None:
+            torch.set_float32_matmul_precision(legacy)
+        for m, value in zip(_MATMUL_BACKENDS, backends):
+            m.fp32_precision = value
+
+
 class ReplicaHost:
     """One replica, run by any runtime (see the module docstring).
 
