@@ -39,6 +39,7 @@ from msrl.api import (
     Fraction,
     Learner,
     ModuleWeights,
+    NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
@@ -47,7 +48,7 @@ from msrl.api import (
     returns,
 )
 from msrl.rl.buffers import SequenceReplay
-from msrl.rl.distributional import symlog, two_hot, two_hot_mean
+from msrl.rl.distributional import symlog, two_hot_log_likelihood, two_hot_mean
 
 __all__ = ["DreamerV3Config", "SIZES", "sample_categorical", "is_image", "WorldModel", "DreamerV3Actor",
            "DreamerV3Learner", "DreamerV3Trainer", "ALGORITHM"]
@@ -116,6 +117,12 @@ class DreamerV3Config:
     """weight of the representation loss KL[q || sg(p)] (Eq. 5)"""
     num_bins: PositiveInt = 255
     """two-hot bins of the reward and critic heads, even in symlog space over [-20, 20]"""
+    replay_value_scale: NonNegativeFloat = 0.0
+    """weight of the replay value loss (DreamerV3's 2024 code, ``repval``: 0.3; 0: the paper's
+    v1, the critic learns from imagination alone): the critic also learns, on the replayed states,
+    lambda-returns along the real sequence that bootstrap from the imagined returns
+    (:func:`replay_returns`), with the same slow-critic regulariser; the world model gets no
+    gradient from it (the 2024 code's one optimiser does)"""
 
     def __post_init__(self) -> None:
         if self.model_size not in SIZES:
@@ -346,6 +353,28 @@ class DreamerV3Actor(Actor):
         self.generator.set_state(state["generator"])
 
 
+def replay_returns(reward: torch.Tensor, is_terminal: torch.Tensor, is_first: torch.Tensor, boot: torch.Tensor,
+                   gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The replay value loss's targets (DreamerV3's 2024 code, ``repl_loss``): lambda-returns
+    along replayed sequences of real rewards that bootstrap, step by step, from ``boot``, the
+    imagined lambda-return from each replayed state; the return stops where an episode ends inside
+    the window (the row before an ``is_first``) and is cut off at a terminal row.
+
+    Args:
+        reward, is_terminal, is_first: ``(B, T)`` float32 / bool rows of :class:`SequenceReplay`
+            (the reward and flags on arriving at each row).
+        boot: ``(B, T)`` float32: the imagined lambda-return from each row's state.
+
+    Returns:
+        ``(targets (B, T - 1), weight (B, T - 1))``: the returns of rows ``0..T-2`` and 0 at an
+        episode's last row (its successor in the window is the next episode's first).
+    """
+    last = torch.cat([is_first[:, 1:], torch.zeros_like(is_first[:, :1])], 1).to(reward.dtype)
+    live = (~is_terminal[:, 1:]).to(reward.dtype)
+    ret = lambda_returns(reward[:, 1:].T, boot.T, live.T, gamma, lam * (1 - last[:, 1:].T))
+    return ret.T, 1 - last[:, :-1]
+
+
 def _kl(p_logits: torch.Tensor, q_logits: torch.Tensor, latents: int, classes: int, unimix: float) -> torch.Tensor:
     """``KL[p || q]`` of the unimix categoricals, summed over the latents: ``(..., L*C) -> (...)``."""
     p = _unimix_probs(p_logits.unflatten(-1, (latents, classes)), unimix)
@@ -422,7 +451,7 @@ class DreamerV3Learner(Learner):
         feat = torch.cat([h_seq, torch.stack(zs, 1)], -1)
         prior, post = m.prior(h_seq), torch.stack(posts, 1)  # (the prior of all T steps in one batch)
         decoder = m.decoder_loss(feat.flatten(0, 1), obs.flatten(0, 1)).mean()
-        reward = -(two_hot(symlog(batch["reward"]), m.bins) * torch.log_softmax(m.reward(feat), -1)).sum(-1).mean()
+        reward = -two_hot_log_likelihood(torch.log_softmax(m.reward(feat), -1), symlog(batch["reward"]), m.bins).mean()
         cont = F.binary_cross_entropy_with_logits(m.cont(feat).squeeze(-1), (~batch["is_terminal"]).float())
         L, C = m.latents, m.classes
         dyn = _kl(post.detach(), prior, L, C, hp.unimix).clamp(min=hp.free_nats).mean()
@@ -439,7 +468,8 @@ class DreamerV3Learner(Learner):
             batch: TensorDict ``(B, T)`` with :attr:`SequenceReplay.KEYS`.
 
         Returns:
-            ``losses/{world_model,decoder,reward,continue,dyn_kl,rep_kl,actor,critic}``,
+            ``losses/{world_model,decoder,reward,continue,dyn_kl,rep_kl,actor,critic}`` (and
+            ``losses/replay_value`` where ``replay_value_scale > 0``),
             ``charts/{entropy,return_scale,imagined_return}``: 0-d tensors.
 
         Raises:
@@ -478,8 +508,20 @@ class DreamerV3Learner(Learner):
             slow = two_hot_mean(self.slow_critic(states_t[:-1]), m.bins)
         # the critic: two-hot on the lambda-returns, regularised toward the slow critic's outputs
         log_v = torch.log_softmax(critic_logits[:-1], -1)
-        critic_loss = -(weight[..., None] * (two_hot(symlog(ret), m.bins) + two_hot(symlog(slow), m.bins)) * log_v
-                        ).sum(-1).mean()
+        critic_loss = -(weight * (two_hot_log_likelihood(log_v, symlog(ret), m.bins)
+                                  + two_hot_log_likelihood(log_v, symlog(slow), m.bins))).mean()
+        if hp.replay_value_scale > 0:  # ... and on the replayed states' real returns (2024 code)
+            B, T = batch["reward"].shape
+            target, rweight = replay_returns(batch["reward"], batch["is_terminal"], batch["is_first"],
+                                             ret[0].reshape(B, T), hp.gamma, hp.return_lambda)
+            states = feat.detach()[:, :-1]
+            with torch.no_grad():
+                slow_replay = two_hot_mean(self.slow_critic(states), m.bins)
+            log_r = torch.log_softmax(m.critic(states), -1)
+            replay_loss = -(rweight * (two_hot_log_likelihood(log_r, symlog(target), m.bins)
+                                       + two_hot_log_likelihood(log_r, symlog(slow_replay), m.bins))).mean()
+            metrics["losses/replay_value"] = replay_loss
+            critic_loss = critic_loss + hp.replay_value_scale * replay_loss
         self.apply_gradients(critic_loss, hp.critic_grad_clip, optimizer=self.critic_optimizer)
         # the actor: REINFORCE on the normalised advantages, with entropy (Eq. 11)
         probs = m.policy(states_t[:-1])

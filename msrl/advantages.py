@@ -147,14 +147,16 @@ def vtrace(
     return vs, pg_advantages
 
 
-def lambda_returns(reward: torch.Tensor, value: torch.Tensor, cont: torch.Tensor, gamma: float, lam: float
-                   ) -> torch.Tensor:
-    """The lambda-returns of an imagined rollout (Eq. 7): ``R_H = v_H``,
-    ``R_i = r_{i+1} + gamma c_{i+1} ((1 - lambda) v_{i+1} + lambda R_{i+1})``.
+def lambda_returns(reward: torch.Tensor, value: torch.Tensor, cont: torch.Tensor, gamma: float,
+                   lam: float | torch.Tensor) -> torch.Tensor:
+    """The lambda-returns of an imagined rollout (Eq. 7 of DreamerV3, arXiv:2301.04104v1):
+    ``R_H = v_H``, ``R_i = r_{i+1} + gamma c_{i+1} ((1 - lambda_{i+1}) v_{i+1} + lambda_{i+1} R_{i+1})``.
 
     Args:
         reward, cont: ``(H, ...)``: the reward and continue flag on arriving at step ``i + 1``.
-        value: ``(H + 1, ...)``: the critic at steps ``0..H``.
+        value: ``(H + 1, ...)``: the critic at steps ``0..H`` (or any bootstrap value there).
+        lam: a float, or ``(H, ...)``: ``lambda_{i+1}`` per step (0 where the return must stop
+            and bootstrap, as at an episode's last step of a replayed sequence).
 
     Returns:
         ``(H, ...)``: ``R_0 .. R_{H-1}``.
@@ -162,6 +164,7 @@ def lambda_returns(reward: torch.Tensor, value: torch.Tensor, cont: torch.Tensor
     out = []
     last = value[-1]
     for i in reversed(range(reward.shape[0])):
-        last = reward[i] + gamma * cont[i] * ((1 - lam) * value[i + 1] + lam * last)
+        lam_i = lam[i] if isinstance(lam, torch.Tensor) else lam
+        last = reward[i] + gamma * cont[i] * ((1 - lam_i) * value[i + 1] + lam_i * last)
         out.append(last)
     return torch.stack(out[::-1])

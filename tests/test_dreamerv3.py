@@ -16,7 +16,7 @@ from msrl.envs import env_spec
 from msrl.errors import ConfigError
 from msrl.policy import load_policy
 from msrl.rl.buffers import SequenceReplay
-from msrl.rl.distributional import symexp, symlog, two_hot, two_hot_mean
+from msrl.rl.distributional import symexp, symlog, two_hot, two_hot_log_likelihood, two_hot_mean
 from msrl.run.job import Job, JobSpec
 
 CONFIG = "configs/dreamerv3_cartpole.yaml"
@@ -41,6 +41,47 @@ def test_two_hot_puts_its_weight_on_the_two_nearest_bins_and_decodes_back():
     assert enc[0, 0] == 1 and enc[-1, -1] == 1  # outside the bins: the end bins
     logits = torch.log(enc.clamp(min=1e-30))
     assert torch.allclose(two_hot_mean(logits, bins), symexp(y.clamp(-20, 20)), rtol=1e-4)
+
+
+def test_the_two_hot_log_likelihood_is_the_dense_cross_entropy_and_its_gradient():
+    torch.manual_seed(0)
+    bins = torch.linspace(-20.0, 20.0, 255)
+    y = torch.cat([torch.randn(40) * 6, torch.tensor([-25.0, 25.0, 0.0, bins[3].item()])])
+    logits = torch.randn(44, 255, requires_grad=True)
+    dense = (two_hot(y, bins) * torch.log_softmax(logits, -1)).sum(-1)
+    (g_dense,) = torch.autograd.grad(dense.sum(), logits)
+    sparse = two_hot_log_likelihood(torch.log_softmax(logits, -1), y, bins)
+    (g_sparse,) = torch.autograd.grad(sparse.sum(), logits)
+    assert sparse.shape == (44,)
+    assert torch.allclose(sparse, dense, rtol=1e-6, atol=1e-6)
+    assert torch.allclose(g_sparse, g_dense, atol=1e-7)
+
+
+def test_a_per_step_lambda_of_zero_stops_the_return_there():
+    reward, cont, value = torch.ones(3, 1), torch.ones(3, 1), torch.tensor([[0.0], [10.0], [20.0], [30.0]])
+    lam = torch.tensor([[1.0], [0.0], [1.0]])  # R_1 bootstraps from v_2 alone
+    got = lambda_returns(reward, value, cont, 0.5, lam)
+    r2 = 1 + 0.5 * 30
+    r1 = 1 + 0.5 * 20
+    assert torch.allclose(got[:, 0], torch.tensor([1 + 0.5 * r1, r1, r2]))
+    assert torch.equal(lambda_returns(reward, value, cont, 0.5, 0.7),
+                       lambda_returns(reward, value, cont, 0.5, torch.full((3, 1), 0.7)))
+
+
+def test_the_replay_returns_stop_at_an_episodes_end_and_cut_off_at_a_terminal_row():
+    """One window of 5 rows: rows 0-2 end an episode at a terminal row 2, row 3 is the next
+    episode's first; the return of row 2 (whose successor is another episode's) carries no weight."""
+    gamma, lam = 0.5, 0.5
+    reward = torch.tensor([[0.0, 1.0, 2.0, 0.0, 3.0]])
+    term = torch.tensor([[False, False, True, False, False]])
+    first = torch.tensor([[True, False, False, True, False]])
+    boot = torch.tensor([[10.0, 20.0, 30.0, 40.0, 50.0]])
+    target, weight = d.replay_returns(reward, term, first, boot, gamma, lam)
+    r3 = 3 + gamma * 50
+    r1 = 2.0  # row 2 is terminal: no bootstrap past it
+    r0 = 1 + gamma * ((1 - lam) * 20 + lam * r1)
+    assert torch.allclose(target[weight > 0], torch.tensor([r0, r1, r3]))
+    assert torch.equal(weight, torch.tensor([[1.0, 1.0, 0.0, 1.0]]))
 
 
 def test_lambda_returns_are_eq_7():
@@ -141,6 +182,25 @@ def test_the_world_model_learns_a_fixed_batch():
     for k in ("losses/decoder", "losses/reward", "losses/continue"):
         assert float(last[k]) < 0.5 * float(first[k]), (k, float(first[k]), float(last[k]))
     assert all(math.isfinite(float(v)) for v in last.values())
+
+
+def test_the_replay_value_loss_trains_the_critic_alone():
+    """``replay_value_scale`` adds the critic's loss on replayed states: the same world-model and
+    actor step as without it, a different critic, and the loss reported."""
+    torch.manual_seed(0)
+    learners = []
+    for scale in (0.0, 0.3):
+        ctx = _ctx(batch_size=2, batch_length=6, model_size="nano", replay_value_scale=scale)
+        learner, buf = d.DreamerV3Learner(ctx), SequenceReplay(ctx)
+        buf.start(torch.zeros(2, 4))
+        for i in range(1, 9):
+            _step(buf, i % 5, done=(i % 5 == 4, False))
+        out = learner.learn(buf.sample())
+        assert ("losses/replay_value" in out) == (scale > 0)
+        learners.append(learner.model.state_dict())
+    off, on = learners
+    assert all(torch.equal(off[k], on[k]) for k in off if not k.startswith("critic."))
+    assert not all(torch.equal(off[k], on[k]) for k in off if k.startswith("critic."))
 
 
 def test_the_actor_carries_its_model_state_and_a_zero_state_starts_an_episode():

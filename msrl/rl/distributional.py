@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["categorical_support", "categorical_projection", "symlog", "symexp", "two_hot", "two_hot_mean"]
+__all__ = ["categorical_support", "categorical_projection", "symlog", "symexp", "two_hot", "two_hot_log_likelihood",
+           "two_hot_mean"]
 
 
 def categorical_support(v_min: float, v_max: float, n_atoms: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -72,18 +73,34 @@ def symexp(x: torch.Tensor) -> torch.Tensor:
     return torch.sign(x) * torch.expm1(x.abs())
 
 
+def _two_hot_bins(y: torch.Tensor, bins: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The lower bin's index ``k`` (int64) and the upper bin's weight ``w`` of ``y``'s two-hot
+    encoding over ``bins`` (Eq. 10), each shaped as ``y``; ``y`` outside the bins clips to the end bins."""
+    y = y.clamp(bins[0], bins[-1])
+    k = (torch.searchsorted(bins, y.contiguous(), right=True) - 1).clamp(0, bins.numel() - 2)
+    lo, hi = bins[k], bins[k + 1]
+    return k, ((y - lo) / (hi - lo)).clamp(0.0, 1.0)
+
+
 def two_hot(y: torch.Tensor, bins: torch.Tensor) -> torch.Tensor:
     """The two-hot encoding of ``y`` ``(...)`` over the sorted ``bins`` ``(K,)`` (Eq. 10): weight
     on the two bins around each value, in proportion to its nearness, ``(..., K)``; values outside
     the bins clip to the end bins."""
-    y = y.clamp(bins[0], bins[-1])
-    k = (torch.searchsorted(bins, y.contiguous(), right=True) - 1).clamp(0, bins.numel() - 2)
-    lo, hi = bins[k], bins[k + 1]
-    w_hi = ((y - lo) / (hi - lo)).clamp(0.0, 1.0)
+    k, w_hi = _two_hot_bins(y, bins)
     out = torch.zeros(*y.shape, bins.numel(), dtype=y.dtype, device=y.device)
     out.scatter_(-1, k[..., None], (1 - w_hi)[..., None])
     out.scatter_add_(-1, (k + 1)[..., None], w_hi[..., None])
     return out
+
+
+def two_hot_log_likelihood(log_probs: torch.Tensor, y: torch.Tensor, bins: torch.Tensor) -> torch.Tensor:
+    """``sum_k two_hot(y, bins)_k log_probs_k``, the negated two-hot cross-entropy of DreamerV3's
+    reward and critic heads (Eq. 10), from the two bins around ``y`` alone: ``log_probs`` ``(..., K)``
+    (a head's log-softmax), ``y`` ``(...)`` -> ``(...)``; equal to the dense form without writing
+    the ``(..., K)`` encoding (255 bins: most of an update's elementwise work at 64 units)."""
+    k, w_hi = _two_hot_bins(y, bins)
+    pair = log_probs.gather(-1, torch.stack([k, k + 1], -1))
+    return (1 - w_hi) * pair[..., 0] + w_hi * pair[..., 1]
 
 
 def two_hot_mean(logits: torch.Tensor, bins: torch.Tensor) -> torch.Tensor:
