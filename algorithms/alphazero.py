@@ -6,11 +6,12 @@ the search as in its supplementary pseudocode), on OpenSpiel's two-player board 
 
 Read top to bottom: hyperparameters; the network ``f(s) = (p, v)`` (an MLP or the paper's
 residual tower: :class:`~msrl.rl.networks.PolicyValueNet`) built for the game; the actor, whose
-:meth:`AlphaZeroActor.evaluate` is the search's leaf evaluation; the search
-(:class:`PUCTSearch`, batched over games) and :class:`MCTS`, the env-side wrapper that runs it
-beside the games it clones; the replay of ``(s, pi, z)``, ``z`` filled in when the game ends; the
-learner (Eq. 1 of the paper: ``(z - v)^2 - pi^T log p`` plus L2); the evaluation against fixed
-opponents; and the trainer, whose loop over simulations is a plain ``for``:
+:meth:`AlphaZeroActor.evaluate` is the search's leaf evaluation; :class:`MCTS`, the env-side
+wrapper that runs the search beside the games it clones (the search itself,
+:class:`~msrl.rl.mcts.PUCTSearch`, every game's tree in shared arrays); the replay of
+``(s, pi, z)``, ``z`` filled in when the game ends; the learner (Eq. 1 of the paper:
+``(z - v)^2 - pi^T log p`` plus L2); the evaluation against fixed opponents; and the trainer,
+whose loop over simulations is a plain ``for``:
 
     leaves = self.env.search_begin()                     # every game's root
     for _sim in range(num_simulations):
@@ -28,8 +29,7 @@ the env replicas search and the central replica evaluates every replica's leaves
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal, Mapping
 
 import gymnasium
 import numpy as np
@@ -53,6 +53,7 @@ from msrl.api import (
     returns,
 )
 from msrl.rl.buffers import ReplayBuffer
+from msrl.rl.mcts import PUCTSearch
 from msrl.rl.networks import ILLEGAL_LOGIT, PolicyValueNet
 
 __all__ = ["AlphaZeroConfig", "policy_value_net", "AlphaZeroActor", "PUCTSearch", "MCTS", "AlphaZeroBuffer",
@@ -196,146 +197,6 @@ class AlphaZeroActor(Actor):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.net.load_state_dict(state["net"])
-
-
-class _Node:
-    """One search-tree node: the game state reached, who moves there, the move priors once
-    expanded, children by move, visits, and the sum of backed-up values for the player who
-    chose the move into this node (``chooser``)."""
-
-    __slots__ = ("state", "player", "chooser", "prior", "legal", "children", "visits", "value_sum")
-
-    def __init__(self, state: Any, chooser: int) -> None:
-        self.state, self.chooser = state, chooser
-        self.player = state.current_player()  # < 0: terminal
-        self.prior: np.ndarray | None = None
-        self.legal: list[int] = []
-        self.children: dict[int, _Node] = {}
-        self.visits, self.value_sum = 0, 0.0
-
-
-class PUCTSearch:
-    """AlphaZero's tree search over a batch of games, one tree per game, driven from outside:
-    :meth:`begin` returns the roots' observations, each :meth:`step` takes the network's
-    evaluation of the last observations it returned and returns the next leaves', and
-    :meth:`result` gives the root's visit distribution and the move to play.
-
-    One simulation (the pseudocode's ``run_mcts``): from the root, repeatedly take the child
-    maximising ``Q(s, a) + U(s, a)``, ``U = c(s) P(s, a) sqrt(N(s)) / (1 + N(s, a))``,
-    ``c(s) = log((1 + N(s) + c_base) / c_base) + c_init``, ``Q`` the child's mean value for the
-    player choosing (``puct_q``: in ``[-1, 1]``, 0 while unvisited; or in ``[0, 1]``, 0 while
-    unvisited), until a node not yet expanded; the network evaluates it
-    (a finished game's exact outcome replaces the network's value), it is expanded with the
-    legal moves' softmax priors, and its value is added along the path, signed for each node's
-    chooser. The root's first expansion mixes ``Dirichlet(alpha)`` noise into its priors with
-    weight ``root_exploration_fraction`` when ``noise`` is on.
-
-    Args:
-        num_actions: ``A``; hp: :class:`AlphaZeroConfig`.
-        noise: root noise and temperature moves (self-play); off: evaluation play (the most
-            visited move).
-    """
-
-    def __init__(self, num_actions: int, hp: AlphaZeroConfig, noise: bool = True) -> None:
-        from msrl.envs.openspiel_env import observe
-
-        self._observe = observe
-        self.num_actions, self.hp, self.noise = num_actions, hp, noise
-        self.roots: list[_Node] = []
-        self.paths: list[list[_Node]] = []
-        self.rngs: Sequence[np.random.Generator] = ()
-
-    def begin(self, states: Sequence[Any], rngs: Sequence[np.random.Generator]) -> np.ndarray:
-        """New trees at ``states`` (OpenSpiel states, not finished; cloned), each game's draws
-        (root noise, temperature moves) from its own generator in ``rngs`` (empty without
-        ``noise``) -- so that how games are split over replicas changes no draw: the roots' observations ``(G, D + A)`` float32,
-        for the network's first evaluation."""
-        self.roots = [_Node(s.clone(), chooser=-1) for s in states]
-        self.paths = [[r] for r in self.roots]
-        self.rngs = rngs
-        return self._observations()
-
-    def _observations(self) -> np.ndarray:
-        return np.stack([self._observe(p[-1].state, self.num_actions) for p in self.paths])
-
-    def step(self, logits: np.ndarray, value: np.ndarray) -> np.ndarray:
-        """Expands and backs up the pending leaves with the network's ``logits (G, A)`` and
-        ``value (G,)`` (for each leaf's player to move), then selects the next leaves:
-        returns their observations ``(G, D + A)`` float32."""
-        for g, path in enumerate(self.paths):
-            self._expand_and_backup(path, logits[g], float(value[g]), self.rngs[g] if self.noise else None)
-            self.paths[g] = self._select(self.roots[g])
-        return self._observations()
-
-    def _expand_and_backup(self, path: list[_Node], logits: np.ndarray, value: float,
-                           rng: np.random.Generator | None) -> None:
-        leaf = path[-1]
-        if leaf.player < 0:  # a finished game: its exact outcome
-            outcome = np.asarray(leaf.state.returns(), np.float64)
-        else:
-            if leaf.prior is None:
-                legal = leaf.state.legal_actions()
-                z = logits[legal].astype(np.float64)
-                p = np.exp(z - z.max())
-                prior = np.zeros(self.num_actions)
-                prior[legal] = p / p.sum()
-                if leaf is path[0] and rng is not None and self.hp.root_exploration_fraction > 0:
-                    eps = self.hp.root_exploration_fraction
-                    prior[legal] = (1 - eps) * prior[legal] + eps * rng.dirichlet([self.hp.dirichlet_alpha] * len(legal))
-                leaf.prior, leaf.legal = prior, legal
-            outcome = np.zeros(2)
-            outcome[leaf.player], outcome[1 - leaf.player] = value, -value
-        for node in path:
-            node.visits += 1
-            if node.chooser >= 0:
-                node.value_sum += outcome[node.chooser]
-
-    def _select(self, root: _Node) -> list[_Node]:
-        hp, node, path = self.hp, root, [root]
-        unit = hp.puct_q == "unit"
-        while node.prior is not None and node.player >= 0:
-            c = math.log((1 + node.visits + hp.c_base) / hp.c_base) + hp.c_init
-            best, best_score = -1, -math.inf
-            sqrt_n = math.sqrt(node.visits)
-            for a in node.legal:
-                child = node.children.get(a)
-                n = child.visits if child is not None else 0
-                q = (0.5 * child.value_sum / n + 0.5 if unit else child.value_sum / n) if n else 0.0
-                score = q + c * node.prior[a] * sqrt_n / (1 + n)
-                if score > best_score:
-                    best, best_score = a, score
-            child = node.children.get(best)
-            if child is None:
-                state = node.state.clone()
-                state.apply_action(best)
-                child = node.children[best] = _Node(state, chooser=node.player)
-                path.append(child)
-                return path
-            node = child
-            path.append(node)
-        return path
-
-    def visit_counts(self) -> np.ndarray:
-        """The roots' visit count per move ``(G, A)`` float64."""
-        out = np.zeros((len(self.roots), self.num_actions))
-        for g, root in enumerate(self.roots):
-            for a, child in root.children.items():
-                out[g, a] = child.visits
-        return out
-
-    def result(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(pi (G, A) float32, move (G,) int64, player (G,) int64)``: the roots' visit
-        distributions (the policy target), the moves to play -- drawn in proportion to the visits
-        in a game's first ``temperature_moves`` plies with ``noise`` on, else the most visited
-        (the lowest move on a tie) -- and the players to move."""
-        counts = self.visit_counts()
-        pi = counts / np.maximum(counts.sum(1, keepdims=True), 1)
-        move = counts.argmax(1)
-        for g, root in enumerate(self.roots):
-            if self.noise and len(root.state.history()) < self.hp.temperature_moves:
-                move[g] = self.rngs[g].choice(self.num_actions, p=pi[g])
-        player = np.array([r.player for r in self.roots], np.int64)
-        return pi.astype(np.float32), move.astype(np.int64), player
 
 
 class MCTS(EnvWrapper):

@@ -22,6 +22,12 @@ actor replica evaluates its own leaves), same run; with the requests per batch t
     python bench/bench_alphazero.py play connect_four --runs RUN --kept-from 900000 --kept-to 950000 --opponents mcts
     python bench/bench_alphazero.py play connect_four --runs RUN --games 200 --match-seed 20000 --opponents mcts
     python bench/bench_alphazero.py selfplay --actors 1 4 16 --iterations 6
+
+``search`` -- the PUCT search alone (``PUCTSearch``, fixed random network outputs, the games at
+random openings), microseconds a leaf, the median of ``--rounds``; run against an older checkout
+with ``PYTHONPATH=<that checkout>`` to compare implementations:
+
+    python bench/bench_alphazero.py search connect_four --games 64 --simulations 100 [--tower 32x2]
 """
 
 from __future__ import annotations
@@ -144,6 +150,52 @@ def selfplay_rate(policy: str, actors: int, games_per_actor: int, iterations: in
             "rows_per_batch": statistics.mean(sizes) * games_per_actor if sizes else None}
 
 
+def search_time(game: str, games: int, simulations: int, rounds: int, tower: str | None = None) -> float:
+    """The median over ``rounds`` of one move's search of ``simulations`` over ``games`` games at
+    random openings (up to 11 random moves), the network's outputs drawn once (or, with ``tower``
+    ``CxB``, a residual tower of ``C`` filters and ``B`` blocks evaluating the leaves):
+    microseconds a leaf."""
+    import numpy as np
+    import pyspiel
+
+    from msrl.algorithms.alphazero import AlphaZeroConfig, PUCTSearch
+
+    g = pyspiel.load_game(game)
+    A, hp, rng = g.num_distinct_actions(), AlphaZeroConfig(num_simulations=simulations), np.random.default_rng(0)
+    states = []
+    for _ in range(games):
+        s = g.new_initial_state()
+        for _ in range(int(rng.integers(0, 12))):
+            s.apply_action(int(rng.choice(s.legal_actions())))
+            if s.is_terminal():
+                s = g.new_initial_state()
+        states.append(s)
+    logits = rng.normal(size=(simulations, games, A)).astype(np.float32)
+    values = np.tanh(rng.normal(size=(simulations, games))).astype(np.float32)
+    net = None
+    if tower:
+        from msrl.algorithms.alphazero import policy_value_net
+
+        channels, blocks = (int(x) for x in tower.split("x"))
+        net = policy_value_net(AlphaZeroConfig(network="resnet", channels=channels, residual_blocks=blocks),
+                               f"openspiel/{game}").eval()
+    times = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        search = PUCTSearch(A, hp, noise=True)
+        leaves = search.begin(states, [np.random.default_rng(i) for i in range(games)])
+        for k in range(simulations):
+            if net is None:
+                search.step(logits[k], values[k])
+                continue
+            with torch.no_grad():
+                out_logits, out_value = net(torch.from_numpy(leaves))
+            leaves = search.step(out_logits.numpy(), out_value.numpy())
+        search.result()
+        times.append((time.perf_counter() - t) / (games * simulations) * 1e6)
+    return statistics.median(times)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="what", required=True)
@@ -176,6 +228,14 @@ def main() -> None:
     b.add_argument("--games-per-actor", type=int, default=4)
     b.add_argument("--iterations", type=int, default=6)
     b.add_argument("--simulations", type=int, default=50)
+    c = sub.add_parser("search")
+    c.add_argument("game", choices=sorted(CONFIGS))
+    c.add_argument("--games", type=int, nargs="+", default=[64])
+    c.add_argument("--simulations", type=int, default=100)
+    c.add_argument("--rounds", type=int, default=5)
+    c.add_argument("--tower", default=None, metavar="CxB",
+                   help="evaluate the leaves with a residual tower of C filters and B blocks (e.g. 32x2, the "
+                        "Connect Four config's) instead of fixed outputs")
     p.add_argument("--json", default=None, help="also write the raw results here")
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -211,6 +271,16 @@ def main() -> None:
                               f"{statistics.mean(r[o]['draw'] for r in rows):.1%} drawn"
                               for o in opponents)
             print(f"mean over {len(rows)} policies x {args.games} games -- {means}", flush=True)
+    elif args.what == "search":
+        from msrl.algorithms import alphazero
+
+        print(f"search: {alphazero.PUCTSearch.__module__}.PUCTSearch")
+        for games in args.games:
+            us = search_time(args.game, games, args.simulations, args.rounds, args.tower)
+            rows.append({"game": args.game, "games": games, "simulations": args.simulations, "us_per_leaf": us})
+            print(f"{args.game}, {games} games, {args.simulations} simulations"
+                  f"{', tower ' + args.tower if args.tower else ''}: {us:.1f} us a leaf "
+                  f"(median of {args.rounds})", flush=True)
     else:
         import ray
 

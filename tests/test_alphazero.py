@@ -3,6 +3,7 @@
 policy, exact resume, bad input; and (slow) tic-tac-toe learned to never lose to the solver."""
 
 import math
+import zlib
 
 import numpy as np
 import pytest
@@ -53,15 +54,14 @@ def test_puct_selects_by_the_pseudocodes_score(puct_q):
     search = PUCTSearch(9, hp, noise=False)
     search.begin([_state([])], ())
     search.step(logits, np.array([0.3], np.float32))  # expands the root; selects
-    assert [n.state.history() for n in search.paths[0]] == [[], [4]]
+    assert [st.history() for st in search.path_states(0)] == [[], [4]]
     # the leaf (o to move) is worth +0.5 to o: -0.5 to x, who chose the centre
     search.step(np.zeros((1, 9), np.float32), np.array([0.5], np.float32))
-    root = search.roots[0]
-    assert root.visits == 2 and root.children[4].value_sum == -0.5
+    assert search.edge_visits[0, 0].sum() + 1 == 2 and search.edge_value[0, 0, 4] == -0.5
     c = math.log((1 + 2 + hp.c_base) / hp.c_base) + hp.c_init
     q4 = -0.5 if puct_q == "signed" else 0.25
     score = [c * prior[a] * math.sqrt(2) / (1 + (a == 4)) + (q4 if a == 4 else 0.0) for a in range(9)]
-    assert search.paths[0][1].state.history() == [int(np.argmax(score))]
+    assert search.path_states(0)[1].history() == [int(np.argmax(score))]
 
 
 def test_the_search_takes_a_win_in_one_and_blocks_a_loss_in_one():
@@ -74,7 +74,7 @@ def test_the_search_takes_a_win_in_one_and_blocks_a_loss_in_one():
 
 def test_the_root_counts_one_visit_per_evaluation_after_its_own():
     search = _uniform_search(_state([]), 25)
-    assert search.visit_counts().sum() == 24 and search.roots[0].visits == 25
+    assert search.visit_counts().sum() == 24 and search.edge_visits[0, 0].sum() + 1 == 25
     pi, move, player = search.result()
     assert pi.dtype == np.float32 and math.isclose(pi.sum(), 1.0, rel_tol=1e-6)
     assert move[0] == search.visit_counts()[0].argmax() and player[0] == 0
@@ -89,7 +89,7 @@ def test_root_noise_and_temperature_moves_come_from_each_games_generator():
         search.begin(states, [np.random.default_rng([seed, 0]), np.random.default_rng([seed, 1])])
         for _ in range(30):
             search.step(np.zeros((2, 9), np.float32), np.zeros(2, np.float32))
-        prior = search.roots[0].prior
+        prior = search.prior[0, 0]
         assert math.isclose(prior.sum(), 1.0) and not np.allclose(prior, 1 / 9)  # Dirichlet noise mixed in
         pi, move, _ = search.result()
         assert move[1] == search.visit_counts()[1].argmax()
@@ -100,6 +100,101 @@ def test_root_noise_and_temperature_moves_come_from_each_games_generator():
     for _ in range(30):
         again.step(np.zeros((2, 9), np.float32), np.zeros(2, np.float32))
     assert (again.result()[1][0], tuple(again.result()[0][0])) == runs[0]
+
+
+def _reference_search(state, hp, net, simulations, rng):
+    """The pseudocode's search written node by node (a dict of children per node, a Python loop
+    over the legal moves), one game: the root's visit counts ``(A,)``."""
+    A = state.num_distinct_actions()
+
+    def node(st, chooser):
+        return {"state": st, "chooser": chooser, "player": st.current_player(), "prior": None, "kids": {}, "n": 0, "w": 0.0}
+
+    root = node(state.clone(), -1)
+    path = [root]
+    for sim in range(simulations + 1):
+        leaf = path[-1]
+        if leaf["player"] < 0:
+            outcome = np.asarray(leaf["state"].returns(), np.float64)
+        else:
+            logits, value = net(leaf["state"])
+            legal = leaf["state"].legal_actions()
+            z = logits[legal].astype(np.float64)
+            p = np.exp(z - z.max())
+            leaf["prior"], leaf["legal"] = np.zeros(A), legal
+            leaf["prior"][legal] = p / p.sum()
+            if leaf is root and rng is not None:
+                eps = hp.root_exploration_fraction
+                leaf["prior"][legal] = (1 - eps) * leaf["prior"][legal] + eps * rng.dirichlet([hp.dirichlet_alpha] * len(legal))
+            outcome = np.zeros(2)
+            outcome[leaf["player"]], outcome[1 - leaf["player"]] = value, -value
+        for nd in path:
+            nd["n"] += 1
+            if nd["chooser"] >= 0:
+                nd["w"] += outcome[nd["chooser"]]
+        if sim == simulations:
+            break
+        nd, path = root, [root]
+        while nd["prior"] is not None and nd["player"] >= 0:
+            c = math.log((1 + nd["n"] + hp.c_base) / hp.c_base) + hp.c_init
+            scores = []
+            for a in nd["legal"]:
+                kid = nd["kids"].get(a)
+                n = kid["n"] if kid else 0
+                q = (kid["w"] / n if hp.puct_q == "signed" else 0.5 * kid["w"] / n + 0.5) if n else 0.0
+                scores.append((q + c * nd["prior"][a] * math.sqrt(nd["n"]) / (1 + n), -a))
+            a = -max(scores)[1]
+            if a not in nd["kids"]:
+                st = nd["state"].clone()
+                st.apply_action(a)
+                nd["kids"][a] = node(st, nd["player"])
+                path.append(nd["kids"][a])
+                break
+            nd = nd["kids"][a]
+            path.append(nd)
+    counts = np.zeros(A)
+    for a, kid in root["kids"].items():
+        counts[a] = kid["n"]
+    return counts
+
+
+@pytest.mark.parametrize("game, puct_q, noise", [("connect_four", "signed", True), ("connect_four", "unit", False),
+                                                 ("tic_tac_toe", "signed", False), ("tic_tac_toe", "unit", True)])
+def test_the_batched_search_visits_as_the_pseudocodes_search_node_by_node(game, puct_q, noise):
+    """Every game's tree in shared arrays, selected and backed up as array operations: the same
+    visit counts, game by game, as the search written node by node, with a network whose output
+    is a fixed function of the position (some games finish inside the trees)."""
+    g = pyspiel.load_game(game)
+    A, hp = g.num_distinct_actions(), AlphaZeroConfig(num_simulations=60, puct_q=puct_q)
+
+    def net(st):
+        r = np.random.default_rng(zlib.crc32(st.history_str().encode()))
+        return (r.normal(size=A) * 2).astype(np.float32), np.float32(np.tanh(r.normal()))
+
+    rng = np.random.default_rng(0)
+    states = []
+    for _ in range(6):
+        st = g.new_initial_state()
+        for _ in range(int(rng.integers(0, 6 if game == "tic_tac_toe" else 25))):
+            if st.is_terminal():
+                break
+            st.apply_action(int(rng.choice(st.legal_actions())))
+        if st.is_terminal():
+            st = g.new_initial_state()
+        states.append(st)
+    search = PUCTSearch(A, hp, noise=noise)
+    leaves = search.begin(states, [np.random.default_rng([7, i]) for i in range(6)] if noise else ())
+    sims = 150  # past num_simulations: the trees grow
+    for _ in range(sims):
+        out = [net(st) for st in (search.path_states(i)[-1] for i in range(6))]
+        assert leaves.shape == (6, int(np.prod(g.observation_tensor_shape())) + A)
+        leaves = search.step(np.stack([o[0] for o in out]), np.array([o[1] for o in out]))
+    out = [net(st) for st in (search.path_states(i)[-1] for i in range(6))]
+    search.step(np.stack([o[0] for o in out]), np.array([o[1] for o in out]))
+    assert (search.player < 0).any()  # finished games inside the trees
+    for i, st in enumerate(states):
+        want = _reference_search(st, hp, net, sims, np.random.default_rng([7, i]) if noise else None)
+        assert np.array_equal(search.visit_counts()[i], want), (i, search.visit_counts()[i], want)
 
 
 def _buffer(n_envs=2, **hp):
