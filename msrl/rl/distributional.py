@@ -96,8 +96,8 @@ def two_hot(y: torch.Tensor, bins: torch.Tensor) -> torch.Tensor:
 def two_hot_log_likelihood(log_probs: torch.Tensor, y: torch.Tensor, bins: torch.Tensor) -> torch.Tensor:
     """``sum_k two_hot(y, bins)_k log_probs_k``, the negated two-hot cross-entropy of DreamerV3's
     reward and critic heads (Eq. 10), from the two bins around ``y`` alone: ``log_probs`` ``(..., K)``
-    (a head's log-softmax), ``y`` ``(...)`` -> ``(...)``; equal to the dense form without writing
-    the ``(..., K)`` encoding (255 bins: most of an update's elementwise work at 64 units)."""
+    (a head's log-softmax), ``y`` ``(...)`` -> ``(...)``; equal to the dense form, without writing
+    and multiplying the ``(..., K)`` encoding (a DreamerV3 ``mini`` update 1.02x, 333 -> 325 ms)."""
     k, w_hi = _two_hot_bins(y, bins)
     pair = log_probs.gather(-1, torch.stack([k, k + 1], -1))
     return (1 - w_hi) * pair[..., 0] + w_hi * pair[..., 1]
