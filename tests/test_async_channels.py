@@ -459,13 +459,16 @@ def test_a_producer_reconnects_after_its_consumer_restarts():
             time.sleep(0.01)
         server.stop(grace_s=0)
         second = Mailbox({TRAJ: 2}, timeout_s=120)
+        opened = threading.Event()  # the producer's stream reached the second server
+        note = second.stream_opened
+        second.stream_opened = lambda producer: (note(producer), opened.set())
         server = BoundaryServer(bs, "learner", 0, second, token, host=host, port=int(port))
-        deadline = time.monotonic() + 120  # (generous: a busy machine schedules the retries late)
-        while transport.reconnects == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        # at least one reconnect: under load a reopened stream may meet the old server's last
-        # moments and reopen once more; the in-flight item is dropped once either way
-        assert transport.reconnects >= 1 and transport.dropped == 1
+        # (generous: a busy machine schedules the retries late). Under load a reopened stream may
+        # first meet the old server's last moments (gRPC binds the port with SO_REUSEPORT, and the
+        # old one may still be closing): that stream breaks and reopens once more, and what was put
+        # on it is dropped too -- so the next item is put once the stream reached the second server
+        assert opened.wait(120)
+        assert transport.reconnects >= 1 and transport.dropped == 1  # the in-flight item, once
         actor.put(TRAJ, torch.tensor([3]))
         assert int(second.take(TRAJ, 0).value) == 3
     finally:
