@@ -16,7 +16,9 @@ msrl runs the config with ``model_size``, ``train_ratio``, the learning rates an
 overridden where given; RLlib runs ``bench/peer_rllib_dreamerv3.py`` with the same size, ratio and
 learning rates (the config's unless overridden; its defaults otherwise: batch 16 x 64, horizon
 15, gamma 0.997, one env) in a Python that has ``ray[rllib]`` (and ``ale-py`` for Pong;
-``--rllib-python``). At RLlib's XS size and ratio 1024 an update takes seconds of one CPU core
+``--rllib-python``). RLlib's DreamerV3 has no replay value loss (the 2024 code's ``repval``, msrl's
+``replay_value_scale``, 0.3 in the CartPole config): ``--replay-value-scale 0`` runs msrl's
+without it, the two algorithms alike. At RLlib's XS size and ratio 1024 an update takes seconds of one CPU core
 here (both systems); the XS figure belongs to a GPU machine::
 
     python bench/bench_dreamerv3.py --budget 7000 --seeds 1 --train-ratio 1024 --rllib-python /tmp/rl/bin/python
@@ -50,10 +52,11 @@ ENVS = {"cartpole": ("dreamerv3_cartpole.yaml", "CartPole-v1", {}),
 
 
 def run_msrl(env: str, model_size: str, ratio: int, budget: int, seed: int, threshold: float, workdir: str,
-             lrs: dict[str, float]) -> dict:
+             lrs: dict[str, float], replay_value_scale: float) -> dict:
     """One seed of msrl's DreamerV3: the training-return curve, env steps and seconds to
     ``threshold``, env steps/s and the final greedy evaluation; ``lrs``: learning rates that
-    replace the config's (``world_model_lr``, ``actor_lr``, ``critic_lr``)."""
+    replace the config's (``world_model_lr``, ``actor_lr``, ``critic_lr``);
+    ``replay_value_scale``: the replay value loss's weight (0: none, as RLlib's)."""
     import msrl
     from msrl.config import load_config
 
@@ -62,6 +65,7 @@ def run_msrl(env: str, model_size: str, ratio: int, budget: int, seed: int, thre
                    algorithm__hparams__model_size=model_size, algorithm__hparams__train_ratio=ratio,
                    train__total_env_steps=budget, train__progress=False, train__stop_at_return=None,
                    train__eval_every=0, train__checkpoint_every=10**9,
+                   algorithm__hparams__replay_value_scale=replay_value_scale,
                    **{f"algorithm__hparams__{k}": v for k, v in lrs.items()})
     curve, reached, episodes, learned, before, last_s = [], None, [], 0, 0.0, 0.0
     with open(r.run_dir / "metrics.csv") as f:
@@ -130,6 +134,8 @@ def main() -> None:
     for k in LRS:
         p.add_argument(f"--{k.replace('_', '-')}", type=float, default=None,
                        help="replaces the config's in both systems")
+    p.add_argument("--replay-value-scale", type=float, default=None,
+                   help="msrl's replay value loss weight, the config's unless given (RLlib's DreamerV3 has none: 0)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     from msrl.algorithms.dreamerv3 import DreamerV3Config
@@ -139,16 +145,19 @@ def main() -> None:
     args.model_size = args.model_size or hp.model_size
     args.train_ratio = args.train_ratio or hp.train_ratio
     lrs = {k: getattr(args, k) if getattr(args, k) is not None else getattr(hp, k) for k in LRS}
+    if args.replay_value_scale is None:
+        args.replay_value_scale = hp.replay_value_scale
     torch.set_num_threads(1)
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}; "
-          f"command: {' '.join(sys.argv)}", flush=True)
+          f"command: {' '.join(sys.argv)}; msrl's replay_value_scale {args.replay_value_scale:g} (RLlib: none)",
+          flush=True)
     results: dict[str, list] = {"msrl": [], "RLlib DreamerV3": []}
     with tempfile.TemporaryDirectory() as workdir:
         for seed in args.seeds:
             peer = args.rllib_python and start_rllib(args.rllib_python, args.env, args.model_size, args.train_ratio,
                                                      args.budget, seed, args.threshold, lrs)
             results["msrl"].append(run_msrl(args.env, args.model_size, args.train_ratio, args.budget, seed,
-                                            args.threshold, workdir, lrs))
+                                            args.threshold, workdir, lrs, args.replay_value_scale))
             if peer:
                 results["RLlib DreamerV3"].append(rllib_result(*peer))
             for system, runs in results.items():
