@@ -27,7 +27,7 @@ actor replica evaluates its own leaves), same run; with the requests per batch t
 random openings), microseconds a leaf, the median of ``--rounds``; run against an older checkout
 with ``PYTHONPATH=<that checkout>`` to compare implementations:
 
-    python bench/bench_alphazero.py search connect_four --games 64 --simulations 100 [--tower 32x2]
+    python bench/bench_alphazero.py search connect_four --games 64 --simulations 100 [--tower 32x2 [--dtype bfloat16]]
 """
 
 from __future__ import annotations
@@ -150,15 +150,16 @@ def selfplay_rate(policy: str, actors: int, games_per_actor: int, iterations: in
             "rows_per_batch": statistics.mean(sizes) * games_per_actor if sizes else None}
 
 
-def search_time(game: str, games: int, simulations: int, rounds: int, tower: str | None = None) -> float:
+def search_time(game: str, games: int, simulations: int, rounds: int, tower: str | None = None,
+                dtype: str = "float32") -> float:
     """The median over ``rounds`` of one move's search of ``simulations`` over ``games`` games at
     random openings (up to 11 random moves), the network's outputs drawn once (or, with ``tower``
-    ``CxB``, a residual tower of ``C`` filters and ``B`` blocks evaluating the leaves):
-    microseconds a leaf."""
+    ``CxB``, a residual tower of ``C`` filters and ``B`` blocks evaluating the leaves in
+    ``dtype``, AlphaZeroConfig.inference_dtype): microseconds a leaf."""
     import numpy as np
     import pyspiel
 
-    from msrl.algorithms.alphazero import AlphaZeroConfig, PUCTSearch
+    from msrl.algorithms.alphazero import AlphaZeroConfig, PUCTSearch, infer
 
     g = pyspiel.load_game(game)
     A, hp, rng = g.num_distinct_actions(), AlphaZeroConfig(num_simulations=simulations), np.random.default_rng(0)
@@ -189,7 +190,7 @@ def search_time(game: str, games: int, simulations: int, rounds: int, tower: str
                 search.step(logits[k], values[k])
                 continue
             with torch.no_grad():
-                out_logits, out_value = net(torch.from_numpy(leaves))
+                out_logits, out_value = infer(net, torch.from_numpy(leaves), dtype)
             leaves = search.step(out_logits.numpy(), out_value.numpy())
         search.result()
         times.append((time.perf_counter() - t) / (games * simulations) * 1e6)
@@ -236,6 +237,8 @@ def main() -> None:
     c.add_argument("--tower", default=None, metavar="CxB",
                    help="evaluate the leaves with a residual tower of C filters and B blocks (e.g. 32x2, the "
                         "Connect Four config's) instead of fixed outputs")
+    c.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="the tower's evaluations: algorithm.hparams.inference_dtype")
     p.add_argument("--json", default=None, help="also write the raw results here")
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -276,10 +279,11 @@ def main() -> None:
 
         print(f"search: {alphazero.PUCTSearch.__module__}.PUCTSearch")
         for games in args.games:
-            us = search_time(args.game, games, args.simulations, args.rounds, args.tower)
-            rows.append({"game": args.game, "games": games, "simulations": args.simulations, "us_per_leaf": us})
+            us = search_time(args.game, games, args.simulations, args.rounds, args.tower, args.dtype)
+            rows.append({"game": args.game, "games": games, "simulations": args.simulations, "us_per_leaf": us,
+                         "tower": args.tower, "dtype": args.dtype})
             print(f"{args.game}, {games} games, {args.simulations} simulations"
-                  f"{', tower ' + args.tower if args.tower else ''}: {us:.1f} us a leaf "
+                  f"{', tower ' + args.tower + ' in ' + args.dtype if args.tower else ''}: {us:.1f} us a leaf "
                   f"(median of {args.rounds})", flush=True)
     else:
         import ray

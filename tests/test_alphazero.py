@@ -274,6 +274,37 @@ def test_under_fine_the_env_replicas_search_and_the_central_actor_evaluates_thei
     assert roles["env"] == ("env",) and "actor" in roles["learner"]
 
 
+def test_bfloat16_inference_evaluates_under_autocast_and_fine_stays_bitwise():
+    """``inference_dtype: bfloat16``: the leaf evaluations come back float32, near float32's but
+    not equal to them (computed in bfloat16), illegal moves at ILLEGAL_LOGIT exactly; a run
+    under fine (the central replica evaluating the gathered leaves) ends bitwise where single's
+    ends, and elsewhere than float32's."""
+    from msrl.envs.openspiel_env import game_of, observe
+
+    torch.manual_seed(0)
+    net = alphazero.policy_value_net(AlphaZeroConfig(network="resnet", channels=16, residual_blocks=2),
+                                     "openspiel/connect_four")
+    states, rng = [], np.random.default_rng(0)
+    for _ in range(32):
+        s = game_of("connect_four").new_initial_state()
+        for _ in range(int(rng.integers(0, 20))):
+            if not s.is_terminal():
+                s.apply_action(int(rng.choice(s.legal_actions())))
+        states.append(s if not s.is_terminal() else game_of("connect_four").new_initial_state())
+    obs = torch.from_numpy(np.stack([observe(s, 7) for s in states]))
+    (l32, v32), (l16, v16) = alphazero.infer(net, obs), alphazero.infer(net, obs, "bfloat16")
+    legal = obs[:, -7:] > 0.5
+    assert l16.dtype == v16.dtype == torch.float32 and not torch.equal(v16, v32)
+    assert bool((l16[~legal] == alphazero.ILLEGAL_LOGIT).all()) and bool((~legal).any())
+    assert torch.allclose(l16[legal], l32[legal], atol=0.05) and torch.allclose(v16, v32, atol=0.02)
+    tower = dict(network="resnet", channels=4, residual_blocks=1, num_simulations=24)
+    single = _run(_spec(inference_dtype="bfloat16", **tower))
+    metrics, weights, _ = _run(_spec("single_learner_fine", {"env": 2}, inference_dtype="bfloat16", **tower))
+    assert all(torch.equal(single[1][k], weights[k]) for k in weights) and single[0] == metrics
+    float32 = _run(_spec(**tower))[1]
+    assert not all(torch.equal(float32[k], weights[k]) for k in weights)
+
+
 def test_dynamic_batching_serves_the_searches_with_the_replay_in_its_own_fragment():
     """Central inference with dynamic batching: each env replica's search runs free and its
     leaves are evaluated in whatever batch forms; the replay, which the learner samples, sits
