@@ -23,6 +23,13 @@ here (both systems); the XS figure belongs to a GPU machine::
 
     python bench/bench_dreamerv3.py --budget 7000 --seeds 1 --train-ratio 1024 --rllib-python /tmp/rl/bin/python
     python bench/bench_dreamerv3.py --env pong --budget 5000 --seeds 1 --rllib-python /tmp/rl/bin/python
+
+``--runs DIR...`` trains nothing: it reads runs made with ``msrl train`` (their ``metrics.csv``)
+and prints RLlib's gate for each -- the mean of the last ``GATE_WINDOW`` (100) training episodes
+at the run's end, the first env step at which a full window's mean reached ``--threshold`` --
+and its last greedy evaluations::
+
+    python bench/bench_dreamerv3.py --runs runs/dreamerv3_cartpole
 """
 
 from __future__ import annotations
@@ -46,6 +53,9 @@ ROOT = os.path.dirname(HERE)
 LRS = ("world_model_lr", "actor_lr", "critic_lr")
 #: the training return of both systems: the mean of the last WINDOW finished episodes
 WINDOW = 10
+#: RLlib's gate: the mean of the last GATE_WINDOW training episodes (its CartPole example's
+#: ``metrics_num_episodes_for_smoothing``)
+GATE_WINDOW = 100
 #: --env -> (msrl's config, the env id RLlib's script makes, overrides of msrl's config)
 ENVS = {"cartpole": ("dreamerv3_cartpole.yaml", "CartPole-v1", {}),
         "pong": ("dreamerv3_pong.yaml", "ALE/Pong-v5", {"algorithm__hparams__learning_starts": 1024})}
@@ -92,6 +102,36 @@ def run_msrl(env: str, model_size: str, ratio: int, budget: int, seed: int, thre
             "updates_per_s": updates / r.time_s, "s_per_update": (last_s - before) / updates if updates else None}
 
 
+def run_gate(run_dir: str, threshold: float, window: int = GATE_WINDOW) -> dict:
+    """RLlib's gate read from an msrl run's ``metrics.csv``: ``episodes`` (training episodes
+    finished), ``env_steps`` (the run's last row), ``mean`` (the mean return of the last
+    ``window`` episodes, fewer if fewer finished), ``reached`` (the first env step at which a
+    full window's mean was >= ``threshold``, or None) and ``evals`` (``[(env steps, greedy
+    evaluation)]``).
+
+    Raises:
+        FileNotFoundError: ``run_dir`` has no ``metrics.csv``.
+        ValueError: no training episode finished in it.
+    """
+    episodes: list[float] = []
+    evals, reached, env_steps = [], None, 0
+    with open(os.path.join(run_dir, "metrics.csv")) as f:
+        for row in csv.DictReader(f):
+            env_steps = int(row["env_steps"])
+            ret = row.get("charts/episodic_return")
+            if ret and ret != "nan":
+                episodes.append(float(ret))
+                if reached is None and len(episodes) >= window and sum(episodes[-window:]) / window >= threshold:
+                    reached = env_steps
+            if row.get("eval/mean_return"):
+                evals.append((env_steps, float(row["eval/mean_return"])))
+    if not episodes:
+        raise ValueError(f"{run_dir}: no training episode finished (metrics.csv has no charts/episodic_return)")
+    last = episodes[-window:]
+    return {"episodes": len(episodes), "env_steps": env_steps, "mean": sum(last) / len(last), "reached": reached,
+            "evals": evals}
+
+
 def start_rllib(python: str, env: str, model_size: str, ratio: int, budget: int, seed: int, threshold: float,
                 lrs: dict[str, float]) -> tuple[subprocess.Popen, Any]:
     """One seed of RLlib's DreamerV3 (``bench/peer_rllib_dreamerv3.py``) in ``python``, started in
@@ -136,8 +176,18 @@ def main() -> None:
                        help="replaces the config's in both systems")
     p.add_argument("--replay-value-scale", type=float, default=None,
                    help="msrl's replay value loss weight, the config's unless given (RLlib's DreamerV3 has none: 0)")
+    p.add_argument("--runs", nargs="+", default=None, metavar="DIR",
+                   help="train nothing: print RLlib's gate (the last 100 training episodes) of these msrl runs")
     p.add_argument("--json", default=None)
     args = p.parse_args()
+    if args.runs:
+        for d in args.runs:
+            g = run_gate(d, args.threshold)
+            print(f"{d}: {g['episodes']} training episodes to {g['env_steps']} env steps; mean of the last "
+                  f"{min(GATE_WINDOW, g['episodes'])} {g['mean']:.1f}; {args.threshold:g} reached at "
+                  f"{g['reached']} env steps; last greedy evaluations "
+                  + ", ".join(f"{v:.1f} ({s})" for s, v in g["evals"][-5:]), flush=True)
+        return
     from msrl.algorithms.dreamerv3 import DreamerV3Config
     from msrl.config import load_config
 
