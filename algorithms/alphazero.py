@@ -113,9 +113,10 @@ class AlphaZeroConfig:
     inference_dtype: Literal["float32", "bfloat16"] = "float32"
     """the dtype of the network's evaluations in the search and the raw policy (:func:`infer`):
     ``bfloat16`` runs the network under ``torch.autocast`` (its convolutions and matrix products in
-    bfloat16, the outputs cast back to float32); the learner trains in float32 either way. On a
-    CPU with AVX-512 BF16 or AMX a 64-filter tower's forward runs ~2.7x faster; on one without
-    them bfloat16 is emulated and slower"""
+    bfloat16, the outputs cast back to float32); the learner trains in float32 either way. On an
+    AVX-512 BF16 CPU a 64x3 tower's search ran 1.51x the positions a second, the small MLP's 0.72x
+    (autocast casts the weights at every call: bench/README.md#alphazero-bf16-inference); a CPU
+    without bfloat16 instructions emulates them"""
     eval_interval: NonNegativeInt = 0
     """iterations between evaluations against ``eval_opponents`` (0: none during training)"""
     eval_games: PositiveInt = 20
