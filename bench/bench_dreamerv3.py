@@ -182,7 +182,10 @@ def main() -> None:
     args = p.parse_args()
     if args.runs:
         for d in args.runs:
-            g = run_gate(d, args.threshold)
+            try:
+                g = run_gate(d, args.threshold)
+            except (FileNotFoundError, ValueError) as e:
+                raise SystemExit(f"--runs: {e}") from None
             print(f"{d}: {g['episodes']} training episodes to {g['env_steps']} env steps; mean of the last "
                   f"{min(GATE_WINDOW, g['episodes'])} {g['mean']:.1f}; {args.threshold:g} reached at "
                   f"{g['reached']} env steps; last greedy evaluations "
