@@ -165,13 +165,15 @@ def policy_value_net(hp: AlphaZeroConfig, env_id: str) -> PolicyValueNet:
 def infer(net: PolicyValueNet, obs: torch.Tensor, dtype: str = "float32") -> tuple[torch.Tensor, torch.Tensor]:
     """``net``'s ``(logits (B, A), value (B,))`` float32 of observations ``(B, D + A)`` float32,
     computed in ``dtype`` (``float32``, or ``bfloat16`` under ``torch.autocast`` on ``obs``'s
-    device: AlphaZeroConfig.inference_dtype)."""
-    if dtype == "float32":
+    device: AlphaZeroConfig.inference_dtype).
+
+    Raises:
+        ValueError: ``dtype`` is neither.
+    """
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"inference dtype {dtype!r}: float32 or bfloat16")
+    with torch.autocast(obs.device.type, dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
         return net(obs)
-    with torch.autocast(obs.device.type, dtype=torch.bfloat16):
-        logits, value = net(obs)
-    legal = obs[:, -net.num_actions:] > 0.5  # (ILLEGAL_LOGIT exactly, not its bfloat16 rounding)
-    return torch.where(legal, logits.float(), ILLEGAL_LOGIT), value.float()
 
 
 def _build_net(ctx: BuildContext) -> PolicyValueNet:

@@ -275,6 +275,8 @@ def main() -> None:
                               for o in opponents)
             print(f"mean over {len(rows)} policies x {args.games} games -- {means}", flush=True)
     elif args.what == "search":
+        if args.dtype != "float32" and not args.tower:
+            raise SystemExit("--dtype is the dtype of --tower's evaluations: give --tower CxB too")
         from msrl.algorithms import alphazero
 
         print(f"search: {alphazero.PUCTSearch.__module__}.PUCTSearch")

@@ -435,11 +435,13 @@ class PolicyValueNet(nn.Module):
                                    nn.ReLU(), nn.Linear(value_hidden, 1))
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(logits (B, A), value (B,))`` of observations ``(B, D + A)`` float32."""
+        """``(logits (B, A), value (B,))`` float32 of observations ``(B, D + A)`` float32, also
+        under ``torch.autocast`` (the heads' outputs cast back before the mask: illegal logits are
+        ILLEGAL_LOGIT exactly)."""
         if self.board_shape is None:  # the MLP reads the mask too
             h = self.torso(obs)
         else:
             h = self.torso(obs[:, :-self.num_actions].reshape(-1, *self.board_shape))
         legal = obs[:, -self.num_actions:] > 0.5
-        logits = torch.where(legal, self.policy(h), ILLEGAL_LOGIT)
-        return logits, torch.tanh(self.value(h).squeeze(-1))
+        logits = torch.where(legal, self.policy(h).float(), ILLEGAL_LOGIT)
+        return logits, torch.tanh(self.value(h).squeeze(-1).float())
