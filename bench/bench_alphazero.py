@@ -28,6 +28,7 @@ random openings), microseconds a leaf, the median of ``--rounds``; run against a
 with ``PYTHONPATH=<that checkout>`` to compare implementations:
 
     python bench/bench_alphazero.py search connect_four --games 64 --simulations 100 [--tower 32x2 [--dtype bfloat16]]
+    python bench/bench_alphazero.py search connect_four --games 64 256 --tower 64x3 --device cuda   # leaves on a GPU
 """
 
 from __future__ import annotations
@@ -151,11 +152,13 @@ def selfplay_rate(policy: str, actors: int, games_per_actor: int, iterations: in
 
 
 def search_time(game: str, games: int, simulations: int, rounds: int, tower: str | None = None,
-                dtype: str = "float32") -> float:
+                dtype: str = "float32", device: str = "cpu") -> float:
     """The median over ``rounds`` of one move's search of ``simulations`` over ``games`` games at
     random openings (up to 11 random moves), the network's outputs drawn once (or, with ``tower``
     ``CxB``, a residual tower of ``C`` filters and ``B`` blocks evaluating the leaves in
-    ``dtype``, AlphaZeroConfig.inference_dtype): microseconds a leaf."""
+    ``dtype``, AlphaZeroConfig.inference_dtype, on ``device``: each simulation's leaves copied
+    there and the outputs back, as the ``MCTS`` wrapper does): microseconds a leaf. The first
+    round is a warm-up on a GPU (its kernels' first launches) and not counted."""
     import numpy as np
     import pyspiel
 
@@ -179,9 +182,9 @@ def search_time(game: str, games: int, simulations: int, rounds: int, tower: str
 
         channels, blocks = (int(x) for x in tower.split("x"))
         net = policy_value_net(AlphaZeroConfig(network="resnet", channels=channels, residual_blocks=blocks),
-                               f"openspiel/{game}").eval()
+                               f"openspiel/{game}").eval().to(device)
     times = []
-    for _ in range(rounds):
+    for r in range(rounds + (device != "cpu")):
         t = time.perf_counter()
         search = PUCTSearch(A, hp, noise=True)
         leaves = search.begin(states, [np.random.default_rng(i) for i in range(games)])
@@ -190,10 +193,11 @@ def search_time(game: str, games: int, simulations: int, rounds: int, tower: str
                 search.step(logits[k], values[k])
                 continue
             with torch.no_grad():
-                out_logits, out_value = infer(net, torch.from_numpy(leaves), dtype)
-            leaves = search.step(out_logits.numpy(), out_value.numpy())
+                out_logits, out_value = infer(net, torch.from_numpy(leaves).to(device), dtype)
+            leaves = search.step(out_logits.cpu().numpy(), out_value.cpu().numpy())
         search.result()
-        times.append((time.perf_counter() - t) / (games * simulations) * 1e6)
+        if r or device == "cpu":
+            times.append((time.perf_counter() - t) / (games * simulations) * 1e6)
     return statistics.median(times)
 
 
@@ -239,6 +243,8 @@ def main() -> None:
                         "Connect Four config's) instead of fixed outputs")
     c.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="the tower's evaluations: algorithm.hparams.inference_dtype")
+    c.add_argument("--device", default="cpu", help="where the tower evaluates the leaves (e.g. cuda); the search "
+                                                   "itself runs on the host")
     p.add_argument("--json", default=None, help="also write the raw results here")
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -275,17 +281,23 @@ def main() -> None:
                               for o in opponents)
             print(f"mean over {len(rows)} policies x {args.games} games -- {means}", flush=True)
     elif args.what == "search":
-        if args.dtype != "float32" and not args.tower:
-            raise SystemExit("--dtype is the dtype of --tower's evaluations: give --tower CxB too")
+        if (args.dtype != "float32" or args.device != "cpu") and not args.tower:
+            raise SystemExit("--dtype and --device are where and how --tower evaluates the leaves: give --tower CxB too")
+        try:
+            device = torch.device(args.device)
+            torch.empty(0, device=device)
+        except (RuntimeError, AssertionError) as e:
+            raise SystemExit(f"--device {args.device}: {str(e).splitlines()[0]}") from None
         from msrl.algorithms import alphazero
 
         print(f"search: {alphazero.PUCTSearch.__module__}.PUCTSearch")
         for games in args.games:
-            us = search_time(args.game, games, args.simulations, args.rounds, args.tower, args.dtype)
+            us = search_time(args.game, games, args.simulations, args.rounds, args.tower, args.dtype, str(device))
             rows.append({"game": args.game, "games": games, "simulations": args.simulations, "us_per_leaf": us,
-                         "tower": args.tower, "dtype": args.dtype})
+                         "tower": args.tower, "dtype": args.dtype, "device": str(device)})
             print(f"{args.game}, {games} games, {args.simulations} simulations"
-                  f"{', tower ' + args.tower + ' in ' + args.dtype if args.tower else ''}: {us:.1f} us a leaf "
+                  f"{', tower ' + args.tower + ' in ' + args.dtype + ' on ' + str(device) if args.tower else ''}: "
+                  f"{us:.1f} us a leaf "
                   f"(median of {args.rounds})", flush=True)
     else:
         import ray

@@ -23,6 +23,7 @@ here (both systems); the XS figure belongs to a GPU machine::
 
     python bench/bench_dreamerv3.py --budget 7000 --seeds 1 --train-ratio 1024 --rllib-python /tmp/rl/bin/python
     python bench/bench_dreamerv3.py --env pong --budget 5000 --seeds 1 --rllib-python /tmp/rl/bin/python
+    python bench/bench_dreamerv3.py --env pong --budget 1300 --train-ratio 1024 --device cuda:0   # msrl on a GPU
 
 ``--runs DIR...`` trains nothing: it reads runs made with ``msrl train`` (their ``metrics.csv``)
 and prints RLlib's gate for each -- the mean of the last ``GATE_WINDOW`` (100) training episodes
@@ -62,11 +63,13 @@ ENVS = {"cartpole": ("dreamerv3_cartpole.yaml", "CartPole-v1", {}),
 
 
 def run_msrl(env: str, model_size: str, ratio: int, budget: int, seed: int, threshold: float, workdir: str,
-             lrs: dict[str, float], replay_value_scale: float) -> dict:
+             lrs: dict[str, float], replay_value_scale: float, device: str = "cpu") -> dict:
     """One seed of msrl's DreamerV3: the training-return curve, env steps and seconds to
     ``threshold``, env steps/s and the final greedy evaluation; ``lrs``: learning rates that
     replace the config's (``world_model_lr``, ``actor_lr``, ``critic_lr``);
-    ``replay_value_scale``: the replay value loss's weight (0: none, as RLlib's)."""
+    ``replay_value_scale``: the replay value loss's weight (0: none, as RLlib's); ``device``: the
+    job's one fragment (``single``'s ``main``: the world model, the actor-critic and the acting
+    network) on it, the env on the host."""
     import msrl
     from msrl.config import load_config
 
@@ -76,7 +79,8 @@ def run_msrl(env: str, model_size: str, ratio: int, budget: int, seed: int, thre
                    train__total_env_steps=budget, train__progress=False, train__stop_at_return=None,
                    train__eval_every=0, train__checkpoint_every=10**9,
                    algorithm__hparams__replay_value_scale=replay_value_scale,
-                   **{f"algorithm__hparams__{k}": v for k, v in lrs.items()})
+                   **{f"algorithm__hparams__{k}": v for k, v in lrs.items()},
+                   **({} if device == "cpu" else {"distribution_policy__devices__main": device}))
     curve, reached, episodes, learned, before, last_s = [], None, [], 0, 0.0, 0.0
     with open(r.run_dir / "metrics.csv") as f:
         for row in csv.DictReader(f):
@@ -178,8 +182,13 @@ def main() -> None:
                    help="msrl's replay value loss weight, the config's unless given (RLlib's DreamerV3 has none: 0)")
     p.add_argument("--runs", nargs="+", default=None, metavar="DIR",
                    help="train nothing: print RLlib's gate (the last 100 training episodes) of these msrl runs")
+    p.add_argument("--device", default="cpu", help="msrl's job on this device (e.g. cuda:0; the env on the host); "
+                                                   "msrl alone: RLlib's side runs on the CPU")
     p.add_argument("--json", default=None)
     args = p.parse_args()
+    if args.device != "cpu" and args.rllib_python:
+        raise SystemExit(f"--device {args.device} places msrl's side only (RLlib's runs on the CPU): the two would not "
+                         "run on the same hardware; leave out --rllib-python")
     if args.runs:
         for d in args.runs:
             try:
@@ -210,7 +219,7 @@ def main() -> None:
             peer = args.rllib_python and start_rllib(args.rllib_python, args.env, args.model_size, args.train_ratio,
                                                      args.budget, seed, args.threshold, lrs)
             results["msrl"].append(run_msrl(args.env, args.model_size, args.train_ratio, args.budget, seed,
-                                            args.threshold, workdir, lrs, args.replay_value_scale))
+                                            args.threshold, workdir, lrs, args.replay_value_scale, args.device))
             if peer:
                 results["RLlib DreamerV3"].append(rllib_result(*peer))
             for system, runs in results.items():
@@ -220,7 +229,7 @@ def main() -> None:
                     print(f"seed {seed} {system}: training return (last {WINDOW} episodes) {last:.1f}; "
                           f"{args.threshold:g} at {r['steps_to_threshold']} env steps / {r['time_to_threshold']} s; "
                           f"{r['sps']:.1f} env steps/s; {r['updates']} updates in {r['env_steps']} env steps "
-                          f"({r['updates_per_s']:.2f}/s of training; {r['s_per_update'] or float('nan'):.2f} s an update "
+                          f"({r['updates_per_s']:.2f}/s of training; {r['s_per_update'] or float('nan'):.3f} s an update "
                           "while learning)" + (f"; final greedy evaluation {r['final_eval']:.1f}"
                                                           if "final_eval" in r else ""), flush=True)
     if args.json:

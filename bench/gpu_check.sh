@@ -26,7 +26,9 @@
 # the GPU job trained compiled, and the compile tests; with FULL=1 also the
 # heterogeneous run (PPO CartPole, coarse, learner on cuda:0) to the end; with PONG=1 PPO on Pong
 # with its learner on cuda:0 for PONG_S seconds (bench/bench_pong_learning.py); with MUJOCO=1
-# HalfCheetah on MJWarp's kernels against gymnasium and PPO on it at 4,096 envs; the host-sync guard
+# HalfCheetah on MJWarp's kernels against gymnasium and PPO on it at 4,096 envs; with ALGOS=1
+# AlphaZero's search with a 64x3 tower evaluating on cuda against the host, the Connect Four config
+# trained on cuda:0, and DreamerV3's updates on cuda:0 (Pong from pixels, CartPole); the host-sync guard
 # and each gpu_only job's ops per iteration (bench/bench_host_syncs.py). Without a GPU (no
 # nvidia-smi, or torch without CUDA) the same script runs what needs none: the host-sync guard,
 # the kernels' host build against their torch reference, the ops count and the GPU job on the CPU.
@@ -160,6 +162,25 @@ if [ "${MUJOCO:-0}" = 1 ] && [ "$GPU" = 1 ]; then  # MuJoCo on MJWarp's kernels 
     train.total_env_steps=20000000
   cp "$T/runs/ppo_halfcheetah_gpu/metrics.csv" "$OUT/mujoco_warp_ppo_metrics.csv" 2>/dev/null
   part mujoco_warp_ppo_time 60 $py -P bench/time_breakdown.py "$T/runs/ppo_halfcheetah_gpu" --json "$OUT/mujoco_warp_ppo_time.json"
+fi
+if [ "${ALGOS:-0}" = 1 ] && [ "$GPU" = 1 ]; then  # AlphaZero and DreamerV3 on a GPU (issue 71's GPU figures)
+  # the Connect Four search (64 and 256 games, 100 simulations) with a 64x3 tower evaluating its
+  # leaves on cuda, then on the host (one thread), float32 and bfloat16: microseconds a leaf
+  part alphazero_search 300 bash -c "for d in cuda cpu; do for t in float32 bfloat16; do $py -P bench/bench_alphazero.py \
+    search connect_four --games 64 256 --simulations 100 --rounds 3 --tower 64x3 --dtype \$t --device \$d || exit 1; done; done"
+  # the Connect Four config with the 64x3 tower (bfloat16 evaluations) trained on cuda:0, the games and
+  # their search on the host: positions/s (metrics.csv's charts/SPS) and where the seconds went
+  part alphazero_train 300 msrl train configs/alphazero_connect_four.yaml "runs_dir=$T/runs" name=alphazero_cuda \
+    distribution_policy.devices.main=cuda:0 algorithm.hparams.channels=64 algorithm.hparams.residual_blocks=3 \
+    algorithm.hparams.inference_dtype=bfloat16 train.total_env_steps=30720 train.progress=false
+  cp "$T/runs/alphazero_cuda/metrics.csv" "$OUT/alphazero_train_metrics.csv" 2>/dev/null
+  part alphazero_train_time 60 $py -P bench/time_breakdown.py "$T/runs/alphazero_cuda" --json "$OUT/alphazero_train_time.json"
+  # DreamerV3 XS at RLlib's ratio (one update of 16 x 64 per env step) on cuda:0: seconds an update
+  # while learning, from Pong's 64x64 frames (the figure the CPU's 7.98 s "belongs to a GPU") and CartPole
+  part dreamerv3_pong 360 $py -P bench/bench_dreamerv3.py --env pong --budget 1300 --train-ratio 1024 --device cuda:0 \
+    --json "$OUT/dreamerv3_pong_cuda.json"
+  part dreamerv3_cartpole 300 $py -P bench/bench_dreamerv3.py --env cartpole --model-size XS --train-ratio 1024 \
+    --budget 1500 --device cuda:0 --json "$OUT/dreamerv3_cartpole_cuda.json"
 fi
 if [ "${FULL:-0}" = 1 ] && [ "$GPU" = 1 ]; then  # the heterogeneous run to the end (about a minute on an H100)
   part coarse_cuda_learner 300 msrl train configs/ppo_cartpole.yaml distribution_policy.name=single_learner_coarse \

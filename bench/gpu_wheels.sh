@@ -3,7 +3,7 @@
 # CuPy, grpcio, networkx, PyYAML, TensorBoard, matplotlib and tqdm already there), made here where
 # pip reaches PyPI, pinned to the versions this checkout is tested with.
 #
-#   bash bench/gpu_wheels.sh            # .whl/: gymnasium, tensordict, pydantic, ale-py and their needs (~10 MB)
+#   bash bench/gpu_wheels.sh            # .whl/: gymnasium, tensordict, pydantic, ale-py, OpenSpiel and their needs (~23 MB)
 #   bash bench/gpu_wheels.sh --mujoco   # also MuJoCo, MuJoCo Warp and Warp (~190 MB in all)
 #
 # A machine that takes at most 64 MiB per call cannot take Warp's wheel (149 MB) at once: with
@@ -24,8 +24,9 @@ PY_VERSION=${PY_VERSION:-3.12}
 PART_MB=${PART_MB:-50}
 BASE=(gymnasium==1.4.0 farama-notifications==0.0.6 cloudpickle==3.1.3 tensordict==0.15.3 pyvers==0.2.3
       pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
-      typing-extensions==4.16.0 google-crc32c==1.9.0 ale-py==0.12.1)
-MUJOCO=(mujoco==3.14.0 mujoco-warp==3.14.0 warp-lang==1.19.0 absl-py==2.5.1 etils==1.15.0 glfw==2.11.0
+      typing-extensions==4.16.0 google-crc32c==1.9.0 ale-py==0.12.1
+      open_spiel==2.0.2 absl-py==2.5.1)  # (OpenSpiel's games and bots need absl-py of its requirements)
+MUJOCO=(mujoco==3.14.0 mujoco-warp==3.14.0 warp-lang==1.19.0 etils==1.15.0 glfw==2.11.0
         pyopengl==3.1.10)
 case "${1:-}" in
   "") wanted=("${BASE[@]}") ;;

@@ -30,6 +30,8 @@ def test_kept_weights_are_the_range_oldest_first(tmp_path):
     (["play", "connect_four", "--runs", "r", "--opponents", "solver"],
      "--opponents: solver not an opponent of connect_four \\(its opponents: mcts, random\\)"),
     (["play", "connect_four", "--runs", "r", "--kept-to", "5"], "--kept-to bounds --kept-from's range"),
+    (["search", "connect_four", "--device", "cuda"], "--dtype and --device are where and how --tower evaluates"),
+    (["search", "connect_four", "--tower", "8x1", "--device", "gpu"], "--device gpu: Expected one of cpu, cuda"),
 ])
 def test_a_bad_choice_is_refused_before_any_game(monkeypatch, argv, message):
     monkeypatch.setattr(sys, "argv", ["bench_alphazero.py", *argv])
@@ -56,3 +58,17 @@ def test_match_seed_seeds_the_first_game_and_defaults_to_the_runs(tmp_path, monk
     given = bench_alphazero.play("tic_tac_toe", str(run.run_dir), None, 2, None, opponents=("random",),
                                  match_seed=20_000)
     assert seeds == [10_003, 20_000] and (default["match_seed"], given["match_seed"]) == (10_003, 20_000)
+
+
+def test_search_time_with_a_tower_on_a_device_evaluates_there_and_counts_every_leaf(monkeypatch):
+    """``search --tower CxB --device D --dtype T``: every simulation's leaves, one per game, are
+    evaluated by the tower on ``D`` (here the CPU; ``cuda`` in bench/gpu_check.sh's ALGOS parts)
+    in ``T``, and the median time a leaf is positive."""
+    from msrl.algorithms import alphazero
+
+    seen = []
+    real = alphazero.infer
+    monkeypatch.setattr(alphazero, "infer", lambda net, obs, dtype: seen.append((obs.device.type, obs.shape)) or
+                        real(net, obs, dtype))
+    us = bench_alphazero.search_time("tic_tac_toe", 3, 4, 2, tower="8x1", dtype="bfloat16", device="cpu")
+    assert us > 0 and len(seen) == 2 * 4 and all(d == "cpu" and s[0] == 3 for d, s in seen)
