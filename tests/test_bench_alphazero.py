@@ -61,9 +61,10 @@ def test_match_seed_seeds_the_first_game_and_defaults_to_the_runs(tmp_path, monk
 
 
 def test_search_time_with_a_tower_on_a_device_evaluates_there_and_counts_every_leaf(monkeypatch):
-    """``search --tower CxB --device D --dtype T``: every simulation's leaves, one per game, are
-    evaluated by the tower on ``D`` (here the CPU; ``cuda`` in bench/gpu_check.sh's ALGOS parts)
-    in ``T``, and the median time a leaf is positive."""
+    """``search --tower CxB --device D --dtype T``: every simulation's leaves, one per game, go
+    through the tower's evaluation (``infer``) on ``D`` in ``T``, and the median time a leaf is
+    positive. Only ``D`` = cpu runs here: that the leaves land on another device is checked by
+    bench/gpu_check.sh's ALGOS parts on a GPU, not by this test."""
     from msrl.algorithms import alphazero
 
     seen = []
