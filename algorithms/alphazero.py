@@ -29,6 +29,7 @@ the env replicas search and the central replica evaluates every replica's leaves
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any, Literal, Mapping
 
 import gymnasium
@@ -52,6 +53,7 @@ from msrl.api import (
     Trainer,
     returns,
 )
+from msrl.device import native_bfloat16
 from msrl.rl.buffers import ReplayBuffer
 from msrl.rl.mcts import PUCTSearch
 from msrl.rl.networks import ILLEGAL_LOGIT, PolicyValueNet
@@ -110,13 +112,16 @@ class AlphaZeroConfig:
     """filters of every convolution of the ``resnet`` torso (the paper: 256)"""
     residual_blocks: PositiveInt = 3
     """residual blocks of the ``resnet`` torso after its first convolution (the paper: 19 or 39)"""
-    inference_dtype: Literal["float32", "bfloat16"] = "float32"
+    inference_dtype: Literal["float32", "bfloat16", "auto"] = "float32"
     """the dtype of the network's evaluations in the search and the raw policy (:func:`infer`):
     ``bfloat16`` runs the network under ``torch.autocast`` (its convolutions and matrix products in
-    bfloat16, the outputs cast back to float32); the learner trains in float32 either way. On an
+    bfloat16, the outputs cast back to float32); ``auto``: bfloat16 on a device that computes it in
+    hardware (:func:`msrl.device.native_bfloat16`: an AVX512_BF16 or AMX CPU, a CUDA device of
+    compute capability 8.0+), float32 elsewhere; the learner trains in float32 either way. On an
     AVX-512 BF16 CPU a 64x3 tower's search ran 1.51x the positions a second, the small MLP's 0.72x
-    (autocast casts the weights at every call: bench/README.md#alphazero-bf16-inference); a CPU
-    without bfloat16 instructions emulates them"""
+    (autocast casts the weights at every call); a CPU without bfloat16 instructions emulates them,
+    2.3x (AVX-512) to 25.8x (AVX2) slower than float32, and ``bfloat16`` warns there
+    (bench/README.md#alphazero-bf16-inference, #alphazero-bf16-emulated)"""
     eval_interval: NonNegativeInt = 0
     """iterations between evaluations against ``eval_opponents`` (0: none during training)"""
     eval_games: PositiveInt = 20
@@ -165,15 +170,40 @@ def policy_value_net(hp: AlphaZeroConfig, env_id: str) -> PolicyValueNet:
 def infer(net: PolicyValueNet, obs: torch.Tensor, dtype: str = "float32") -> tuple[torch.Tensor, torch.Tensor]:
     """``net``'s ``(logits (B, A), value (B,))`` float32 of observations ``(B, D + A)`` float32,
     computed in ``dtype`` (``float32``, or ``bfloat16`` under ``torch.autocast`` on ``obs``'s
-    device: AlphaZeroConfig.inference_dtype).
+    device: AlphaZeroConfig.inference_dtype as :func:`inference_dtype` resolves it).
 
     Raises:
         ValueError: ``dtype`` is neither.
     """
     if dtype not in ("float32", "bfloat16"):
-        raise ValueError(f"inference dtype {dtype!r}: float32 or bfloat16")
+        raise ValueError(f"inference dtype {dtype!r}: float32 or bfloat16 (inference_dtype() resolves auto)")
     with torch.autocast(obs.device.type, dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
         return net(obs)
+
+
+def inference_dtype(dtype: str, device: torch.device | str) -> str:
+    """The dtype :func:`infer` computes in on ``device`` for AlphaZeroConfig.inference_dtype
+    ``dtype``: ``auto`` resolved (``bfloat16`` where :func:`msrl.device.native_bfloat16`, else
+    ``float32``), the others as they are; ``bfloat16`` on a device that emulates it is kept and warns
+    (a ``UserWarning`` naming the setting and its alternatives: under Python's default filter
+    once per process).
+
+    Raises:
+        ValueError: ``dtype`` is not float32, bfloat16 or auto.
+    """
+    if dtype not in ("float32", "bfloat16", "auto"):
+        raise ValueError(f"inference dtype {dtype!r}: float32, bfloat16 or auto")
+    if dtype == "float32":
+        return dtype
+    native = native_bfloat16(device)
+    if dtype == "auto":
+        return "bfloat16" if native else "float32"
+    if not native:
+        warnings.warn(f"algorithm.hparams.inference_dtype=bfloat16 on {torch.device(device)}, which has no bfloat16 "
+                      "instructions (AVX512_BF16 or AMX; CUDA: compute capability 8.0+): the search's evaluations are "
+                      "emulated, 2.3x to 25.8x slower than float32 on a CPU (bench/README.md#alphazero-bf16-emulated); "
+                      "set algorithm.hparams.inference_dtype=auto or float32", UserWarning, stacklevel=2)
+    return dtype
 
 
 def _build_net(ctx: BuildContext) -> PolicyValueNet:
@@ -191,7 +221,7 @@ class AlphaZeroActor(Actor):
     def __init__(self, ctx: BuildContext) -> None:
         self.net = _build_net(ctx)
         self.weights = ModuleWeights(self.net)
-        self.dtype = ctx.hparams.inference_dtype
+        self.dtype = inference_dtype(ctx.hparams.inference_dtype, ctx.device)
 
     @torch.no_grad()
     def evaluate(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -427,7 +457,7 @@ def play_match(net: PolicyValueNet, game: str, opponent: str, hp: AlphaZeroConfi
     default ``hp``'s) against a fixed ``opponent`` of :class:`~msrl.envs.openspiel_env.OpenSpielGameEnv`
     (``random``, ``mcts`` with ``hp.eval_mcts_simulations``, ``solver``) in ``games`` games, the
     first half with ``net`` moving first; all games searched as one batch, the network evaluated
-    in ``hp.inference_dtype``.
+    in ``hp.inference_dtype`` (:func:`inference_dtype` on ``net``'s device).
 
     Returns:
         ``{"win": w, "draw": d, "loss": l}``, fractions of ``games``.
@@ -435,6 +465,7 @@ def play_match(net: PolicyValueNet, game: str, opponent: str, hp: AlphaZeroConfi
     from msrl.envs.openspiel_env import OpenSpielGameEnv
 
     device = next(net.parameters()).device
+    dtype = inference_dtype(hp.inference_dtype, device)
     envs = [OpenSpielGameEnv(game, opponent=opponent, opponent_simulations=hp.eval_mcts_simulations,
                              agent_seat=int(g >= games / 2)) for g in range(games)]
     for g, e in enumerate(envs):
@@ -448,7 +479,7 @@ def play_match(net: PolicyValueNet, game: str, opponent: str, hp: AlphaZeroConfi
             break
         leaves = search.begin([envs[g].state for g in live], ())
         for _ in range(sims):
-            logits, value = infer(net, torch.from_numpy(leaves).to(device), hp.inference_dtype)
+            logits, value = infer(net, torch.from_numpy(leaves).to(device), dtype)
             leaves = search.step(logits.cpu().numpy(), value.cpu().numpy())
         _, move, _ = search.result()
         for g, a in zip(live, move):

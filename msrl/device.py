@@ -6,7 +6,9 @@ use, written below the runtimes so that no library code imports ``msrl.runtime``
 - :func:`host_side`: marks work on values already in host memory (a host-sync recorder counts
   it apart);
 - :func:`record_foreign`: work on tensors that torch does not see (a native kernel's host
-  launch), which capture's CPU tape records and replays.
+  launch), which capture's CPU tape records and replays;
+- :func:`native_bfloat16`: whether a device computes bfloat16 in hardware (a precision that is
+  faster there and slower where it is emulated).
 
 The runtime plugs into two of them (:func:`set_foreign_recorder`, :func:`register_packer`); a
 library caller only calls them.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import platform
 import threading
 from typing import Any, Callable, Iterator
 
@@ -23,7 +26,7 @@ import numpy as np
 import torch
 
 __all__ = ["read_host", "start_read", "HostRead", "host_side", "in_host_side", "record_foreign",
-           "set_foreign_recorder", "register_packer"]
+           "set_foreign_recorder", "register_packer", "native_bfloat16"]
 
 _local = threading.local()
 #: packs a captured program's replayed outputs into one flat tensor (capture registers it)
@@ -77,6 +80,35 @@ def host_side() -> Iterator[None]:
 def in_host_side() -> bool:
     """Whether this thread is inside :func:`host_side`."""
     return getattr(_local, "depth", 0) > 0
+
+def native_bfloat16(device: torch.device | str) -> bool:
+    """Whether ``device`` computes bfloat16 convolutions and matrix products in hardware: a CUDA
+    device of compute capability 8.0 or later (``torch.cuda.is_bf16_supported`` without
+    emulation); an x86 CPU with AVX512_BF16 or AMX instructions (cpuinfo's flags, as torch reads
+    them); another CPU where oneDNN has bfloat16 kernels (an ARM CPU with its BF16 extension).
+    False elsewhere, where bfloat16 is emulated: oneDNN converts on every product, on an AMD
+    EPYC (Zen 4) limited to AVX-512 without BF16 a 64x3 residual tower's search ran 2.3x slower
+    than in float32, limited to AVX2 25.8x slower (bench/README.md#alphazero-bf16-emulated).
+
+    Raises:
+        RuntimeError: ``device`` is not a device string torch reads (torch's own check).
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            return False
+        try:
+            return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+        except TypeError:  # (torch before 2.3: no emulation counted)
+            return bool(torch.cuda.is_bf16_supported())
+    if device.type != "cpu":
+        return False
+    if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86"):
+        flags = getattr(torch.cpu, "_is_avx512_bf16_supported", None), getattr(torch.cpu, "_is_amx_tile_supported", None)
+        return any(bool(f()) for f in flags if f is not None)
+    check = getattr(getattr(torch.ops, "mkldnn", None), "_is_mkldnn_bf16_supported", None)
+    return bool(check()) if check is not None else False
+
 
 def read_host(tensors: list[torch.Tensor | list[torch.Tensor]], scalars: int = 0, static: bool = False) -> list[Any]:
     """The ``tensors`` in host memory, read with one copy per device: on a GPU one

@@ -305,6 +305,50 @@ def test_bfloat16_inference_evaluates_under_autocast_and_fine_stays_bitwise():
     assert not all(torch.equal(float32[k], weights[k]) for k in weights)
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native", "emulated"])
+def test_inference_dtype_auto_follows_the_hardware_and_emulated_bfloat16_warns(monkeypatch, native):
+    """``auto`` is bfloat16 where the device computes it in hardware and float32 elsewhere, the
+    actor's evaluations in that dtype; an explicit ``bfloat16`` stays bfloat16 and warns where it
+    is emulated (naming the setting and the alternatives), float32 never warns; no other dtype."""
+    import warnings
+
+    monkeypatch.setattr(alphazero, "native_bfloat16", lambda device: native)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert alphazero.inference_dtype("auto", "cpu") == ("bfloat16" if native else "float32")
+        assert alphazero.inference_dtype("float32", "cpu") == "float32"
+        assert alphazero.inference_dtype("bfloat16", "cpu") == "bfloat16"
+    said = [str(w.message) for w in caught]
+    assert (said == []) if native else (len(said) == 1 and "algorithm.hparams.inference_dtype=auto or float32" in said[0])
+    ctx = BuildContext(AlphaZeroConfig(inference_dtype="auto"), env_spec("openspiel/tic_tac_toe", 1),
+                       0, 1, 1, 100, 0, torch.device("cpu"))
+    assert alphazero.AlphaZeroActor(ctx).dtype == ("bfloat16" if native else "float32")
+    with pytest.raises(ValueError, match="float32, bfloat16 or auto"):
+        alphazero.inference_dtype("float16", "cpu")
+    with pytest.raises(ValueError, match="inference_dtype\\(\\) resolves auto"):
+        alphazero.infer(alphazero.AlphaZeroActor(ctx).net, torch.zeros(1, 36), "auto")
+    with pytest.raises(ConfigError, match="inference_dtype.*'float32', 'bfloat16' or 'auto'"):
+        load_config(CONFIG, ["algorithm.hparams.inference_dtype=half"])
+
+
+def test_native_bfloat16_reads_the_cpus_flags(monkeypatch):
+    """An x86 CPU computes bfloat16 in hardware with AVX512_BF16 or AMX and emulates it without
+    both (oneDNN converting at every product: 2.3x to 25.8x slower than float32); a CUDA device
+    only where torch sees one; another device type never."""
+    import platform
+
+    from msrl.device import native_bfloat16
+
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    for avx512_bf16, amx in [(True, False), (False, True), (False, False)]:
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v)
+        assert native_bfloat16("cpu") is (avx512_bf16 or amx)
+        assert native_bfloat16(torch.device("cpu")) is (avx512_bf16 or amx)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert native_bfloat16("cuda") is False and native_bfloat16("meta") is False
+
+
 def test_dynamic_batching_serves_the_searches_with_the_replay_in_its_own_fragment():
     """Central inference with dynamic batching: each env replica's search runs free and its
     leaves are evaluated in whatever batch forms; the replay, which the learner samples, sits
