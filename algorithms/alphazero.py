@@ -117,11 +117,12 @@ class AlphaZeroConfig:
     ``bfloat16`` runs the network under ``torch.autocast`` (its convolutions and matrix products in
     bfloat16, the outputs cast back to float32); ``auto``: bfloat16 on a device that computes it in
     hardware (:func:`msrl.device.native_bfloat16`: an AVX512_BF16 or AMX CPU, a CUDA device of
-    compute capability 8.0+), float32 elsewhere; the learner trains in float32 either way. On an
-    AVX-512 BF16 CPU a 64x3 tower's search ran 1.51x the positions a second, the small MLP's 0.72x
-    (autocast casts the weights at every call); a CPU without bfloat16 instructions emulates them,
-    2.3x (AVX-512) to 25.8x (AVX2) slower than float32, and ``bfloat16`` warns there
-    (bench/README.md#alphazero-bf16-inference, #alphazero-bf16-emulated)"""
+    compute capability 8.0+; each replica by its own device), float32 elsewhere; the learner
+    trains in float32 either way. On an AVX-512 BF16 CPU a 64x3 tower's search ran 1.51x the
+    positions a second, the small MLP's 0.72x (autocast casts the weights at every call); a CPU
+    without bfloat16 instructions emulates them, 2.3x (AVX-512) to 25.8x (AVX2) slower than
+    float32, and ``bfloat16`` warns there (bench/README.md#alphazero-bf16-inference,
+    #alphazero-bf16-emulated)"""
     eval_interval: NonNegativeInt = 0
     """iterations between evaluations against ``eval_opponents`` (0: none during training)"""
     eval_games: PositiveInt = 20
