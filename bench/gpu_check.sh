@@ -168,8 +168,12 @@ if [ "${ALGOS:-0}" = 1 ] && [ "$GPU" = 1 ]; then  # AlphaZero and DreamerV3 on a
   # leaves on cuda, then on the host (one thread), float32 and bfloat16: microseconds a leaf
   part alphazero_search 300 bash -c "for d in cuda cpu; do for t in float32 bfloat16; do $py -P bench/bench_alphazero.py \
     search connect_four --games 64 256 --simulations 100 --rounds 3 --tower 64x3 --dtype \$t --device \$d || exit 1; done; done"
-  # the Connect Four config (its 64x3 tower, bfloat16 evaluations) trained on cuda:0, the games and
-  # their search on the host: positions/s (metrics.csv's charts/SPS) and where the seconds went
+  # inference_dtype auto reads the device: an H100 (compute capability 9.0) computes bfloat16 natively
+  part alphazero_native_bf16 60 $py -c "import sys; from msrl.device import native_bfloat16 as n; \
+    print('cuda', n('cuda'), 'cpu', n('cpu')); sys.exit(0 if n('cuda') else 1)"
+  # the Connect Four config (its 64x3 tower; inference_dtype auto: bfloat16 on cuda) trained on
+  # cuda:0, the games and their search on the host: positions/s (metrics.csv's charts/SPS) and where
+  # the seconds went
   part alphazero_train 300 msrl train configs/alphazero_connect_four.yaml "runs_dir=$T/runs" name=alphazero_cuda \
     distribution_policy.devices.main=cuda:0 train.total_env_steps=30720 train.progress=false
   cp "$T/runs/alphazero_cuda/metrics.csv" "$OUT/alphazero_train_metrics.csv" 2>/dev/null
