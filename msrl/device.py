@@ -81,6 +81,7 @@ def in_host_side() -> bool:
     """Whether this thread is inside :func:`host_side`."""
     return getattr(_local, "depth", 0) > 0
 
+
 def native_bfloat16(device: torch.device | str) -> bool:
     """Whether ``device`` computes bfloat16 convolutions and matrix products in hardware: a CUDA
     device of compute capability 8.0 or later (``torch.cuda.is_bf16_supported`` without
