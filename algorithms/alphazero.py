@@ -121,7 +121,7 @@ class AlphaZeroConfig:
     trains in float32 either way. On an AVX-512 BF16 CPU a 64x3 tower's search ran 1.51x the
     positions a second, the small MLP's 0.72x (autocast casts the weights at every call); a CPU
     without bfloat16 instructions emulates them, 2.3x (AVX-512) to 25.8x (AVX2) slower than
-    float32, and ``bfloat16`` warns there (bench/README.md#alphazero-bf16-inference,
+    float32, and ``bfloat16`` warns there (bench/RESULTS.md#alphazero-bf16-inference,
     #alphazero-bf16-emulated)"""
     eval_interval: NonNegativeInt = 0
     """iterations between evaluations against ``eval_opponents`` (0: none during training)"""
@@ -202,7 +202,7 @@ def inference_dtype(dtype: str, device: torch.device | str) -> str:
     if not native:
         warnings.warn(f"algorithm.hparams.inference_dtype=bfloat16 on {torch.device(device)}, which has no bfloat16 "
                       "instructions (AVX512_BF16 or AMX; CUDA: compute capability 8.0+): the search's evaluations are "
-                      "emulated, 2.3x to 25.8x slower than float32 on a CPU (bench/README.md#alphazero-bf16-emulated); "
+                      "emulated, 2.3x to 25.8x slower than float32 on a CPU (bench/RESULTS.md#alphazero-bf16-emulated); "
                       "set algorithm.hparams.inference_dtype=auto or float32", UserWarning, stacklevel=2)
     return dtype
 

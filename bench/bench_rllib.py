@@ -109,7 +109,7 @@ def _rllib_evaluate(module) -> float:
 def _rllib_config(algo: str, seed: int, budget: int = 300_000):
     """RLlib's tuned CartPole config of ``algo`` (``ppo``, ``appo``, ``impala``), or with
     ``impala_msrl`` RLlib's IMPALA with the hyperparameters msrl's ``configs/impala_cartpole.yaml``
-    had until 2026-11-26 (bench/README.md's IMPALA tables ran it): 2 env runners of 16 envs,
+    had until 2026-11-26 (bench/RESULTS.md's IMPALA tables ran it): 2 env runners of 16 envs,
     unrolls of 32 steps, one 512-step batch per update, Adam at 5e-4 annealed linearly to 0 over
     ``budget`` env steps, gamma 0.99, rho/c bar 1, entropy 0.01, value 0.5, global-norm clip 0.5,
     separate 64-64 tanh actor and critic. The config now ships gamma 0.995 and ``reward_scale``

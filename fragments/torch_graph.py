@@ -5,7 +5,7 @@ fragment replica's channel endpoint. Eager execution is the reference. The backe
 hook (:meth:`msrl.runtime.programs.backends.Backend.wrap_program`) compiles the components' declared pure tensor
 methods with ``torch.compile`` under ``distribution_policy.compile.<fragment>: inductor``
 (:mod:`msrl.runtime.programs.compiled`; off by default: on the 2-core CPU machines tiny MLPs run slower
-compiled, bench/README.md) and captures the iteration as a CUDA graph on a GPU
+compiled, bench/RESULTS.md) and captures the iteration as a CUDA graph on a GPU
 (:mod:`msrl.runtime.programs.capture`).
 """
 

@@ -89,7 +89,7 @@ def native_bfloat16(device: torch.device | str) -> bool:
     them); another CPU where oneDNN has bfloat16 kernels (an ARM CPU with its BF16 extension).
     False elsewhere, where bfloat16 is emulated: oneDNN converts on every product, on an AMD
     EPYC (Zen 4) limited to AVX-512 without BF16 a 64x3 residual tower's search ran 2.3x slower
-    than in float32, limited to AVX2 25.8x slower (bench/README.md#alphazero-bf16-emulated).
+    than in float32, limited to AVX2 25.8x slower (bench/RESULTS.md#alphazero-bf16-emulated).
 
     Raises:
         RuntimeError: ``device`` is not a device string torch reads (torch's own check).

@@ -101,7 +101,7 @@ def _nav_pages() -> list[str]:
 
 
 def test_every_algorithm_has_its_page_in_the_nav_with_a_row_of_the_benchmark_table():
-    rows = set(re.findall(r'<a id="([\w-]+)"></a>', (ROOT / "bench" / "README.md").read_text()))
+    rows = set(re.findall(r'<a id="([\w-]+)"></a>', (ROOT / "bench" / "RESULTS.md").read_text()))
     nav = _nav_pages()
     algorithms = sorted(p.stem for p in (ROOT / "algorithms").glob("*.py") if p.stem != "__init__")
     assert "ppo" in algorithms and len(algorithms) >= 11
@@ -110,9 +110,9 @@ def test_every_algorithm_has_its_page_in_the_nav_with_a_row_of_the_benchmark_tab
         assert page.is_file(), f"algorithms/{name}.py has no page docs/algorithms/{name}.md"
         assert f"algorithms/{name}.md" in nav, f"docs/algorithms/{name}.md is not in mkdocs.yml's nav"
         text = page.read_text()
-        cited = re.findall(r"\.\./bench/README\.md#([\w-]+)", text)
-        assert cited, f"docs/algorithms/{name}.md links no row of bench/README.md"
-        assert set(cited) <= rows, f"docs/algorithms/{name}.md links rows {set(cited) - rows} that bench/README.md lacks"
+        cited = re.findall(r"\.\./bench/RESULTS\.md#([\w-]+)", text)
+        assert cited, f"docs/algorithms/{name}.md links no row of bench/RESULTS.md"
+        assert set(cited) <= rows, f"docs/algorithms/{name}.md links rows {set(cited) - rows} that bench/RESULTS.md lacks"
         assert "## Current result" in text and "**Paper**" in text and f"::: algorithms.{name}." in text
 
 
@@ -123,7 +123,7 @@ def test_every_page_of_the_docs_is_in_the_nav():
 
 
 def test_the_benchmark_table_cites_no_superseded_section():
-    table = (ROOT / "bench" / "README.md").read_text()
+    table = (ROOT / "bench" / "RESULTS.md").read_text()
     results = ROOT / "bench" / "results"
     superseded = {}
     for page in results.glob("*.md"):
@@ -134,10 +134,10 @@ def test_the_benchmark_table_cites_no_superseded_section():
     cited = set(re.findall(r"\(results/([\w.]+)#([\w-]+)\)", table))
     assert cited
     for (name, title) in superseded:
-        assert (name, slugify(title)) not in cited, f"bench/README.md cites a superseded section: {name}, {title}"
+        assert (name, slugify(title)) not in cited, f"bench/RESULTS.md cites a superseded section: {name}, {title}"
     for name, anchor in cited:
         titles = re.findall(r"^## (.+)$", (results / name).read_text(), re.M)
-        assert anchor in {slugify(t) for t in titles}, f"bench/README.md cites {name}#{anchor}, which is not a section"
+        assert anchor in {slugify(t) for t in titles}, f"bench/RESULTS.md cites {name}#{anchor}, which is not a section"
 
 
 @pytest.mark.parametrize("page", sorted(str(p.relative_to(ROOT)) for p in (ROOT / "bench" / "results").glob("*.md")))

@@ -1,4 +1,4 @@
-"""Acceptance runs on real simulators (slow: run with ``-m slow``, recorded in bench/README.md)."""
+"""Acceptance runs on real simulators (slow: run with ``-m slow``, recorded in bench/RESULTS.md)."""
 
 import csv
 import pathlib
@@ -11,9 +11,9 @@ from msrl.run.training import train
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 #: mean return of a uniformly random policy on simple_spread (N=3, local_ratio 0.5, 25 steps),
-#: summed over the agents: -82.4, standard error 1.6 over 200 episodes (bench/README.md)
+#: summed over the agents: -82.4, standard error 1.6 over 200 episodes (bench/RESULTS.md)
 SPREAD_RANDOM = -82.4
-#: the margin a trained MAPPO must clear (bench/README.md explains it)
+#: the margin a trained MAPPO must clear (bench/RESULTS.md explains it)
 SPREAD_MARGIN = 20.0
 
 

@@ -64,7 +64,7 @@ def test_actor_acts_per_agent_with_its_type_network():
 @pytest.mark.slow
 def test_taggers_rise_clearly_above_a_random_policy():
     """The benchmark's claim on a fixed budget: taggers' return in the last tenth of training is
-    at least 1.3x the random policy's (measured 1.74x; see bench/README.md)."""
+    at least 1.3x the random policy's (measured 1.74x; see bench/RESULTS.md)."""
     import statistics
     import sys
 

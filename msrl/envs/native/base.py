@@ -48,7 +48,7 @@ def empty_output(*shape: int, dtype: torch.dtype, device: torch.device) -> torch
     """``torch.empty(shape)`` for a step's outputs. A CPU tensor of at least
     :data:`HUGE_PAGE_MIN_BYTES` is first advised ``MADV_HUGEPAGE`` (Linux), so the kernel that
     fills it faults 2 MiB pages instead of 4 KiB ones: a fresh 568 MB Tag observation costs
-    ~140k page faults otherwise (15% of a 2,000 x 1,000 step, ``bench/README.md``). The advice
+    ~140k page faults otherwise (15% of a 2,000 x 1,000 step, ``bench/RESULTS.md``). The advice
     is a hint: where transparent huge pages are off it does nothing."""
     t = torch.empty(shape, dtype=dtype, device=device)
     if _libc is not None and t.device.type == "cpu" and t.nbytes >= HUGE_PAGE_MIN_BYTES:
